@@ -1,0 +1,46 @@
+# Engram: `make up` runs the four services on the embedded default; `make test` passes the suite.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export ENGRAM_HOME ?= $(CURDIR)/.engram
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install everything from the lockfile
+
+lock: ## re-resolve requirements.lock from pyproject.toml
+	$(BIN)/uv pip compile pyproject.toml --extra dev --python $(BIN)/python \
+		--index-strategy unsafe-best-match -o requirements.lock
+
+protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/
+	$(BIN)/python tools/gen_protos.py
+
+lint: $(STAMP) ## ruff, mypy and buf lint
+	$(BIN)/ruff check services engram tests tools
+	$(BIN)/mypy
+	cd protos && ../$(BIN)/buf lint
+
+up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
+	$(BIN)/engram up
+
+test: $(STAMP) ## run the whole test suite
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP) ## run the benchmarks and print JSON
+	$(BIN)/engram bench shard --json
+
+clean: ## remove the virtualenv and local data
+	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: help setup lock protos lint up test bench clean

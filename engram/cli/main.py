@@ -1,0 +1,24 @@
+"""Entry point of the `engram` command: one Typer app, a sub-app per area."""
+
+from __future__ import annotations
+
+import typer
+
+from engram.cli import shard, token, up
+
+app = typer.Typer(
+    help="Engram: durable, verifiable memory for fleets of AI agents.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("up")(up.up)
+shard.register(app)
+app.add_typer(token.app, name="token")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""`engram up`: run the four services on this machine (SQLite + local files).
+
+Creates the deployment's signing key and tokens under ``$ENGRAM_HOME/auth`` on
+first use, starts each service as its own process (its own store, its own
+environment: a service never sees another service's ``ENGRAM_<SVC>_*``
+variables), waits until each reports SERVING, and stops them all cleanly on
+Ctrl-C / SIGTERM or when any of them dies.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import typer
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.table import Table
+
+from engram.cli._output import console, err_console, settings
+from engram.client._settings import DEFAULT_PORTS
+from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
+
+ADMIN_AGENT = "admin"
+DEFAULT_FLEET = "default"
+
+
+@dataclass(frozen=True)
+class ServiceLaunch:
+    name: str
+    port: int
+    metrics_port: int
+    needs: tuple[str, ...] = ()
+    """Services whose address (ENGRAM_<SVC>_<DEP>_ADDR) and a service token it gets."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def module(self) -> str:
+        return f"services.{self.name}"
+
+    @property
+    def prefix(self) -> str:
+        return f"ENGRAM_{self.name.upper()}_"
+
+
+SERVICES = (
+    ServiceLaunch("governance", DEFAULT_PORTS["governance"], 9102),
+    ServiceLaunch("artifacts", DEFAULT_PORTS["artifacts"], 9103),
+    ServiceLaunch("shard", DEFAULT_PORTS["shard"], 9101, needs=("governance",)),
+    ServiceLaunch("compactor", DEFAULT_PORTS["compactor"], 9104, needs=("shard", "artifacts")),
+)
+
+
+def prepare_home(home: Path) -> dict[str, Path]:
+    """Key pair, the operator's admin token and one service token per service."""
+    keys = ensure_keypair(home)
+    signer = TokenSigner.load(keys.private)
+    tokens = {"admin": home / "auth" / "admin.token"}
+    if not tokens["admin"].exists():
+        write_token_file(
+            tokens["admin"], signer.issue(ADMIN_AGENT, DEFAULT_FLEET, {"admin", "governor"})
+        )
+    for launch in SERVICES:
+        path = home / "auth" / f"{launch.name}.token"
+        if not path.exists():
+            write_token_file(path, signer.issue(f"svc-{launch.name}", "system", {"service"}))
+        tokens[launch.name] = path
+    return tokens
+
+
+def service_env(launch: ServiceLaunch, home: Path, host: str) -> dict[str, str]:
+    others = tuple(f"ENGRAM_{s.name.upper()}_" for s in SERVICES if s is not launch)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(others)}
+    env.update(
+        ENGRAM_HOME=str(home),
+        PYTHONUNBUFFERED="1",
+        **{
+            f"{launch.prefix}HOST": host,
+            f"{launch.prefix}PORT": str(launch.port),
+            f"{launch.prefix}METRICS_PORT": str(launch.metrics_port),
+            f"{launch.prefix}SERVICE_TOKEN_FILE": str(home / "auth" / f"{launch.name}.token"),
+        },
+    )
+    for dep in launch.needs:
+        port = next(s.port for s in SERVICES if s.name == dep)
+        env[f"{launch.prefix}{dep.upper()}_ADDR"] = f"{host}:{port}"
+    env.update(launch.extra_env)
+    return env
+
+
+def wait_serving(address: str, process: subprocess.Popen[bytes], deadline: float) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                return False
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    return False
+
+
+def up(
+    host: str = typer.Option("127.0.0.1", help="address the services listen on"),
+    startup_timeout: float = typer.Option(120.0, help="seconds to wait for each service"),
+) -> None:
+    """Run all services in the foreground; Ctrl-C or SIGTERM stops them cleanly."""
+    home = settings().home.resolve()
+    tokens = prepare_home(home)
+    processes: list[tuple[ServiceLaunch, subprocess.Popen[bytes]]] = []
+    stopping = False
+
+    def stop_all(*_args: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop_all)
+    signal.signal(signal.SIGTERM, stop_all)
+    table = Table(title=f"Engram on {host} (data in {home})")
+    for column in ("service", "address", "metrics", "pid"):
+        table.add_column(column)
+    try:
+        for launch in SERVICES:
+            if importlib.util.find_spec(launch.module) is None:
+                err_console.print(f"[yellow]skipping {launch.name}: not installed[/yellow]")
+                continue
+            log_path = home / "logs" / f"{launch.name}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = log_path.open("ab")
+            process = subprocess.Popen(
+                [sys.executable, "-m", launch.module],
+                env=service_env(launch, home, host),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+            processes.append((launch, process))
+            address = f"{host}:{launch.port}"
+            if not wait_serving(address, process, time.monotonic() + startup_timeout):
+                raise RuntimeError(f"{launch.name} did not become SERVING; see {log_path}")
+            table.add_row(launch.name, address, f"http://{host}:{launch.metrics_port}/metrics",
+                          str(process.pid))
+        console.print(table)
+        console.print(f"admin token: {tokens['admin']}  (the CLI uses it by default)")
+        console.print("Ctrl-C stops everything.")
+        while not stopping:
+            for launch, process in processes:
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"{launch.name} exited with {process.returncode}; "
+                        f"see {home / 'logs' / (launch.name + '.log')}"
+                    )
+            time.sleep(0.5)
+    except RuntimeError as error:
+        err_console.print(f"[red]error:[/red] {error}")
+        _terminate(processes)
+        raise typer.Exit(1) from None
+    _terminate(processes)
+    console.print("all services stopped")
+
+
+def _terminate(processes: list[tuple[ServiceLaunch, subprocess.Popen[bytes]]]) -> None:
+    for _launch, process in reversed(processes):
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for _launch, process in reversed(processes):
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -1,0 +1,56 @@
+"""Channels and the base every service client shares.
+
+The bearer token travels as call metadata on every call (no channel
+interceptor: it would add a Python hop to each call on the hot path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from engram.client._errors import EngramRpcError
+
+Response = TypeVar("Response")
+
+
+def open_channel(target: str, tls_ca: Path | None = None) -> grpc.Channel:
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    if tls_ca is None:
+        return grpc.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+    return grpc.secure_channel(target, credentials, options=options)
+
+
+class BaseClient:
+    """Holds a channel and the caller's token; turns RpcError into EngramRpcError."""
+
+    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
+                 timeout: float = 30.0, channel: grpc.Channel | None = None) -> None:
+        self.channel = channel or open_channel(target, tls_ca)
+        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
+        self.timeout = timeout
+
+    def call(self, method: Callable[..., Response], request: Any) -> Response:
+        try:
+            return method(request, metadata=self.metadata, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise EngramRpcError.from_rpc_error(error) from None
+
+    def stream(self, method: Callable[..., Iterator[Response]], request: Any) -> Iterator[Response]:
+        try:
+            yield from method(request, metadata=self.metadata, timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise EngramRpcError.from_rpc_error(error) from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self: Any) -> Any:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,31 @@
+"""Client-side view of a failed call: gRPC code, ErrorInfo reason, readable message."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+
+class EngramRpcError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
+                 metadata: dict[str, str] | None = None) -> None:
+        super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
+        self.code = code
+        self.message = message
+        self.reason = reason
+        self.metadata = metadata or {}
+
+    @classmethod
+    def from_rpc_error(cls, error: grpc.RpcError) -> EngramRpcError:
+        code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+        message = error.details() if isinstance(error, grpc.Call) else str(error)
+        reason, metadata = "", {}
+        status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+        if status is not None:
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    reason, metadata = info.reason, dict(info.metadata)
+        return cls(code, message or "", reason, metadata)

@@ -1,0 +1,48 @@
+"""Client settings, parsed once from ``ENGRAM_*`` variables by the caller's ``main``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
+
+
+class ClientSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGRAM_", frozen=True, extra="ignore")
+
+    home: Path = Path(".engram")
+    token: str | None = Field(default=None, description="bearer token; default: the admin token")
+    shard_addr: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['shard']}",
+        validation_alias=AliasChoices("ENGRAM_SHARD_ADDR", "ENGRAM_SHARD_TARGET"),
+    )
+    governance_addr: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['governance']}",
+        validation_alias=AliasChoices("ENGRAM_GOVERNANCE_ADDR", "ENGRAM_GOVERNANCE_TARGET"),
+    )
+    artifacts_addr: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['artifacts']}",
+        validation_alias=AliasChoices("ENGRAM_ARTIFACTS_ADDR", "ENGRAM_ARTIFACTS_TARGET"),
+    )
+    compactor_addr: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORTS['compactor']}",
+        validation_alias=AliasChoices("ENGRAM_COMPACTOR_ADDR", "ENGRAM_COMPACTOR_TARGET"),
+    )
+    tls_ca: Path | None = None
+    timeout_seconds: float = 30.0
+
+    def admin_token_path(self) -> Path:
+        return self.home / "auth" / "admin.token"
+
+    def resolve_token(self) -> str:
+        if self.token:
+            return self.token
+        path = self.admin_token_path()
+        if path.exists():
+            return path.read_text().strip()
+        raise FileNotFoundError(
+            f"no token: set ENGRAM_TOKEN or run `engram up` (it writes {path})"
+        )

@@ -1,0 +1,83 @@
+"""Authentication and per-method authorization.
+
+Every RPC a service exposes has an explicit entry in its :data:`MethodPolicy`:
+the roles allowed to call it. A method with no entry is refused (fail closed),
+so adding an RPC without deciding who may call it cannot open a hole.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+
+from services.common.errors import PermissionDenied, Unauthenticated
+from services.common.tokens import Principal, TokenVerifier
+
+ANY_ROLE = frozenset({"agent", "governor", "admin", "service"})
+PUBLIC: frozenset[str] = frozenset()
+"""Marks a method callable without a token (health, reflection)."""
+
+MethodPolicy = Mapping[str, frozenset[str]]
+
+PUBLIC_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+_principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "engram_principal", default=None
+)
+
+
+def current_principal() -> Principal:
+    """The authenticated caller of the RPC being served."""
+    principal = _principal.get()
+    if principal is None:
+        raise Unauthenticated("this call carries no authenticated principal")
+    return principal
+
+
+def bind_principal(principal: Principal | None) -> contextvars.Token[Principal | None]:
+    return _principal.set(principal)
+
+
+def unbind_principal(token: contextvars.Token[Principal | None]) -> None:
+    _principal.reset(token)
+
+
+class Authorizer:
+    def __init__(self, verifier: TokenVerifier, policy: MethodPolicy) -> None:
+        self._verifier = verifier
+        self._policy = dict(policy)
+
+    def is_public(self, method: str) -> bool:
+        return method.startswith(PUBLIC_PREFIXES) or self._policy.get(method) == PUBLIC
+
+    def authorize(self, method: str, metadata: Mapping[str, str]) -> Principal | None:
+        """Return the caller, or ``None`` for a public method; raise when refused."""
+        if self.is_public(method):
+            return None
+        allowed = self._policy.get(method)
+        if allowed is None:
+            raise PermissionDenied(
+                f"{method} has no authorization entry; refusing by default",
+                reason="METHOD_NOT_AUTHORIZED",
+            )
+        header = metadata.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated(
+                "missing bearer token: send 'authorization: Bearer <token>' "
+                "(see `engram token create`)",
+                reason="TOKEN_MISSING",
+            )
+        principal = self._verifier.verify(token.strip())
+        if not principal.has_any(allowed):
+            raise PermissionDenied(
+                f"{method} needs one of the roles {sorted(allowed)}; "
+                f"caller {principal.agent_id} has {sorted(principal.roles)}",
+                reason="ROLE_REQUIRED",
+                metadata={"required_roles": ",".join(sorted(allowed))},
+            )
+        return principal

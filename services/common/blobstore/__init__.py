@@ -1,0 +1,10 @@
+"""Blob stores behind one small port, chosen by URL scheme (file://, s3://).
+
+Modelled on MLflow's artifact repositories: a handful of abstract methods, one
+concrete class per scheme, a registry from scheme to class. Keys are relative,
+``/``-separated paths; implementations refuse traversal (``..``, absolute keys).
+"""
+
+from services.common.blobstore.port import BlobInfo, BlobStore
+
+__all__ = ["BlobInfo", "BlobStore"]

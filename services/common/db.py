@@ -1,0 +1,110 @@
+"""Database plumbing shared by the services' repositories.
+
+``Database(url)`` owns the engine; :meth:`Database.session` is the one managed
+session: it commits, rolls back, and translates driver errors into Engram
+errors (an unreachable database is UNAVAILABLE, never a stack trace).
+SQLite gets WAL and ``synchronous=FULL`` per connection: an acknowledged
+write survives a crash or power loss. Migrations are alembic scripts shipped
+inside each service package and applied with :meth:`Database.upgrade`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+from services.common.errors import Unavailable
+
+log = logging.getLogger("engram.db")
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and pick the psycopg 3 driver for it."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+class Database:
+    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+        self.url = normalize_url(url)
+        parsed = make_url(self.url)
+        self.dialect = parsed.get_backend_name()
+        kwargs: dict[str, Any] = {"future": True}
+        if self.dialect == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
+            if parsed.database in (None, "", ":memory:"):
+                kwargs["poolclass"] = NullPool
+            else:
+                kwargs["pool_size"] = pool_size
+        else:
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+        self.engine: Engine = create_engine(self.url, **kwargs)
+        if self.dialect == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except OperationalError as exc:
+            session.rollback()
+            if _is_connection_error(exc):
+                raise Unavailable(
+                    f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"
+                ) from exc
+            raise
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def upgrade(self, migrations_dir: Path) -> None:
+        """Bring the schema to the newest revision shipped with the service."""
+        config = Config()
+        config.set_main_option("script_location", str(migrations_dir))
+        config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        with self.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _is_connection_error(exc: DBAPIError) -> bool:
+    text = str(exc.orig).lower()
+    return exc.connection_invalidated or any(
+        marker in text
+        for marker in ("could not connect", "connection refused", "server closed", "terminating")
+    )
+
+
+def _short(exc: DBAPIError) -> str:
+    return str(exc.orig).strip().splitlines()[0][:200]

@@ -1,0 +1,212 @@
+"""Server interceptors: metrics, logging, errors and auth, outermost first.
+
+Each wraps the method handler's behaviour function, so one helper
+(:func:`_wrap_handler`) serves the four RPC shapes. Streaming responses are
+wrapped as generators so the principal and error mapping cover the whole
+stream, not just its creation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from services.common.auth import Authorizer, bind_principal, unbind_principal
+from services.common.errors import ERROR_DOMAIN, EngramError
+from services.common.metrics import GrpcMetrics
+
+log = logging.getLogger("engram.rpc")
+
+Behavior = Callable[[Any, grpc.ServicerContext], Any]
+Wrapper = Callable[[Behavior, str, bool], Behavior]
+
+
+def _wrap_handler(handler: grpc.RpcMethodHandler, wrap: Wrapper, method: str) -> Any:
+    if handler.request_streaming and handler.response_streaming:
+        kind, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        kind, factory = handler.stream_unary, grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        kind, factory = handler.unary_stream, grpc.unary_stream_rpc_method_handler
+    else:
+        kind, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
+    return factory(
+        wrap(kind, method, bool(handler.response_streaming)),
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+class _BehaviorInterceptor(grpc.ServerInterceptor):
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        raise NotImplementedError
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        return _wrap_handler(handler, self.wrap, handler_call_details.method)  # type: ignore[no-any-return]
+
+
+def _status_for(error: EngramError) -> status_pb2.Status:
+    info = error_details_pb2.ErrorInfo(
+        reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    code = grpc.StatusCode[error.code]
+    return status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
+
+
+class ErrorInterceptor(_BehaviorInterceptor):
+    """Maps :class:`EngramError` to its status; anything else to INTERNAL with a reference."""
+
+    def _abort(self, context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
+        if isinstance(exc, EngramError):
+            context.abort_with_status(rpc_status.to_status(_status_for(exc)))
+        ref = uuid.uuid4().hex[:12]
+        log.exception("unhandled error in %s (ref %s)", method, ref, exc_info=exc)
+        context.abort(grpc.StatusCode.INTERNAL, f"internal error; reference {ref} in server logs")
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    yield from behavior(request, context)
+                except Exception as exc:
+                    if _is_abort(exc, context):
+                        raise
+                    self._abort(context, exc, method)
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            try:
+                return behavior(request, context)
+            except Exception as exc:
+                if _is_abort(exc, context):
+                    raise
+                self._abort(context, exc, method)
+
+        return unary
+
+
+def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:
+    # context.abort() raises a bare Exception after setting the code; let it through.
+    return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
+
+
+class AuthInterceptor(_BehaviorInterceptor):
+    def __init__(self, authorizer: Authorizer) -> None:
+        self._authorizer = authorizer
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        authorizer = self._authorizer
+        if authorizer.is_public(method):
+            return behavior
+
+        def authorize(context: grpc.ServicerContext) -> Any:
+            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            return bind_principal(authorizer.authorize(method, metadata))
+
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                token = authorize(context)
+                try:
+                    yield from behavior(request, context)
+                finally:
+                    unbind_principal(token)
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            token = authorize(context)
+            try:
+                return behavior(request, context)
+            finally:
+                unbind_principal(token)
+
+        return unary
+
+
+class MetricsInterceptor(_BehaviorInterceptor):
+    """Standard ``grpc_server_*`` metrics (the go-grpc-prometheus names)."""
+
+    def __init__(self, metrics: GrpcMetrics) -> None:
+        self._metrics = metrics
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        grpc_type = "server_stream" if streaming else "unary"
+        observe = self._metrics.for_method(method, grpc_type)
+
+        def code_of(context: grpc.ServicerContext, failed: bool) -> str:
+            code = context.code()
+            if code is None:
+                return "UNKNOWN" if failed else "OK"
+            return str(code.name)
+
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                start = time.perf_counter()
+                observe.started()
+                failed = True
+                try:
+                    yield from behavior(request, context)
+                    failed = False
+                finally:
+                    observe.handled(code_of(context, failed), time.perf_counter() - start)
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            observe.started()
+            failed = True
+            try:
+                response = behavior(request, context)
+                failed = False
+                return response
+            finally:
+                observe.handled(code_of(context, failed), time.perf_counter() - start)
+
+        return unary
+
+
+class LoggingInterceptor(_BehaviorInterceptor):
+    """One structured line per RPC at DEBUG; failures at WARNING."""
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        if streaming:
+            return behavior
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            start = time.perf_counter()
+            try:
+                return behavior(request, context)
+            finally:
+                code = context.code()
+                elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
+                if code not in (None, grpc.StatusCode.OK):
+                    log.warning(
+                        "rpc failed",
+                        extra={"method": method, "code": code.name, "elapsed_ms": elapsed_ms},
+                    )
+                elif log.isEnabledFor(logging.DEBUG):
+                    log.debug("rpc", extra={"method": method, "elapsed_ms": elapsed_ms})
+
+        return unary

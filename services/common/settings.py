@@ -1,0 +1,52 @@
+"""Settings shared by every service, read from ``ENGRAM_*`` environment variables.
+
+Each service subclasses :class:`ServerSettings` with its own ``env_prefix``
+(``ENGRAM_SHARD_``, ``ENGRAM_GOVERNANCE_`` …) for its own fields; the fields
+here that every service shares (``ENGRAM_HOME``, ``ENGRAM_LOG_LEVEL``,
+``ENGRAM_AUTH_PUBLIC_KEY``) keep one name across services. Settings are parsed
+once in ``main`` and passed down; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _shared(name: str) -> AliasChoices:
+    return AliasChoices(name)
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    home: Path = Field(default=Path(".engram"), validation_alias=_shared("ENGRAM_HOME"))
+    log_level: str = Field(default="INFO", validation_alias=_shared("ENGRAM_LOG_LEVEL"))
+    auth_public_key: Path | None = Field(
+        default=None,
+        validation_alias=_shared("ENGRAM_AUTH_PUBLIC_KEY"),
+        description="Ed25519 public key (PEM) that verifies bearer tokens; "
+        "default $ENGRAM_HOME/auth/signing.pub",
+    )
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = Field(
+        default=None, description="Prometheus /metrics port; unset disables the endpoint"
+    )
+    max_workers: int = 32
+    grace_seconds: float = 5.0
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = Field(
+        default=None, description="CA bundle; when set, clients must present a certificate (mTLS)"
+    )
+
+    def public_key_path(self) -> Path:
+        return self.auth_public_key or self.home / "auth" / "signing.pub"
+
+    def data_dir(self, service: str) -> Path:
+        return self.home / service

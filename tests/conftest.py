@@ -1,0 +1,72 @@
+"""Fixtures every test suite shares: a signing key, tokens, Postgres databases."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.common.tokens import TokenSigner, ensure_keypair
+
+POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+TokenFactory = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def engram_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("engram-home")
+    ensure_keypair(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def make_token(engram_home: Path) -> TokenFactory:
+    signer = TokenSigner.load(engram_home / "auth" / "signing.key")
+
+    def issue(agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)) -> str:
+        return signer.issue(agent, fleet, set(roles))
+
+    return issue
+
+
+def _postgres_available() -> bool:
+    import sqlalchemy
+
+    try:
+        engine = sqlalchemy.create_engine(POSTGRES_ADMIN_URL)
+        with engine.connect():
+            pass
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_available() -> bool:
+    return _postgres_available()
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_available: bool) -> Iterator[str]:
+    """A new, empty Postgres database for one test, dropped afterwards."""
+    if not postgres_available:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 in CI")
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    import sqlalchemy
+
+    name = f"engram_test_{uuid.uuid4().hex[:10]}"
+    admin = sqlalchemy.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
