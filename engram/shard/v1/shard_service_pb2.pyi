@@ -314,3 +314,55 @@ class ExportSummaryResponse(_message.Message):
     SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
     summary_json: str
     def __init__(self, summary_json: _Optional[str] = ...) -> None: ...
+
+class CompactRecordsRequest(_message.Message):
+    __slots__ = ("fleet_id", "importance_below", "older_than_days", "dry_run")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_BELOW_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_DAYS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    importance_below: float
+    older_than_days: float
+    dry_run: bool
+    def __init__(self, fleet_id: _Optional[str] = ..., importance_below: _Optional[float] = ..., older_than_days: _Optional[float] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class CompactionGroup(_message.Message):
+    __slots__ = ("summary", "replaced_ids", "replaced_hashes", "domain", "run_id")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_IDS_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_HASHES_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    summary: Record
+    replaced_ids: _containers.RepeatedScalarFieldContainer[str]
+    replaced_hashes: _containers.RepeatedScalarFieldContainer[str]
+    domain: str
+    run_id: str
+    def __init__(self, summary: _Optional[_Union[Record, _Mapping]] = ..., replaced_ids: _Optional[_Iterable[str]] = ..., replaced_hashes: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class CompactRecordsResponse(_message.Message):
+    __slots__ = ("groups", "examined", "compacted")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    EXAMINED_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[CompactionGroup]
+    examined: int
+    compacted: int
+    def __init__(self, groups: _Optional[_Iterable[_Union[CompactionGroup, _Mapping]]] = ..., examined: _Optional[int] = ..., compacted: _Optional[int] = ...) -> None: ...
+
+class ApplyRetentionRequest(_message.Message):
+    __slots__ = ("fleet_id", "older_than_days", "dry_run")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_DAYS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    older_than_days: float
+    dry_run: bool
+    def __init__(self, fleet_id: _Optional[str] = ..., older_than_days: _Optional[float] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class ApplyRetentionResponse(_message.Message):
+    __slots__ = ("removed_ids",)
+    REMOVED_IDS_FIELD_NUMBER: _ClassVar[int]
+    removed_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, removed_ids: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -92,6 +92,16 @@ class ShardServiceStub:
                 request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryRequest.SerializeToString,
                 response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryResponse.FromString,
                 _registered_method=True)
+        self.CompactRecords = channel.unary_unary(
+                '/engram.shard.v1.ShardService/CompactRecords',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsResponse.FromString,
+                _registered_method=True)
+        self.ApplyRetention = channel.unary_unary(
+                '/engram.shard.v1.ShardService/ApplyRetention',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServiceServicer:
@@ -174,6 +184,23 @@ class ShardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactRecords(self, request, context):
+        """Summarises old, low-importance records of one fleet into summary records
+        that keep the ids and hashes of what they replaced (seed 001 roadmap).
+        The originals stay stored and verifiable. Called by the compactor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApplyRetention(self, request, context):
+        """Removes originals already covered by a summary, older than the policy's
+        age. The summary keeps their hashes. Explicit, never automatic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +258,16 @@ def add_ShardServiceServicer_to_server(servicer, server):
                     servicer.ExportSummary,
                     request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryRequest.FromString,
                     response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryResponse.SerializeToString,
+            ),
+            'CompactRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactRecords,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsResponse.SerializeToString,
+            ),
+            'ApplyRetention': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyRetention,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -533,6 +570,60 @@ class ShardService:
             '/engram.shard.v1.ShardService/ExportSummary',
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryRequest.SerializeToString,
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ExportSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/CompactRecords',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.CompactRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApplyRetention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/ApplyRetention',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.FromString,
             options,
             channel_credentials,
             insecure,
