@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from engram.cli import shard, token, up
+from engram.cli import bench, shard, token, up
 
 app = typer.Typer(
     help="Engram: durable, verifiable memory for fleets of AI agents.",
@@ -14,6 +14,7 @@ app = typer.Typer(
 app.command("up")(up.up)
 shard.register(app)
 app.add_typer(token.app, name="token")
+app.command("bench")(bench.bench)
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks (`engram bench ...`): figures as ratios to a baseline measured in the same run."""
