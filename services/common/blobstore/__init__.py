@@ -5,6 +5,7 @@ concrete class per scheme, a registry from scheme to class. Keys are relative,
 ``/``-separated paths; implementations refuse traversal (``..``, absolute keys).
 """
 
-from services.common.blobstore.port import BlobInfo, BlobStore
+from services.common.blobstore.port import BlobInfo, BlobStore, validate_key
+from services.common.blobstore.registry import blob_store_from_url, register_scheme
 
-__all__ = ["BlobInfo", "BlobStore"]
+__all__ = ["BlobInfo", "BlobStore", "blob_store_from_url", "register_scheme", "validate_key"]

@@ -6,12 +6,36 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from services.common.errors import InvalidArgument
+
+MAX_KEY_LENGTH = 1024
+
 
 @dataclass(frozen=True)
 class BlobInfo:
     key: str
     size_bytes: int
     sha256: str
+
+
+def validate_key(key: str) -> str:
+    """A relative ``/``-separated key with no empty, ``.`` or ``..`` segment."""
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidArgument(
+            f"blob key must be 1..{MAX_KEY_LENGTH} characters, got {len(key)}",
+            reason="INVALID_BLOB_KEY",
+        )
+    if key.startswith("/") or "\\" in key or "\x00" in key:
+        raise InvalidArgument(
+            f"blob key {key!r} must be relative, '/'-separated, without NUL or backslash",
+            reason="INVALID_BLOB_KEY",
+        )
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise InvalidArgument(
+            f"blob key {key!r} has an empty, '.' or '..' segment (path traversal is refused)",
+            reason="INVALID_BLOB_KEY",
+        )
+    return key
 
 
 class BlobStore(ABC):
@@ -36,3 +60,11 @@ class BlobStore(ABC):
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix``, in lexicographic order."""
+
+    @property
+    def url(self) -> str:
+        """Where the blobs live (``file:///…``, ``s3://bucket/prefix``), for logs and status."""
+        return type(self).__name__
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
+        """Release clients or handles; the default holds none."""

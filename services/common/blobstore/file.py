@@ -1,0 +1,124 @@
+"""``file://DIR``: blobs as files under one directory.
+
+A put streams into a temporary file under ``DIR/.tmp``, fsyncs it, links it to
+its final name (``link`` fails when the name exists: an atomic put-if-absent,
+which ``rename`` is not), then fsyncs the directory so the entry survives a
+crash. Keys are validated and the resolved path must stay under ``DIR``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+from urllib.parse import unquote, urlparse
+
+from services.common.blobstore.port import BlobInfo, BlobStore, validate_key
+from services.common.errors import AlreadyExists, InvalidArgument, NotFound
+
+_TMP_DIR = ".tmp"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileBlobStore(BlobStore):
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / _TMP_DIR).mkdir(exist_ok=True)
+
+    @classmethod
+    def from_url(cls, url: str) -> FileBlobStore:
+        parsed = urlparse(url)
+        if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+            raise InvalidArgument(f"not a local file URL: {url!r} (use file:///absolute/dir)")
+        if not parsed.path:
+            raise InvalidArgument(f"file URL {url!r} names no directory")
+        return cls(Path(unquote(parsed.path)))
+
+    @property
+    def url(self) -> str:
+        return self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        validate_key(key)
+        if key.split("/", 1)[0] == _TMP_DIR:
+            raise InvalidArgument(f"blob key {key!r} uses the reserved {_TMP_DIR!r} directory",
+                                  reason="INVALID_BLOB_KEY")
+        path = (self.root / key).resolve()
+        if not path.is_relative_to(self.root):
+            raise InvalidArgument(f"blob key {key!r} resolves outside the store",
+                                  reason="INVALID_BLOB_KEY")
+        return path
+
+    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
+        final = self._path(key)
+        if final.exists():
+            raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
+        tmp = self.root / _TMP_DIR / f"{uuid.uuid4().hex}.part"
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(tmp, "xb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS") from None
+            _fsync_dir(final.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+
+    def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        path = self._path(key)
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - closed by the generator below
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"blob {key!r} not found in {self.url}",
+                           reason="BLOB_NOT_FOUND") from None
+        return self._read(handle, chunk_size)
+
+    @staticmethod
+    def _read(handle: IO[bytes], chunk_size: int) -> Iterator[bytes]:
+        with handle:
+            while chunk := handle.read(chunk_size):
+                yield chunk
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            _fsync_dir(path.parent)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        keys = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            if Path(dirpath) == self.root:
+                dirnames[:] = [d for d in dirnames if d != _TMP_DIR]
+            rel = Path(dirpath).relative_to(self.root)
+            for name in filenames:
+                key = (rel / name).as_posix() if rel != Path(".") else name
+                if key.startswith(prefix):
+                    keys.append(key)
+        return iter(sorted(keys))

@@ -1,0 +1,138 @@
+"""One contract, every adapter: file:// on a temp dir and s3:// on moto in-process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from services.common.blobstore import BlobStore, blob_store_from_url
+from services.common.blobstore.file import FileBlobStore
+from services.common.blobstore.s3 import S3BlobStore
+from services.common.errors import AlreadyExists, InvalidArgument, NotFound
+
+BUCKET = "engram-test"
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
+    if request.param == "file":
+        yield blob_store_from_url((tmp_path / "blobs").as_uri())
+        return
+    with mock_aws():
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        s3 = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
+                                 access_key_id="test", secret_access_key="test")
+        assert isinstance(s3, S3BlobStore)
+        s3.part_size = 5 * 1024 * 1024
+        yield s3
+        s3.close()
+
+
+def _chunks(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+def test_put_then_open_round_trips_bytes_and_hash(store: BlobStore) -> None:
+    data = os.urandom(300_000)
+    info = store.put("runs/r1/a.bin", _chunks(data))
+    assert info.size_bytes == len(data)
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    assert b"".join(store.open("runs/r1/a.bin", chunk_size=4096)) == data
+    assert store.exists("runs/r1/a.bin")
+
+
+def test_multipart_sized_blob_streams_in_parts(store: BlobStore) -> None:
+    data = os.urandom(11 * 1024 * 1024 + 17)
+    info = store.put("runs/r1/big.bin", _chunks(data, 1 << 20))
+    assert info.sha256 == hashlib.sha256(data).hexdigest()
+    assert hashlib.sha256(b"".join(store.open("runs/r1/big.bin"))).hexdigest() == info.sha256
+
+
+def test_empty_blob(store: BlobStore) -> None:
+    info = store.put("runs/r1/empty", iter(()))
+    assert info.size_bytes == 0
+    assert b"".join(store.open("runs/r1/empty")) == b""
+
+
+def test_put_if_absent_refuses_to_replace(store: BlobStore) -> None:
+    store.put("k/one", [b"first"])
+    with pytest.raises(AlreadyExists):
+        store.put("k/one", [b"second"])
+    assert b"".join(store.open("k/one")) == b"first"
+
+
+def test_interrupted_put_leaves_nothing_visible(store: BlobStore) -> None:
+    def failing() -> Iterator[bytes]:
+        yield os.urandom(6 * 1024 * 1024)
+        yield b"more"
+        raise ConnectionResetError("client went away")
+
+    with pytest.raises(ConnectionResetError):
+        store.put("runs/r1/partial", failing())
+    assert not store.exists("runs/r1/partial")
+    assert list(store.list()) == []
+    with pytest.raises(NotFound):
+        store.open("runs/r1/partial")
+
+
+@pytest.mark.parametrize(
+    "key", ["", "../escape", "a/../../b", "/abs", "a//b", "a/./b", "a\\b", "ok/..", "nul\x00"]
+)
+def test_traversal_and_malformed_keys_are_refused(store: BlobStore, key: str) -> None:
+    with pytest.raises(InvalidArgument):
+        store.put(key, [b"x"])
+    with pytest.raises(InvalidArgument):
+        store.open(key)
+
+
+def test_open_missing_is_not_found(store: BlobStore) -> None:
+    with pytest.raises(NotFound):
+        store.open("nope/missing")
+    assert not store.exists("nope/missing")
+
+
+def test_delete_is_idempotent(store: BlobStore) -> None:
+    store.put("d/x", [b"x"])
+    store.delete("d/x")
+    store.delete("d/x")
+    assert not store.exists("d/x")
+
+
+def test_list_is_sorted_and_filtered_by_prefix(store: BlobStore) -> None:
+    for key in ("runs/b/2", "runs/a/1", "runs/a/0", "other/z"):
+        store.put(key, [key.encode()])
+    assert list(store.list("runs/a/")) == ["runs/a/0", "runs/a/1"]
+    assert list(store.list()) == ["other/z", "runs/a/0", "runs/a/1", "runs/b/2"]
+
+
+def test_file_store_refuses_symlink_escape(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "blobs" / "link").symlink_to(outside)
+    with pytest.raises(InvalidArgument):
+        store.put("link/evil", [b"x"])
+    assert not any(outside.iterdir())
+
+
+def test_file_store_reserved_tmp_dir_is_not_a_key(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    with pytest.raises(InvalidArgument):
+        store.put(".tmp/x", [b"x"])
+
+
+def test_registry_rejects_unknown_scheme() -> None:
+    with pytest.raises(InvalidArgument, match="unsupported blob store URL"):
+        blob_store_from_url("ftp://host/dir")
+
+
+def test_s3_url_without_bucket_is_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        blob_store_from_url("s3:///prefix")
