@@ -1,0 +1,340 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TrustTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRUST_TIER_UNSPECIFIED: _ClassVar[TrustTier]
+    TRUST_TIER_TRUSTED: _ClassVar[TrustTier]
+    TRUST_TIER_STANDARD: _ClassVar[TrustTier]
+    TRUST_TIER_PROBATION: _ClassVar[TrustTier]
+    TRUST_TIER_SUSPENDED: _ClassVar[TrustTier]
+TRUST_TIER_UNSPECIFIED: TrustTier
+TRUST_TIER_TRUSTED: TrustTier
+TRUST_TIER_STANDARD: TrustTier
+TRUST_TIER_PROBATION: TrustTier
+TRUST_TIER_SUSPENDED: TrustTier
+
+class AgentTrust(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "tier", "multiplier", "score", "pinned", "update_time")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    MULTIPLIER_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    tier: TrustTier
+    multiplier: float
+    score: float
+    pinned: bool
+    update_time: _timestamp_pb2.Timestamp
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., tier: _Optional[_Union[TrustTier, str]] = ..., multiplier: _Optional[float] = ..., score: _Optional[float] = ..., pinned: _Optional[bool] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Neighbour(_message.Message):
+    __slots__ = ("record_id", "content", "agent_id", "score")
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    content: str
+    agent_id: str
+    score: float
+    def __init__(self, record_id: _Optional[str] = ..., content: _Optional[str] = ..., agent_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
+
+class WriteCandidate(_message.Message):
+    __slots__ = ("record_id", "content_hash", "content", "run_id", "domain", "source", "importance", "tags", "neighbours")
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    content_hash: str
+    content: str
+    run_id: str
+    domain: str
+    source: str
+    importance: float
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    neighbours: _containers.RepeatedCompositeFieldContainer[Neighbour]
+    def __init__(self, record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., content: _Optional[str] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ...) -> None: ...
+
+class GateDecision(_message.Message):
+    __slots__ = ("decision_id", "allowed", "rule_ids", "reason", "fleet_id", "agent_id", "request_id", "record_id", "content_hash", "create_time", "chain_seq")
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    ALLOWED_FIELD_NUMBER: _ClassVar[int]
+    RULE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    allowed: bool
+    rule_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    fleet_id: str
+    agent_id: str
+    request_id: str
+    record_id: str
+    content_hash: str
+    create_time: _timestamp_pb2.Timestamp
+    chain_seq: int
+    def __init__(self, decision_id: _Optional[str] = ..., allowed: _Optional[bool] = ..., rule_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ...) -> None: ...
+
+class DecideWritesRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "request_id", "candidates")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    request_id: str
+    candidates: _containers.RepeatedCompositeFieldContainer[WriteCandidate]
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[WriteCandidate, _Mapping]]] = ...) -> None: ...
+
+class DecideWritesResponse(_message.Message):
+    __slots__ = ("decisions", "replayed")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
+    replayed: bool
+    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class GetTrustRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_id")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class GetTrustResponse(_message.Message):
+    __slots__ = ("trust",)
+    TRUST_FIELD_NUMBER: _ClassVar[int]
+    trust: AgentTrust
+    def __init__(self, trust: _Optional[_Union[AgentTrust, _Mapping]] = ...) -> None: ...
+
+class BatchGetTrustRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_ids")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchGetTrustResponse(_message.Message):
+    __slots__ = ("trusts",)
+    TRUSTS_FIELD_NUMBER: _ClassVar[int]
+    trusts: _containers.RepeatedCompositeFieldContainer[AgentTrust]
+    def __init__(self, trusts: _Optional[_Iterable[_Union[AgentTrust, _Mapping]]] = ...) -> None: ...
+
+class SetTierRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "tier", "reason")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    tier: TrustTier
+    reason: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., tier: _Optional[_Union[TrustTier, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SetTierResponse(_message.Message):
+    __slots__ = ("trust",)
+    TRUST_FIELD_NUMBER: _ClassVar[int]
+    trust: AgentTrust
+    def __init__(self, trust: _Optional[_Union[AgentTrust, _Mapping]] = ...) -> None: ...
+
+class SizeLimit(_message.Message):
+    __slots__ = ("max_bytes",)
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    max_bytes: int
+    def __init__(self, max_bytes: _Optional[int] = ...) -> None: ...
+
+class DenyPattern(_message.Message):
+    __slots__ = ("pattern", "case_sensitive")
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    CASE_SENSITIVE_FIELD_NUMBER: _ClassVar[int]
+    pattern: str
+    case_sensitive: bool
+    def __init__(self, pattern: _Optional[str] = ..., case_sensitive: _Optional[bool] = ...) -> None: ...
+
+class RequiredTags(_message.Message):
+    __slots__ = ("tags",)
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DomainAccess(_message.Message):
+    __slots__ = ("allowed_domains",)
+    ALLOWED_DOMAINS_FIELD_NUMBER: _ClassVar[int]
+    allowed_domains: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, allowed_domains: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RateLimit(_message.Message):
+    __slots__ = ("max_writes", "window_seconds")
+    MAX_WRITES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    max_writes: int
+    window_seconds: int
+    def __init__(self, max_writes: _Optional[int] = ..., window_seconds: _Optional[int] = ...) -> None: ...
+
+class Contradiction(_message.Message):
+    __slots__ = ("min_overlap",)
+    MIN_OVERLAP_FIELD_NUMBER: _ClassVar[int]
+    min_overlap: float
+    def __init__(self, min_overlap: _Optional[float] = ...) -> None: ...
+
+class Rule(_message.Message):
+    __slots__ = ("rule_id", "fleet_id", "description", "tiers", "size_limit", "deny_pattern", "required_tags", "domain_access", "rate_limit", "contradiction", "created_by", "create_time")
+    RULE_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    DENY_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_TAGS_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_ACCESS_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CONTRADICTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BY_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    rule_id: str
+    fleet_id: str
+    description: str
+    tiers: _containers.RepeatedScalarFieldContainer[TrustTier]
+    size_limit: SizeLimit
+    deny_pattern: DenyPattern
+    required_tags: RequiredTags
+    domain_access: DomainAccess
+    rate_limit: RateLimit
+    contradiction: Contradiction
+    created_by: str
+    create_time: _timestamp_pb2.Timestamp
+    def __init__(self, rule_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., description: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TrustTier, str]]] = ..., size_limit: _Optional[_Union[SizeLimit, _Mapping]] = ..., deny_pattern: _Optional[_Union[DenyPattern, _Mapping]] = ..., required_tags: _Optional[_Union[RequiredTags, _Mapping]] = ..., domain_access: _Optional[_Union[DomainAccess, _Mapping]] = ..., rate_limit: _Optional[_Union[RateLimit, _Mapping]] = ..., contradiction: _Optional[_Union[Contradiction, _Mapping]] = ..., created_by: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateRuleRequest(_message.Message):
+    __slots__ = ("rule", "request_id")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    rule: Rule
+    request_id: str
+    def __init__(self, rule: _Optional[_Union[Rule, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class CreateRuleResponse(_message.Message):
+    __slots__ = ("rule", "created")
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    rule: Rule
+    created: bool
+    def __init__(self, rule: _Optional[_Union[Rule, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ListRulesRequest(_message.Message):
+    __slots__ = ("fleet_id", "page_size", "page_token")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, fleet_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRulesResponse(_message.Message):
+    __slots__ = ("rules", "next_page_token")
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    rules: _containers.RepeatedCompositeFieldContainer[Rule]
+    next_page_token: str
+    def __init__(self, rules: _Optional[_Iterable[_Union[Rule, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteRuleRequest(_message.Message):
+    __slots__ = ("rule_id", "fleet_id")
+    RULE_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    rule_id: str
+    fleet_id: str
+    def __init__(self, rule_id: _Optional[str] = ..., fleet_id: _Optional[str] = ...) -> None: ...
+
+class DeleteRuleResponse(_message.Message):
+    __slots__ = ("rule_id",)
+    RULE_ID_FIELD_NUMBER: _ClassVar[int]
+    rule_id: str
+    def __init__(self, rule_id: _Optional[str] = ...) -> None: ...
+
+class ListDecisionsRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "page_size", "page_token")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListDecisionsResponse(_message.Message):
+    __slots__ = ("decisions", "next_page_token")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
+    next_page_token: str
+    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ChainCheckpoint(_message.Message):
+    __slots__ = ("head", "length")
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    head: str
+    length: int
+    def __init__(self, head: _Optional[str] = ..., length: _Optional[int] = ...) -> None: ...
+
+class GetChainCheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetChainCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: ChainCheckpoint
+    def __init__(self, checkpoint: _Optional[_Union[ChainCheckpoint, _Mapping]] = ...) -> None: ...
+
+class VerifyChainRequest(_message.Message):
+    __slots__ = ("since",)
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    since: ChainCheckpoint
+    def __init__(self, since: _Optional[_Union[ChainCheckpoint, _Mapping]] = ...) -> None: ...
+
+class VerifyChainResponse(_message.Message):
+    __slots__ = ("ok", "checkpoint", "problems", "extends_since")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    EXTENDS_SINCE_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    checkpoint: ChainCheckpoint
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    extends_since: bool
+    def __init__(self, ok: _Optional[bool] = ..., checkpoint: _Optional[_Union[ChainCheckpoint, _Mapping]] = ..., problems: _Optional[_Iterable[str]] = ..., extends_since: _Optional[bool] = ...) -> None: ...
