@@ -1,0 +1,1 @@
+"""Retrieval evaluation (LoCoMo evidence recall)."""

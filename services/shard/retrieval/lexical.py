@@ -1,0 +1,85 @@
+"""An in-memory BM25 index over analysed terms, with a postings list per term.
+
+Documents are appended (ids are dense positions); scoring accumulates each query
+term's postings into one score array, so a query costs the postings it touches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+
+class _Postings:
+    __slots__ = ("doc_ids", "freqs", "size")
+
+    def __init__(self) -> None:
+        self.doc_ids = np.empty(8, dtype=np.int32)
+        self.freqs = np.empty(8, dtype=np.float32)
+        self.size = 0
+
+    def append(self, doc: int, freq: float) -> None:
+        if self.size == len(self.doc_ids):
+            self.doc_ids = np.resize(self.doc_ids, self.size * 2)
+            self.freqs = np.resize(self.freqs, self.size * 2)
+        self.doc_ids[self.size] = doc
+        self.freqs[self.size] = freq
+        self.size += 1
+
+
+class BM25Index:
+    """Okapi BM25 (k1, b) over weighted term bags."""
+
+    def __init__(self, *, k1: float = 1.2, b: float = 0.75) -> None:
+        self.k1, self.b = k1, b
+        self._postings: dict[str, _Postings] = {}
+        self._lengths = np.empty(1024, dtype=np.float32)
+        self._count = 0
+        self._total_length = 0.0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, terms: Iterable[str] | Counter[str]) -> int:
+        """Index one document's terms (a Counter may carry fractional weights); returns its id."""
+        bag: Counter[str] = terms if isinstance(terms, Counter) else Counter(terms)
+        doc = self._count
+        if doc == len(self._lengths):
+            self._lengths = np.resize(self._lengths, doc * 2)
+        length = float(sum(bag.values()))
+        self._lengths[doc] = length
+        self._total_length += length
+        self._count += 1
+        for term, freq in bag.items():
+            postings = self._postings.get(term)
+            if postings is None:
+                postings = self._postings[term] = _Postings()
+            postings.append(doc, float(freq))
+        return doc
+
+    def idf(self, term: str) -> float:
+        postings = self._postings.get(term)
+        df = postings.size if postings else 0
+        return math.log(1.0 + (self._count - df + 0.5) / (df + 0.5))
+
+    def scores(self, query: Sequence[str] | Counter[str]) -> npt.NDArray[np.float32]:
+        """BM25 score of every document (zeros where no term matches)."""
+        out = np.zeros(self._count, dtype=np.float32)
+        if not self._count:
+            return out
+        weights: Counter[str] = query if isinstance(query, Counter) else Counter(query)
+        avg = self._total_length / self._count
+        lengths = self._lengths[: self._count]
+        for term, qweight in weights.items():
+            postings = self._postings.get(term)
+            if postings is None:
+                continue
+            ids = postings.doc_ids[: postings.size]
+            tf = postings.freqs[: postings.size]
+            norm = self.k1 * (1.0 - self.b + self.b * lengths[ids] / avg)
+            out[ids] += qweight * self.idf(term) * tf * (self.k1 + 1.0) / (tf + norm)
+        return out

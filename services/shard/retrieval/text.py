@@ -1,0 +1,153 @@
+"""Text analysis for lexical ranking: tokenise, drop stop words, Porter-stem.
+
+The stemmer is M. F. Porter's 1980 algorithm ("An algorithm for suffix
+stripping"), written out here so lexical ranking needs no extra dependency.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+_APOSTROPHE = re.compile(r"['\u2019](s|d|ll|re|ve|m|t)\b")
+
+STOP_WORDS = frozenset(
+    """a about above after again against all am an and any are aren as at be because been before
+    being below between both but by can cannot could couldn did didn do does doesn doing don down
+    during each few for from further had hadn has hasn have haven having he her here hers herself
+    him himself his how i if in into is isn it its itself just let ll me more most much must my myself
+    no nor not now of off on once only or other ought our ours ourselves out over own re same shan
+    she should shouldn so some such than that the their theirs them themselves then there these they
+    this those through to too under until up us very was wasn we were weren what when where which
+    while who whom why will with won would wouldn you your yours yourself yourselves s t d m ve
+    also oh yeah hey wow really thanks thank like just get got go going gonna know think so
+    """.split()
+)
+
+
+def _is_consonant(word: str, i: int) -> bool:
+    ch = word[i]
+    if ch in "aeiou":
+        return False
+    if ch == "y":
+        return i == 0 or not _is_consonant(word, i - 1)
+    return True
+
+
+def _measure(stem: str) -> int:
+    """Porter's m: the number of vowel-consonant sequences in ``stem``."""
+    m, previous_vowel = 0, False
+    for i in range(len(stem)):
+        vowel = not _is_consonant(stem, i)
+        if previous_vowel and not vowel:
+            m += 1
+        previous_vowel = vowel
+    return m
+
+
+def _has_vowel(stem: str) -> bool:
+    return any(not _is_consonant(stem, i) for i in range(len(stem)))
+
+
+def _double_consonant(word: str) -> bool:
+    return len(word) >= 2 and word[-1] == word[-2] and _is_consonant(word, len(word) - 1)
+
+
+def _cvc(word: str) -> bool:
+    if len(word) < 3:
+        return False
+    return (
+        _is_consonant(word, len(word) - 3)
+        and not _is_consonant(word, len(word) - 2)
+        and _is_consonant(word, len(word) - 1)
+        and word[-1] not in "wxy"
+    )
+
+
+def _replace(word: str, rules: tuple[tuple[str, str], ...], min_measure: int) -> str:
+    for suffix, replacement in rules:
+        if word.endswith(suffix):
+            stem = word[: len(word) - len(suffix)]
+            return stem + replacement if _measure(stem) > min_measure else word
+    return word
+
+
+_STEP2 = (
+    ("ational", "ate"), ("tional", "tion"), ("enci", "ence"), ("anci", "ance"), ("izer", "ize"),
+    ("abli", "able"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous"),
+    ("ization", "ize"), ("ation", "ate"), ("ator", "ate"), ("alism", "al"), ("iveness", "ive"),
+    ("fulness", "ful"), ("ousness", "ous"), ("aliti", "al"), ("iviti", "ive"), ("biliti", "ble"),
+)
+_STEP3 = (
+    ("icate", "ic"), ("ative", ""), ("alize", "al"), ("iciti", "ic"), ("ical", "ic"),
+    ("ful", ""), ("ness", ""),
+)
+_STEP4 = (
+    "al", "ance", "ence", "er", "ic", "able", "ible", "ant", "ement", "ment", "ent", "ion", "ou",
+    "ism", "ate", "iti", "ous", "ive", "ize",
+)
+
+
+@lru_cache(maxsize=200_000)
+def stem(word: str) -> str:
+    """Porter stem of a lower-case word."""
+    if len(word) <= 2:
+        return word
+    # Step 1a
+    if word.endswith("sses"):
+        word = word[:-2]
+    elif word.endswith("ies"):
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    # Step 1b
+    extra = False
+    if word.endswith("eed"):
+        if _measure(word[:-3]) > 0:
+            word = word[:-1]
+    elif word.endswith("ed") and _has_vowel(word[:-2]):
+        word, extra = word[:-2], True
+    elif word.endswith("ing") and _has_vowel(word[:-3]):
+        word, extra = word[:-3], True
+    if extra:
+        if word.endswith(("at", "bl", "iz")):
+            word += "e"
+        elif _double_consonant(word) and word[-1] not in "lsz":
+            word = word[:-1]
+        elif _measure(word) == 1 and _cvc(word):
+            word += "e"
+    # Step 1c
+    if word.endswith("y") and _has_vowel(word[:-1]):
+        word = word[:-1] + "i"
+    word = _replace(word, _STEP2, 0)
+    word = _replace(word, _STEP3, 0)
+    # Step 4
+    for suffix in sorted(_STEP4, key=len, reverse=True):
+        if word.endswith(suffix):
+            stem_part = word[: len(word) - len(suffix)]
+            if _measure(stem_part) > 1 and (
+                suffix != "ion" or stem_part.endswith(("s", "t"))
+            ):
+                word = stem_part
+            break
+    # Step 5
+    if word.endswith("e"):
+        stem_part = word[:-1]
+        m = _measure(stem_part)
+        if m > 1 or (m == 1 and not _cvc(stem_part)):
+            word = stem_part
+    if _measure(word) > 1 and _double_consonant(word) and word.endswith("l"):
+        word = word[:-1]
+    return word
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word tokens, contractions' tails dropped ("Caroline's" -> "caroline")."""
+    return _TOKEN.findall(_APOSTROPHE.sub("", text.lower()))
+
+
+def analyze(text: str, *, stop_words: frozenset[str] = STOP_WORDS, stemming: bool = True) -> list[str]:
+    """Index terms of ``text``: tokens minus stop words, stemmed."""
+    terms = [t for t in tokenize(text) if t not in stop_words]
+    return [stem(t) for t in terms] if stemming else terms
