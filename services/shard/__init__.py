@@ -1,0 +1,1 @@
+"""The shard service: immutable, content-addressed memory records (seeds 000, 001)."""

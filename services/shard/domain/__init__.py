@@ -1,0 +1,4 @@
+"""Shard domain logic: records, domains and routing, cross-references, scoring.
+
+Nothing here imports grpc or SQLAlchemy.
+"""

@@ -1,0 +1,111 @@
+"""Domains (the seed's shards) and routing by keyword score (seed 001).
+
+A write without a domain goes to the domain with the highest
+``keyword matches + 2 x importance``; ties go to the earlier domain in the
+default order. A domain's importance reflects how much it is used: each use
+adds 1 to a usage score that decays with a half-life of
+:data:`USAGE_HALF_LIFE_S`, and importance is that score relative to the
+fleet's busiest domain (0..1).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from services.common.errors import InvalidArgument
+
+USAGE_HALF_LIFE_S = 7 * 24 * 3600.0
+MAX_KEYWORDS = 64
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    display_name: str
+    description: str
+    keywords: tuple[str, ...]
+    usage_score: float = 0.0
+    usage_ts: float = 0.0
+    record_count: int = 0
+    updated_ts: float = 0.0
+    importance: float = 0.0
+
+    def decayed_usage(self, now: float) -> float:
+        if self.usage_score <= 0.0:
+            return 0.0
+        return self.usage_score * math.exp2(-max(0.0, now - self.usage_ts) / USAGE_HALF_LIFE_S)
+
+    def used(self, times: int, now: float) -> Domain:
+        return replace(self, usage_score=self.decayed_usage(now) + times, usage_ts=now,
+                       record_count=self.record_count + times, updated_ts=now)
+
+
+DEFAULT_DOMAINS: tuple[Domain, ...] = (
+    Domain("projects", "Projects", "Project tracking, tasks, objectives",
+           ("project", "task", "goal", "objective")),
+    Domain("insights", "Insights", "Lessons learned, patterns, decisions",
+           ("lesson", "pattern", "insight", "decision", "learned")),
+    Domain("people", "People", "Contacts, experts, relationships",
+           ("@", "contact", "person", "expert", "builder")),
+    Domain("technical", "Technical", "Architecture, code, protocols, frameworks",
+           ("architecture", "framework", "code", "protocol", "shard", "layer", "pillar")),
+    Domain("strategy", "Strategy", "Long-term vision, priorities, strategies",
+           ("strategy", "vision", "priority", "trend", "strategic")),
+)
+DEFAULT_ORDER = {d.name: i for i, d in enumerate(DEFAULT_DOMAINS)}
+
+
+def validate_domain_name(name: str) -> str:
+    name = name.strip().lower()
+    if name.startswith("shard_"):
+        name = name[len("shard_"):]
+    if not _NAME.match(name):
+        raise InvalidArgument(
+            f"domain name {name!r} must be lowercase letters, digits, - or _, "
+            "starting with a letter, at most 64 characters",
+            reason="INVALID_DOMAIN_NAME",
+        )
+    return name
+
+
+def validate_keywords(keywords: Sequence[str]) -> tuple[str, ...]:
+    cleaned = tuple(dict.fromkeys(k.strip().lower() for k in keywords if k.strip()))
+    if len(cleaned) > MAX_KEYWORDS or any(len(k) > 64 for k in cleaned):
+        raise InvalidArgument(f"at most {MAX_KEYWORDS} keywords of at most 64 characters",
+                              reason="INVALID_KEYWORDS")
+    return cleaned
+
+
+def with_importance(domains: Sequence[Domain], now: float) -> list[Domain]:
+    busiest = max((d.decayed_usage(now) for d in domains), default=0.0)
+    return [
+        replace(d, importance=(d.decayed_usage(now) / busiest) if busiest > 0 else 0.0)
+        for d in domains
+    ]
+
+
+def keyword_matches(content: str, keywords: Sequence[str]) -> int:
+    text = content.lower()
+    count = 0
+    for keyword in keywords:
+        if keyword.isalnum():
+            count += len(re.findall(rf"\b{re.escape(keyword)}\w*", text))
+        else:
+            count += text.count(keyword)
+    return count
+
+
+def route(content: str, domains: Sequence[Domain]) -> str:
+    """The seed's score: keyword matches + 2 x the domain's importance."""
+    if not domains:
+        raise InvalidArgument("this fleet has no domains to route into", reason="NO_DOMAINS")
+
+    def score(domain: Domain) -> tuple[float, int]:
+        value = keyword_matches(content, domain.keywords) + 2.0 * domain.importance
+        return (value, -DEFAULT_ORDER.get(domain.name, len(DEFAULT_ORDER)))
+
+    return max(domains, key=score).name

@@ -1,0 +1,166 @@
+"""Memory records: validation, content addressing and integrity (seed 000).
+
+``content_hash`` is SHA-256 of the UTF-8 content (the seed's definition);
+``record_hash`` is SHA-256 of the canonical JSON of every immutable field, so
+an edit to any stored field (an author swapped, an importance raised) is
+caught by verification, not only an edit to the text. The id is derived from
+fleet, run, author and content hash, so a retried write lands on the same id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import unicodedata
+from dataclasses import dataclass, field, replace
+
+from services.common.errors import IntegrityError, InvalidArgument
+
+MAX_CONTENT_BYTES = 32 * 1024
+MAX_TAGS = 32
+MAX_TAG_LEN = 64
+MAX_SOURCE_LEN = 64
+MAX_METADATA_ENTRIES = 32
+MAX_METADATA_BYTES = 8 * 1024
+MAX_RUN_ID_LEN = 128
+DEFAULT_IMPORTANCE = 0.5
+ID_HEX_LEN = 32
+
+
+@dataclass(frozen=True)
+class RecordDraft:
+    """What a caller asks to store, before routing and addressing."""
+
+    content: str
+    run_id: str = ""
+    domain: str = ""
+    source: str = "manual"
+    importance: float = DEFAULT_IMPORTANCE
+    tags: tuple[str, ...] = ()
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Record:
+    id: str
+    fleet_id: str
+    run_id: str
+    agent_id: str
+    content: str
+    content_hash: str
+    record_hash: str
+    domain: str
+    source: str
+    importance: float
+    tags: tuple[str, ...]
+    metadata: dict[str, str]
+    cross_refs: tuple[str, ...]
+    created_us: int
+    """Creation time, microseconds since the Unix epoch (UTC)."""
+    gate_decision_id: str = ""
+
+
+def content_hash(content: str) -> str:
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def record_id(fleet_id: str, run_id: str, agent_id: str, content_sha: str) -> str:
+    material = "\x1f".join(("engram-record-v1", fleet_id, run_id, agent_id, content_sha))
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:ID_HEX_LEN]
+
+
+def canonical_fields(record: Record) -> bytes:
+    body = {
+        "id": record.id,
+        "fleet_id": record.fleet_id,
+        "run_id": record.run_id,
+        "agent_id": record.agent_id,
+        "content_hash": content_hash(record.content),
+        "domain": record.domain,
+        "source": record.source,
+        "importance": repr(float(record.importance)),
+        "tags": sorted(record.tags),
+        "metadata": dict(sorted(record.metadata.items())),
+        "cross_refs": sorted(record.cross_refs),
+        "created_us": record.created_us,
+        "gate_decision_id": record.gate_decision_id,
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def seal(record: Record) -> Record:
+    """Fill in both hashes from the record's fields."""
+    unsealed = replace(record, content_hash=content_hash(record.content), record_hash="")
+    return replace(unsealed, record_hash=hashlib.sha256(canonical_fields(unsealed)).hexdigest())
+
+
+def verify(record: Record) -> None:
+    """Raise :class:`IntegrityError` naming the record when a stored field no longer matches."""
+    actual_content = content_hash(record.content)
+    if actual_content != record.content_hash:
+        raise IntegrityError(
+            f"record {record.id}: content no longer matches its content_hash "
+            f"(stored {record.content_hash[:12]}…, recomputed {actual_content[:12]}…)",
+            reason="CONTENT_HASH_MISMATCH",
+            metadata={"record_id": record.id, "expected": record.content_hash,
+                      "actual": actual_content},
+        )
+    actual_record = hashlib.sha256(canonical_fields(replace(record, record_hash=""))).hexdigest()
+    if actual_record != record.record_hash:
+        raise IntegrityError(
+            f"record {record.id}: a stored field was altered (record_hash mismatch)",
+            reason="RECORD_HASH_MISMATCH",
+            metadata={"record_id": record.id, "expected": record.record_hash,
+                      "actual": actual_record},
+        )
+    if record.id != record_id(record.fleet_id, record.run_id, record.agent_id, actual_content):
+        raise IntegrityError(
+            f"record {record.id}: id does not derive from its fleet, run, author and content",
+            reason="RECORD_ID_MISMATCH",
+            metadata={"record_id": record.id},
+        )
+
+
+def normalize_draft(draft: RecordDraft) -> RecordDraft:
+    """Validate a draft; return it normalised (NFC content, sorted unique tags)."""
+    content = unicodedata.normalize("NFC", draft.content)
+    if not content.strip():
+        raise InvalidArgument("content is empty; a memory needs some text", reason="EMPTY_CONTENT")
+    size = len(content.encode("utf-8"))
+    if size > MAX_CONTENT_BYTES:
+        raise InvalidArgument(
+            f"content is {size} bytes; the limit is {MAX_CONTENT_BYTES} bytes "
+            "(store large payloads as artifacts and reference them)",
+            reason="CONTENT_TOO_LARGE",
+        )
+    importance = float(draft.importance)
+    if math.isnan(importance) or not 0.0 <= importance <= 1.0:
+        raise InvalidArgument(
+            f"importance must be between 0 and 1, got {draft.importance}",
+            reason="IMPORTANCE_OUT_OF_RANGE",
+        )
+    if len(draft.run_id) > MAX_RUN_ID_LEN or any(c.isspace() for c in draft.run_id):
+        raise InvalidArgument(
+            f"run_id must be at most {MAX_RUN_ID_LEN} characters without spaces",
+            reason="INVALID_RUN_ID",
+        )
+    tags = tuple(sorted({t.strip() for t in draft.tags if t.strip()}))
+    if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG_LEN for t in tags):
+        raise InvalidArgument(
+            f"at most {MAX_TAGS} tags of at most {MAX_TAG_LEN} characters each",
+            reason="INVALID_TAGS",
+        )
+    source = draft.source.strip() or "manual"
+    if len(source) > MAX_SOURCE_LEN:
+        raise InvalidArgument(f"source is longer than {MAX_SOURCE_LEN} characters",
+                              reason="INVALID_SOURCE")
+    metadata_size = sum(len(k) + len(v) for k, v in draft.metadata.items())
+    if len(draft.metadata) > MAX_METADATA_ENTRIES or metadata_size > MAX_METADATA_BYTES:
+        raise InvalidArgument(
+            f"metadata is limited to {MAX_METADATA_ENTRIES} entries and "
+            f"{MAX_METADATA_BYTES} bytes",
+            reason="METADATA_TOO_LARGE",
+        )
+    return replace(draft, content=content, importance=importance, tags=tags, source=source,
+                   domain=draft.domain.strip().lower())

@@ -1,0 +1,95 @@
+"""Group commit: concurrent writers share one transaction and one fsync.
+
+The first writer to arrive becomes the leader and applies everything queued
+behind it in one transaction; the others wait for their result. An
+uncontended write pays no hand-off (the caller is its own leader), and under
+load the cost of a durable commit is spread over the whole group. When a
+group fails as a whole, each job is retried alone so one bad job cannot fail
+its neighbours.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+@dataclass
+class _Slot(Generic[Job, Result]):
+    job: Job
+    done: bool = False
+    result: Result | None = None
+    error: BaseException | None = None
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class GroupCommit(Generic[Job, Result]):
+    def __init__(self, apply: Callable[[Sequence[Job]], list[Result]], max_group: int = 256) -> None:
+        self._apply = apply
+        self._max_group = max_group
+        self._lock = threading.Lock()
+        self._queue: list[_Slot[Job, Result]] = []
+        self._leading = False
+
+    def submit(self, job: Job) -> Result:
+        slot: _Slot[Job, Result] = _Slot(job)
+        with self._lock:
+            self._queue.append(slot)
+            lead = not self._leading
+            if lead:
+                self._leading = True
+        if not lead:
+            slot.event.wait()
+            if not slot.done:
+                return self._lead_after_wait(slot)
+            return self._unwrap(slot)
+        self._lead()
+        return self._unwrap(slot)
+
+    def _lead_after_wait(self, slot: _Slot[Job, Result]) -> Result:
+        self._lead()
+        return self._unwrap(slot)
+
+    def _lead(self) -> None:
+        with self._lock:
+            group = self._queue[: self._max_group]
+            del self._queue[: len(group)]
+        try:
+            self._run(group)
+        finally:
+            with self._lock:
+                if self._queue:
+                    # Hand leadership to the oldest waiter; it wakes up not done and leads.
+                    self._queue[0].event.set()
+                else:
+                    self._leading = False
+            for slot in group:
+                slot.event.set()
+
+    def _run(self, group: list[_Slot[Job, Result]]) -> None:
+        try:
+            results = self._apply([slot.job for slot in group])
+        except BaseException as exc:
+            if len(group) == 1:
+                group[0].error, group[0].done = exc, True
+                return
+            for slot in group:
+                try:
+                    slot.result = self._apply([slot.job])[0]
+                except BaseException as single_exc:
+                    slot.error = single_exc
+                slot.done = True
+            return
+        for slot, result in zip(group, results, strict=True):
+            slot.result, slot.done = result, True
+
+    @staticmethod
+    def _unwrap(slot: _Slot[Job, Result]) -> Result:
+        if slot.error is not None:
+            raise slot.error
+        return slot.result  # type: ignore[return-value]

@@ -1,0 +1,326 @@
+"""ShardRepository: the shard store on SQLite (FTS5) or Postgres (tsvector), same contract.
+
+Every method takes an open session from :meth:`Database.session`, so one
+transaction can span several calls (a write batch is all or nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    and_,
+    column,
+    delete,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    table,
+    text,
+    update,
+)
+from sqlalchemy.orm import Session
+
+from services.shard.domain.crossrefs import CrossRef
+from services.shard.domain.domains import Domain
+from services.shard.domain.records import Record
+from services.shard.tables import (
+    CompactionRow,
+    DomainRow,
+    LinkRow,
+    RecordRow,
+    RecordTagRow,
+    WriteRequestRow,
+    record_values,
+)
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+MAX_QUERY_TERMS = 32
+STOP_WORDS = frozenset(
+    """a an and are as at be but by did do does for from had has have he her his how i if in
+    into is it its me my no not of on or our she so than that the their them then there these
+    they this to was we were what when where which who whom why will with would you your""".split()
+)
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    fleet_id: str
+    run_id: str | None = None
+    domain: str = ""
+    agent_id: str = ""
+    tags: tuple[str, ...] = ()
+    exclude_compacted: bool = False
+
+
+def query_terms(query: str) -> list[str]:
+    """Lower-cased words of a query, stop words dropped (all kept if nothing else is left)."""
+    words = [w.lower() for w in _WORD.findall(query)]
+    kept = [w for w in dict.fromkeys(words) if w not in STOP_WORDS]
+    return (kept or list(dict.fromkeys(words)))[:MAX_QUERY_TERMS]
+
+
+class ShardRepository:
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+
+    # -- writes -------------------------------------------------------------
+
+    def existing(self, session: Session, ids: Iterable[str]) -> dict[str, Record]:
+        wanted = list(set(ids))
+        found: dict[str, Record] = {}
+        for start in range(0, len(wanted), 500):
+            rows = session.scalars(select(RecordRow).where(RecordRow.id.in_(wanted[start:start + 500])))
+            found.update((row.id, row.to_entity()) for row in rows)
+        return found
+
+    def insert(self, session: Session, records: Sequence[Record]) -> None:
+        if not records:
+            return
+        session.execute(insert(RecordRow), [record_values(r) for r in records])
+        rows = session.execute(
+            select(RecordRow.id, RecordRow.seq).where(RecordRow.id.in_([r.id for r in records]))
+        )
+        seqs = {record_id: seq for record_id, seq in rows}
+        tags = [
+            {"record_seq": seqs[r.id], "tag": tag, "fleet_id": r.fleet_id}
+            for r in records
+            for tag in r.tags
+        ]
+        if tags:
+            session.execute(insert(RecordTagRow), tags)
+        links = [
+            {"source_id": r.id, "target_kind": ref.kind, "target": ref.target,
+             "fleet_id": r.fleet_id}
+            for r in records
+            for ref in map(CrossRef.parse, r.cross_refs)
+        ]
+        if links:
+            session.execute(insert(LinkRow), links)
+
+    def record_usage(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
+        for domain in domains:
+            session.execute(
+                update(DomainRow)
+                .where(DomainRow.fleet_id == fleet_id, DomainRow.name == domain.name)
+                .values(usage_score=domain.usage_score, usage_ts=domain.usage_ts,
+                        record_count=domain.record_count, updated_ts=domain.updated_ts)
+            )
+
+    # -- idempotency keys ---------------------------------------------------
+
+    def find_request(
+        self, session: Session, fleet_id: str, agent_id: str, request_id: str
+    ) -> tuple[str, list[str]] | None:
+        row = session.get(WriteRequestRow, (fleet_id, agent_id, request_id))
+        if row is None:
+            return None
+        return row.digest, list(json.loads(row.record_ids_json))
+
+    def save_request(self, session: Session, fleet_id: str, agent_id: str, request_id: str,
+                     digest: str, record_ids: Sequence[str], now_us: int) -> None:
+        session.add(WriteRequestRow(fleet_id=fleet_id, agent_id=agent_id, request_id=request_id,
+                                    digest=digest, record_ids_json=json.dumps(list(record_ids)),
+                                    created_us=now_us))
+
+    # -- domains ------------------------------------------------------------
+
+    def domains(self, session: Session, fleet_id: str) -> list[Domain]:
+        rows = session.scalars(
+            select(DomainRow).where(DomainRow.fleet_id == fleet_id).order_by(DomainRow.name)
+        )
+        return [row.to_entity() for row in rows]
+
+    def add_domains(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
+        session.execute(
+            insert(DomainRow),
+            [
+                {"fleet_id": fleet_id, "name": d.name, "display_name": d.display_name,
+                 "description": d.description, "keywords_json": json.dumps(list(d.keywords)),
+                 "usage_score": d.usage_score, "usage_ts": d.usage_ts,
+                 "record_count": d.record_count, "updated_ts": d.updated_ts}
+                for d in domains
+            ],
+        )
+
+    def update_domain(self, session: Session, fleet_id: str, domain: Domain) -> None:
+        session.execute(
+            update(DomainRow)
+            .where(DomainRow.fleet_id == fleet_id, DomainRow.name == domain.name)
+            .values(display_name=domain.display_name, description=domain.description,
+                    keywords_json=json.dumps(list(domain.keywords)), updated_ts=domain.updated_ts)
+        )
+
+    def incoming_domain_links(self, session: Session, fleet_id: str) -> dict[str, int]:
+        rows = session.execute(
+            select(LinkRow.target, func.count())
+            .where(LinkRow.fleet_id == fleet_id, LinkRow.target_kind == "domain")
+            .group_by(LinkRow.target)
+        ).tuples()
+        return {target: int(count) for target, count in rows}
+
+    # -- reads --------------------------------------------------------------
+
+    def get(self, session: Session, fleet_id: str, record_id: str) -> Record | None:
+        row = session.scalar(
+            select(RecordRow).where(RecordRow.id == record_id, RecordRow.fleet_id == fleet_id)
+        )
+        return row.to_entity() if row else None
+
+    def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str]) -> dict[str, Record]:
+        if not ids:
+            return {}
+        rows = session.scalars(
+            select(RecordRow).where(RecordRow.fleet_id == fleet_id, RecordRow.id.in_(list(ids)))
+        )
+        return {row.id: row.to_entity() for row in rows}
+
+    def _filtered(self, flt: RecordFilter):  # type: ignore[no-untyped-def]
+        clauses = [RecordRow.fleet_id == flt.fleet_id]
+        if flt.run_id is not None:
+            clauses.append(RecordRow.run_id == flt.run_id)
+        if flt.domain:
+            clauses.append(RecordRow.domain == flt.domain)
+        if flt.agent_id:
+            clauses.append(RecordRow.agent_id == flt.agent_id)
+        for tag in flt.tags:
+            clauses.append(
+                RecordRow.seq.in_(
+                    select(RecordTagRow.record_seq).where(
+                        RecordTagRow.fleet_id == flt.fleet_id, RecordTagRow.tag == tag
+                    )
+                )
+            )
+        if flt.exclude_compacted:
+            clauses.append(~RecordRow.id.in_(select(CompactionRow.original_id)))
+        return and_(*clauses)
+
+    def page(self, session: Session, flt: RecordFilter, before_seq: int | None,
+             limit: int) -> list[tuple[int, Record]]:
+        """Newest first; ``before_seq`` continues after the previous page."""
+        query = select(RecordRow).where(self._filtered(flt))
+        if before_seq is not None:
+            query = query.where(RecordRow.seq < before_seq)
+        rows = session.scalars(query.order_by(RecordRow.seq.desc()).limit(limit))
+        return [(row.seq, row.to_entity()) for row in rows]
+
+    def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
+        """Oldest first, in batches, without holding the whole set in memory."""
+        after = 0
+        while True:
+            rows = list(
+                session.scalars(
+                    select(RecordRow)
+                    .where(self._filtered(flt), RecordRow.seq > after)
+                    .order_by(RecordRow.seq)
+                    .limit(batch)
+                )
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield row.to_entity()
+            after = rows[-1].seq
+
+    def lexical(self, session: Session, flt: RecordFilter, query: str,
+                limit: int) -> list[tuple[Record, float]]:
+        """Full-text matches with a relevance > 0 (higher is better)."""
+        terms = query_terms(query)
+        if not terms:
+            return []
+        if self.dialect == "sqlite":
+            match = " OR ".join(f'"{t}"' for t in terms)
+            fts = table("records_fts", column("rowid"))
+            relevance = (-func.bm25(literal_column("records_fts"))).label("relevance")
+            stmt = (
+                select(RecordRow, relevance)
+                .join(fts, fts.c.rowid == RecordRow.seq)
+                .where(text("records_fts MATCH :match"), self._filtered(flt))
+                .order_by(relevance.desc())
+                .limit(limit)
+            )
+            rows = session.execute(stmt, {"match": match})
+        else:
+            tsquery = func.to_tsquery("english", " | ".join(terms))
+            rank = func.ts_rank_cd(text("records.content_tsv"), tsquery)
+            stmt = (
+                select(RecordRow, rank.label("relevance"))
+                .where(text("records.content_tsv @@ to_tsquery('english', :q)"),
+                       self._filtered(flt))
+                .order_by(rank.desc())
+                .limit(limit)
+            )
+            rows = session.execute(stmt, {"q": " | ".join(terms)})
+        return [(row[0].to_entity(), max(float(row[1]), 1e-9)) for row in rows]
+
+    def links_from(self, session: Session, fleet_id: str, ids: Sequence[str]) -> list[CrossRef]:
+        rows = session.execute(
+            select(LinkRow.target_kind, LinkRow.target)
+            .where(LinkRow.fleet_id == fleet_id, LinkRow.source_id.in_(list(ids)))
+        ).tuples()
+        return [CrossRef(kind, target) for kind, target in rows]
+
+    def linking_to(self, session: Session, fleet_id: str, ids: Sequence[str]) -> list[str]:
+        """Records that reference any of ``ids`` (the reverse direction of a link)."""
+        rows = session.scalars(
+            select(LinkRow.source_id).where(
+                LinkRow.fleet_id == fleet_id, LinkRow.target_kind == "record",
+                LinkRow.target.in_(list(ids)),
+            )
+        )
+        return list(rows)
+
+    # -- status -------------------------------------------------------------
+
+    def counts(self, session: Session, fleet_id: str) -> tuple[int, int, int]:
+        total = session.scalar(select(func.count()).where(RecordRow.fleet_id == fleet_id)) or 0
+        runs = session.scalar(
+            select(func.count(func.distinct(RecordRow.run_id))).where(
+                RecordRow.fleet_id == fleet_id
+            )
+        ) or 0
+        links = session.scalar(select(func.count()).where(LinkRow.fleet_id == fleet_id)) or 0
+        return int(total), int(runs), int(links)
+
+    # -- compaction ---------------------------------------------------------
+
+    def compacted_ids(self, session: Session, fleet_id: str) -> set[str]:
+        return set(
+            session.scalars(select(CompactionRow.original_id).where(
+                CompactionRow.fleet_id == fleet_id))
+        )
+
+    def mark_compacted(self, session: Session, fleet_id: str, summary_id: str,
+                       originals: Sequence[Record], now_us: int) -> None:
+        session.execute(
+            insert(CompactionRow),
+            [{"original_id": r.id, "summary_id": summary_id, "fleet_id": fleet_id,
+              "original_hash": r.record_hash, "created_us": now_us} for r in originals],
+        )
+
+    def covered_before(self, session: Session, fleet_id: str, created_before_us: int) -> list[str]:
+        rows = session.scalars(
+            select(RecordRow.id)
+            .join(CompactionRow, CompactionRow.original_id == RecordRow.id)
+            .where(RecordRow.fleet_id == fleet_id, RecordRow.created_us < created_before_us)
+            .order_by(RecordRow.seq)
+        )
+        return list(rows)
+
+    def remove(self, session: Session, fleet_id: str, ids: Sequence[str]) -> None:
+        """Retention only: originals whose hashes a summary record keeps."""
+        if not ids:
+            return
+        seqs = select(RecordRow.seq).where(RecordRow.fleet_id == fleet_id,
+                                           RecordRow.id.in_(list(ids)))
+        session.execute(delete(RecordTagRow).where(RecordTagRow.record_seq.in_(seqs)))
+        session.execute(delete(LinkRow).where(
+            or_(LinkRow.source_id.in_(list(ids)),
+                and_(LinkRow.target_kind == "record", LinkRow.target.in_(list(ids))))))
+        session.execute(delete(RecordRow).where(RecordRow.fleet_id == fleet_id,
+                                                RecordRow.id.in_(list(ids))))

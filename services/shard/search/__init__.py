@@ -1,0 +1,1 @@
+"""Shard search: relevance from the store, then importance, recency and trust."""

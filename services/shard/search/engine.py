@@ -1,0 +1,142 @@
+"""SearchEngine: lexical retrieval, re-ranking and cross-reference expansion.
+
+Relevance comes from the store's full-text index (FTS5 bm25 on SQLite,
+ts_rank_cd on Postgres); :func:`services.shard.domain.scoring.final_score`
+multiplies it by importance, recency and the author's trust multiplier.
+Authors with multiplier 0.0 (suspended) never surface. Trust unreachable ->
+1.0 for everyone and a logged warning (seed 002, Risks).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.common.db import Database
+from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
+from services.shard.domain.crossrefs import CrossRef
+from services.shard.domain.records import Record
+from services.shard.domain.scoring import final_score
+from services.shard.ports import Neighbour, TrustSource
+from services.shard.repository import RecordFilter, ShardRepository
+
+log = logging.getLogger("engram.shard.search")
+
+MAX_LIMIT = 100
+CROSS_DISCOUNT = 0.5
+_OVERFETCH = 4
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    fleet_id: str
+    text: str
+    limit: int = 10
+    run_id: str | None = None
+    domain: str = ""
+    cross: bool = False
+    mode: str = "hybrid"
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    record: Record
+    score: float
+    via: str = "direct"
+
+
+class SearchEngine:
+    def __init__(self, database: Database, repo: ShardRepository, *,
+                 trust: TrustSource | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.db = database
+        self.repo = repo
+        self.trust = trust
+        self.clock = clock
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        if not query.text.strip():
+            raise InvalidArgument("query is empty", reason="EMPTY_QUERY")
+        if not 1 <= query.limit <= MAX_LIMIT:
+            raise InvalidArgument(f"limit must be 1..{MAX_LIMIT}, got {query.limit}",
+                                  reason="INVALID_LIMIT")
+        if query.mode == "semantic":
+            raise FailedPrecondition(
+                "semantic search needs an embedding provider; this shard runs lexical only",
+                reason="SEMANTIC_UNAVAILABLE")
+        flt = RecordFilter(query.fleet_id, run_id=query.run_id, domain=query.domain,
+                           tags=query.tags)
+        with self.db.session() as session:
+            found = self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
+            hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
+            if query.cross and hits:
+                hits = self._expand(session, query, flt, hits)
+        return hits
+
+    def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
+              via: str) -> list[SearchHit]:
+        multipliers = self.multipliers(fleet_id, {r.agent_id for r, _ in found})
+        now_us = self.clock() * 1_000_000
+        ranked = []
+        for record, relevance in found:
+            trust = multipliers.get(record.agent_id, 1.0)
+            if trust <= 0.0:
+                continue
+            age_s = max(0.0, (now_us - record.created_us) / 1_000_000)
+            ranked.append(SearchHit(record, final_score(relevance, record.importance, age_s,
+                                                        trust), via))
+        ranked.sort(key=lambda hit: hit.score, reverse=True)
+        return ranked
+
+    def _expand(self, session, query: SearchQuery, flt: RecordFilter,  # type: ignore[no-untyped-def]
+                hits: list[SearchHit]) -> list[SearchHit]:
+        """Seed 001 cross-shard search: follow links out of (and into) the direct hits."""
+        seen = {hit.record.id for hit in hits}
+        base = min(hit.score for hit in hits) * CROSS_DISCOUNT
+        ids = [hit.record.id for hit in hits]
+        refs = self.repo.links_from(session, query.fleet_id, ids)
+        linked_ids = {r.target for r in refs if r.kind == "record"}
+        linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids))
+        extra: list[tuple[Record, float]] = [
+            (record, base) for rid, record in
+            self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen)).items()
+            if query.run_id is None or record.run_id == query.run_id
+        ]
+        for ref in {r for r in refs if r.kind == "domain"}:
+            in_domain = RecordFilter(flt.fleet_id, run_id=flt.run_id, domain=ref.target,
+                                     tags=flt.tags)
+            for record, relevance in self.repo.lexical(session, in_domain, query.text,
+                                                       query.limit):
+                if record.id not in seen:
+                    extra.append((record, relevance * CROSS_DISCOUNT))
+        followed = self._rank(query.fleet_id, extra, "cross_ref")
+        merged = {hit.record.id: hit for hit in followed if hit.record.id not in seen}
+        return hits + sorted(merged.values(), key=lambda h: h.score, reverse=True)[: query.limit]
+
+    def multipliers(self, fleet_id: str, agent_ids: set[str]) -> dict[str, float]:
+        if self.trust is None or not agent_ids:
+            return {}
+        try:
+            return self.trust.multipliers(fleet_id, agent_ids)
+        except EngramError as error:
+            log.warning("trust state unavailable; ranking with multiplier 1.0",
+                        extra={"error": error.message})
+            return {}
+
+    def neighbours(self, fleet_id: str, content: str, limit: int = 5) -> list[Neighbour]:
+        """Nearest existing records, sent to governance to judge contradictions."""
+        with self.db.session() as session:
+            found = self.repo.lexical(session, RecordFilter(fleet_id), content, limit)
+        return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
+
+    def notify_written(self, records: Sequence[Record]) -> None:
+        """Called after each committed group; the full-text index is already current."""
+
+    def indexing_lag(self) -> int:
+        return 0
+
+
+__all__ = ["CrossRef", "SearchEngine", "SearchHit", "SearchQuery"]

@@ -1,0 +1,387 @@
+"""ShardService: the shard's use cases, independent of gRPC.
+
+Writes: validate -> route -> resolve cross-references -> derive ids -> skip
+what already exists -> ask the governance gate -> group-commit. A batch is all
+or nothing. Reads are scoped to the caller's fleet; the author of a record is
+always the authenticated caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+from services.common.db import Database
+from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
+from services.common.tokens import Principal
+from services.shard.domain import crossrefs, records
+from services.shard.domain.domains import (
+    DEFAULT_DOMAINS,
+    Domain,
+    route,
+    validate_domain_name,
+    validate_keywords,
+    with_importance,
+)
+from services.shard.domain.records import Record, RecordDraft
+from services.shard.group_commit import GroupCommit
+from services.shard.ports import GateCandidate, TrustSource, WriteGate
+from services.shard.repository import RecordFilter, ShardRepository
+from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery
+
+log = logging.getLogger("engram.shard")
+
+MAX_BATCH = 1000
+T = TypeVar("T")
+R = TypeVar("R")
+_DOMAIN_CACHE_S = 1.0
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    record: Record
+    created: bool
+    duplicate_of: str = ""
+
+
+@dataclass(frozen=True)
+class _WriteJob:
+    fleet_id: str
+    agent_id: str
+    records: tuple[Record, ...]
+    request_id: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checked: int
+    failures: list[EngramError]
+
+
+class ShardService:
+    def __init__(
+        self,
+        database: Database,
+        *,
+        gate: WriteGate | None = None,
+        trust: TrustSource | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db = database
+        self.repo = ShardRepository(database.dialect)
+        self.gate = gate
+        self.clock = clock
+        self.search_engine = SearchEngine(database, self.repo, trust=trust, clock=clock)
+        self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
+        self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
+        self._domain_lock = threading.Lock()
+
+    # -- domains ------------------------------------------------------------
+
+    def domains(self, fleet_id: str, *, fresh: bool = False) -> list[Domain]:
+        now = self.clock()
+        cached = self._domain_cache.get(fleet_id)
+        if cached and not fresh and now - cached[0] < _DOMAIN_CACHE_S:
+            return cached[1]
+        with self._domain_lock, self.db.session() as session:
+            found = self.repo.domains(session, fleet_id)
+            if not found:
+                self.repo.add_domains(session, fleet_id, DEFAULT_DOMAINS)
+                found = list(DEFAULT_DOMAINS)
+        ranked = with_importance(found, now)
+        self._domain_cache[fleet_id] = (now, ranked)
+        return ranked
+
+    def upsert_domain(self, principal: Principal, name: str, display_name: str,
+                      description: str, keywords: Sequence[str]) -> tuple[Domain, bool]:
+        name = validate_domain_name(name)
+        words = validate_keywords(keywords)
+        existing = {d.name: d for d in self.domains(principal.fleet_id, fresh=True)}
+        now = self.clock()
+        with self.db.session() as session:
+            if name in existing:
+                domain = replace(existing[name], display_name=display_name or existing[name].display_name,
+                                 description=description or existing[name].description,
+                                 keywords=words or existing[name].keywords, updated_ts=now)
+                self.repo.update_domain(session, principal.fleet_id, domain)
+                created = False
+            else:
+                domain = Domain(name, display_name or name.title(), description, words,
+                                updated_ts=now)
+                self.repo.add_domains(session, principal.fleet_id, [domain])
+                created = True
+        self._domain_cache.pop(principal.fleet_id, None)
+        return domain, created
+
+    # -- writes -------------------------------------------------------------
+
+    def write(self, principal: Principal, drafts: Sequence[RecordDraft],
+              request_id: str = "") -> list[WriteResult]:
+        if not drafts:
+            raise InvalidArgument("no records to write", reason="EMPTY_BATCH")
+        if len(drafts) > MAX_BATCH:
+            raise InvalidArgument(f"a batch holds at most {MAX_BATCH} records, got {len(drafts)}",
+                                  reason="BATCH_TOO_LARGE")
+        if len(request_id) > 128:
+            raise InvalidArgument("request_id is longer than 128 characters",
+                                  reason="INVALID_REQUEST_ID")
+        fleet, agent = principal.fleet_id, principal.agent_id
+        normalized = [_at_index(i, len(drafts), records.normalize_draft, d)
+                      for i, d in enumerate(drafts)]
+        digest = _digest(normalized)
+        if request_id:
+            replay = self._replay(fleet, agent, request_id, digest)
+            if replay is not None:
+                return replay
+        domains = self.domains(fleet)
+        known = {d.name for d in domains}
+        now_us = int(self.clock() * 1_000_000)
+        prepared: list[Record] = []
+        for index, draft in enumerate(normalized):
+            domain = draft.domain
+            if domain:
+                domain = _at_index(index, len(normalized), validate_domain_name, domain)
+                if domain not in known:
+                    raise _indexed(index, len(normalized), InvalidArgument(
+                        f"unknown domain {domain!r}; known domains: {', '.join(sorted(known))} "
+                        "(add one with UpsertDomain)", reason="UNKNOWN_DOMAIN"))
+            else:
+                domain = route(draft.content, domains)
+            content_sha = records.content_hash(draft.content)
+            prepared.append(Record(
+                id=records.record_id(fleet, draft.run_id, agent, content_sha),
+                fleet_id=fleet, run_id=draft.run_id, agent_id=agent, content=draft.content,
+                content_hash=content_sha, record_hash="", domain=domain, source=draft.source,
+                importance=draft.importance, tags=draft.tags, metadata=dict(draft.metadata),
+                cross_refs=(), created_us=now_us,
+            ))
+        prepared = self._resolve_cross_refs(fleet, prepared, known)
+        with self.db.session() as session:
+            existing = self.repo.existing(session, [r.id for r in prepared])
+        fresh: list[Record] = []
+        seen: set[str] = set()
+        for record in prepared:
+            if record.id not in existing and record.id not in seen:
+                fresh.append(record)
+                seen.add(record.id)
+        fresh = self._gate(principal, fresh, request_id or digest)
+        job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest)
+        stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
+        return [
+            WriteResult(existing[r.id], created=False) if r.id in existing
+            else WriteResult(stored[r.id].record, created=stored[r.id].created)
+            for r in prepared
+        ]
+
+    def _replay(self, fleet: str, agent: str, request_id: str,
+                digest: str) -> list[WriteResult] | None:
+        with self.db.session() as session:
+            found = self.repo.find_request(session, fleet, agent, request_id)
+            if found is None:
+                return None
+            recorded_digest, ids = found
+            if recorded_digest != digest:
+                raise InvalidArgument(
+                    f"request_id {request_id!r} was already used for different records; "
+                    "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+            stored = self.repo.by_ids(session, fleet, ids)
+        return [WriteResult(stored[i], created=False) for i in ids if i in stored]
+
+    def _resolve_cross_refs(self, fleet: str, prepared: list[Record],
+                            known: set[str]) -> list[Record]:
+        targets_by_record = [crossrefs.detect(r.content) for r in prepared]
+        for index, targets in enumerate(targets_by_record):
+            _at_index(index, len(prepared), crossrefs.check_count, targets)
+        record_targets = {t for ts in targets_by_record for t in ts
+                          if crossrefs.looks_like_record_id(t)}
+        batch_ids = {r.id for r in prepared}
+        with self.db.session() as session:
+            found = set(self.repo.by_ids(session, fleet, sorted(record_targets - batch_ids)))
+        resolved: list[Record] = []
+        for index, (record, targets) in enumerate(zip(prepared, targets_by_record, strict=True)):
+            refs: list[str] = []
+            for target in targets:
+                name = target[len("shard_"):] if target.startswith("shard_") else target
+                if name in known:
+                    refs.append(f"domain:{name}")
+                elif target in found or (target in batch_ids and target != record.id):
+                    refs.append(f"record:{target}")
+                else:
+                    raise _indexed(index, len(prepared), InvalidArgument(
+                        f"cross-reference to {target!r}: no domain or record of that name "
+                        "exists in this fleet", reason="CROSS_REFERENCE_TARGET_NOT_FOUND",
+                        metadata={"target": target}))
+            resolved.append(replace(record, cross_refs=tuple(dict.fromkeys(refs))))
+        return resolved
+
+    def _gate(self, principal: Principal, fresh: list[Record], request_key: str) -> list[Record]:
+        if self.gate is None or not fresh:
+            return fresh
+        candidates = [
+            GateCandidate(
+                record_id=r.id, content_hash=r.content_hash, content=r.content, run_id=r.run_id,
+                domain=r.domain, source=r.source, importance=r.importance, tags=r.tags,
+                neighbours=tuple(self.search_engine.neighbours(r.fleet_id, r.content)),
+            )
+            for r in fresh
+        ]
+        decisions = self.gate.decide(principal.fleet_id, principal.agent_id, candidates,
+                                     request_key)
+        denied = [(i, d) for i, d in enumerate(decisions) if not d.allowed]
+        if denied:
+            index, decision = denied[0]
+            rule_ids = sorted({rule for _, d in denied for rule in d.rule_ids})
+            where = f"record {index}: " if len(fresh) > 1 else ""
+            raise PermissionDenied(
+                f"{where}governance denied the write: {decision.reason}",
+                reason="GATE_DENIED",
+                metadata={"rule_ids": ",".join(rule_ids), "decision_id": decision.decision_id},
+            )
+        return [replace(r, gate_decision_id=d.decision_id)
+                for r, d in zip(fresh, decisions, strict=True)]
+
+    def _apply(self, jobs: Sequence[_WriteJob]) -> list[list[WriteResult]]:
+        """Leader side of the group commit: every job of the group in one transaction."""
+        results: list[list[WriteResult]] = []
+        now = self.clock()
+        with self.db.session() as session:
+            ids = [r.id for job in jobs for r in job.records]
+            already = self.repo.existing(session, ids)
+            inserted: set[str] = set()
+            usage: dict[tuple[str, str], int] = {}
+            for job in jobs:
+                fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
+                self.repo.insert(session, fresh)
+                inserted.update(r.id for r in fresh)
+                for r in fresh:
+                    usage[(job.fleet_id, r.domain)] = usage.get((job.fleet_id, r.domain), 0) + 1
+                if job.request_id:
+                    self.repo.save_request(session, job.fleet_id, job.agent_id, job.request_id,
+                                           job.digest, [r.id for r in job.records],
+                                           int(now * 1_000_000))
+                results.append([
+                    WriteResult(already.get(r.id, r), created=r.id not in already)
+                    for r in job.records
+                ])
+            for fleet in {fleet for fleet, _ in usage}:
+                current = {d.name: d for d in self.repo.domains(session, fleet)}
+                self.repo.record_usage(session, fleet, [
+                    current[name].used(count, now)
+                    for (f, name), count in usage.items() if f == fleet and name in current
+                ])
+        self.search_engine.notify_written([r for job in jobs for r in job.records])
+        return results
+
+    # -- reads --------------------------------------------------------------
+
+    def get(self, principal: Principal, record_id: str) -> Record:
+        with self.db.session() as session:
+            found = self.repo.get(session, principal.fleet_id, record_id.strip())
+        if found is None:
+            raise NotFound(f"no record {record_id!r} in fleet {principal.fleet_id}",
+                           reason="RECORD_NOT_FOUND", metadata={"record_id": record_id})
+        return found
+
+    def list(self, flt: RecordFilter, before_seq: int | None,
+             limit: int) -> list[tuple[int, Record]]:
+        with self.db.session() as session:
+            return self.repo.page(session, flt, before_seq, limit)
+
+    def search(self, query: SearchQuery) -> list[SearchHit]:
+        return self.search_engine.search(query)
+
+    # -- integrity ----------------------------------------------------------
+
+    def verify(self, principal: Principal, ids: Sequence[str], everything: bool) -> VerifyReport:
+        if not ids and not everything:
+            raise InvalidArgument("name record ids to verify, or ask for all",
+                                  reason="NOTHING_TO_VERIFY")
+        failures: list[EngramError] = []
+        checked = 0
+        with self.db.session() as session:
+            if everything:
+                source: Iterator[Record] = self.repo.scan(session, RecordFilter(principal.fleet_id))
+            else:
+                found = self.repo.by_ids(session, principal.fleet_id, list(ids))
+                missing = [i for i in ids if i not in found]
+                if missing:
+                    raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
+                                   reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})
+                source = iter(found[i] for i in dict.fromkeys(ids))
+            for record in source:
+                checked += 1
+                try:
+                    records.verify(record)
+                except EngramError as failure:
+                    failures.append(failure)
+        return VerifyReport(checked, failures)
+
+    def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
+        """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS."""
+        with self.db.session() as session:
+            for record in self.repo.scan(session, RecordFilter(principal.fleet_id, run_id=run_id)):
+                if verify:
+                    records.verify(record)
+                yield record
+
+    # -- status -------------------------------------------------------------
+
+    def status(self, principal: Principal) -> dict[str, object]:
+        domains = self.domains(principal.fleet_id, fresh=True)
+        with self.db.session() as session:
+            total, runs, links = self.repo.counts(session, principal.fleet_id)
+            incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
+        return {"fleet_id": principal.fleet_id, "total_records": total, "runs": runs,
+                "total_links": links, "domains": domains, "incoming": incoming,
+                "indexing_lag": self.search_engine.indexing_lag()}
+
+    def summary(self, principal: Principal) -> dict[str, object]:
+        """The seed's global summary (section 2.4.3)."""
+        status = self.status(principal)
+        domains: list[Domain] = status["domains"]  # type: ignore[assignment]
+        incoming: dict[str, int] = status["incoming"]  # type: ignore[assignment]
+        return {
+            "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())),
+            "fleet_id": principal.fleet_id,
+            "total_shards": len(domains),
+            "total_transactions": status["total_records"],
+            "domains_count": len(domains),
+            "shards_status": [
+                {"shard_id": f"shard_{d.name}", "domain": d.name, "name": d.display_name,
+                 "description": d.description, "keywords": list(d.keywords),
+                 "transactions": d.record_count, "importance_score": round(d.importance, 4),
+                 "incoming_links": incoming.get(d.name, 0),
+                 "last_updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d.updated_ts))
+                 if d.updated_ts else None}
+                for d in domains
+            ],
+        }
+
+
+def _digest(drafts: Sequence[RecordDraft]) -> str:
+    body = [[d.content, d.run_id, d.domain, d.source, d.importance, list(d.tags),
+             sorted(d.metadata.items())] for d in drafts]
+    return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
+
+
+def _indexed(index: int, total: int, error: EngramError) -> EngramError:
+    if total > 1:
+        error.message = f"record {index}: {error.message}"
+        error.args = (error.message,)
+        error.metadata.setdefault("index", str(index))
+    return error
+
+
+def _at_index(index: int, total: int, fn: Callable[[T], R], value: T) -> R:
+    try:
+        return fn(value)
+    except EngramError as error:
+        raise _indexed(index, total, error) from None
+

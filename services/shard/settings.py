@@ -1,0 +1,27 @@
+"""Shard settings (``ENGRAM_SHARD_*``). Holds no governance database URL or path, by design."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServerSettings
+
+
+class ShardSettings(ServerSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_SHARD_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    port: int = 50051
+    db_url: str | None = None
+    """Default: sqlite under $ENGRAM_HOME/shard/shard.db."""
+    governance_addr: str | None = None
+    """host:port of the governance service; unset runs without the write gate."""
+    service_token_file: Path | None = None
+    """Bearer token (role "service") this process presents to governance."""
+    migrate: bool = True
+
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{(self.data_dir('shard') / 'shard.db').resolve()}"

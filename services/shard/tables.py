@@ -1,0 +1,165 @@
+"""SQLAlchemy tables of the shard store; rows convert to domain objects with ``to_entity``."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.shard.domain.domains import Domain
+from services.shard.domain.records import Record
+
+# SQLite only autoincrements INTEGER PRIMARY KEY; Postgres gets a BIGINT identity.
+SeqType = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RecordRow(Base):
+    __tablename__ = "records"
+
+    seq: Mapped[int] = mapped_column(SeqType, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    content: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    record_hash: Mapped[str] = mapped_column(String(64))
+    domain: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(64))
+    importance: Mapped[float] = mapped_column(Float)
+    tags_json: Mapped[str] = mapped_column(Text)
+    metadata_json: Mapped[str] = mapped_column(Text)
+    cross_refs_json: Mapped[str] = mapped_column(Text)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    gate_decision_id: Mapped[str] = mapped_column(String(64), default="")
+
+    __table_args__ = (
+        Index("ix_records_fleet_seq", "fleet_id", "seq"),
+        Index("ix_records_fleet_run_seq", "fleet_id", "run_id", "seq"),
+        Index("ix_records_fleet_domain_seq", "fleet_id", "domain", "seq"),
+        Index("ix_records_content_hash", "content_hash"),
+    )
+
+    def to_entity(self) -> Record:
+        return Record(
+            id=self.id,
+            fleet_id=self.fleet_id,
+            run_id=self.run_id,
+            agent_id=self.agent_id,
+            content=self.content,
+            content_hash=self.content_hash,
+            record_hash=self.record_hash,
+            domain=self.domain,
+            source=self.source,
+            importance=self.importance,
+            tags=tuple(json.loads(self.tags_json)),
+            metadata=dict(json.loads(self.metadata_json)),
+            cross_refs=tuple(json.loads(self.cross_refs_json)),
+            created_us=self.created_us,
+            gate_decision_id=self.gate_decision_id,
+        )
+
+
+def record_values(record: Record) -> dict[str, object]:
+    return {
+        "id": record.id,
+        "fleet_id": record.fleet_id,
+        "run_id": record.run_id,
+        "agent_id": record.agent_id,
+        "content": record.content,
+        "content_hash": record.content_hash,
+        "record_hash": record.record_hash,
+        "domain": record.domain,
+        "source": record.source,
+        "importance": record.importance,
+        "tags_json": json.dumps(list(record.tags)),
+        "metadata_json": json.dumps(record.metadata, sort_keys=True),
+        "cross_refs_json": json.dumps(list(record.cross_refs)),
+        "created_us": record.created_us,
+        "gate_decision_id": record.gate_decision_id,
+    }
+
+
+class RecordTagRow(Base):
+    __tablename__ = "record_tags"
+
+    record_seq: Mapped[int] = mapped_column(
+        SeqType, ForeignKey("records.seq", ondelete="CASCADE"), primary_key=True
+    )
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+
+    __table_args__ = (Index("ix_record_tags_fleet_tag", "fleet_id", "tag", "record_seq"),)
+
+
+class LinkRow(Base):
+    """A cross-reference from a record to a domain or another record; read both ways."""
+
+    __tablename__ = "links"
+
+    source_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("records.id", ondelete="CASCADE"), primary_key=True
+    )
+    target_kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+
+    __table_args__ = (Index("ix_links_fleet_target", "fleet_id", "target_kind", "target"),)
+
+
+class DomainRow(Base):
+    __tablename__ = "domains"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    display_name: Mapped[str] = mapped_column(String(128))
+    description: Mapped[str] = mapped_column(Text)
+    keywords_json: Mapped[str] = mapped_column(Text)
+    usage_score: Mapped[float] = mapped_column(Float, default=0.0)
+    usage_ts: Mapped[float] = mapped_column(Float, default=0.0)
+    record_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_ts: Mapped[float] = mapped_column(Float, default=0.0)
+
+    def to_entity(self) -> Domain:
+        return Domain(
+            name=self.name,
+            display_name=self.display_name,
+            description=self.description,
+            keywords=tuple(json.loads(self.keywords_json)),
+            usage_score=self.usage_score,
+            usage_ts=self.usage_ts,
+            record_count=self.record_count,
+            updated_ts=self.updated_ts,
+        )
+
+
+class WriteRequestRow(Base):
+    """Remembers a client's request_id so a retried write returns the first result."""
+
+    __tablename__ = "write_requests"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    record_ids_json: Mapped[str] = mapped_column(Text)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+
+class CompactionRow(Base):
+    """An original record covered by a summary record (memory compaction)."""
+
+    __tablename__ = "compactions"
+
+    original_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    summary_id: Mapped[str] = mapped_column(String(32))
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    original_hash: Mapped[str] = mapped_column(String(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_compactions_fleet_summary", "fleet_id", "summary_id"),)

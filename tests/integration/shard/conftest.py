@@ -1,0 +1,55 @@
+"""A real shard server on 127.0.0.1:0, once per backend (SQLite file, Postgres)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engram.client import ShardClient
+from services.shard.server import build_shard_server
+from services.shard.service import ShardService
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shard_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shard.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest.fixture
+def shard(shard_db_url: str, engram_home: Path) -> Iterator[tuple[str, ShardService]]:
+    settings = ShardSettings(home=engram_home, db_url=shard_db_url, port=0)
+    server, service = build_shard_server(settings)
+    server.start()
+    try:
+        yield server.address, service
+    finally:
+        server.stop(0)
+
+
+ClientFactory = Callable[..., ShardClient]
+
+
+@pytest.fixture
+def client_for(shard: tuple[str, ShardService], make_token: TokenFactory) -> Iterator[ClientFactory]:
+    clients: list[ShardClient] = []
+
+    def connect(agent: str = "agent-1", fleet: str = "fleet-a",
+                roles: tuple[str, ...] = ("agent",)) -> ShardClient:
+        client = ShardClient(shard[0], make_token(agent, fleet, roles))
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def client(client_for: ClientFactory) -> ShardClient:
+    return client_for()
