@@ -51,6 +51,8 @@ def rpc_errors(as_json: bool = False) -> Iterator[None]:
                                  "message": error.message, "metadata": error.metadata}})
             raise typer.Exit(2) from None
         hint = f" [{error.reason}]" if error.reason else ""
+        if error.code.name == "UNAVAILABLE" and not error.reason:
+            hint = " (is the service running? start everything with `make up`)"
         raise fail(f"{error.code.name}: {error.message}{hint}", 2) from None
     except FileNotFoundError as error:
         raise fail(str(error)) from None

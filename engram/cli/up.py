@@ -113,6 +113,9 @@ def wait_serving(address: str, process: subprocess.Popen[bytes], deadline: float
 def up(
     host: str = typer.Option("127.0.0.1", help="address the services listen on"),
     startup_timeout: float = typer.Option(120.0, help="seconds to wait for each service"),
+    only: list[str] = typer.Option(
+        [], "--only", help="run just these services (repeatable), e.g. --only shard"
+    ),
 ) -> None:
     """Run all services in the foreground; Ctrl-C or SIGTERM stops them cleanly."""
     home = settings().home.resolve()
@@ -130,7 +133,13 @@ def up(
     for column in ("service", "address", "metrics", "pid"):
         table.add_column(column)
     try:
+        unknown = set(only) - {s.name for s in SERVICES}
+        if unknown:
+            raise RuntimeError(f"unknown service(s) {sorted(unknown)}; "
+                               f"choose from {[s.name for s in SERVICES]}")
         for launch in SERVICES:
+            if only and launch.name not in only:
+                continue
             if importlib.util.find_spec(launch.module) is None:
                 err_console.print(f"[yellow]skipping {launch.name}: not installed[/yellow]")
                 continue

@@ -1,0 +1,266 @@
+"""Memory commands: add, query, search, status, snapshot, verify, import, domains."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import typer
+from google.protobuf.json_format import MessageToDict
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
+from engram.client import ShardClient, record_input
+from engram.shard.v1 import shard_service_pb2 as pb
+
+IMPORT_BATCH = 200
+
+
+def _client() -> ShardClient:
+    config = settings()
+    try:
+        token = config.resolve_token()
+    except FileNotFoundError as error:
+        raise fail(str(error)) from None
+    return ShardClient(config.shard_addr, token, tls_ca=config.tls_ca,
+                       timeout=config.timeout_seconds)
+
+
+def _tags(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _record_dict(record: pb.Record) -> dict[str, object]:
+    return MessageToDict(record, preserving_proto_field_name=True,
+                         always_print_fields_with_no_presence=True)
+
+
+def add(
+    text: str = typer.Argument(..., help="the memory to store"),
+    importance: float | None = typer.Option(None, help="0..1 (default 0.5)"),
+    source: str = typer.Option("", help="origin: manual, agent, import …"),
+    tags: str = typer.Option("", help="comma-separated tags"),
+    run: str = typer.Option("", "--run", help="run id ('' = legacy, no run)"),
+    domain: str = typer.Option("", help="domain; default: routed by keywords"),
+    request_id: str = typer.Option("", help="idempotency key for safe retries"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Store a memory. Prints its id, content hash, domain and cross-references."""
+    with rpc_errors(as_json), _client() as client:
+        response = client.add(text, importance=importance, source=source, tags=_tags(tags),
+                              run_id=run, domain=domain, request_id=request_id)
+    record = response.record
+    if as_json:
+        emit_json({"id": record.id, "content_hash": record.content_hash, "domain": record.domain,
+                   "cross_refs": list(record.cross_refs), "created": response.created,
+                   "duplicate_of": response.duplicate_of or None})
+        return
+    state = "stored" if response.created else "already stored"
+    console.print(f"{state} [bold]{record.id}[/bold] in [cyan]{record.domain}[/cyan] "
+                  f"(sha256 {record.content_hash[:16]}…)")
+    for ref in record.cross_refs:
+        console.print(f"  ↔ {ref}")
+
+
+def _print_hits(hits: list[pb.SearchHit], as_json: bool) -> None:
+    if as_json:
+        emit_json([{"id": h.record.id, "content": h.record.content, "domain": h.record.domain,
+                    "score": round(h.score, 6), "via": h.via, "agent_id": h.record.agent_id,
+                    "run_id": h.record.run_id} for h in hits])
+        return
+    if not hits:
+        console.print("no matches")
+        return
+    table = Table()
+    for column in ("score", "domain", "id", "content"):
+        table.add_column(column)
+    for hit in hits:
+        marker = "" if hit.via == "direct" else " ↔"
+        table.add_row(f"{hit.score:.3g}{marker}", hit.record.domain, hit.record.id[:12],
+                      hit.record.content)
+    console.print(table)
+
+
+def query(
+    text: str = typer.Argument(..., help="what to look for"),
+    limit: int = typer.Option(10, help="how many results (1..100)"),
+    cross: bool = typer.Option(False, "--cross", help="also follow cross-reference links"),
+    run: str | None = typer.Option(None, "--run", help="only this run ('' = legacy records)"),
+    mode: str = typer.Option("hybrid", help="lexical, semantic or hybrid"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Search memories across all domains of your fleet."""
+    if mode not in ("lexical", "semantic", "hybrid"):
+        raise fail("--mode must be lexical, semantic or hybrid")
+    with rpc_errors(as_json), _client() as client:
+        hits = client.search(text, limit=limit, cross=cross, run_id=run, mode=mode)
+    _print_hits(hits, as_json)
+
+
+def search(
+    domain: str = typer.Argument(..., help="domain to search (e.g. technical or shard_technical)"),
+    text: str = typer.Argument(..., help="what to look for"),
+    limit: int = typer.Option(10, help="how many results (1..100)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Search within one domain (the seed's per-shard search)."""
+    name = domain.removeprefix("shard_")
+    with rpc_errors(as_json), _client() as client:
+        hits = client.search(text, limit=limit, domain=name)
+    _print_hits(hits, as_json)
+
+
+def status(as_json: bool = JSON_OPTION) -> None:
+    """Domains with record counts and importance; totals for your fleet."""
+    with rpc_errors(as_json), _client() as client:
+        reply = client.status()
+    if as_json:
+        emit_json(MessageToDict(reply, preserving_proto_field_name=True,
+                                always_print_fields_with_no_presence=True))
+        return
+    table = Table(title=f"fleet {reply.fleet_id}")
+    for column in ("domain", "records", "importance", "incoming links", "keywords"):
+        table.add_column(column)
+    for d in reply.domains:
+        table.add_row(d.name, str(d.record_count), f"{d.importance:.2f}", str(d.incoming_links),
+                      ", ".join(d.keywords))
+    console.print(table)
+    console.print(f"total: {len(reply.domains)} domains, {reply.total_records} records, "
+                  f"{reply.runs} runs, {reply.total_links} links, "
+                  f"indexing lag {reply.indexing_lag}")
+
+
+def snapshot(
+    run: str = typer.Argument(..., help="run id ('' for legacy records)"),
+    no_verify: bool = typer.Option(False, "--no-verify", help="skip re-hashing each record"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Stream exactly the records of one run, re-hashing each (exit 2 on tampering)."""
+    records: list[dict[str, object]] = []
+    with rpc_errors(as_json), _client() as client:
+        for record in client.snapshot(run, verify=not no_verify):
+            records.append(_record_dict(record))
+    if as_json:
+        emit_json({"run_id": run, "verified": not no_verify, "count": len(records),
+                   "records": records})
+        return
+    for item in records:
+        console.print(f"{item['id']}  {item['domain']:<10} {item['content']}")
+    console.print(f"{len(records)} records in run {run!r}"
+                  + (", all verified" if not no_verify else " (not verified)"))
+
+
+def verify(
+    record_id: str | None = typer.Argument(None, help="record id to verify"),
+    all_records: bool = typer.Option(False, "--all", help="verify every record of your fleet"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Re-hash records; exit code 1 when any record fails its integrity check."""
+    if not record_id and not all_records:
+        raise fail("give a record id or --all")
+    with rpc_errors(as_json), _client() as client:
+        report = client.verify([record_id] if record_id else [], all_records=all_records)
+    failures = [{"id": f.id, "expected_hash": f.expected_hash, "actual_hash": f.actual_hash,
+                 "detail": f.detail} for f in report.failures]
+    if as_json:
+        emit_json({"checked": report.checked, "ok": not failures, "failures": failures})
+    else:
+        for failure in failures:
+            console.print(f"[red]FAIL[/red] {failure['detail']}")
+        console.print(f"checked {report.checked} records: "
+                      + ("[green]all intact[/green]" if not failures
+                         else f"[red]{len(failures)} failed[/red]"))
+    if failures:
+        raise typer.Exit(1)
+
+
+def import_(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                help="JSON Lines: one object per line with content and "
+                                     "optional importance, source, tags, run_id, domain, metadata"),
+    batch: int = typer.Option(IMPORT_BATCH, help="records per batch call (max 1000)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Import memories in batches with a progress bar; each batch is all or nothing."""
+    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    inputs = []
+    keys = []
+    for number, line in enumerate(lines, 1):
+        try:
+            item = json.loads(line)
+            if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+                raise ValueError("needs a string 'content'")
+            inputs.append(record_input(
+                item["content"], run_id=str(item.get("run_id", "")),
+                domain=str(item.get("domain", "")), source=str(item.get("source", "import")),
+                importance=item.get("importance"), tags=list(item.get("tags", [])),
+                metadata={str(k): str(v) for k, v in dict(item.get("metadata", {})).items()}))
+        except (ValueError, TypeError) as error:
+            raise fail(f"{file}:{number}: {error}") from None
+        keys.append(line)
+    created = existing = 0
+    with rpc_errors(as_json), _client() as client, Progress(
+        TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=console, disable=as_json,
+    ) as progress:
+        task = progress.add_task("import", total=len(inputs))
+        for start in range(0, len(inputs), batch):
+            chunk = inputs[start: start + batch]
+            # Derived from the lines themselves: re-running an import retries, never duplicates.
+            key = "import:" + hashlib.sha256("\n".join(keys[start: start + batch]).encode()).hexdigest()[:40]
+            for result in client.add_many(chunk, request_id=key).results:
+                created += result.created
+                existing += not result.created
+            progress.advance(task, len(chunk))
+    if as_json:
+        emit_json({"file": str(file), "records": len(inputs), "created": created,
+                   "already_present": existing})
+    else:
+        console.print(f"imported {len(inputs)} records: {created} new, {existing} already present")
+
+
+domains_app = typer.Typer(help="List and configure routing domains.", no_args_is_help=True)
+
+
+@domains_app.command("list")
+def domains_list(as_json: bool = JSON_OPTION) -> None:
+    """Domains of your fleet with keywords and importance."""
+    with rpc_errors(as_json), _client() as client:
+        found = client.domains()
+    if as_json:
+        emit_json([MessageToDict(d, preserving_proto_field_name=True) for d in found])
+        return
+    for d in found:
+        console.print(f"[cyan]{d.name}[/cyan] ({d.display_name}): {', '.join(d.keywords)}")
+
+
+@domains_app.command("upsert")
+def domains_upsert(
+    name: str = typer.Argument(..., help="domain name (lowercase)"),
+    keywords: str = typer.Option("", help="comma-separated routing keywords"),
+    description: str = typer.Option("", help="what belongs here"),
+    display_name: str = typer.Option("", help="human-readable name"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Create a domain or replace its keywords (admin role)."""
+    with rpc_errors(as_json), _client() as client:
+        reply = client.upsert_domain(name, display_name=display_name, description=description,
+                                     keywords=_tags(keywords))
+    if as_json:
+        emit_json({"created": reply.created,
+                   "domain": MessageToDict(reply.domain, preserving_proto_field_name=True)})
+        return
+    console.print(("created " if reply.created else "updated ") + reply.domain.name)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("add")(add)
+    app.command("query")(query)
+    app.command("search")(search)
+    app.command("status")(status)
+    app.command("snapshot")(snapshot)
+    app.command("verify")(verify)
+    app.command("import")(import_)
+    app.add_typer(domains_app, name="domains")
