@@ -1,0 +1,101 @@
+"""Python SDK for the governance service.
+
+    with GovernanceClient(settings.governance_addr, settings.resolve_token()) as gov:
+        gov.set_tier("agent-7", "suspended", reason="poisoned the people domain")
+        gov.add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="ignore (all )?previous")))
+        print(gov.verify_chain().ok)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from engram.client._channel import BaseClient
+from engram.governance.v1 import governance_service_pb2 as pb
+from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
+
+TIERS = {
+    "trusted": pb.TRUST_TIER_TRUSTED,
+    "standard": pb.TRUST_TIER_STANDARD,
+    "probation": pb.TRUST_TIER_PROBATION,
+    "suspended": pb.TRUST_TIER_SUSPENDED,
+}
+TIER_NAMES = {value: name for name, value in TIERS.items()}
+
+
+def tier_value(name: str) -> Any:
+    try:
+        return TIERS[name.strip().lower()]
+    except KeyError:
+        raise ValueError(f"unknown tier {name!r}; choose one of {', '.join(TIERS)}") from None
+
+
+class GovernanceClient(BaseClient):
+    """``GovernanceClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
+
+    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
+                 timeout: float = 30.0, channel: grpc.Channel | None = None) -> None:
+        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
+        self.stub = pb_grpc.GovernanceServiceStub(self.channel)
+
+    def decide(self, fleet_id: str, agent_id: str, request_id: str,
+               candidates: Iterable[pb.WriteCandidate]) -> pb.DecideWritesResponse:
+        """The write gate (service principals only)."""
+        request = pb.DecideWritesRequest(fleet_id=fleet_id, agent_id=agent_id,
+                                         request_id=request_id, candidates=list(candidates))
+        return self.call(self.stub.DecideWrites, request)
+
+    def trust(self, agent_id: str = "", *, fleet_id: str = "") -> pb.AgentTrust:
+        request = pb.GetTrustRequest(fleet_id=fleet_id, agent_id=agent_id)
+        return self.call(self.stub.GetTrust, request).trust
+
+    def trusts(self, fleet_id: str, agent_ids: Sequence[str]) -> list[pb.AgentTrust]:
+        request = pb.BatchGetTrustRequest(fleet_id=fleet_id, agent_ids=list(agent_ids))
+        return list(self.call(self.stub.BatchGetTrust, request).trusts)
+
+    def set_tier(self, agent_id: str, tier: str, *, reason: str = "",
+                 fleet_id: str = "") -> pb.AgentTrust:
+        request = pb.SetTierRequest(fleet_id=fleet_id, agent_id=agent_id,
+                                    tier=tier_value(tier), reason=reason)
+        return self.call(self.stub.SetTier, request).trust
+
+    def add_rule(self, rule: pb.Rule, *, request_id: str = "") -> pb.CreateRuleResponse:
+        return self.call(self.stub.CreateRule,
+                         pb.CreateRuleRequest(rule=rule, request_id=request_id))
+
+    def rules(self, *, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.Rule]:
+        """Every rule of the fleet, following page tokens."""
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListRules, pb.ListRulesRequest(
+                fleet_id=fleet_id, page_size=page_size, page_token=token))
+            yield from reply.rules
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def remove_rule(self, rule_id: str, *, fleet_id: str = "") -> None:
+        self.call(self.stub.DeleteRule, pb.DeleteRuleRequest(rule_id=rule_id, fleet_id=fleet_id))
+
+    def decisions(self, *, agent_id: str = "", fleet_id: str = "",
+                  page_size: int = 0) -> Iterator[pb.GateDecision]:
+        """Recorded gate decisions, newest first, following page tokens."""
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListDecisions, pb.ListDecisionsRequest(
+                fleet_id=fleet_id, agent_id=agent_id, page_size=page_size, page_token=token))
+            yield from reply.decisions
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def checkpoint(self) -> pb.ChainCheckpoint:
+        return self.call(self.stub.GetChainCheckpoint,
+                         pb.GetChainCheckpointRequest()).checkpoint
+
+    def verify_chain(self, since: pb.ChainCheckpoint | None = None) -> pb.VerifyChainResponse:
+        return self.call(self.stub.VerifyChain, pb.VerifyChainRequest(since=since))

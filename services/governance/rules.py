@@ -1,0 +1,177 @@
+"""Write rules (managed by governors) and the judge that applies them to a candidate.
+
+A rule has a kind, kind-specific parameters (validated here, stored as JSON)
+and the tiers it applies to (empty: every tier). Suspended agents are always
+denied by the built-in rule ``builtin:suspended``; no rule can lift that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from services.common.errors import InvalidArgument
+from services.governance.contradiction import DEFAULT_MIN_OVERLAP, first_contradiction
+from services.governance.patterns import PatternError, SafePattern
+from services.governance.tiers import AgentTrust, TrustTier
+
+SUSPENDED_RULE_ID = "builtin:suspended"
+MAX_TAGS = 64
+MAX_RATE_WINDOW_SECONDS = 7 * 24 * 3600
+
+
+class RuleKind(StrEnum):
+    SIZE_LIMIT = "size_limit"
+    DENY_PATTERN = "deny_pattern"
+    REQUIRED_TAGS = "required_tags"
+    DOMAIN_ACCESS = "domain_access"
+    RATE_LIMIT = "rate_limit"
+    CONTRADICTION = "contradiction"
+
+
+@dataclass(frozen=True)
+class Rule:
+    rule_id: str
+    fleet_id: str
+    kind: RuleKind
+    params: Mapping[str, Any]
+    description: str = ""
+    tiers: tuple[TrustTier, ...] = ()
+    created_by: str = ""
+    created_ms: int = 0
+
+    def applies_to(self, tier: TrustTier) -> bool:
+        return not self.tiers or tier in self.tiers
+
+    def state(self) -> dict[str, object]:
+        """What the witness chain records about this rule."""
+        return {"rule_id": self.rule_id, "fleet_id": self.fleet_id, "kind": self.kind.value,
+                "params": dict(self.params), "description": self.description,
+                "tiers": [t.value for t in self.tiers], "created_by": self.created_by,
+                "created_ms": self.created_ms}
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    record_id: str
+    content: str
+    agent_id: str = ""
+    score: float = 0.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    record_id: str
+    content_hash: str
+    content: str
+    run_id: str = ""
+    domain: str = ""
+    source: str = ""
+    importance: float = 0.5
+    tags: tuple[str, ...] = ()
+    neighbours: tuple[Neighbour, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule_id: str
+    message: str
+
+
+def _positive_int(params: Mapping[str, Any], key: str, kind: RuleKind, upper: int) -> int:
+    value = params.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= upper:
+        raise InvalidArgument(f"{kind.value} rule needs {key} between 1 and {upper}, got {value!r}",
+                              reason="INVALID_RULE")
+    return value
+
+
+def _names(params: Mapping[str, Any], key: str, kind: RuleKind) -> list[str]:
+    values = params.get(key) or []
+    if (not isinstance(values, list) or not values or len(values) > MAX_TAGS
+            or not all(isinstance(v, str) and v.strip() for v in values)):
+        raise InvalidArgument(f"{kind.value} rule needs 1..{MAX_TAGS} non-empty {key}",
+                              reason="INVALID_RULE")
+    return sorted({v.strip() for v in values})
+
+
+def validate_params(kind: RuleKind, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalised parameters for ``kind``; ``InvalidArgument`` says what is wrong."""
+    if kind is RuleKind.SIZE_LIMIT:
+        return {"max_bytes": _positive_int(params, "max_bytes", kind, 64 * 1024 * 1024)}
+    if kind is RuleKind.DENY_PATTERN:
+        pattern = params.get("pattern")
+        case_sensitive = bool(params.get("case_sensitive", False))
+        if not isinstance(pattern, str):
+            raise InvalidArgument("deny_pattern rule needs a pattern", reason="INVALID_RULE")
+        try:
+            compiled_pattern(pattern, case_sensitive)
+        except PatternError as error:
+            raise InvalidArgument(f"deny pattern refused: {error}",
+                                  reason="UNSAFE_PATTERN") from None
+        return {"pattern": pattern, "case_sensitive": case_sensitive}
+    if kind is RuleKind.REQUIRED_TAGS:
+        return {"tags": _names(params, "tags", kind)}
+    if kind is RuleKind.DOMAIN_ACCESS:
+        return {"allowed_domains": _names(params, "allowed_domains", kind)}
+    if kind is RuleKind.RATE_LIMIT:
+        return {"max_writes": _positive_int(params, "max_writes", kind, 1_000_000),
+                "window_seconds": _positive_int(params, "window_seconds", kind,
+                                                MAX_RATE_WINDOW_SECONDS)}
+    overlap = params.get("min_overlap") or DEFAULT_MIN_OVERLAP
+    if not isinstance(overlap, int | float) or not 0 < overlap <= 1:
+        raise InvalidArgument(f"contradiction min_overlap must be in (0, 1], got {overlap!r}",
+                              reason="INVALID_RULE")
+    return {"min_overlap": float(overlap)}
+
+
+@lru_cache(maxsize=1024)
+def compiled_pattern(pattern: str, case_sensitive: bool) -> SafePattern:
+    return SafePattern(pattern, case_sensitive=case_sensitive)
+
+
+WritesWithin = Callable[[int], int]
+"""Accepted writes of the agent in the last ``window_seconds`` (for rate rules)."""
+
+
+def judge(candidate: Candidate, trust: AgentTrust, rules: Sequence[Rule],
+          writes_within: WritesWithin) -> list[Violation]:
+    """Every rule the candidate breaks; empty means allowed."""
+    if trust.tier is TrustTier.SUSPENDED:
+        return [Violation(SUSPENDED_RULE_ID, f"agent {trust.agent_id} is suspended")]
+    violations = []
+    for rule in rules:
+        if rule.applies_to(trust.tier):
+            message = _check(rule, candidate, writes_within)
+            if message is not None:
+                violations.append(Violation(rule.rule_id, message))
+    return violations
+
+
+def _check(rule: Rule, candidate: Candidate, writes_within: WritesWithin) -> str | None:
+    p = rule.params
+    if rule.kind is RuleKind.SIZE_LIMIT:
+        size = len(candidate.content.encode())
+        return f"content is {size} bytes, over the {p['max_bytes']}-byte limit" \
+            if size > p["max_bytes"] else None
+    if rule.kind is RuleKind.DENY_PATTERN:
+        hit = compiled_pattern(p["pattern"], p["case_sensitive"]).search(candidate.content)
+        return f"content matches the deny pattern {p['pattern']!r}" if hit else None
+    if rule.kind is RuleKind.REQUIRED_TAGS:
+        missing = sorted(set(p["tags"]) - set(candidate.tags))
+        return f"missing required tags: {', '.join(missing)}" if missing else None
+    if rule.kind is RuleKind.DOMAIN_ACCESS:
+        allowed = p["allowed_domains"]
+        return None if candidate.domain in allowed else (
+            f"domain {candidate.domain!r} is not open to this tier "
+            f"(allowed: {', '.join(allowed)})")
+    if rule.kind is RuleKind.RATE_LIMIT:
+        done = writes_within(p["window_seconds"])
+        return f"rate limit: {done} writes in the last {p['window_seconds']} s " \
+            f"(limit {p['max_writes']})" if done >= p["max_writes"] else None
+    neighbours = ((n.record_id, n.content) for n in candidate.neighbours)
+    clash = first_contradiction(candidate.content, neighbours, p["min_overlap"])
+    return f"contradicts existing record {clash}" if clash else None

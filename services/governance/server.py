@@ -1,0 +1,48 @@
+"""Assemble the governance server: store, migrations, chain check at start, servicer, runtime."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from services.common.db import Database
+from services.common.server import EngramServer, ServiceSpec, build_server
+from services.governance.repository import GovernanceRepository
+from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
+from services.governance.settings import GovernanceSettings
+
+log = logging.getLogger("engram.governance")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def build_governance_server(
+    settings: GovernanceSettings, *, database: Database | None = None
+) -> tuple[EngramServer, GovernanceRepository]:
+    database = database or Database(settings.database_url())
+    repository = GovernanceRepository(database, _now_ms)
+    if settings.migrate:
+        repository.migrate()
+    checkpoint, problems = repository.verify()
+    if problems:
+        log.error(
+            "WITNESS CHAIN BROKEN: governance state does not match its chain; refusing to "
+            "serve writes and reporting NOT_SERVING until it is restored",
+            extra={"problems": problems[:20], "problem_count": len(problems),
+                   "chain_length": checkpoint.length},
+        )
+    else:
+        log.info("witness chain verified",
+                 extra={"chain_length": checkpoint.length, "head": checkpoint.head})
+    servicer = GovernanceServicer(repository, chain_intact=not problems)
+    spec = ServiceSpec(
+        name="governance",
+        full_names=[SERVICE_NAME],
+        register=lambda server: add_to_server(servicer, server),
+        policy=POLICY,
+        on_stop=database.dispose,
+        ready=lambda: not problems,
+    )
+    return build_server(settings, spec), repository

@@ -1,0 +1,318 @@
+"""gRPC edge of governance: protos in, repository calls, protos out."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram.governance.v1 import governance_service_pb2 as pb
+from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
+from services.common.auth import ANY_ROLE, MethodPolicy, current_principal
+from services.common.errors import IntegrityError, InvalidArgument, PermissionDenied
+from services.common.pagination import decode_token, encode_token, page_size
+from services.common.tokens import Principal, validate_identifier
+from services.governance.decisions import Decision
+from services.governance.repository import GovernanceRepository
+from services.governance.rules import Candidate, Neighbour, Rule, RuleKind, validate_params
+from services.governance.tiers import AgentTrust, TrustTier
+from services.governance.witness import Checkpoint, extends
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
+_GOVERNORS = frozenset({"governor", "admin"})
+_CROSS_FLEET = frozenset({"service", "admin"})
+MAX_CANDIDATES = 1000
+MAX_NEIGHBOURS = 50
+
+
+def _m(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+POLICY: MethodPolicy = {
+    _m("DecideWrites"): frozenset({"service"}),
+    _m("GetTrust"): ANY_ROLE,
+    _m("BatchGetTrust"): frozenset({"service", "governor", "admin"}),
+    _m("SetTier"): _GOVERNORS,
+    _m("CreateRule"): _GOVERNORS,
+    _m("ListRules"): ANY_ROLE,
+    _m("DeleteRule"): _GOVERNORS,
+    _m("ListDecisions"): frozenset({"agent", "governor", "admin"}),
+    _m("GetChainCheckpoint"): ANY_ROLE,
+    _m("VerifyChain"): frozenset({"service", "governor", "admin"}),
+}
+assert set(POLICY) == {
+    _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
+}
+
+_TIERS: dict[TrustTier, Any] = {
+    TrustTier.TRUSTED: pb.TRUST_TIER_TRUSTED,
+    TrustTier.STANDARD: pb.TRUST_TIER_STANDARD,
+    TrustTier.PROBATION: pb.TRUST_TIER_PROBATION,
+    TrustTier.SUSPENDED: pb.TRUST_TIER_SUSPENDED,
+}
+_TIERS_BACK: dict[Any, TrustTier] = {v: k for k, v in _TIERS.items()}
+_KINDS = {kind.value: kind for kind in RuleKind}
+
+
+def _timestamp(ms: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromMilliseconds(ms)
+    return stamp
+
+
+def tier_from_proto(value: int) -> TrustTier:
+    tier = _TIERS_BACK.get(value)
+    if tier is None:
+        raise InvalidArgument("tier must be one of trusted, standard, probation, suspended",
+                              reason="INVALID_TIER")
+    return tier
+
+
+def trust_to_proto(trust: AgentTrust) -> pb.AgentTrust:
+    return pb.AgentTrust(
+        fleet_id=trust.fleet_id, agent_id=trust.agent_id, tier=_TIERS[trust.tier],
+        multiplier=trust.multiplier, score=trust.score / 1000, pinned=trust.pinned,
+        update_time=_timestamp(trust.updated_ms) if trust.updated_ms else None,
+    )
+
+
+def decision_to_proto(decision: Decision) -> pb.GateDecision:
+    return pb.GateDecision(
+        decision_id=decision.decision_id, allowed=decision.allowed,
+        rule_ids=list(decision.rule_ids), reason=decision.reason, fleet_id=decision.fleet_id,
+        agent_id=decision.agent_id, request_id=decision.request_id,
+        record_id=decision.record_id, content_hash=decision.content_hash,
+        create_time=_timestamp(decision.created_ms), chain_seq=decision.chain_seq,
+    )
+
+
+def rule_to_proto(rule: Rule) -> pb.Rule:
+    message = pb.Rule(
+        rule_id=rule.rule_id, fleet_id=rule.fleet_id, description=rule.description,
+        tiers=[_TIERS[t] for t in rule.tiers], created_by=rule.created_by,
+        create_time=_timestamp(rule.created_ms),
+    )
+    p = rule.params
+    if rule.kind is RuleKind.SIZE_LIMIT:
+        message.size_limit.max_bytes = p["max_bytes"]
+    elif rule.kind is RuleKind.DENY_PATTERN:
+        message.deny_pattern.CopyFrom(
+            pb.DenyPattern(pattern=p["pattern"], case_sensitive=p["case_sensitive"]))
+    elif rule.kind is RuleKind.REQUIRED_TAGS:
+        message.required_tags.tags.extend(p["tags"])
+    elif rule.kind is RuleKind.DOMAIN_ACCESS:
+        message.domain_access.allowed_domains.extend(p["allowed_domains"])
+    elif rule.kind is RuleKind.RATE_LIMIT:
+        message.rate_limit.CopyFrom(
+            pb.RateLimit(max_writes=p["max_writes"], window_seconds=p["window_seconds"]))
+    else:
+        message.contradiction.min_overlap = p["min_overlap"]
+    return message
+
+
+def rule_kind_and_params(message: pb.Rule) -> tuple[RuleKind, dict[str, Any]]:
+    which = message.WhichOneof("kind")
+    if which is None:
+        raise InvalidArgument("a rule needs a kind: size_limit, deny_pattern, required_tags, "
+                              "domain_access, rate_limit or contradiction", reason="INVALID_RULE")
+    kind = _KINDS[which]
+    body = getattr(message, which)
+    raw: dict[str, Any]
+    if kind is RuleKind.SIZE_LIMIT:
+        raw = {"max_bytes": body.max_bytes}
+    elif kind is RuleKind.DENY_PATTERN:
+        raw = {"pattern": body.pattern, "case_sensitive": body.case_sensitive}
+    elif kind is RuleKind.REQUIRED_TAGS:
+        raw = {"tags": list(body.tags)}
+    elif kind is RuleKind.DOMAIN_ACCESS:
+        raw = {"allowed_domains": list(body.allowed_domains)}
+    elif kind is RuleKind.RATE_LIMIT:
+        raw = {"max_writes": body.max_writes, "window_seconds": body.window_seconds}
+    else:
+        raw = {"min_overlap": body.min_overlap}
+    return kind, validate_params(kind, raw)
+
+
+def _candidate(message: pb.WriteCandidate) -> Candidate:
+    if not message.record_id or not message.content_hash:
+        raise InvalidArgument("every candidate needs record_id and content_hash",
+                              reason="INVALID_CANDIDATE")
+    if len(message.neighbours) > MAX_NEIGHBOURS:
+        raise InvalidArgument(f"at most {MAX_NEIGHBOURS} neighbours per candidate")
+    return Candidate(
+        record_id=message.record_id, content_hash=message.content_hash,
+        content=message.content, run_id=message.run_id, domain=message.domain,
+        source=message.source, importance=message.importance, tags=tuple(message.tags),
+        neighbours=tuple(Neighbour(n.record_id, n.content, n.agent_id, n.score)
+                         for n in message.neighbours),
+    )
+
+
+def target_fleet(principal: Principal, requested: str) -> str:
+    """The fleet a call acts on: the caller's own, unless a service or admin names another."""
+    if not requested or requested == principal.fleet_id:
+        return principal.fleet_id
+    if principal.has_any(_CROSS_FLEET):
+        return validate_identifier("fleet_id", requested)
+    raise PermissionDenied(
+        f"{principal.agent_id} belongs to fleet {principal.fleet_id!r} and cannot act on "
+        f"fleet {requested!r}", reason="FLEET_MISMATCH")
+
+
+def _is_plain_agent(principal: Principal) -> bool:
+    return not principal.has_any(frozenset({"governor", "admin", "service"}))
+
+
+class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
+    def __init__(self, repository: GovernanceRepository, *, chain_intact: bool = True) -> None:
+        self._repo = repository
+        self._chain_intact = chain_intact
+
+    def _writable(self) -> None:
+        if not self._chain_intact:
+            raise IntegrityError(
+                "the witness chain failed verification at start; governance refuses to record "
+                "anything until it is restored (run `engram gov chain verify` for details)",
+                reason="WITNESS_CHAIN_BROKEN")
+
+    def DecideWrites(self, request: pb.DecideWritesRequest,
+                     context: grpc.ServicerContext) -> pb.DecideWritesResponse:
+        self._writable()
+        fleet_id = validate_identifier("fleet_id", request.fleet_id)
+        agent_id = validate_identifier("agent_id", request.agent_id)
+        if not request.request_id or len(request.request_id) > 128:
+            raise InvalidArgument("request_id is required (1..128 characters) so a retry "
+                                  "does not record a second decision", reason="REQUEST_ID_REQUIRED")
+        if not 0 < len(request.candidates) <= MAX_CANDIDATES:
+            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} candidates, got "
+                                  f"{len(request.candidates)}")
+        candidates = [_candidate(c) for c in request.candidates]
+        decisions, replayed = self._repo.decide(fleet_id, agent_id, request.request_id,
+                                                candidates)
+        return pb.DecideWritesResponse(decisions=[decision_to_proto(d) for d in decisions],
+                                       replayed=replayed)
+
+    def GetTrust(self, request: pb.GetTrustRequest,
+                 context: grpc.ServicerContext) -> pb.GetTrustResponse:
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        agent_id = request.agent_id or principal.agent_id
+        if _is_plain_agent(principal) and agent_id != principal.agent_id:
+            raise PermissionDenied("agents may read only their own trust", reason="NOT_OWN_TRUST")
+        validate_identifier("agent_id", agent_id)
+        trust = self._repo.trust_of(fleet_id, [agent_id])[agent_id]
+        return pb.GetTrustResponse(trust=trust_to_proto(trust))
+
+    def BatchGetTrust(self, request: pb.BatchGetTrustRequest,
+                      context: grpc.ServicerContext) -> pb.BatchGetTrustResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        if len(request.agent_ids) > MAX_CANDIDATES:
+            raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
+        trusts = self._repo.trust_of(fleet_id, [a for a in request.agent_ids if a])
+        return pb.BatchGetTrustResponse(trusts=[trust_to_proto(t) for t in trusts.values()])
+
+    def SetTier(self, request: pb.SetTierRequest,
+                context: grpc.ServicerContext) -> pb.SetTierResponse:
+        self._writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        agent_id = validate_identifier("agent_id", request.agent_id)
+        tier = tier_from_proto(request.tier)
+        trust = self._repo.set_tier(fleet_id, agent_id, tier, principal.agent_id,
+                                    request.reason[:1000])
+        return pb.SetTierResponse(trust=trust_to_proto(trust))
+
+    def CreateRule(self, request: pb.CreateRuleRequest,
+                   context: grpc.ServicerContext) -> pb.CreateRuleResponse:
+        self._writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.rule.fleet_id)
+        kind, params = rule_kind_and_params(request.rule)
+        if request.request_id:
+            seed = f"{fleet_id}\x00{request.request_id}".encode()
+            rule_id = "r-" + hashlib.sha256(seed).hexdigest()[:12]
+        else:
+            rule_id = "r-" + secrets.token_hex(6)
+        rule = Rule(
+            rule_id=rule_id, fleet_id=fleet_id, kind=kind, params=params,
+            description=request.rule.description[:1000],
+            tiers=tuple(dict.fromkeys(tier_from_proto(t) for t in request.rule.tiers)),
+            created_by=principal.agent_id, created_ms=self._repo.now_ms(),
+        )
+        stored, created = self._repo.create_rule(rule)
+        return pb.CreateRuleResponse(rule=rule_to_proto(stored), created=created)
+
+    def ListRules(self, request: pb.ListRulesRequest,
+                  context: grpc.ServicerContext) -> pb.ListRulesResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        filters = {"fleet_id": fleet_id}
+        size = page_size(request.page_size)
+        key = decode_token(request.page_token, filters)
+        rules = self._repo.list_rules(fleet_id, str(key[0]) if key else None, size + 1)
+        token = encode_token([rules[size - 1].rule_id], filters) if len(rules) > size else ""
+        return pb.ListRulesResponse(rules=[rule_to_proto(r) for r in rules[:size]],
+                                    next_page_token=token)
+
+    def DeleteRule(self, request: pb.DeleteRuleRequest,
+                   context: grpc.ServicerContext) -> pb.DeleteRuleResponse:
+        self._writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        if not request.rule_id:
+            raise InvalidArgument("rule_id is required")
+        self._repo.delete_rule(fleet_id, request.rule_id, principal.agent_id)
+        return pb.DeleteRuleResponse(rule_id=request.rule_id)
+
+    def ListDecisions(self, request: pb.ListDecisionsRequest,
+                      context: grpc.ServicerContext) -> pb.ListDecisionsResponse:
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        agent_id = request.agent_id
+        if _is_plain_agent(principal):
+            if agent_id and agent_id != principal.agent_id:
+                raise PermissionDenied("agents may list only their own decisions",
+                                       reason="NOT_OWN_DECISIONS")
+            agent_id = principal.agent_id
+        filters = {"fleet_id": fleet_id, "agent_id": agent_id}
+        size = page_size(request.page_size)
+        key = decode_token(request.page_token, filters)
+        before = int(key[0]) if key else None
+        decisions = self._repo.list_decisions(fleet_id, agent_id or None, before, size + 1)
+        token = (encode_token([decisions[size - 1].chain_seq], filters)
+                 if len(decisions) > size else "")
+        return pb.ListDecisionsResponse(
+            decisions=[decision_to_proto(d) for d in decisions[:size]], next_page_token=token)
+
+    def GetChainCheckpoint(self, request: pb.GetChainCheckpointRequest,
+                           context: grpc.ServicerContext) -> pb.GetChainCheckpointResponse:
+        checkpoint = self._repo.checkpoint()
+        return pb.GetChainCheckpointResponse(checkpoint=pb.ChainCheckpoint(
+            head=checkpoint.head, length=checkpoint.length))
+
+    def VerifyChain(self, request: pb.VerifyChainRequest,
+                    context: grpc.ServicerContext) -> pb.VerifyChainResponse:
+        reached, problems = self._repo.verify()
+        extends_since = False
+        if request.HasField("since"):
+            since = Checkpoint(request.since.head, request.since.length)
+            if since.length < 0 or since.length > reached.length:
+                problems = [*problems, f"checkpoint length {since.length} is beyond the chain "
+                                       f"({reached.length} entries)"]
+            else:
+                at = self._repo.link_at(since.length - 1) if since.length else None
+                extends_since = extends(since, at)
+                if not extends_since:
+                    problems = [*problems, f"the chain does not extend the checkpoint at "
+                                           f"length {since.length}: history was rewritten"]
+        return pb.VerifyChainResponse(
+            ok=not problems, checkpoint=pb.ChainCheckpoint(head=reached.head,
+                                                          length=reached.length),
+            problems=problems, extends_since=extends_since)
+
+
+def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:
+    pb_grpc.add_GovernanceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

@@ -1,0 +1,113 @@
+"""SQLAlchemy tables of the governance store; rows convert to domain objects with ``to_entity``.
+
+Every state row carries ``chain_seq``: the witness-chain entry that last wrote
+it, so verification can compare the row with what the chain says.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.governance.decisions import Decision
+from services.governance.rules import Rule, RuleKind
+from services.governance.tiers import AgentTrust, TrustTier
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class AgentRow(Base):
+    __tablename__ = "agents"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tier: Mapped[str] = mapped_column(String(16))
+    score: Mapped[int] = mapped_column(Integer)
+    pinned: Mapped[bool] = mapped_column(Boolean)
+    updated_ms: Mapped[int] = mapped_column(BigInteger)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    def to_entity(self) -> AgentTrust:
+        return AgentTrust(self.fleet_id, self.agent_id, TrustTier(self.tier), self.score,
+                          self.pinned, self.updated_ms)
+
+
+class RuleRow(Base):
+    __tablename__ = "rules"
+
+    rule_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    params_json: Mapped[str] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(Text)
+    tiers_json: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    def to_entity(self) -> Rule:
+        return Rule(
+            rule_id=self.rule_id, fleet_id=self.fleet_id, kind=RuleKind(self.kind),
+            params=json.loads(self.params_json), description=self.description,
+            tiers=tuple(TrustTier(t) for t in json.loads(self.tiers_json)),
+            created_by=self.created_by, created_ms=self.created_ms,
+        )
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+
+    decision_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    request_id: Mapped[str] = mapped_column(String(128))
+    position: Mapped[int] = mapped_column(Integer)
+    record_id: Mapped[str] = mapped_column(String(128))
+    content_hash: Mapped[str] = mapped_column(String(128))
+    allowed: Mapped[bool] = mapped_column(Boolean)
+    rule_ids_json: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint("fleet_id", "agent_id", "request_id", "position",
+                         name="uq_decisions_request"),
+        Index("ix_decisions_rate", "fleet_id", "agent_id", "allowed", "created_ms"),
+        Index("ix_decisions_fleet_seq", "fleet_id", "chain_seq"),
+        Index("ix_decisions_agent_seq", "fleet_id", "agent_id", "chain_seq"),
+    )
+
+    def to_entity(self) -> Decision:
+        return Decision(
+            decision_id=self.decision_id, fleet_id=self.fleet_id, agent_id=self.agent_id,
+            request_id=self.request_id, position=self.position, record_id=self.record_id,
+            content_hash=self.content_hash, allowed=self.allowed,
+            rule_ids=tuple(json.loads(self.rule_ids_json)), reason=self.reason,
+            created_ms=self.created_ms, chain_seq=self.chain_seq,
+        )
+
+
+class ChainRow(Base):
+    __tablename__ = "witness_chain"
+
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    kind: Mapped[str] = mapped_column(String(32))
+    payload_json: Mapped[str] = mapped_column(Text)
+    prev: Mapped[str] = mapped_column(String(64))
+    link: Mapped[str] = mapped_column(String(64))
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+
+
+class ChainHeadRow(Base):
+    """One row (id 1), locked FOR UPDATE by each append so replicas serialise on it."""
+
+    __tablename__ = "witness_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    length: Mapped[int] = mapped_column(BigInteger)
+    head: Mapped[str] = mapped_column(String(64))

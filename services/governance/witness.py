@@ -1,0 +1,82 @@
+"""The witness chain: every governance state change and gate decision, linked by SHAKE-256.
+
+``link[n] = SHAKE-256(link[n-1] || seq || kind || 0x00 || payload)`` with a
+32-byte output; the first entry links to 32 zero bytes. The payload is
+canonical JSON (sorted keys, no spaces), so any edit to a stored entry, a
+dropped entry or a reordering breaks every later link. A checkpoint is
+``(head, length)``; a later chain extends it when its entry ``length - 1``
+still carries ``head``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+LINK_BYTES = 32
+GENESIS = "00" * LINK_BYTES
+
+
+def canonical(payload: Mapping[str, Any]) -> str:
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def link(prev: str, seq: int, kind: str, payload_json: str) -> str:
+    shake = hashlib.shake_256()
+    shake.update(bytes.fromhex(prev))
+    shake.update(seq.to_bytes(8, "big"))
+    shake.update(kind.encode() + b"\x00")
+    shake.update(payload_json.encode())
+    return shake.hexdigest(LINK_BYTES)
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    seq: int
+    kind: str
+    payload_json: str
+    prev: str
+    link: str
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.payload_json)
+        return loaded
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    head: str
+    length: int
+
+
+def next_entry(head: Checkpoint, kind: str, payload: Mapping[str, Any]) -> ChainEntry:
+    body = canonical(payload)
+    return ChainEntry(head.length, kind, body, head.head, link(head.head, head.length, kind, body))
+
+
+def verify_links(entries: Iterable[ChainEntry]) -> tuple[Checkpoint, list[str]]:
+    """Walk the entries in order; return the checkpoint they reach and every broken link."""
+    problems: list[str] = []
+    prev, expected_seq = GENESIS, 0
+    for entry in entries:
+        if entry.seq != expected_seq:
+            problems.append(f"entry {expected_seq} is missing (next stored entry is {entry.seq})")
+        if entry.prev != prev:
+            problems.append(f"entry {entry.seq} does not point at the previous link")
+        recomputed = link(prev, entry.seq, entry.kind, entry.payload_json)
+        if recomputed != entry.link:
+            problems.append(f"entry {entry.seq} ({entry.kind}) was altered: its link does "
+                            "not match its content")
+        prev, expected_seq = entry.link, entry.seq + 1
+    return Checkpoint(prev, expected_seq), problems
+
+
+def extends(earlier: Checkpoint, link_at: str | None) -> bool:
+    """Whether a chain whose entry ``earlier.length - 1`` has ``link_at`` extends ``earlier``."""
+    if earlier.length == 0:
+        return earlier.head == GENESIS
+    return link_at == earlier.head

@@ -1,0 +1,67 @@
+"""A real governance server on 127.0.0.1:0, once per backend (SQLite file, Postgres)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engram.client.governance import GovernanceClient
+from services.common.server import EngramServer
+from services.governance.repository import GovernanceRepository
+from services.governance.server import build_governance_server
+from services.governance.settings import GovernanceSettings
+from tests.conftest import TokenFactory
+
+GovClientFactory = Callable[..., GovernanceClient]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def gov_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'governance.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest.fixture
+def gov_settings(gov_db_url: str, engram_home: Path) -> GovernanceSettings:
+    return GovernanceSettings(home=engram_home, db_url=gov_db_url, port=0)
+
+
+@pytest.fixture
+def governance(gov_settings: GovernanceSettings
+               ) -> Iterator[tuple[EngramServer, GovernanceRepository]]:
+    server, repository = build_governance_server(gov_settings)
+    server.start()
+    try:
+        yield server, repository
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def gov_for(governance: tuple[EngramServer, GovernanceRepository],
+            make_token: TokenFactory) -> Iterator[GovClientFactory]:
+    clients: list[GovernanceClient] = []
+
+    def connect(agent: str = "gov-1", fleet: str = "fleet-a",
+                roles: tuple[str, ...] = ("governor",)) -> GovernanceClient:
+        client = GovernanceClient(governance[0].address, make_token(agent, fleet, roles))
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def governor(gov_for: GovClientFactory) -> GovernanceClient:
+    return gov_for()
+
+
+@pytest.fixture
+def shard_service(gov_for: GovClientFactory) -> GovernanceClient:
+    """The shard's principal: role "service", fleet "system"."""
+    return gov_for("svc-shard", "system", ("service",))
