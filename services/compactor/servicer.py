@@ -1,0 +1,233 @@
+"""CompactorService: domain <-> proto at the edge; runs are scoped by the caller's fleet."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram.compactor.v1 import compactor_service_pb2 as pb
+from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
+from services.common.auth import ANY_ROLE, MethodPolicy, current_principal
+from services.common.errors import PermissionDenied
+from services.common.pagination import decode_token, encode_token, page_size
+from services.common.tokens import validate_identifier
+from services.compactor.iteration_log import IterationLog
+from services.compactor.memory_policy import KIND_COMPACT, MemoryPolicyRunner, PolicyRun
+from services.compactor.model import DetailSource, Pin, Reconstruction
+from services.compactor.repository import IterationRepository
+from services.compactor.warm_chain import IterationInput, WarmLine
+
+SERVICE_NAME = "engram.compactor.v1.CompactorService"
+_WRITERS = frozenset({"agent", "admin", "service"})
+_OPERATORS = frozenset({"admin", "service"})
+
+
+def _m(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+POLICY: MethodPolicy = {
+    _m("RecordIteration"): _WRITERS,
+    _m("PinIteration"): _WRITERS,
+    _m("ListRecentIterations"): ANY_ROLE,
+    _m("ListSummaries"): ANY_ROLE,
+    _m("ReconstructIteration"): ANY_ROLE,
+    _m("VerifyRun"): ANY_ROLE,
+    _m("CompactMemory"): _OPERATORS,
+    _m("ApplyMemoryRetention"): _OPERATORS,
+    _m("ListPolicyRuns"): frozenset({"admin", "governor", "service"}),
+}
+
+_SOURCES = {
+    DetailSource.HOT: pb.DETAIL_SOURCE_HOT,
+    DetailSource.COLD_SNAPSHOT: pb.DETAIL_SOURCE_COLD_SNAPSHOT,
+    DetailSource.BASE_SNAPSHOT: pb.DETAIL_SOURCE_BASE_SNAPSHOT,
+    DetailSource.SUMMARY_ONLY: pb.DETAIL_SOURCE_SUMMARY_ONLY,
+}
+
+
+def _timestamp_text(message: pb.IterationInput, field: str) -> str:
+    if not message.HasField(field):
+        return ""
+    value: Timestamp = getattr(message, field)
+    return value.ToJsonString()
+
+
+def _timestamp(text: str) -> Timestamp | None:
+    if not text:
+        return None
+    stamp = Timestamp()
+    try:
+        stamp.FromJsonString(text)
+    except ValueError:
+        return None
+    return stamp
+
+
+def _us_timestamp(us: int) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromMicroseconds(us)
+    return stamp
+
+
+def summary_pb(line: WarmLine) -> pb.IterationSummary:
+    return pb.IterationSummary(
+        iteration=line.iteration, plan_digest=line.plan_digest, parent_digest=line.parent_digest,
+        start_time=_timestamp(line.start_ts), end_time=_timestamp(line.end_ts),
+        files_touched=line.files_touched, net_add=line.net_add, net_del=line.net_del,
+        risk_score=line.risk_score, status=line.status, detail_digest=line.detail_digest,
+        prev_hash=line.prev_hash, hash=line.hash)
+
+
+def pin_pb(pin: Pin) -> pb.Pin:
+    return pb.Pin(iteration=pin.iteration, reason=pin.reason,
+                  snapshot_iteration=pin.snapshot_iteration,
+                  create_time=_us_timestamp(pin.created_us))
+
+
+def policy_run_pb(run: PolicyRun) -> pb.PolicyRun:
+    return pb.PolicyRun(
+        id=run.id, fleet_id=run.fleet_id,
+        kind=pb.POLICY_KIND_COMPACT if run.kind == KIND_COMPACT else pb.POLICY_KIND_RETENTION,
+        dry_run=run.dry_run, trigger=run.trigger, outcome=run.outcome, error=run.error,
+        examined=run.examined, compacted=run.compacted,
+        groups=[pb.CompactedGroup(summary_id=g.summary_id, replaced_ids=g.replaced_ids,
+                                  replaced_hashes=g.replaced_hashes, domain=g.domain,
+                                  run_id=g.run_id) for g in run.groups],
+        removed_ids=run.removed_ids, importance_below=run.importance_below,
+        older_than_days=run.older_than_days, start_time=_us_timestamp(run.start_us),
+        end_time=_us_timestamp(run.end_us))
+
+
+def reconstruction_pb(view: Reconstruction) -> pb.ReconstructIterationResponse:
+    return pb.ReconstructIterationResponse(
+        summary=summary_pb(view.summary), source=_SOURCES[view.source],
+        detail_json=view.detail_json, guardrails_json=view.guardrails_json,
+        base_iteration=view.base_iteration, trail=[summary_pb(x) for x in view.trail])
+
+
+def _run_id(run_id: str) -> str:
+    return validate_identifier("run_id", run_id)
+
+
+def _policy_fleet(requested: str) -> str:
+    """The caller's fleet; only service principals act on another fleet."""
+    principal = current_principal()
+    if not requested or requested == principal.fleet_id:
+        return principal.fleet_id
+    if "service" in principal.roles:
+        return validate_identifier("fleet_id", requested)
+    raise PermissionDenied(
+        f"{principal.agent_id} belongs to fleet {principal.fleet_id} and cannot run memory "
+        f"policies for fleet {requested}", reason="FLEET_MISMATCH")
+
+
+class CompactorServicer(pb_grpc.CompactorServiceServicer):
+    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner,
+                 repository: IterationRepository) -> None:
+        self._log = log
+        self._policies = policies
+        self._repo = repository
+
+    def RecordIteration(self, request: pb.RecordIterationRequest,
+                        context: grpc.ServicerContext) -> pb.RecordIterationResponse:
+        fleet = current_principal().fleet_id
+        it = request.iteration
+        item = IterationInput(
+            iteration=it.iteration, plan_digest=it.plan_digest, parent_digest=it.parent_digest,
+            start_ts=_timestamp_text(it, "start_time"), end_ts=_timestamp_text(it, "end_time"),
+            files_touched=it.files_touched, net_add=it.net_add, net_del=it.net_del,
+            risk_score=it.risk_score, status=it.status, detail_json=it.detail_json,
+            guardrails_json=it.guardrails_json)
+        result = self._log.record(fleet, _run_id(request.run_id), item)
+        return pb.RecordIterationResponse(summary=summary_pb(result.line),
+                                          created=result.created)
+
+    def ListRecentIterations(self, request: pb.ListRecentIterationsRequest,
+                             context: grpc.ServicerContext) -> pb.ListRecentIterationsResponse:
+        fleet = current_principal().fleet_id
+        run_id = _run_id(request.run_id)
+        filters = {"run": run_id, "fleet": fleet}
+        last = decode_token(request.page_token, filters)
+        limit = page_size(request.page_size)
+        rows = self._log.recent(fleet, run_id, int(last[0]) if last else None, limit + 1)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        token = encode_token([rows[-1][0].iteration], filters) if more else ""
+        return pb.ListRecentIterationsResponse(
+            iterations=[pb.HotIteration(summary=summary_pb(line), detail_json=detail,
+                                        guardrails_json=guard) for line, detail, guard in rows],
+            next_page_token=token)
+
+    def ListSummaries(self, request: pb.ListSummariesRequest,
+                      context: grpc.ServicerContext) -> pb.ListSummariesResponse:
+        fleet = current_principal().fleet_id
+        run_id = _run_id(request.run_id)
+        filters = {"run": run_id, "fleet": fleet, "start": request.start_iteration}
+        last = decode_token(request.page_token, filters)
+        first = int(last[0]) + 1 if last else max(1, request.start_iteration)
+        limit = page_size(request.page_size)
+        last_iter = self._log.last_iteration(fleet, run_id)
+        end = min(first + limit - 1, last_iter)
+        lines = self._log.summaries(fleet, run_id, first, end) if first <= end else []
+        more = end < last_iter and bool(lines)
+        token = encode_token([lines[-1].iteration], filters) if more else ""
+        return pb.ListSummariesResponse(summaries=[summary_pb(x) for x in lines],
+                                        next_page_token=token)
+
+    def ReconstructIteration(self, request: pb.ReconstructIterationRequest,
+                             context: grpc.ServicerContext) -> pb.ReconstructIterationResponse:
+        fleet = current_principal().fleet_id
+        return reconstruction_pb(self._log.reconstruct(fleet, _run_id(request.run_id),
+                                                       request.iteration))
+
+    def PinIteration(self, request: pb.PinIterationRequest,
+                     context: grpc.ServicerContext) -> pb.PinIterationResponse:
+        fleet = current_principal().fleet_id
+        pin = self._log.pin(fleet, _run_id(request.run_id), request.iteration, request.reason)
+        return pb.PinIterationResponse(pin=pin_pb(pin))
+
+    def VerifyRun(self, request: pb.VerifyRunRequest,
+                  context: grpc.ServicerContext) -> pb.VerifyRunResponse:
+        fleet = current_principal().fleet_id
+        report = self._log.verify(fleet, _run_id(request.run_id))
+        return pb.VerifyRunResponse(
+            ok=report.ok, lines_checked=report.lines_checked,
+            segments_checked=report.segments_checked,
+            snapshots_checked=report.snapshots_checked, last_iteration=report.last_iteration,
+            head_hash=report.head_hash,
+            problems=[pb.VerifyProblem(location=loc, detail=detail)
+                      for loc, detail in report.problems])
+
+    def CompactMemory(self, request: pb.CompactMemoryRequest,
+                      context: grpc.ServicerContext) -> pb.CompactMemoryResponse:
+        fleet = _policy_fleet(request.fleet_id)
+        run = self._policies.compact(
+            fleet, current_principal().agent_id, dry_run=request.dry_run,
+            importance_below=(request.importance_below
+                              if request.HasField("importance_below") else None),
+            older_than_days=(request.older_than_days
+                             if request.HasField("older_than_days") else None))
+        return pb.CompactMemoryResponse(run=policy_run_pb(run))
+
+    def ApplyMemoryRetention(self, request: pb.ApplyMemoryRetentionRequest,
+                             context: grpc.ServicerContext) -> pb.ApplyMemoryRetentionResponse:
+        fleet = _policy_fleet(request.fleet_id)
+        run = self._policies.apply_retention(fleet, current_principal().agent_id,
+                                             older_than_days=request.older_than_days,
+                                             dry_run=request.dry_run)
+        return pb.ApplyMemoryRetentionResponse(run=policy_run_pb(run))
+
+    def ListPolicyRuns(self, request: pb.ListPolicyRunsRequest,
+                       context: grpc.ServicerContext) -> pb.ListPolicyRunsResponse:
+        fleet = _policy_fleet(request.fleet_id)
+        filters = {"fleet": fleet}
+        last = decode_token(request.page_token, filters)
+        limit = page_size(request.page_size)
+        after = (int(last[0]), str(last[1])) if last else None
+        runs = self._repo.policy_runs(fleet, after, limit + 1)
+        more = len(runs) > limit
+        runs = runs[:limit]
+        token = encode_token([runs[-1].start_us, runs[-1].id], filters) if more else ""
+        return pb.ListPolicyRunsResponse(runs=[policy_run_pb(r) for r in runs],
+                                         next_page_token=token)

@@ -1,0 +1,55 @@
+"""Compactor settings: ``ENGRAM_COMPACTOR_*`` (plus the shared ``ENGRAM_HOME`` …)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServerSettings
+from services.compactor.model import TierConfig
+
+
+class CompactorSettings(ServerSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_COMPACTOR_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    db_url: str | None = Field(
+        default=None, description="default sqlite:///$ENGRAM_HOME/compactor/compactor.db")
+    blob_url: str | None = Field(
+        default=None, description="file:///dir or s3://bucket/prefix; "
+        "default file://$ENGRAM_HOME/compactor/blobs")
+    blob_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint")
+    blob_region: str | None = None
+    shard_addr: str = "127.0.0.1:50051"
+    service_token_file: Path | None = Field(
+        default=None, description="bearer token (role service, fleet system) for the shard")
+    shard_timeout_seconds: float = 60.0
+
+    hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
+    rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,
+                              description="warm segment size that triggers rotation")
+    snapshot_every: int = Field(default=25, ge=1, description="cold snapshot every K iterations")
+    keep_snapshots: int = Field(default=10, ge=0, description="cold snapshots kept unless pinned")
+
+    memory_compaction_interval_seconds: float = Field(
+        default=0.0, ge=0.0, description="run memory compaction this often; 0 turns it off")
+    memory_compaction_fleets: str = Field(
+        default="", description="comma-separated fleets the schedule compacts")
+    memory_importance_below: float = Field(default=0.3, gt=0.0, le=1.0)
+    memory_older_than_days: float = Field(default=30.0, ge=0.0)
+
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{(self.data_dir('compactor') / 'compactor.db')}"
+
+    def blob_store_url(self) -> str:
+        return self.blob_url or (self.data_dir("compactor") / "blobs").resolve().as_uri()
+
+    def tier_config(self) -> TierConfig:
+        return TierConfig(hot_size=self.hot_size, rotate_bytes=self.rotate_bytes,
+                          snapshot_every=self.snapshot_every, keep_snapshots=self.keep_snapshots)
+
+    def scheduled_fleets(self) -> list[str]:
+        return [f.strip() for f in self.memory_compaction_fleets.split(",") if f.strip()]

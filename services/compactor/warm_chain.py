@@ -1,0 +1,210 @@
+"""Warm summary lines and their hash chain (seed 003 plus the integrity follow-up).
+
+A line is the canonical JSON of the seed's fields plus ``detailDigest``,
+``prevHash`` and ``hash``; ``hash`` = SHA-256 over the canonical JSON of every
+other field, so each line commits to its predecessor. The first line's
+``prevHash`` is a run-specific genesis value: lines cannot be moved between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from services.common.errors import InvalidArgument
+
+MAX_DETAIL_BYTES = 16 * 1024 * 1024
+_MAX_TEXT = 256
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def sha256_hex(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return hashlib.sha256(raw).hexdigest()
+
+
+def genesis_hash(fleet_id: str, run_id: str) -> str:
+    return sha256_hex(f"engram.compactor.v1/{fleet_id}/{run_id}")
+
+
+def detail_digest(detail_json: str, guardrails_json: str) -> str:
+    return sha256_hex(canonical_json({"detail": json.loads(detail_json),
+                                      "guardrails": json.loads(guardrails_json)}))
+
+
+def canonical_value(text: str, what: str) -> str:
+    """Parse a JSON value and return its canonical text; refuse what is not JSON."""
+    if len(text.encode()) > MAX_DETAIL_BYTES:
+        raise InvalidArgument(f"{what} is larger than {MAX_DETAIL_BYTES} bytes")
+    try:
+        return canonical_json(json.loads(text or "null"))
+    except ValueError as exc:
+        raise InvalidArgument(f"{what} is not valid JSON: {exc}", reason="INVALID_JSON") from None
+
+
+@dataclass(frozen=True)
+class IterationInput:
+    """What a caller records: the seed's summary fields and the full detail."""
+
+    iteration: int
+    plan_digest: str
+    parent_digest: str
+    start_ts: str
+    end_ts: str
+    files_touched: int
+    net_add: int
+    net_del: int
+    risk_score: float
+    status: str
+    detail_json: str
+    guardrails_json: str
+
+    def validated(self) -> IterationInput:
+        """A copy with canonical JSON detail; raises ``InvalidArgument`` on bad input."""
+        if self.iteration < 0:
+            raise InvalidArgument(f"iteration must be >= 1 (0 = next), got {self.iteration}")
+        for name in ("plan_digest", "parent_digest", "start_ts", "end_ts", "status"):
+            if len(getattr(self, name)) > _MAX_TEXT:
+                raise InvalidArgument(f"{name} is longer than {_MAX_TEXT} characters")
+        if not self.status:
+            raise InvalidArgument("status is required (e.g. 'success', 'failed')")
+        if min(self.files_touched, self.net_add, self.net_del) < 0:
+            raise InvalidArgument("files_touched, net_add and net_del must be >= 0")
+        if not math.isfinite(self.risk_score):
+            raise InvalidArgument("risk_score must be a finite number")
+        return IterationInput(
+            **{**self.__dict__,
+               "detail_json": canonical_value(self.detail_json, "detail_json"),
+               "guardrails_json": canonical_value(self.guardrails_json, "guardrails_json")}
+        )
+
+
+@dataclass(frozen=True)
+class WarmLine:
+    iteration: int
+    plan_digest: str
+    parent_digest: str
+    start_ts: str
+    end_ts: str
+    files_touched: int
+    net_add: int
+    net_del: int
+    risk_score: float
+    status: str
+    detail_digest: str
+    prev_hash: str
+    hash: str
+
+    @classmethod
+    def chained(cls, item: IterationInput, iteration: int, prev_hash: str) -> WarmLine:
+        body = _body(iteration, item, detail_digest(item.detail_json, item.guardrails_json),
+                     prev_hash)
+        return cls.from_dict({**body, "hash": sha256_hex(canonical_json(body))})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WarmLine:
+        return cls(
+            iteration=int(data["iter"]), plan_digest=str(data["planDigest"]),
+            parent_digest=str(data["parentDigest"]), start_ts=str(data["startTs"]),
+            end_ts=str(data["endTs"]), files_touched=int(data["filesTouched"]),
+            net_add=int(data["netAdd"]), net_del=int(data["netDel"]),
+            risk_score=float(data["riskScore"]), status=str(data["status"]),
+            detail_digest=str(data["detailDigest"]), prev_hash=str(data["prevHash"]),
+            hash=str(data["hash"]),
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> WarmLine:
+        """Parse one JSONL line; raises ``ValueError`` when it is not a warm line."""
+        try:
+            return cls.from_dict(json.loads(text))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"not a warm summary line: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "iter": self.iteration, "planDigest": self.plan_digest,
+            "parentDigest": self.parent_digest, "startTs": self.start_ts, "endTs": self.end_ts,
+            "filesTouched": self.files_touched, "netAdd": self.net_add, "netDel": self.net_del,
+            "riskScore": self.risk_score, "status": self.status,
+            "detailDigest": self.detail_digest, "prevHash": self.prev_hash, "hash": self.hash,
+        }
+
+    def text(self) -> str:
+        """The JSONL line, without its newline."""
+        return canonical_json(self.to_dict())
+
+    def computed_hash(self) -> str:
+        body = self.to_dict()
+        del body["hash"]
+        return sha256_hex(canonical_json(body))
+
+    def same_content(self, item: IterationInput) -> bool:
+        """Whether ``item`` is what this line recorded (a retry, not a conflict)."""
+        mine = self.to_dict()
+        theirs = _body(self.iteration, item,
+                       detail_digest(item.detail_json, item.guardrails_json), self.prev_hash)
+        return all(mine[k] == v for k, v in theirs.items())
+
+
+def _body(iteration: int, item: IterationInput, digest: str, prev_hash: str) -> dict[str, Any]:
+    return {
+        "iter": iteration, "planDigest": item.plan_digest, "parentDigest": item.parent_digest,
+        "startTs": item.start_ts, "endTs": item.end_ts, "filesTouched": item.files_touched,
+        "netAdd": item.net_add, "netDel": item.net_del, "riskScore": float(item.risk_score),
+        "status": item.status, "detailDigest": digest, "prevHash": prev_hash,
+    }
+
+
+@dataclass(frozen=True)
+class ChainProblem:
+    location: str
+    detail: str
+
+
+class ChainWalker:
+    """Checks lines one after another: contiguous iterations, hashes, links."""
+
+    def __init__(self, genesis: str) -> None:
+        self.expected_prev = genesis
+        self.expected_iter = 1
+        self.checked = 0
+        self.problems: list[ChainProblem] = []
+
+    def feed_text(self, location: str, text: str) -> WarmLine | None:
+        try:
+            line = WarmLine.parse(text)
+        except ValueError as exc:
+            self.problems.append(ChainProblem(location, f"unreadable line: {exc}"))
+            return None
+        self.feed(location, line)
+        return line
+
+    def feed(self, location: str, line: WarmLine) -> None:
+        self.checked += 1
+        if line.iteration != self.expected_iter:
+            self.problems.append(ChainProblem(
+                location, f"expected iteration {self.expected_iter}, found {line.iteration} "
+                "(a line was deleted, duplicated or reordered)"))
+        if line.computed_hash() != line.hash:
+            self.problems.append(ChainProblem(
+                location, f"iteration {line.iteration}: line content does not match its hash "
+                "(tampered)"))
+        if line.prev_hash != self.expected_prev:
+            self.problems.append(ChainProblem(
+                location, f"iteration {line.iteration}: prevHash does not link to the line "
+                "before it"))
+        self.expected_prev = line.hash
+        self.expected_iter = line.iteration + 1
+
+    def feed_all(self, location: str, lines: Iterable[WarmLine]) -> None:
+        for line in lines:
+            self.feed(f"{location} iteration {line.iteration}", line)

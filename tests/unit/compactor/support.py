@@ -1,0 +1,25 @@
+"""Deterministic iterations shared by the compactor tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from services.compactor.iteration_log import IterationLog
+from services.compactor.warm_chain import IterationInput
+
+LogFactory = Callable[..., IterationLog]
+
+
+def make_iteration(n: int, *, size: int = 40, status: str = "success") -> IterationInput:
+    """A deterministic iteration whose detail carries ``size`` bytes of varied text."""
+    body = "".join(chr(97 + (n * 7 + i * 13) % 26) for i in range(size))
+    return IterationInput(
+        iteration=n, plan_digest=f"plan-{n:05d}", parent_digest=f"plan-{n - 1:05d}",
+        start_ts=f"2025-08-14T12:{n // 60 % 60:02d}:{n % 60:02d}Z",
+        end_ts=f"2025-08-14T12:{n // 60 % 60:02d}:{n % 60:02d}.5Z",
+        files_touched=n % 7, net_add=n * 3, net_del=n % 5, risk_score=(n % 10) / 10,
+        status=status,
+        detail_json=json.dumps({"context": body, "metrics": {"n": n}}),
+        guardrails_json=json.dumps([{"stage": "lint", "ok": n % 3 != 0}]),
+    )
