@@ -9,7 +9,10 @@ ceiling for any RPC on this machine.
 from __future__ import annotations
 
 import os
+import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +20,7 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 _ECHO_METHOD = "/engram.bench.Echo/Echo"
 
@@ -100,8 +104,10 @@ def concurrent(call: Callable[[int], object], total: int, in_flight: int) -> flo
 
 def echo_baseline(sequential_calls: int = 2000, concurrent_calls: int = 20000,
                   in_flight: int = 64, payload: bytes = b"x" * 256) -> dict[str, float]:
-    with EchoServer() as echo:
-        channel, call = echo.client()
+    """The echo runs in its own process, as the services do, so both pay the same IPC."""
+    with ServerProcess([sys.executable, "-m", "engram.bench._harness"], {}) as echo:
+        channel = grpc.insecure_channel(echo.address)
+        call = channel.unary_unary(_ECHO_METHOD)
         try:
             latency = sequential(lambda _i: call(payload), sequential_calls)
             rate = concurrent(lambda _i: call(payload), concurrent_calls, in_flight)
@@ -109,6 +115,70 @@ def echo_baseline(sequential_calls: int = 2000, concurrent_calls: int = 20000,
             channel.close()
     return {"echo_p50_ms": latency.p50_ms, "echo_p95_ms": latency.p95_ms,
             "echo_calls_per_s": round(rate, 1)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A server in a child process on a free loopback port; waits for grpc.health SERVING."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int | None = None,
+                 port_env: str = "ENGRAM_BENCH_ECHO_PORT", timeout: float = 60.0) -> None:
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._argv = argv
+        self._env = {**os.environ, **env, port_env: str(self.port)}
+        self._timeout = timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.process = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE)
+        deadline = time.monotonic() + self._timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    err = self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
+                    raise RuntimeError(f"{self._argv} exited early: {err}")
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                        return self
+                except grpc.RpcError:
+                    time.sleep(0.1)
+        raise RuntimeError(f"{self._argv} did not become SERVING in {self._timeout}s")
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+
+def _serve_echo() -> None:
+    from grpc_health.v1 import health
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+    handler = grpc.method_handlers_generic_handler(
+        "engram.bench.Echo",
+        {"Echo": grpc.unary_unary_rpc_method_handler(lambda request, _context: request)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    server.add_insecure_port(f"127.0.0.1:{os.environ['ENGRAM_BENCH_ECHO_PORT']}")
+    server.start()
+    server.wait_for_termination()
 
 
 def rss_mb(pid: int | None = None) -> float:
@@ -130,3 +200,7 @@ def peak_rss_mb(pid: int | None = None) -> float:
 
 def median(values: list[float]) -> float:
     return round(statistics.median(values), 4)
+
+
+if __name__ == "__main__":
+    _serve_echo()

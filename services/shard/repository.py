@@ -37,6 +37,8 @@ from services.shard.tables import (
     RecordTagRow,
     WriteRequestRow,
     record_values,
+    row_to_domain,
+    row_to_record,
 )
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -74,26 +76,25 @@ class ShardRepository:
     def existing(self, session: Session, ids: Iterable[str]) -> dict[str, Record]:
         wanted = list(set(ids))
         found: dict[str, Record] = {}
+        columns = RecordRow.__table__
         for start in range(0, len(wanted), 500):
-            rows = session.scalars(select(RecordRow).where(RecordRow.id.in_(wanted[start:start + 500])))
-            found.update((row.id, row.to_entity()) for row in rows)
+            rows = session.execute(
+                select(columns).where(columns.c.id.in_(wanted[start:start + 500]))
+            ).mappings()
+            found.update((row["id"], row_to_record(row)) for row in rows)
         return found
 
     def insert(self, session: Session, records: Sequence[Record]) -> None:
         if not records:
             return
-        session.execute(insert(RecordRow), [record_values(r) for r in records])
-        rows = session.execute(
-            select(RecordRow.id, RecordRow.seq).where(RecordRow.id.in_([r.id for r in records]))
-        )
-        seqs = {record_id: seq for record_id, seq in rows}
+        session.execute(insert(RecordRow.__table__), [record_values(r) for r in records])
         tags = [
-            {"record_seq": seqs[r.id], "tag": tag, "fleet_id": r.fleet_id}
+            {"record_id": r.id, "tag": tag, "fleet_id": r.fleet_id}
             for r in records
             for tag in r.tags
         ]
         if tags:
-            session.execute(insert(RecordTagRow), tags)
+            session.execute(insert(RecordTagRow.__table__), tags)
         links = [
             {"source_id": r.id, "target_kind": ref.kind, "target": ref.target,
              "fleet_id": r.fleet_id}
@@ -101,13 +102,14 @@ class ShardRepository:
             for ref in map(CrossRef.parse, r.cross_refs)
         ]
         if links:
-            session.execute(insert(LinkRow), links)
+            session.execute(insert(LinkRow.__table__), links)
 
     def record_usage(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
         for domain in domains:
             session.execute(
-                update(DomainRow)
-                .where(DomainRow.fleet_id == fleet_id, DomainRow.name == domain.name)
+                update(DomainRow.__table__)
+                .where(DomainRow.__table__.c.fleet_id == fleet_id,
+                       DomainRow.__table__.c.name == domain.name)
                 .values(usage_score=domain.usage_score, usage_ts=domain.usage_ts,
                         record_count=domain.record_count, updated_ts=domain.updated_ts)
             )
@@ -131,10 +133,11 @@ class ShardRepository:
     # -- domains ------------------------------------------------------------
 
     def domains(self, session: Session, fleet_id: str) -> list[Domain]:
-        rows = session.scalars(
-            select(DomainRow).where(DomainRow.fleet_id == fleet_id).order_by(DomainRow.name)
-        )
-        return [row.to_entity() for row in rows]
+        columns = DomainRow.__table__.c
+        rows = session.execute(
+            select(DomainRow.__table__).where(columns.fleet_id == fleet_id).order_by(columns.name)
+        ).mappings()
+        return [row_to_domain(row) for row in rows]
 
     def add_domains(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
         session.execute(
@@ -190,8 +193,8 @@ class ShardRepository:
             clauses.append(RecordRow.agent_id == flt.agent_id)
         for tag in flt.tags:
             clauses.append(
-                RecordRow.seq.in_(
-                    select(RecordTagRow.record_seq).where(
+                RecordRow.id.in_(
+                    select(RecordTagRow.record_id).where(
                         RecordTagRow.fleet_id == flt.fleet_id, RecordTagRow.tag == tag
                     )
                 )
@@ -316,9 +319,7 @@ class ShardRepository:
         """Retention only: originals whose hashes a summary record keeps."""
         if not ids:
             return
-        seqs = select(RecordRow.seq).where(RecordRow.fleet_id == fleet_id,
-                                           RecordRow.id.in_(list(ids)))
-        session.execute(delete(RecordTagRow).where(RecordTagRow.record_seq.in_(seqs)))
+        session.execute(delete(RecordTagRow).where(RecordTagRow.record_id.in_(list(ids))))
         session.execute(delete(LinkRow).where(
             or_(LinkRow.source_id.in_(list(ids)),
                 and_(LinkRow.target_kind == "record", LinkRow.target.in_(list(ids))))))

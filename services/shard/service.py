@@ -142,6 +142,7 @@ class ShardService:
                 return replay
         domains = self.domains(fleet)
         known = {d.name for d in domains}
+        refs = self._resolve_cross_refs(fleet, agent, normalized, known)
         now_us = int(self.clock() * 1_000_000)
         prepared: list[Record] = []
         for index, draft in enumerate(normalized):
@@ -160,11 +161,13 @@ class ShardService:
                 fleet_id=fleet, run_id=draft.run_id, agent_id=agent, content=draft.content,
                 content_hash=content_sha, record_hash="", domain=domain, source=draft.source,
                 importance=draft.importance, tags=draft.tags, metadata=dict(draft.metadata),
-                cross_refs=(), created_us=now_us,
+                cross_refs=refs[index], created_us=now_us,
             ))
-        prepared = self._resolve_cross_refs(fleet, prepared, known)
-        with self.db.session() as session:
-            existing = self.repo.existing(session, [r.id for r in prepared])
+        existing: dict[str, Record] = {}
+        if self.gate is not None:
+            # Only what is new goes to the gate; the commit re-checks under its lock anyway.
+            with self.db.session() as session:
+                existing = self.repo.existing(session, [r.id for r in prepared])
         fresh: list[Record] = []
         seen: set[str] = set()
         for record in prepared:
@@ -174,11 +177,16 @@ class ShardService:
         fresh = self._gate(principal, fresh, request_id or digest)
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest)
         stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
-        return [
-            WriteResult(existing[r.id], created=False) if r.id in existing
-            else WriteResult(stored[r.id].record, created=stored[r.id].created)
-            for r in prepared
-        ]
+        results: list[WriteResult] = []
+        reported: set[str] = set()
+        for r in prepared:
+            if r.id in existing:
+                results.append(WriteResult(existing[r.id], created=False))
+            else:
+                created = stored[r.id].created and r.id not in reported
+                results.append(WriteResult(stored[r.id].record, created=created))
+            reported.add(r.id)
+        return results
 
     def _replay(self, fleet: str, agent: str, request_id: str,
                 digest: str) -> list[WriteResult] | None:
@@ -194,31 +202,37 @@ class ShardService:
             stored = self.repo.by_ids(session, fleet, ids)
         return [WriteResult(stored[i], created=False) for i in ids if i in stored]
 
-    def _resolve_cross_refs(self, fleet: str, prepared: list[Record],
-                            known: set[str]) -> list[Record]:
-        targets_by_record = [crossrefs.detect(r.content) for r in prepared]
-        for index, targets in enumerate(targets_by_record):
-            _at_index(index, len(prepared), crossrefs.check_count, targets)
-        record_targets = {t for ts in targets_by_record for t in ts
-                          if crossrefs.looks_like_record_id(t)}
-        batch_ids = {r.id for r in prepared}
-        with self.db.session() as session:
-            found = set(self.repo.by_ids(session, fleet, sorted(record_targets - batch_ids)))
-        resolved: list[Record] = []
-        for index, (record, targets) in enumerate(zip(prepared, targets_by_record, strict=True)):
+    def _resolve_cross_refs(self, fleet: str, agent: str, drafts: Sequence[RecordDraft],
+                            known: set[str]) -> list[tuple[str, ...]]:
+        """Each draft's references as ``domain:<name>`` / ``record:<id>``; unknown targets fail."""
+        targets_by_draft = [crossrefs.detect(d.content) for d in drafts]
+        if not any(targets_by_draft):
+            return [() for _ in drafts]
+        for index, targets in enumerate(targets_by_draft):
+            _at_index(index, len(drafts), crossrefs.check_count, targets)
+        ids = [records.record_id(fleet, d.run_id, agent, records.content_hash(d.content))
+               for d in drafts]
+        record_targets = {t for ts in targets_by_draft for t in ts
+                          if crossrefs.looks_like_record_id(t)} - set(ids)
+        found: set[str] = set()
+        if record_targets:
+            with self.db.session() as session:
+                found = set(self.repo.by_ids(session, fleet, sorted(record_targets)))
+        resolved: list[tuple[str, ...]] = []
+        for index, targets in enumerate(targets_by_draft):
             refs: list[str] = []
             for target in targets:
-                name = target[len("shard_"):] if target.startswith("shard_") else target
+                name = target.removeprefix("shard_")
                 if name in known:
                     refs.append(f"domain:{name}")
-                elif target in found or (target in batch_ids and target != record.id):
+                elif target in found or (target in ids and target != ids[index]):
                     refs.append(f"record:{target}")
                 else:
-                    raise _indexed(index, len(prepared), InvalidArgument(
+                    raise _indexed(index, len(drafts), InvalidArgument(
                         f"cross-reference to {target!r}: no domain or record of that name "
                         "exists in this fleet", reason="CROSS_REFERENCE_TARGET_NOT_FOUND",
                         metadata={"target": target}))
-            resolved.append(replace(record, cross_refs=tuple(dict.fromkeys(refs))))
+            resolved.append(tuple(dict.fromkeys(refs)))
         return resolved
 
     def _gate(self, principal: Principal, fresh: list[Record], request_key: str) -> list[Record]:

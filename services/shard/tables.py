@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -46,23 +48,28 @@ class RecordRow(Base):
     )
 
     def to_entity(self) -> Record:
-        return Record(
-            id=self.id,
-            fleet_id=self.fleet_id,
-            run_id=self.run_id,
-            agent_id=self.agent_id,
-            content=self.content,
-            content_hash=self.content_hash,
-            record_hash=self.record_hash,
-            domain=self.domain,
-            source=self.source,
-            importance=self.importance,
-            tags=tuple(json.loads(self.tags_json)),
-            metadata=dict(json.loads(self.metadata_json)),
-            cross_refs=tuple(json.loads(self.cross_refs_json)),
-            created_us=self.created_us,
-            gate_decision_id=self.gate_decision_id,
-        )
+        return row_to_record(vars(self))
+
+
+def row_to_record(row: Mapping[str, Any]) -> Record:
+    """A records row (ORM attributes or a Core mapping) as a domain record."""
+    return Record(
+        id=row["id"],
+        fleet_id=row["fleet_id"],
+        run_id=row["run_id"],
+        agent_id=row["agent_id"],
+        content=row["content"],
+        content_hash=row["content_hash"],
+        record_hash=row["record_hash"],
+        domain=row["domain"],
+        source=row["source"],
+        importance=row["importance"],
+        tags=tuple(json.loads(row["tags_json"])),
+        metadata=dict(json.loads(row["metadata_json"])),
+        cross_refs=tuple(json.loads(row["cross_refs_json"])),
+        created_us=row["created_us"],
+        gate_decision_id=row["gate_decision_id"],
+    )
 
 
 def record_values(record: Record) -> dict[str, object]:
@@ -88,13 +95,13 @@ def record_values(record: Record) -> dict[str, object]:
 class RecordTagRow(Base):
     __tablename__ = "record_tags"
 
-    record_seq: Mapped[int] = mapped_column(
-        SeqType, ForeignKey("records.seq", ondelete="CASCADE"), primary_key=True
+    record_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("records.id", ondelete="CASCADE"), primary_key=True
     )
     tag: Mapped[str] = mapped_column(String(64), primary_key=True)
     fleet_id: Mapped[str] = mapped_column(String(128))
 
-    __table_args__ = (Index("ix_record_tags_fleet_tag", "fleet_id", "tag", "record_seq"),)
+    __table_args__ = (Index("ix_record_tags_fleet_tag", "fleet_id", "tag", "record_id"),)
 
 
 class LinkRow(Base):
@@ -126,16 +133,20 @@ class DomainRow(Base):
     updated_ts: Mapped[float] = mapped_column(Float, default=0.0)
 
     def to_entity(self) -> Domain:
-        return Domain(
-            name=self.name,
-            display_name=self.display_name,
-            description=self.description,
-            keywords=tuple(json.loads(self.keywords_json)),
-            usage_score=self.usage_score,
-            usage_ts=self.usage_ts,
-            record_count=self.record_count,
-            updated_ts=self.updated_ts,
-        )
+        return row_to_domain(vars(self))
+
+
+def row_to_domain(row: Mapping[str, Any]) -> Domain:
+    return Domain(
+        name=row["name"],
+        display_name=row["display_name"],
+        description=row["description"],
+        keywords=tuple(json.loads(row["keywords_json"])),
+        usage_score=row["usage_score"],
+        usage_ts=row["usage_ts"],
+        record_count=row["record_count"],
+        updated_ts=row["updated_ts"],
+    )
 
 
 class WriteRequestRow(Base):

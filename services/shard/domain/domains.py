@@ -10,6 +10,7 @@ fleet's busiest domain (0..1).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -88,15 +89,20 @@ def with_importance(domains: Sequence[Domain], now: float) -> list[Domain]:
     ]
 
 
+@functools.lru_cache(maxsize=1024)
+def _keyword_pattern(keywords: tuple[str, ...]) -> tuple[re.Pattern[str] | None, tuple[str, ...]]:
+    words = [re.escape(k) for k in keywords if k.isalnum()]
+    symbols = tuple(k for k in keywords if not k.isalnum())
+    pattern = re.compile(r"\b(?:" + "|".join(words) + r")\w*") if words else None
+    return pattern, symbols
+
+
 def keyword_matches(content: str, keywords: Sequence[str]) -> int:
+    """Occurrences of the keywords as word prefixes ("lesson" matches "lessons")."""
     text = content.lower()
-    count = 0
-    for keyword in keywords:
-        if keyword.isalnum():
-            count += len(re.findall(rf"\b{re.escape(keyword)}\w*", text))
-        else:
-            count += text.count(keyword)
-    return count
+    pattern, symbols = _keyword_pattern(tuple(keywords))
+    count = len(pattern.findall(text)) if pattern else 0
+    return count + sum(text.count(symbol) for symbol in symbols)
 
 
 def route(content: str, domains: Sequence[Domain]) -> str:

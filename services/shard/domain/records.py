@@ -70,13 +70,14 @@ def record_id(fleet_id: str, run_id: str, agent_id: str, content_sha: str) -> st
     return hashlib.sha256(material.encode("utf-8")).hexdigest()[:ID_HEX_LEN]
 
 
-def canonical_fields(record: Record) -> bytes:
+def canonical_fields(record: Record, content_sha: str) -> bytes:
+    """Every immutable field except the text itself, which enters through its hash."""
     body = {
         "id": record.id,
         "fleet_id": record.fleet_id,
         "run_id": record.run_id,
         "agent_id": record.agent_id,
-        "content_hash": content_hash(record.content),
+        "content_hash": content_sha,
         "domain": record.domain,
         "source": record.source,
         "importance": repr(float(record.importance)),
@@ -90,9 +91,9 @@ def canonical_fields(record: Record) -> bytes:
 
 
 def seal(record: Record) -> Record:
-    """Fill in both hashes from the record's fields."""
-    unsealed = replace(record, content_hash=content_hash(record.content), record_hash="")
-    return replace(unsealed, record_hash=hashlib.sha256(canonical_fields(unsealed)).hexdigest())
+    """Fill in ``record_hash``; ``content_hash`` must already be the hash of the content."""
+    digest = hashlib.sha256(canonical_fields(record, record.content_hash)).hexdigest()
+    return replace(record, record_hash=digest)
 
 
 def verify(record: Record) -> None:
@@ -106,7 +107,7 @@ def verify(record: Record) -> None:
             metadata={"record_id": record.id, "expected": record.content_hash,
                       "actual": actual_content},
         )
-    actual_record = hashlib.sha256(canonical_fields(replace(record, record_hash=""))).hexdigest()
+    actual_record = hashlib.sha256(canonical_fields(record, actual_content)).hexdigest()
     if actual_record != record.record_hash:
         raise IntegrityError(
             f"record {record.id}: a stored field was altered (record_hash mismatch)",

@@ -106,17 +106,15 @@ def upgrade() -> None:
 
     op.create_table(
         "record_tags",
-        sa.Column(
-            "record_seq", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-        ),
+        sa.Column("record_id", sa.String(length=32), nullable=False),
         sa.Column("tag", sa.String(length=64), nullable=False),
         sa.Column("fleet_id", sa.String(length=128), nullable=False),
-        sa.ForeignKeyConstraint(["record_seq"], ["records.seq"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("record_seq", "tag"),
+        sa.ForeignKeyConstraint(["record_id"], ["records.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("record_id", "tag"),
     )
     with op.batch_alter_table("record_tags", schema=None) as batch_op:
         batch_op.create_index(
-            "ix_record_tags_fleet_tag", ["fleet_id", "tag", "record_seq"], unique=False
+            "ix_record_tags_fleet_tag", ["fleet_id", "tag", "record_id"], unique=False
         )
 
     _create_full_text()
