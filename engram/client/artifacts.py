@@ -1,0 +1,251 @@
+# mypy: disable-error-code="no-any-return"
+# (the generated gRPC stubs are untyped; every reply is the proto type named in the signature)
+"""Python SDK for the artifacts service: runs, streamed artifacts, events, snapshots, evidence.
+
+    with ArtifactsClient(settings.artifacts_addr, settings.resolve_token()) as artifacts:
+        run = artifacts.start_run().run
+        art = artifacts.upload_file(Path("report.pdf"), run_id=run.run_id, step_id="s1")
+        artifacts.download(art.artifact_id, Path("copy.pdf"))  # hash-checked, atomic
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
+from engram.client._channel import BaseClient
+from engram.client._errors import EngramRpcError
+
+CHUNK_SIZE = 1 << 20
+STOP_STATUSES = {
+    "succeeded": pb.RUN_STATUS_SUCCEEDED,
+    "failed": pb.RUN_STATUS_FAILED,
+    "cancelled": pb.RUN_STATUS_CANCELLED,
+}
+POINTER_TYPES = {
+    "artifact": pb.POINTER_TYPE_ARTIFACT,
+    "evidence": pb.POINTER_TYPE_EVIDENCE,
+    "manifest": pb.POINTER_TYPE_MANIFEST,
+}
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def file_chunks(path: Path, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_size):
+            yield chunk
+
+
+class ArtifactsClient(BaseClient):
+    """``ArtifactsClient(target, token)``; every method raises ``EngramRpcError`` on failure.
+
+    Streaming calls (uploads, downloads, replay) run without a deadline unless
+    ``stream_timeout`` is set: a 1 GB artifact takes longer than a unary call.
+    """
+
+    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
+                 timeout: float = 30.0, stream_timeout: float | None = None) -> None:
+        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
+        self.stub = pb_grpc.ArtifactsServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stream_timeout = stream_timeout
+
+    # -- runs ---------------------------------------------------------------
+
+    def start_run(self, run_id: str = "", metadata: Any = None) -> pb.StartRunResponse:
+        request = pb.StartRunRequest(run_id=run_id,
+                                     metadata_json=_json(metadata) if metadata else "")
+        return self.call(self.stub.StartRun, request)
+
+    def get_run(self, run_id: str) -> pb.Run:
+        return self.call(self.stub.GetRun, pb.GetRunRequest(run_id=run_id)).run
+
+    def list_runs(self, page_size: int = 0) -> Iterator[pb.Run]:
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListRuns,
+                              pb.ListRunsRequest(page_size=page_size, page_token=token))
+            yield from reply.runs
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def stop_run(self, run_id: str, status: str = "succeeded", reason: str = "") -> pb.Run:
+        request = pb.StopRunRequest(run_id=run_id, status=STOP_STATUSES[status], reason=reason)
+        return self.call(self.stub.StopRun, request).run
+
+    # -- artifacts ----------------------------------------------------------
+
+    def upload(self, chunks: Iterable[bytes], *, run_id: str, step_id: str, name: str,
+               mime_type: str = "", metadata: Any = None, size_bytes: int | None = None,
+               sha256: str = "") -> pb.Artifact:
+        header = pb.ArtifactHeader(run_id=run_id, step_id=step_id, name=name,
+                                   mime_type=mime_type,
+                                   metadata_json=_json(metadata) if metadata else "",
+                                   expected_hash=sha256)
+        if size_bytes is not None:
+            header.expected_size_bytes = size_bytes
+
+        def requests() -> Iterator[pb.CreateArtifactRequest]:
+            yield pb.CreateArtifactRequest(header=header)
+            for chunk in chunks:
+                yield pb.CreateArtifactRequest(chunk=chunk)
+
+        try:
+            reply = self.stub.CreateArtifact(requests(), metadata=self.metadata,
+                                             timeout=self.stream_timeout)
+        except grpc.RpcError as error:
+            raise EngramRpcError.from_rpc_error(error) from None
+        return reply.artifact
+
+    def upload_file(self, path: Path, *, run_id: str, step_id: str, name: str = "",
+                    mime_type: str = "", metadata: Any = None,
+                    chunk_size: int = CHUNK_SIZE) -> pb.Artifact:
+        """Streams a file; its size travels with it so a cut-off upload is refused."""
+        return self.upload(file_chunks(path, chunk_size), run_id=run_id, step_id=step_id,
+                           name=name or path.name, mime_type=mime_type, metadata=metadata,
+                           size_bytes=path.stat().st_size)
+
+    def get_artifact(self, artifact_id: str) -> pb.Artifact:
+        return self.call(self.stub.GetArtifact,
+                         pb.GetArtifactRequest(artifact_id=artifact_id)).artifact
+
+    def read(self, artifact_id: str, chunk_size: int = 0) -> tuple[pb.Artifact, Iterator[bytes]]:
+        """The artifact's metadata and its bytes; the stream raises DATA_LOSS on a bad hash."""
+        request = pb.ReadArtifactRequest(artifact_id=artifact_id, chunk_size=chunk_size)
+        replies = self._stream(self.stub.ReadArtifact, request)
+        first = next(replies)
+        return first.artifact, (reply.chunk for reply in replies)
+
+    def download(self, artifact_id: str, destination: Path,
+                 chunk_size: int = 0) -> pb.Artifact:
+        """Writes to a temporary file and renames it only after the service vouched for the hash."""
+        artifact, chunks = self.read(artifact_id, chunk_size)
+        partial = destination.with_name(f".{destination.name}.{os.getpid()}.part")
+        try:
+            with partial.open("wb") as handle:
+                for chunk in chunks:
+                    handle.write(chunk)
+            os.replace(partial, destination)
+        finally:
+            partial.unlink(missing_ok=True)
+        return artifact
+
+    def list_artifacts(self, run_id: str, step_id: str = "",
+                       page_size: int = 0) -> Iterator[pb.Artifact]:
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListArtifacts, pb.ListArtifactsRequest(
+                run_id=run_id, step_id=step_id, page_size=page_size, page_token=token))
+            yield from reply.artifacts
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def verify(self, run_id: str = "") -> pb.VerifyArtifactsResponse:
+        return self._unary_long(self.stub.VerifyArtifacts,
+                                pb.VerifyArtifactsRequest(run_id=run_id))
+
+    # -- events and snapshots -----------------------------------------------
+
+    def append_event(self, run_id: str, type: str, payload: Any = None, *,
+                     manifest_id: str = "", artifact_ids: Sequence[str] = (),
+                     request_id: str = "") -> pb.AppendEventResponse:
+        request = pb.AppendEventRequest(run_id=run_id, type=type,
+                                        payload_json=_json(payload) if payload is not None
+                                        else "", manifest_id=manifest_id,
+                                        artifact_ids=list(artifact_ids), request_id=request_id)
+        return self.call(self.stub.AppendEvent, request)
+
+    def list_events(self, run_id: str, after_seq: int = 0,
+                    page_size: int = 0) -> Iterator[pb.Event]:
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListEvents, pb.ListEventsRequest(
+                run_id=run_id, after_seq=after_seq, page_size=page_size, page_token=token))
+            yield from reply.events
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def replay(self, run_id: str) -> Iterator[pb.Event]:
+        for reply in self._stream(self.stub.ReplayEvents, pb.ReplayEventsRequest(run_id=run_id)):
+            yield reply.event
+
+    def create_snapshot(self, run_id: str, state: Any, *, seq: int = 0, manifest_id: str = "",
+                        artifact_ids: Sequence[str] = ()) -> pb.Snapshot:
+        request = pb.CreateSnapshotRequest(run_id=run_id, state_json=_json(state), seq=seq,
+                                           manifest_id=manifest_id,
+                                           artifact_ids=list(artifact_ids))
+        return self.call(self.stub.CreateSnapshot, request).snapshot
+
+    def latest_snapshot(self, run_id: str) -> pb.Snapshot:
+        return self.call(self.stub.GetLatestSnapshot,
+                         pb.GetLatestSnapshotRequest(run_id=run_id)).snapshot
+
+    def list_snapshots(self, run_id: str, page_size: int = 0) -> Iterator[pb.Snapshot]:
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListSnapshots, pb.ListSnapshotsRequest(
+                run_id=run_id, page_size=page_size, page_token=token))
+            yield from reply.snapshots
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def rehydrate(self, run_id: str, max_events: int = 0) -> pb.RehydrateResponse:
+        return self.call(self.stub.Rehydrate,
+                         pb.RehydrateRequest(run_id=run_id, max_events=max_events))
+
+    # -- evidence, manifests, pointers --------------------------------------
+
+    def create_evidence(self, corpus_id: str, index_id: str, chunk_id: str, start: int,
+                        end: int, *, artifact_id: str = "",
+                        metadata: Any = None) -> pb.CreateEvidenceResponse:
+        request = pb.CreateEvidenceRequest(
+            corpus_id=corpus_id, index_id=index_id, chunk_id=chunk_id,
+            span=pb.Span(start=start, end=end), artifact_id=artifact_id,
+            metadata_json=_json(metadata) if metadata else "")
+        return self.call(self.stub.CreateEvidence, request)
+
+    def get_evidence(self, evidence_id: str) -> pb.Evidence:
+        return self.call(self.stub.GetEvidence,
+                         pb.GetEvidenceRequest(evidence_id=evidence_id)).evidence
+
+    def create_manifest(self, content: Any, run_id: str = "") -> pb.CreateManifestResponse:
+        return self.call(self.stub.CreateManifest,
+                         pb.CreateManifestRequest(content_json=_json(content), run_id=run_id))
+
+    def get_manifest(self, manifest_id: str) -> pb.Manifest:
+        return self.call(self.stub.GetManifest,
+                         pb.GetManifestRequest(manifest_id=manifest_id)).manifest
+
+    def resolve(self, run_id: str, pointer_type: str, pointer_id: str,
+                critical: bool = True) -> pb.ResolvePointerResponse:
+        request = pb.ResolvePointerRequest(
+            run_id=run_id, critical=critical,
+            pointer=pb.Pointer(type=POINTER_TYPES[pointer_type], id=pointer_id))
+        return self.call(self.stub.ResolvePointer, request)
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _stream(self, method: Any, request: Any) -> Iterator[Any]:
+        try:
+            yield from method(request, metadata=self.metadata, timeout=self.stream_timeout)
+        except grpc.RpcError as error:
+            raise EngramRpcError.from_rpc_error(error) from None
+
+    def _unary_long(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, metadata=self.metadata, timeout=self.stream_timeout)
+        except grpc.RpcError as error:
+            raise EngramRpcError.from_rpc_error(error) from None

@@ -1,0 +1,1 @@
+"""Artifacts domain: entities, validation, hash chain and stop semantics (no grpc, no SQL)."""

@@ -1,0 +1,132 @@
+"""What the artifacts service stores: plain frozen dataclasses.
+
+Times are microseconds since the Unix epoch (UTC). JSON fields hold canonical
+JSON text (sorted keys, no spaces) so hashes over them are reproducible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RunStatus(Enum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    SYSTEM_ERROR = "SYSTEM_ERROR"
+
+    @property
+    def is_final(self) -> bool:
+        return self is not RunStatus.RUNNING
+
+
+class PointerType(Enum):
+    ARTIFACT = "artifact"
+    EVIDENCE = "evidence"
+    MANIFEST = "manifest"
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    fleet_id: str
+    agent_id: str
+    status: RunStatus
+    stop_reason: str
+    created_us: int
+    stopped_us: int
+    event_count: int
+    head_hash: str
+    latest_snapshot_id: str
+    metadata_json: str
+
+
+@dataclass(frozen=True)
+class Artifact:
+    artifact_id: str
+    run_id: str
+    step_id: str
+    path: str
+    hash: str
+    mime_type: str
+    size_bytes: int
+    created_us: int
+    metadata_json: str
+
+
+@dataclass(frozen=True)
+class Event:
+    run_id: str
+    seq: int
+    type: str
+    payload_json: str
+    manifest_id: str
+    artifact_ids: tuple[str, ...]
+    created_us: int
+    agent_id: str
+    prev_hash: str
+    hash: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    snapshot_id: str
+    run_id: str
+    seq: int
+    state_json: str
+    state_hash: str
+    manifest_id: str
+    artifact_ids: tuple[str, ...]
+    created_us: int
+
+
+@dataclass(frozen=True)
+class Evidence:
+    fleet_id: str
+    evidence_id: str
+    corpus_id: str
+    index_id: str
+    chunk_id: str
+    span_start: int
+    span_end: int
+    artifact_id: str
+    metadata_json: str
+    created_us: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    fleet_id: str
+    manifest_id: str
+    run_id: str
+    content_json: str
+    content_hash: str
+    created_us: int
+
+
+@dataclass(frozen=True)
+class Pointer:
+    type: PointerType
+    id: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Where a pointer led: path and hash when known, empty otherwise."""
+
+    resolved: bool
+    path: str = ""
+    hash: str = ""
+
+
+@dataclass(frozen=True)
+class ArtifactProblem:
+    artifact_id: str
+    path: str
+    problem: str
+    expected_hash: str
+    actual_hash: str
+    expected_size_bytes: int
+    actual_size_bytes: int

@@ -1,0 +1,1 @@
+"""Alembic migrations of the artifacts store, shipped with the package."""

@@ -1,0 +1,46 @@
+"""Assemble the artifacts server: database + migrations, blob store, servicer, runtime."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from services.artifacts.memory import ExternalMemory
+from services.artifacts.repository import ArtifactsRepository
+from services.artifacts.servicer import POLICY, SERVICE_NAME, ArtifactsServicer, add_to_server
+from services.artifacts.settings import ArtifactsSettings
+from services.common.blobstore import BlobStore, blob_store_from_url
+from services.common.db import Database
+from services.common.server import EngramServer, ServiceSpec, build_server
+
+log = logging.getLogger("engram.artifacts")
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def build_artifacts_server(
+    settings: ArtifactsSettings, *, database: Database | None = None,
+    blobs: BlobStore | None = None,
+) -> tuple[EngramServer, ExternalMemory]:
+    database = database or Database(settings.database_url())
+    if settings.migrate:
+        database.upgrade(MIGRATIONS)
+    blobs = blobs or blob_store_from_url(settings.blob_store_url(),
+                                         **settings.blob_store_options())
+    memory = ExternalMemory(ArtifactsRepository(database), blobs,
+                            retry_delay_s=settings.resolve_retry_delay_seconds)
+    log.info("artifacts store ready", extra={"blob_store": blobs.url,
+                                             "database": database.dialect})
+    servicer = ArtifactsServicer(memory)
+
+    def stop() -> None:
+        blobs.close()
+        database.dispose()
+
+    spec = ServiceSpec(
+        name="artifacts",
+        full_names=[SERVICE_NAME],
+        register=lambda server: add_to_server(servicer, server),
+        policy=POLICY,
+        on_stop=stop,
+    )
+    return build_server(settings, spec), memory

@@ -1,0 +1,357 @@
+"""gRPC edge of the artifacts service: protos in, ExternalMemory calls, protos out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
+from services.artifacts.domain.entities import (
+    Artifact,
+    ArtifactProblem,
+    Event,
+    Evidence,
+    Manifest,
+    Pointer,
+    PointerType,
+    Run,
+    RunStatus,
+    Snapshot,
+)
+from services.artifacts.memory import ArtifactUpload, ExternalMemory
+from services.common.auth import MethodPolicy, current_principal
+from services.common.errors import InvalidArgument
+from services.common.pagination import decode_token, encode_token, page_size
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
+_USERS = frozenset({"agent", "admin", "service"})
+_READERS = frozenset({"agent", "admin", "service", "governor"})
+MAX_CHUNK_SIZE = 4 * 1024 * 1024
+
+
+def _m(name: str) -> str:
+    return f"/{SERVICE_NAME}/{name}"
+
+
+POLICY: MethodPolicy = {
+    **{_m(name): _USERS for name in (
+        "StartRun", "StopRun", "CreateArtifact", "AppendEvent", "CreateSnapshot",
+        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate")},
+    **{_m(name): _READERS for name in (
+        "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
+        "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
+        "ListEvidence", "GetManifest", "ListManifests")},
+}
+assert set(POLICY) == {
+    _m(m.name) for m in pb.DESCRIPTOR.services_by_name["ArtifactsService"].methods
+}
+
+_STATUS_TO_PB = {
+    RunStatus.RUNNING: pb.RUN_STATUS_RUNNING,
+    RunStatus.SUCCEEDED: pb.RUN_STATUS_SUCCEEDED,
+    RunStatus.FAILED: pb.RUN_STATUS_FAILED,
+    RunStatus.CANCELLED: pb.RUN_STATUS_CANCELLED,
+    RunStatus.SYSTEM_ERROR: pb.RUN_STATUS_SYSTEM_ERROR,
+}
+_STATUS_FROM_PB = {v: k for k, v in _STATUS_TO_PB.items()}
+_POINTER_FROM_PB = {
+    pb.POINTER_TYPE_ARTIFACT: PointerType.ARTIFACT,
+    pb.POINTER_TYPE_EVIDENCE: PointerType.EVIDENCE,
+    pb.POINTER_TYPE_MANIFEST: PointerType.MANIFEST,
+}
+
+
+def _ts(micros: int) -> Timestamp | None:
+    if not micros:
+        return None
+    stamp = Timestamp()
+    stamp.FromMicroseconds(micros)
+    return stamp
+
+
+def run_to_proto(run: Run) -> pb.Run:
+    return pb.Run(run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id,
+                  status=_STATUS_TO_PB[run.status], stop_reason=run.stop_reason,
+                  create_time=_ts(run.created_us), stop_time=_ts(run.stopped_us),
+                  event_count=run.event_count, head_hash=run.head_hash,
+                  latest_snapshot_id=run.latest_snapshot_id, metadata_json=run.metadata_json)
+
+
+def artifact_to_proto(artifact: Artifact) -> pb.Artifact:
+    return pb.Artifact(artifact_id=artifact.artifact_id, run_id=artifact.run_id,
+                       step_id=artifact.step_id, path=artifact.path, hash=artifact.hash,
+                       mime_type=artifact.mime_type, size_bytes=artifact.size_bytes,
+                       create_time=_ts(artifact.created_us), metadata_json=artifact.metadata_json)
+
+
+def event_to_proto(event: Event) -> pb.Event:
+    return pb.Event(run_id=event.run_id, seq=event.seq, type=event.type,
+                    payload_json=event.payload_json, manifest_id=event.manifest_id,
+                    artifact_ids=list(event.artifact_ids), create_time=_ts(event.created_us),
+                    prev_hash=event.prev_hash, hash=event.hash, agent_id=event.agent_id)
+
+
+def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
+    return pb.Snapshot(snapshot_id=snapshot.snapshot_id, run_id=snapshot.run_id,
+                       seq=snapshot.seq, state_json=snapshot.state_json,
+                       state_hash=snapshot.state_hash, manifest_id=snapshot.manifest_id,
+                       artifact_ids=list(snapshot.artifact_ids),
+                       create_time=_ts(snapshot.created_us))
+
+
+def evidence_to_proto(evidence: Evidence) -> pb.Evidence:
+    return pb.Evidence(evidence_id=evidence.evidence_id, corpus_id=evidence.corpus_id,
+                       index_id=evidence.index_id, chunk_id=evidence.chunk_id,
+                       span=pb.Span(start=evidence.span_start, end=evidence.span_end),
+                       artifact_id=evidence.artifact_id, metadata_json=evidence.metadata_json,
+                       create_time=_ts(evidence.created_us))
+
+
+def manifest_to_proto(manifest: Manifest) -> pb.Manifest:
+    return pb.Manifest(manifest_id=manifest.manifest_id, run_id=manifest.run_id,
+                       content_json=manifest.content_json, content_hash=manifest.content_hash,
+                       create_time=_ts(manifest.created_us))
+
+
+def problem_to_proto(problem: ArtifactProblem) -> pb.ArtifactProblem:
+    return pb.ArtifactProblem(**problem.__dict__)
+
+
+def _upload_chunks(requests: Iterator[pb.CreateArtifactRequest],
+                   context: grpc.ServicerContext) -> Iterator[bytes]:
+    """The bytes of an upload; a vanished client or a second header aborts it."""
+    try:
+        for request in requests:
+            if request.WhichOneof("part") != "chunk":
+                raise InvalidArgument("only the first message of an upload carries a header",
+                                      reason="UPLOAD_MALFORMED")
+            yield request.chunk
+    except grpc.RpcError:
+        raise InvalidArgument("the client cancelled the upload; nothing was stored",
+                              reason="UPLOAD_ABORTED") from None
+    if not context.is_active():
+        raise InvalidArgument("the client went away before the upload finished; nothing was "
+                              "stored", reason="UPLOAD_ABORTED")
+
+
+class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
+    def __init__(self, memory: ExternalMemory) -> None:
+        self.memory = memory
+
+    # -- runs ---------------------------------------------------------------
+
+    def StartRun(self, request: pb.StartRunRequest,
+                 context: grpc.ServicerContext) -> pb.StartRunResponse:
+        caller = current_principal()
+        run, created = self.memory.start_run(caller.fleet_id, caller.agent_id, request.run_id,
+                                             request.metadata_json)
+        return pb.StartRunResponse(run=run_to_proto(run), created=created)
+
+    def GetRun(self, request: pb.GetRunRequest,
+               context: grpc.ServicerContext) -> pb.GetRunResponse:
+        run = self.memory.repository.get_run(current_principal().fleet_id, request.run_id)
+        return pb.GetRunResponse(run=run_to_proto(run))
+
+    def ListRuns(self, request: pb.ListRunsRequest,
+                 context: grpc.ServicerContext) -> pb.ListRunsResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet}
+        limit = page_size(request.page_size)
+        runs = self.memory.repository.list_runs(
+            fleet, decode_token(request.page_token, filters), limit)
+        token = (encode_token([runs[-1].created_us, runs[-1].run_id], filters)
+                 if len(runs) == limit else "")
+        return pb.ListRunsResponse(runs=[run_to_proto(r) for r in runs], next_page_token=token)
+
+    def StopRun(self, request: pb.StopRunRequest,
+                context: grpc.ServicerContext) -> pb.StopRunResponse:
+        caller = current_principal()
+        status = _STATUS_FROM_PB.get(request.status)
+        if status is None:
+            raise InvalidArgument("status must be SUCCEEDED, FAILED or CANCELLED")
+        run = self.memory.stop_run(caller.fleet_id, caller.agent_id, request.run_id, status,
+                                   request.reason)
+        return pb.StopRunResponse(run=run_to_proto(run))
+
+    # -- artifacts ----------------------------------------------------------
+
+    def CreateArtifact(self, request_iterator: Iterator[pb.CreateArtifactRequest],
+                       context: grpc.ServicerContext) -> pb.CreateArtifactResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("part") != "header":
+            raise InvalidArgument("an upload starts with a header message",
+                                  reason="UPLOAD_MALFORMED")
+        header = first.header
+        upload = ArtifactUpload(
+            run_id=header.run_id, step_id=header.step_id, name=header.name,
+            mime_type=header.mime_type, metadata_json=header.metadata_json,
+            expected_size_bytes=(header.expected_size_bytes
+                                 if header.HasField("expected_size_bytes") else None),
+            expected_hash=header.expected_hash)
+        artifact = self.memory.upload(current_principal().fleet_id, upload,
+                                      _upload_chunks(request_iterator, context))
+        return pb.CreateArtifactResponse(artifact=artifact_to_proto(artifact))
+
+    def GetArtifact(self, request: pb.GetArtifactRequest,
+                    context: grpc.ServicerContext) -> pb.GetArtifactResponse:
+        artifact = self.memory.get_artifact(current_principal().fleet_id, request.artifact_id)
+        return pb.GetArtifactResponse(artifact=artifact_to_proto(artifact))
+
+    def ReadArtifact(self, request: pb.ReadArtifactRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.ReadArtifactResponse]:
+        if request.chunk_size < 0 or request.chunk_size > MAX_CHUNK_SIZE:
+            raise InvalidArgument(f"chunk_size must be 0..{MAX_CHUNK_SIZE}")
+        artifact, chunks = self.memory.read(current_principal().fleet_id, request.artifact_id,
+                                            request.chunk_size or 1 << 20)
+        yield pb.ReadArtifactResponse(artifact=artifact_to_proto(artifact))
+        for chunk in chunks:
+            yield pb.ReadArtifactResponse(chunk=chunk)
+
+    def ListArtifacts(self, request: pb.ListArtifactsRequest,
+                      context: grpc.ServicerContext) -> pb.ListArtifactsResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet, "run": request.run_id, "step": request.step_id}
+        limit = page_size(request.page_size)
+        found = self.memory.repository.list_artifacts(
+            fleet, request.run_id, request.step_id, decode_token(request.page_token, filters),
+            limit)
+        token = (encode_token([found[-1].created_us, found[-1].artifact_id], filters)
+                 if len(found) == limit else "")
+        return pb.ListArtifactsResponse(artifacts=[artifact_to_proto(a) for a in found],
+                                        next_page_token=token)
+
+    def VerifyArtifacts(self, request: pb.VerifyArtifactsRequest,
+                        context: grpc.ServicerContext) -> pb.VerifyArtifactsResponse:
+        checked, problems = self.memory.verify(current_principal().fleet_id, request.run_id)
+        return pb.VerifyArtifactsResponse(checked=checked,
+                                          problems=[problem_to_proto(p) for p in problems])
+
+    # -- events and snapshots -----------------------------------------------
+
+    def AppendEvent(self, request: pb.AppendEventRequest,
+                    context: grpc.ServicerContext) -> pb.AppendEventResponse:
+        caller = current_principal()
+        event, created = self.memory.append_event(
+            caller.fleet_id, caller.agent_id, request.run_id, request.type,
+            request.payload_json, request.manifest_id, tuple(request.artifact_ids),
+            request.request_id)
+        return pb.AppendEventResponse(event=event_to_proto(event), created=created)
+
+    def ListEvents(self, request: pb.ListEventsRequest,
+                   context: grpc.ServicerContext) -> pb.ListEventsResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet, "run": request.run_id, "after": request.after_seq}
+        limit = page_size(request.page_size)
+        key = decode_token(request.page_token, filters)
+        after = int(str(key[0])) if key else request.after_seq
+        events = self.memory.list_events(fleet, request.run_id, after, limit)
+        token = encode_token([events[-1].seq], filters) if len(events) == limit else ""
+        return pb.ListEventsResponse(events=[event_to_proto(e) for e in events],
+                                     next_page_token=token)
+
+    def ReplayEvents(self, request: pb.ReplayEventsRequest,
+                     context: grpc.ServicerContext) -> Iterator[pb.ReplayEventsResponse]:
+        for event in self.memory.replay(current_principal().fleet_id, request.run_id):
+            yield pb.ReplayEventsResponse(event=event_to_proto(event))
+
+    def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
+                       context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
+        snapshot = self.memory.create_snapshot(
+            current_principal().fleet_id, request.run_id, request.state_json, request.seq,
+            request.manifest_id, tuple(request.artifact_ids))
+        return pb.CreateSnapshotResponse(snapshot=snapshot_to_proto(snapshot))
+
+    def GetLatestSnapshot(self, request: pb.GetLatestSnapshotRequest,
+                          context: grpc.ServicerContext) -> pb.GetLatestSnapshotResponse:
+        snapshot = self.memory.latest_snapshot(current_principal().fleet_id, request.run_id)
+        return pb.GetLatestSnapshotResponse(snapshot=snapshot_to_proto(snapshot))
+
+    def ListSnapshots(self, request: pb.ListSnapshotsRequest,
+                      context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet, "run": request.run_id}
+        limit = page_size(request.page_size)
+        found = self.memory.repository.list_snapshots(
+            fleet, request.run_id, decode_token(request.page_token, filters), limit)
+        token = (encode_token([found[-1].created_us, found[-1].snapshot_id], filters)
+                 if len(found) == limit else "")
+        return pb.ListSnapshotsResponse(snapshots=[snapshot_to_proto(s) for s in found],
+                                        next_page_token=token)
+
+    def Rehydrate(self, request: pb.RehydrateRequest,
+                  context: grpc.ServicerContext) -> pb.RehydrateResponse:
+        caller = current_principal()
+        view = self.memory.rehydrate(caller.fleet_id, caller.agent_id, request.run_id,
+                                     request.max_events)
+        return pb.RehydrateResponse(
+            run=run_to_proto(view.run),
+            snapshot=None if view.snapshot is None else snapshot_to_proto(view.snapshot),
+            events=[event_to_proto(e) for e in view.events], truncated=view.truncated,
+            manifest=None if view.manifest is None else manifest_to_proto(view.manifest))
+
+    # -- evidence and manifests ---------------------------------------------
+
+    def CreateEvidence(self, request: pb.CreateEvidenceRequest,
+                       context: grpc.ServicerContext) -> pb.CreateEvidenceResponse:
+        evidence, created = self.memory.create_evidence(
+            current_principal().fleet_id, request.corpus_id, request.index_id, request.chunk_id,
+            request.span.start, request.span.end, request.artifact_id, request.metadata_json)
+        return pb.CreateEvidenceResponse(evidence=evidence_to_proto(evidence), created=created)
+
+    def GetEvidence(self, request: pb.GetEvidenceRequest,
+                    context: grpc.ServicerContext) -> pb.GetEvidenceResponse:
+        evidence = self.memory.get_evidence(current_principal().fleet_id, request.evidence_id)
+        return pb.GetEvidenceResponse(evidence=evidence_to_proto(evidence))
+
+    def ListEvidence(self, request: pb.ListEvidenceRequest,
+                     context: grpc.ServicerContext) -> pb.ListEvidenceResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet, "corpus": request.corpus_id, "index": request.index_id}
+        limit = page_size(request.page_size)
+        found = self.memory.repository.list_evidence(
+            fleet, request.corpus_id, request.index_id,
+            decode_token(request.page_token, filters), limit)
+        token = encode_token([found[-1].evidence_id], filters) if len(found) == limit else ""
+        return pb.ListEvidenceResponse(evidence=[evidence_to_proto(e) for e in found],
+                                       next_page_token=token)
+
+    def CreateManifest(self, request: pb.CreateManifestRequest,
+                       context: grpc.ServicerContext) -> pb.CreateManifestResponse:
+        manifest, created = self.memory.create_manifest(
+            current_principal().fleet_id, request.content_json, request.run_id)
+        return pb.CreateManifestResponse(manifest=manifest_to_proto(manifest), created=created)
+
+    def GetManifest(self, request: pb.GetManifestRequest,
+                    context: grpc.ServicerContext) -> pb.GetManifestResponse:
+        manifest = self.memory.get_manifest(current_principal().fleet_id, request.manifest_id)
+        return pb.GetManifestResponse(manifest=manifest_to_proto(manifest))
+
+    def ListManifests(self, request: pb.ListManifestsRequest,
+                      context: grpc.ServicerContext) -> pb.ListManifestsResponse:
+        fleet = current_principal().fleet_id
+        filters = {"fleet": fleet, "run": request.run_id}
+        limit = page_size(request.page_size)
+        found = self.memory.repository.list_manifests(
+            fleet, request.run_id, decode_token(request.page_token, filters), limit)
+        token = encode_token([found[-1].manifest_id], filters) if len(found) == limit else ""
+        return pb.ListManifestsResponse(manifests=[manifest_to_proto(m) for m in found],
+                                        next_page_token=token)
+
+    def ResolvePointer(self, request: pb.ResolvePointerRequest,
+                       context: grpc.ServicerContext) -> pb.ResolvePointerResponse:
+        caller = current_principal()
+        kind = _POINTER_FROM_PB.get(request.pointer.type)
+        if kind is None:
+            raise InvalidArgument("pointer.type must be ARTIFACT, EVIDENCE or MANIFEST")
+        outcome = self.memory.resolve(caller.fleet_id, caller.agent_id, request.run_id,
+                                      Pointer(kind, request.pointer.id), request.critical)
+        return pb.ResolvePointerResponse(
+            resolved=outcome.resolution.resolved, attempts=outcome.attempts,
+            path=outcome.resolution.path, hash=outcome.resolution.hash)
+
+
+def add_to_server(servicer: ArtifactsServicer, server: grpc.Server) -> None:
+    pb_grpc.add_ArtifactsServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]

@@ -1,0 +1,42 @@
+"""Artifacts settings (``ENGRAM_ARTIFACTS_*``): where its database and blobs live."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServerSettings
+
+
+class ArtifactsSettings(ServerSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_ARTIFACTS_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    port: int = 50053
+    db_url: str | None = None
+    """Default: sqlite under $ENGRAM_HOME/artifacts/artifacts.db."""
+    blob_url: str | None = None
+    """``file:///dir`` or ``s3://bucket/prefix``; default file://$ENGRAM_HOME/artifacts/blobs."""
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: str | None = None
+    s3_part_size_mb: int = 8
+    resolve_retry_delay_seconds: float = 0.05
+    """Pause before the one retry of a critical pointer (covers transient I/O)."""
+    migrate: bool = True
+
+    def database_url(self) -> str:
+        default = (self.data_dir("artifacts") / "artifacts.db").resolve()
+        return self.db_url or f"sqlite:///{default}"
+
+    def blob_store_url(self) -> str:
+        return self.blob_url or (self.data_dir("artifacts") / "blobs").resolve().as_uri()
+
+    def blob_store_options(self) -> dict[str, Any]:
+        return {"endpoint_url": self.s3_endpoint_url, "region_name": self.s3_region,
+                "access_key_id": self.s3_access_key_id,
+                "secret_access_key": self.s3_secret_access_key,
+                "part_size": self.s3_part_size_mb * 1024 * 1024}

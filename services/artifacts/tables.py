@@ -1,0 +1,183 @@
+"""SQLAlchemy tables of the artifacts store; rows convert to domain objects with ``to_entity``.
+
+``artifacts`` is the seed's single table (pointers only, indexes on
+``(run_id, step_id)`` and ``hash``); blobs live in the blob store.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, DateTime, Index, String, Text, UniqueConstraint
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.artifacts.domain.entities import (
+    Artifact,
+    Event,
+    Evidence,
+    Manifest,
+    Run,
+    RunStatus,
+    Snapshot,
+)
+from services.artifacts.domain.validation import canonical_json
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+def to_us(moment: datetime) -> int:
+    if moment.tzinfo is None:  # SQLite hands back naive datetimes; they were stored as UTC
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1_000_000)
+
+
+def from_us(micros: int) -> datetime:
+    return datetime.fromtimestamp(micros / 1_000_000, UTC)
+
+
+class RunRow(Base):
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16))
+    stop_reason: Mapped[str] = mapped_column(Text, default="")
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    stopped_us: Mapped[int] = mapped_column(BigInteger, default=0)
+    event_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    head_hash: Mapped[str] = mapped_column(String(64), default="")
+    latest_snapshot_id: Mapped[str] = mapped_column(String(64), default="")
+    metadata_json: Mapped[str] = mapped_column(Text, default="{}")
+
+    __table_args__ = (Index("ix_runs_fleet_created", "fleet_id", "created_us", "run_id"),)
+
+    def to_entity(self) -> Run:
+        return Run(run_id=self.run_id, fleet_id=self.fleet_id, agent_id=self.agent_id,
+                   status=RunStatus(self.status), stop_reason=self.stop_reason,
+                   created_us=self.created_us, stopped_us=self.stopped_us,
+                   event_count=self.event_count, head_hash=self.head_hash,
+                   latest_snapshot_id=self.latest_snapshot_id, metadata_json=self.metadata_json)
+
+
+class ArtifactRow(Base):
+    __tablename__ = "artifacts"
+
+    artifact_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128))
+    step_id: Mapped[str] = mapped_column(String(128))
+    path: Mapped[str] = mapped_column(String(1024), unique=True)
+    hash: Mapped[str] = mapped_column(String(64))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    metadata_: Mapped[Any] = mapped_column("metadata", JsonType)
+
+    __table_args__ = (
+        Index("ix_artifacts_run_step", "run_id", "step_id"),
+        Index("ix_artifacts_hash", "hash"),
+    )
+
+    def to_entity(self) -> Artifact:
+        return Artifact(artifact_id=self.artifact_id, run_id=self.run_id, step_id=self.step_id,
+                        path=self.path, hash=self.hash, mime_type=self.mime_type,
+                        size_bytes=self.size_bytes, created_us=to_us(self.created_at),
+                        metadata_json=canonical_json(self.metadata_))
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    type: Mapped[str] = mapped_column(String(128))
+    payload_json: Mapped[str] = mapped_column(Text)
+    manifest_id: Mapped[str] = mapped_column(String(64), default="")
+    artifact_ids_json: Mapped[str] = mapped_column(Text, default="[]")
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    agent_id: Mapped[str] = mapped_column(String(128))
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+    __table_args__ = (UniqueConstraint("run_id", "request_id", name="uq_events_run_request"),)
+
+    def to_entity(self) -> Event:
+        return Event(run_id=self.run_id, seq=self.seq, type=self.type,
+                     payload_json=self.payload_json, manifest_id=self.manifest_id,
+                     artifact_ids=tuple(json.loads(self.artifact_ids_json)),
+                     created_us=self.created_us, agent_id=self.agent_id,
+                     prev_hash=self.prev_hash, hash=self.hash)
+
+
+class SnapshotRow(Base):
+    __tablename__ = "snapshots"
+
+    snapshot_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    state_json: Mapped[str] = mapped_column(Text)
+    state_hash: Mapped[str] = mapped_column(String(64))
+    manifest_id: Mapped[str] = mapped_column(String(64), default="")
+    artifact_ids_json: Mapped[str] = mapped_column(Text, default="[]")
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_snapshots_run_created", "run_id", "created_us", "snapshot_id"),)
+
+    def to_entity(self) -> Snapshot:
+        return Snapshot(snapshot_id=self.snapshot_id, run_id=self.run_id, seq=self.seq,
+                        state_json=self.state_json, state_hash=self.state_hash,
+                        manifest_id=self.manifest_id,
+                        artifact_ids=tuple(json.loads(self.artifact_ids_json)),
+                        created_us=self.created_us)
+
+
+class EvidenceRow(Base):
+    __tablename__ = "evidence"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    evidence_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    corpus_id: Mapped[str] = mapped_column(String(128))
+    index_id: Mapped[str] = mapped_column(String(128))
+    chunk_id: Mapped[str] = mapped_column(String(128))
+    span_start: Mapped[int] = mapped_column(BigInteger)
+    span_end: Mapped[int] = mapped_column(BigInteger)
+    artifact_id: Mapped[str] = mapped_column(String(64), default="")
+    metadata_json: Mapped[str] = mapped_column(Text, default="{}")
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index("ix_evidence_namespace", "fleet_id", "corpus_id", "index_id", "evidence_id"),
+    )
+
+    def to_entity(self) -> Evidence:
+        return Evidence(fleet_id=self.fleet_id, evidence_id=self.evidence_id,
+                        corpus_id=self.corpus_id, index_id=self.index_id,
+                        chunk_id=self.chunk_id, span_start=self.span_start,
+                        span_end=self.span_end, artifact_id=self.artifact_id,
+                        metadata_json=self.metadata_json, created_us=self.created_us)
+
+
+class ManifestRow(Base):
+    __tablename__ = "manifests"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    manifest_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), default="")
+    content_json: Mapped[str] = mapped_column(Text)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_manifests_fleet_run", "fleet_id", "run_id", "manifest_id"),)
+
+    def to_entity(self) -> Manifest:
+        return Manifest(fleet_id=self.fleet_id, manifest_id=self.manifest_id,
+                        run_id=self.run_id, content_json=self.content_json,
+                        content_hash=self.content_hash, created_us=self.created_us)

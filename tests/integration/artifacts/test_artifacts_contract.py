@@ -1,0 +1,391 @@
+"""Seed 004 "How to verify" and the issue's faults, over real gRPC, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from sqlalchemy import inspect, select, text, update
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.client._errors import EngramRpcError
+from services.artifacts.tables import ArtifactRow, EventRow
+from tests.integration.artifacts.conftest import RunningArtifacts
+
+
+def _chunks(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
+    for start in range(0, len(data), size):
+        yield data[start : start + size]
+
+
+def _start(env: RunningArtifacts, run_id: str = "run-1") -> str:
+    return env.client.start_run(run_id).run.run_id
+
+
+def _no_blobs(env: RunningArtifacts) -> bool:
+    return list(env.memory.blobs.list()) == []
+
+
+def _artifact_rows(env: RunningArtifacts) -> int:
+    with env.memory.repository.db.session() as session:
+        return len(session.scalars(select(ArtifactRow)).all())
+
+
+# -- How to verify -----------------------------------------------------------
+
+def test_store_artifact_metadata_hash_matches_and_db_holds_no_blob(
+        artifacts_server: RunningArtifacts, tmp_path: Path) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    data = os.urandom(3 * 1024 * 1024 + 5)
+    source = tmp_path / "report.bin"
+    source.write_bytes(data)
+    stored = env.client.upload_file(source, run_id=run_id, step_id="step-1",
+                                    mime_type="application/pdf", metadata={"tool": "scraper"})
+    expected = hashlib.sha256(data).hexdigest()
+    assert stored.hash == expected
+    assert stored.size_bytes == len(data)
+    assert stored.path == f"runs/{run_id}/step-1/report.bin"
+    fetched = env.client.get_artifact(stored.artifact_id)
+    assert (fetched.hash, fetched.path, fetched.mime_type) == (expected, stored.path,
+                                                               "application/pdf")
+    assert json.loads(fetched.metadata_json) == {"tool": "scraper"}
+    copy = tmp_path / "copy.bin"
+    env.client.download(stored.artifact_id, copy)
+    assert copy.read_bytes() == data
+    with env.memory.repository.db.session() as session:
+        row = session.get(ArtifactRow, stored.artifact_id)
+        assert row is not None
+        widths = [len(str(getattr(row, c))) for c in ("artifact_id", "run_id", "step_id",
+                                                      "path", "hash", "mime_type", "metadata_")]
+        assert sum(widths) < 64 * 1024
+    assert (env.blob_root / stored.path).read_bytes() == data
+
+
+def test_schema_single_artifacts_table_with_seed_indexes(
+        artifacts_server: RunningArtifacts) -> None:
+    inspector = inspect(artifacts_server.memory.repository.db.engine)
+    columns = {c["name"] for c in inspector.get_columns("artifacts")}
+    assert columns == {"artifact_id", "run_id", "step_id", "path", "hash", "mime_type",
+                       "size_bytes", "created_at", "metadata"}
+    assert inspector.get_pk_constraint("artifacts")["constrained_columns"] == ["artifact_id"]
+    indexed = {tuple(i["column_names"]) for i in inspector.get_indexes("artifacts")}
+    assert ("run_id", "step_id") in indexed
+    assert ("hash",) in indexed
+    tables = [t for t in inspector.get_table_names() if not t.startswith("alembic_version")]
+    assert [t for t in tables if "artifact" in t] == ["artifacts"]
+
+
+def test_missing_critical_pointer_retries_once_then_stops_run_with_system_error(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    art = env.client.upload(iter([b"evidence slice"]), run_id=run_id, step_id="s",
+                            name="slice.txt")
+    (env.blob_root / art.path).unlink()
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.resolve(run_id, "artifact", art.artifact_id, critical=True)
+    error = caught.value
+    assert error.code == grpc.StatusCode.NOT_FOUND
+    assert error.reason == "CRITICAL_POINTER_UNRESOLVED"
+    assert error.metadata["attempts"] == "2"
+    assert error.metadata["run_status"] == "SYSTEM_ERROR"
+    run = env.client.get_run(run_id)
+    assert run.status == pb.RUN_STATUS_SYSTEM_ERROR
+    last = list(env.client.list_events(run_id))[-1]
+    assert last.type == "run.stopped"
+    payload = json.loads(last.payload_json)
+    assert payload["status"] == "SYSTEM_ERROR"
+    assert payload["pointer"] == {"type": "artifact", "id": art.artifact_id, "path": art.path,
+                                  "hash": art.hash}
+    with pytest.raises(EngramRpcError) as refused:
+        env.client.append_event(run_id, "tool.called", {"n": 1})
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_missing_non_critical_pointer_is_skipped_and_run_goes_on(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    reply = env.client.resolve(run_id, "manifest", "mf_missing", critical=False)
+    assert (reply.resolved, reply.attempts) == (False, 1)
+    assert env.client.get_run(run_id).status == pb.RUN_STATUS_RUNNING
+
+
+def test_missing_manifest_and_evidence_pointers_stop_the_run(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    for kind in ("manifest", "evidence"):
+        run_id = _start(env, f"run-{kind}")
+        with pytest.raises(EngramRpcError) as caught:
+            env.client.resolve(run_id, kind, f"{kind}-gone", critical=True)
+        assert caught.value.metadata["pointer_type"] == kind
+        assert env.client.get_run(run_id).status == pb.RUN_STATUS_SYSTEM_ERROR
+
+
+def test_manifest_inline_referenced_from_events_and_snapshots(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    content = {"window": ["doc-1#c3", "doc-2#c1"], "why": "top-2 by recall"}
+    created = env.client.create_manifest(content, run_id=run_id)
+    assert created.created
+    again = env.client.create_manifest(content, run_id=run_id)
+    assert (again.created, again.manifest.manifest_id) == (False, created.manifest.manifest_id)
+    manifest_id = created.manifest.manifest_id
+    assert json.loads(env.client.get_manifest(manifest_id).content_json) == content
+    event = env.client.append_event(run_id, "context.built", {"k": 1},
+                                    manifest_id=manifest_id).event
+    assert event.manifest_id == manifest_id
+    snapshot = env.client.create_snapshot(run_id, {"step": 1}, manifest_id=manifest_id)
+    assert snapshot.manifest_id == manifest_id
+    view = env.client.rehydrate(run_id)
+    assert view.manifest.manifest_id == manifest_id
+    assert json.loads(view.manifest.content_json) == content
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.append_event(run_id, "context.built", {}, manifest_id="mf_unknown")
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND
+
+
+# -- event log, snapshots, rehydrate ----------------------------------------
+
+def test_event_log_is_sequenced_hash_chained_and_replayable(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    events = [env.client.append_event(run_id, "step", {"i": i}).event for i in range(5)]
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert all(b.prev_hash == a.hash for a, b in zip(events, events[1:], strict=False))
+    assert [e.hash for e in env.client.replay(run_id)] == [e.hash for e in events]
+    retry = env.client.append_event(run_id, "step", {"i": 9}, request_id="req-1")
+    repeat = env.client.append_event(run_id, "step", {"i": 9}, request_id="req-1")
+    assert (retry.created, repeat.created) == (True, False)
+    assert repeat.event.seq == retry.event.seq == 6
+    page = list(env.client.list_events(run_id, after_seq=2, page_size=2))
+    assert [e.seq for e in page] == [3, 4, 5, 6]
+
+
+def test_tampered_event_breaks_replay_with_data_loss(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    for i in range(3):
+        env.client.append_event(run_id, "step", {"i": i})
+    with env.memory.repository.db.session() as session:
+        session.execute(update(EventRow).where(EventRow.run_id == run_id, EventRow.seq == 2)
+                        .values(payload_json='{"i":42}'))
+    with pytest.raises(EngramRpcError) as caught:
+        list(env.client.replay(run_id))
+    assert caught.value.code == grpc.StatusCode.DATA_LOSS
+    assert caught.value.reason == "EVENT_CHAIN_BROKEN"
+
+
+def test_rehydrate_is_latest_snapshot_plus_events_since(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    empty = env.client.rehydrate(run_id)
+    assert not empty.HasField("snapshot") and list(empty.events) == []
+    for i in range(4):
+        env.client.append_event(run_id, "step", {"i": i})
+    first = env.client.create_snapshot(run_id, {"upto": 4})
+    assert first.seq == 4
+    for i in range(4, 7):
+        env.client.append_event(run_id, "step", {"i": i})
+    second = env.client.create_snapshot(run_id, {"upto": 6}, seq=6)
+    env.client.append_event(run_id, "step", {"i": 7})
+    assert env.client.latest_snapshot(run_id).snapshot_id == second.snapshot_id
+    assert [s.snapshot_id for s in env.client.list_snapshots(run_id)] == [
+        first.snapshot_id, second.snapshot_id]
+    view = env.client.rehydrate(run_id)
+    assert view.snapshot.snapshot_id == second.snapshot_id
+    assert json.loads(view.snapshot.state_json) == {"upto": 6}
+    assert [e.seq for e in view.events] == [7, 8]
+    assert view.run.event_count == 8
+    with pytest.raises(EngramRpcError) as ahead:
+        env.client.create_snapshot(run_id, {}, seq=99)
+    assert ahead.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_rehydrate_stops_run_when_snapshot_artifact_is_gone(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    art = env.client.upload(iter([b"state blob"]), run_id=run_id, step_id="s", name="state")
+    env.client.create_snapshot(run_id, {"ref": art.artifact_id}, artifact_ids=[art.artifact_id])
+    (env.blob_root / art.path).unlink()
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.rehydrate(run_id)
+    assert caught.value.reason == "CRITICAL_POINTER_UNRESOLVED"
+    assert env.client.get_run(run_id).status == pb.RUN_STATUS_SYSTEM_ERROR
+
+
+# -- evidence ----------------------------------------------------------------
+
+def test_evidence_ids_are_deterministic_and_namespaced(
+        artifacts_server: RunningArtifacts) -> None:
+    client = artifacts_server.client
+    first = client.create_evidence("corpus-a", "idx-1", "chunk-7", 10, 42)
+    again = client.create_evidence("corpus-a", "idx-1", "chunk-7", 10, 42)
+    other = client.create_evidence("corpus-b", "idx-1", "chunk-7", 10, 42)
+    assert first.created and not again.created
+    assert first.evidence.evidence_id == again.evidence.evidence_id
+    assert other.evidence.evidence_id != first.evidence.evidence_id
+    got = client.get_evidence(first.evidence.evidence_id)
+    assert (got.chunk_id, got.span.start, got.span.end) == ("chunk-7", 10, 42)
+    with pytest.raises(EngramRpcError) as bad:
+        client.create_evidence("corpus-a", "idx-1", "chunk-7", 50, 10)
+    assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+# -- bad input and faults -----------------------------------------------------
+
+def test_oversized_metadata_is_refused_with_nothing_stored(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"x" * 10]), run_id=run_id, step_id="s", name="a",
+                          metadata={"blob": "y" * 70_000})
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.reason == "DOCUMENT_TOO_LARGE"
+    with pytest.raises(EngramRpcError):
+        env.client.append_event(run_id, "big", {"blob": "z" * 70_000})
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/../../b", "/etc/passwd", "a//b"])
+def test_traversal_names_are_refused(artifacts_server: RunningArtifacts, name: str) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"x"]), run_id=run_id, step_id="s", name=name)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+def test_unknown_run_and_stopped_run_are_refused(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    with pytest.raises(EngramRpcError) as unknown:
+        env.client.upload(iter([b"x"]), run_id="nope", step_id="s", name="a")
+    assert unknown.value.code == grpc.StatusCode.NOT_FOUND
+    run_id = _start(env)
+    stopped = env.client.stop_run(run_id, "succeeded", "done")
+    assert stopped.status == pb.RUN_STATUS_SUCCEEDED
+    with pytest.raises(EngramRpcError) as after_stop:
+        env.client.upload(iter([b"x"]), run_id=run_id, step_id="s", name="a")
+    assert after_stop.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert after_stop.value.reason == "RUN_STOPPED"
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+def test_short_upload_against_declared_size_leaves_nothing(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"x" * 100]), run_id=run_id, step_id="s", name="a",
+                          size_bytes=1000)
+    assert caught.value.reason == "UPLOAD_TRUNCATED"
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+def test_client_vanishing_mid_upload_leaves_no_partial_artifact(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    client = env.client
+    sent = threading.Event()
+    release = threading.Event()
+
+    def requests() -> Iterator[pb.CreateArtifactRequest]:
+        yield pb.CreateArtifactRequest(header=pb.ArtifactHeader(run_id=run_id, step_id="s",
+                                                                name="cut"))
+        for _ in range(8):
+            yield pb.CreateArtifactRequest(chunk=os.urandom(256 * 1024))
+        sent.set()
+        release.wait(30)
+
+    future = client.stub.CreateArtifact.future(requests(), metadata=client.metadata)
+    assert sent.wait(30)
+    future.cancel()
+    release.set()
+    tmp_dir = env.blob_root / ".tmp"
+    deadline_checks = 0
+    while any(tmp_dir.iterdir()) and deadline_checks < 3000:  # the handler unwinds on its thread
+        threading.Event().wait(0.01)
+        deadline_checks += 1
+    assert not any(tmp_dir.iterdir())
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+def test_duplicate_path_is_already_exists(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    env.client.upload(iter([b"one"]), run_id=run_id, step_id="s", name="a")
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"two"]), run_id=run_id, step_id="s", name="a")
+    assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert _artifact_rows(env) == 1
+
+
+def test_blob_altered_or_deleted_behind_the_service_is_found_on_read_and_verify(
+        artifacts_server: RunningArtifacts, tmp_path: Path) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    altered = env.client.upload(_chunks(os.urandom(200_000)), run_id=run_id, step_id="s",
+                                name="altered")
+    deleted = env.client.upload(iter([b"bye"]), run_id=run_id, step_id="s", name="deleted")
+    intact = env.client.upload(iter([b"ok"]), run_id=run_id, step_id="s", name="intact")
+    target = env.blob_root / altered.path
+    raw = bytearray(target.read_bytes())
+    raw[1000] ^= 0xFF
+    target.write_bytes(bytes(raw))
+    (env.blob_root / deleted.path).unlink()
+
+    destination = tmp_path / "out"
+    with pytest.raises(EngramRpcError) as bad_hash:
+        env.client.download(altered.artifact_id, destination)
+    assert bad_hash.value.code == grpc.StatusCode.DATA_LOSS
+    assert bad_hash.value.reason == "BLOB_HASH_MISMATCH"
+    assert not destination.exists()
+    with pytest.raises(EngramRpcError) as gone:
+        env.client.download(deleted.artifact_id, destination)
+    assert (gone.value.code, gone.value.reason) == (grpc.StatusCode.DATA_LOSS, "BLOB_MISSING")
+
+    report = env.client.verify(run_id)
+    assert report.checked == 3
+    problems = {p.artifact_id: p.problem for p in report.problems}
+    assert problems == {altered.artifact_id: "BLOB_HASH_MISMATCH",
+                        deleted.artifact_id: "BLOB_MISSING"}
+    env.client.download(intact.artifact_id, destination)
+    assert destination.read_bytes() == b"ok"
+
+
+def test_fleets_do_not_see_each_other(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    art = env.client.upload(iter([b"secret"]), run_id=run_id, step_id="s", name="a")
+    outsider = env.client_for(fleet="fleet-b")
+    for call in (lambda: outsider.get_run(run_id),
+                 lambda: outsider.get_artifact(art.artifact_id),
+                 lambda: outsider.append_event(run_id, "x", {})):
+        with pytest.raises(EngramRpcError) as caught:
+            call()
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_list_artifacts_pages_by_step(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    ids = [env.client.upload(iter([f"{i}".encode()]), run_id=run_id, step_id=f"s{i % 2}",
+                             name=f"f{i}").artifact_id for i in range(5)]
+    assert [a.artifact_id for a in env.client.list_artifacts(run_id, page_size=2)] == ids
+    assert [a.artifact_id for a in env.client.list_artifacts(run_id, "s1")] == ids[1::2]
+    with env.memory.repository.db.session() as session:
+        assert session.execute(text("SELECT COUNT(*) FROM artifacts")).scalar_one() == 5
