@@ -233,10 +233,9 @@ class IterationLog:
 
     def _retire_snapshots(self, fleet_id: str, run_id: str) -> None:
         retiring = self.repo.mark_retiring(fleet_id, run_id, self.config.keep_snapshots)
-        for number, snapshot in enumerate(retiring):
-            if number == 1:
-                self.hook("retention:mid")
+        for snapshot in retiring:
             self.blobs.delete(snapshot.key)
+            self.hook("retention:mid")
         if retiring:
             self.repo.drop_snapshots(fleet_id, run_id, [s.iteration for s in retiring])
 

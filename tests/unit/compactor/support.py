@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 
@@ -13,7 +14,9 @@ LogFactory = Callable[..., IterationLog]
 
 def make_iteration(n: int, *, size: int = 40, status: str = "success") -> IterationInput:
     """A deterministic iteration whose detail carries ``size`` bytes of varied text."""
-    body = "".join(chr(97 + (n * 7 + i * 13) % 26) for i in range(size))
+    seed = hashlib.sha256(str(n).encode()).hexdigest()
+    body = "".join(hashlib.sha256(f"{seed}{i}".encode()).hexdigest()
+                   for i in range(size // 64 + 1))[:size]
     return IterationInput(
         iteration=n, plan_digest=f"plan-{n:05d}", parent_digest=f"plan-{n - 1:05d}",
         start_ts=f"2025-08-14T12:{n // 60 % 60:02d}:{n % 60:02d}Z",
