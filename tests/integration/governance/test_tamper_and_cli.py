@@ -1,4 +1,4 @@
-"""`engram gov` against a live server; tampering with a row is found; a broken chain stops service."""
+"""`engram gov` on a live server; a tampered row is found; a broken chain stops service."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_cli_commands(gov_cli: CliRunner, shard_service: GovernanceClient) -> No
     assert code == 0 and added["created"]  # type: ignore[index]
     code, listed = _run(gov_cli, "rules", "list")
     assert [r["rule_id"] for r in listed] == [rule_id]  # type: ignore[attr-defined]
-    code, two = _run(gov_cli, "rules", "add", "--max-bytes", "5", "--max-writes", "3")
+    code, _ = _run(gov_cli, "rules", "add", "--max-bytes", "5", "--max-writes", "3")
     assert code != 0, "exactly one rule kind per rule"
     shard_service.decide("fleet-a", "agent-7", "r1", [pb.WriteCandidate(
         record_id="rec-1", content_hash="h1", content="hi")])

@@ -1,0 +1,111 @@
+"""Tiers and accumulator, rules and the judge, contradictions, witness-chain links."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.governance.contradiction import contradicts
+from services.governance.rules import (
+    SUSPENDED_RULE_ID,
+    Candidate,
+    Neighbour,
+    Rule,
+    RuleKind,
+    judge,
+    validate_params,
+)
+from services.governance.tiers import AgentTrust, TrustAccumulator, TrustTier
+from services.governance.witness import (
+    GENESIS,
+    Checkpoint,
+    extends,
+    next_entry,
+    verify_links,
+)
+
+
+def test_accumulator_moves_tiers_unless_pinned() -> None:
+    acc = TrustAccumulator()
+    trust = AgentTrust("f", "a")
+    for _ in range(3):
+        trust = acc.record_outcome(trust, accepted=False, now_ms=1)
+    assert (trust.tier, trust.score) == (TrustTier.PROBATION, 380)
+    for _ in range(200):
+        trust = acc.record_outcome(trust, accepted=True, now_ms=2)
+    assert (trust.tier, trust.score) == (TrustTier.TRUSTED, 1000)
+    pinned = acc.operator_sets(trust, TrustTier.SUSPENDED, now_ms=3)
+    for _ in range(50):
+        pinned = acc.record_outcome(pinned, accepted=True, now_ms=4)
+    assert pinned.tier is TrustTier.SUSPENDED and pinned.multiplier == 0.0
+    assert TrustTier.parse(" Probation ") is TrustTier.PROBATION
+    with pytest.raises(ValueError, match="unknown tier"):
+        TrustTier.parse("root")
+
+
+def _rule(kind: RuleKind, tiers: tuple[TrustTier, ...] = (), **params: object) -> Rule:
+    return Rule(f"r-{kind.value}", "f", kind, validate_params(kind, params), tiers=tiers)
+
+
+def test_judge_applies_rules_by_tier() -> None:
+    rules = [
+        _rule(RuleKind.SIZE_LIMIT, max_bytes=20),
+        _rule(RuleKind.REQUIRED_TAGS, (TrustTier.PROBATION,), tags=["reviewed"]),
+        _rule(RuleKind.RATE_LIMIT, max_writes=2, window_seconds=60),
+        _rule(RuleKind.CONTRADICTION),
+    ]
+    candidate = Candidate("r1", "h1", "the cache is enabled",
+                          neighbours=(Neighbour("old", "the cache is disabled"),))
+    standard = AgentTrust("f", "a")
+    found = judge(candidate, standard, rules, lambda _window: 2)
+    assert [v.rule_id for v in found] == ["r-rate_limit", "r-contradiction"]
+    probation = replace(standard, tier=TrustTier.PROBATION)
+    found = judge(replace(candidate, content="x" * 21, neighbours=()), probation, rules,
+                  lambda _window: 0)
+    assert [v.rule_id for v in found] == ["r-size_limit", "r-required_tags"]
+    suspended = replace(standard, tier=TrustTier.SUSPENDED)
+    assert [v.rule_id for v in judge(candidate, suspended, [], lambda _w: 0)] == \
+        [SUSPENDED_RULE_ID]
+
+
+@pytest.mark.parametrize(("kind", "params"), [
+    (RuleKind.SIZE_LIMIT, {"max_bytes": 0}),
+    (RuleKind.DENY_PATTERN, {"pattern": "(?<=x)y"}),
+    (RuleKind.REQUIRED_TAGS, {"tags": []}),
+    (RuleKind.RATE_LIMIT, {"max_writes": 5}),
+    (RuleKind.CONTRADICTION, {"min_overlap": 2}),
+])
+def test_invalid_rule_params_are_refused(kind: RuleKind, params: dict[str, object]) -> None:
+    with pytest.raises(InvalidArgument):
+        validate_params(kind, params)
+
+
+@pytest.mark.parametrize(("new", "old", "expected"), [
+    ("The deploy port is 8080", "The deploy port is 9090", True),
+    ("Feature flags are enabled in prod", "Feature flags are disabled in prod", True),
+    ("The API doesn't require auth", "The API requires auth", True),
+    ("The API requires auth for refunds too", "The API requires auth", False),
+    ("Alice leads payments", "Bob enjoys hiking", False),
+    ("Caching is not safe here", "Caching is not safe here at all", False),
+])
+def test_contradiction_judge(new: str, old: str, expected: bool) -> None:
+    assert contradicts(new, old) is expected
+
+
+def test_chain_links_detect_edits_and_extension() -> None:
+    head = Checkpoint(GENESIS, 0)
+    entries = []
+    for i in range(4):
+        entry = next_entry(head, "tier.set", {"i": i})
+        entries.append(entry)
+        head = Checkpoint(entry.link, entry.seq + 1)
+    reached, problems = verify_links(entries)
+    assert reached == head and problems == []
+    edited = [*entries[:2], replace(entries[2], payload_json='{"i":99}'), entries[3]]
+    assert any("entry 2" in p for p in verify_links(edited)[1])
+    assert verify_links([entries[0], *entries[2:]])[1]
+    assert extends(Checkpoint(entries[1].link, 2), entries[1].link)
+    assert not extends(Checkpoint(entries[1].link, 2), entries[0].link)
+    assert extends(Checkpoint(GENESIS, 0), None)
