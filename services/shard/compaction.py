@@ -1,7 +1,7 @@
 """Memory compaction (seed 001 roadmap): summarise old, unimportant records.
 
 Decayed importance = importance x 2^(-age / DECAY_HALF_LIFE_DAYS): a record
-loses half its weight every 30 days. Records of one fleet, older than the
+loses half its weight every 90 days. Records of one fleet, older than the
 policy age and below the threshold, are grouped by (run, domain) and
 replaced in search by a summary record whose metadata keeps the ids and
 record hashes of what it covers. Originals stay stored and verifiable; only
@@ -24,7 +24,7 @@ from services.shard.domain.records import MAX_CONTENT_BYTES, Record, RecordDraft
 from services.shard.repository import RecordFilter
 from services.shard.service import ShardService
 
-DECAY_HALF_LIFE_DAYS = 30.0
+DECAY_HALF_LIFE_DAYS = 90.0
 MAX_GROUP = 40
 _SNIPPET_CHARS = 160
 SUMMARY_SOURCE = "compactor"

@@ -67,8 +67,9 @@ class SearchEngine:
             raise FailedPrecondition(
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
+        # Originals covered by a compaction summary stay stored but leave search to the summary.
         flt = RecordFilter(query.fleet_id, run_id=query.run_id, domain=query.domain,
-                           tags=query.tags)
+                           tags=query.tags, exclude_compacted=True)
         with self.db.session() as session:
             found = self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
             hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
@@ -107,7 +108,7 @@ class SearchEngine:
         ]
         for ref in {r for r in refs if r.kind == "domain"}:
             in_domain = RecordFilter(flt.fleet_id, run_id=flt.run_id, domain=ref.target,
-                                     tags=flt.tags)
+                                     tags=flt.tags, exclude_compacted=True)
             for record, relevance in self.repo.lexical(session, in_domain, query.text,
                                                        query.limit):
                 if record.id not in seen:

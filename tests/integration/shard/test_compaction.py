@@ -1,0 +1,60 @@
+"""Memory compaction and retention through the shard API (the compactor's contract)."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from engram.client import EngramRpcError, ShardClient
+from services.shard.service import ShardService
+from tests.integration.shard.conftest import ClientFactory
+
+DAY = 86400.0
+
+
+def test_old_unimportant_records_are_summarised_not_lost(
+    client_for: ClientFactory, shard: tuple[str, ShardService]
+) -> None:
+    agent = client_for("agent-1", "fleet-a")
+    service = shard[1]
+    real_clock = service.clock
+    service.clock = lambda: real_clock() - 90 * DAY  # write "three months ago"
+    try:
+        old = [agent.add(f"task: minor chore number {i}", importance=0.2, run_id="r1").record
+               for i in range(3)]
+        keep = agent.add("task: critical migration plan", importance=0.9, run_id="r1").record
+    finally:
+        service.clock = real_clock
+    fresh = agent.add("task: minor chore from today", importance=0.1, run_id="r1").record
+
+    compactor = client_for("svc-compactor", "system", ("service",))
+    with pytest.raises(EngramRpcError) as caught:
+        compactor.compact()
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED  # must name the fleet
+
+    dry = compactor.compact("fleet-a", dry_run=True)
+    assert dry.compacted == 3 and not dry.groups[0].HasField("summary")
+    report = compactor.compact("fleet-a")
+    assert report.examined == 5 and report.compacted == 3
+    group = report.groups[0]
+    assert set(group.replaced_ids) == {r.id for r in old}
+    assert set(group.replaced_hashes) == {r.record_hash for r in old}
+    replaced = json.loads(group.summary.metadata["replaces"])
+    assert {item["id"] for item in replaced} == {r.id for r in old}
+
+    hits = {h.record.id for h in agent.search("minor chore")}
+    assert group.summary.id in hits and fresh.id in hits
+    assert not hits & {r.id for r in old}  # originals no longer crowd search
+    assert keep.id in {h.record.id for h in agent.search("critical migration")}
+    assert agent.verify([r.id for r in old]).failures == []  # still stored and verifiable
+    assert compactor.compact("fleet-a").compacted == 0  # idempotent
+
+    assert compactor.apply_retention("fleet-a", 365) == []
+    removed = compactor.apply_retention("fleet-a", 30, dry_run=True)
+    assert set(removed) == {r.id for r in old}
+    assert set(compactor.apply_retention("fleet-a", 30)) == {r.id for r in old}
+    with pytest.raises(EngramRpcError):
+        agent.get(old[0].id)
+    assert agent.get(group.summary.id).content.startswith("Summary of 3 older memories")

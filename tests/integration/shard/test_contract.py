@@ -1,0 +1,134 @@
+"""Listing, pagination, domains, cross-references, request ids and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from engram.client import EngramRpcError, ShardClient, record_input
+from engram.shard.v1 import shard_service_pb2 as pb
+from tests.integration.shard.conftest import ClientFactory
+
+
+def _invalid(call, reason: str) -> EngramRpcError:  # type: ignore[no-untyped-def]
+    with pytest.raises(EngramRpcError) as caught:
+        call()
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+    assert caught.value.reason == reason
+    return caught.value
+
+
+def test_list_filters_and_paginates(client: ShardClient) -> None:
+    written = [client.add(f"task: item {i}", tags=["even"] if i % 2 == 0 else ["odd"],
+                          run_id="run-1" if i < 5 else "").record.id for i in range(12)]
+    assert [r.id for r in client.list(page_size=5)] == list(reversed(written))
+    assert {r.id for r in client.list(tags=["even"])} == set(written[0::2])
+    assert {r.id for r in client.list(run_id="run-1")} == set(written[:5])
+    assert {r.id for r in client.list(run_id="")} == set(written[5:])
+    first = client.stub.ListRecords(pb.ListRecordsRequest(page_size=5),
+                                    metadata=client.metadata)
+    assert len(first.records) == 5 and first.next_page_token
+    with pytest.raises(grpc.RpcError) as caught:
+        client.stub.ListRecords(pb.ListRecordsRequest(page_size=5, domain="insights",
+                                                      page_token=first.next_page_token),
+                                metadata=client.metadata)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as caught:
+        client.stub.ListRecords(pb.ListRecordsRequest(page_token="garbage!"),
+                                metadata=client.metadata)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_bad_input_stores_nothing(client: ShardClient) -> None:
+    _invalid(lambda: client.add(""), "EMPTY_CONTENT")
+    _invalid(lambda: client.add("x" * 40_000), "CONTENT_TOO_LARGE")
+    _invalid(lambda: client.add("x", importance=1.5), "IMPORTANCE_OUT_OF_RANGE")
+    _invalid(lambda: client.add("x", domain="astrology"), "UNKNOWN_DOMAIN")
+    error = _invalid(lambda: client.add("see shard nowhere for details"),
+                     "CROSS_REFERENCE_TARGET_NOT_FOUND")
+    assert "nowhere" in error.message
+    _invalid(lambda: client.add("shard:" + "ab" * 16), "CROSS_REFERENCE_TARGET_NOT_FOUND")
+    _invalid(lambda: client.add(" ".join(f"see shard technical{i}" for i in range(9))),
+             "TOO_MANY_CROSS_REFERENCES")
+    _invalid(lambda: client.search(""), "EMPTY_QUERY")
+    assert list(client.list()) == []
+    assert client.status().total_records == 0
+
+
+def test_cross_references_are_bidirectional(client: ShardClient) -> None:
+    target = client.add("architecture: the gateway protocol uses mTLS").record
+    source = client.add(f"incident review, see shard technical and shard:{target.id}").record
+    assert list(source.cross_refs) == ["domain:technical", f"record:{target.id}"]
+    direct = client.search("incident review")
+    assert [h.record.id for h in direct] == [source.id]
+    crossed = client.search("incident review", cross=True)
+    by_id = {h.record.id: h.via for h in crossed}
+    assert by_id[source.id] == "direct" and by_id[target.id] == "cross_ref"
+    # reverse direction: a hit on the target leads back to the record that links to it
+    back = {h.record.id: h.via for h in client.search("gateway mTLS", cross=True)}
+    assert back[target.id] == "direct" and back[source.id] == "cross_ref"
+    technical = next(d for d in client.status().domains if d.name == "technical")
+    assert technical.incoming_links == 1
+
+
+def test_links_stay_in_the_fleet(client_for: ClientFactory) -> None:
+    other = client_for("bob", "fleet-b").add("architecture note in fleet b").record
+    mine = client_for("alice", "fleet-a")
+    _invalid(lambda: mine.add(f"see shard:{other.id}"), "CROSS_REFERENCE_TARGET_NOT_FOUND")
+
+
+def test_request_id_replays_and_refuses_reuse(client: ShardClient) -> None:
+    first = client.add_many([record_input("task: one"), record_input("task: two")],
+                            request_id="req-1")
+    again = client.add_many([record_input("task: one"), record_input("task: two")],
+                            request_id="req-1")
+    assert [r.record.id for r in first.results] == [r.record.id for r in again.results]
+    assert all(r.created for r in first.results) and not any(r.created for r in again.results)
+    _invalid(lambda: client.add_many([record_input("task: three")], request_id="req-1"),
+             "REQUEST_ID_REUSED")
+
+
+def test_domains_route_and_upsert(client_for: ClientFactory) -> None:
+    agent = client_for("agent-1", "fleet-a")
+    admin = client_for("admin", "fleet-a", ("admin",))
+    assert {d.name for d in agent.domains()} == {"projects", "insights", "people", "technical",
+                                                 "strategy"}
+    with pytest.raises(EngramRpcError) as caught:
+        agent.upsert_domain("finance", keywords=["budget"])
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+    reply = admin.upsert_domain("finance", keywords=["budget", "invoice"])
+    assert reply.created
+    assert agent.add("budget invoice for Q3 budget").record.domain == "finance"
+    assert agent.search("budget", domain="finance")[0].record.domain == "finance"
+    assert not admin.upsert_domain("finance", keywords=["budget", "cost"]).created
+    summary = json.loads(agent.summary())
+    assert summary["total_shards"] == 6 and summary["total_transactions"] == 1
+    finance = next(s for s in summary["shards_status"] if s["domain"] == "finance")
+    assert finance["shard_id"] == "shard_finance" and finance["transactions"] == 1
+
+
+def test_search_ranks_by_relevance_and_importance(client: ShardClient) -> None:
+    low = client.add("deployment rollback procedure notes", importance=0.1).record
+    high = client.add("deployment rollback procedure checklist", importance=0.9).record
+    client.add("unrelated: lunch menu")
+    hits = client.search("deployment rollback procedure")
+    assert [h.record.id for h in hits] == [high.id, low.id]
+    assert hits[0].score > hits[1].score > 0
+    assert client.search("rollback", run_id="nope") == []
+    with pytest.raises(EngramRpcError) as caught:
+        client.search("x", limit=1000)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_roles_are_enforced(client_for: ClientFactory) -> None:
+    governor = client_for("gov", "fleet-a", ("governor",))
+    with pytest.raises(EngramRpcError) as caught:
+        governor.add("task: governors do not write memories")
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert governor.status().total_records == 0
+    agent = client_for()
+    with pytest.raises(EngramRpcError) as caught:
+        agent.compact("fleet-a")
+    assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pytest
+
+from services.shard.group_commit import GroupCommit
+
+
+def test_concurrent_jobs_share_groups_and_all_get_their_result() -> None:
+    groups: list[int] = []
+    gate = threading.Event()
+
+    def apply(jobs: Sequence[int]) -> list[int]:
+        groups.append(len(jobs))
+        gate.wait(0.05)
+        return [job * 2 for job in jobs]
+
+    committer: GroupCommit[int, int] = GroupCommit(apply)
+    results: dict[int, int] = {}
+
+    def worker(n: int) -> None:
+        results[n] = committer.submit(n)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert results == {n: n * 2 for n in range(40)}
+    assert sum(groups) == 40
+    assert len(groups) < 40  # some jobs were committed together
+
+
+def test_a_failing_job_does_not_fail_its_group() -> None:
+    def apply(jobs: Sequence[int]) -> list[int]:
+        if 13 in jobs:
+            raise ValueError("bad job")
+        return list(jobs)
+
+    committer: GroupCommit[int, int] = GroupCommit(apply)
+    outcomes: dict[int, object] = {}
+
+    def worker(n: int) -> None:
+        try:
+            outcomes[n] = committer.submit(n)
+        except ValueError as exc:
+            outcomes[n] = exc
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(10, 20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert isinstance(outcomes[13], ValueError)
+    assert all(outcomes[n] == n for n in range(10, 20) if n != 13)
+
+
+def test_single_caller_leads_itself() -> None:
+    committer: GroupCommit[str, str] = GroupCommit(lambda jobs: [j.upper() for j in jobs])
+    assert committer.submit("a") == "A"
+    with pytest.raises(ZeroDivisionError):
+        GroupCommit(lambda jobs: [1 // 0 for _ in jobs]).submit(1)
