@@ -23,6 +23,7 @@ class CompactorSettings(ServerSettings):
         "default file://$ENGRAM_HOME/compactor/blobs")
     blob_endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint")
     blob_region: str | None = None
+    port: int = 50054
     shard_addr: str = "127.0.0.1:50051"
     service_token_file: Path | None = Field(
         default=None, description="bearer token (role service, fleet system) for the shard")

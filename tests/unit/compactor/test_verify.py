@@ -79,7 +79,8 @@ def test_active_lines_in_the_database(log: IterationLog, change: str) -> None:
             conn.execute(text("DELETE FROM compactor_warm_lines WHERE iteration = :i"),
                          {"i": last - 1})
         else:
-            conn.execute(text("UPDATE compactor_warm_lines SET iteration = -1 WHERE iteration = :i"),
+            conn.execute(text("UPDATE compactor_warm_lines SET iteration = -1 "
+                              "WHERE iteration = :i"),
                          {"i": last})
             conn.execute(text("UPDATE compactor_warm_lines SET iteration = :i "
                               "WHERE iteration = :j"), {"i": last, "j": last - 1})

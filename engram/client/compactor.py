@@ -1,0 +1,138 @@
+"""Python SDK for the compactor service.
+
+    from engram.client import ClientSettings
+    from engram.client.compactor import CompactorClient, iteration_from_json
+    settings = ClientSettings()
+    with CompactorClient(settings.compactor_addr, settings.resolve_token()) as compactor:
+        compactor.record("run-7", iteration_from_json(json.load(open("iter.json"))))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram.client._channel import BaseClient
+from engram.compactor.v1 import compactor_service_pb2 as pb
+from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
+
+_SUMMARY_FIELDS = {
+    "iter": "iteration", "planDigest": "plan_digest", "parentDigest": "parent_digest",
+    "filesTouched": "files_touched", "netAdd": "net_add", "netDel": "net_del",
+    "riskScore": "risk_score", "status": "status",
+}
+
+
+def _timestamp(value: Any, name: str) -> Timestamp:
+    stamp = Timestamp()
+    try:
+        if isinstance(value, int | float):
+            stamp.FromNanoseconds(int(value * 1e9))
+        else:
+            stamp.FromJsonString(str(value))
+    except ValueError:
+        raise ValueError(f"{name} must be an RFC 3339 time (2025-08-14T12:00:00Z) or "
+                         f"epoch seconds, got {value!r}") from None
+    return stamp
+
+
+def iteration_from_json(document: Mapping[str, Any]) -> pb.IterationInput:
+    """Build an iteration from the seed's JSON shape: the summary fields (camelCase), plus
+    ``detail`` (the full detail) and ``guardrails`` (guardrail stage outputs)."""
+    message = pb.IterationInput()
+    for key, field in _SUMMARY_FIELDS.items():
+        if key in document:
+            setattr(message, field, type(getattr(message, field))(document[key]))
+    for key, field in (("startTs", "start_time"), ("endTs", "end_time")):
+        if key in document:
+            getattr(message, field).CopyFrom(_timestamp(document[key], key))
+    message.detail_json = json.dumps(document.get("detail"), sort_keys=True)
+    message.guardrails_json = json.dumps(document.get("guardrails"), sort_keys=True)
+    return message
+
+
+class CompactorClient(BaseClient):
+    """``CompactorClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
+
+    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
+                 timeout: float = 30.0) -> None:
+        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
+        self.stub = pb_grpc.CompactorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+
+    def record(self, run_id: str, iteration: pb.IterationInput) -> pb.RecordIterationResponse:
+        reply: pb.RecordIterationResponse = self.call(
+            self.stub.RecordIteration, pb.RecordIterationRequest(run_id=run_id,
+                                                                 iteration=iteration))
+        return reply
+
+    def recent(self, run_id: str, page_size: int = 0) -> Iterator[pb.HotIteration]:
+        """The hot ring, newest first."""
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListRecentIterations, pb.ListRecentIterationsRequest(
+                run_id=run_id, page_size=page_size, page_token=token))
+            yield from reply.iterations
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def summaries(self, run_id: str, start_iteration: int = 0,
+                  page_size: int = 0) -> Iterator[pb.IterationSummary]:
+        """Every warm summary from ``start_iteration`` on, following page tokens."""
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListSummaries, pb.ListSummariesRequest(
+                run_id=run_id, start_iteration=start_iteration, page_size=page_size,
+                page_token=token))
+            yield from reply.summaries
+            token = reply.next_page_token
+            if not token:
+                return
+
+    def reconstruct(self, run_id: str, iteration: int) -> pb.ReconstructIterationResponse:
+        reply: pb.ReconstructIterationResponse = self.call(
+            self.stub.ReconstructIteration,
+            pb.ReconstructIterationRequest(run_id=run_id, iteration=iteration))
+        return reply
+
+    def pin(self, run_id: str, iteration: int, reason: str) -> pb.Pin:
+        reply: pb.PinIterationResponse = self.call(self.stub.PinIteration, pb.PinIterationRequest(
+            run_id=run_id, iteration=iteration, reason=reason))
+        return reply.pin
+
+    def verify(self, run_id: str) -> pb.VerifyRunResponse:
+        reply: pb.VerifyRunResponse = self.call(self.stub.VerifyRun,
+                                                pb.VerifyRunRequest(run_id=run_id))
+        return reply
+
+    def compact_memory(self, fleet_id: str = "", *, dry_run: bool = False,
+                       importance_below: float | None = None,
+                       older_than_days: float | None = None) -> pb.PolicyRun:
+        request = pb.CompactMemoryRequest(fleet_id=fleet_id, dry_run=dry_run)
+        if importance_below is not None:
+            request.importance_below = importance_below
+        if older_than_days is not None:
+            request.older_than_days = older_than_days
+        reply: pb.CompactMemoryResponse = self.call(self.stub.CompactMemory, request)
+        return reply.run
+
+    def apply_retention(self, fleet_id: str = "", *, older_than_days: float,
+                        dry_run: bool = False) -> pb.PolicyRun:
+        reply: pb.ApplyMemoryRetentionResponse = self.call(
+            self.stub.ApplyMemoryRetention, pb.ApplyMemoryRetentionRequest(
+                fleet_id=fleet_id, older_than_days=older_than_days, dry_run=dry_run))
+        return reply.run
+
+    def policy_runs(self, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.PolicyRun]:
+        token = ""
+        while True:
+            reply = self.call(self.stub.ListPolicyRuns, pb.ListPolicyRunsRequest(
+                fleet_id=fleet_id, page_size=page_size, page_token=token))
+            yield from reply.runs
+            token = reply.next_page_token
+            if not token:
+                return
