@@ -50,6 +50,8 @@ def _shard_process(home: Path) -> ServerProcess:
         "ENGRAM_HOME": str(home),
         "ENGRAM_SHARD_DB_URL": f"sqlite:///{home / 'shard.db'}",
         "ENGRAM_LOG_LEVEL": "WARNING",
+        # The shard alone: the gated figures are `engram bench gate`.
+        "ENGRAM_SHARD_ALLOW_UNGATED": "true",
     }
     return ServerProcess([sys.executable, "-m", "services.shard"], env,
                          port_env="ENGRAM_SHARD_PORT")

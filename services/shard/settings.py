@@ -18,7 +18,9 @@ class ShardSettings(ServerSettings):
     db_url: str | None = None
     """Default: sqlite under $ENGRAM_HOME/shard/shard.db."""
     governance_addr: str | None = None
-    """host:port of the governance service; unset runs without the write gate."""
+    """host:port of the governance service, whose gate decides every write."""
+    allow_ungated: bool = False
+    """Run without governance (no gate, no trust ranking): for isolated tests and benchmarks only."""
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
     migrate: bool = True
