@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from engram.cli import bench, shard, token, up
+from engram.cli import artifacts, bench, compactor, gov, shard, token, up
 
 app = typer.Typer(
     help="Engram: durable, verifiable memory for fleets of AI agents.",
@@ -13,6 +13,9 @@ app = typer.Typer(
 )
 app.command("up")(up.up)
 shard.register(app)
+artifacts.register(app)
+app.add_typer(gov.app, name="gov")
+app.add_typer(compactor.app, name="compactor")
 app.add_typer(token.app, name="token")
 app.command("bench")(bench.bench)
 
