@@ -21,21 +21,43 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engram.eval.locomo import Conversation, RecallReport, load_conversation  # noqa: E402
-from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors  # noqa: E402
-from services.shard.retrieval.ranking import HybridRanker, Memory, RankingConfig  # noqa: E402
+from engram.eval.locomo import Conversation, RecallReport, load_conversation
+from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors
+from services.shard.retrieval.ranking import HybridRanker, Memory, RankingConfig
 
-BASE = RankingConfig(stemming=False, stop_words=False)
-CRAFT = RankingConfig(neighbour_weight=0.5, dense_neighbour_weight=0.3)
+PLAIN = RankingConfig(
+    stemming=False,
+    stop_words=False,
+    neighbour_weight=0.0,
+    neighbour_window=1,
+    dense_neighbour_weight=0.0,
+    fusion="rrf",
+    smoothing=0.0,
+    bm25_k1=1.2,
+    bm25_b=0.75,
+)
+ANALYSED = replace(PLAIN, stemming=True, stop_words=True)
+CONTEXT = replace(ANALYSED, neighbour_weight=0.5, dense_neighbour_weight=0.3)
+BEST = RankingConfig()
 METHODS: dict[str, RankingConfig] = {
-    "bm25 plain": replace(BASE, mode="lexical"),
-    "dense MiniLM": replace(BASE, mode="semantic"),
-    "rrf plain": BASE,
-    "bm25 +stem+stop": RankingConfig(mode="lexical"),
-    "bm25 +stem+stop +neighbours 0.5": replace(CRAFT, mode="lexical"),
-    "dense +neighbour blend 0.3": replace(CRAFT, mode="semantic"),
-    "rrf craft": CRAFT,
-    "convex craft 0.5": replace(CRAFT, fusion="convex"),
+    "bm25 plain": replace(PLAIN, mode="lexical"),
+    "dense MiniLM": replace(PLAIN, mode="semantic"),
+    "rrf plain": PLAIN,
+    "bm25 +stem+stop": replace(ANALYSED, mode="lexical"),
+    "bm25 +neighbours (w 0.5, window 1)": replace(CONTEXT, mode="lexical"),
+    "dense +neighbour blend 0.3": replace(CONTEXT, mode="semantic"),
+    "rrf +context": CONTEXT,
+    "convex +context": replace(CONTEXT, fusion="convex"),
+    "convex +context window 2": replace(CONTEXT, fusion="convex", neighbour_window=2),
+    "  + smoothing 0.2": replace(BEST, bm25_k1=1.2, bm25_b=0.75),
+    "  + bm25 k1 0.9 b 0.4 (default)": BEST,
+    "  + lexical prf 3 docs": replace(BEST, prf_docs=3),
+    "  + dense rocchio 0.5": replace(BEST, dense_prf=0.5),
+    "  + thread (session) score 0.3": replace(BEST, thread_weight=0.3),
+    "  + speaker boost 0.5": replace(BEST, speaker_boost=0.5),
+    "  + window text embedded": replace(BEST, dense_window_text=True, dense_neighbour_weight=0.0),
+    "lexical (default)": replace(BEST, mode="lexical"),
+    "semantic (default)": replace(BEST, mode="semantic"),
 }
 
 
@@ -102,7 +124,9 @@ def main() -> None:
         if args.json:
             print(json.dumps({"method": name, **result}))
         else:
-            cats = " ".join(f"{c[:6]}={v['recall@10']:.2f}" for c, v in result["categories"].items())
+            cats = " ".join(
+                f"{c[:6]}={v['recall@10']:.2f}" for c, v in result["categories"].items()
+            )
             print(f"{name:40s} R@5={result['recall@5']:.3f} R@10={result['recall@10']:.3f}  {cats}")
 
 

@@ -136,7 +136,9 @@ class RecallReport:
     _sums: dict[tuple[str, int], float] = field(default_factory=lambda: defaultdict(float))
     _counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
-    def add(self, question: Question, ranked: Sequence[str], latency_ms: float | None = None) -> None:
+    def add(
+        self, question: Question, ranked: Sequence[str], latency_ms: float | None = None
+    ) -> None:
         groups = ("all", CATEGORY_NAMES.get(question.category, str(question.category)))
         for group in groups:
             self._counts[group] += 1

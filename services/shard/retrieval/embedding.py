@@ -10,6 +10,7 @@ and meaningless: unit tests only, and it says so (``for_tests_only``).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 import threading
@@ -33,14 +34,16 @@ class EmbeddingProvider(Protocol):
     def embed(self, texts: Sequence[str]) -> Vectors: ...
 
 
-class TestOnlyEmbedderRefused(RuntimeError):
+class TestEmbedderRefused(RuntimeError):
+    __test__ = False  # not a pytest class, despite the name
+
     """A service was asked to start with an embedder that only tests may use."""
 
 
 def require_production(provider: EmbeddingProvider, *, allow_test_embedder: bool) -> None:
     """Refuse to serve with the hash embedder unless the caller says it is a test."""
     if provider.for_tests_only and not allow_test_embedder:
-        raise TestOnlyEmbedderRefused(
+        raise TestEmbedderRefused(
             f"embedding provider {provider.name!r} is for tests only; configure a real model "
             "(ENGRAM_SHARD_EMBEDDER=minilm) or set ENGRAM_SHARD_ALLOW_TEST_EMBEDDER=true in tests"
         )
@@ -49,7 +52,8 @@ def require_production(provider: EmbeddingProvider, *, allow_test_embedder: bool
 def _normalise(rows: npt.NDArray[np.float32]) -> Vectors:
     norms = np.linalg.norm(rows, axis=1, keepdims=True)
     norms[norms == 0.0] = 1.0
-    return (rows / norms).astype(np.float32, copy=False)
+    out: npt.NDArray[np.float32] = (rows / norms).astype(np.float32, copy=False)
+    return out
 
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -68,7 +72,7 @@ class HashEmbedder:
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for row, text in enumerate(texts):
             words = _WORD.findall(text.lower())
-            for feature in [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]:
+            for feature in [*words, *(f"{a} {b}" for a, b in itertools.pairwise(words))]:
                 digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
                 slot = int.from_bytes(digest[:4], "little") % self.dimension
                 out[row, slot] += 1.0 if digest[4] & 1 else -1.0
@@ -85,7 +89,10 @@ def _gelu(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     # BERT's exact (erf) GELU; the tanh form would drift from the reference model.
     from scipy.special import erf
 
-    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32, copy=False)
+    out: npt.NDArray[np.float32] = (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(
+        np.float32, copy=False
+    )
+    return out
 
 
 def _layer_norm(
@@ -93,7 +100,10 @@ def _layer_norm(
 ) -> npt.NDArray[np.float32]:
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return ((x - mean) / np.sqrt(var + 1e-12) * weight + bias).astype(np.float32, copy=False)
+    out: npt.NDArray[np.float32] = ((x - mean) / np.sqrt(var + 1e-12) * weight + bias).astype(
+        np.float32, copy=False
+    )
+    return out
 
 
 class MiniLMEmbedder:
@@ -130,14 +140,19 @@ class MiniLMEmbedder:
             qkv_w = np.concatenate(
                 [w[p + f"attention.self.{n}.weight"].T for n in ("query", "key", "value")], axis=1
             )
-            qkv_b = np.concatenate([w[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")])
+            qkv_b = np.concatenate(
+                [w[p + f"attention.self.{n}.bias"] for n in ("query", "key", "value")]
+            )
             self._layers.append(
                 (
                     np.ascontiguousarray(qkv_w),
                     qkv_b,
                     np.ascontiguousarray(w[p + "attention.output.dense.weight"].T),
                     w[p + "attention.output.dense.bias"],
-                    (w[p + "attention.output.LayerNorm.weight"], w[p + "attention.output.LayerNorm.bias"]),
+                    (
+                        w[p + "attention.output.LayerNorm.weight"],
+                        w[p + "attention.output.LayerNorm.bias"],
+                    ),
                     np.ascontiguousarray(w[p + "intermediate.dense.weight"].T),
                     w[p + "intermediate.dense.bias"],
                     np.ascontiguousarray(w[p + "output.dense.weight"].T),
@@ -184,4 +199,7 @@ class MiniLMEmbedder:
             x = _layer_norm(context @ o_w + o_b + x, *ln1)
             x = _layer_norm(_gelu(x @ i_w + i_b) @ f_w + f_b + x, *ln2)
         summed = (x * mask[:, :, None]).sum(axis=1)
-        return (summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)).astype(np.float32)
+        out: npt.NDArray[np.float32] = (
+            summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        ).astype(np.float32)
+        return out

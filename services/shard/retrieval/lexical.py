@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
+
+
+def as_bag(terms: Iterable[str] | Mapping[str, float]) -> dict[str, float]:
+    """Term -> weight; a plain sequence counts occurrences."""
+    if isinstance(terms, Mapping):
+        return {t: float(w) for t, w in terms.items()}
+    return {t: float(c) for t, c in Counter(terms).items()}
 
 
 class _Postings:
@@ -44,9 +51,9 @@ class BM25Index:
     def __len__(self) -> int:
         return self._count
 
-    def add(self, terms: Iterable[str] | Counter[str]) -> int:
-        """Index one document's terms (a Counter may carry fractional weights); returns its id."""
-        bag: Counter[str] = terms if isinstance(terms, Counter) else Counter(terms)
+    def add(self, terms: Iterable[str] | Mapping[str, float]) -> int:
+        """Index one document's terms (a mapping may carry fractional weights); returns its id."""
+        bag = as_bag(terms)
         doc = self._count
         if doc == len(self._lengths):
             self._lengths = np.resize(self._lengths, doc * 2)
@@ -66,12 +73,12 @@ class BM25Index:
         df = postings.size if postings else 0
         return math.log(1.0 + (self._count - df + 0.5) / (df + 0.5))
 
-    def scores(self, query: Sequence[str] | Counter[str]) -> npt.NDArray[np.float32]:
+    def scores(self, query: Iterable[str] | Mapping[str, float]) -> npt.NDArray[np.float32]:
         """BM25 score of every document (zeros where no term matches)."""
         out = np.zeros(self._count, dtype=np.float32)
         if not self._count:
             return out
-        weights: Counter[str] = query if isinstance(query, Counter) else Counter(query)
+        weights = as_bag(query)
         avg = self._total_length / self._count
         lengths = self._lengths[: self._count]
         for term, qweight in weights.items():

@@ -12,18 +12,20 @@ from functools import lru_cache
 _TOKEN = re.compile(r"[a-z0-9]+")
 _APOSTROPHE = re.compile(r"['\u2019](s|d|ll|re|ve|m|t)\b")
 
-STOP_WORDS = frozenset(
-    """a about above after again against all am an and any are aren as at be because been before
-    being below between both but by can cannot could couldn did didn do does doesn doing don down
-    during each few for from further had hadn has hasn have haven having he her here hers herself
-    him himself his how i if in into is isn it its itself just let ll me more most much must my myself
-    no nor not now of off on once only or other ought our ours ourselves out over own re same shan
-    she should shouldn so some such than that the their theirs them themselves then there these they
-    this those through to too under until up us very was wasn we were weren what when where which
-    while who whom why will with won would wouldn you your yours yourself yourselves s t d m ve
-    also oh yeah hey wow really thanks thank like just get got go going gonna know think so
-    """.split()
-)
+# Common English function words plus chat filler ("yeah", "wow") that carries no topic.
+_STOP_WORD_TEXT = """
+    a about above after again against all am an and any are aren as at be because been
+    before being below between both but by can cannot could couldn did didn do does doesn
+    doing don down during each few for from further had hadn has hasn have haven having he
+    her here hers herself him himself his how i if in into is isn it its itself just let ll
+    me more most much must my myself no nor not now of off on once only or other ought our
+    ours ourselves out over own re same shan she should shouldn so some such than that the
+    their theirs them themselves then there these they this those through to too under until
+    up us very was wasn we were weren what when where which while who whom why will with won
+    would wouldn you your yours yourself yourselves s t d m ve also oh yeah hey wow really
+    thanks thank like just get got go going gonna know think so
+"""
+STOP_WORDS = frozenset(_STOP_WORD_TEXT.split())
 
 
 def _is_consonant(word: str, i: int) -> bool:
@@ -74,18 +76,56 @@ def _replace(word: str, rules: tuple[tuple[str, str], ...], min_measure: int) ->
 
 
 _STEP2 = (
-    ("ational", "ate"), ("tional", "tion"), ("enci", "ence"), ("anci", "ance"), ("izer", "ize"),
-    ("abli", "able"), ("alli", "al"), ("entli", "ent"), ("eli", "e"), ("ousli", "ous"),
-    ("ization", "ize"), ("ation", "ate"), ("ator", "ate"), ("alism", "al"), ("iveness", "ive"),
-    ("fulness", "ful"), ("ousness", "ous"), ("aliti", "al"), ("iviti", "ive"), ("biliti", "ble"),
+    ("ational", "ate"),
+    ("tional", "tion"),
+    ("enci", "ence"),
+    ("anci", "ance"),
+    ("izer", "ize"),
+    ("abli", "able"),
+    ("alli", "al"),
+    ("entli", "ent"),
+    ("eli", "e"),
+    ("ousli", "ous"),
+    ("ization", "ize"),
+    ("ation", "ate"),
+    ("ator", "ate"),
+    ("alism", "al"),
+    ("iveness", "ive"),
+    ("fulness", "ful"),
+    ("ousness", "ous"),
+    ("aliti", "al"),
+    ("iviti", "ive"),
+    ("biliti", "ble"),
 )
 _STEP3 = (
-    ("icate", "ic"), ("ative", ""), ("alize", "al"), ("iciti", "ic"), ("ical", "ic"),
-    ("ful", ""), ("ness", ""),
+    ("icate", "ic"),
+    ("ative", ""),
+    ("alize", "al"),
+    ("iciti", "ic"),
+    ("ical", "ic"),
+    ("ful", ""),
+    ("ness", ""),
 )
 _STEP4 = (
-    "al", "ance", "ence", "er", "ic", "able", "ible", "ant", "ement", "ment", "ent", "ion", "ou",
-    "ism", "ate", "iti", "ous", "ive", "ize",
+    "al",
+    "ance",
+    "ence",
+    "er",
+    "ic",
+    "able",
+    "ible",
+    "ant",
+    "ement",
+    "ment",
+    "ent",
+    "ion",
+    "ou",
+    "ism",
+    "ate",
+    "iti",
+    "ous",
+    "ive",
+    "ize",
 )
 
 
@@ -95,9 +135,7 @@ def stem(word: str) -> str:
     if len(word) <= 2:
         return word
     # Step 1a
-    if word.endswith("sses"):
-        word = word[:-2]
-    elif word.endswith("ies"):
+    if word.endswith("sses") or word.endswith("ies"):
         word = word[:-2]
     elif word.endswith("s") and not word.endswith("ss"):
         word = word[:-1]
@@ -126,9 +164,7 @@ def stem(word: str) -> str:
     for suffix in sorted(_STEP4, key=len, reverse=True):
         if word.endswith(suffix):
             stem_part = word[: len(word) - len(suffix)]
-            if _measure(stem_part) > 1 and (
-                suffix != "ion" or stem_part.endswith(("s", "t"))
-            ):
+            if _measure(stem_part) > 1 and (suffix != "ion" or stem_part.endswith(("s", "t"))):
                 word = stem_part
             break
     # Step 5
@@ -147,7 +183,9 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(_APOSTROPHE.sub("", text.lower()))
 
 
-def analyze(text: str, *, stop_words: frozenset[str] = STOP_WORDS, stemming: bool = True) -> list[str]:
+def analyze(
+    text: str, *, stop_words: frozenset[str] = STOP_WORDS, stemming: bool = True
+) -> list[str]:
     """Index terms of ``text``: tokens minus stop words, stemmed."""
     terms = [t for t in tokenize(text) if t not in stop_words]
     return [stem(t) for t in terms] if stemming else terms

@@ -1,0 +1,156 @@
+"""Nearest-neighbour search over normalised vectors keyed by integer ids.
+
+``ExactVectorIndex`` is a dense matrix product (exact, fine for small fleets);
+``HnswVectorIndex`` wraps usearch's HNSW graph. ``TieredVectorIndex`` starts
+exact and moves to HNSW once it holds ``threshold`` vectors. ``recall_against``
+measures an approximate index against the exact one on sample queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Vectors = npt.NDArray[np.float32]
+
+
+class VectorIndex(Protocol):
+    dimension: int
+
+    def __len__(self) -> int: ...
+
+    def add(self, keys: Sequence[int], vectors: Vectors) -> None: ...
+
+    def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
+        """Up to k (key, cosine similarity) pairs, most similar first."""
+        ...
+
+
+class ExactVectorIndex:
+    def __init__(self, dimension: int) -> None:
+        self.dimension = dimension
+        self._matrix = np.empty((1024, dimension), dtype=np.float32)
+        self._keys = np.empty(1024, dtype=np.int64)
+        self._size = 0
+        self._position: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, keys: Sequence[int], vectors: Vectors) -> None:
+        for key, vector in zip(keys, vectors, strict=True):
+            slot = self._position.get(int(key))
+            if slot is None:
+                if self._size == len(self._keys):
+                    self._matrix = np.resize(self._matrix, (self._size * 2, self.dimension))
+                    self._keys = np.resize(self._keys, self._size * 2)
+                slot = self._size
+                self._size += 1
+                self._position[int(key)] = slot
+                self._keys[slot] = key
+            self._matrix[slot] = vector
+
+    def items(self) -> tuple[npt.NDArray[np.int64], Vectors]:
+        return self._keys[: self._size], self._matrix[: self._size]
+
+    def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
+        if not self._size or k <= 0:
+            return []
+        sims = self._matrix[: self._size] @ query.astype(np.float32)
+        k = min(k, self._size)
+        part = np.argpartition(-sims, k - 1)[:k]
+        best = part[np.argsort(-sims[part], kind="stable")]
+        return [(int(self._keys[i]), float(sims[i])) for i in best]
+
+
+class HnswVectorIndex:
+    def __init__(
+        self,
+        dimension: int,
+        *,
+        connectivity: int = 16,
+        expansion_add: int = 64,
+        expansion_search: int = 64,
+    ) -> None:
+        from usearch.index import Index
+
+        self.dimension = dimension
+        self._index = Index(
+            ndim=dimension,
+            metric="cos",
+            dtype="f32",
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+            expansion_search=expansion_search,
+        )
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def add(self, keys: Sequence[int], vectors: Vectors) -> None:
+        if len(keys) == 0:
+            return
+        key_array = np.asarray(keys, dtype=np.uint64)
+        present = [int(k) for k in key_array if self._index.contains(int(k))]
+        if present:
+            self._index.remove(present)
+        self._index.add(key_array, np.asarray(vectors, dtype=np.float32))
+
+    def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
+        if not len(self._index) or k <= 0:
+            return []
+        matches = self._index.search(np.asarray(query, dtype=np.float32), k)
+        return [
+            (int(key), 1.0 - float(dist))
+            for key, dist in zip(matches.keys, matches.distances, strict=True)
+        ]
+
+
+class TieredVectorIndex:
+    """Exact below ``threshold`` vectors, HNSW from then on (built from the exact copy once)."""
+
+    def __init__(self, dimension: int, *, threshold: int = 10_000) -> None:
+        self.dimension = dimension
+        self.threshold = threshold
+        self._exact: ExactVectorIndex | None = ExactVectorIndex(dimension)
+        self._hnsw: HnswVectorIndex | None = None
+
+    @property
+    def approximate(self) -> bool:
+        return self._hnsw is not None
+
+    def __len__(self) -> int:
+        return len(self._hnsw) if self._hnsw is not None else len(self._exact or ())
+
+    def add(self, keys: Sequence[int], vectors: Vectors) -> None:
+        if self._hnsw is not None:
+            self._hnsw.add(keys, vectors)
+            return
+        assert self._exact is not None
+        self._exact.add(keys, vectors)
+        if len(self._exact) >= self.threshold:
+            hnsw = HnswVectorIndex(self.dimension)
+            all_keys, all_vectors = self._exact.items()
+            hnsw.add([int(k) for k in all_keys], all_vectors)
+            self._hnsw, self._exact = hnsw, None
+
+    def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
+        if self._hnsw is not None:
+            return self._hnsw.search(query, k)
+        assert self._exact is not None
+        return self._exact.search(query, k)
+
+
+def recall_against(exact: VectorIndex, approximate: VectorIndex, queries: Vectors, k: int) -> float:
+    """Mean share of the exact top-k keys that the approximate index also returns."""
+    if len(queries) == 0:
+        return 1.0
+    total = 0.0
+    for query in queries:
+        truth = {key for key, _ in exact.search(query, k)}
+        found = {key for key, _ in approximate.search(query, k)}
+        total += len(truth & found) / max(1, len(truth))
+    return total / len(queries)

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.shard.retrieval.embedding import (
+    HashEmbedder,
+    MiniLMEmbedder,
+    TestEmbedderRefused,
+    require_production,
+)
+from services.shard.retrieval.vector_index import (
+    ExactVectorIndex,
+    HnswVectorIndex,
+    TieredVectorIndex,
+    recall_against,
+)
+
+
+def test_hash_embedder_is_deterministic_normalised_and_refused_in_production() -> None:
+    embedder = HashEmbedder(32)
+    first = embedder.embed(["the cat sat", "a dog ran"])
+    again = embedder.embed(["the cat sat", "a dog ran"])
+    assert np.array_equal(first, again)
+    assert np.allclose(np.linalg.norm(first, axis=1), 1.0)
+    with pytest.raises(TestEmbedderRefused, match="tests only"):
+        require_production(embedder, allow_test_embedder=False)
+    require_production(embedder, allow_test_embedder=True)
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    return MiniLMEmbedder()
+
+
+def test_minilm_matches_the_reference_model_on_known_pairs(minilm: MiniLMEmbedder) -> None:
+    vectors = minilm.embed(
+        [
+            "A man is playing a guitar.",
+            "Someone plays an instrument.",
+            "The stock market fell today.",
+        ]
+    )
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    related, unrelated = float(vectors[0] @ vectors[1]), float(vectors[0] @ vectors[2])
+    assert related > 0.4 > unrelated
+    require_production(minilm, allow_test_embedder=False)
+
+
+def test_minilm_batch_order_and_padding_do_not_change_vectors(minilm: MiniLMEmbedder) -> None:
+    texts = [
+        "short",
+        "a much longer sentence with quite a few more tokens in it",
+        "medium length text",
+    ]
+    together = minilm.embed(texts)
+    alone = np.vstack([minilm.embed([t]) for t in texts])
+    assert np.allclose(together, alone, atol=1e-5)
+
+
+def _clustered(n: int, dim: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(20, dim))
+    rows = centres[rng.integers(0, 20, n)] + 0.5 * rng.normal(size=(n, dim))
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def test_exact_index_returns_true_neighbours_and_replaces_on_same_key() -> None:
+    data = _clustered(300, 16, 1)
+    index = ExactVectorIndex(16)
+    index.add(list(range(300)), data)
+    sims = data @ data[7]
+    expected = [int(i) for i in np.argsort(-sims)[:5]]
+    assert [k for k, _ in index.search(data[7], 5)] == expected
+    index.add([7], data[8:9])
+    assert len(index) == 300
+    assert index.search(data[8], 2)[0][1] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_hnsw_recall_against_exact_is_high() -> None:
+    data = _clustered(2000, 32, 2)
+    exact, hnsw = ExactVectorIndex(32), HnswVectorIndex(32)
+    exact.add(list(range(2000)), data)
+    hnsw.add(list(range(2000)), data)
+    assert recall_against(exact, hnsw, data[:50], 10) >= 0.95
+
+
+def test_tiered_index_switches_to_hnsw_past_threshold_and_keeps_results() -> None:
+    data = _clustered(120, 16, 3)
+    tiered = TieredVectorIndex(16, threshold=100)
+    tiered.add(list(range(90)), data[:90])
+    assert not tiered.approximate
+    tiered.add(list(range(90, 120)), data[90:])
+    assert tiered.approximate and len(tiered) == 120
+    assert tiered.search(data[110], 1)[0][0] == 110
