@@ -2,7 +2,7 @@
 
 The client is created lazily from settings (endpoint, region, credentials).
 Small blobs go up in one ``PutObject``; larger ones stream as a multipart
-upload, so no blob is ever held whole in memory. Put-if-absent is
+upload (two parts in flight), so no blob is ever held whole in memory. Put-if-absent is
 ``If-None-Match: *`` (with a head check first for servers that ignore it);
 an interrupted upload is aborted, so nothing partial becomes visible.
 """
@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlparse
 
@@ -34,7 +35,8 @@ def _code(error: Exception) -> str:
 class S3BlobStore(BlobStore):
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region_name: str | None = None, access_key_id: str | None = None,
-                 secret_access_key: str | None = None, part_size: int = PART_SIZE) -> None:
+                 secret_access_key: str | None = None, part_size: int = PART_SIZE,
+                 parts_in_flight: int = 2) -> None:
         if not bucket:
             raise InvalidArgument("an s3:// blob URL needs a bucket: s3://bucket/prefix")
         self.bucket = bucket
@@ -46,6 +48,7 @@ class S3BlobStore(BlobStore):
             }.items() if v
         }
         self.part_size = max(part_size, 5 * 1024 * 1024)
+        self.parts_in_flight = max(1, parts_in_flight)
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -68,8 +71,11 @@ class S3BlobStore(BlobStore):
                     import boto3
                     from botocore.config import Config
 
+                    # SHA-256 is computed here already; skip botocore's extra body checksums.
                     config = Config(retries={"max_attempts": 3, "mode": "standard"},
-                                    max_pool_connections=32)
+                                    max_pool_connections=32,
+                                    request_checksum_calculation="when_required",
+                                    response_checksum_validation="when_required")
                     self._client = boto3.session.Session().client(
                         "s3", config=config, **self._client_options)
         return self._client
@@ -90,30 +96,42 @@ class S3BlobStore(BlobStore):
             raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
         digest = hashlib.sha256()
         size = 0
-        buffer = bytearray()
+        pending: list[bytes] = []
+        pending_size = 0
         upload_id: str | None = None
-        parts: list[dict[str, Any]] = []
+        parts: list[Future[dict[str, Any]]] = []
+        in_flight = threading.BoundedSemaphore(self.parts_in_flight)
+        pool: ThreadPoolExecutor | None = None
         try:
             for chunk in chunks:
                 digest.update(chunk)
                 size += len(chunk)
-                buffer += chunk
-                while len(buffer) >= self.part_size:
+                pending.append(chunk)
+                pending_size += len(chunk)
+                if pending_size >= self.part_size:
                     if upload_id is None:
                         upload_id = self.client.create_multipart_upload(
                             Bucket=self.bucket, Key=object_key)["UploadId"]
-                    self._upload_part(object_key, upload_id, parts,
-                                      bytes(buffer[: self.part_size]))
-                    del buffer[: self.part_size]
+                        pool = ThreadPoolExecutor(self.parts_in_flight,
+                                                  thread_name_prefix="s3-part")
+                    assert pool is not None
+                    in_flight.acquire()  # bounds memory: at most N parts buffered at once
+                    parts.append(pool.submit(self._upload_part, object_key, upload_id,
+                                             len(parts) + 1, b"".join(pending), in_flight))
+                    pending, pending_size = [], 0
             if upload_id is None:
-                self.client.put_object(Bucket=self.bucket, Key=object_key, Body=bytes(buffer),
-                                       IfNoneMatch="*")
+                self.client.put_object(Bucket=self.bucket, Key=object_key,
+                                       Body=b"".join(pending), IfNoneMatch="*")
             else:
-                if buffer:
-                    self._upload_part(object_key, upload_id, parts, bytes(buffer))
+                assert pool is not None
+                if pending:
+                    in_flight.acquire()
+                    parts.append(pool.submit(self._upload_part, object_key, upload_id,
+                                             len(parts) + 1, b"".join(pending), in_flight))
+                done = [part.result() for part in parts]
                 self.client.complete_multipart_upload(
                     Bucket=self.bucket, Key=object_key, UploadId=upload_id,
-                    MultipartUpload={"Parts": parts}, IfNoneMatch="*")
+                    MultipartUpload={"Parts": done}, IfNoneMatch="*")
                 upload_id = None
         except ClientError as error:
             if _code(error) in _EXISTS:
@@ -122,16 +140,22 @@ class S3BlobStore(BlobStore):
         except BotoCoreError as error:
             raise self._unavailable(error, "put") from error
         finally:
+            if pool is not None:
+                for part in parts:
+                    part.cancel()
+                pool.shutdown(wait=True)
             if upload_id is not None:
                 self._abort(object_key, upload_id)
         return BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
 
-    def _upload_part(self, object_key: str, upload_id: str, parts: list[dict[str, Any]],
-                     body: bytes) -> None:
-        number = len(parts) + 1
-        reply = self.client.upload_part(Bucket=self.bucket, Key=object_key, UploadId=upload_id,
-                                        PartNumber=number, Body=body)
-        parts.append({"PartNumber": number, "ETag": reply["ETag"]})
+    def _upload_part(self, object_key: str, upload_id: str, number: int, body: bytes,
+                     in_flight: threading.BoundedSemaphore) -> dict[str, Any]:
+        try:
+            reply = self.client.upload_part(Bucket=self.bucket, Key=object_key,
+                                            UploadId=upload_id, PartNumber=number, Body=body)
+            return {"PartNumber": number, "ETag": reply["ETag"]}
+        finally:
+            in_flight.release()
 
     def _abort(self, object_key: str, upload_id: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -161,7 +162,7 @@ def test_event_log_is_sequenced_hash_chained_and_replayable(
     run_id = _start(env)
     events = [env.client.append_event(run_id, "step", {"i": i}).event for i in range(5)]
     assert [e.seq for e in events] == [1, 2, 3, 4, 5]
-    assert all(b.prev_hash == a.hash for a, b in zip(events, events[1:], strict=False))
+    assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(events))
     assert [e.hash for e in env.client.replay(run_id)] == [e.hash for e in events]
     retry = env.client.append_event(run_id, "step", {"i": 9}, request_id="req-1")
     repeat = env.client.append_event(run_id, "step", {"i": 9}, request_id="req-1")

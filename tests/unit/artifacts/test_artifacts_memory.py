@@ -1,0 +1,82 @@
+"""ExternalMemory over a real SQLite file and file:// store, with a flaky store for I/O faults."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.artifacts.domain.entities import Pointer, PointerType, RunStatus
+from services.artifacts.memory import ArtifactUpload, ExternalMemory
+from services.artifacts.repository import ArtifactsRepository
+from services.artifacts.server import MIGRATIONS
+from services.common.blobstore import BlobInfo, BlobStore
+from services.common.blobstore.file import FileBlobStore
+from services.common.db import Database
+from services.common.errors import NotFound
+
+
+class FlakyExists(BlobStore):
+    """A real file store whose first ``misses`` existence checks fail (transient I/O)."""
+
+    def __init__(self, inner: FileBlobStore, misses: int) -> None:
+        self.inner = inner
+        self.misses = misses
+
+    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
+        return self.inner.put(key, chunks)
+
+    def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        return self.inner.open(key, chunk_size)
+
+    def exists(self, key: str) -> bool:
+        if self.misses > 0:
+            self.misses -= 1
+            return False
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+
+def _memory(tmp_path: Path, blobs: BlobStore) -> ExternalMemory:
+    db = Database(f"sqlite:///{tmp_path / 'a.db'}")
+    db.upgrade(MIGRATIONS)
+    return ExternalMemory(ArtifactsRepository(db), blobs, retry_delay_s=0)
+
+
+@pytest.mark.parametrize(("misses", "survives"), [(1, True), (2, False)])
+def test_retry_once_covers_a_transient_miss_but_not_two(tmp_path: Path, misses: int,
+                                                        survives: bool) -> None:
+    flaky = FlakyExists(FileBlobStore(tmp_path / "blobs"), 0)
+    memory = _memory(tmp_path, flaky)
+    run, _ = memory.start_run("fleet", "agent", "run-1")
+    art = memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), [b"bytes"])
+    flaky.misses = misses
+    pointer = Pointer(PointerType.ARTIFACT, art.artifact_id)
+    if survives:
+        assert memory.resolve("fleet", "agent", run.run_id, pointer, critical=True).attempts == 2
+        assert memory.repository.get_run("fleet", "run-1").status is RunStatus.RUNNING
+    else:
+        with pytest.raises(NotFound):
+            memory.resolve("fleet", "agent", run.run_id, pointer, critical=True)
+        assert memory.repository.get_run("fleet", "run-1").status is RunStatus.SYSTEM_ERROR
+
+
+def test_failed_row_insert_removes_the_blob(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    memory = _memory(tmp_path, store)
+    memory.start_run("fleet", "agent", "run-1")
+
+    def chunks_then_stop() -> Iterator[bytes]:
+        yield b"payload"
+        # The run stops while the bytes stream in: the row is refused, so the blob must go.
+        memory.stop_run("fleet", "agent", "run-1", RunStatus.CANCELLED, "cancelled mid-upload")
+
+    with pytest.raises(Exception, match="stopped"):
+        memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), chunks_then_stop())
+    assert list(store.list()) == []
