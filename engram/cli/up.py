@@ -10,12 +10,13 @@ Ctrl-C / SIGTERM or when any of them dies.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -74,8 +75,28 @@ def prepare_home(home: Path) -> dict[str, Path]:
     return tokens
 
 
-def service_env(launch: ServiceLaunch, home: Path, host: str) -> dict[str, str]:
-    others = tuple(f"ENGRAM_{s.name.upper()}_" for s in SERVICES if s is not launch)
+ORDER = ("shard", "governance", "artifacts", "compactor")
+
+
+def with_ports(base_port: int | None) -> tuple[ServiceLaunch, ...]:
+    if base_port is None:
+        return SERVICES
+    return tuple(
+        replace(s, port=base_port + ORDER.index(s.name),
+                metrics_port=base_port + 10 + ORDER.index(s.name))
+        for s in SERVICES
+    )
+
+
+def write_endpoints(home: Path, host: str, launches: tuple[ServiceLaunch, ...]) -> None:
+    """Where each service listens; the CLI reads it so it finds them with no set-up."""
+    endpoints = {s.name: f"{host}:{s.port}" for s in launches}
+    (home / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
+
+
+def service_env(launch: ServiceLaunch, home: Path, host: str,
+                launches: tuple[ServiceLaunch, ...] = SERVICES) -> dict[str, str]:
+    others = tuple(f"ENGRAM_{s.name.upper()}_" for s in SERVICES if s.name != launch.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(others)}
     env.update(
         ENGRAM_HOME=str(home),
@@ -88,7 +109,7 @@ def service_env(launch: ServiceLaunch, home: Path, host: str) -> dict[str, str]:
         },
     )
     for dep in launch.needs:
-        port = next(s.port for s in SERVICES if s.name == dep)
+        port = next(s.port for s in launches if s.name == dep)
         env[f"{launch.prefix}{dep.upper()}_ADDR"] = f"{host}:{port}"
     env.update(launch.extra_env)
     return env
@@ -116,10 +137,15 @@ def up(
     only: list[str] = typer.Option(
         [], "--only", help="run just these services (repeatable), e.g. --only shard"
     ),
+    base_port: int | None = typer.Option(
+        None, help="gRPC ports base, base+1.. in the order shard, governance, artifacts, "
+        "compactor (metrics on base+10..); default 50051.. and 9101..",
+    ),
 ) -> None:
     """Run all services in the foreground; Ctrl-C or SIGTERM stops them cleanly."""
     home = settings().home.resolve()
     tokens = prepare_home(home)
+    launches = with_ports(base_port)
     processes: list[tuple[ServiceLaunch, subprocess.Popen[bytes]]] = []
     stopping = False
 
@@ -133,11 +159,12 @@ def up(
     for column in ("service", "address", "metrics", "pid"):
         table.add_column(column)
     try:
+        write_endpoints(home, host, launches)
         unknown = set(only) - {s.name for s in SERVICES}
         if unknown:
             raise RuntimeError(f"unknown service(s) {sorted(unknown)}; "
                                f"choose from {[s.name for s in SERVICES]}")
-        for launch in SERVICES:
+        for launch in launches:
             if only and launch.name not in only:
                 continue
             if importlib.util.find_spec(launch.module) is None:
@@ -148,7 +175,7 @@ def up(
             log_file = log_path.open("ab")
             process = subprocess.Popen(
                 [sys.executable, "-m", launch.module],
-                env=service_env(launch, home, host),
+                env=service_env(launch, home, host, launches),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
             )

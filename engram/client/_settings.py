@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
@@ -33,6 +34,22 @@ class ClientSettings(BaseSettings):
     )
     tls_ca: Path | None = None
     timeout_seconds: float = 30.0
+
+    @model_validator(mode="after")
+    def _local_endpoints(self) -> ClientSettings:
+        """Addresses not set in the environment come from `engram up`'s endpoints.json."""
+        path = self.home / "endpoints.json"
+        if not path.exists():
+            return self
+        try:
+            endpoints = json.loads(path.read_text())
+        except ValueError:
+            return self
+        for name, address in endpoints.items():
+            field = f"{name}_addr"
+            if field in type(self).model_fields and field not in self.model_fields_set:
+                object.__setattr__(self, field, str(address))  # frozen model, set once here
+        return self
 
     def admin_token_path(self) -> Path:
         return self.home / "auth" / "admin.token"

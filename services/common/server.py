@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -92,12 +93,17 @@ class EngramServer:
         return self
 
     def stop(self, grace: float | None = None) -> None:
-        """Health to NOT_SERVING, refuse new calls, drain in-flight ones, then release."""
+        """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.
+
+        ``stop(grace)`` with an explicit grace skips the drain delay (tests, fast exits).
+        """
         if self._stopped.is_set():
             return
         self._stopped.set()
         self._health.enter_graceful_shutdown()
-        grace = self.settings.grace_seconds if grace is None else grace
+        if grace is None:
+            time.sleep(self.settings.drain_delay_seconds)
+            grace = self.settings.grace_seconds
         self._server.stop(grace).wait()
         self.spec.on_stop()
         log.info("stopped", extra={"address": self.address})

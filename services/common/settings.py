@@ -39,6 +39,11 @@ class ServerSettings(BaseSettings):
     )
     max_workers: int = 32
     grace_seconds: float = 5.0
+    drain_delay_seconds: float = Field(
+        default=1.0,
+        description="after health turns NOT_SERVING, keep serving this long so load balancers "
+        "and readiness probes stop routing here before in-flight calls drain",
+    )
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(

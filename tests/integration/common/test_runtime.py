@@ -1,0 +1,117 @@
+"""The shared runtime as production runs it: health, reflection, metrics, drain, auth."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from engram.shard.v1 import shard_service_pb2 as pb
+from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
+from services.shard.server import build_shard_server
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+@pytest.fixture
+def running(tmp_path: Path, engram_home: Path):  # type: ignore[no-untyped-def]
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 's.db'}", port=0,
+                             metrics_port=0, grace_seconds=2)
+    server, service = build_shard_server(settings)
+    server.start()
+    yield server, service
+    server.stop(0)
+
+
+def test_health_reflection_and_metrics(running, make_token: TokenFactory) -> None:  # type: ignore[no-untyped-def]
+    server, _service = running
+    with grpc.insecure_channel(server.address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for name in ("", "engram.shard.v1.ShardService"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=name))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        answers = list(reflection.ServerReflectionInfo(iter(
+            [reflection_pb2.ServerReflectionRequest(list_services="")])))
+        names = {s.name for s in answers[0].list_services_response.service}
+        assert "engram.shard.v1.ShardService" in names
+        stub = pb_grpc.ShardServiceStub(channel)
+        token = make_token()
+        stub.GetStatus(pb.GetStatusRequest(), metadata=[("authorization", f"Bearer {token}")])
+        with pytest.raises(grpc.RpcError):
+            stub.GetStatus(pb.GetStatusRequest())
+    body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    assert ('grpc_server_handled_total{grpc_code="OK",grpc_method="GetStatus",'
+            'grpc_service="engram.shard.v1.ShardService",grpc_type="unary"} 1.0') in body
+    assert 'grpc_code="UNAUTHENTICATED",grpc_method="GetStatus"' in body
+    assert "grpc_server_started_total" in body and "grpc_server_handling_seconds_bucket" in body
+
+
+def test_errors_carry_error_info_and_no_stack_trace(running, make_token: TokenFactory) -> None:  # type: ignore[no-untyped-def]
+    from grpc_status import rpc_status
+    from google.rpc import error_details_pb2
+
+    server, _service = running
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.ShardServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.CreateRecord(pb.CreateRecordRequest(record=pb.RecordInput(content="")),
+                              metadata=[("authorization", f"Bearer {make_token()}")])
+    status = rpc_status.from_call(caught.value)
+    assert status is not None and status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    info = error_details_pb2.ErrorInfo()
+    status.details[0].Unpack(info)
+    assert info.reason == "EMPTY_CONTENT" and info.domain == "engram.dev"
+    assert "Traceback" not in caught.value.details()
+
+
+def test_graceful_stop_flips_health_then_drains(running, make_token: TokenFactory) -> None:  # type: ignore[no-untyped-def]
+    server, service = running
+    started, release = threading.Event(), threading.Event()
+    original = service.status
+
+    def slow_status(principal):  # type: ignore[no-untyped-def]
+        started.set()
+        release.wait(5)
+        return original(principal)
+
+    service.status = slow_status  # type: ignore[method-assign]
+    outcome: dict[str, object] = {}
+    channel = grpc.insecure_channel(server.address)
+    stub = pb_grpc.ShardServiceStub(channel)
+
+    def call() -> None:
+        try:
+            outcome["reply"] = stub.GetStatus(
+                pb.GetStatusRequest(), metadata=[("authorization", f"Bearer {make_token()}")])
+        except grpc.RpcError as error:
+            outcome["error"] = error
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    assert started.wait(5)
+    stopper = threading.Thread(target=server.stop)
+    stopper.start()
+    deadline = time.monotonic() + 5
+    health = health_pb2_grpc.HealthStub(channel)
+    status = None
+    while time.monotonic() < deadline:
+        try:
+            status = health.Check(health_pb2.HealthCheckRequest(), timeout=1).status
+        except grpc.RpcError:
+            break
+        if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+            break
+        time.sleep(0.02)
+    release.set()
+    caller.join(5)
+    stopper.join(10)
+    channel.close()
+    assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert "reply" in outcome, outcome.get("error")  # the in-flight call finished
