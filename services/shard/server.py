@@ -8,11 +8,33 @@ from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
 from services.shard.ports import TrustSource, WriteGate
+from services.shard.retrieval.embedding import (
+    EmbeddingProvider,
+    HashEmbedder,
+    MiniLMEmbedder,
+    require_production,
+)
+from services.shard.search.semantic import SemanticIndex
 from services.shard.service import ShardService
 from services.shard.servicer import POLICY, SERVICE_NAME, ShardServicer, add_to_server
 from services.shard.settings import ShardSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
+    """The provider for ``settings.embedder`` (None for "none"); refuses test-only ones."""
+    if settings.embedder == "none":
+        return None
+    provider: EmbeddingProvider
+    if settings.embedder == "hash":
+        provider = HashEmbedder()
+    elif settings.embedder == "minilm":
+        provider = MiniLMEmbedder()
+    else:
+        raise ValueError(f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: minilm, hash, none")
+    require_production(provider, allow_test_embedder=settings.allow_test_embedder)
+    return provider
 
 
 def build_shard_server(
@@ -22,16 +44,26 @@ def build_shard_server(
     trust: TrustSource | None = None,
     database: Database | None = None,
 ) -> tuple[EngramServer, ShardService]:
+    provider = embedding_provider(settings)  # refuse a test embedder before touching the store
     database = database or Database(settings.database_url())
     if settings.migrate:
         database.upgrade(MIGRATIONS)
-    service = ShardService(database, gate=gate, trust=trust)
+    semantic = SemanticIndex(database, provider) if provider is not None else None
+    if semantic is not None:
+        semantic.start()
+    service = ShardService(database, gate=gate, trust=trust, semantic=semantic)
+
+    def stop() -> None:
+        if semantic is not None:
+            semantic.stop()
+        database.dispose()
+
     servicer = ShardServicer(service, MemoryCompactor(service))
     spec = ServiceSpec(
         name="shard",
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
-        on_stop=database.dispose,
+        on_stop=stop,
     )
     return build_server(settings, spec), service

@@ -30,10 +30,11 @@ from services.shard.domain.domains import (
     with_importance,
 )
 from services.shard.domain.records import Record, RecordDraft
-from services.shard.group_commit import GroupCommit
+from services.common.group_commit import GroupCommit
 from services.shard.ports import GateCandidate, TrustSource, WriteGate
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery
+from services.shard.search.semantic import SemanticIndex
 
 log = logging.getLogger("engram.shard")
 
@@ -72,13 +73,16 @@ class ShardService:
         *,
         gate: WriteGate | None = None,
         trust: TrustSource | None = None,
+        semantic: SemanticIndex | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.db = database
         self.repo = ShardRepository(database.dialect)
         self.gate = gate
         self.clock = clock
-        self.search_engine = SearchEngine(database, self.repo, trust=trust, clock=clock)
+        self.search_engine = SearchEngine(
+            database, self.repo, trust=trust, semantic=semantic, clock=clock
+        )
         self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
         self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
         self._domain_lock = threading.Lock()

@@ -24,6 +24,10 @@ class ShardSettings(ServerSettings):
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
     migrate: bool = True
+    embedder: str = "minilm"
+    """Embedding provider for semantic search: minilm (packaged all-MiniLM-L6-v2), hash, none."""
+    allow_test_embedder: bool = False
+    """The hash embedder is meaningless; the shard refuses it unless this says it is a test."""
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('shard') / 'shard.db').resolve()}"
