@@ -1,7 +1,10 @@
-"""SearchEngine: lexical retrieval, re-ranking and cross-reference expansion.
+"""SearchEngine: lexical, semantic or hybrid retrieval, re-ranking, cross-reference expansion.
 
-Relevance comes from the store's full-text index (FTS5 bm25 on SQLite,
-ts_rank_cd on Postgres); :func:`services.shard.domain.scoring.final_score`
+Lexical relevance comes from the store's full-text index (FTS5 bm25 on SQLite,
+ts_rank_cd on Postgres); semantic relevance is cosine similarity from the
+:class:`SemanticIndex`; hybrid fuses the two min-max normalised lists with equal
+weight (convex fusion, the best fusion measured in docs/retrieval.md).
+:func:`services.shard.domain.scoring.final_score`
 multiplies it by importance, recency and the author's trust multiplier.
 Authors with multiplier 0.0 (suspended) never surface. Trust unreachable ->
 1.0 for everyone and a logged warning (seed 002, Risks).
@@ -21,12 +24,17 @@ from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
+from services.shard.search.semantic import SemanticIndex
 
 log = logging.getLogger("engram.shard.search")
 
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
 _OVERFETCH = 4
+_FUSION_DEPTH = 50  # candidates taken from each list before fusion
+LEXICAL_WEIGHT = 0.5
+# Below this cosine a MiniLM neighbour is unrelated text: leave it out rather than pad results.
+MIN_SIMILARITY = 0.25
 
 
 @dataclass(frozen=True)
@@ -51,10 +59,12 @@ class SearchHit:
 class SearchEngine:
     def __init__(self, database: Database, repo: ShardRepository, *,
                  trust: TrustSource | None = None,
+                 semantic: SemanticIndex | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.db = database
         self.repo = repo
         self.trust = trust
+        self.semantic = semantic
         self.clock = clock
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
@@ -63,7 +73,9 @@ class SearchEngine:
         if not 1 <= query.limit <= MAX_LIMIT:
             raise InvalidArgument(f"limit must be 1..{MAX_LIMIT}, got {query.limit}",
                                   reason="INVALID_LIMIT")
-        if query.mode == "semantic":
+        if query.mode not in ("lexical", "semantic", "hybrid"):
+            raise InvalidArgument(f"unknown search mode {query.mode!r}", reason="INVALID_MODE")
+        if query.mode == "semantic" and self.semantic is None:
             raise FailedPrecondition(
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
@@ -71,11 +83,42 @@ class SearchEngine:
         flt = RecordFilter(query.fleet_id, run_id=query.run_id, domain=query.domain,
                            tags=query.tags, exclude_compacted=True)
         with self.db.session() as session:
-            found = self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
+            found = self._relevance(session, query, flt)
             hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
             if query.cross and hits:
                 hits = self._expand(session, query, flt, hits)
         return hits
+
+    def _relevance(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
+                   flt: RecordFilter) -> list[tuple[Record, float]]:
+        if query.mode == "lexical" or self.semantic is None:
+            return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
+        depth = max(_FUSION_DEPTH, query.limit * _OVERFETCH)
+        semantic = self._semantic(session, query, flt, depth)
+        if query.mode == "semantic":
+            return semantic
+        lexical = self.repo.lexical(session, flt, query.text, depth)
+        return fuse(lexical, semantic, LEXICAL_WEIGHT)
+
+    def _semantic(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
+                  flt: RecordFilter, depth: int) -> list[tuple[Record, float]]:
+        assert self.semantic is not None
+        # Filters apply after the vector search, so fetch extra when a filter narrows.
+        narrowing = flt.run_id is not None or bool(flt.domain or flt.tags)
+        nearest = self.semantic.nearest(query.fleet_id, query.text, depth * (4 if narrowing else 2))
+        records = self.repo.by_ids(session, query.fleet_id, [rid for rid, _ in nearest])
+        compacted = self.repo.compacted_ids(session, query.fleet_id) if records else set()
+        out: list[tuple[Record, float]] = []
+        for rid, similarity in nearest:
+            record = records.get(rid)
+            if similarity < MIN_SIMILARITY:
+                break
+            if record is None or rid in compacted or not _matches(record, flt):
+                continue
+            out.append((record, max(similarity, 1e-9)))
+            if len(out) >= depth:
+                break
+        return out
 
     def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
               via: str) -> list[SearchHit]:
@@ -134,10 +177,39 @@ class SearchEngine:
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
 
     def notify_written(self, records: Sequence[Record]) -> None:
-        """Called after each committed group; the full-text index is already current."""
+        """Called after each committed group: the full-text index is current, vectors follow."""
+        if self.semantic is not None and records:
+            self.semantic.notify()
 
     def indexing_lag(self) -> int:
-        return 0
+        return self.semantic.lag() if self.semantic is not None else 0
+
+
+def _matches(record: Record, flt: RecordFilter) -> bool:
+    if flt.run_id is not None and record.run_id != flt.run_id:
+        return False
+    if flt.domain and record.domain != flt.domain:
+        return False
+    if flt.agent_id and record.agent_id != flt.agent_id:
+        return False
+    return all(tag in record.tags for tag in flt.tags)
+
+
+def fuse(lexical: Sequence[tuple[Record, float]], semantic: Sequence[tuple[Record, float]],
+         lexical_weight: float) -> list[tuple[Record, float]]:
+    """Convex fusion of two min-max normalised relevance lists (absent = 0)."""
+    combined: dict[str, tuple[Record, float]] = {}
+    for weight, found in ((lexical_weight, lexical), (1.0 - lexical_weight, semantic)):
+        if not found:
+            continue
+        values = [score for _, score in found]
+        low, span = min(values), max(values) - min(values)
+        for record, score in found:
+            share = weight * ((score - low) / span if span > 1e-12 else 1.0)
+            previous = combined.get(record.id, (record, 0.0))[1]
+            combined[record.id] = (record, previous + share)
+    ranked = sorted(combined.values(), key=lambda item: item[1], reverse=True)
+    return [(record, max(score, 1e-9)) for record, score in ranked]
 
 
 __all__ = ["CrossRef", "SearchEngine", "SearchHit", "SearchQuery"]

@@ -1,0 +1,87 @@
+"""Semantic and hybrid search through a real shard server, on SQLite and Postgres."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from engram.client import ShardClient
+from services.shard.retrieval.embedding import TestEmbedderRefused
+from services.shard.server import build_shard_server
+from services.shard.service import ShardService
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shard.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+def _serve(settings: ShardSettings, token: str) -> tuple[ShardClient, ShardService, object]:
+    server, service = build_shard_server(settings)
+    server.start()
+    return ShardClient(server.address, token), service, server
+
+
+def _caught_up(client: ShardClient) -> None:
+    deadline = time.monotonic() + 60  # a bound on waiting, not a speed assertion
+    while client.status().indexing_lag and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.status().indexing_lag == 0
+
+
+@pytest.fixture
+def settings(db_url: str, engram_home: Path) -> ShardSettings:
+    return ShardSettings(home=engram_home, db_url=db_url, port=0, allow_ungated=True)
+
+
+def test_semantic_finds_paraphrase_and_survives_restart(
+    settings: ShardSettings, make_token: TokenFactory
+) -> None:
+    token = make_token("agent-sem", "fleet-sem")
+    client, service, server = _serve(settings, token)
+    try:
+        client.add("The quarterly revenue report shows sales grew by twelve percent")
+        target = client.add("My dog loves running on the beach every morning").record
+        client.add("Kubernetes pods restart when the liveness probe fails")
+        _caught_up(client)
+        assert client.search("puppy playing by the sea", mode="lexical") == []
+        semantic = client.search("puppy playing by the sea", mode="semantic")
+        assert semantic[0].record.id == target.id
+        hybrid = client.search("puppy playing by the sea", mode="hybrid")
+        assert hybrid[0].record.id == target.id
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+    # A new process rebuilds its index from the stored vectors.
+    client, service, server = _serve(settings, token)
+    try:
+        _caught_up(client)
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == target.id
+        assert service.search_engine.semantic is not None
+        assert service.search_engine.semantic.indexed("fleet-sem") == 3
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_hash_embedder_is_refused_unless_marked_as_test(
+    db_url: str, engram_home: Path, make_token: TokenFactory
+) -> None:
+    base = ShardSettings(
+        home=engram_home, db_url=db_url, port=0, allow_ungated=True, embedder="hash"
+    )
+    with pytest.raises(TestEmbedderRefused):
+        build_shard_server(base)
+    client, _, server = _serve(
+        base.model_copy(update={"allow_test_embedder": True}), make_token("agent-h", "fleet-h")
+    )
+    try:
+        client.add("deterministic vectors for tests")
+        _caught_up(client)
+        assert client.search("deterministic vectors", mode="semantic")
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
