@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from services.common.db import Database
 from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
+from services.common.group_commit import GroupCommit
 from services.common.tokens import Principal
 from services.shard.domain import crossrefs, records
 from services.shard.domain.domains import (
@@ -30,7 +31,6 @@ from services.shard.domain.domains import (
     with_importance,
 )
 from services.shard.domain.records import Record, RecordDraft
-from services.common.group_commit import GroupCommit
 from services.shard.ports import GateCandidate, TrustSource, WriteGate
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from services.shard.group_commit import GroupCommit
+from services.common.group_commit import GroupCommit
 
 
 def test_concurrent_jobs_share_groups_and_all_get_their_result() -> None:
