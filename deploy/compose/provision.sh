@@ -1,0 +1,75 @@
+#!/bin/sh
+# One-shot provisioning for docker compose (the engram-init container), safe to run again:
+#   1. the deployment's Ed25519 signing key + the operator's admin token, kept in
+#      $ENGRAM_SIGNING_HOME, which no service mounts (services can check tokens, never mint them);
+#   2. per service, a directory $ENGRAM_AUTH_ROOT/<svc> with the public key, plus a service token
+#      for the services that call another one (shard -> governance, compactor -> shard);
+#   3. the S3 buckets the artifacts and compactor blob stores use.
+set -eu
+
+SIGNING_HOME="${ENGRAM_SIGNING_HOME:-/var/lib/engram-signing}"
+AUTH_ROOT="${ENGRAM_AUTH_ROOT:-/run/engram}"
+SERVICE_UID="${ENGRAM_SERVICE_UID:-10001}"
+S3_ENDPOINT="${ENGRAM_S3_ENDPOINT_URL:-}"
+S3_BUCKETS="${ENGRAM_S3_BUCKETS:-}"
+umask 077
+
+python -c 'import sys; from pathlib import Path; from services.common.tokens import ensure_keypair; ensure_keypair(Path(sys.argv[1]))' "$SIGNING_HOME"
+KEY="$SIGNING_HOME/auth/signing.key"
+
+mint() {  # mint <file> <agent> <fleet> <role>...: write a token once, never replace it
+  file="$1" agent="$2" fleet="$3"
+  shift 3
+  [ -s "$file" ] && return 0
+  roles=""
+  for role in "$@"; do roles="$roles --role $role"; done
+  # shellcheck disable=SC2086 # roles is a list of words by design
+  engram token create --key "$KEY" --agent "$agent" --fleet "$fleet" $roles > "$file.tmp"
+  mv "$file.tmp" "$file"
+}
+
+mint "$SIGNING_HOME/auth/admin.token" admin default admin governor
+
+for svc in governance artifacts shard compactor; do
+  mkdir -p "$AUTH_ROOT/$svc"
+  cp "$SIGNING_HOME/auth/signing.pub" "$AUTH_ROOT/$svc/signing.pub"
+done
+for svc in shard compactor; do
+  mint "$AUTH_ROOT/$svc/$svc.token" "svc-$svc" system service
+done
+
+# The services run as $SERVICE_UID; only root can hand the files over (compose volumes start root-owned).
+if [ "$(id -u)" = "0" ]; then
+  for svc in governance artifacts shard compactor; do
+    chown -R "$SERVICE_UID:$SERVICE_UID" "$AUTH_ROOT/$svc"
+    chmod 0500 "$AUTH_ROOT/$svc"
+    chmod 0400 "$AUTH_ROOT/$svc"/*
+  done
+fi
+
+if [ -n "$S3_ENDPOINT" ] && [ -n "$S3_BUCKETS" ]; then
+  # shellcheck disable=SC2086 # one argument per bucket
+  python - "$S3_ENDPOINT" $S3_BUCKETS <<'PY'
+import sys
+import time
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+endpoint, *buckets = sys.argv[1:]
+s3 = boto3.client("s3", endpoint_url=endpoint)
+for _attempt in range(60):
+    try:
+        existing = {bucket["Name"] for bucket in s3.list_buckets()["Buckets"]}
+        break
+    except (BotoCoreError, ClientError):
+        time.sleep(1)
+else:
+    sys.exit(f"S3 endpoint {endpoint} did not answer in 60 s")
+for bucket in buckets:
+    if bucket not in existing:
+        s3.create_bucket(Bucket=bucket)
+print(f"buckets ready at {endpoint}: {', '.join(buckets)}")
+PY
+fi
+echo "engram-init: signing key in $SIGNING_HOME/auth, service credentials under $AUTH_ROOT"

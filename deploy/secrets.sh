@@ -1,0 +1,51 @@
+#!/bin/sh
+# Print the Secrets an Engram overlay expects, as YAML for `kubectl apply -f -` (nothing is applied
+# here, and nothing secret is written to disk outside $ENGRAM_SIGNING_HOME):
+#
+#   ENGRAM_NAMESPACE=engram ENGRAM_SIGNING_HOME=/secure/engram-signing \
+#   ENGRAM_SHARD_DB_URL=postgresql+psycopg://engram_shard:...@db:5432/engram_shard \
+#   ENGRAM_GOVERNANCE_DB_URL=... ENGRAM_ARTIFACTS_DB_URL=... ENGRAM_COMPACTOR_DB_URL=... \
+#   [ENGRAM_S3_ACCESS_KEY_ID=... ENGRAM_S3_SECRET_ACCESS_KEY=...] \
+#   sh deploy/secrets.sh | kubectl apply -f -
+#
+# The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
+# cluster only ever gets the public key and the two service tokens (shard, compactor).
+# Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
+set -eu
+
+: "${ENGRAM_NAMESPACE:?set ENGRAM_NAMESPACE (engram-dev or engram)}"
+: "${ENGRAM_SIGNING_HOME:?set ENGRAM_SIGNING_HOME to the directory that keeps the signing key}"
+for svc in SHARD GOVERNANCE ARTIFACTS COMPACTOR; do
+  eval "url=\${ENGRAM_${svc}_DB_URL:-}"
+  [ -n "$url" ] || { echo "set ENGRAM_${svc}_DB_URL (each service has its own database)" >&2; exit 2; }
+done
+
+umask 077
+python -c 'import sys; from pathlib import Path; from services.common.tokens import ensure_keypair; ensure_keypair(Path(sys.argv[1]))' "$ENGRAM_SIGNING_HOME"
+KEY="$ENGRAM_SIGNING_HOME/auth/signing.key"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+secret() {  # secret <name> <kubectl create secret generic arguments>...
+  name="$1"
+  shift
+  echo "---"
+  kubectl create secret generic "$name" --namespace "$ENGRAM_NAMESPACE" "$@" \
+    --dry-run=client -o yaml
+}
+
+secret engram-auth-public-key --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
+for svc in shard compactor; do
+  engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service > "$WORK/$svc.token"
+  secret "engram-$svc-service-token" --from-file=token="$WORK/$svc.token"
+done
+secret engram-shard-db --from-literal=url="$ENGRAM_SHARD_DB_URL"
+secret engram-governance-db --from-literal=url="$ENGRAM_GOVERNANCE_DB_URL"
+secret engram-artifacts-db --from-literal=url="$ENGRAM_ARTIFACTS_DB_URL"
+secret engram-compactor-db --from-literal=url="$ENGRAM_COMPACTOR_DB_URL"
+if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
+  for svc in artifacts compactor; do
+    secret "engram-$svc-s3" --from-literal=access_key_id="$ENGRAM_S3_ACCESS_KEY_ID" \
+      --from-literal=secret_access_key="${ENGRAM_S3_SECRET_ACCESS_KEY:?set ENGRAM_S3_SECRET_ACCESS_KEY too}"
+  done
+fi

@@ -1,0 +1,77 @@
+"""Deployment artefacts, checked offline: what each service is given, and what it accepts."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+
+from services.artifacts.settings import ArtifactsSettings
+from services.compactor.settings import CompactorSettings
+from services.governance.settings import GovernanceSettings
+from services.shard.settings import ShardSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("shard", "governance", "artifacts", "compactor")
+GRPC_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
+SETTINGS: dict[str, type[BaseSettings]] = {
+    "shard": ShardSettings, "governance": GovernanceSettings,
+    "artifacts": ArtifactsSettings, "compactor": CompactorSettings,
+}
+# Who calls whom over gRPC (DESIGN.md section 1); nothing else may connect service to service.
+SERVICE_EDGES = {("shard", "governance"), ("compactor", "shard"), ("compactor", "artifacts")}
+# Read by boto3's default credential chain (the compactor's S3 client), not by Engram settings.
+BOTO_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
+
+
+def accepted_env(service: str) -> set[str]:
+    """Every ENGRAM_* variable the service's settings class reads."""
+    cls = SETTINGS[service]
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    names: set[str] = set()
+    for field, info in cls.model_fields.items():
+        if isinstance(info.validation_alias, AliasChoices):
+            names.update(str(choice) for choice in info.validation_alias.choices)
+        else:
+            names.add(f"{prefix}{field}".upper())
+    return names
+
+
+def parse_settings(service: str, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Build the service's settings from exactly ``env`` (the process environment cleared)."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("ENGRAM_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return SETTINGS[service]()
+
+
+def kustomize(overlay: str) -> list[dict[str, Any]]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: it renders the kustomize overlays")
+    result = subprocess.run([kubectl, "kustomize", str(ROOT / "deploy" / "overlays" / overlay)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"kubectl kustomize {overlay} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="session", params=["dev", "prod"])
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, kustomize(request.param)
+
+
+@pytest.fixture(scope="session")
+def compose() -> dict[str, Any]:
+    loaded = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert isinstance(loaded, dict)
+    return loaded

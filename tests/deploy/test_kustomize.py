@@ -1,0 +1,330 @@
+"""`kubectl kustomize deploy/overlays/<x>`: valid objects, hardened pods, the trust boundaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.deploy.conftest import (
+    BOTO_ENV,
+    GRPC_PORTS,
+    SERVICE_EDGES,
+    SERVICES,
+    accepted_env,
+    parse_settings,
+)
+
+Rendered = tuple[str, list[dict[str, Any]]]
+CLIENT = "client"
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def _objects(rendered: Rendered, kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in rendered[1] if o["kind"] == kind}
+
+
+def _deployment(rendered: Rendered, service: str) -> dict[str, Any]:
+    return _objects(rendered, "Deployment")[f"engram-{service}"]
+
+
+def _container(rendered: Rendered, service: str) -> dict[str, Any]:
+    containers = _deployment(rendered, service)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, f"{service}: one container per pod"
+    return dict(containers[0])
+
+
+def _port(container: dict[str, Any], name: str) -> int:
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert name in ports, f"{container['name']} has no port named {name!r}"
+    return int(ports[name])
+
+
+def _env(rendered: Rendered, service: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain values from ConfigMaps and env, secret-backed variable -> secret name)."""
+    config_maps = _objects(rendered, "ConfigMap")
+    container = _container(rendered, service)
+    plain: dict[str, str] = {}
+    secret_backed: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        assert set(source) == {"configMapRef"}, f"{service}: envFrom {source} (secrets go in env)"
+        plain.update(config_maps[source["configMapRef"]["name"]]["data"])
+    for var in container.get("env", []):
+        if "value" in var:
+            plain[var["name"]] = var["value"]
+        else:
+            secret_backed[var["name"]] = var["valueFrom"]["secretKeyRef"]["name"]
+    return plain, secret_backed
+
+
+def _secret_names(pod_spec: dict[str, Any]) -> set[str]:
+    names: set[str] = set()
+    for container in pod_spec["containers"]:
+        names.update(v["valueFrom"]["secretKeyRef"]["name"] for v in container.get("env", [])
+                     if "secretKeyRef" in v.get("valueFrom", {}))
+        names.update(s["secretRef"]["name"] for s in container.get("envFrom", [])
+                     if "secretRef" in s)
+    for volume in pod_spec.get("volumes", []):
+        if "secret" in volume:
+            names.add(volume["secret"]["secretName"])
+        for source in volume.get("projected", {}).get("sources", []):
+            if "secret" in source:
+                names.add(source["secret"]["name"])
+    return names
+
+
+def test_every_object_validates_against_the_newest_kubernetes_schema(overlay: Rendered) -> None:
+    version = kubernetes_validate.latest_version()
+    for obj in overlay[1]:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{overlay[0]}: {obj['kind']}/{obj['metadata']['name']} is not valid "
+                        f"Kubernetes {version}: {error.message}")
+
+
+def test_each_service_has_deployment_service_and_serviceaccount(overlay: Rendered) -> None:
+    for service in SERVICES:
+        name = f"engram-{service}"
+        deployment = _deployment(overlay, service)
+        assert name in _objects(overlay, "ServiceAccount")
+        assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == name
+        svc = _objects(overlay, "Service")[name]
+        assert svc["spec"]["selector"].items() <= (
+            deployment["spec"]["template"]["metadata"]["labels"].items())
+        ports = {p["name"]: p for p in svc["spec"]["ports"]}
+        assert ports["grpc"]["port"] == GRPC_PORTS[service]
+        assert ports["grpc"]["targetPort"] == "grpc"
+        assert ports["metrics"]["targetPort"] == "metrics"
+
+
+def test_all_objects_live_in_the_overlay_namespace_which_enforces_restricted(
+        overlay: Rendered) -> None:
+    namespaces = _objects(overlay, "Namespace")
+    assert len(namespaces) == 1
+    (name, namespace), = namespaces.items()
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in overlay[1]:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == name, obj["metadata"]["name"]
+
+
+def test_pods_run_non_root_with_read_only_root_and_no_capabilities(overlay: Rendered) -> None:
+    for service in SERVICES:
+        spec = _deployment(overlay, service)["spec"]["template"]["spec"]
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, service
+        assert pod["seccompProfile"]["type"] == "RuntimeDefault", service
+        assert spec["automountServiceAccountToken"] is False, service
+        for container in spec["containers"] + spec.get("initContainers", []):
+            ctx = container["securityContext"]
+            assert ctx["runAsNonRoot"] is True, service
+            assert ctx.get("runAsUser", pod["runAsUser"]) != 0, service
+            assert ctx["readOnlyRootFilesystem"] is True, service
+            assert ctx["allowPrivilegeEscalation"] is False, service
+            assert ctx["capabilities"]["drop"] == ["ALL"], service
+            assert not ctx["capabilities"].get("add"), service
+            assert ctx.get("privileged", False) is False, service
+            assert ctx["seccompProfile"]["type"] == "RuntimeDefault", service
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            volumes = {v["name"]: v for v in spec["volumes"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]], f"{service}: /tmp must be an emptyDir"
+
+
+def _cpu(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def _memory(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_every_container_has_requests_within_limits(overlay: Rendered) -> None:
+    for service in SERVICES:
+        resources = _container(overlay, service)["resources"]
+        for key in ("cpu", "memory"):
+            assert key in resources["requests"] and key in resources["limits"], (service, key)
+        assert _cpu(resources["requests"]["cpu"]) <= _cpu(resources["limits"]["cpu"]), service
+        assert _memory(resources["requests"]["memory"]) <= _memory(
+            resources["limits"]["memory"]), service
+
+
+def test_probes_are_native_grpc_on_the_grpc_port(overlay: Rendered) -> None:
+    for service in SERVICES:
+        container = _container(overlay, service)
+        grpc_port = _port(container, "grpc")
+        assert grpc_port == GRPC_PORTS[service]
+        for probe in PROBES:
+            handlers = set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"}
+            assert handlers == {"grpc"}, f"{service} {probe} uses {handlers}"
+            assert container[probe]["grpc"]["port"] == grpc_port, f"{service} {probe}"
+            # The empty service name is the server's overall health (services.common.server).
+            assert container[probe]["grpc"].get("service", "") == "", f"{service} {probe}"
+
+
+def test_one_image_runs_each_service_module(overlay: Rendered) -> None:
+    images = {_container(overlay, s)["image"] for s in SERVICES}
+    assert len(images) == 1, images
+    for service in SERVICES:
+        assert _container(overlay, service)["command"] == ["python", "-m", f"services.{service}"]
+
+
+def test_env_names_are_real_settings_and_parse(overlay: Rendered,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for service in SERVICES:
+        container = _container(overlay, service)
+        plain, secret_backed = _env(overlay, service)
+        names = set(plain) | set(secret_backed)
+        engram = {n for n in names if n.startswith("ENGRAM_")}
+        assert engram <= accepted_env(service), (
+            f"{service}: {sorted(engram - accepted_env(service))} are not settings it reads")
+        assert names - engram <= (BOTO_ENV if service == "compactor" else set()), service
+        assert secret_backed[f"ENGRAM_{service.upper()}_DB_URL"] == f"engram-{service}-db"
+        env = {**plain, **{n: "secret" for n in secret_backed if n.startswith("ENGRAM_")}}
+        env[f"ENGRAM_{service.upper()}_DB_URL"] = "postgresql+psycopg://u:p@db:5432/engram"
+        settings = parse_settings(service, env, monkeypatch)
+        assert settings.host == "0.0.0.0", service
+        assert settings.port == _port(container, "grpc"), service
+        assert settings.metrics_port == _port(container, "metrics"), service
+        assert settings.database_url().startswith("postgresql"), service
+
+
+def test_dependency_addresses_name_the_callee_services(overlay: Rendered) -> None:
+    shard, _ = _env(overlay, "shard")
+    compactor, _ = _env(overlay, "compactor")
+    assert shard["ENGRAM_SHARD_GOVERNANCE_ADDR"] == "engram-governance:50052"
+    assert compactor["ENGRAM_COMPACTOR_SHARD_ADDR"] == "engram-shard:50051"
+    artifacts, _ = _env(overlay, "artifacts")
+    for url in (artifacts["ENGRAM_ARTIFACTS_BLOB_URL"], compactor["ENGRAM_COMPACTOR_BLOB_URL"]):
+        assert url.startswith("s3://")
+    assert artifacts["ENGRAM_ARTIFACTS_S3_ENDPOINT_URL"].startswith(("http://", "https://"))
+    assert compactor["ENGRAM_COMPACTOR_BLOB_ENDPOINT_URL"] == (
+        artifacts["ENGRAM_ARTIFACTS_S3_ENDPOINT_URL"])
+
+
+def test_each_service_references_only_its_own_secrets(overlay: Rendered) -> None:
+    for service in SERVICES:
+        spec = _deployment(overlay, service)["spec"]["template"]["spec"]
+        for name in _secret_names(spec):
+            assert name == "engram-auth-public-key" or name.startswith(f"engram-{service}-"), (
+                f"{service} references {name}")
+
+
+def test_shard_never_sees_the_governance_database(overlay: Rendered) -> None:
+    shard = _deployment(overlay, "shard")
+    text = json.dumps(shard).lower()
+    assert "governance-db" not in text and "governance_db" not in text
+    assert "engram-governance-db" not in _secret_names(shard["spec"]["template"]["spec"])
+    plain, secret_backed = _env(overlay, "shard")
+    assert not any("GOVERNANCE_DB" in n or n.startswith("ENGRAM_GOVERNANCE_")
+                   for n in [*plain, *secret_backed])
+    assert not any("engram_governance" in v for v in plain.values())
+
+
+def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
+    for service in SERVICES:
+        spec = _deployment(overlay, service)["spec"]["template"]["spec"]
+        container = _container(overlay, service)
+        plain, _ = _env(overlay, service)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        files = {k: v for k, v in plain.items()
+                 if k.endswith("_FILE") or k == "ENGRAM_AUTH_PUBLIC_KEY"}
+        assert "ENGRAM_AUTH_PUBLIC_KEY" in files
+        if service in ("shard", "compactor"):
+            assert f"ENGRAM_{service.upper()}_SERVICE_TOKEN_FILE" in files
+        for name, value in files.items():
+            path = PurePosixPath(value)
+            volume = mounts.get(str(path.parent))
+            assert volume is not None, f"{service}: {name}={value} is not on a mounted volume"
+            items = {item["path"] for source in volume["projected"]["sources"]
+                     for item in source["secret"]["items"]}
+            assert path.name in items, f"{service}: {name}={value} is not a projected item"
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, f"unsupported selector {selector}"
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def _peer(peer: dict[str, Any]) -> str:
+    """The caller a NetworkPolicy peer names: an Engram service, or the opted-in clients."""
+    assert "ipBlock" not in peer, f"ipBlock peers bypass the boundaries: {peer}"
+    if "namespaceSelector" in peer:
+        if peer.get("podSelector") == {"matchLabels": {"engram.dev/client": "true"}}:
+            assert peer["namespaceSelector"] == {"matchLabels": {"engram.dev/clients": "allowed"}}
+            return CLIENT
+        assert "podSelector" not in peer, peer
+        return "monitoring:" + json.dumps(peer["namespaceSelector"], sort_keys=True)
+    name = peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"]
+    assert set(peer["podSelector"]["matchLabels"]) == {"app.kubernetes.io/name"}
+    return str(name).removeprefix("engram-")
+
+
+def _allowed(rendered: Rendered) -> dict[str, set[tuple[str, str]]]:
+    """Per service, the (caller, port name) pairs the NetworkPolicies let in."""
+    policies = list(_objects(rendered, "NetworkPolicy").values())
+    allowed: dict[str, set[tuple[str, str]]] = {}
+    for service in SERVICES:
+        labels = _deployment(rendered, service)["spec"]["template"]["metadata"]["labels"]
+        allowed[service] = set()
+        for policy in policies:
+            if not _matches(policy["spec"]["podSelector"], labels):
+                continue
+            for rule in policy["spec"].get("ingress", []):
+                assert rule.get("from") and rule.get("ports"), (
+                    f"{policy['metadata']['name']}: a rule without from/ports opens everything")
+                for peer in rule["from"]:
+                    for port in rule["ports"]:
+                        allowed[service].add((_peer(peer), str(port["port"])))
+    return allowed
+
+
+def test_default_deny_ingress_covers_every_pod(overlay: Rendered) -> None:
+    denies = [p for p in _objects(overlay, "NetworkPolicy").values()
+              if p["spec"]["podSelector"] == {} and p["spec"]["policyTypes"] == ["Ingress"]
+              and not p["spec"].get("ingress")]
+    assert denies, "no default-deny ingress NetworkPolicy"
+
+
+def test_network_policy_edges_are_exactly_the_trust_boundaries(overlay: Rendered) -> None:
+    allowed = _allowed(overlay)
+    grpc_edges = {(caller, callee) for callee, pairs in allowed.items()
+                  for caller, port in pairs if port == "grpc" and caller in SERVICES}
+    assert grpc_edges == SERVICE_EDGES
+    client_targets = {callee for callee, pairs in allowed.items() if (CLIENT, "grpc") in pairs}
+    assert client_targets == {"shard", "artifacts", "compactor"}, "governance takes no clients"
+    for callee, pairs in allowed.items():
+        for caller, port in pairs:
+            assert port in ("grpc", "metrics"), (callee, caller, port)
+            if caller.startswith("monitoring:"):
+                assert port == "metrics", f"monitoring may only scrape {callee}"
+            else:
+                assert port == "grpc", f"{caller} may reach {callee} only on grpc"
+        assert any(c.startswith("monitoring:") for c, _ in pairs), f"{callee} is not scraped"
+
+
+def test_named_policy_ports_exist_on_every_selected_pod(overlay: Rendered) -> None:
+    for service in SERVICES:
+        container = _container(overlay, service)
+        for _caller, port in _allowed(overlay)[service]:
+            _port(container, port)
+
+
+def test_replicas_and_rollout_per_overlay(overlay: Rendered) -> None:
+    name, _ = overlay
+    replicas = {s: _deployment(overlay, s)["spec"]["replicas"] for s in SERVICES}
+    compactor = _deployment(overlay, "compactor")
+    assert replicas["compactor"] == 1 and compactor["spec"]["strategy"]["type"] == "Recreate"
+    if name == "dev":
+        assert set(replicas.values()) == {1}
+    else:
+        assert all(replicas[s] >= 2 for s in ("shard", "governance", "artifacts")), replicas
+        budgets = _objects(overlay, "PodDisruptionBudget")
+        for service in ("shard", "governance", "artifacts"):
+            assert budgets[f"engram-{service}"]["spec"]["selector"]["matchLabels"] == {
+                "app.kubernetes.io/name": f"engram-{service}"}
