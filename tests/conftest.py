@@ -27,7 +27,9 @@ def engram_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_token(engram_home: Path) -> TokenFactory:
     signer = TokenSigner.load(engram_home / "auth" / "signing.key")
 
-    def issue(agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)) -> str:
+    def issue(
+        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
+    ) -> str:
         return signer.issue(agent, fleet, set(roles))
 
     return issue

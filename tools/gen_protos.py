@@ -25,6 +25,8 @@ def generate(out: Path) -> list[Path]:
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
+    # mypy-protobuf's plugin types the generated service stubs (*_pb2_grpc.pyi) for mypy --strict.
+    grpc_plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
     files = proto_files()
     args = [
         "protoc",
@@ -33,6 +35,8 @@ def generate(out: Path) -> list[Path]:
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",
+        f"--plugin=protoc-gen-mypy_grpc={grpc_plugin}",
+        f"--mypy_grpc_out={out}",
         *[str(f) for f in files],
     ]
     if protoc.main(args) != 0:

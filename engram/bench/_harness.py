@@ -26,7 +26,7 @@ _ECHO_METHOD = "/engram.bench.Echo/Echo"
 
 
 class EchoServer:
-    """A raw gRPC echo (bytes in, bytes out) on 127.0.0.1, same thread-pool shape as the services."""
+    """A raw gRPC echo (bytes in, bytes out) on 127.0.0.1, thread pool shaped like the services."""
 
     def __init__(self, max_workers: int = 32) -> None:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
@@ -102,8 +102,12 @@ def concurrent(call: Callable[[int], object], total: int, in_flight: int) -> flo
     return total / (time.perf_counter() - start)
 
 
-def echo_baseline(sequential_calls: int = 2000, concurrent_calls: int = 20000,
-                  in_flight: int = 64, payload: bytes = b"x" * 256) -> dict[str, float]:
+def echo_baseline(
+    sequential_calls: int = 2000,
+    concurrent_calls: int = 20000,
+    in_flight: int = 64,
+    payload: bytes = b"x" * 256,
+) -> dict[str, float]:
     """The echo runs in its own process, as the services do, so both pay the same IPC."""
     with ServerProcess([sys.executable, "-m", "engram.bench._harness"], {}) as echo:
         channel = grpc.insecure_channel(echo.address)
@@ -113,8 +117,11 @@ def echo_baseline(sequential_calls: int = 2000, concurrent_calls: int = 20000,
             rate = concurrent(lambda _i: call(payload), concurrent_calls, in_flight)
         finally:
             channel.close()
-    return {"echo_p50_ms": latency.p50_ms, "echo_p95_ms": latency.p95_ms,
-            "echo_calls_per_s": round(rate, 1)}
+    return {
+        "echo_p50_ms": latency.p50_ms,
+        "echo_p95_ms": latency.p95_ms,
+        "echo_calls_per_s": round(rate, 1),
+    }
 
 
 def free_port() -> int:
@@ -126,8 +133,14 @@ def free_port() -> int:
 class ServerProcess:
     """A server in a child process on a free loopback port; waits for grpc.health SERVING."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], port: int | None = None,
-                 port_env: str = "ENGRAM_BENCH_ECHO_PORT", timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        port: int | None = None,
+        port_env: str = "ENGRAM_BENCH_ECHO_PORT",
+        timeout: float = 60.0,
+    ) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self._argv = argv
@@ -136,8 +149,9 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ServerProcess:
-        self.process = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            self._argv, env=self._env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + self._timeout
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)

@@ -29,15 +29,90 @@ from engram.bench._harness import (
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
-_WORDS = (
-    "agent memory shard lesson pattern decision project task goal architecture protocol "
-    "framework strategy vision priority contact expert builder layer pillar retry timeout "
-    "cache index query latency throughput replica leader follower quorum snapshot ledger "
-    "artifact manifest evidence governance trust tier rule gate witness chain hash digest "
-    "compaction retention rotation segment cold warm hot ring buffer iteration plan risk "
-    "deploy rollback canary incident alert metric trace log budget deadline customer user "
-    "review merge branch commit release version schema migration table column row key value"
-).split()
+_WORDS = [
+    "agent",
+    "memory",
+    "shard",
+    "lesson",
+    "pattern",
+    "decision",
+    "project",
+    "task",
+    "goal",
+    "architecture",
+    "protocol",
+    "framework",
+    "strategy",
+    "vision",
+    "priority",
+    "contact",
+    "expert",
+    "builder",
+    "layer",
+    "pillar",
+    "retry",
+    "timeout",
+    "cache",
+    "index",
+    "query",
+    "latency",
+    "throughput",
+    "replica",
+    "leader",
+    "follower",
+    "quorum",
+    "snapshot",
+    "ledger",
+    "artifact",
+    "manifest",
+    "evidence",
+    "governance",
+    "trust",
+    "tier",
+    "rule",
+    "gate",
+    "witness",
+    "chain",
+    "hash",
+    "digest",
+    "compaction",
+    "retention",
+    "rotation",
+    "segment",
+    "cold",
+    "warm",
+    "hot",
+    "ring",
+    "buffer",
+    "iteration",
+    "plan",
+    "risk",
+    "deploy",
+    "rollback",
+    "canary",
+    "incident",
+    "alert",
+    "metric",
+    "trace",
+    "log",
+    "budget",
+    "deadline",
+    "customer",
+    "user",
+    "review",
+    "merge",
+    "branch",
+    "commit",
+    "release",
+    "version",
+    "schema",
+    "migration",
+    "table",
+    "column",
+    "row",
+    "key",
+    "value",
+]
 
 
 def _sentence(rng: random.Random, serial: int) -> str:
@@ -53,8 +128,9 @@ def _shard_process(home: Path) -> ServerProcess:
         # The shard alone: the gated figures are `engram bench gate`.
         "ENGRAM_SHARD_ALLOW_UNGATED": "true",
     }
-    return ServerProcess([sys.executable, "-m", "services.shard"], env,
-                         port_env="ENGRAM_SHARD_PORT")
+    return ServerProcess(
+        [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT"
+    )
 
 
 def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
@@ -65,28 +141,35 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
     rng = random.Random(7)
     figures: dict[str, object] = {}
     figures.update(echo_baseline(sequential_calls=single, concurrent_calls=in_flight_total))
-    with tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp, Progress(
-        disable=not progress, transient=True
-    ) as bar:
+    with (
+        tempfile.TemporaryDirectory(prefix="engram-bench-") as tmp,
+        Progress(disable=not progress, transient=True) as bar,
+    ):
         home = Path(tmp)
         keys = ensure_keypair(home)
         token = TokenSigner.load(keys.private).issue("bench-agent", "bench", {"agent"})
         with _shard_process(home) as shard, ShardClient(shard.address, token) as client:
             task = bar.add_task("single writes", total=None)
-            latency = sequential(
-                lambda i: client.add(_sentence(rng, 10_000_000 + i)), single)
+            latency = sequential(lambda i: client.add(_sentence(rng, 10_000_000 + i)), single)
             figures["write_p50_ms"] = latency.p50_ms
             figures["write_p95_ms"] = latency.p95_ms
             bar.update(task, description="64 writes in flight")
-            figures["write_calls_per_s"] = round(concurrent(
-                lambda i: client.add(_sentence(random.Random(i), 20_000_000 + i)),
-                in_flight_total, 64), 1)
+            figures["write_calls_per_s"] = round(
+                concurrent(
+                    lambda i: client.add(_sentence(random.Random(i), 20_000_000 + i)),
+                    in_flight_total,
+                    64,
+                ),
+                1,
+            )
             bar.update(task, description="batch ingest", total=total_records, completed=0)
             written = 0
             start = time.perf_counter()
             while written < total_records:
-                batch = [record_input(_sentence(rng, written + j), importance=rng.random())
-                         for j in range(100)]
+                batch = [
+                    record_input(_sentence(rng, written + j), importance=rng.random())
+                    for j in range(100)
+                ]
                 client.add_many(batch)
                 written += len(batch)
                 bar.update(task, completed=written)

@@ -47,8 +47,16 @@ def rpc_errors(as_json: bool = False) -> Iterator[None]:
         yield
     except EngramRpcError as error:
         if as_json:
-            emit_json({"error": {"code": error.code.name, "reason": error.reason,
-                                 "message": error.message, "metadata": error.metadata}})
+            emit_json(
+                {
+                    "error": {
+                        "code": error.code.name,
+                        "reason": error.reason,
+                        "message": error.message,
+                        "metadata": error.metadata,
+                    }
+                }
+            )
             raise typer.Exit(2) from None
         hint = f" [{error.reason}]" if error.reason else ""
         if error.code.name == "UNAVAILABLE" and not error.reason:

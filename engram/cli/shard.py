@@ -24,8 +24,9 @@ def _client() -> ShardClient:
         token = config.resolve_token()
     except FileNotFoundError as error:
         raise fail(str(error)) from None
-    return ShardClient(config.shard_addr, token, tls_ca=config.tls_ca,
-                       timeout=config.timeout_seconds)
+    return ShardClient(
+        config.shard_addr, token, tls_ca=config.tls_ca, timeout=config.timeout_seconds
+    )
 
 
 def _tags(text: str) -> list[str]:
@@ -33,8 +34,9 @@ def _tags(text: str) -> list[str]:
 
 
 def _record_dict(record: pb.Record) -> dict[str, object]:
-    return MessageToDict(record, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
+    return MessageToDict(
+        record, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def add(
@@ -49,26 +51,53 @@ def add(
 ) -> None:
     """Store a memory. Prints its id, content hash, domain and cross-references."""
     with rpc_errors(as_json), _client() as client:
-        response = client.add(text, importance=importance, source=source, tags=_tags(tags),
-                              run_id=run, domain=domain, request_id=request_id)
+        response = client.add(
+            text,
+            importance=importance,
+            source=source,
+            tags=_tags(tags),
+            run_id=run,
+            domain=domain,
+            request_id=request_id,
+        )
     record = response.record
     if as_json:
-        emit_json({"id": record.id, "content_hash": record.content_hash, "domain": record.domain,
-                   "cross_refs": list(record.cross_refs), "created": response.created,
-                   "duplicate_of": response.duplicate_of or None})
+        emit_json(
+            {
+                "id": record.id,
+                "content_hash": record.content_hash,
+                "domain": record.domain,
+                "cross_refs": list(record.cross_refs),
+                "created": response.created,
+                "duplicate_of": response.duplicate_of or None,
+            }
+        )
         return
     state = "stored" if response.created else "already stored"
-    console.print(f"{state} [bold]{record.id}[/bold] in [cyan]{record.domain}[/cyan] "
-                  f"(sha256 {record.content_hash[:16]}…)")
+    console.print(
+        f"{state} [bold]{record.id}[/bold] in [cyan]{record.domain}[/cyan] "
+        f"(sha256 {record.content_hash[:16]}…)"
+    )
     for ref in record.cross_refs:
         console.print(f"  ↔ {ref}")
 
 
 def _print_hits(hits: list[pb.SearchHit], as_json: bool) -> None:
     if as_json:
-        emit_json([{"id": h.record.id, "content": h.record.content, "domain": h.record.domain,
-                    "score": round(h.score, 6), "via": h.via, "agent_id": h.record.agent_id,
-                    "run_id": h.record.run_id} for h in hits])
+        emit_json(
+            [
+                {
+                    "id": h.record.id,
+                    "content": h.record.content,
+                    "domain": h.record.domain,
+                    "score": round(h.score, 6),
+                    "via": h.via,
+                    "agent_id": h.record.agent_id,
+                    "run_id": h.record.run_id,
+                }
+                for h in hits
+            ]
+        )
         return
     if not hits:
         console.print("no matches")
@@ -78,8 +107,9 @@ def _print_hits(hits: list[pb.SearchHit], as_json: bool) -> None:
         table.add_column(column)
     for hit in hits:
         marker = "" if hit.via == "direct" else " ↔"
-        table.add_row(f"{hit.score:.3g}{marker}", hit.record.domain, hit.record.id[:12],
-                      hit.record.content)
+        table.add_row(
+            f"{hit.score:.3g}{marker}", hit.record.domain, hit.record.id[:12], hit.record.content
+        )
     console.print(table)
 
 
@@ -117,19 +147,29 @@ def status(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         reply = client.status()
     if as_json:
-        emit_json(MessageToDict(reply, preserving_proto_field_name=True,
-                                always_print_fields_with_no_presence=True))
+        emit_json(
+            MessageToDict(
+                reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+        )
         return
     table = Table(title=f"fleet {reply.fleet_id}")
     for column in ("domain", "records", "importance", "incoming links", "keywords"):
         table.add_column(column)
     for d in reply.domains:
-        table.add_row(d.name, str(d.record_count), f"{d.importance:.2f}", str(d.incoming_links),
-                      ", ".join(d.keywords))
+        table.add_row(
+            d.name,
+            str(d.record_count),
+            f"{d.importance:.2f}",
+            str(d.incoming_links),
+            ", ".join(d.keywords),
+        )
     console.print(table)
-    console.print(f"total: {len(reply.domains)} domains, {reply.total_records} records, "
-                  f"{reply.runs} runs, {reply.total_links} links, "
-                  f"indexing lag {reply.indexing_lag}")
+    console.print(
+        f"total: {len(reply.domains)} domains, {reply.total_records} records, "
+        f"{reply.runs} runs, {reply.total_links} links, "
+        f"indexing lag {reply.indexing_lag}"
+    )
 
 
 def snapshot(
@@ -143,13 +183,16 @@ def snapshot(
         for record in client.snapshot(run, verify=not no_verify):
             records.append(_record_dict(record))
     if as_json:
-        emit_json({"run_id": run, "verified": not no_verify, "count": len(records),
-                   "records": records})
+        emit_json(
+            {"run_id": run, "verified": not no_verify, "count": len(records), "records": records}
+        )
         return
     for item in records:
         console.print(f"{item['id']}  {item['domain']:<10} {item['content']}")
-    console.print(f"{len(records)} records in run {run!r}"
-                  + (", all verified" if not no_verify else " (not verified)"))
+    console.print(
+        f"{len(records)} records in run {run!r}"
+        + (", all verified" if not no_verify else " (not verified)")
+    )
 
 
 def verify(
@@ -162,24 +205,40 @@ def verify(
         raise fail("give a record id or --all")
     with rpc_errors(as_json), _client() as client:
         report = client.verify([record_id] if record_id else [], all_records=all_records)
-    failures = [{"id": f.id, "expected_hash": f.expected_hash, "actual_hash": f.actual_hash,
-                 "detail": f.detail} for f in report.failures]
+    failures = [
+        {
+            "id": f.id,
+            "expected_hash": f.expected_hash,
+            "actual_hash": f.actual_hash,
+            "detail": f.detail,
+        }
+        for f in report.failures
+    ]
     if as_json:
         emit_json({"checked": report.checked, "ok": not failures, "failures": failures})
     else:
         for failure in failures:
             console.print(f"[red]FAIL[/red] {failure['detail']}")
-        console.print(f"checked {report.checked} records: "
-                      + ("[green]all intact[/green]" if not failures
-                         else f"[red]{len(failures)} failed[/red]"))
+        console.print(
+            f"checked {report.checked} records: "
+            + (
+                "[green]all intact[/green]"
+                if not failures
+                else f"[red]{len(failures)} failed[/red]"
+            )
+        )
     if failures:
         raise typer.Exit(1)
 
 
 def import_(
-    file: Path = typer.Argument(..., exists=True, dir_okay=False,
-                                help="JSON Lines: one object per line with content and "
-                                     "optional importance, source, tags, run_id, domain, metadata"),
+    file: Path = typer.Argument(
+        ...,
+        exists=True,
+        dir_okay=False,
+        help="JSON Lines: one object per line with content and "
+        "optional importance, source, tags, run_id, domain, metadata",
+    ),
     batch: int = typer.Option(IMPORT_BATCH, help="records per batch call (max 1000)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -192,31 +251,54 @@ def import_(
             item = json.loads(line)
             if not isinstance(item, dict) or not isinstance(item.get("content"), str):
                 raise ValueError("needs a string 'content'")
-            inputs.append(record_input(
-                item["content"], run_id=str(item.get("run_id", "")),
-                domain=str(item.get("domain", "")), source=str(item.get("source", "import")),
-                importance=item.get("importance"), tags=list(item.get("tags", [])),
-                metadata={str(k): str(v) for k, v in dict(item.get("metadata", {})).items()}))
+            inputs.append(
+                record_input(
+                    item["content"],
+                    run_id=str(item.get("run_id", "")),
+                    domain=str(item.get("domain", "")),
+                    source=str(item.get("source", "import")),
+                    importance=item.get("importance"),
+                    tags=list(item.get("tags", [])),
+                    metadata={str(k): str(v) for k, v in dict(item.get("metadata", {})).items()},
+                )
+            )
         except (ValueError, TypeError) as error:
             raise fail(f"{file}:{number}: {error}") from None
         keys.append(line)
     created = existing = 0
-    with rpc_errors(as_json), _client() as client, Progress(
-        TextColumn("importing"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        console=console, disable=as_json,
-    ) as progress:
+    with (
+        rpc_errors(as_json),
+        _client() as client,
+        Progress(
+            TextColumn("importing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=as_json,
+        ) as progress,
+    ):
         task = progress.add_task("import", total=len(inputs))
         for start in range(0, len(inputs), batch):
-            chunk = inputs[start: start + batch]
+            chunk = inputs[start : start + batch]
             # Derived from the lines themselves: re-running an import retries, never duplicates.
-            key = "import:" + hashlib.sha256("\n".join(keys[start: start + batch]).encode()).hexdigest()[:40]
+            key = (
+                "import:"
+                + hashlib.sha256("\n".join(keys[start : start + batch]).encode()).hexdigest()[:40]
+            )
             for result in client.add_many(chunk, request_id=key).results:
                 created += result.created
                 existing += not result.created
             progress.advance(task, len(chunk))
     if as_json:
-        emit_json({"file": str(file), "records": len(inputs), "created": created,
-                   "already_present": existing})
+        emit_json(
+            {
+                "file": str(file),
+                "records": len(inputs),
+                "created": created,
+                "already_present": existing,
+            }
+        )
     else:
         console.print(f"imported {len(inputs)} records: {created} new, {existing} already present")
 
@@ -246,11 +328,16 @@ def domains_upsert(
 ) -> None:
     """Create a domain or replace its keywords (admin role)."""
     with rpc_errors(as_json), _client() as client:
-        reply = client.upsert_domain(name, display_name=display_name, description=description,
-                                     keywords=_tags(keywords))
+        reply = client.upsert_domain(
+            name, display_name=display_name, description=description, keywords=_tags(keywords)
+        )
     if as_json:
-        emit_json({"created": reply.created,
-                   "domain": MessageToDict(reply.domain, preserving_proto_field_name=True)})
+        emit_json(
+            {
+                "created": reply.created,
+                "domain": MessageToDict(reply.domain, preserving_proto_field_name=True),
+            }
+        )
         return
     console.print(("created " if reply.created else "updated ") + reply.domain.name)
 

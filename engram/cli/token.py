@@ -10,8 +10,10 @@ from engram.cli._output import JSON_OPTION, emit_json, fail, settings
 from services.common.errors import InvalidArgument
 from services.common.tokens import TokenSigner, key_paths
 
-app = typer.Typer(help="Issue bearer tokens (needs the signing key under $ENGRAM_HOME/auth).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Issue bearer tokens (needs the signing key under $ENGRAM_HOME/auth).",
+    no_args_is_help=True,
+)
 
 
 @app.command("create")

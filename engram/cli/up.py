@@ -82,8 +82,11 @@ def with_ports(base_port: int | None) -> tuple[ServiceLaunch, ...]:
     if base_port is None:
         return SERVICES
     return tuple(
-        replace(s, port=base_port + ORDER.index(s.name),
-                metrics_port=base_port + 10 + ORDER.index(s.name))
+        replace(
+            s,
+            port=base_port + ORDER.index(s.name),
+            metrics_port=base_port + 10 + ORDER.index(s.name),
+        )
         for s in SERVICES
     )
 
@@ -94,8 +97,9 @@ def write_endpoints(home: Path, host: str, launches: tuple[ServiceLaunch, ...]) 
     (home / "endpoints.json").write_text(json.dumps(endpoints, indent=2) + "\n")
 
 
-def service_env(launch: ServiceLaunch, home: Path, host: str,
-                launches: tuple[ServiceLaunch, ...] = SERVICES) -> dict[str, str]:
+def service_env(
+    launch: ServiceLaunch, home: Path, host: str, launches: tuple[ServiceLaunch, ...] = SERVICES
+) -> dict[str, str]:
     others = tuple(f"ENGRAM_{s.name.upper()}_" for s in SERVICES if s.name != launch.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(others)}
     env.update(
@@ -138,7 +142,8 @@ def up(
         [], "--only", help="run just these services (repeatable), e.g. --only shard"
     ),
     base_port: int | None = typer.Option(
-        None, help="gRPC ports base, base+1.. in the order shard, governance, artifacts, "
+        None,
+        help="gRPC ports base, base+1.. in the order shard, governance, artifacts, "
         "compactor (metrics on base+10..); default 50051.. and 9101..",
     ),
 ) -> None:
@@ -162,8 +167,9 @@ def up(
         write_endpoints(home, host, launches)
         unknown = set(only) - {s.name for s in SERVICES}
         if unknown:
-            raise RuntimeError(f"unknown service(s) {sorted(unknown)}; "
-                               f"choose from {[s.name for s in SERVICES]}")
+            raise RuntimeError(
+                f"unknown service(s) {sorted(unknown)}; choose from {[s.name for s in SERVICES]}"
+            )
         for launch in launches:
             if only and launch.name not in only:
                 continue
@@ -183,8 +189,12 @@ def up(
             address = f"{host}:{launch.port}"
             if not wait_serving(address, process, time.monotonic() + startup_timeout):
                 raise RuntimeError(f"{launch.name} did not become SERVING; see {log_path}")
-            table.add_row(launch.name, address, f"http://{host}:{launch.metrics_port}/metrics",
-                          str(process.pid))
+            table.add_row(
+                launch.name,
+                address,
+                f"http://{host}:{launch.metrics_port}/metrics",
+                str(process.pid),
+            )
         console.print(table)
         console.print(f"admin token: {tokens['admin']}  (the CLI uses it by default)")
         console.print("Ctrl-C stops everything.")

@@ -1,9 +1,9 @@
 """Engram Python SDK.
 
-    from engram.client import ClientSettings, ShardClient
-    settings = ClientSettings()
-    with ShardClient(settings.shard_addr, settings.resolve_token()) as shard:
-        shard.add("Lesson learned: retries need idempotency keys", importance=0.8)
+from engram.client import ClientSettings, ShardClient
+settings = ClientSettings()
+with ShardClient(settings.shard_addr, settings.resolve_token()) as shard:
+    shard.add("Lesson learned: retries need idempotency keys", importance=0.8)
 """
 
 from engram.client._channel import BaseClient, open_channel

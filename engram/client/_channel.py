@@ -28,8 +28,15 @@ def open_channel(target: str, tls_ca: Path | None = None) -> grpc.Channel:
 class BaseClient:
     """Holds a channel and the caller's token; turns RpcError into EngramRpcError."""
 
-    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
-                 timeout: float = 30.0, channel: grpc.Channel | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        token: str,
+        *,
+        tls_ca: Path | None = None,
+        timeout: float = 30.0,
+        channel: grpc.Channel | None = None,
+    ) -> None:
         self.channel = channel or open_channel(target, tls_ca)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout

@@ -8,8 +8,13 @@ from grpc_status import rpc_status
 
 
 class EngramRpcError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
-                 metadata: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        reason: str = "",
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
         self.code = code
         self.message = message

@@ -60,6 +60,4 @@ class ClientSettings(BaseSettings):
         path = self.admin_token_path()
         if path.exists():
             return path.read_text().strip()
-        raise FileNotFoundError(
-            f"no token: set ENGRAM_TOKEN or run `engram up` (it writes {path})"
-        )
+        raise FileNotFoundError(f"no token: set ENGRAM_TOKEN or run `engram up` (it writes {path})")

@@ -26,8 +26,14 @@ def record_input(
     tags: Sequence[str] = (),
     metadata: Mapping[str, str] | None = None,
 ) -> pb.RecordInput:
-    message = pb.RecordInput(content=content, run_id=run_id, domain=domain, source=source,
-                             tags=list(tags), metadata=dict(metadata or {}))
+    message = pb.RecordInput(
+        content=content,
+        run_id=run_id,
+        domain=domain,
+        source=source,
+        tags=list(tags),
+        metadata=dict(metadata or {}),
+    )
     if importance is not None:
         message.importance = importance
     return message
@@ -36,31 +42,49 @@ def record_input(
 class ShardClient(BaseClient):
     """``ShardClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
 
-    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
-                 timeout: float = 30.0) -> None:
+    def __init__(
+        self, target: str, token: str, *, tls_ca: Path | None = None, timeout: float = 30.0
+    ) -> None:
         super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
         self.stub = pb_grpc.ShardServiceStub(self.channel)
 
-    def add(self, content: str, *, request_id: str = "", **fields: object) -> pb.CreateRecordResponse:
-        request = pb.CreateRecordRequest(record=record_input(content, **fields),  # type: ignore[arg-type]
-                                         request_id=request_id)
+    def add(
+        self, content: str, *, request_id: str = "", **fields: object
+    ) -> pb.CreateRecordResponse:
+        request = pb.CreateRecordRequest(
+            record=record_input(content, **fields),  # type: ignore[arg-type]
+            request_id=request_id,
+        )
         return self.call(self.stub.CreateRecord, request)
 
-    def add_many(self, records: Iterable[pb.RecordInput],
-                 request_id: str = "") -> pb.BatchCreateRecordsResponse:
+    def add_many(
+        self, records: Iterable[pb.RecordInput], request_id: str = ""
+    ) -> pb.BatchCreateRecordsResponse:
         request = pb.BatchCreateRecordsRequest(records=list(records), request_id=request_id)
         return self.call(self.stub.BatchCreateRecords, request)
 
     def get(self, record_id: str) -> pb.Record:
         return self.call(self.stub.GetRecord, pb.GetRecordRequest(id=record_id)).record
 
-    def list(self, *, run_id: str | None = None, tags: Sequence[str] = (), domain: str = "",
-             agent_id: str = "", page_size: int = 0) -> Iterator[pb.Record]:
+    def list(
+        self,
+        *,
+        run_id: str | None = None,
+        tags: Sequence[str] = (),
+        domain: str = "",
+        agent_id: str = "",
+        page_size: int = 0,
+    ) -> Iterator[pb.Record]:
         """Every matching record, newest first, following page tokens."""
         token = ""
         while True:
-            request = pb.ListRecordsRequest(tags=list(tags), domain=domain, agent_id=agent_id,
-                                            page_size=page_size, page_token=token)
+            request = pb.ListRecordsRequest(
+                tags=list(tags),
+                domain=domain,
+                agent_id=agent_id,
+                page_size=page_size,
+                page_token=token,
+            )
             if run_id is not None:
                 request.run_id = run_id
             response = self.call(self.stub.ListRecords, request)
@@ -69,11 +93,20 @@ class ShardClient(BaseClient):
             if not token:
                 return
 
-    def search(self, query: str, *, limit: int = 10, run_id: str | None = None,
-               domain: str = "", cross: bool = False, mode: str = "hybrid",
-               tags: Sequence[str] = ()) -> list[pb.SearchHit]:
-        request = pb.SearchRecordsRequest(query=query, limit=limit, domain=domain, cross=cross,
-                                          mode=MODES[mode], tags=list(tags))
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int = 10,
+        run_id: str | None = None,
+        domain: str = "",
+        cross: bool = False,
+        mode: str = "hybrid",
+        tags: Sequence[str] = (),
+    ) -> list[pb.SearchHit]:
+        request = pb.SearchRecordsRequest(
+            query=query, limit=limit, domain=domain, cross=cross, mode=MODES[mode], tags=list(tags)
+        )
         if run_id is not None:
             request.run_id = run_id
         return list(self.call(self.stub.SearchRecords, request).hits)
@@ -81,15 +114,30 @@ class ShardClient(BaseClient):
     def domains(self) -> list[pb.Domain]:
         return list(self.call(self.stub.ListDomains, pb.ListDomainsRequest(page_size=1000)).domains)
 
-    def upsert_domain(self, name: str, *, display_name: str = "", description: str = "",
-                      keywords: Sequence[str] = ()) -> pb.UpsertDomainResponse:
-        return self.call(self.stub.UpsertDomain, pb.UpsertDomainRequest(
-            name=name, display_name=display_name, description=description,
-            keywords=list(keywords)))
+    def upsert_domain(
+        self,
+        name: str,
+        *,
+        display_name: str = "",
+        description: str = "",
+        keywords: Sequence[str] = (),
+    ) -> pb.UpsertDomainResponse:
+        return self.call(
+            self.stub.UpsertDomain,
+            pb.UpsertDomainRequest(
+                name=name,
+                display_name=display_name,
+                description=description,
+                keywords=list(keywords),
+            ),
+        )
 
-    def verify(self, ids: Sequence[str] = (), *, all_records: bool = False) -> pb.VerifyRecordsResponse:
-        return self.call(self.stub.VerifyRecords,
-                         pb.VerifyRecordsRequest(ids=list(ids), all=all_records))
+    def verify(
+        self, ids: Sequence[str] = (), *, all_records: bool = False
+    ) -> pb.VerifyRecordsResponse:
+        return self.call(
+            self.stub.VerifyRecords, pb.VerifyRecordsRequest(ids=list(ids), all=all_records)
+        )
 
     def snapshot(self, run_id: str, *, verify: bool = True) -> Iterator[pb.Record]:
         request = pb.SnapshotForRunRequest(run_id=run_id, verify=verify)
@@ -102,8 +150,14 @@ class ShardClient(BaseClient):
     def summary(self) -> str:
         return self.call(self.stub.ExportSummary, pb.ExportSummaryRequest()).summary_json
 
-    def compact(self, fleet_id: str = "", *, importance_below: float | None = None,
-                older_than_days: float | None = None, dry_run: bool = False) -> pb.CompactRecordsResponse:
+    def compact(
+        self,
+        fleet_id: str = "",
+        *,
+        importance_below: float | None = None,
+        older_than_days: float | None = None,
+        dry_run: bool = False,
+    ) -> pb.CompactRecordsResponse:
         request = pb.CompactRecordsRequest(fleet_id=fleet_id, dry_run=dry_run)
         if importance_below is not None:
             request.importance_below = importance_below
@@ -111,8 +165,10 @@ class ShardClient(BaseClient):
             request.older_than_days = older_than_days
         return self.call(self.stub.CompactRecords, request)
 
-    def apply_retention(self, fleet_id: str, older_than_days: float,
-                        dry_run: bool = False) -> list[str]:
-        request = pb.ApplyRetentionRequest(fleet_id=fleet_id, older_than_days=older_than_days,
-                                           dry_run=dry_run)
+    def apply_retention(
+        self, fleet_id: str, older_than_days: float, dry_run: bool = False
+    ) -> list[str]:
+        request = pb.ApplyRetentionRequest(
+            fleet_id=fleet_id, older_than_days=older_than_days, dry_run=dry_run
+        )
         return list(self.call(self.stub.ApplyRetention, request).removed_ids)

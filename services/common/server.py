@@ -87,8 +87,11 @@ class EngramServer:
             self._health.set(name, status)
         log.info(
             "serving",
-            extra={"address": self.address, "metrics_port": self.metrics_port,
-                   "health": health_pb2.HealthCheckResponse.ServingStatus.Name(status)},
+            extra={
+                "address": self.address,
+                "metrics_port": self.metrics_port,
+                "health": health_pb2.HealthCheckResponse.ServingStatus.Name(status),
+            },
         )
         return self
 

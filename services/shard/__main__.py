@@ -28,8 +28,10 @@ def main() -> None:
             sys.exit(2)
         gate, trust = connect_governance(settings.governance_addr, settings.service_token_file)
     elif not settings.allow_ungated:
-        log.error("no ENGRAM_SHARD_GOVERNANCE_ADDR: every write must pass the governance gate; "
-                  "set ENGRAM_SHARD_ALLOW_UNGATED=true only for isolated tests")
+        log.error(
+            "no ENGRAM_SHARD_GOVERNANCE_ADDR: every write must pass the governance gate; "
+            "set ENGRAM_SHARD_ALLOW_UNGATED=true only for isolated tests"
+        )
         sys.exit(2)
     else:
         log.warning("running WITHOUT the governance gate (ENGRAM_SHARD_ALLOW_UNGATED=true)")

@@ -44,9 +44,72 @@ from services.shard.tables import (
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 MAX_QUERY_TERMS = 32
 STOP_WORDS = frozenset(
-    """a an and are as at be but by did do does for from had has have he her his how i if in
-    into is it its me my no not of on or our she so than that the their them then there these
-    they this to was we were what when where which who whom why will with would you your""".split()
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "he",
+        "her",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "me",
+        "my",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "our",
+        "she",
+        "so",
+        "than",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+    ]
 )
 
 
@@ -79,7 +142,7 @@ class ShardRepository:
         columns = RecordRow.__table__
         for start in range(0, len(wanted), 500):
             rows = session.execute(
-                select(columns).where(columns.c.id.in_(wanted[start:start + 500]))
+                select(columns).where(columns.c.id.in_(wanted[start : start + 500]))
             ).mappings()
             found.update((row["id"], row_to_record(row)) for row in rows)
         return found
@@ -96,8 +159,12 @@ class ShardRepository:
         if tags:
             session.execute(insert(RecordTagRow.__table__), tags)
         links = [
-            {"source_id": r.id, "target_kind": ref.kind, "target": ref.target,
-             "fleet_id": r.fleet_id}
+            {
+                "source_id": r.id,
+                "target_kind": ref.kind,
+                "target": ref.target,
+                "fleet_id": r.fleet_id,
+            }
             for r in records
             for ref in map(CrossRef.parse, r.cross_refs)
         ]
@@ -108,10 +175,16 @@ class ShardRepository:
         for domain in domains:
             session.execute(
                 update(DomainRow.__table__)
-                .where(DomainRow.__table__.c.fleet_id == fleet_id,
-                       DomainRow.__table__.c.name == domain.name)
-                .values(usage_score=domain.usage_score, usage_ts=domain.usage_ts,
-                        record_count=domain.record_count, updated_ts=domain.updated_ts)
+                .where(
+                    DomainRow.__table__.c.fleet_id == fleet_id,
+                    DomainRow.__table__.c.name == domain.name,
+                )
+                .values(
+                    usage_score=domain.usage_score,
+                    usage_ts=domain.usage_ts,
+                    record_count=domain.record_count,
+                    updated_ts=domain.updated_ts,
+                )
             )
 
     # -- idempotency keys ---------------------------------------------------
@@ -124,11 +197,26 @@ class ShardRepository:
             return None
         return row.digest, list(json.loads(row.record_ids_json))
 
-    def save_request(self, session: Session, fleet_id: str, agent_id: str, request_id: str,
-                     digest: str, record_ids: Sequence[str], now_us: int) -> None:
-        session.add(WriteRequestRow(fleet_id=fleet_id, agent_id=agent_id, request_id=request_id,
-                                    digest=digest, record_ids_json=json.dumps(list(record_ids)),
-                                    created_us=now_us))
+    def save_request(
+        self,
+        session: Session,
+        fleet_id: str,
+        agent_id: str,
+        request_id: str,
+        digest: str,
+        record_ids: Sequence[str],
+        now_us: int,
+    ) -> None:
+        session.add(
+            WriteRequestRow(
+                fleet_id=fleet_id,
+                agent_id=agent_id,
+                request_id=request_id,
+                digest=digest,
+                record_ids_json=json.dumps(list(record_ids)),
+                created_us=now_us,
+            )
+        )
 
     # -- domains ------------------------------------------------------------
 
@@ -143,10 +231,17 @@ class ShardRepository:
         session.execute(
             insert(DomainRow),
             [
-                {"fleet_id": fleet_id, "name": d.name, "display_name": d.display_name,
-                 "description": d.description, "keywords_json": json.dumps(list(d.keywords)),
-                 "usage_score": d.usage_score, "usage_ts": d.usage_ts,
-                 "record_count": d.record_count, "updated_ts": d.updated_ts}
+                {
+                    "fleet_id": fleet_id,
+                    "name": d.name,
+                    "display_name": d.display_name,
+                    "description": d.description,
+                    "keywords_json": json.dumps(list(d.keywords)),
+                    "usage_score": d.usage_score,
+                    "usage_ts": d.usage_ts,
+                    "record_count": d.record_count,
+                    "updated_ts": d.updated_ts,
+                }
                 for d in domains
             ],
         )
@@ -155,8 +250,12 @@ class ShardRepository:
         session.execute(
             update(DomainRow)
             .where(DomainRow.fleet_id == fleet_id, DomainRow.name == domain.name)
-            .values(display_name=domain.display_name, description=domain.description,
-                    keywords_json=json.dumps(list(domain.keywords)), updated_ts=domain.updated_ts)
+            .values(
+                display_name=domain.display_name,
+                description=domain.description,
+                keywords_json=json.dumps(list(domain.keywords)),
+                updated_ts=domain.updated_ts,
+            )
         )
 
     def incoming_domain_links(self, session: Session, fleet_id: str) -> dict[str, int]:
@@ -203,8 +302,9 @@ class ShardRepository:
             clauses.append(~RecordRow.id.in_(select(CompactionRow.original_id)))
         return and_(*clauses)
 
-    def page(self, session: Session, flt: RecordFilter, before_seq: int | None,
-             limit: int) -> list[tuple[int, Record]]:
+    def page(
+        self, session: Session, flt: RecordFilter, before_seq: int | None, limit: int
+    ) -> list[tuple[int, Record]]:
         """Newest first; ``before_seq`` continues after the previous page."""
         query = select(RecordRow).where(self._filtered(flt))
         if before_seq is not None:
@@ -230,8 +330,9 @@ class ShardRepository:
                 yield row.to_entity()
             after = rows[-1].seq
 
-    def lexical(self, session: Session, flt: RecordFilter, query: str,
-                limit: int) -> list[tuple[Record, float]]:
+    def lexical(
+        self, session: Session, flt: RecordFilter, query: str, limit: int
+    ) -> list[tuple[Record, float]]:
         """Full-text matches with a relevance > 0 (higher is better)."""
         terms = query_terms(query)
         if not terms:
@@ -253,8 +354,9 @@ class ShardRepository:
             rank = func.ts_rank_cd(text("records.content_tsv"), tsquery)
             stmt = (
                 select(RecordRow, rank.label("relevance"))
-                .where(text("records.content_tsv @@ to_tsquery('english', :q)"),
-                       self._filtered(flt))
+                .where(
+                    text("records.content_tsv @@ to_tsquery('english', :q)"), self._filtered(flt)
+                )
                 .order_by(rank.desc())
                 .limit(limit)
             )
@@ -263,8 +365,9 @@ class ShardRepository:
 
     def links_from(self, session: Session, fleet_id: str, ids: Sequence[str]) -> list[CrossRef]:
         rows = session.execute(
-            select(LinkRow.target_kind, LinkRow.target)
-            .where(LinkRow.fleet_id == fleet_id, LinkRow.source_id.in_(list(ids)))
+            select(LinkRow.target_kind, LinkRow.target).where(
+                LinkRow.fleet_id == fleet_id, LinkRow.source_id.in_(list(ids))
+            )
         ).tuples()
         return [CrossRef(kind, target) for kind, target in rows]
 
@@ -272,7 +375,8 @@ class ShardRepository:
         """Records that reference any of ``ids`` (the reverse direction of a link)."""
         rows = session.scalars(
             select(LinkRow.source_id).where(
-                LinkRow.fleet_id == fleet_id, LinkRow.target_kind == "record",
+                LinkRow.fleet_id == fleet_id,
+                LinkRow.target_kind == "record",
                 LinkRow.target.in_(list(ids)),
             )
         )
@@ -282,11 +386,14 @@ class ShardRepository:
 
     def counts(self, session: Session, fleet_id: str) -> tuple[int, int, int]:
         total = session.scalar(select(func.count()).where(RecordRow.fleet_id == fleet_id)) or 0
-        runs = session.scalar(
-            select(func.count(func.distinct(RecordRow.run_id))).where(
-                RecordRow.fleet_id == fleet_id
+        runs = (
+            session.scalar(
+                select(func.count(func.distinct(RecordRow.run_id))).where(
+                    RecordRow.fleet_id == fleet_id
+                )
             )
-        ) or 0
+            or 0
+        )
         links = session.scalar(select(func.count()).where(LinkRow.fleet_id == fleet_id)) or 0
         return int(total), int(runs), int(links)
 
@@ -294,16 +401,31 @@ class ShardRepository:
 
     def compacted_ids(self, session: Session, fleet_id: str) -> set[str]:
         return set(
-            session.scalars(select(CompactionRow.original_id).where(
-                CompactionRow.fleet_id == fleet_id))
+            session.scalars(
+                select(CompactionRow.original_id).where(CompactionRow.fleet_id == fleet_id)
+            )
         )
 
-    def mark_compacted(self, session: Session, fleet_id: str, summary_id: str,
-                       originals: Sequence[Record], now_us: int) -> None:
+    def mark_compacted(
+        self,
+        session: Session,
+        fleet_id: str,
+        summary_id: str,
+        originals: Sequence[Record],
+        now_us: int,
+    ) -> None:
         session.execute(
             insert(CompactionRow),
-            [{"original_id": r.id, "summary_id": summary_id, "fleet_id": fleet_id,
-              "original_hash": r.record_hash, "created_us": now_us} for r in originals],
+            [
+                {
+                    "original_id": r.id,
+                    "summary_id": summary_id,
+                    "fleet_id": fleet_id,
+                    "original_hash": r.record_hash,
+                    "created_us": now_us,
+                }
+                for r in originals
+            ],
         )
 
     def covered_before(self, session: Session, fleet_id: str, created_before_us: int) -> list[str]:
@@ -320,8 +442,14 @@ class ShardRepository:
         if not ids:
             return
         session.execute(delete(RecordTagRow).where(RecordTagRow.record_id.in_(list(ids))))
-        session.execute(delete(LinkRow).where(
-            or_(LinkRow.source_id.in_(list(ids)),
-                and_(LinkRow.target_kind == "record", LinkRow.target.in_(list(ids))))))
-        session.execute(delete(RecordRow).where(RecordRow.fleet_id == fleet_id,
-                                                RecordRow.id.in_(list(ids))))
+        session.execute(
+            delete(LinkRow).where(
+                or_(
+                    LinkRow.source_id.in_(list(ids)),
+                    and_(LinkRow.target_kind == "record", LinkRow.target.in_(list(ids))),
+                )
+            )
+        )
+        session.execute(
+            delete(RecordRow).where(RecordRow.fleet_id == fleet_id, RecordRow.id.in_(list(ids)))
+        )

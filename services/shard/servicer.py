@@ -59,10 +59,19 @@ def record_to_proto(record: Record) -> pb.Record:
     created = Timestamp()
     created.FromMicroseconds(record.created_us)
     return pb.Record(
-        id=record.id, fleet_id=record.fleet_id, run_id=record.run_id, agent_id=record.agent_id,
-        content=record.content, content_hash=record.content_hash, domain=record.domain,
-        source=record.source, importance=record.importance, tags=list(record.tags),
-        cross_refs=list(record.cross_refs), create_time=created, metadata=record.metadata,
+        id=record.id,
+        fleet_id=record.fleet_id,
+        run_id=record.run_id,
+        agent_id=record.agent_id,
+        content=record.content,
+        content_hash=record.content_hash,
+        domain=record.domain,
+        source=record.source,
+        importance=record.importance,
+        tags=list(record.tags),
+        cross_refs=list(record.cross_refs),
+        create_time=created,
+        metadata=record.metadata,
         record_hash=record.record_hash,
     )
 
@@ -71,36 +80,50 @@ def domain_to_proto(domain: Domain, incoming: int = 0) -> pb.Domain:
     updated = Timestamp()
     updated.FromMicroseconds(int(domain.updated_ts * 1_000_000))
     return pb.Domain(
-        name=domain.name, display_name=domain.display_name, description=domain.description,
-        keywords=list(domain.keywords), importance=domain.importance,
-        record_count=domain.record_count, update_time=updated, incoming_links=incoming,
+        name=domain.name,
+        display_name=domain.display_name,
+        description=domain.description,
+        keywords=list(domain.keywords),
+        importance=domain.importance,
+        record_count=domain.record_count,
+        update_time=updated,
+        incoming_links=incoming,
     )
 
 
 def draft_from_proto(message: pb.RecordInput) -> RecordDraft:
     return RecordDraft(
-        content=message.content, run_id=message.run_id, domain=message.domain,
+        content=message.content,
+        run_id=message.run_id,
+        domain=message.domain,
         source=message.source,
         importance=message.importance if message.HasField("importance") else DEFAULT_IMPORTANCE,
-        tags=tuple(message.tags), metadata=dict(message.metadata),
+        tags=tuple(message.tags),
+        metadata=dict(message.metadata),
     )
 
 
 def _result(result: WriteResult) -> pb.CreateRecordResponse:
-    return pb.CreateRecordResponse(record=record_to_proto(result.record), created=result.created,
-                                   duplicate_of=result.duplicate_of)
+    return pb.CreateRecordResponse(
+        record=record_to_proto(result.record),
+        created=result.created,
+        duplicate_of=result.duplicate_of,
+    )
 
 
 def target_fleet(principal: Principal, requested: str) -> str:
     """Service principals name the fleet they act on; everyone else acts on their own."""
     if "service" in principal.roles:
         if not requested:
-            raise PermissionDenied("a service principal must name fleet_id",
-                                   reason="FLEET_REQUIRED")
+            raise PermissionDenied(
+                "a service principal must name fleet_id", reason="FLEET_REQUIRED"
+            )
         return requested
     if requested and requested != principal.fleet_id:
-        raise PermissionDenied(f"principal of fleet {principal.fleet_id} cannot act on "
-                               f"fleet {requested}", reason="FOREIGN_FLEET")
+        raise PermissionDenied(
+            f"principal of fleet {principal.fleet_id} cannot act on fleet {requested}",
+            reason="FOREIGN_FLEET",
+        )
     return principal.fleet_id
 
 
@@ -109,52 +132,72 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         self.service = service
         self.compactor = compactor
 
-    def CreateRecord(self, request: pb.CreateRecordRequest, context: Any) -> pb.CreateRecordResponse:
-        results = self.service.write(current_principal(), [draft_from_proto(request.record)],
-                                     request.request_id)
+    def CreateRecord(
+        self, request: pb.CreateRecordRequest, context: Any
+    ) -> pb.CreateRecordResponse:
+        results = self.service.write(
+            current_principal(), [draft_from_proto(request.record)], request.request_id
+        )
         return _result(results[0])
 
-    def BatchCreateRecords(self, request: pb.BatchCreateRecordsRequest,
-                           context: Any) -> pb.BatchCreateRecordsResponse:
-        results = self.service.write(current_principal(),
-                                     [draft_from_proto(r) for r in request.records],
-                                     request.request_id)
+    def BatchCreateRecords(
+        self, request: pb.BatchCreateRecordsRequest, context: Any
+    ) -> pb.BatchCreateRecordsResponse:
+        results = self.service.write(
+            current_principal(), [draft_from_proto(r) for r in request.records], request.request_id
+        )
         return pb.BatchCreateRecordsResponse(results=[_result(r) for r in results])
 
     def GetRecord(self, request: pb.GetRecordRequest, context: Any) -> pb.GetRecordResponse:
-        return pb.GetRecordResponse(record=record_to_proto(
-            self.service.get(current_principal(), request.id)))
+        return pb.GetRecordResponse(
+            record=record_to_proto(self.service.get(current_principal(), request.id))
+        )
 
     def ListRecords(self, request: pb.ListRecordsRequest, context: Any) -> pb.ListRecordsResponse:
         principal = current_principal()
         flt = RecordFilter(
             principal.fleet_id,
             run_id=request.run_id if request.HasField("run_id") else None,
-            domain=request.domain.strip().lower(), agent_id=request.agent_id,
+            domain=request.domain.strip().lower(),
+            agent_id=request.agent_id,
             tags=tuple(sorted(set(request.tags))),
         )
-        filters = {"run": flt.run_id, "domain": flt.domain, "agent": flt.agent_id,
-                   "tags": list(flt.tags), "fleet": flt.fleet_id}
+        filters = {
+            "run": flt.run_id,
+            "domain": flt.domain,
+            "agent": flt.agent_id,
+            "tags": list(flt.tags),
+            "fleet": flt.fleet_id,
+        }
         size = page_size(request.page_size)
         last = decode_token(request.page_token, filters)
         rows = self.service.list(flt, int(last[0]) if last else None, size + 1)
         next_token = encode_token([rows[size - 1][0]], filters) if len(rows) > size else ""
-        return pb.ListRecordsResponse(records=[record_to_proto(r) for _, r in rows[:size]],
-                                      next_page_token=next_token)
+        return pb.ListRecordsResponse(
+            records=[record_to_proto(r) for _, r in rows[:size]], next_page_token=next_token
+        )
 
-    def SearchRecords(self, request: pb.SearchRecordsRequest,
-                      context: Any) -> pb.SearchRecordsResponse:
-        hits = self.service.search(SearchQuery(
-            fleet_id=current_principal().fleet_id, text=request.query,
-            limit=request.limit or 10,
-            run_id=request.run_id if request.HasField("run_id") else None,
-            domain=request.domain.strip().lower(), cross=request.cross,
-            mode=_MODES.get(request.mode, "hybrid"), tags=tuple(request.tags),
-        ))
-        return pb.SearchRecordsResponse(hits=[
-            pb.SearchHit(record=record_to_proto(h.record), score=h.score, via=h.via)
-            for h in hits
-        ])
+    def SearchRecords(
+        self, request: pb.SearchRecordsRequest, context: Any
+    ) -> pb.SearchRecordsResponse:
+        hits = self.service.search(
+            SearchQuery(
+                fleet_id=current_principal().fleet_id,
+                text=request.query,
+                limit=request.limit or 10,
+                run_id=request.run_id if request.HasField("run_id") else None,
+                domain=request.domain.strip().lower(),
+                cross=request.cross,
+                mode=_MODES.get(request.mode, "hybrid"),
+                tags=tuple(request.tags),
+            )
+        )
+        return pb.SearchRecordsResponse(
+            hits=[
+                pb.SearchHit(record=record_to_proto(h.record), score=h.score, via=h.via)
+                for h in hits
+            ]
+        )
 
     def ListDomains(self, request: pb.ListDomainsRequest, context: Any) -> pb.ListDomainsResponse:
         principal = current_principal()
@@ -165,30 +208,46 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         size = page_size(request.page_size)
         last = decode_token(request.page_token, filters)
         remaining = [d for d in domains if last is None or d.name > str(last[0])]
-        next_token = encode_token([remaining[size - 1].name], filters) if len(remaining) > size else ""
+        next_token = (
+            encode_token([remaining[size - 1].name], filters) if len(remaining) > size else ""
+        )
         return pb.ListDomainsResponse(
             domains=[domain_to_proto(d, incoming.get(d.name, 0)) for d in remaining[:size]],
-            next_page_token=next_token)
+            next_page_token=next_token,
+        )
 
-    def UpsertDomain(self, request: pb.UpsertDomainRequest,
-                     context: Any) -> pb.UpsertDomainResponse:
+    def UpsertDomain(
+        self, request: pb.UpsertDomainRequest, context: Any
+    ) -> pb.UpsertDomainResponse:
         domain, created = self.service.upsert_domain(
-            current_principal(), request.name, request.display_name, request.description,
-            list(request.keywords))
+            current_principal(),
+            request.name,
+            request.display_name,
+            request.description,
+            list(request.keywords),
+        )
         return pb.UpsertDomainResponse(domain=domain_to_proto(domain), created=created)
 
-    def VerifyRecords(self, request: pb.VerifyRecordsRequest,
-                      context: Any) -> pb.VerifyRecordsResponse:
+    def VerifyRecords(
+        self, request: pb.VerifyRecordsRequest, context: Any
+    ) -> pb.VerifyRecordsResponse:
         report = self.service.verify(current_principal(), list(request.ids), request.all)
-        return pb.VerifyRecordsResponse(checked=report.checked, failures=[
-            pb.IntegrityFailure(id=f.metadata.get("record_id", ""),
-                                expected_hash=f.metadata.get("expected", ""),
-                                actual_hash=f.metadata.get("actual", ""), detail=f.message)
-            for f in report.failures
-        ])
+        return pb.VerifyRecordsResponse(
+            checked=report.checked,
+            failures=[
+                pb.IntegrityFailure(
+                    id=f.metadata.get("record_id", ""),
+                    expected_hash=f.metadata.get("expected", ""),
+                    actual_hash=f.metadata.get("actual", ""),
+                    detail=f.message,
+                )
+                for f in report.failures
+            ],
+        )
 
-    def SnapshotForRun(self, request: pb.SnapshotForRunRequest,
-                       context: Any) -> Iterator[pb.SnapshotForRunResponse]:
+    def SnapshotForRun(
+        self, request: pb.SnapshotForRunRequest, context: Any
+    ) -> Iterator[pb.SnapshotForRunResponse]:
         verify = request.verify if request.HasField("verify") else True
         for record in self.service.snapshot(current_principal(), request.run_id, verify):
             yield pb.SnapshotForRunResponse(record=record_to_proto(record))
@@ -197,38 +256,55 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         status = self.service.status(current_principal())
         incoming: dict[str, int] = status["incoming"]  # type: ignore[assignment]
         return pb.GetStatusResponse(
-            fleet_id=str(status["fleet_id"]), total_records=int(status["total_records"]),  # type: ignore[call-overload]
-            domains=[domain_to_proto(d, incoming.get(d.name, 0))
-                     for d in status["domains"]],  # type: ignore[attr-defined]
-            total_links=int(status["total_links"]), runs=int(status["runs"]),  # type: ignore[call-overload]
+            fleet_id=str(status["fleet_id"]),
+            total_records=int(status["total_records"]),  # type: ignore[call-overload]
+            domains=[domain_to_proto(d, incoming.get(d.name, 0)) for d in status["domains"]],  # type: ignore[attr-defined]
+            total_links=int(status["total_links"]),
+            runs=int(status["runs"]),  # type: ignore[call-overload]
             indexing_lag=int(status["indexing_lag"]),  # type: ignore[call-overload]
         )
 
-    def ExportSummary(self, request: pb.ExportSummaryRequest,
-                      context: Any) -> pb.ExportSummaryResponse:
+    def ExportSummary(
+        self, request: pb.ExportSummaryRequest, context: Any
+    ) -> pb.ExportSummaryResponse:
         import json
 
         return pb.ExportSummaryResponse(
-            summary_json=json.dumps(self.service.summary(current_principal()), indent=2))
+            summary_json=json.dumps(self.service.summary(current_principal()), indent=2)
+        )
 
-    def CompactRecords(self, request: pb.CompactRecordsRequest,
-                       context: Any) -> pb.CompactRecordsResponse:
+    def CompactRecords(
+        self, request: pb.CompactRecordsRequest, context: Any
+    ) -> pb.CompactRecordsResponse:
         fleet = target_fleet(current_principal(), request.fleet_id)
         report = self.compactor.compact(
             fleet,
-            importance_below=request.importance_below if request.HasField("importance_below") else 0.3,
-            older_than_days=request.older_than_days if request.HasField("older_than_days") else 30.0,
+            importance_below=request.importance_below
+            if request.HasField("importance_below")
+            else 0.3,
+            older_than_days=request.older_than_days
+            if request.HasField("older_than_days")
+            else 30.0,
             dry_run=request.dry_run,
         )
         return pb.CompactRecordsResponse(
-            examined=report.examined, compacted=report.compacted,
-            groups=[pb.CompactionGroup(
-                summary=record_to_proto(g.summary) if g.summary else None,
-                replaced_ids=list(g.replaced_ids), replaced_hashes=list(g.replaced_hashes),
-                domain=g.domain, run_id=g.run_id) for g in report.groups])
+            examined=report.examined,
+            compacted=report.compacted,
+            groups=[
+                pb.CompactionGroup(
+                    summary=record_to_proto(g.summary) if g.summary else None,
+                    replaced_ids=list(g.replaced_ids),
+                    replaced_hashes=list(g.replaced_hashes),
+                    domain=g.domain,
+                    run_id=g.run_id,
+                )
+                for g in report.groups
+            ],
+        )
 
-    def ApplyRetention(self, request: pb.ApplyRetentionRequest,
-                       context: Any) -> pb.ApplyRetentionResponse:
+    def ApplyRetention(
+        self, request: pb.ApplyRetentionRequest, context: Any
+    ) -> pb.ApplyRetentionResponse:
         fleet = target_fleet(current_principal(), request.fleet_id)
         removed = self.compactor.apply_retention(fleet, request.older_than_days, request.dry_run)
         return pb.ApplyRetentionResponse(removed_ids=removed)

@@ -43,11 +43,20 @@ def _free_base() -> int:
 @pytest.mark.slow
 def test_make_up_topology_and_readme_tour(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    env = {**os.environ, "ENGRAM_HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}",
-           "COLUMNS": "120"}
+    env = {
+        **os.environ,
+        "ENGRAM_HOME": str(home),
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "COLUMNS": "120",
+    }
     env.pop("ENGRAM_TOKEN", None)
-    up = subprocess.Popen([str(BIN / "engram"), "up", "--base-port", str(_free_base())],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [str(BIN / "engram"), "up", "--base-port", str(_free_base())],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         banner = ""
@@ -59,8 +68,14 @@ def test_make_up_topology_and_readme_tour(tmp_path: Path) -> None:
             assert service in banner
         work = tmp_path / "work"
         work.mkdir()
-        tour = subprocess.run(["bash", "-euo", "pipefail", "-c", _tour()], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=600)
+        tour = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", _tour()],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert tour.returncode == 0, tour.stdout[-4000:] + tour.stderr[-4000:]
         out = tour.stdout
         assert "stored" in out and "checked" in out and "all intact" in out

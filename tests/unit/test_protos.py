@@ -14,13 +14,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_stubs_do_not_drift(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, str(ROOT / "tools" / "gen_protos.py"), "--out", str(tmp_path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "gen_protos.py"), "--out", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
     assert generated, "no stubs generated"
-    drifted = [str(rel) for rel in generated
-               if not (ROOT / rel).exists() or not filecmp.cmp(tmp_path / rel, ROOT / rel,
-                                                                 shallow=False)]
+    drifted = [
+        str(rel)
+        for rel in generated
+        if not (ROOT / rel).exists() or not filecmp.cmp(tmp_path / rel, ROOT / rel, shallow=False)
+    ]
     assert not drifted, f"stubs differ from protos/: run `make protos` ({drifted})"
     committed = sorted(p.relative_to(ROOT) for p in (ROOT / "engram").rglob("*_pb2*.py*"))
     assert committed == generated, "stale stubs without a .proto"

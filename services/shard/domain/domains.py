@@ -41,21 +41,46 @@ class Domain:
         return self.usage_score * math.exp2(-max(0.0, now - self.usage_ts) / USAGE_HALF_LIFE_S)
 
     def used(self, times: int, now: float) -> Domain:
-        return replace(self, usage_score=self.decayed_usage(now) + times, usage_ts=now,
-                       record_count=self.record_count + times, updated_ts=now)
+        return replace(
+            self,
+            usage_score=self.decayed_usage(now) + times,
+            usage_ts=now,
+            record_count=self.record_count + times,
+            updated_ts=now,
+        )
 
 
 DEFAULT_DOMAINS: tuple[Domain, ...] = (
-    Domain("projects", "Projects", "Project tracking, tasks, objectives",
-           ("project", "task", "goal", "objective")),
-    Domain("insights", "Insights", "Lessons learned, patterns, decisions",
-           ("lesson", "pattern", "insight", "decision", "learned")),
-    Domain("people", "People", "Contacts, experts, relationships",
-           ("@", "contact", "person", "expert", "builder")),
-    Domain("technical", "Technical", "Architecture, code, protocols, frameworks",
-           ("architecture", "framework", "code", "protocol", "shard", "layer", "pillar")),
-    Domain("strategy", "Strategy", "Long-term vision, priorities, strategies",
-           ("strategy", "vision", "priority", "trend", "strategic")),
+    Domain(
+        "projects",
+        "Projects",
+        "Project tracking, tasks, objectives",
+        ("project", "task", "goal", "objective"),
+    ),
+    Domain(
+        "insights",
+        "Insights",
+        "Lessons learned, patterns, decisions",
+        ("lesson", "pattern", "insight", "decision", "learned"),
+    ),
+    Domain(
+        "people",
+        "People",
+        "Contacts, experts, relationships",
+        ("@", "contact", "person", "expert", "builder"),
+    ),
+    Domain(
+        "technical",
+        "Technical",
+        "Architecture, code, protocols, frameworks",
+        ("architecture", "framework", "code", "protocol", "shard", "layer", "pillar"),
+    ),
+    Domain(
+        "strategy",
+        "Strategy",
+        "Long-term vision, priorities, strategies",
+        ("strategy", "vision", "priority", "trend", "strategic"),
+    ),
 )
 DEFAULT_ORDER = {d.name: i for i, d in enumerate(DEFAULT_DOMAINS)}
 
@@ -63,7 +88,7 @@ DEFAULT_ORDER = {d.name: i for i, d in enumerate(DEFAULT_DOMAINS)}
 def validate_domain_name(name: str) -> str:
     name = name.strip().lower()
     if name.startswith("shard_"):
-        name = name[len("shard_"):]
+        name = name[len("shard_") :]
     if not _NAME.match(name):
         raise InvalidArgument(
             f"domain name {name!r} must be lowercase letters, digits, - or _, "
@@ -76,8 +101,9 @@ def validate_domain_name(name: str) -> str:
 def validate_keywords(keywords: Sequence[str]) -> tuple[str, ...]:
     cleaned = tuple(dict.fromkeys(k.strip().lower() for k in keywords if k.strip()))
     if len(cleaned) > MAX_KEYWORDS or any(len(k) > 64 for k in cleaned):
-        raise InvalidArgument(f"at most {MAX_KEYWORDS} keywords of at most 64 characters",
-                              reason="INVALID_KEYWORDS")
+        raise InvalidArgument(
+            f"at most {MAX_KEYWORDS} keywords of at most 64 characters", reason="INVALID_KEYWORDS"
+        )
     return cleaned
 
 

@@ -104,16 +104,22 @@ def verify(record: Record) -> None:
             f"record {record.id}: content no longer matches its content_hash "
             f"(stored {record.content_hash[:12]}…, recomputed {actual_content[:12]}…)",
             reason="CONTENT_HASH_MISMATCH",
-            metadata={"record_id": record.id, "expected": record.content_hash,
-                      "actual": actual_content},
+            metadata={
+                "record_id": record.id,
+                "expected": record.content_hash,
+                "actual": actual_content,
+            },
         )
     actual_record = hashlib.sha256(canonical_fields(record, actual_content)).hexdigest()
     if actual_record != record.record_hash:
         raise IntegrityError(
             f"record {record.id}: a stored field was altered (record_hash mismatch)",
             reason="RECORD_HASH_MISMATCH",
-            metadata={"record_id": record.id, "expected": record.record_hash,
-                      "actual": actual_record},
+            metadata={
+                "record_id": record.id,
+                "expected": record.record_hash,
+                "actual": actual_record,
+            },
         )
     if record.id != record_id(record.fleet_id, record.run_id, record.agent_id, actual_content):
         raise IntegrityError(
@@ -154,14 +160,20 @@ def normalize_draft(draft: RecordDraft) -> RecordDraft:
         )
     source = draft.source.strip() or "manual"
     if len(source) > MAX_SOURCE_LEN:
-        raise InvalidArgument(f"source is longer than {MAX_SOURCE_LEN} characters",
-                              reason="INVALID_SOURCE")
+        raise InvalidArgument(
+            f"source is longer than {MAX_SOURCE_LEN} characters", reason="INVALID_SOURCE"
+        )
     metadata_size = sum(len(k) + len(v) for k, v in draft.metadata.items())
     if len(draft.metadata) > MAX_METADATA_ENTRIES or metadata_size > MAX_METADATA_BYTES:
         raise InvalidArgument(
-            f"metadata is limited to {MAX_METADATA_ENTRIES} entries and "
-            f"{MAX_METADATA_BYTES} bytes",
+            f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_BYTES} bytes",
             reason="METADATA_TOO_LARGE",
         )
-    return replace(draft, content=content, importance=importance, tags=tags, source=source,
-                   domain=draft.domain.strip().lower())
+    return replace(
+        draft,
+        content=content,
+        importance=importance,
+        tags=tags,
+        source=source,
+        domain=draft.domain.strip().lower(),
+    )

@@ -21,8 +21,13 @@ from tests.conftest import TokenFactory
 
 @pytest.fixture
 def running(tmp_path: Path, engram_home: Path):  # type: ignore[no-untyped-def]
-    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 's.db'}", port=0,
-                             metrics_port=0, grace_seconds=2)
+    settings = ShardSettings(
+        home=engram_home,
+        db_url=f"sqlite:///{tmp_path / 's.db'}",
+        port=0,
+        metrics_port=0,
+        grace_seconds=2,
+    )
     server, service = build_shard_server(settings)
     server.start()
     yield server, service
@@ -37,8 +42,11 @@ def test_health_reflection_and_metrics(running, make_token: TokenFactory) -> Non
             reply = health.Check(health_pb2.HealthCheckRequest(service=name))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
-        answers = list(reflection.ServerReflectionInfo(iter(
-            [reflection_pb2.ServerReflectionRequest(list_services="")])))
+        answers = list(
+            reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+            )
+        )
         names = {s.name for s in answers[0].list_services_response.service}
         assert "engram.shard.v1.ShardService" in names
         stub = pb_grpc.ShardServiceStub(channel)
@@ -47,22 +55,26 @@ def test_health_reflection_and_metrics(running, make_token: TokenFactory) -> Non
         with pytest.raises(grpc.RpcError):
             stub.GetStatus(pb.GetStatusRequest())
     body = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
-    assert ('grpc_server_handled_total{grpc_code="OK",grpc_method="GetStatus",'
-            'grpc_service="engram.shard.v1.ShardService",grpc_type="unary"} 1.0') in body
+    assert (
+        'grpc_server_handled_total{grpc_code="OK",grpc_method="GetStatus",'
+        'grpc_service="engram.shard.v1.ShardService",grpc_type="unary"} 1.0'
+    ) in body
     assert 'grpc_code="UNAUTHENTICATED",grpc_method="GetStatus"' in body
     assert "grpc_server_started_total" in body and "grpc_server_handling_seconds_bucket" in body
 
 
 def test_errors_carry_error_info_and_no_stack_trace(running, make_token: TokenFactory) -> None:  # type: ignore[no-untyped-def]
-    from grpc_status import rpc_status
     from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
 
     server, _service = running
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.ShardServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.CreateRecord(pb.CreateRecordRequest(record=pb.RecordInput(content="")),
-                              metadata=[("authorization", f"Bearer {make_token()}")])
+            stub.CreateRecord(
+                pb.CreateRecordRequest(record=pb.RecordInput(content="")),
+                metadata=[("authorization", f"Bearer {make_token()}")],
+            )
     status = rpc_status.from_call(caught.value)
     assert status is not None and status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     info = error_details_pb2.ErrorInfo()
@@ -89,7 +101,8 @@ def test_graceful_stop_flips_health_then_drains(running, make_token: TokenFactor
     def call() -> None:
         try:
             outcome["reply"] = stub.GetStatus(
-                pb.GetStatusRequest(), metadata=[("authorization", f"Bearer {make_token()}")])
+                pb.GetStatusRequest(), metadata=[("authorization", f"Bearer {make_token()}")]
+            )
         except grpc.RpcError as error:
             outcome["error"] = error
 

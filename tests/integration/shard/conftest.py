@@ -36,11 +36,14 @@ ClientFactory = Callable[..., ShardClient]
 
 
 @pytest.fixture
-def client_for(shard: tuple[str, ShardService], make_token: TokenFactory) -> Iterator[ClientFactory]:
+def client_for(
+    shard: tuple[str, ShardService], make_token: TokenFactory
+) -> Iterator[ClientFactory]:
     clients: list[ShardClient] = []
 
-    def connect(agent: str = "agent-1", fleet: str = "fleet-a",
-                roles: tuple[str, ...] = ("agent",)) -> ShardClient:
+    def connect(
+        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
+    ) -> ShardClient:
         client = ShardClient(shard[0], make_token(agent, fleet, roles))
         clients.append(client)
         return client

@@ -7,7 +7,7 @@ import json
 import grpc
 import pytest
 
-from engram.client import EngramRpcError, ShardClient
+from engram.client import EngramRpcError
 from services.shard.service import ShardService
 from tests.integration.shard.conftest import ClientFactory
 
@@ -22,8 +22,10 @@ def test_old_unimportant_records_are_summarised_not_lost(
     real_clock = service.clock
     service.clock = lambda: real_clock() - 90 * DAY  # write "three months ago"
     try:
-        old = [agent.add(f"task: minor chore number {i}", importance=0.2, run_id="r1").record
-               for i in range(3)]
+        old = [
+            agent.add(f"task: minor chore number {i}", importance=0.2, run_id="r1").record
+            for i in range(3)
+        ]
         keep = agent.add("task: critical migration plan", importance=0.9, run_id="r1").record
     finally:
         service.clock = real_clock

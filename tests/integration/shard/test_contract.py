@@ -21,23 +21,30 @@ def _invalid(call, reason: str) -> EngramRpcError:  # type: ignore[no-untyped-de
 
 
 def test_list_filters_and_paginates(client: ShardClient) -> None:
-    written = [client.add(f"task: item {i}", tags=["even"] if i % 2 == 0 else ["odd"],
-                          run_id="run-1" if i < 5 else "").record.id for i in range(12)]
+    written = [
+        client.add(
+            f"task: item {i}",
+            tags=["even"] if i % 2 == 0 else ["odd"],
+            run_id="run-1" if i < 5 else "",
+        ).record.id
+        for i in range(12)
+    ]
     assert [r.id for r in client.list(page_size=5)] == list(reversed(written))
     assert {r.id for r in client.list(tags=["even"])} == set(written[0::2])
     assert {r.id for r in client.list(run_id="run-1")} == set(written[:5])
     assert {r.id for r in client.list(run_id="")} == set(written[5:])
-    first = client.stub.ListRecords(pb.ListRecordsRequest(page_size=5),
-                                    metadata=client.metadata)
+    first = client.stub.ListRecords(pb.ListRecordsRequest(page_size=5), metadata=client.metadata)
     assert len(first.records) == 5 and first.next_page_token
     with pytest.raises(grpc.RpcError) as caught:
-        client.stub.ListRecords(pb.ListRecordsRequest(page_size=5, domain="insights",
-                                                      page_token=first.next_page_token),
-                                metadata=client.metadata)
+        client.stub.ListRecords(
+            pb.ListRecordsRequest(page_size=5, domain="insights", page_token=first.next_page_token),
+            metadata=client.metadata,
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with pytest.raises(grpc.RpcError) as caught:
-        client.stub.ListRecords(pb.ListRecordsRequest(page_token="garbage!"),
-                                metadata=client.metadata)
+        client.stub.ListRecords(
+            pb.ListRecordsRequest(page_token="garbage!"), metadata=client.metadata
+        )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -46,12 +53,15 @@ def test_bad_input_stores_nothing(client: ShardClient) -> None:
     _invalid(lambda: client.add("x" * 40_000), "CONTENT_TOO_LARGE")
     _invalid(lambda: client.add("x", importance=1.5), "IMPORTANCE_OUT_OF_RANGE")
     _invalid(lambda: client.add("x", domain="astrology"), "UNKNOWN_DOMAIN")
-    error = _invalid(lambda: client.add("see shard nowhere for details"),
-                     "CROSS_REFERENCE_TARGET_NOT_FOUND")
+    error = _invalid(
+        lambda: client.add("see shard nowhere for details"), "CROSS_REFERENCE_TARGET_NOT_FOUND"
+    )
     assert "nowhere" in error.message
     _invalid(lambda: client.add("shard:" + "ab" * 16), "CROSS_REFERENCE_TARGET_NOT_FOUND")
-    _invalid(lambda: client.add(" ".join(f"see shard technical{i}" for i in range(9))),
-             "TOO_MANY_CROSS_REFERENCES")
+    _invalid(
+        lambda: client.add(" ".join(f"see shard technical{i}" for i in range(9))),
+        "TOO_MANY_CROSS_REFERENCES",
+    )
     _invalid(lambda: client.search(""), "EMPTY_QUERY")
     assert list(client.list()) == []
     assert client.status().total_records == 0
@@ -80,21 +90,30 @@ def test_links_stay_in_the_fleet(client_for: ClientFactory) -> None:
 
 
 def test_request_id_replays_and_refuses_reuse(client: ShardClient) -> None:
-    first = client.add_many([record_input("task: one"), record_input("task: two")],
-                            request_id="req-1")
-    again = client.add_many([record_input("task: one"), record_input("task: two")],
-                            request_id="req-1")
+    first = client.add_many(
+        [record_input("task: one"), record_input("task: two")], request_id="req-1"
+    )
+    again = client.add_many(
+        [record_input("task: one"), record_input("task: two")], request_id="req-1"
+    )
     assert [r.record.id for r in first.results] == [r.record.id for r in again.results]
     assert all(r.created for r in first.results) and not any(r.created for r in again.results)
-    _invalid(lambda: client.add_many([record_input("task: three")], request_id="req-1"),
-             "REQUEST_ID_REUSED")
+    _invalid(
+        lambda: client.add_many([record_input("task: three")], request_id="req-1"),
+        "REQUEST_ID_REUSED",
+    )
 
 
 def test_domains_route_and_upsert(client_for: ClientFactory) -> None:
     agent = client_for("agent-1", "fleet-a")
     admin = client_for("admin", "fleet-a", ("admin",))
-    assert {d.name for d in agent.domains()} == {"projects", "insights", "people", "technical",
-                                                 "strategy"}
+    assert {d.name for d in agent.domains()} == {
+        "projects",
+        "insights",
+        "people",
+        "technical",
+        "strategy",
+    }
     with pytest.raises(EngramRpcError) as caught:
         agent.upsert_domain("finance", keywords=["budget"])
     assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED

@@ -1,4 +1,4 @@
-"""A record edited behind the service's back is reported by verify and snapshot, never served as good."""
+"""A record edited behind the service's back is reported by verify and snapshot, never served."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from services.shard.service import ShardService
 
 def _tamper(service: ShardService, record_id: str, column: str, value: object) -> None:
     with service.db.engine.begin() as conn:
-        conn.execute(text(f"UPDATE records SET {column} = :v WHERE id = :id"),
-                     {"v": value, "id": record_id})
+        conn.execute(
+            text(f"UPDATE records SET {column} = :v WHERE id = :id"), {"v": value, "id": record_id}
+        )
 
 
 def test_snapshot_streams_exactly_one_run(client: ShardClient) -> None:
@@ -26,10 +27,13 @@ def test_snapshot_streams_exactly_one_run(client: ShardClient) -> None:
     assert list(client.snapshot("run-none")) == []
 
 
-@pytest.mark.parametrize(("column", "value"), [("content", "task: edited"), ("importance", 0.99),
-                                              ("agent_id", "mallory")])
-def test_tampering_is_data_loss(client: ShardClient, shard: tuple[str, ShardService],
-                                column: str, value: object) -> None:
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("content", "task: edited"), ("importance", 0.99), ("agent_id", "mallory")],
+)
+def test_tampering_is_data_loss(
+    client: ShardClient, shard: tuple[str, ShardService], column: str, value: object
+) -> None:
     good = client.add("task: keep me intact", run_id="run-t").record
     bad = client.add("task: someone edits me", run_id="run-t").record
     _tamper(shard[1], bad.id, column, value)

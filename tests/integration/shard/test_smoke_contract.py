@@ -10,10 +10,18 @@ from tests.integration.shard.conftest import ClientFactory
 
 
 def test_write_is_content_addressed_and_idempotent(client: ShardClient) -> None:
-    first = client.add("Lesson learned: retries need idempotency keys", importance=0.8,
-                       tags=["ops"], run_id="run-1")
-    again = client.add("Lesson learned: retries need idempotency keys", importance=0.8,
-                       tags=["ops"], run_id="run-1")
+    first = client.add(
+        "Lesson learned: retries need idempotency keys",
+        importance=0.8,
+        tags=["ops"],
+        run_id="run-1",
+    )
+    again = client.add(
+        "Lesson learned: retries need idempotency keys",
+        importance=0.8,
+        tags=["ops"],
+        run_id="run-1",
+    )
     assert first.created and not again.created
     assert first.record.id == again.record.id
     assert first.record.domain == "insights"

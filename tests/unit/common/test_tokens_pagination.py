@@ -42,8 +42,10 @@ def test_authorizer_fails_closed(tmp_path: Path) -> None:
     keys = ensure_keypair(tmp_path)
     verifier = TokenVerifier.load(keys.public)
     agent = TokenSigner.load(keys.private).issue("a1", "f1", {"agent"})
-    authz = Authorizer(verifier, {"/s/Read": frozenset({"agent"}),
-                                  "/s/Admin": frozenset({"admin"}), "/s/Open": PUBLIC})
+    authz = Authorizer(
+        verifier,
+        {"/s/Read": frozenset({"agent"}), "/s/Admin": frozenset({"admin"}), "/s/Open": PUBLIC},
+    )
     assert authz.authorize("/s/Read", {"authorization": f"Bearer {agent}"}).agent_id == "a1"
     assert authz.authorize("/s/Open", {}) is None
     assert authz.authorize("/grpc.health.v1.Health/Check", {}) is None

@@ -30,8 +30,9 @@ def test_routes_by_keyword_matches(content: str, expected: str) -> None:
 
 def test_importance_adds_two_times_its_value() -> None:
     now = 1_000_000.0
-    domains = with_importance([d.used(5, now) if d.name == "strategy" else d
-                               for d in DEFAULT_DOMAINS], now)
+    domains = with_importance(
+        [d.used(5, now) if d.name == "strategy" else d for d in DEFAULT_DOMAINS], now
+    )
     # no keyword matches anywhere: the busiest domain (importance 1.0 -> +2) wins
     assert route("nothing in particular", domains) == "strategy"
     # two keyword matches (project, task) beat 2 x 1.0 only when strictly more: 2 vs 2 ties
@@ -56,10 +57,16 @@ def test_domain_names() -> None:
 
 
 def test_detects_all_four_patterns_in_order() -> None:
-    text = ("see shard technical, connect with shard people; voir shard strategy "
-            "and shard:0123456789abcdef0123456789abcdef")
-    assert crossrefs.detect(text) == ["technical", "people", "strategy",
-                                      "0123456789abcdef0123456789abcdef"]
+    text = (
+        "see shard technical, connect with shard people; voir shard strategy "
+        "and shard:0123456789abcdef0123456789abcdef"
+    )
+    assert crossrefs.detect(text) == [
+        "technical",
+        "people",
+        "strategy",
+        "0123456789abcdef0123456789abcdef",
+    ]
 
 
 def test_detection_is_bounded() -> None:

@@ -11,11 +11,24 @@ from services.shard.domain.records import Record, RecordDraft
 
 def _record(content: str = "lesson: keep writes idempotent") -> Record:
     sha = records.content_hash(content)
-    return records.seal(Record(
-        id=records.record_id("f", "r", "a", sha), fleet_id="f", run_id="r", agent_id="a",
-        content=content, content_hash=sha, record_hash="", domain="insights", source="manual",
-        importance=0.5, tags=("x",), metadata={}, cross_refs=(), created_us=1,
-    ))
+    return records.seal(
+        Record(
+            id=records.record_id("f", "r", "a", sha),
+            fleet_id="f",
+            run_id="r",
+            agent_id="a",
+            content=content,
+            content_hash=sha,
+            record_hash="",
+            domain="insights",
+            source="manual",
+            importance=0.5,
+            tags=("x",),
+            metadata={},
+            cross_refs=(),
+            created_us=1,
+        )
+    )
 
 
 def test_content_hash_is_sha256_of_utf8() -> None:
@@ -28,9 +41,18 @@ def test_id_depends_on_fleet_run_author_and_content() -> None:
     sha = records.content_hash("x")
     base = records.record_id("f", "r", "a", sha)
     assert base == records.record_id("f", "r", "a", sha)
-    assert len({base, records.record_id("g", "r", "a", sha), records.record_id("f", "s", "a", sha),
+    assert (
+        len(
+            {
+                base,
+                records.record_id("g", "r", "a", sha),
+                records.record_id("f", "s", "a", sha),
                 records.record_id("f", "r", "b", sha),
-                records.record_id("f", "r", "a", records.content_hash("y"))}) == 5
+                records.record_id("f", "r", "a", records.content_hash("y")),
+            }
+        )
+        == 5
+    )
 
 
 def test_sealed_record_verifies() -> None:

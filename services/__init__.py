@@ -1,0 +1,1 @@
+"""Engram services: each subpackage runs as its own process (`python -m services.<name>`)."""

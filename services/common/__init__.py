@@ -1,0 +1,1 @@
+"""The runtime every Engram service shares: server wiring, auth, errors, storage ports."""
