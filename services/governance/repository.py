@@ -11,17 +11,27 @@ import hashlib
 import json
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import replace
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session
 
 from services.common.db import Database
 from services.common.errors import InvalidArgument, NotFound
-from services.governance.decisions import Decision, decision_id
-from services.governance.rules import Candidate, Rule, judge
+from services.common.group_commit import GroupCommit
+from services.governance.decisions import Decision
+from services.governance.gate_cache import GateCache
+from services.governance.gate_store import (
+    GateOutcome,
+    GateRequest,
+    GateTransaction,
+    read_head,
+    recorded_decisions,
+)
+from services.governance.rules import Candidate, Rule
 from services.governance.tables import (
     AgentRow,
     ChainHeadRow,
@@ -53,6 +63,9 @@ class GovernanceRepository:
         self._clock = clock
         self._append_lock = threading.Lock()
         self._accumulator = TrustAccumulator()
+        self._cache = GateCache()
+        self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(self._decide_group,
+                                                                        max_group=128)
 
     def now_ms(self) -> int:
         return self._clock()
@@ -95,72 +108,38 @@ class GovernanceRepository:
     # -- the gate -----------------------------------------------------------------------
 
     def decide(self, fleet_id: str, agent_id: str, request_id: str,
-               candidates: Sequence[Candidate]) -> tuple[list[Decision], bool]:
-        """Judge and record; a known ``request_id`` returns the recorded decisions (replayed)."""
-        with self._append_lock, self._db.session() as session:
-            recorded = self._recorded(session, fleet_id, agent_id, request_id)
-            if recorded:
-                self._check_same_request(recorded, candidates, request_id)
-                return recorded, True
-            head = self._lock_head(session)
-            now_ms = self._clock()
-            trust, agent_row = self._trust(session, fleet_id, agent_id)
-            rules = [r.to_entity() for r in session.scalars(
-                select(RuleRow).where(RuleRow.fleet_id == fleet_id)
-                .order_by(RuleRow.created_ms, RuleRow.rule_id))]
-            accepted_here = 0
-            window_counts: dict[int, int] = {}
+               candidates: Sequence[Candidate]) -> GateOutcome:
+        """Judge and record; a known ``request_id`` returns the recorded decisions (replayed).
 
-            def writes_within(window_s: int) -> int:
-                if window_s not in window_counts:
-                    window_counts[window_s] = session.scalar(
-                        select(func.count()).select_from(DecisionRow).where(
-                            DecisionRow.fleet_id == fleet_id, DecisionRow.agent_id == agent_id,
-                            DecisionRow.allowed.is_(True),
-                            DecisionRow.created_ms >= now_ms - window_s * 1000)) or 0
-                return window_counts[window_s] + accepted_here
+        Concurrent calls share one transaction and one fsync (group commit).
+        """
+        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates)))
 
-            decisions = []
-            seq = -1
-            for position, candidate in enumerate(candidates):
-                violations = judge(candidate, trust, rules, writes_within)
-                allowed = not violations
-                accepted_here += allowed
-                trust = self._accumulator.record_outcome(trust, allowed, now_ms)
-                decision = Decision(
-                    decision_id=decision_id(fleet_id, agent_id, request_id, position),
-                    fleet_id=fleet_id, agent_id=agent_id, request_id=request_id,
-                    position=position, record_id=candidate.record_id,
-                    content_hash=candidate.content_hash, allowed=allowed,
-                    rule_ids=tuple(v.rule_id for v in violations),
-                    reason="; ".join(f"{v.rule_id}: {v.message}" for v in violations),
-                    created_ms=now_ms,
-                )
-                seq = self._append(session, head, "gate.decision",
-                                   {"decision": decision.state(), "agent": trust.state()}, now_ms)
-                session.add(_decision_row(decision, seq))
-                decisions.append(replace(decision, chain_seq=seq))
-            if decisions:
-                self._store_trust(session, agent_row, trust, seq)
-            return decisions, False
+    def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
+        try:
+            return self._record_group(requests, replays=False)
+        except SqlIntegrityError:
+            # A request_id seen before (or recorded by another replica meanwhile): look it up.
+            return self._record_group(requests, replays=True)
 
-    @staticmethod
-    def _recorded(session: Session, fleet_id: str, agent_id: str,
-                  request_id: str) -> list[Decision]:
-        rows = session.scalars(select(DecisionRow).where(
-            DecisionRow.fleet_id == fleet_id, DecisionRow.agent_id == agent_id,
-            DecisionRow.request_id == request_id).order_by(DecisionRow.position))
-        return [row.to_entity() for row in rows]
-
-    @staticmethod
-    def _check_same_request(recorded: list[Decision], candidates: Sequence[Candidate],
-                            request_id: str) -> None:
-        before = [(d.record_id, d.content_hash) for d in recorded]
-        now = [(c.record_id, c.content_hash) for c in candidates]
-        if before != now:
-            raise InvalidArgument(
-                f"request_id {request_id!r} was already used for different candidates; "
-                "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+    def _record_group(self, requests: Sequence[GateRequest], *,
+                      replays: bool) -> list[GateOutcome]:
+        with self._append_lock:
+            try:
+                with self._db.session() as session:
+                    conn = session.connection()
+                    head = read_head(conn)
+                    self._cache.align(head)
+                    recorded = recorded_decisions(conn, requests) if replays else {}
+                    group = GateTransaction(conn, self._cache, head, self._clock(),
+                                            self._accumulator, recorded)
+                    outcomes = [group.decide(request) for request in requests]
+                    after = group.flush()
+            except BaseException:
+                self._cache.forget()
+                raise
+            self._cache.committed(after, group.agents_after)
+            return outcomes
 
     # -- trust ----------------------------------------------------------------------------
 
@@ -172,9 +151,19 @@ class GovernanceRepository:
             found = {row.agent_id: row.to_entity() for row in rows}
         return {a: found.get(a) or AgentTrust(fleet_id, a) for a in wanted}
 
+    @contextmanager
+    def _state_change(self) -> Iterator[Session]:
+        """An operator change under the append lock; the gate cache rereads afterwards."""
+        with self._append_lock:
+            try:
+                with self._db.session() as session:
+                    yield session
+            finally:
+                self._cache.forget()
+
     def set_tier(self, fleet_id: str, agent_id: str, tier: TrustTier, actor: str,
                  reason: str) -> AgentTrust:
-        with self._append_lock, self._db.session() as session:
+        with self._state_change() as session:
             head = self._lock_head(session)
             now_ms = self._clock()
             before, row = self._trust(session, fleet_id, agent_id)
@@ -188,7 +177,7 @@ class GovernanceRepository:
     # -- rules ----------------------------------------------------------------------------
 
     def create_rule(self, rule: Rule) -> tuple[Rule, bool]:
-        with self._append_lock, self._db.session() as session:
+        with self._state_change() as session:
             existing = session.get(RuleRow, rule.rule_id)
             if existing is not None:
                 if existing.fleet_id != rule.fleet_id:
@@ -198,6 +187,7 @@ class GovernanceRepository:
             head = self._lock_head(session)
             seq = self._append(session, head, "rule.created", {"rule": rule.state()},
                                rule.created_ms)
+            head.rules_version += 1
             session.add(RuleRow(
                 rule_id=rule.rule_id, fleet_id=rule.fleet_id, kind=rule.kind.value,
                 params_json=json.dumps(dict(rule.params), sort_keys=True),
@@ -207,7 +197,7 @@ class GovernanceRepository:
             return rule, True
 
     def delete_rule(self, fleet_id: str, rule_id: str, actor: str) -> None:
-        with self._append_lock, self._db.session() as session:
+        with self._state_change() as session:
             row = session.get(RuleRow, rule_id)
             if row is None or row.fleet_id != fleet_id:
                 raise NotFound(f"no rule {rule_id!r} in fleet {fleet_id!r}; "
@@ -216,6 +206,7 @@ class GovernanceRepository:
             self._append(session, head, "rule.deleted",
                          {"rule_id": rule_id, "fleet_id": fleet_id, "actor": actor},
                          self._clock())
+            head.rules_version += 1
             session.execute(delete(RuleRow).where(RuleRow.rule_id == rule_id))
 
     def list_rules(self, fleet_id: str, after: str | None, limit: int) -> list[Rule]:
@@ -260,16 +251,6 @@ class GovernanceRepository:
                 problems.append("the stored chain head does not match the last chain entry")
             problems.extend(replay.compare(session))
         return reached, problems
-
-
-def _decision_row(decision: Decision, seq: int) -> DecisionRow:
-    return DecisionRow(
-        decision_id=decision.decision_id, fleet_id=decision.fleet_id,
-        agent_id=decision.agent_id, request_id=decision.request_id,
-        position=decision.position, record_id=decision.record_id,
-        content_hash=decision.content_hash, allowed=decision.allowed,
-        rule_ids_json=json.dumps(list(decision.rule_ids)), reason=decision.reason,
-        created_ms=decision.created_ms, chain_seq=seq)
 
 
 def _entries(session: Session) -> Iterator[ChainEntry]:

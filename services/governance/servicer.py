@@ -315,4 +315,4 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:
-    pb_grpc.add_GovernanceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_GovernanceServiceServicer_to_server(servicer, server)

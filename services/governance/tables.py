@@ -7,6 +7,7 @@ it, so verification can compare the row with what the chain says.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -32,8 +33,7 @@ class AgentRow(Base):
     chain_seq: Mapped[int] = mapped_column(BigInteger)
 
     def to_entity(self) -> AgentTrust:
-        return AgentTrust(self.fleet_id, self.agent_id, TrustTier(self.tier), self.score,
-                          self.pinned, self.updated_ms)
+        return agent_entity(self)
 
 
 class RuleRow(Base):
@@ -50,12 +50,7 @@ class RuleRow(Base):
     chain_seq: Mapped[int] = mapped_column(BigInteger)
 
     def to_entity(self) -> Rule:
-        return Rule(
-            rule_id=self.rule_id, fleet_id=self.fleet_id, kind=RuleKind(self.kind),
-            params=json.loads(self.params_json), description=self.description,
-            tiers=tuple(TrustTier(t) for t in json.loads(self.tiers_json)),
-            created_by=self.created_by, created_ms=self.created_ms,
-        )
+        return rule_entity(self)
 
 
 class DecisionRow(Base):
@@ -83,13 +78,7 @@ class DecisionRow(Base):
     )
 
     def to_entity(self) -> Decision:
-        return Decision(
-            decision_id=self.decision_id, fleet_id=self.fleet_id, agent_id=self.agent_id,
-            request_id=self.request_id, position=self.position, record_id=self.record_id,
-            content_hash=self.content_hash, allowed=self.allowed,
-            rule_ids=tuple(json.loads(self.rule_ids_json)), reason=self.reason,
-            created_ms=self.created_ms, chain_seq=self.chain_seq,
-        )
+        return decision_entity(self)
 
 
 class ChainRow(Base):
@@ -104,10 +93,41 @@ class ChainRow(Base):
 
 
 class ChainHeadRow(Base):
-    """One row (id 1), locked FOR UPDATE by each append so replicas serialise on it."""
+    """One row (id 1), locked FOR UPDATE by each append so replicas serialise on it.
+
+    ``rules_version`` goes up with every rule change, so a replica's cached rules
+    are checked against the database in the same transaction that uses them.
+    """
 
     __tablename__ = "witness_head"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     length: Mapped[int] = mapped_column(BigInteger)
     head: Mapped[str] = mapped_column(String(64))
+    rules_version: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+# Row -> entity, for ORM rows and Core result rows alike (both expose columns as attributes).
+
+def agent_entity(row: Any) -> AgentTrust:
+    return AgentTrust(row.fleet_id, row.agent_id, TrustTier(row.tier), row.score,
+                      bool(row.pinned), row.updated_ms)
+
+
+def rule_entity(row: Any) -> Rule:
+    return Rule(
+        rule_id=row.rule_id, fleet_id=row.fleet_id, kind=RuleKind(row.kind),
+        params=json.loads(row.params_json), description=row.description,
+        tiers=tuple(TrustTier(t) for t in json.loads(row.tiers_json)),
+        created_by=row.created_by, created_ms=row.created_ms,
+    )
+
+
+def decision_entity(row: Any) -> Decision:
+    return Decision(
+        decision_id=row.decision_id, fleet_id=row.fleet_id, agent_id=row.agent_id,
+        request_id=row.request_id, position=row.position, record_id=row.record_id,
+        content_hash=row.content_hash, allowed=bool(row.allowed),
+        rule_ids=tuple(json.loads(row.rule_ids_json)), reason=row.reason,
+        created_ms=row.created_ms, chain_seq=row.chain_seq,
+    )
