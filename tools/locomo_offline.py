@@ -56,6 +56,15 @@ METHODS: dict[str, RankingConfig] = {
     "  + thread (session) score 0.3": replace(BEST, thread_weight=0.3),
     "  + speaker boost 0.5": replace(BEST, speaker_boost=0.5),
     "  + window text embedded": replace(BEST, dense_window_text=True, dense_neighbour_weight=0.0),
+    "  context as scores (service)": replace(
+        BEST, context_level="scores", dense_context_level="scores"
+    ),
+    "  lexical terms, dense scores (service)": replace(BEST, dense_context_level="scores"),
+    "  lexical terms, no dense blend": replace(BEST, dense_neighbour_weight=0.0),
+    "  context as scores, no dense blend": replace(
+        BEST, context_level="scores", dense_neighbour_weight=0.0
+    ),
+    "  context as scores, lexical": replace(BEST, context_level="scores", mode="lexical"),
     "lexical (default)": replace(BEST, mode="lexical"),
     "semantic (default)": replace(BEST, mode="semantic"),
 }

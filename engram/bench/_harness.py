@@ -46,7 +46,7 @@ class EchoServer:
 
     def client(self) -> tuple[grpc.Channel, Callable[[bytes], bytes]]:
         channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        call = channel.unary_unary(_ECHO_METHOD)
+        call = channel.unary_unary(_ECHO_METHOD, None, None)
         return channel, call
 
 
@@ -111,7 +111,7 @@ def echo_baseline(
     """The echo runs in its own process, as the services do, so both pay the same IPC."""
     with ServerProcess([sys.executable, "-m", "engram.bench._harness"], {}) as echo:
         channel = grpc.insecure_channel(echo.address)
-        call = channel.unary_unary(_ECHO_METHOD)
+        call = channel.unary_unary(_ECHO_METHOD, None, None)
         try:
             latency = sequential(lambda _i: call(payload), sequential_calls)
             rate = concurrent(lambda _i: call(payload), concurrent_calls, in_flight)

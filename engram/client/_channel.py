@@ -6,7 +6,7 @@ interceptor: it would add a Python hop to each call on the hot path).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ class BaseClient:
         except grpc.RpcError as error:
             raise EngramRpcError.from_rpc_error(error) from None
 
-    def stream(self, method: Callable[..., Iterator[Response]], request: Any) -> Iterator[Response]:
+    def stream(self, method: Callable[..., Iterable[Response]], request: Any) -> Iterator[Response]:
         try:
             yield from method(request, metadata=self.metadata, timeout=self.timeout)
         except grpc.RpcError as error:

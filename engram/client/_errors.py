@@ -25,7 +25,7 @@ class EngramRpcError(Exception):
     def from_rpc_error(cls, error: grpc.RpcError) -> EngramRpcError:
         code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
         message = error.details() if isinstance(error, grpc.Call) else str(error)
-        reason, metadata = "", {}
+        reason, metadata = "", dict[str, str]()
         status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
         if status is not None:
             for detail in status.details:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -103,7 +104,7 @@ class ShardClient(BaseClient):
         cross: bool = False,
         mode: str = "hybrid",
         tags: Sequence[str] = (),
-    ) -> list[pb.SearchHit]:
+    ) -> builtins.list[pb.SearchHit]:
         request = pb.SearchRecordsRequest(
             query=query, limit=limit, domain=domain, cross=cross, mode=MODES[mode], tags=list(tags)
         )
@@ -111,7 +112,7 @@ class ShardClient(BaseClient):
             request.run_id = run_id
         return list(self.call(self.stub.SearchRecords, request).hits)
 
-    def domains(self) -> list[pb.Domain]:
+    def domains(self) -> builtins.list[pb.Domain]:
         return list(self.call(self.stub.ListDomains, pb.ListDomainsRequest(page_size=1000)).domains)
 
     def upsert_domain(
@@ -167,7 +168,7 @@ class ShardClient(BaseClient):
 
     def apply_retention(
         self, fleet_id: str, older_than_days: float, dry_run: bool = False
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         request = pb.ApplyRetentionRequest(
             fleet_id=fleet_id, older_than_days=older_than_days, dry_run=dry_run
         )

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf import any_pb2
@@ -29,7 +29,9 @@ Behavior = Callable[[Any, grpc.ServicerContext], Any]
 Wrapper = Callable[[Behavior, str, bool], Behavior]
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler, wrap: Wrapper, method: str) -> Any:
+def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], wrap: Wrapper, method: str) -> Any:
+    kind: Any
+    factory: Any
     if handler.request_streaming and handler.response_streaming:
         kind, factory = handler.stream_stream, grpc.stream_stream_rpc_method_handler
     elif handler.request_streaming:
@@ -45,15 +47,27 @@ def _wrap_handler(handler: grpc.RpcMethodHandler, wrap: Wrapper, method: str) ->
     )
 
 
-class _BehaviorInterceptor(grpc.ServerInterceptor):
+def status_code(context: grpc.ServicerContext) -> grpc.StatusCode | None:
+    """The code set on the call so far (``ServicerContext.code()``, absent from the stubs)."""
+    code: grpc.StatusCode | None = cast(Any, context).code()
+    return code
+
+
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.ServerInterceptor[Any, Any]
+else:  # generic only in the type stubs
+    _ServerInterceptor = grpc.ServerInterceptor
+
+
+class _BehaviorInterceptor(_ServerInterceptor):
     def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
         raise NotImplementedError
 
     def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = continuation(handler_call_details)
         if handler is None:
             return None
@@ -106,7 +120,7 @@ class ErrorInterceptor(_BehaviorInterceptor):
 
 def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:
     # context.abort() raises a bare Exception after setting the code; let it through.
-    return type(exc) is Exception and context.code() not in (None, grpc.StatusCode.OK)
+    return type(exc) is Exception and status_code(context) not in (None, grpc.StatusCode.OK)
 
 
 class AuthInterceptor(_BehaviorInterceptor):
@@ -154,7 +168,7 @@ class MetricsInterceptor(_BehaviorInterceptor):
         observe = self._metrics.for_method(method, grpc_type)
 
         def code_of(context: grpc.ServicerContext, failed: bool) -> str:
-            code = context.code()
+            code = status_code(context)
             if code is None:
                 return "UNKNOWN" if failed else "OK"
             return str(code.name)
@@ -199,7 +213,7 @@ class LoggingInterceptor(_BehaviorInterceptor):
             try:
                 return behavior(request, context)
             finally:
-                code = context.code()
+                code = status_code(context)
                 elapsed_ms = round((time.perf_counter() - start) * 1000, 3)
                 if code not in (None, grpc.StatusCode.OK):
                     log.warning(

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -149,7 +150,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
             "deployment's keys, or set ENGRAM_AUTH_PUBLIC_KEY"
         )
     verifier = TokenVerifier.load(key_path)
-    interceptors = [
+    interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         ErrorInterceptor(),

@@ -30,6 +30,10 @@ from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import Record
 from services.shard.tables import (
+    DOMAINS,
+    LINKS,
+    RECORD_TAGS,
+    RECORDS,
     CompactionRow,
     DomainRow,
     LinkRow,
@@ -139,7 +143,7 @@ class ShardRepository:
     def existing(self, session: Session, ids: Iterable[str]) -> dict[str, Record]:
         wanted = list(set(ids))
         found: dict[str, Record] = {}
-        columns = RecordRow.__table__
+        columns = RECORDS
         for start in range(0, len(wanted), 500):
             rows = session.execute(
                 select(columns).where(columns.c.id.in_(wanted[start : start + 500]))
@@ -150,14 +154,14 @@ class ShardRepository:
     def insert(self, session: Session, records: Sequence[Record]) -> None:
         if not records:
             return
-        session.execute(insert(RecordRow.__table__), [record_values(r) for r in records])
+        session.execute(insert(RECORDS), [record_values(r) for r in records])
         tags = [
             {"record_id": r.id, "tag": tag, "fleet_id": r.fleet_id}
             for r in records
             for tag in r.tags
         ]
         if tags:
-            session.execute(insert(RecordTagRow.__table__), tags)
+            session.execute(insert(RECORD_TAGS), tags)
         links = [
             {
                 "source_id": r.id,
@@ -169,15 +173,15 @@ class ShardRepository:
             for ref in map(CrossRef.parse, r.cross_refs)
         ]
         if links:
-            session.execute(insert(LinkRow.__table__), links)
+            session.execute(insert(LINKS), links)
 
     def record_usage(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
         for domain in domains:
             session.execute(
-                update(DomainRow.__table__)
+                update(DOMAINS)
                 .where(
-                    DomainRow.__table__.c.fleet_id == fleet_id,
-                    DomainRow.__table__.c.name == domain.name,
+                    DOMAINS.c.fleet_id == fleet_id,
+                    DOMAINS.c.name == domain.name,
                 )
                 .values(
                     usage_score=domain.usage_score,
@@ -221,9 +225,9 @@ class ShardRepository:
     # -- domains ------------------------------------------------------------
 
     def domains(self, session: Session, fleet_id: str) -> list[Domain]:
-        columns = DomainRow.__table__.c
+        columns = DOMAINS.c
         rows = session.execute(
-            select(DomainRow.__table__).where(columns.fleet_id == fleet_id).order_by(columns.name)
+            select(DOMAINS).where(columns.fleet_id == fleet_id).order_by(columns.name)
         ).mappings()
         return [row_to_domain(row) for row in rows]
 

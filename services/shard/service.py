@@ -61,6 +61,18 @@ class _WriteJob:
 
 
 @dataclass(frozen=True)
+class FleetStatus:
+    fleet_id: str
+    total_records: int
+    runs: int
+    total_links: int
+    domains: list[Domain]
+    incoming: dict[str, int]
+    """Links into each domain from records."""
+    indexing_lag: int
+
+
+@dataclass(frozen=True)
 class VerifyReport:
     checked: int
     failures: list[EngramError]
@@ -111,9 +123,10 @@ class ShardService:
         now = self.clock()
         with self.db.session() as session:
             if name in existing:
-                domain = replace(existing[name], display_name=display_name or existing[name].display_name,
-                                 description=description or existing[name].description,
-                                 keywords=words or existing[name].keywords, updated_ts=now)
+                old = existing[name]
+                domain = replace(old, display_name=display_name or old.display_name,
+                                 description=description or old.description,
+                                 keywords=words or old.keywords, updated_ts=now)
                 self.repo.update_domain(session, principal.fleet_id, domain)
                 created = False
             else:
@@ -307,7 +320,7 @@ class ShardService:
                            reason="RECORD_NOT_FOUND", metadata={"record_id": record_id})
         return found
 
-    def list(self, flt: RecordFilter, before_seq: int | None,
+    def list_records(self, flt: RecordFilter, before_seq: int | None,
              limit: int) -> list[tuple[int, Record]]:
         with self.db.session() as session:
             return self.repo.page(session, flt, before_seq, limit)
@@ -351,25 +364,23 @@ class ShardService:
 
     # -- status -------------------------------------------------------------
 
-    def status(self, principal: Principal) -> dict[str, object]:
+    def status(self, principal: Principal) -> FleetStatus:
         domains = self.domains(principal.fleet_id, fresh=True)
         with self.db.session() as session:
             total, runs, links = self.repo.counts(session, principal.fleet_id)
             incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
-        return {"fleet_id": principal.fleet_id, "total_records": total, "runs": runs,
-                "total_links": links, "domains": domains, "incoming": incoming,
-                "indexing_lag": self.search_engine.indexing_lag()}
+        return FleetStatus(principal.fleet_id, total, runs, links, domains, incoming,
+                           self.search_engine.indexing_lag())
 
     def summary(self, principal: Principal) -> dict[str, object]:
         """The seed's global summary (section 2.4.3)."""
         status = self.status(principal)
-        domains: list[Domain] = status["domains"]  # type: ignore[assignment]
-        incoming: dict[str, int] = status["incoming"]  # type: ignore[assignment]
+        domains, incoming = status.domains, status.incoming
         return {
             "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock())),
             "fleet_id": principal.fleet_id,
             "total_shards": len(domains),
-            "total_transactions": status["total_records"],
+            "total_transactions": status.total_records,
             "domains_count": len(domains),
             "shards_status": [
                 {"shard_id": f"shard_{d.name}", "domain": d.name, "name": d.display_name,

@@ -171,7 +171,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         }
         size = page_size(request.page_size)
         last = decode_token(request.page_token, filters)
-        rows = self.service.list(flt, int(last[0]) if last else None, size + 1)
+        rows = self.service.list_records(flt, int(last[0]) if last else None, size + 1)
         next_token = encode_token([rows[size - 1][0]], filters) if len(rows) > size else ""
         return pb.ListRecordsResponse(
             records=[record_to_proto(r) for _, r in rows[:size]], next_page_token=next_token
@@ -202,8 +202,8 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def ListDomains(self, request: pb.ListDomainsRequest, context: Any) -> pb.ListDomainsResponse:
         principal = current_principal()
         status = self.service.status(principal)
-        incoming: dict[str, int] = status["incoming"]  # type: ignore[assignment]
-        domains: list[Domain] = sorted(status["domains"], key=lambda d: d.name)  # type: ignore[arg-type]
+        incoming = status.incoming
+        domains = sorted(status.domains, key=lambda d: d.name)
         filters = {"fleet": principal.fleet_id}
         size = page_size(request.page_size)
         last = decode_token(request.page_token, filters)
@@ -254,14 +254,13 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
 
     def GetStatus(self, request: pb.GetStatusRequest, context: Any) -> pb.GetStatusResponse:
         status = self.service.status(current_principal())
-        incoming: dict[str, int] = status["incoming"]  # type: ignore[assignment]
         return pb.GetStatusResponse(
-            fleet_id=str(status["fleet_id"]),
-            total_records=int(status["total_records"]),  # type: ignore[call-overload]
-            domains=[domain_to_proto(d, incoming.get(d.name, 0)) for d in status["domains"]],  # type: ignore[attr-defined]
-            total_links=int(status["total_links"]),
-            runs=int(status["runs"]),  # type: ignore[call-overload]
-            indexing_lag=int(status["indexing_lag"]),  # type: ignore[call-overload]
+            fleet_id=status.fleet_id,
+            total_records=status.total_records,
+            domains=[domain_to_proto(d, status.incoming.get(d.name, 0)) for d in status.domains],
+            total_links=status.total_links,
+            runs=status.runs,
+            indexing_lag=status.indexing_lag,
         )
 
     def ExportSummary(

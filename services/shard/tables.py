@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.shard.domain.domains import Domain
@@ -51,7 +51,7 @@ class RecordRow(Base):
         return row_to_record(vars(self))
 
 
-def row_to_record(row: Mapping[str, Any]) -> Record:
+def row_to_record(row: Mapping[Any, Any]) -> Record:
     """A records row (ORM attributes or a Core mapping) as a domain record."""
     return Record(
         id=row["id"],
@@ -136,7 +136,7 @@ class DomainRow(Base):
         return row_to_domain(vars(self))
 
 
-def row_to_domain(row: Mapping[str, Any]) -> Domain:
+def row_to_domain(row: Mapping[Any, Any]) -> Domain:
     return Domain(
         name=row["name"],
         display_name=row["display_name"],
@@ -174,3 +174,10 @@ class CompactionRow(Base):
     created_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_compactions_fleet_summary", "fleet_id", "summary_id"),)
+
+
+# Core table handles for the hot paths (typed as Table, which ``__table__`` is not).
+RECORDS = cast(Table, RecordRow.__table__)
+RECORD_TAGS = cast(Table, RecordTagRow.__table__)
+LINKS = cast(Table, LinkRow.__table__)
+DOMAINS = cast(Table, DomainRow.__table__)
