@@ -1,0 +1,178 @@
+"""docker-compose.yml: the `engram up` topology on Postgres + S3, checked with no Docker engine."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tests.deploy.conftest import (
+    BOTO_ENV,
+    GRPC_PORTS,
+    ROOT,
+    SERVICE_EDGES,
+    SERVICES,
+    accepted_env,
+    parse_settings,
+)
+
+Compose = dict[str, Any]
+
+
+def _service(compose: Compose, name: str) -> dict[str, Any]:
+    return dict(compose["services"][name])
+
+
+def _env(compose: Compose, name: str) -> dict[str, str]:
+    env = _service(compose, name)["environment"]
+    assert isinstance(env, dict), f"{name}: environment as a mapping"
+    # ${VAR:-default} is what compose substitutes when VAR is unset.
+    return {k: re.sub(r"\$\{[A-Z0-9_]+:-([^}]*)\}", r"\1", str(v)) for k, v in env.items()}
+
+
+def _sql_roles() -> dict[str, tuple[str, str]]:
+    """role -> (password, database it owns), from the Postgres init script."""
+    sql = (ROOT / "deploy" / "compose" / "init-db.sql").read_text()
+    roles = dict(re.findall(r"CREATE ROLE (\w+) LOGIN PASSWORD '([^']+)';", sql))
+    owners = {owner: db for db, owner in re.findall(r"CREATE DATABASE (\w+) OWNER (\w+);", sql)}
+    revoked = set(re.findall(r"REVOKE ALL ON DATABASE (\w+) FROM PUBLIC;", sql))
+    assert set(owners.values()) == revoked, "every database closes CONNECT to other roles"
+    return {role: (password, owners[role]) for role, password in roles.items()}
+
+
+def test_topology_is_four_services_postgres_s3_and_init(compose: Compose) -> None:
+    assert set(compose["services"]) == {*SERVICES, "postgres", "s3", "engram-init"}
+    images = {_service(compose, s)["image"] for s in (*SERVICES, "engram-init")}
+    assert len(images) == 1, "one image for every Engram container"
+    for service in SERVICES:
+        assert _service(compose, service)["command"] == ["python", "-m", f"services.{service}"]
+    init_sql = "./deploy/compose/init-db.sql:/docker-entrypoint-initdb.d/10-engram.sql:ro"
+    assert init_sql in _service(compose, "postgres")["volumes"]
+
+
+def test_service_containers_are_non_root_read_only_and_capability_free(
+        compose: Compose) -> None:
+    for service in SERVICES:
+        spec = _service(compose, service)
+        uid, _, gid = str(spec["user"]).partition(":")
+        assert int(uid) != 0 and int(gid) != 0, service
+        assert spec["read_only"] is True, service
+        assert "/tmp" in spec["tmpfs"], service
+        assert spec["cap_drop"] == ["ALL"] and "cap_add" not in spec, service
+        assert "no-new-privileges:true" in spec["security_opt"], service
+    init = _service(compose, "engram-init")
+    assert init["cap_drop"] == ["ALL"] and set(init["cap_add"]) <= {"CHOWN", "DAC_OVERRIDE",
+                                                                   "FOWNER"}
+    assert init["read_only"] is True and init["restart"] == "no"
+
+
+def test_env_names_are_real_settings_and_parse(compose: Compose,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for service in SERVICES:
+        env = _env(compose, service)
+        engram = {k for k in env if k.startswith("ENGRAM_")}
+        assert engram <= accepted_env(service), (
+            f"{service}: {sorted(engram - accepted_env(service))} are not settings it reads")
+        assert set(env) - engram <= (BOTO_ENV if service == "compactor" else set()), service
+        settings = parse_settings(service, env, monkeypatch)
+        assert settings.host == "0.0.0.0", service
+        assert settings.port == GRPC_PORTS[service]
+        assert f"127.0.0.1:{settings.port}:{settings.port}" in _service(compose, service)["ports"]
+        assert f"127.0.0.1:{settings.metrics_port}:{settings.metrics_port}" in (
+            _service(compose, service)["ports"])
+
+
+def test_each_service_has_its_own_database_and_role(compose: Compose) -> None:
+    roles = _sql_roles()
+    seen: set[str] = set()
+    for service in SERVICES:
+        url = urlparse(_env(compose, service)[f"ENGRAM_{service.upper()}_DB_URL"])
+        assert url.scheme == "postgresql+psycopg" and url.hostname == "postgres"
+        database = url.path.lstrip("/")
+        assert url.username == f"engram_{service}" and database == f"engram_{service}"
+        assert roles[url.username] == (url.password, database), f"{service}: init-db.sql differs"
+        seen.add(database)
+    assert len(seen) == len(SERVICES)
+
+
+def test_shard_has_no_governance_database(compose: Compose) -> None:
+    env = _env(compose, "shard")
+    assert not any(k.startswith("ENGRAM_GOVERNANCE_") or "GOVERNANCE_DB" in k for k in env)
+    assert not any("engram_governance" in v for v in env.values())
+    assert env["ENGRAM_SHARD_GOVERNANCE_ADDR"] == "governance:50052"
+    mounts = [str(v).split(":")[0] for v in _service(compose, "shard")["volumes"]]
+    assert mounts == ["auth-shard"]
+
+
+def _networks(compose: Compose) -> dict[str, set[str]]:
+    return {name: set(spec.get("networks", [])) for name, spec in compose["services"].items()}
+
+
+def test_networks_connect_only_caller_and_callee(compose: Compose) -> None:
+    networks = _networks(compose)
+    shared = {frozenset(pair) for pair in itertools.combinations(SERVICES, 2)
+              if networks[pair[0]] & networks[pair[1]]}
+    assert shared == {frozenset(edge) for edge in SERVICE_EDGES}
+    for network in networks["postgres"]:
+        members = {s for s, nets in networks.items() if network in nets} - {"postgres"}
+        assert len(members) == 1 and members <= set(SERVICES), f"{network}: {members}"
+    s3_users = {s for s in SERVICES if networks[s] & networks["s3"]}
+    assert s3_users == {"artifacts", "compactor"}
+
+
+def test_credentials_reach_only_the_service_they_belong_to(compose: Compose) -> None:
+    for service in SERVICES:
+        spec = _service(compose, service)
+        assert spec["volumes"] == [f"auth-{service}:/run/engram/auth:ro"], service
+        env = _env(compose, service)
+        files = {k: v for k, v in env.items()
+                 if k.endswith("_FILE") or k == "ENGRAM_AUTH_PUBLIC_KEY"}
+        for value in files.values():
+            assert PurePosixPath(value).parent == PurePosixPath("/run/engram/auth"), service
+    init = _service(compose, "engram-init")
+    assert f"signing:{_env(compose, 'engram-init')['ENGRAM_SIGNING_HOME']}" in init["volumes"]
+    for service in SERVICES:
+        assert f"auth-{service}:/run/engram/{service}" in init["volumes"]
+
+
+def test_start_order_waits_for_credentials_databases_and_callees(compose: Compose) -> None:
+    for service in SERVICES:
+        depends = _service(compose, service)["depends_on"]
+        assert depends["postgres"]["condition"] == "service_healthy", service
+        assert depends["engram-init"]["condition"] == "service_completed_successfully", service
+    for caller, callee in SERVICE_EDGES:
+        assert _service(compose, caller)["depends_on"][callee]["condition"] == "service_healthy"
+
+
+@pytest.fixture
+def health_server() -> Any:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, port
+    server.stop(None)
+
+
+def test_healthcheck_command_reports_grpc_health(compose: Compose, health_server: Any) -> None:
+    servicer, port = health_server
+    test = _service(compose, "shard")["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"] and test[4] == "50051"
+    command = [sys.executable, "-c", test[3], str(port)]
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    assert subprocess.run(command, capture_output=True, timeout=60).returncode == 0
+    servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert subprocess.run(command, capture_output=True, timeout=60).returncode == 1
+    for service in SERVICES:
+        check = _service(compose, service)["healthcheck"]["test"]
+        assert check[3] == test[3] and check[4] == str(GRPC_PORTS[service]), service

@@ -1,0 +1,165 @@
+"""The scripts that provision keys, tokens, buckets and Secrets, run for real on this machine."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import kubernetes_validate
+import pytest
+import yaml
+
+from services.common.tokens import Principal, TokenVerifier
+from tests.deploy.conftest import ROOT, SERVICES, kustomize
+
+BIN = str(Path(sys.executable).parent)
+
+
+def _script_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAM_", "AWS_"))}
+    env.update(PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}", PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def moto_endpoint() -> Iterator[str]:
+    port = _free_port()
+    process = subprocess.Popen([f"{BIN}/moto_server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert process.poll() is None, "moto_server exited"
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _verify(public_key: Path, token_file: Path) -> Principal:
+    return TokenVerifier.load(public_key).verify(token_file.read_text().strip())
+
+
+def _provision(tmp_path: Path, endpoint: str) -> subprocess.CompletedProcess[str]:
+    env = _script_env(ENGRAM_SIGNING_HOME=str(tmp_path / "signing"),
+                      ENGRAM_AUTH_ROOT=str(tmp_path / "run"), ENGRAM_HOME=str(tmp_path / "home"),
+                      ENGRAM_S3_ENDPOINT_URL=endpoint,
+                      ENGRAM_S3_BUCKETS="engram-artifacts engram-compactor",
+                      AWS_ACCESS_KEY_ID="engram-dev", AWS_SECRET_ACCESS_KEY="engram-dev-secret",
+                      AWS_DEFAULT_REGION="us-east-1")
+    return subprocess.run(["sh", str(ROOT / "deploy" / "compose" / "provision.sh")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_compose_init_provisions_keys_tokens_and_buckets_once(
+        tmp_path: Path, moto_endpoint: str) -> None:
+    first = _provision(tmp_path, moto_endpoint)
+    assert first.returncode == 0, first.stderr
+    signing, run = tmp_path / "signing" / "auth", tmp_path / "run"
+    public = signing / "signing.pub"
+    admin = _verify(public, signing / "admin.token")
+    assert admin.roles == {"admin", "governor"} and admin.fleet_id == "default"
+    for service in ("shard", "compactor"):
+        principal = _verify(run / service / "signing.pub", run / service / f"{service}.token")
+        assert principal == Principal(f"svc-{service}", "system", frozenset({"service"}))
+    for service in SERVICES:
+        files = {p.name for p in (run / service).iterdir()}
+        expected = {"signing.pub", f"{service}.token"} if service in ("shard", "compactor") else {
+            "signing.pub"}
+        assert files == expected, f"{service} gets {files}"
+        if os.geteuid() == 0:
+            assert all(p.stat().st_uid == 10001 and p.stat().st_mode & 0o077 == 0
+                       for p in (run / service).iterdir())
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                      aws_access_key_id="engram-dev", aws_secret_access_key="engram-dev-secret")
+    assert {b["Name"] for b in s3.list_buckets()["Buckets"]} == {"engram-artifacts",
+                                                               "engram-compactor"}
+    tokens = {p: p.read_bytes() for p in [signing / "signing.key", *run.glob("*/*")]}
+    second = _provision(tmp_path, moto_endpoint)
+    assert second.returncode == 0, second.stderr
+    assert {p: p.read_bytes() for p in tokens} == tokens, "a second run must keep key and tokens"
+
+
+def _secrets_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    urls = {f"ENGRAM_{s.upper()}_DB_URL": f"postgresql+psycopg://engram_{s}:pw@db/engram_{s}"
+            for s in SERVICES}
+    return _script_env(ENGRAM_NAMESPACE="engram", ENGRAM_SIGNING_HOME=str(tmp_path / "signing"),
+                       ENGRAM_HOME=str(tmp_path / "home"), **urls, **extra)
+
+
+def _run_secrets(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    if shutil.which("kubectl", path=env["PATH"]) is None:
+        pytest.skip("kubectl is not installed: deploy/secrets.sh uses it to write Secrets")
+    return subprocess.run(["sh", str(ROOT / "deploy" / "secrets.sh")], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _referenced_secrets(objects: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """(required, optional) Secret names the Deployments reference."""
+    required: set[str] = set()
+    optional: set[str] = set()
+    for obj in objects:
+        if obj["kind"] != "Deployment":
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for var in spec["containers"][0].get("env", []):
+            ref = var.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                (optional if ref.get("optional") else required).add(ref["name"])
+        for volume in spec["volumes"]:
+            for source in volume.get("projected", {}).get("sources", []):
+                if "secret" in source:
+                    required.add(source["secret"]["name"])
+    return required, optional
+
+
+def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) -> None:
+    result = _run_secrets(_secrets_env(tmp_path, ENGRAM_S3_ACCESS_KEY_ID="AKIA",
+                                       ENGRAM_S3_SECRET_ACCESS_KEY="s3cr3t"))
+    assert result.returncode == 0, result.stderr
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout) if d}
+    version = kubernetes_validate.latest_version()
+    for secret in secrets.values():
+        assert secret["kind"] == "Secret" and secret["metadata"]["namespace"] == "engram"
+        kubernetes_validate.validate(secret, version, strict=True)
+    required, optional = _referenced_secrets(kustomize("prod"))
+    assert required <= set(secrets), f"missing {sorted(required - set(secrets))}"
+    assert set(secrets) == required | optional
+
+    def value(name: str, key: str) -> str:
+        return base64.b64decode(secrets[name]["data"][key]).decode()
+
+    assert value("engram-shard-db", "url").endswith("/engram_shard")
+    public = tmp_path / "signing.pub"
+    public.write_text(value("engram-auth-public-key", "signing.pub"))
+    for service in ("shard", "compactor"):
+        token = tmp_path / f"{service}.token"
+        token.write_text(value(f"engram-{service}-service-token", "token"))
+        assert _verify(public, token).roles == {"service"}
+    assert "PRIVATE KEY" not in result.stdout, "the signing key never leaves its directory"
+
+
+def test_secrets_script_refuses_without_a_database_url(tmp_path: Path) -> None:
+    env = _secrets_env(tmp_path)
+    del env["ENGRAM_GOVERNANCE_DB_URL"]
+    result = _run_secrets(env)
+    assert result.returncode == 2
+    assert "ENGRAM_GOVERNANCE_DB_URL" in result.stderr and result.stdout == ""
