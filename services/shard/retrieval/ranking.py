@@ -58,6 +58,8 @@ class RankingConfig:
     thread_weight: float = 0.0  # share of the memory's whole-thread BM25 score (normalised) added
     dense_window_text: bool = False  # embed a memory together with its neighbours' text
     depth: int = 100  # candidates taken from each list before fusion
+    context_level: str = "terms"  # terms: neighbours' terms in the doc; scores: neighbours' scores added
+    dense_context_level: str = "vectors"  # vectors: blended vectors; scores: blended similarities
 
 
 class HybridRanker:
@@ -79,7 +81,7 @@ class HybridRanker:
         self.lexical = BM25Index(k1=config.bm25_k1, b=config.bm25_b)
         for i, terms in enumerate(own_terms):
             doc: dict[str, float] = {t: float(c) for t, c in terms.items()}
-            if config.neighbour_weight > 0:
+            if config.neighbour_weight > 0 and config.context_level == "terms":
                 for j in self._neighbours[i]:
                     distance = abs(self.memories[j].position - self.memories[i].position)
                     weight = config.neighbour_weight * config.neighbour_decay ** max(
@@ -115,7 +117,10 @@ class HybridRanker:
                     if vectors is not None
                     else embedder.embed([m.text for m in self.memories])
                 )
-            self.vectors = self._blend(base, config.dense_neighbour_weight)
+            self.vectors = self._blend(
+                base,
+                config.dense_neighbour_weight if config.dense_context_level == "vectors" else 0.0,
+            )
         self._speakers = {m.speaker.lower() for m in self.memories if m.speaker}
 
     def _thread_neighbours(self, window: int) -> list[list[int]]:
@@ -162,7 +167,16 @@ class HybridRanker:
             for term, weight in _normalised(best):
                 expanded[term] = cfg.prf_weight * weight
             scores = self.lexical.scores(expanded)
+        if cfg.context_level == "scores" and cfg.neighbour_weight > 0:
+            scores = scores + cfg.neighbour_weight * self._neighbour_sum(scores)
         return scores
+
+    def _neighbour_sum(self, scores: Scores) -> Scores:
+        out = np.zeros_like(scores)
+        for i, neighbours in enumerate(self._neighbours):
+            if neighbours:
+                out[i] = scores[neighbours].sum()
+        return out
 
     def semantic_scores(self, query: str, feedback: Sequence[int] = ()) -> Scores:
         if self.vectors is None or self._embedder is None:
@@ -171,6 +185,10 @@ class HybridRanker:
         if feedback:
             q = q + self.config.dense_prf * self.vectors[list(feedback)].mean(axis=0)
         sims: Scores = (self.vectors @ q).astype(np.float32)
+        weight = self.config.dense_neighbour_weight
+        if self.config.dense_context_level == "scores" and weight > 0:
+            counts = np.array([max(1, len(n)) for n in self._neighbours], dtype=np.float32)
+            sims = (1.0 - weight) * sims + weight * self._neighbour_sum(sims) / counts
         return sims
 
     def scores(self, query: str) -> Scores:
