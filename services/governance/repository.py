@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, delete, select
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session
 
@@ -105,6 +105,18 @@ class GovernanceRepository:
         row.tier, row.score, row.pinned = trust.tier.value, trust.score, trust.pinned
         row.updated_ms, row.chain_seq = trust.updated_ms, seq
 
+    def _begin_append(self, session: Session) -> Connection:
+        """Open the append transaction before its first read of the head.
+
+        pysqlite would begin only at the first write, after the head was read; on
+        SQLite the write lock is taken up front instead, so another process cannot
+        commit in between (Postgres gets the same from ``FOR UPDATE``).
+        """
+        conn = session.connection()
+        if self._db.dialect == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        return conn
+
     # -- the gate -----------------------------------------------------------------------
 
     def decide(self, fleet_id: str, agent_id: str, request_id: str,
@@ -127,7 +139,7 @@ class GovernanceRepository:
         with self._append_lock:
             try:
                 with self._db.session() as session:
-                    conn = session.connection()
+                    conn = self._begin_append(session)
                     head = read_head(conn)
                     self._cache.align(head)
                     recorded = recorded_decisions(conn, requests) if replays else {}
@@ -157,6 +169,7 @@ class GovernanceRepository:
         with self._append_lock:
             try:
                 with self._db.session() as session:
+                    self._begin_append(session)
                     yield session
             finally:
                 self._cache.forget()
