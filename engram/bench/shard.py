@@ -1,10 +1,12 @@
 """`engram bench shard`: the shard service against a raw gRPC echo, same run, same machine.
 
 Starts a raw echo and a shard (SQLite, synchronous=FULL: every acknowledged
-write is on disk) each in its own process on 127.0.0.1, then measures:
-sequential single writes, writes with 64 in flight, batch ingest (100 per
-call) up to ``100k x scale`` records, lexical search at that size, and the
-shard process's RSS.
+write is on disk; lexical search only, no governance) each in its own process
+on 127.0.0.1, then measures: sequential single writes, writes with 64 in
+flight, batch ingest (100 per call) up to ``100k x scale`` records, lexical
+search at that size, and the shard process's RSS. Records and queries are
+drawn from a 6,000-word vocabulary with Zipf-distributed frequencies, like
+natural text: some query words are common, most are rare.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import random
 import sys
 import tempfile
 import time
+from itertools import accumulate
 from pathlib import Path
 
 from rich.progress import Progress
@@ -29,95 +32,29 @@ from engram.bench._harness import (
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
-_WORDS = [
-    "agent",
-    "memory",
-    "shard",
-    "lesson",
-    "pattern",
-    "decision",
-    "project",
-    "task",
-    "goal",
-    "architecture",
-    "protocol",
-    "framework",
-    "strategy",
-    "vision",
-    "priority",
-    "contact",
-    "expert",
-    "builder",
-    "layer",
-    "pillar",
-    "retry",
-    "timeout",
-    "cache",
-    "index",
-    "query",
-    "latency",
-    "throughput",
-    "replica",
-    "leader",
-    "follower",
-    "quorum",
-    "snapshot",
-    "ledger",
-    "artifact",
-    "manifest",
-    "evidence",
-    "governance",
-    "trust",
-    "tier",
-    "rule",
-    "gate",
-    "witness",
-    "chain",
-    "hash",
-    "digest",
-    "compaction",
-    "retention",
-    "rotation",
-    "segment",
-    "cold",
-    "warm",
-    "hot",
-    "ring",
-    "buffer",
-    "iteration",
-    "plan",
-    "risk",
-    "deploy",
-    "rollback",
-    "canary",
-    "incident",
-    "alert",
-    "metric",
-    "trace",
-    "log",
-    "budget",
-    "deadline",
-    "customer",
-    "user",
-    "review",
-    "merge",
-    "branch",
-    "commit",
-    "release",
-    "version",
-    "schema",
-    "migration",
-    "table",
-    "column",
-    "row",
-    "key",
-    "value",
-]
+_SYLLABLES = ("ka", "to", "ri", "mo", "ne", "sa", "lu", "vi", "de", "po", "ga", "zu", "fe", "hi")
+
+
+def _vocabulary(size: int = 6000) -> list[str]:
+    """Deterministic pseudo-words, so the corpus has a realistic number of distinct terms."""
+    rng = random.Random(11)
+    words: set[str] = set()
+    while len(words) < size:
+        words.add("".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4))))
+    return sorted(words)
+
+
+_VOCABULARY = _vocabulary()
+# Zipf's law (s = 1.07): word frequencies like natural text, a few common, most rare.
+_CUMULATIVE = list(accumulate(1.0 / (rank + 1) ** 1.07 for rank in range(len(_VOCABULARY))))
+
+
+def _words(rng: random.Random, k: int) -> list[str]:
+    return rng.choices(_VOCABULARY, cum_weights=_CUMULATIVE, k=k)
 
 
 def _sentence(rng: random.Random, serial: int) -> str:
-    words = rng.choices(_WORDS, k=rng.randint(8, 20))
-    return f"{' '.join(words)} (note {serial})"
+    return f"{' '.join(_words(rng, rng.randint(8, 20)))} (note {serial})"
 
 
 def _shard_process(home: Path) -> ServerProcess:
@@ -127,6 +64,8 @@ def _shard_process(home: Path) -> ServerProcess:
         "ENGRAM_LOG_LEVEL": "WARNING",
         # The shard alone: the gated figures are `engram bench gate`.
         "ENGRAM_SHARD_ALLOW_UNGATED": "true",
+        # Lexical only, as issue 2 specifies; `engram bench search` measures semantic indexing.
+        "ENGRAM_SHARD_EMBEDDER": "none",
     }
     return ServerProcess(
         [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT"
@@ -175,7 +114,7 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
                 bar.update(task, completed=written)
             figures["batch_records_per_s"] = round(written / (time.perf_counter() - start), 1)
             bar.update(task, description="lexical search", total=None)
-            queries = [" ".join(rng.sample(_WORDS, 3)) for _ in range(searches)]
+            queries = [" ".join(_words(rng, 3)) for _ in range(searches)]
             search = sequential(lambda i: client.search(queries[i % len(queries)]), searches)
             figures["search_p50_ms"] = search.p50_ms
             figures["search_p95_ms"] = search.p95_ms
