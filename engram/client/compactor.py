@@ -61,7 +61,7 @@ class CompactorClient(BaseClient):
     def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
                  timeout: float = 30.0) -> None:
         super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
-        self.stub = pb_grpc.CompactorServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = pb_grpc.CompactorServiceStub(self.channel)
 
     def record(self, run_id: str, iteration: pb.IterationInput) -> pb.RecordIterationResponse:
         reply: pb.RecordIterationResponse = self.call(

@@ -2,7 +2,8 @@
 
 Recording an iteration is one database transaction (warm line chained to the
 head, hot-ring entry, and the bookkeeping of any seal or snapshot it makes
-due); that commit is the acknowledgement. The blob work that follows (seal a
+due); that commit is the acknowledgement. Concurrent records share the
+transaction (group commit), so they share its fsync. The blob work that follows (seal a
 full segment, write the index file, write a cold snapshot, retire old
 snapshots) is a sequence of idempotent steps whose outputs are pure functions
 of content, so a crash at any step is repaired by running the sequence again:
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from services.common.blobstore import BlobStore
@@ -28,6 +29,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
 )
+from services.common.group_commit import GroupCommit
 from services.compactor.archive import (
     SegmentEntry,
     SnapshotContent,
@@ -44,7 +46,9 @@ from services.compactor.archive import (
     snapshot_payload,
 )
 from services.compactor.model import (
+    AppendOutcome,
     AppendPlan,
+    AppendRequest,
     DetailSource,
     Pin,
     Reconstruction,
@@ -59,6 +63,7 @@ from services.compactor.warm_chain import (
     ChainWalker,
     IterationInput,
     WarmLine,
+    canonical_detail_digest,
     detail_digest,
     genesis_hash,
 )
@@ -94,6 +99,9 @@ class IterationLog:
         if self.config.hot_size < 1 or self.config.snapshot_every < 1:
             raise ValueError("hot_size and snapshot_every must be >= 1")
         self.hook = hook
+        # Concurrent records share one transaction and one fsync.
+        self._appends: GroupCommit[AppendRequest, AppendOutcome] = GroupCommit(
+            self._append_group)
         self._segments: OrderedDict[str, list[WarmLine]] = OrderedDict()
         self._cache_lock = threading.Lock()
 
@@ -101,23 +109,27 @@ class IterationLog:
 
     def record(self, fleet_id: str, run_id: str, item: IterationInput) -> RecordResult:
         item = item.validated()
-        head = self.repo.head(fleet_id, run_id)
-        if head is not None and head.pending_work:
-            self.finish_pending(fleet_id, run_id)
+        request = AppendRequest(fleet_id, run_id, item,
+                                canonical_detail_digest(item.detail_json, item.guardrails_json))
         for _attempt in range(_APPEND_ATTEMPTS):
-            head = self.repo.head(fleet_id, run_id)
-            if head is not None and 0 < item.iteration <= head.last_iter:
-                return self._existing(fleet_id, run_id, item)
             try:
-                plan = self.repo.append(fleet_id, run_id, lambda h: self._plan(
-                    fleet_id, run_id, h, item), item.detail_json, item.guardrails_json)
+                outcome = self._appends.submit(request)
             except ConcurrentAppend:
                 continue
-            if plan.pending_work:
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.retry:
+                continue
+            if outcome.head_pending or (outcome.plan is not None and outcome.plan.pending_work):
                 self.finish_pending(fleet_id, run_id)
-            return RecordResult(plan.line, True)
+            if outcome.plan is None:
+                return self._existing(fleet_id, run_id, item)
+            return RecordResult(outcome.plan.line, True)
         raise AlreadyExists(f"run {run_id} is being appended to concurrently; retry",
                             reason="CONCURRENT_APPEND")
+
+    def _append_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
+        return self.repo.append_group(requests, self._plan)
 
     def _existing(self, fleet_id: str, run_id: str, item: IterationInput) -> RecordResult:
         line = self.summary(fleet_id, run_id, item.iteration)
@@ -128,19 +140,20 @@ class IterationLog:
             "content; the warm log is append-only", reason="ITERATION_EXISTS",
             metadata={"iteration": str(item.iteration)})
 
-    def _plan(self, fleet_id: str, run_id: str, head: RunHead | None,
-              item: IterationInput) -> AppendPlan:
+    def _plan(self, request: AppendRequest, head: RunHead | None) -> AppendPlan | None:
+        """The append ``request`` makes on top of ``head``; ``None`` when already recorded."""
+        fleet_id, run_id, item = request.fleet_id, request.run_id, request.item
         last = head.last_iter if head else 0
         iteration = item.iteration or last + 1
         if iteration <= last:
-            raise ConcurrentAppend()
+            return None
         if iteration != last + 1:
             raise FailedPrecondition(
                 f"run {run_id} is at iteration {last}; the next one to record is {last + 1}, "
                 f"not {iteration}", reason="ITERATION_OUT_OF_ORDER",
                 metadata={"next_iteration": str(last + 1)})
         prev = head.head_hash if head else genesis_hash(fleet_id, run_id)
-        line = WarmLine.chained(item, iteration, prev)
+        line = WarmLine.chained(item, iteration, prev, request.detail_digest)
         size = len(line.text().encode()) + 1
         seq = head.active_seq if head else 1
         active = head.active_bytes if head else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.compactor.warm_chain import WarmLine
+from services.compactor.warm_chain import IterationInput, WarmLine
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,31 @@ class AppendPlan:
     snapshot: bool
     trim_through: int
     pending_work: bool
+
+
+@dataclass(frozen=True)
+class AppendRequest:
+    """One caller's iteration waiting for the group commit; ``item`` is already validated."""
+
+    fleet_id: str
+    run_id: str
+    item: IterationInput
+    detail_digest: str
+
+
+@dataclass(frozen=True)
+class AppendOutcome:
+    """What the group transaction did with one request.
+
+    ``plan`` is set when the iteration was appended; ``None`` with no ``error`` and no
+    ``retry`` means the iteration was already recorded. ``head_pending`` says the run had
+    unfinished tier work when the transaction read its head.
+    """
+
+    plan: AppendPlan | None
+    head_pending: bool
+    retry: bool = False
+    error: Exception | None = None
 
 
 class DetailSource(enum.Enum):

@@ -1,26 +1,34 @@
 """IterationRepository: the compactor's own store (SQLite or Postgres, same contract).
 
-Each method is one transaction. Appends are guarded twice: the run head is
-updated only if it still names the iteration the plan was made from, and the
-warm line's primary key refuses a second copy of an iteration; either
-conflict surfaces as :class:`ConcurrentAppend` and the caller re-plans.
+Each method is one transaction. Appends arrive in groups (group commit) and run
+on SQLAlchemy Core with prepared statements: per iteration one head read (the
+first of its run in the group), the guarded head update, the line, the hot
+entry and the hot-ring trim. The head is read inside the write transaction
+(``BEGIN IMMEDIATE`` on SQLite, ``FOR UPDATE`` on Postgres) and its update is
+still guarded by the iteration it was planned from; a conflict surfaces as a
+retry (or :class:`ConcurrentAppend`) and the caller re-plans.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import Connection, Table, and_, bindparam, delete, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
-from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.common.db import Database
+from services.common.errors import EngramError
 from services.compactor.archive import SegmentEntry, snapshot_key
 from services.compactor.memory_policy import PolicyRun
 from services.compactor.model import (
+    AppendOutcome,
     AppendPlan,
+    AppendRequest,
     HotEntry,
     Pin,
     RunHead,
@@ -38,6 +46,35 @@ from services.compactor.tables import (
 )
 from services.compactor.warm_chain import WarmLine
 
+Planner = Callable[[AppendRequest, RunHead | None], AppendPlan | None]
+
+_RUNS = cast(Table, RunRow.__table__)
+_LINES = cast(Table, WarmLineRow.__table__)
+_HOT = cast(Table, HotRow.__table__)
+_SEGMENTS = cast(Table, SegmentRow.__table__)
+_SNAPSHOTS = cast(Table, SnapshotRow.__table__)
+
+# Built once: executing them skips statement construction, and their compiled form is cached.
+_SELECT_HEAD = select(_RUNS).where(
+    _RUNS.c.fleet_id == bindparam("fleet"), _RUNS.c.run_id == bindparam("run"))
+_LOCK_HEAD = _SELECT_HEAD.with_for_update()
+_ADVANCE_HEAD = update(_RUNS).where(
+    _RUNS.c.fleet_id == bindparam("k_fleet"), _RUNS.c.run_id == bindparam("k_run"),
+    _RUNS.c.last_iter == bindparam("k_last"),
+).values(last_iter=bindparam("v_last"), head_hash=bindparam("v_hash"),
+         active_seq=bindparam("v_seq"), active_bytes=bindparam("v_bytes"),
+         pending_work=bindparam("v_pending"), updated_us=bindparam("v_now"))
+_INSERT_LINE = insert(_LINES)
+_INSERT_HOT = insert(_HOT)
+_INSERT_SEGMENT = insert(_SEGMENTS)
+_INSERT_SNAPSHOT = insert(_SNAPSHOTS)
+_TRIM_HOT = delete(_HOT).where(
+    _HOT.c.fleet_id == bindparam("fleet"), _HOT.c.run_id == bindparam("run"),
+    _HOT.c.iteration <= bindparam("through"),
+    _HOT.c.iteration.not_in(select(_SNAPSHOTS.c.iteration).where(
+        _SNAPSHOTS.c.fleet_id == bindparam("fleet"), _SNAPSHOTS.c.run_id == bindparam("run"),
+        _SNAPSHOTS.c.state == SnapshotState.PENDING.value)))
+
 
 class ConcurrentAppend(Exception):
     """Another writer moved the run's head first; re-read it and plan again."""
@@ -53,16 +90,26 @@ def _run_key(model: type[RunRow] | type[WarmLineRow] | type[HotRow] | type[Segme
     return and_(model.fleet_id == fleet_id, model.run_id == run_id)
 
 
+def _head_of(row: Any) -> RunHead:
+    return RunHead(row.fleet_id, row.run_id, row.last_iter, row.head_hash, row.active_seq,
+                   row.active_bytes, row.index_version, row.pending_work)
+
+
 class IterationRepository:
     def __init__(self, database: Database) -> None:
         self.db = database
+        # A new run's row: a concurrent creator makes this insert a no-op, not an error.
+        dialect_insert = pg_insert if database.dialect == "postgresql" else sqlite_insert
+        # RETURNING says whether it inserted (psycopg reports no rowcount for it).
+        self._create_run = dialect_insert(_RUNS).on_conflict_do_nothing().returning(
+            _RUNS.c.last_iter)
 
     # -- run head and append ------------------------------------------------
 
     def head(self, fleet_id: str, run_id: str) -> RunHead | None:
-        with self.db.session() as session:
-            row = session.get(RunRow, (fleet_id, run_id))
-            return row.to_entity() if row else None
+        with self.db.engine.connect() as conn:
+            row = conn.execute(_SELECT_HEAD, {"fleet": fleet_id, "run": run_id}).first()
+            return _head_of(row) if row is not None else None
 
     def runs_with_pending_work(self) -> list[tuple[str, str]]:
         with self.db.session() as session:
@@ -70,63 +117,87 @@ class IterationRepository:
                                    .where(RunRow.pending_work.is_(True))).tuples()
             return list(rows)
 
-    def append(self, fleet_id: str, run_id: str,
-               plan_for: Callable[[RunHead | None], AppendPlan], detail_json: str,
-               guardrails_json: str) -> AppendPlan:
-        """Line, hot entry, head and any due seal or snapshot: one transaction."""
+    def append_group(self, requests: Sequence[AppendRequest],
+                     plan_for: Planner) -> list[AppendOutcome]:
+        """Append every request in one transaction (one commit, one fsync for the group).
+
+        Runs are visited in key order (a stable sort keeps each run's arrival order), so two
+        groups lock Postgres rows in the same order.
+        """
+        outcomes: list[AppendOutcome | None] = [None] * len(requests)
+        order = sorted(range(len(requests)),
+                       key=lambda i: (requests[i].fleet_id, requests[i].run_id))
         try:
             with self.db.session() as session:
-                row = session.get(RunRow, (fleet_id, run_id))
-                head = row.to_entity() if row else None
-                plan = plan_for(head)
-                self._apply(session, fleet_id, run_id, head, plan)
-                session.add(HotRow(fleet_id=fleet_id, run_id=run_id,
-                                   iteration=plan.line.iteration, line=plan.line.text(),
-                                   detail_json=detail_json, guardrails_json=guardrails_json))
-                session.flush()
-                self._trim_hot(session, fleet_id, run_id, plan.trim_through)
-                return plan
+                conn = session.connection()
+                if self.db.dialect == "sqlite":
+                    # Take the write lock before reading the head: the read is then current.
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
+                heads: dict[tuple[str, str], RunHead | None] = {}
+                for i in order:
+                    outcomes[i] = self._append_one(conn, requests[i], plan_for, heads)
         except SqlIntegrityError:
             raise ConcurrentAppend() from None
+        return [cast(AppendOutcome, outcome) for outcome in outcomes]
 
-    def _apply(self, session: Session, fleet_id: str, run_id: str, head: RunHead | None,
-               plan: AppendPlan) -> None:
-        line = plan.line
-        now = _now_us()
-        values = dict(last_iter=line.iteration, head_hash=line.hash, active_seq=plan.seq,
-                      active_bytes=plan.active_bytes, pending_work=plan.pending_work,
-                      updated_us=now)
-        if head is None:
-            session.add(RunRow(fleet_id=fleet_id, run_id=run_id, index_version=0,
-                               created_us=now, **values))
-            session.flush()
+    def _append_one(self, conn: Connection, request: AppendRequest, plan_for: Planner,
+                    heads: dict[tuple[str, str], RunHead | None]) -> AppendOutcome:
+        fleet_id, run_id = request.fleet_id, request.run_id
+        key = (fleet_id, run_id)
+        if key in heads:
+            head = heads[key]
         else:
-            result = session.execute(
-                update(RunRow).where(_run_key(RunRow, fleet_id, run_id),
-                                     RunRow.last_iter == head.last_iter).values(**values))
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                raise ConcurrentAppend()
+            row = conn.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id}).first()
+            head = _head_of(row) if row is not None else None
+        pending = bool(head and head.pending_work)
+        try:
+            plan = plan_for(request, head)
+        except EngramError as exc:
+            return AppendOutcome(None, pending, error=exc)
+        if plan is None:
+            return AppendOutcome(None, pending)
+        line, now = plan.line, _now_us()
+        if head is None:
+            created = conn.execute(self._create_run, {
+                "fleet_id": fleet_id, "run_id": run_id, "last_iter": line.iteration,
+                "head_hash": line.hash, "active_seq": plan.seq,
+                "active_bytes": plan.active_bytes, "index_version": 0,
+                "pending_work": plan.pending_work, "created_us": now, "updated_us": now})
+            moved = created.first() is not None
+        else:
+            moved = conn.execute(_ADVANCE_HEAD, {
+                "k_fleet": fleet_id, "k_run": run_id, "k_last": head.last_iter,
+                "v_last": line.iteration, "v_hash": line.hash, "v_seq": plan.seq,
+                "v_bytes": plan.active_bytes, "v_pending": plan.pending_work,
+                "v_now": now}).rowcount == 1
+        if not moved:
+            heads.pop(key, None)
+            return AppendOutcome(None, pending, retry=True)
         text = line.text()
-        session.add(WarmLineRow(fleet_id=fleet_id, run_id=run_id, iteration=line.iteration,
-                                seq=plan.seq, line=text))
+        conn.execute(_INSERT_LINE, {"fleet_id": fleet_id, "run_id": run_id,
+                                    "iteration": line.iteration, "seq": plan.seq,
+                                    "line": text})
+        conn.execute(_INSERT_HOT, {"fleet_id": fleet_id, "run_id": run_id,
+                                   "iteration": line.iteration, "line": text,
+                                   "detail_json": request.item.detail_json,
+                                   "guardrails_json": request.item.guardrails_json})
         if plan.seal_seq is not None:
-            session.add(SegmentRow(fleet_id=fleet_id, run_id=run_id, seq=plan.seal_seq,
-                                   sealed=False))
+            conn.execute(_INSERT_SEGMENT, {
+                "fleet_id": fleet_id, "run_id": run_id, "seq": plan.seal_seq, "sealed": False,
+                "key": "", "first_iter": 0, "last_iter": 0, "lines": 0, "size_bytes": 0,
+                "sha256": "", "first_prev_hash": "", "last_hash": ""})
         if plan.snapshot:
-            session.add(SnapshotRow(fleet_id=fleet_id, run_id=run_id, iteration=line.iteration,
-                                    state=SnapshotState.PENDING.value,
-                                    key=snapshot_key(fleet_id, run_id, line.iteration)))
-        session.flush()
-
-    def _trim_hot(self, session: Session, fleet_id: str, run_id: str, through: int) -> None:
-        if through < 1:
-            return
-        needed = select(SnapshotRow.iteration).where(
-            _run_key(SnapshotRow, fleet_id, run_id),
-            SnapshotRow.state == SnapshotState.PENDING.value)
-        session.execute(delete(HotRow).where(
-            _run_key(HotRow, fleet_id, run_id), HotRow.iteration <= through,
-            HotRow.iteration.not_in(needed)))
+            conn.execute(_INSERT_SNAPSHOT, {
+                "fleet_id": fleet_id, "run_id": run_id, "iteration": line.iteration,
+                "state": SnapshotState.PENDING.value, "sha256": "", "size_bytes": 0,
+                "key": snapshot_key(fleet_id, run_id, line.iteration)})
+        if plan.trim_through >= 1:
+            conn.execute(_TRIM_HOT, {"fleet": fleet_id, "run": run_id,
+                                     "through": plan.trim_through})
+        heads[key] = RunHead(fleet_id, run_id, line.iteration, line.hash, plan.seq,
+                             plan.active_bytes, head.index_version if head else 0,
+                             plan.pending_work)
+        return AppendOutcome(plan, pending)
 
     # -- reads ----------------------------------------------------------------
 

@@ -75,7 +75,7 @@ def service_spec(settings: CompactorSettings,
     servicer = CompactorServicer(parts.log, parts.policies, parts.log.repo)
 
     def register(server: grpc.Server) -> None:
-        pb_grpc.add_CompactorServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        pb_grpc.add_CompactorServiceServicer_to_server(
             servicer, server)
         parts.schedule.start()
 

@@ -25,7 +25,7 @@ class ShardCompactionGateway:
     def __init__(self, address: str, token: str, timeout: float = 60.0) -> None:
         self.address = address
         self._channel = grpc.insecure_channel(address)
-        self._stub = pb_grpc.ShardServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._stub = pb_grpc.ShardServiceStub(self._channel)
         self._metadata = (("authorization", f"Bearer {token}"),)
         self._timeout = timeout
 

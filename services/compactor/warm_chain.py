@@ -40,6 +40,11 @@ def detail_digest(detail_json: str, guardrails_json: str) -> str:
                                       "guardrails": json.loads(guardrails_json)}))
 
 
+def canonical_detail_digest(detail_json: str, guardrails_json: str) -> str:
+    """``detail_digest`` of values already in canonical form, without parsing them again."""
+    return sha256_hex(f'{{"detail":{detail_json},"guardrails":{guardrails_json}}}')
+
+
 def canonical_value(text: str, what: str) -> str:
     """Parse a JSON value and return its canonical text; refuse what is not JSON."""
     if len(text.encode()) > MAX_DETAIL_BYTES:
@@ -104,9 +109,11 @@ class WarmLine:
     hash: str
 
     @classmethod
-    def chained(cls, item: IterationInput, iteration: int, prev_hash: str) -> WarmLine:
-        body = _body(iteration, item, detail_digest(item.detail_json, item.guardrails_json),
-                     prev_hash)
+    def chained(cls, item: IterationInput, iteration: int, prev_hash: str,
+                digest: str | None = None) -> WarmLine:
+        if digest is None:
+            digest = detail_digest(item.detail_json, item.guardrails_json)
+        body = _body(iteration, item, digest, prev_hash)
         return cls.from_dict({**body, "hash": sha256_hex(canonical_json(body))})
 
     @classmethod
