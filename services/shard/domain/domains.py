@@ -115,29 +115,56 @@ def with_importance(domains: Sequence[Domain], now: float) -> list[Domain]:
     ]
 
 
-@functools.lru_cache(maxsize=1024)
-def _keyword_pattern(keywords: tuple[str, ...]) -> tuple[re.Pattern[str] | None, tuple[str, ...]]:
-    words = [re.escape(k) for k in keywords if k.isalnum()]
-    symbols = tuple(k for k in keywords if not k.isalnum())
-    pattern = re.compile(r"\b(?:" + "|".join(words) + r")\w*") if words else None
-    return pattern, symbols
+@functools.lru_cache(maxsize=256)
+def _keyword_index(
+    keyword_sets: tuple[tuple[str, ...], ...],
+) -> tuple[re.Pattern[str] | None, dict[str, tuple[int, ...]], tuple[tuple[int, str], ...]]:
+    """One regex over every word keyword (longest first) and the sets that list each one."""
+    owners: dict[str, list[int]] = {}
+    symbols: list[tuple[int, str]] = []
+    for position, keywords in enumerate(keyword_sets):
+        for keyword in keywords:
+            if keyword.isalnum():
+                owners.setdefault(keyword, []).append(position)
+            else:
+                symbols.append((position, keyword))
+    alternatives = sorted(owners, key=len, reverse=True)
+    pattern = (
+        re.compile(r"\b(" + "|".join(map(re.escape, alternatives)) + r")\w*")
+        if alternatives
+        else None
+    )
+    return pattern, {k: tuple(v) for k, v in owners.items()}, tuple(symbols)
+
+
+def keyword_counts(content: str, keyword_sets: Sequence[Sequence[str]]) -> list[int]:
+    """Per keyword set: words of ``content`` that start with one of its keywords ("lesson"
+    matches "lessons"; the longest matching keyword decides), plus symbol occurrences ("@")."""
+    pattern, owners, symbols = _keyword_index(tuple(tuple(k) for k in keyword_sets))
+    counts = [0] * len(keyword_sets)
+    text = content.lower()
+    if pattern is not None:
+        for keyword in pattern.findall(text):
+            for position in owners[keyword]:
+                counts[position] += 1
+    for position, symbol in symbols:
+        counts[position] += text.count(symbol)
+    return counts
 
 
 def keyword_matches(content: str, keywords: Sequence[str]) -> int:
-    """Occurrences of the keywords as word prefixes ("lesson" matches "lessons")."""
-    text = content.lower()
-    pattern, symbols = _keyword_pattern(tuple(keywords))
-    count = len(pattern.findall(text)) if pattern else 0
-    return count + sum(text.count(symbol) for symbol in symbols)
+    return keyword_counts(content, [keywords])[0]
 
 
 def route(content: str, domains: Sequence[Domain]) -> str:
     """The seed's score: keyword matches + 2 x the domain's importance."""
     if not domains:
         raise InvalidArgument("this fleet has no domains to route into", reason="NO_DOMAINS")
+    counts = keyword_counts(content, [d.keywords for d in domains])
 
-    def score(domain: Domain) -> tuple[float, int]:
-        value = keyword_matches(content, domain.keywords) + 2.0 * domain.importance
+    def score(position: int) -> tuple[float, int]:
+        domain = domains[position]
+        value = counts[position] + 2.0 * domain.importance
         return (value, -DEFAULT_ORDER.get(domain.name, len(DEFAULT_ORDER)))
 
-    return max(domains, key=score).name
+    return domains[max(range(len(domains)), key=score)].name
