@@ -90,3 +90,61 @@ class BM25Index:
             norm = self.k1 * (1.0 - self.b + self.b * lengths[ids] / avg)
             out[ids] += qweight * self.idf(term) * tf * (self.k1 + 1.0) / (tf + norm)
         return out
+
+
+class GrowingBM25:
+    """BM25 whose documents may gain terms after they were added (a neighbour arrives later).
+
+    Postings are append-only and may hold several entries for one document; a
+    query sums them per document (``bincount``) before the BM25 saturation, so
+    extending a document is exact and never rewrites earlier postings.
+    """
+
+    def __init__(self, *, k1: float = 0.9, b: float = 0.4) -> None:
+        self.k1, self.b = k1, b
+        self._postings: dict[str, _Postings] = {}
+        self._lengths = np.zeros(1024, dtype=np.float32)
+        self._count = 0
+        self._total_length = 0.0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, bag: Mapping[str, float]) -> int:
+        doc = self._count
+        if doc == len(self._lengths):
+            self._lengths = np.concatenate([self._lengths, np.zeros(doc, dtype=np.float32)])
+        self._count += 1
+        self.extend(doc, bag)
+        return doc
+
+    def extend(self, doc: int, bag: Mapping[str, float]) -> None:
+        added = 0.0
+        for term, weight in bag.items():
+            postings = self._postings.get(term)
+            if postings is None:
+                postings = self._postings[term] = _Postings()
+            postings.append(doc, float(weight))
+            added += float(weight)
+        self._lengths[doc] += added
+        self._total_length += added
+
+    def scores(self, query: Mapping[str, float]) -> npt.NDArray[np.float32]:
+        n = self._count
+        out = np.zeros(n, dtype=np.float32)
+        if not n:
+            return out
+        avg = max(self._total_length / n, 1e-9)
+        lengths = self._lengths[:n]
+        for term, qweight in query.items():
+            postings = self._postings.get(term)
+            if postings is None:
+                continue
+            ids = postings.doc_ids[: postings.size]
+            tf_all = np.bincount(ids, weights=postings.freqs[: postings.size], minlength=n)
+            docs = np.flatnonzero(tf_all)
+            tf = tf_all[docs]
+            idf = math.log(1.0 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
+            norm = self.k1 * (1.0 - self.b + self.b * lengths[docs] / avg)
+            out[docs] += (qweight * idf * tf * (self.k1 + 1.0) / (tf + norm)).astype(np.float32)
+        return out

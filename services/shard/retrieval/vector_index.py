@@ -53,6 +53,9 @@ class ExactVectorIndex:
                 self._keys[slot] = key
             self._matrix[slot] = vector
 
+    def vectors(self, keys: Sequence[int]) -> Vectors:
+        return self._matrix[[self._position[int(k)] for k in keys]]
+
     def items(self) -> tuple[npt.NDArray[np.int64], Vectors]:
         return self._keys[: self._size], self._matrix[: self._size]
 
@@ -99,6 +102,12 @@ class HnswVectorIndex:
             self._index.remove(present)
         self._index.add(key_array, np.asarray(vectors, dtype=np.float32))
 
+    def vectors(self, keys: Sequence[int]) -> Vectors:
+        if len(keys) == 0:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        found = self._index.get(np.asarray(keys, dtype=np.uint64))
+        return np.asarray(found, dtype=np.float32).reshape(len(keys), self.dimension)
+
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if not len(self._index) or k <= 0:
             return []
@@ -136,6 +145,13 @@ class TieredVectorIndex:
             all_keys, all_vectors = self._exact.items()
             hnsw.add([int(k) for k in all_keys], all_vectors)
             self._hnsw, self._exact = hnsw, None
+
+    def vectors(self, keys: Sequence[int]) -> Vectors:
+        """The stored vectors of ``keys`` (each must have been added)."""
+        if self._hnsw is not None:
+            return self._hnsw.vectors(keys)
+        assert self._exact is not None
+        return self._exact.vectors(keys)
 
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if self._hnsw is not None:

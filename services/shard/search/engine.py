@@ -1,9 +1,10 @@
 """SearchEngine: lexical, semantic or hybrid retrieval, re-ranking, cross-reference expansion.
 
-Lexical relevance comes from the store's full-text index (FTS5 bm25 on SQLite,
-ts_rank_cd on Postgres); semantic relevance is cosine similarity from the
-:class:`SemanticIndex`; hybrid fuses the two min-max normalised lists with equal
-weight (convex fusion, the best fusion measured in docs/retrieval.md).
+Lexical mode uses the store's full-text index (FTS5 bm25 on SQLite, ts_rank_cd
+on Postgres). Semantic and hybrid modes use the :class:`SemanticIndex`, whose
+per-fleet :class:`FleetIndex` applies the craft measured on LoCoMo
+(docs/retrieval.md): stemmed BM25 over a record plus its run neighbours, MiniLM
+cosine blended with the neighbours', weighted-sum fusion, neighbour smoothing.
 :func:`services.shard.domain.scoring.final_score`
 multiplies it by importance, recency and the author's trust multiplier.
 Authors with multiplier 0.0 (suspended) never surface. Trust unreachable ->
@@ -17,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy import select
+
 from services.common.db import Database
 from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
 from services.shard.domain.crossrefs import CrossRef
@@ -25,16 +28,14 @@ from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.semantic import SemanticIndex
+from services.shard.tables import CompactionRow
 
 log = logging.getLogger("engram.shard.search")
 
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
 _OVERFETCH = 4
-_FUSION_DEPTH = 50  # candidates taken from each list before fusion
-LEXICAL_WEIGHT = 0.5
-# Below this cosine a MiniLM neighbour is unrelated text: leave it out rather than pad results.
-MIN_SIMILARITY = 0.25
+_CHUNK = 64  # candidate records loaded from the store at a time
 
 
 @dataclass(frozen=True)
@@ -93,30 +94,22 @@ class SearchEngine:
                    flt: RecordFilter) -> list[tuple[Record, float]]:
         if query.mode == "lexical" or self.semantic is None:
             return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
-        depth = max(_FUSION_DEPTH, query.limit * _OVERFETCH)
-        semantic = self._semantic(session, query, flt, depth)
-        if query.mode == "semantic":
-            return semantic
-        lexical = self.repo.lexical(session, flt, query.text, depth)
-        return fuse(lexical, semantic, LEXICAL_WEIGHT)
-
-    def _semantic(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
-                  flt: RecordFilter, depth: int) -> list[tuple[Record, float]]:
-        assert self.semantic is not None
-        # Filters apply after the vector search, so fetch extra when a filter narrows.
-        narrowing = flt.run_id is not None or bool(flt.domain or flt.tags)
-        nearest = self.semantic.nearest(query.fleet_id, query.text, depth * (4 if narrowing else 2))
-        records = self.repo.by_ids(session, query.fleet_id, [rid for rid, _ in nearest])
-        compacted = self.repo.compacted_ids(session, query.fleet_id) if records else set()
+        found = self.semantic.search(query.fleet_id, query.text, query.mode, run_id=query.run_id)
+        want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
-        for rid, similarity in nearest:
-            record = records.get(rid)
-            if similarity < MIN_SIMILARITY:
-                break
-            if record is None or rid in compacted or not _matches(record, flt):
-                continue
-            out.append((record, max(similarity, 1e-9)))
-            if len(out) >= depth:
+        # Domain/tag filters and compaction apply to the ranked candidates, a chunk at a time.
+        for start in range(0, len(found), _CHUNK):
+            part = found[start : start + _CHUNK]
+            ids = [rid for rid, _ in part]
+            records = self.repo.by_ids(session, query.fleet_id, ids)
+            compacted = set(session.scalars(
+                select(CompactionRow.original_id).where(CompactionRow.original_id.in_(ids))))
+            for rid, relevance in part:
+                record = records.get(rid)
+                if record is None or rid in compacted or not _matches(record, flt):
+                    continue
+                out.append((record, max(relevance, 1e-9)))
+            if len(out) >= want:
                 break
         return out
 
@@ -193,23 +186,6 @@ def _matches(record: Record, flt: RecordFilter) -> bool:
     if flt.agent_id and record.agent_id != flt.agent_id:
         return False
     return all(tag in record.tags for tag in flt.tags)
-
-
-def fuse(lexical: Sequence[tuple[Record, float]], semantic: Sequence[tuple[Record, float]],
-         lexical_weight: float) -> list[tuple[Record, float]]:
-    """Convex fusion of two min-max normalised relevance lists (absent = 0)."""
-    combined: dict[str, tuple[Record, float]] = {}
-    for weight, found in ((lexical_weight, lexical), (1.0 - lexical_weight, semantic)):
-        if not found:
-            continue
-        values = [score for _, score in found]
-        low, span = min(values), max(values) - min(values)
-        for record, score in found:
-            share = weight * ((score - low) / span if span > 1e-12 else 1.0)
-            previous = combined.get(record.id, (record, 0.0))[1]
-            combined[record.id] = (record, previous + share)
-    ranked = sorted(combined.values(), key=lambda item: item[1], reverse=True)
-    return [(record, max(score, 1e-9)) for record, score in ranked]
 
 
 __all__ = ["CrossRef", "SearchEngine", "SearchHit", "SearchQuery"]

@@ -1,17 +1,21 @@
-"""SemanticIndex: record vectors in the database, a per-fleet vector index in memory.
+"""SemanticIndex: record vectors in the database, per-fleet retrieval state in memory.
 
-One background indexer follows the records table by ``seq``: for each new
-record it loads the stored vector (written by this or another replica) or
-embeds the content and stores it, then adds it to the fleet's index. The same
-loop rebuilds the index at start, so it is correct across restarts and
-replicas; a write only wakes it (writes never wait for the model).
-``lag()`` is the number of committed records not yet searchable semantically.
+Two cursors follow the records table by ``seq``. The lexical one adds each new
+record to its fleet's :class:`FleetIndex` (terms, run neighbours); every hybrid
+search first advances it, so a committed record is findable at once, on every
+replica. The vector one runs in a background indexer: it loads the stored
+vector (written by this or another replica) or embeds the content and stores
+it. Both start from zero in a new process, so the index is rebuilt from the
+database after a restart; a write only wakes the indexer (writes never wait for
+the model). ``lag()`` is the number of committed records without a vector in
+the index yet.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 
 import numpy as np
 from sqlalchemy import BigInteger, LargeBinary, String, func, select
@@ -19,7 +23,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from services.common.db import Database
 from services.shard.retrieval.embedding import EmbeddingProvider
-from services.shard.retrieval.vector_index import TieredVectorIndex
+from services.shard.search.fleet_index import ContextSettings, FleetIndex
 from services.shard.tables import Base, RecordRow
 
 log = logging.getLogger("engram.shard.semantic")
@@ -44,17 +48,20 @@ class SemanticIndex:
         batch: int = 64,
         poll_s: float = 0.5,
         hnsw_threshold: int = 10_000,
+        context: ContextSettings | None = None,
     ) -> None:
         self.db = database
         self.embedder = embedder
         self.batch = batch
         self.poll_s = poll_s
         self.hnsw_threshold = hnsw_threshold
-        self._indexes: dict[str, TieredVectorIndex] = {}
-        self._keys: dict[str, list[str]] = {}  # fleet -> record id by index key
-        self._seq_done = 0
-        self._seq_seen = 0
+        self.context = context or ContextSettings()
+        self._fleets: dict[str, FleetIndex] = {}
+        self._lexical_seq = 0  # records added to the fleet indexes
+        self._vector_seq = 0  # records whose vector is in the index
+        self._pending: deque[tuple[int, str, int, str, str]] = deque()  # seq, fleet, doc, id, text
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,62 +94,86 @@ class SemanticIndex:
 
     # -- indexing -----------------------------------------------------------
 
+    def sync(self, chunk: int = 5000) -> None:
+        """Add every record committed since the last call to its fleet's index (no model)."""
+        with self._sync_lock:
+            while True:
+                with self.db.session() as session:
+                    rows = session.execute(
+                        select(RecordRow.seq, RecordRow.id, RecordRow.fleet_id, RecordRow.run_id,
+                               RecordRow.content)
+                        .where(RecordRow.seq > self._lexical_seq)
+                        .order_by(RecordRow.seq)
+                        .limit(chunk)
+                    ).all()
+                if not rows:
+                    return
+                with self._lock:
+                    for row in rows:
+                        fleet = self._fleet(row.fleet_id)
+                        doc = fleet.add(row.id, row.run_id or "", row.content)
+                        self._pending.append((int(row.seq), row.fleet_id, doc, row.id,
+                                              row.content))
+                    self._lexical_seq = int(rows[-1].seq)
+                if len(rows) < chunk:
+                    return
+
+    def _fleet(self, fleet_id: str) -> FleetIndex:
+        index = self._fleets.get(fleet_id)
+        if index is None:
+            index = FleetIndex(self.embedder.dimension, self.context,
+                               hnsw_threshold=self.hnsw_threshold)
+            self._fleets[fleet_id] = index
+        return index
+
     def catch_up(self) -> int:
-        """Index the next batch of records after the last indexed seq; returns how many."""
+        """Vectors for the next batch of records (stored ones reused); returns how many."""
+        self.sync()
+        with self._lock:
+            work = [self._pending.popleft() for _ in range(min(self.batch, len(self._pending)))]
+        if not work:
+            return 0
+        ids = [item[3] for item in work]
         with self.db.session() as session:
-            rows = session.execute(
-                select(RecordRow.seq, RecordRow.id, RecordRow.fleet_id, RecordRow.content)
-                .where(RecordRow.seq > self._seq_done)
-                .order_by(RecordRow.seq)
-                .limit(self.batch)
-            ).all()
-            self._seq_seen = int(session.execute(select(func.max(RecordRow.seq))).scalar() or 0)
-            if not rows:
-                return 0
             stored = {
                 r.record_id: r.vector
                 for r in session.execute(
                     select(RecordVectorRow.record_id, RecordVectorRow.vector).where(
-                        RecordVectorRow.record_id.in_([row.id for row in rows]),
+                        RecordVectorRow.record_id.in_(ids),
                         RecordVectorRow.model == self.embedder.name,
                     )
                 )
             }
-            missing = [row for row in rows if row.id not in stored]
+            missing = [item for item in work if item[3] not in stored]
             if missing:
-                vectors = self.embedder.embed([row.content for row in missing])
-                for row, vector in zip(missing, vectors, strict=True):
-                    stored[row.id] = vector.astype("<f4").tobytes()
-                session.execute(
-                    RecordVectorRow.__table__.delete().where(  # type: ignore[attr-defined]
-                        RecordVectorRow.record_id.in_([row.id for row in missing])
-                    )
-                )
-                session.add_all(
-                    RecordVectorRow(
-                        record_id=row.id,
-                        fleet_id=row.fleet_id,
-                        record_seq=row.seq,
-                        model=self.embedder.name,
-                        vector=stored[row.id],
-                    )
-                    for row in missing
-                )
+                vectors = self.embedder.embed([item[4] for item in missing])
+                for item, vector in zip(missing, vectors, strict=True):
+                    stored[item[3]] = vector.astype("<f4").tobytes()
+                self._store(session, missing, stored)
+        by_fleet: dict[str, tuple[list[int], list[np.ndarray]]] = {}
+        for _, fleet_id, doc, record_id, _ in work:
+            docs, rows = by_fleet.setdefault(fleet_id, ([], []))
+            docs.append(doc)
+            rows.append(np.frombuffer(stored[record_id], dtype="<f4"))
         with self._lock:
-            for row in rows:
-                vector = np.frombuffer(stored[row.id], dtype="<f4").astype(np.float32)
-                index = self._indexes.get(row.fleet_id)
-                if index is None:
-                    index = TieredVectorIndex(
-                        self.embedder.dimension, threshold=self.hnsw_threshold
-                    )
-                    self._indexes[row.fleet_id] = index
-                    self._keys[row.fleet_id] = []
-                keys = self._keys[row.fleet_id]
-                index.add([len(keys)], vector[None, :])
-                keys.append(row.id)
-            self._seq_done = int(rows[-1].seq)
-        return len(rows)
+            for fleet_id, (docs, rows) in by_fleet.items():
+                self._fleets[fleet_id].add_vectors(docs, np.stack(rows).astype(np.float32))
+            self._vector_seq = work[-1][0]
+        return len(work)
+
+    def _store(self, session, items: list[tuple[int, str, int, str, str]],  # type: ignore[no-untyped-def]
+               stored: dict[str, bytes]) -> None:
+        ids = [item[3] for item in items]
+        session.execute(
+            RecordVectorRow.__table__.delete().where(  # type: ignore[attr-defined]
+                RecordVectorRow.record_id.in_(ids)
+            )
+        )
+        session.add_all(
+            RecordVectorRow(record_id=record_id, fleet_id=fleet_id, record_seq=seq,
+                            model=self.embedder.name, vector=stored[record_id])
+            for seq, fleet_id, _, record_id, _ in items
+        )
 
     def lag(self) -> int:
         """Committed records not yet in the vector index (0 when caught up)."""
@@ -151,7 +182,7 @@ class SemanticIndex:
                 session.execute(
                     select(func.count())
                     .select_from(RecordRow)
-                    .where(RecordRow.seq > self._seq_done)
+                    .where(RecordRow.seq > self._vector_seq)
                 ).scalar()
                 or 0
             )
@@ -162,17 +193,31 @@ class SemanticIndex:
         vector: np.ndarray = self.embedder.embed([text])[0]
         return vector
 
-    def search(self, fleet_id: str, query_vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+    def search(self, fleet_id: str, text: str, mode: str, *, run_id: str | None = None,
+               query_vector: np.ndarray | None = None) -> list[tuple[str, float]]:
+        """(record id, relevance) candidates of one fleet, best first (semantic | hybrid)."""
+        self.sync()
+        vector = query_vector if query_vector is not None else self.embed_query(text)
         with self._lock:
-            index = self._indexes.get(fleet_id)
+            index = self._fleets.get(fleet_id)
             if index is None:
                 return []
-            keys = self._keys[fleet_id]
-            return [(keys[key], score) for key, score in index.search(query_vector, k)]
+            allowed = index.run_mask(run_id) if run_id is not None else None
+            found = index.search(text, vector, mode, allowed)
+            return [(index.ids[doc], score) for doc, score in found]
 
     def nearest(self, fleet_id: str, text: str, k: int) -> list[tuple[str, float]]:
-        return self.search(fleet_id, self.embed_query(text), k)
+        """Plain cosine nearest neighbours (no context), e.g. for duplicate detection."""
+        return self.nearest_vector(fleet_id, self.embed_query(text), k)
+
+    def nearest_vector(self, fleet_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
+        with self._lock:
+            index = self._fleets.get(fleet_id)
+            if index is None:
+                return []
+            return [(index.ids[d], sim) for d, sim in index.vectors.search(vector, k)]
 
     def indexed(self, fleet_id: str) -> int:
         with self._lock:
-            return len(self._keys.get(fleet_id, ()))
+            index = self._fleets.get(fleet_id)
+            return index.indexed_vectors() if index is not None else 0

@@ -1,0 +1,230 @@
+"""FleetIndex: one fleet's in-memory retrieval state for hybrid search (no I/O).
+
+Records are documents numbered in ``seq`` order. A record's *neighbours* are the
+records written just before and after it in the same run (creation order within
+``run_id``; records without a run have none): in agent memory a run is one
+conversation or task, and a turn is often only understandable with the turns
+around it. The craft measured on LoCoMo (docs/retrieval.md) is applied as a
+general method:
+
+- lexical: BM25 (k1 0.9, b 0.4 for short texts) over stemmed, stop-worded terms,
+  each document holding its own terms plus its neighbours' at half weight; a
+  later neighbour extends an earlier document (:class:`GrowingBM25`);
+- dense: MiniLM cosine blended with the neighbours' mean cosine (0.7 / 0.3);
+- fusion: weighted sum of the two normalised scores (lexical 0.5);
+- smoothing: a candidate gains 0.2 x its best neighbour's fused score.
+
+Only records with a lexical match (own or neighbours' terms) or a cosine above
+``min_similarity`` are candidates, so an unrelated query returns nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from services.shard.retrieval.lexical import GrowingBM25
+from services.shard.retrieval.text import STOP_WORDS, analyze
+from services.shard.retrieval.vector_index import TieredVectorIndex
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """Defaults: the best general setting measured on LoCoMo (docs/retrieval.md)."""
+
+    neighbour_weight: float = 0.5
+    window: int = 2
+    dense_neighbour_weight: float = 0.3
+    lexical_weight: float = 0.5
+    smoothing: float = 0.2
+    bm25_k1: float = 0.9
+    bm25_b: float = 0.4
+    depth: int = 100
+    min_similarity: float = 0.25
+    max_open_runs: int = 65_536  # runs whose last terms are kept to extend (LRU)
+
+
+def terms_of(text: str) -> dict[str, float]:
+    return {t: float(c) for t, c in Counter(analyze(text, stop_words=STOP_WORDS)).items()}
+
+
+class FleetIndex:
+    """Not thread-safe: the owner (:class:`SemanticIndex`) serialises access."""
+
+    def __init__(self, dimension: int, settings: ContextSettings, *,
+                 hnsw_threshold: int = 10_000) -> None:
+        self.settings = settings
+        self.ids: list[str] = []
+        self.doc_of: dict[str, int] = {}
+        self.lexical = GrowingBM25(k1=settings.bm25_k1, b=settings.bm25_b)
+        self.vectors = TieredVectorIndex(dimension, threshold=hnsw_threshold)
+        self._has_vector = np.zeros(1024, dtype=bool)
+        self._prev = np.full(1024, -1, dtype=np.int64)
+        self._next = np.full(1024, -1, dtype=np.int64)
+        self._run_of = np.full(1024, -1, dtype=np.int64)
+        self._run_numbers: dict[str, int] = {}
+        self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
+        self._last_of_run: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    # -- growing ------------------------------------------------------------
+
+    def add(self, record_id: str, run_id: str, text: str) -> int:
+        """Add one record (in ``seq`` order); returns its document number."""
+        if record_id in self.doc_of:
+            return self.doc_of[record_id]
+        own = terms_of(text)
+        doc = len(self.ids)
+        self._grow(doc + 1)
+        cfg = self.settings
+        bag = dict(own)
+        tail = self._tail(run_id) if run_id else []
+        for _, earlier in tail:
+            for term, count in earlier.items():
+                bag[term] = bag.get(term, 0.0) + cfg.neighbour_weight * count
+        self.lexical.add(bag)
+        for earlier_doc, _ in tail:
+            self.lexical.extend(earlier_doc, {t: cfg.neighbour_weight * c for t, c in own.items()})
+        if run_id:
+            last = self._last_of_run.get(run_id)
+            if last is not None:
+                self._prev[doc], self._next[last] = last, doc
+            self._last_of_run[run_id] = doc
+            tail.append((doc, own))
+            self._run_tail[run_id] = tail[-cfg.window:]
+            self._run_tail.move_to_end(run_id)
+            while len(self._run_tail) > cfg.max_open_runs:
+                self._run_tail.popitem(last=False)  # an old run's next record skips term sharing
+        self._run_of[doc] = self._run_numbers.setdefault(run_id, len(self._run_numbers))
+        self.ids.append(record_id)
+        self.doc_of[record_id] = doc
+        return doc
+
+    def _tail(self, run_id: str) -> list[tuple[int, dict[str, float]]]:
+        return list(self._run_tail.get(run_id, []))
+
+    def _grow(self, size: int) -> None:
+        if size <= len(self._prev):
+            return
+        extra = len(self._prev)
+        self._prev = np.concatenate([self._prev, np.full(extra, -1, dtype=np.int64)])
+        self._next = np.concatenate([self._next, np.full(extra, -1, dtype=np.int64)])
+        self._has_vector = np.concatenate([self._has_vector, np.zeros(extra, dtype=bool)])
+        self._run_of = np.concatenate([self._run_of, np.full(extra, -1, dtype=np.int64)])
+
+    def add_vectors(self, docs: list[int], vectors: Floats) -> None:
+        fresh = [i for i, d in enumerate(docs) if not self._has_vector[d]]
+        if not fresh:
+            return
+        self.vectors.add([docs[i] for i in fresh], vectors[fresh])
+        self._has_vector[[docs[i] for i in fresh]] = True
+
+    def indexed_vectors(self) -> int:
+        return len(self.vectors)
+
+    # -- querying -----------------------------------------------------------
+
+    def neighbours(self, docs: Ints) -> Ints:
+        """Neighbour documents within the window, shape (len(docs), 2 * window), -1 = none."""
+        cols = []
+        before, after = docs.copy(), docs.copy()
+        for _ in range(self.settings.window):
+            before = np.where(before >= 0, self._prev[np.maximum(before, 0)], -1)
+            after = np.where(after >= 0, self._next[np.maximum(after, 0)], -1)
+            cols += [before, after]
+        return np.stack(cols, axis=1) if cols else np.zeros((len(docs), 0), dtype=np.int64)
+
+    def similarities(self, docs: Ints, query_vector: Floats) -> Floats:
+        """Cosine of each doc to the query; NaN where the doc has no vector yet."""
+        out = np.full(len(docs), np.nan, dtype=np.float32)
+        have = self._has_vector[docs]
+        if have.any():
+            out[have] = self.vectors.vectors([int(d) for d in docs[have]]) @ query_vector
+        return out
+
+    def search(self, query: str, query_vector: Floats | None, mode: str,
+               allowed: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
+        """Candidate documents with fused relevance, best first (mode: semantic | hybrid)."""
+        cfg = self.settings
+        n = len(self.ids)
+        if not n:
+            return []
+        lex = self.lexical.scores(terms_of(query)) if mode == "hybrid" else np.zeros(n, np.float32)
+        if allowed is not None:
+            lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
+        seeds = [int(d) for d in np.argsort(-lex)[: cfg.depth] if lex[d] > 0]
+        if query_vector is not None and len(self.vectors):
+            width = cfg.depth if allowed is None else cfg.depth * 4
+            seeds += [d for d, sim in self.vectors.search(query_vector, width)
+                      if sim >= cfg.min_similarity and (allowed is None or allowed[d])]
+        if not seeds:
+            return []
+        candidates = np.unique(np.asarray(seeds, dtype=np.int64))
+        near = self.neighbours(candidates)
+        pool = np.unique(np.concatenate([candidates, near[near >= 0]]))
+        if allowed is not None:
+            pool = pool[allowed[pool]]
+        sims = (self.similarities(pool, query_vector) if query_vector is not None
+                else np.full(len(pool), np.nan, dtype=np.float32))
+        own_sim = np.nan_to_num(sims, nan=0.0)
+        pool_near = self.neighbours(pool)
+        near_idx = _positions(pool, pool_near)
+        dense = _blend(sims, near_idx, cfg.dense_neighbour_weight)
+        lex_pool = lex[pool]
+        keep = (lex_pool > 0) | (own_sim >= cfg.min_similarity)
+        if mode == "semantic":
+            fused = _normalise(dense, low=None)
+        else:
+            fused = (cfg.lexical_weight * _normalise(lex_pool, low=0.0)
+                     + (1.0 - cfg.lexical_weight) * _normalise(dense, low=None))
+        if cfg.smoothing > 0 and near_idx.size:
+            base = _normalise(fused, low=0.0)
+            padded = np.append(base, 0.0)
+            fused = base + cfg.smoothing * padded[near_idx].max(axis=1)
+        order = np.argsort(-fused, kind="stable")
+        return [(int(pool[i]), float(fused[i])) for i in order if keep[i] and fused[i] > 0]
+
+    def run_mask(self, run_id: str) -> npt.NDArray[np.bool_]:
+        """Documents of one run (for a run-scoped search)."""
+        number = self._run_numbers.get(run_id, -2)
+        mask: npt.NDArray[np.bool_] = self._run_of[: len(self.ids)] == number
+        return mask
+
+
+def _positions(pool: Ints, docs: Ints) -> Ints:
+    """Index of each doc in the sorted ``pool``, -1 where absent."""
+    if not docs.size:
+        return docs
+    at = np.minimum(np.searchsorted(pool, docs), len(pool) - 1)
+    return np.where((docs >= 0) & (pool[at] == docs), at, -1)
+
+
+def _blend(sims: Floats, near_idx: Ints, weight: float) -> Floats:
+    """(1 - w) x own cosine + w x mean cosine of the neighbours that have one."""
+    own = np.nan_to_num(sims, nan=0.0)
+    if weight <= 0 or near_idx.size == 0:
+        return own
+    padded = np.append(sims, np.nan)
+    around = padded[near_idx]  # -1 picks the NaN pad
+    counts = np.sum(~np.isnan(around), axis=1)
+    means = np.where(counts > 0, np.nansum(around, axis=1) / np.maximum(counts, 1), own)
+    return ((1.0 - weight) * own + weight * means).astype(np.float32)
+
+
+def _normalise(scores: Floats, *, low: float | None) -> Floats:
+    if not len(scores):
+        return scores
+    floor = float(scores.min()) if low is None else low
+    span = float(scores.max()) - floor
+    if span <= 1e-12:  # all equal: every candidate counts fully (all zero stays zero)
+        return (scores > 0 if low is not None else np.ones_like(scores, dtype=bool)).astype(
+            np.float32)
+    return ((scores - floor) / span).astype(np.float32)
