@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from engram.cli import artifacts, bench, compactor, gov, shard, token, up
+from engram.cli import artifacts, bench, compactor, evals, gov, shard, token, up
 
 app = typer.Typer(
     help="Engram: durable, verifiable memory for fleets of AI agents.",
@@ -18,6 +18,7 @@ app.add_typer(gov.app, name="gov")
 app.add_typer(compactor.app, name="compactor")
 app.add_typer(token.app, name="token")
 app.command("bench")(bench.bench)
+app.add_typer(evals.app, name="eval")
 
 
 def main() -> None:
