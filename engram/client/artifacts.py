@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -56,7 +57,7 @@ class ArtifactsClient(BaseClient):
     def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
                  timeout: float = 30.0, stream_timeout: float | None = None) -> None:
         super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
-        self.stub = pb_grpc.ArtifactsServiceStub(self.channel)  # type: ignore[no-untyped-call]
+        self.stub = pb_grpc.ArtifactsServiceStub(self.channel)
         self.stream_timeout = stream_timeout
 
     # -- runs ---------------------------------------------------------------
@@ -97,8 +98,14 @@ class ArtifactsClient(BaseClient):
 
         def requests() -> Iterator[pb.CreateArtifactRequest]:
             yield pb.CreateArtifactRequest(header=header)
+            digest, sent = hashlib.sha256(), 0
             for chunk in chunks:
+                digest.update(chunk)
+                sent += len(chunk)
                 yield pb.CreateArtifactRequest(chunk=chunk)
+            # The trailer is what tells the service the stream was not cut short.
+            yield pb.CreateArtifactRequest(trailer=pb.ArtifactTrailer(
+                size_bytes=sent, sha256=digest.hexdigest()))
 
         try:
             reply = self.stub.CreateArtifact(requests(), metadata=self.metadata,

@@ -40,7 +40,7 @@ from services.artifacts.domain.stop import (
     unresolved_payload,
 )
 from services.artifacts.repository import ArtifactsRepository, EventDraft
-from services.common.blobstore import BlobStore
+from services.common.blobstore import BlobInfo, BlobStore
 from services.common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -70,6 +70,14 @@ class ArtifactUpload:
     metadata_json: str = ""
     expected_size_bytes: int | None = None
     expected_hash: str = ""
+
+
+@dataclass(frozen=True)
+class UploadEnd:
+    """The client's end-of-upload marker: what it sent. Without it a stream is a truncation."""
+
+    size_bytes: int
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,9 @@ class ExternalMemory:
 
     # -- artifacts ----------------------------------------------------------
 
-    def upload(self, fleet_id: str, upload: ArtifactUpload, chunks: Iterable[bytes]) -> Artifact:
+    def upload(self, fleet_id: str, upload: ArtifactUpload,
+               parts: Iterable[bytes | UploadEnd]) -> Artifact:
+        """Store the chunks of ``parts``; only a stream closed by an ``UploadEnd`` is complete."""
         path = check.artifact_path(upload.run_id, upload.step_id, upload.name)
         mime_type = check.short_text("mime_type", upload.mime_type or
                                      "application/octet-stream", check.MAX_MIME_LEN)
@@ -129,7 +139,8 @@ class ExternalMemory:
             raise AlreadyExists(f"artifact {prior.artifact_id} already holds {path!r}",
                                 reason="ARTIFACT_EXISTS",
                                 metadata={"artifact_id": prior.artifact_id, "path": path})
-        info = self.blobs.put(path, _checked_upload(chunks, upload))
+        received = _CheckedUpload(upload)
+        info = self.blobs.put(path, received.chunks(parts), before_commit=received.check_hash)
         artifact = Artifact(artifact_id=new_id("art"), run_id=upload.run_id,
                             step_id=upload.step_id, path=path, hash=info.sha256,
                             mime_type=mime_type, size_bytes=info.size_bytes,
@@ -357,24 +368,44 @@ class ExternalMemory:
             metadata={**diagnostics, "run_status": status.value})
 
 
-def _checked_upload(chunks: Iterable[bytes], upload: ArtifactUpload) -> Iterator[bytes]:
-    """Pass chunks through; refuse (before anything is committed) a stream that falls short."""
-    digest, size = hashlib.sha256(), 0
-    for chunk in chunks:
-        size += len(chunk)
-        if upload.expected_size_bytes is not None and size > upload.expected_size_bytes:
-            raise InvalidArgument(f"upload exceeds its declared {upload.expected_size_bytes} "
-                                  "bytes", reason="UPLOAD_SIZE_MISMATCH")
-        if upload.expected_hash:
-            digest.update(chunk)
-        yield chunk
-    if upload.expected_size_bytes is not None and size != upload.expected_size_bytes:
-        raise InvalidArgument(
-            f"upload ended after {size} of {upload.expected_size_bytes} declared bytes "
-            "(truncated); nothing was stored", reason="UPLOAD_TRUNCATED")
-    if upload.expected_hash and digest.hexdigest() != upload.expected_hash.lower():
-        raise InvalidArgument("uploaded bytes do not match expected_hash; nothing was stored",
-                              reason="UPLOAD_HASH_MISMATCH")
+class _CheckedUpload:
+    """Passes chunks through and refuses, before anything is committed, a stream that is
+    cut short, longer than declared, or whose bytes differ from the declared hash."""
+
+    def __init__(self, upload: ArtifactUpload) -> None:
+        self.upload = upload
+        self.end: UploadEnd | None = None
+
+    def chunks(self, parts: Iterable[bytes | UploadEnd]) -> Iterator[bytes]:
+        declared, size = self.upload.expected_size_bytes, 0
+        for part in parts:
+            if self.end is not None:
+                raise InvalidArgument("the upload trailer must be the last message",
+                                      reason="UPLOAD_MALFORMED")
+            if isinstance(part, UploadEnd):
+                self.end = part
+                continue
+            size += len(part)
+            if declared is not None and size > declared:
+                raise InvalidArgument(f"upload exceeds its declared {declared} bytes",
+                                      reason="UPLOAD_SIZE_MISMATCH")
+            yield part
+        if self.end is None:
+            raise InvalidArgument(
+                f"upload ended after {size} bytes without its trailer (cancelled or cut off); "
+                "nothing was stored", reason="UPLOAD_TRUNCATED")
+        for expected in (declared, self.end.size_bytes):
+            if expected is not None and size != expected:
+                raise InvalidArgument(
+                    f"upload ended after {size} of {expected} declared bytes (truncated); "
+                    "nothing was stored", reason="UPLOAD_TRUNCATED")
+
+    def check_hash(self, info: BlobInfo) -> None:
+        trailer_hash = self.end.sha256 if self.end is not None else ""
+        for expected in (self.upload.expected_hash, trailer_hash):
+            if expected and info.sha256 != expected.lower():
+                raise InvalidArgument("uploaded bytes do not match the declared SHA-256; "
+                                      "nothing was stored", reason="UPLOAD_HASH_MISMATCH")
 
 
 def _blob_missing(artifact: Artifact) -> IntegrityError:

@@ -21,7 +21,7 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
-from services.artifacts.memory import ArtifactUpload, ExternalMemory
+from services.artifacts.memory import ArtifactUpload, ExternalMemory, UploadEnd
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
 from services.common.pagination import decode_token, encode_token, page_size
@@ -120,21 +120,25 @@ def problem_to_proto(problem: ArtifactProblem) -> pb.ArtifactProblem:
     return pb.ArtifactProblem(**problem.__dict__)
 
 
-def _upload_chunks(requests: Iterator[pb.CreateArtifactRequest],
-                   context: grpc.ServicerContext) -> Iterator[bytes]:
-    """The bytes of an upload; a vanished client or a second header aborts it."""
+def _upload_parts(requests: Iterator[pb.CreateArtifactRequest]) -> Iterator[bytes | UploadEnd]:
+    """The chunks and the trailer of an upload; a second header or a cancel aborts it.
+
+    A cancelled call may end ``requests`` like a finished one (grpc can see the
+    empty read before the cancellation), so completeness is the trailer's to say.
+    """
     try:
         for request in requests:
-            if request.WhichOneof("part") != "chunk":
+            part = request.WhichOneof("part")
+            if part == "chunk":
+                yield request.chunk
+            elif part == "trailer":
+                yield UploadEnd(request.trailer.size_bytes, request.trailer.sha256)
+            else:
                 raise InvalidArgument("only the first message of an upload carries a header",
                                       reason="UPLOAD_MALFORMED")
-            yield request.chunk
     except grpc.RpcError:
         raise InvalidArgument("the client cancelled the upload; nothing was stored",
                               reason="UPLOAD_ABORTED") from None
-    if not context.is_active():
-        raise InvalidArgument("the client went away before the upload finished; nothing was "
-                              "stored", reason="UPLOAD_ABORTED")
 
 
 class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
@@ -192,7 +196,7 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
                                  if header.HasField("expected_size_bytes") else None),
             expected_hash=header.expected_hash)
         artifact = self.memory.upload(current_principal().fleet_id, upload,
-                                      _upload_chunks(request_iterator, context))
+                                      _upload_parts(request_iterator))
         return pb.CreateArtifactResponse(artifact=artifact_to_proto(artifact))
 
     def GetArtifact(self, request: pb.GetArtifactRequest,
@@ -354,4 +358,4 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
 
 def add_to_server(servicer: ArtifactsServicer, server: grpc.Server) -> None:
-    pb_grpc.add_ArtifactsServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    pb_grpc.add_ArtifactsServiceServicer_to_server(servicer, server)

@@ -24,6 +24,11 @@ class ArtifactsSettings(ServerSettings):
     s3_access_key_id: str | None = None
     s3_secret_access_key: str | None = None
     s3_part_size_mb: int = 8
+    s3_parts_in_flight: int = 4
+    s3_single_put_max_mb: int = 1024
+    """Blobs up to this size go up in one PutObject; larger ones as a multipart upload."""
+    s3_spool_dir: str | None = None
+    """Where uploads are spooled before going to S3; default $ENGRAM_HOME/artifacts/spool."""
     resolve_retry_delay_seconds: float = 0.05
     """Pause before the one retry of a critical pointer (covers transient I/O)."""
     migrate: bool = True
@@ -39,4 +44,7 @@ class ArtifactsSettings(ServerSettings):
         return {"endpoint_url": self.s3_endpoint_url, "region_name": self.s3_region,
                 "access_key_id": self.s3_access_key_id,
                 "secret_access_key": self.s3_secret_access_key,
-                "part_size": self.s3_part_size_mb * 1024 * 1024}
+                "part_size": self.s3_part_size_mb * 1024 * 1024,
+                "parts_in_flight": self.s3_parts_in_flight,
+                "single_put_max": self.s3_single_put_max_mb * 1024 * 1024,
+                "spool_dir": self.s3_spool_dir or str(self.data_dir("artifacts") / "spool")}

@@ -162,13 +162,23 @@ class ArtifactHeader(_message.Message):
     expected_hash: str
     def __init__(self, run_id: _Optional[str] = ..., step_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., metadata_json: _Optional[str] = ..., expected_size_bytes: _Optional[int] = ..., expected_hash: _Optional[str] = ...) -> None: ...
 
+class ArtifactTrailer(_message.Message):
+    __slots__ = ("size_bytes", "sha256")
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    size_bytes: int
+    sha256: str
+    def __init__(self, size_bytes: _Optional[int] = ..., sha256: _Optional[str] = ...) -> None: ...
+
 class CreateArtifactRequest(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunk", "trailer")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
     header: ArtifactHeader
     chunk: bytes
-    def __init__(self, header: _Optional[_Union[ArtifactHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+    trailer: ArtifactTrailer
+    def __init__(self, header: _Optional[_Union[ArtifactHeader, _Mapping]] = ..., chunk: _Optional[bytes] = ..., trailer: _Optional[_Union[ArtifactTrailer, _Mapping]] = ...) -> None: ...
 
 class CreateArtifactResponse(_message.Message):
     __slots__ = ("artifact",)

@@ -198,8 +198,10 @@ class ArtifactsServiceServicer:
 
     def CreateArtifact(self, request_iterator, context):
         """Uploads one artifact as a stream: the first message carries the header,
-        the rest carry the bytes. Nothing is visible unless the whole stream
-        arrived (and matched the declared size and hash, when given).
+        the next ones the bytes, and the last one the trailer (size and hash of
+        what was sent). Nothing is visible unless the trailer arrived and matched
+        the bytes received: a stream that ends without it (a cancelled or
+        vanished client) is refused with INVALID_ARGUMENT (UPLOAD_TRUNCATED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

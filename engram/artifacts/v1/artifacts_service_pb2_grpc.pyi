@@ -51,8 +51,10 @@ class ArtifactsServiceStub:
     """Stops a running run with a final status; appends a "run.stopped" event."""
     CreateArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]
     """Uploads one artifact as a stream: the first message carries the header,
-    the rest carry the bytes. Nothing is visible unless the whole stream
-    arrived (and matched the declared size and hash, when given).
+    the next ones the bytes, and the last one the trailer (size and hash of
+    what was sent). Nothing is visible unless the trailer arrived and matched
+    the bytes received: a stream that ends without it (a cancelled or
+    vanished client) is refused with INVALID_ARGUMENT (UPLOAD_TRUNCATED).
     """
     GetArtifact: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetArtifactRequest, _artifacts_service_pb2.GetArtifactResponse]
     ReadArtifact: _grpc.UnaryStreamMultiCallable[_artifacts_service_pb2.ReadArtifactRequest, _artifacts_service_pb2.ReadArtifactResponse]
@@ -127,8 +129,10 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     """Stops a running run with a final status; appends a "run.stopped" event."""
     CreateArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]  # type: ignore[assignment]
     """Uploads one artifact as a stream: the first message carries the header,
-    the rest carry the bytes. Nothing is visible unless the whole stream
-    arrived (and matched the declared size and hash, when given).
+    the next ones the bytes, and the last one the trailer (size and hash of
+    what was sent). Nothing is visible unless the trailer arrived and matched
+    the bytes received: a stream that ends without it (a cancelled or
+    vanished client) is refused with INVALID_ARGUMENT (UPLOAD_TRUNCATED).
     """
     GetArtifact: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetArtifactRequest, _artifacts_service_pb2.GetArtifactResponse]  # type: ignore[assignment]
     ReadArtifact: _aio.UnaryStreamMultiCallable[_artifacts_service_pb2.ReadArtifactRequest, _artifacts_service_pb2.ReadArtifactResponse]  # type: ignore[assignment]
@@ -230,8 +234,10 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_artifacts_service_pb2.CreateArtifactResponse, _abc.Awaitable[_artifacts_service_pb2.CreateArtifactResponse]]:
         """Uploads one artifact as a stream: the first message carries the header,
-        the rest carry the bytes. Nothing is visible unless the whole stream
-        arrived (and matched the declared size and hash, when given).
+        the next ones the bytes, and the last one the trailer (size and hash of
+        what was sent). Nothing is visible unless the trailer arrived and matched
+        the bytes received: a stream that ends without it (a cancelled or
+        vanished client) is refused with INVALID_ARGUMENT (UPLOAD_TRUNCATED).
         """
 
     @_abc_1.abstractmethod

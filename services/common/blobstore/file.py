@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlparse
@@ -61,7 +61,8 @@ class FileBlobStore(BlobStore):
                                   reason="INVALID_BLOB_KEY")
         return path
 
-    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
+    def put(self, key: str, chunks: Iterable[bytes],
+            before_commit: Callable[[BlobInfo], None] | None = None) -> BlobInfo:
         final = self._path(key)
         if final.exists():
             raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
@@ -74,6 +75,9 @@ class FileBlobStore(BlobStore):
                     handle.write(chunk)
                     digest.update(chunk)
                     size += len(chunk)
+                info = BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+                if before_commit is not None:
+                    before_commit(info)
                 handle.flush()
                 os.fsync(handle.fileno())
             final.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +89,7 @@ class FileBlobStore(BlobStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        return BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+        return info
 
     def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         path = self._path(key)

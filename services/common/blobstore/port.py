@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
@@ -40,10 +40,12 @@ def validate_key(key: str) -> str:
 
 class BlobStore(ABC):
     @abstractmethod
-    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
+    def put(self, key: str, chunks: Iterable[bytes],
+            before_commit: Callable[[BlobInfo], None] | None = None) -> BlobInfo:
         """Write atomically from a stream of chunks; nothing is visible unless all arrived.
 
-        Refuses to replace an existing key (put-if-absent).
+        Refuses to replace an existing key (put-if-absent). ``before_commit`` sees
+        the size and hash once every byte is in and may raise to abandon the put.
         """
 
     @abstractmethod

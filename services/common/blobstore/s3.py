@@ -1,19 +1,25 @@
 """``s3://bucket/prefix``: blobs as objects in any S3-compatible store (boto3).
 
 The client is created lazily from settings (endpoint, region, credentials).
-Small blobs go up in one ``PutObject``; larger ones stream as a multipart
-upload (two parts in flight), so no blob is ever held whole in memory. Put-if-absent is
-``If-None-Match: *`` (with a head check first for servers that ignore it);
-an interrupted upload is aborted, so nothing partial becomes visible.
+A put first streams the bytes into a spool file on local disk (one chunk in
+memory at a time), hashing them, and runs the caller's ``before_commit``
+check, so a refused or cut-off stream never reaches S3. Then the spool goes
+up in one ``PutObject`` (up to ``single_put_max``) or as a multipart upload
+whose parts are read from the spool (at most ``parts_in_flight`` parts in
+memory). Put-if-absent is ``If-None-Match: *`` (with a head check first for
+servers that ignore it); a failed multipart upload is aborted.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import tempfile
 import threading
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -22,6 +28,8 @@ from services.common.errors import AlreadyExists, InvalidArgument, NotFound, Una
 
 PART_SIZE = 8 * 1024 * 1024
 """Multipart part size; S3 requires >= 5 MiB for every part but the last."""
+SINGLE_PUT_MAX = 1024 * 1024 * 1024
+"""Blobs up to this size go up in one PutObject (S3 allows 5 GiB): fewer round trips than parts."""
 
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 _EXISTS = {"412", "PreconditionFailed", "409", "ConditionalRequestConflict"}
@@ -36,7 +44,8 @@ class S3BlobStore(BlobStore):
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region_name: str | None = None, access_key_id: str | None = None,
                  secret_access_key: str | None = None, part_size: int = PART_SIZE,
-                 parts_in_flight: int = 2) -> None:
+                 parts_in_flight: int = 4, single_put_max: int = SINGLE_PUT_MAX,
+                 spool_dir: str | None = None) -> None:
         if not bucket:
             raise InvalidArgument("an s3:// blob URL needs a bucket: s3://bucket/prefix")
         self.bucket = bucket
@@ -49,6 +58,8 @@ class S3BlobStore(BlobStore):
         }
         self.part_size = max(part_size, 5 * 1024 * 1024)
         self.parts_in_flight = max(1, parts_in_flight)
+        self.single_put_max = min(max(single_put_max, 0), 5 * 1024 * 1024 * 1024)
+        self.spool_dir = spool_dir
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -88,74 +99,67 @@ class S3BlobStore(BlobStore):
         return Unavailable(f"S3 {action} on {self.url} failed: {error}",
                            reason="BLOB_STORE_UNAVAILABLE")
 
-    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
+    def put(self, key: str, chunks: Iterable[bytes],
+            before_commit: Callable[[BlobInfo], None] | None = None) -> BlobInfo:
         from botocore.exceptions import BotoCoreError, ClientError
 
         object_key = self._object_key(key)
         if self._head(object_key):
             raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
-        digest = hashlib.sha256()
-        size = 0
-        pending: list[bytes] = []
-        pending_size = 0
-        upload_id: str | None = None
-        parts: list[Future[dict[str, Any]]] = []
-        in_flight = threading.BoundedSemaphore(self.parts_in_flight)
-        pool: ThreadPoolExecutor | None = None
-        try:
+        if self.spool_dir is not None:
+            Path(self.spool_dir).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(prefix="engram-s3-", dir=self.spool_dir) as spool:
+            digest = hashlib.sha256()
+            size = 0
             for chunk in chunks:
+                spool.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
-                pending.append(chunk)
-                pending_size += len(chunk)
-                if pending_size >= self.part_size:
-                    if upload_id is None:
-                        upload_id = self.client.create_multipart_upload(
-                            Bucket=self.bucket, Key=object_key)["UploadId"]
-                        pool = ThreadPoolExecutor(self.parts_in_flight,
-                                                  thread_name_prefix="s3-part")
-                    assert pool is not None
-                    in_flight.acquire()  # bounds memory: at most N parts buffered at once
-                    parts.append(pool.submit(self._upload_part, object_key, upload_id,
-                                             len(parts) + 1, b"".join(pending), in_flight))
-                    pending, pending_size = [], 0
-            if upload_id is None:
-                self.client.put_object(Bucket=self.bucket, Key=object_key,
-                                       Body=b"".join(pending), IfNoneMatch="*")
-            else:
-                assert pool is not None
-                if pending:
-                    in_flight.acquire()
-                    parts.append(pool.submit(self._upload_part, object_key, upload_id,
-                                             len(parts) + 1, b"".join(pending), in_flight))
-                done = [part.result() for part in parts]
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=object_key, UploadId=upload_id,
-                    MultipartUpload={"Parts": done}, IfNoneMatch="*")
-                upload_id = None
-        except ClientError as error:
-            if _code(error) in _EXISTS:
-                raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS") from None
-            raise self._unavailable(error, "put") from error
-        except BotoCoreError as error:
-            raise self._unavailable(error, "put") from error
-        finally:
-            if pool is not None:
-                for part in parts:
-                    part.cancel()
-                pool.shutdown(wait=True)
-            if upload_id is not None:
-                self._abort(object_key, upload_id)
-        return BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+            info = BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+            if before_commit is not None:
+                before_commit(info)
+            spool.flush()
+            try:
+                if size <= self.single_put_max:
+                    spool.seek(0)
+                    self.client.put_object(Bucket=self.bucket, Key=object_key, Body=spool,
+                                           ContentLength=size, IfNoneMatch="*")
+                else:
+                    self._multipart(object_key, spool.fileno(), size)
+            except ClientError as error:
+                if _code(error) in _EXISTS:
+                    raise AlreadyExists(f"blob {key!r} already exists",
+                                        reason="BLOB_EXISTS") from None
+                raise self._unavailable(error, "put") from error
+            except BotoCoreError as error:
+                raise self._unavailable(error, "put") from error
+        return info
 
-    def _upload_part(self, object_key: str, upload_id: str, number: int, body: bytes,
-                     in_flight: threading.BoundedSemaphore) -> dict[str, Any]:
+    def _multipart(self, object_key: str, spool_fd: int, size: int) -> None:
+        """Parts read from the spool file; at most ``parts_in_flight`` of them in memory."""
+        upload_id = self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=object_key)["UploadId"]
+        pool = ThreadPoolExecutor(self.parts_in_flight, thread_name_prefix="s3-part")
         try:
-            reply = self.client.upload_part(Bucket=self.bucket, Key=object_key,
-                                            UploadId=upload_id, PartNumber=number, Body=body)
-            return {"PartNumber": number, "ETag": reply["ETag"]}
-        finally:
-            in_flight.release()
+            parts = [pool.submit(self._upload_part, object_key, upload_id, number, spool_fd,
+                                 offset, min(self.part_size, size - offset))
+                     for number, offset in enumerate(range(0, size, self.part_size), 1)]
+            done = [part.result() for part in parts]
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=object_key, UploadId=upload_id,
+                MultipartUpload={"Parts": done}, IfNoneMatch="*")
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._abort(object_key, upload_id)
+            raise
+        pool.shutdown(wait=True)
+
+    def _upload_part(self, object_key: str, upload_id: str, number: int, spool_fd: int,
+                     offset: int, length: int) -> dict[str, Any]:
+        body = os.pread(spool_fd, length, offset)
+        reply = self.client.upload_part(Bucket=self.bucket, Key=object_key,
+                                        UploadId=upload_id, PartNumber=number, Body=body)
+        return {"PartNumber": number, "ETag": reply["ETag"]}
 
     def _abort(self, object_key: str, upload_id: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

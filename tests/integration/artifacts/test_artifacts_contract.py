@@ -7,7 +7,7 @@ import itertools
 import json
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import grpc
@@ -17,6 +17,8 @@ from sqlalchemy import inspect, select, text, update
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client._errors import EngramRpcError
 from services.artifacts.tables import ArtifactRow, EventRow
+from services.common.blobstore import BlobInfo, BlobStore
+from services.common.errors import InvalidArgument
 from tests.integration.artifacts.conftest import RunningArtifacts
 
 
@@ -296,12 +298,50 @@ def test_short_upload_against_declared_size_leaves_nothing(
     assert _no_blobs(env) and _artifact_rows(env) == 0
 
 
+class ObservedStore(BlobStore):
+    """The server's real store, reporting when a put has bytes in hand and how it ended."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        self.inner = inner
+        self.receiving = threading.Event()
+        self.finished = threading.Event()
+        self.error: BaseException | None = None
+
+    def put(self, key: str, chunks: Iterable[bytes],
+            before_commit: Callable[[BlobInfo], None] | None = None) -> BlobInfo:
+        def observed() -> Iterator[bytes]:
+            for chunk in chunks:
+                self.receiving.set()
+                yield chunk
+
+        try:
+            return self.inner.put(key, observed(), before_commit)
+        except BaseException as error:
+            self.error = error
+            raise
+        finally:
+            self.finished.set()
+
+    def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        return self.inner.open(key, chunk_size)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+
 def test_client_vanishing_mid_upload_leaves_no_partial_artifact(
         artifacts_server: RunningArtifacts) -> None:
     env = artifacts_server
     run_id = _start(env)
+    store = ObservedStore(env.memory.blobs)
+    env.memory.blobs = store
     client = env.client
-    sent = threading.Event()
     release = threading.Event()
 
     def requests() -> Iterator[pb.CreateArtifactRequest]:
@@ -309,19 +349,38 @@ def test_client_vanishing_mid_upload_leaves_no_partial_artifact(
                                                                 name="cut"))
         for _ in range(8):
             yield pb.CreateArtifactRequest(chunk=os.urandom(256 * 1024))
-        sent.set()
         release.wait(30)
 
     future = client.stub.CreateArtifact.future(requests(), metadata=client.metadata)
-    assert sent.wait(30)
+    assert store.receiving.wait(30), "the server never started receiving the upload"
     future.cancel()
     release.set()
-    tmp_dir = env.blob_root / ".tmp"
-    deadline_checks = 0
-    while any(tmp_dir.iterdir()) and deadline_checks < 3000:  # the handler unwinds on its thread
-        threading.Event().wait(0.01)
-        deadline_checks += 1
-    assert not any(tmp_dir.iterdir())
+    assert store.finished.wait(30), "the server's put never ended after the cancel"
+    # Which of the two depends on the order grpc sees the cancel and the empty read in.
+    assert isinstance(store.error, InvalidArgument)
+    assert store.error.reason in {"UPLOAD_ABORTED", "UPLOAD_TRUNCATED"}
+    assert not any((env.blob_root / ".tmp").iterdir())
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+@pytest.mark.parametrize("trailer", [None, pb.ArtifactTrailer(size_bytes=1 << 20),
+                                     pb.ArtifactTrailer(size_bytes=3, sha256="0" * 64)])
+def test_upload_without_a_matching_trailer_is_refused(
+        artifacts_server: RunningArtifacts, trailer: pb.ArtifactTrailer | None) -> None:
+    """A stream that ends cleanly without its trailer is what a cancel can look like."""
+    env = artifacts_server
+    run_id = _start(env)
+    messages = [pb.CreateArtifactRequest(header=pb.ArtifactHeader(run_id=run_id, step_id="s",
+                                                                  name="short")),
+                pb.CreateArtifactRequest(chunk=b"abc")]
+    if trailer is not None:
+        messages.append(pb.CreateArtifactRequest(trailer=trailer))
+    with pytest.raises(grpc.RpcError) as caught:
+        env.client.stub.CreateArtifact(iter(messages), metadata=env.client.metadata)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    expected = "UPLOAD_HASH_MISMATCH" if trailer is not None and trailer.sha256 else \
+        "UPLOAD_TRUNCATED"
+    assert EngramRpcError.from_rpc_error(caught.value).reason == expected
     assert _no_blobs(env) and _artifact_rows(env) == 0
 
 

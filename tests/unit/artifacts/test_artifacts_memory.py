@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
 
 from services.artifacts.domain.entities import Pointer, PointerType, RunStatus
-from services.artifacts.memory import ArtifactUpload, ExternalMemory
+from services.artifacts.memory import ArtifactUpload, ExternalMemory, UploadEnd
 from services.artifacts.repository import ArtifactsRepository
 from services.artifacts.server import MIGRATIONS
 from services.common.blobstore import BlobInfo, BlobStore
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.common.errors import NotFound
+from services.common.errors import InvalidArgument, NotFound
 
 
 class FlakyExists(BlobStore):
@@ -24,8 +25,9 @@ class FlakyExists(BlobStore):
         self.inner = inner
         self.misses = misses
 
-    def put(self, key: str, chunks: Iterable[bytes]) -> BlobInfo:
-        return self.inner.put(key, chunks)
+    def put(self, key: str, chunks: Iterable[bytes],
+            before_commit: Callable[[BlobInfo], None] | None = None) -> BlobInfo:
+        return self.inner.put(key, chunks, before_commit)
 
     def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         return self.inner.open(key, chunk_size)
@@ -55,7 +57,7 @@ def test_retry_once_covers_a_transient_miss_but_not_two(tmp_path: Path, misses: 
     flaky = FlakyExists(FileBlobStore(tmp_path / "blobs"), 0)
     memory = _memory(tmp_path, flaky)
     run, _ = memory.start_run("fleet", "agent", "run-1")
-    art = memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), [b"bytes"])
+    art = memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), [b"bytes", UploadEnd(5)])
     flaky.misses = misses
     pointer = Pointer(PointerType.ARTIFACT, art.artifact_id)
     if survives:
@@ -72,11 +74,40 @@ def test_failed_row_insert_removes_the_blob(tmp_path: Path) -> None:
     memory = _memory(tmp_path, store)
     memory.start_run("fleet", "agent", "run-1")
 
-    def chunks_then_stop() -> Iterator[bytes]:
+    def chunks_then_stop() -> Iterator[bytes | UploadEnd]:
         yield b"payload"
         # The run stops while the bytes stream in: the row is refused, so the blob must go.
         memory.stop_run("fleet", "agent", "run-1", RunStatus.CANCELLED, "cancelled mid-upload")
+        yield UploadEnd(7)
 
     with pytest.raises(Exception, match="stopped"):
         memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), chunks_then_stop())
     assert list(store.list()) == []
+
+
+@pytest.mark.parametrize(("parts", "reason"), [
+    ([b"abc"], "UPLOAD_TRUNCATED"),
+    ([b"abc", UploadEnd(4)], "UPLOAD_TRUNCATED"),
+    ([b"abc", UploadEnd(3, "0" * 64)], "UPLOAD_HASH_MISMATCH"),
+    ([b"abc", UploadEnd(3), b"d"], "UPLOAD_MALFORMED"),
+])
+def test_upload_without_a_matching_trailer_stores_nothing(
+        tmp_path: Path, parts: list[bytes | UploadEnd], reason: str) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    memory = _memory(tmp_path, store)
+    memory.start_run("fleet", "agent", "run-1")
+    with pytest.raises(InvalidArgument) as caught:
+        memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), parts)
+    assert caught.value.reason == reason
+    assert list(store.list()) == []
+    assert not any((tmp_path / "blobs" / ".tmp").iterdir())
+    assert memory.repository.list_artifacts("fleet", "run-1", "", None, 10) == []
+
+
+def test_upload_with_a_matching_trailer_hash_is_stored(tmp_path: Path) -> None:
+    memory = _memory(tmp_path, FileBlobStore(tmp_path / "blobs"))
+    memory.start_run("fleet", "agent", "run-1")
+    digest = hashlib.sha256(b"abc").hexdigest()
+    art = memory.upload("fleet", ArtifactUpload("run-1", "s", "x"),
+                        [b"a", b"bc", UploadEnd(3, digest)])
+    assert (art.size_bytes, art.hash) == (3, digest)

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from services.common.blobstore import BlobStore, blob_store_from_url
+from services.common.blobstore import BlobInfo, BlobStore, blob_store_from_url
 from services.common.blobstore.file import FileBlobStore
 from services.common.blobstore.s3 import S3BlobStore
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound
@@ -30,6 +30,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]
                                  access_key_id="test", secret_access_key="test")
         assert isinstance(s3, S3BlobStore)
         s3.part_size = 5 * 1024 * 1024
+        s3.single_put_max = 5 * 1024 * 1024  # so the 11 MB blob below goes up in parts
         yield s3
         s3.close()
 
@@ -66,6 +67,22 @@ def test_put_if_absent_refuses_to_replace(store: BlobStore) -> None:
     with pytest.raises(AlreadyExists):
         store.put("k/one", [b"second"])
     assert b"".join(store.open("k/one")) == b"first"
+
+
+def test_before_commit_sees_the_blob_and_can_refuse_it(store: BlobStore) -> None:
+    data = os.urandom(6 * 1024 * 1024 + 5)
+    seen: list[BlobInfo] = []
+
+    def refuse(info: BlobInfo) -> None:
+        seen.append(info)
+        raise InvalidArgument("declared hash differs")
+
+    with pytest.raises(InvalidArgument):
+        store.put("runs/r1/refused", _chunks(data, 1 << 20), before_commit=refuse)
+    assert [(i.size_bytes, i.sha256) for i in seen] == [(len(data),
+                                                        hashlib.sha256(data).hexdigest())]
+    assert not store.exists("runs/r1/refused")
+    assert list(store.list()) == []
 
 
 def test_interrupted_put_leaves_nothing_visible(store: BlobStore) -> None:
