@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session
 
@@ -29,6 +29,7 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
+from services.artifacts.domain.validation import canonical_json
 from services.artifacts.tables import (
     ArtifactRow,
     EventRow,
@@ -37,9 +38,15 @@ from services.artifacts.tables import (
     RunRow,
     SnapshotRow,
     from_us,
+    to_us,
 )
 from services.common.db import Database
 from services.common.errors import AlreadyExists, FailedPrecondition, NotFound
+
+_ARTIFACTS, _RUNS = ArtifactRow.__table__, RunRow.__table__
+_ARTIFACT_BY_ID = select(*_ARTIFACTS.c, _RUNS.c.fleet_id).join_from(
+    _ARTIFACTS, _RUNS, _ARTIFACTS.c.run_id == _RUNS.c.run_id).where(
+    _ARTIFACTS.c.artifact_id == bindparam("artifact_id"))
 
 
 @dataclass(frozen=True)
@@ -220,15 +227,17 @@ class ArtifactsRepository:
             return None if row is None else row.to_entity()
 
     def get_artifact(self, fleet_id: str, artifact_id: str) -> Artifact:
+        # The hottest read: one prebuilt Core statement, no ORM entity loading.
         with self.db.session() as session:
-            row = session.execute(select(ArtifactRow, RunRow.fleet_id).join(
-                RunRow, RunRow.run_id == ArtifactRow.run_id).where(
-                ArtifactRow.artifact_id == artifact_id)).first()
-            if row is None or row[1] != fleet_id:
-                raise NotFound(f"artifact {artifact_id!r} not found in this fleet",
-                               reason="ARTIFACT_NOT_FOUND", metadata={"artifact_id": artifact_id})
-            found: ArtifactRow = row[0]
-            return found.to_entity()
+            row = session.connection().execute(_ARTIFACT_BY_ID,
+                                               {"artifact_id": artifact_id}).first()
+        if row is None or row.fleet_id != fleet_id:
+            raise NotFound(f"artifact {artifact_id!r} not found in this fleet",
+                           reason="ARTIFACT_NOT_FOUND", metadata={"artifact_id": artifact_id})
+        return Artifact(artifact_id=row.artifact_id, run_id=row.run_id, step_id=row.step_id,
+                        path=row.path, hash=row.hash, mime_type=row.mime_type,
+                        size_bytes=row.size_bytes, created_us=to_us(row.created_at),
+                        metadata_json=canonical_json(row.metadata))
 
     def list_artifacts(self, fleet_id: str, run_id: str, step_id: str,
                        after: list[object] | None, limit: int) -> list[Artifact]:
