@@ -78,6 +78,7 @@ STEPS = (
 )
 _APPEND_ATTEMPTS = 5
 _CACHED_SEGMENTS = 8
+_FINISH_LOCKS = 64
 
 
 def _no_hook(_step: str) -> None:
@@ -102,6 +103,7 @@ class IterationLog:
         # Concurrent records share one transaction and one fsync.
         self._appends: GroupCommit[AppendRequest, AppendOutcome] = GroupCommit(
             self._append_group)
+        self._finish_locks = [threading.Lock() for _ in range(_FINISH_LOCKS)]
         self._segments: OrderedDict[str, list[WarmLine]] = OrderedDict()
         self._cache_lock = threading.Lock()
 
@@ -177,6 +179,11 @@ class IterationLog:
         return len(runs)
 
     def finish_pending(self, fleet_id: str, run_id: str) -> None:
+        # One finisher per run at a time: two would race on the same puts and index version.
+        with self._finish_locks[hash((fleet_id, run_id)) % len(self._finish_locks)]:
+            self._finish_pending(fleet_id, run_id)
+
+    def _finish_pending(self, fleet_id: str, run_id: str) -> None:
         for snapshot in self.repo.snapshots(fleet_id, run_id, SnapshotState.PENDING):
             self._store_snapshot(fleet_id, run_id, snapshot)
         for seq in self.repo.sealing_segments(fleet_id, run_id):
