@@ -29,7 +29,9 @@ class _Slot(Generic[Job, Result]):
 
 
 class GroupCommit(Generic[Job, Result]):
-    def __init__(self, apply: Callable[[Sequence[Job]], list[Result]], max_group: int = 256) -> None:
+    def __init__(
+        self, apply: Callable[[Sequence[Job]], list[Result]], max_group: int = 256
+    ) -> None:
         self._apply = apply
         self._max_group = max_group
         self._lock = threading.Lock()

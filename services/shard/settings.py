@@ -20,7 +20,7 @@ class ShardSettings(ServerSettings):
     governance_addr: str | None = None
     """host:port of the governance service, whose gate decides every write."""
     allow_ungated: bool = False
-    """Run without governance (no gate, no trust ranking): for isolated tests and benchmarks only."""
+    """No governance (no gate, no trust ranking): for isolated tests and benchmarks only."""
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
     migrate: bool = True
