@@ -6,7 +6,9 @@ then every chain entry and decision is inserted with one ``executemany`` each,
 the agents and the head updated, and the group commits with one fsync. A
 retried ``request_id`` is caught by the unique ``(fleet, agent, request_id,
 position)`` constraint: the caller then reruns the group with ``replays=True``,
-which looks the recorded decisions up first and returns them.
+which looks the recorded decisions up first and returns them. A request sent
+without neighbours, from an agent a contradiction rule applies to, is judged
+to the end first and then dropped (``needs_neighbours``), recording nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, t
 from services.common.errors import InvalidArgument
 from services.governance.decisions import Decision, decision_id
 from services.governance.gate_cache import AgentKey, GateCache, HeadState
-from services.governance.rules import Candidate, Rule, judge
+from services.governance.rules import Candidate, Rule, Violation, judge, needs_neighbours
 from services.governance.tables import (
     AgentRow,
     Base,
@@ -65,14 +67,20 @@ class GateRequest:
     agent_id: str
     request_id: str
     candidates: tuple[Candidate, ...]
+    neighbours_omitted: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
         return self.fleet_id, self.agent_id, self.request_id
 
 
-GateOutcome = tuple[list[Decision], bool]
-"""The decisions, and whether they were recorded earlier (a replay)."""
+@dataclass(frozen=True)
+class GateOutcome:
+    decisions: list[Decision]
+    replayed: bool = False
+    """The decisions were recorded by an earlier call."""
+    needs_neighbours: bool = False
+    """Nothing decided: a contradiction rule applies and the request carried no neighbours."""
 
 
 def read_head(conn: Connection) -> HeadState:
@@ -134,25 +142,34 @@ class GateTransaction:
         recorded = self._recorded.get(request.key)
         if recorded:
             check_same_request(recorded, request.candidates, request.request_id)
-            return recorded, True
+            return GateOutcome(recorded, replayed=True)
         key = (request.fleet_id, request.agent_id)
         trust = self._trust_of(key)
         rules = self._rules_of(request.fleet_id)
+        accepted = self._accepted.get(key, 0)
 
         def writes_within(window_s: int) -> int:
             if (key, window_s) not in self._window_counts:
                 self._window_counts[(key, window_s)] = self._conn.execute(_COUNT_ACCEPTED, {
                     "f": key[0], "a": key[1], "since": self._now_ms - window_s * 1000,
                 }).scalar_one()
-            return self._window_counts[(key, window_s)] + self._accepted.get(key, 0)
+            return self._window_counts[(key, window_s)] + accepted
 
-        decisions = []
-        for position, candidate in enumerate(request.candidates):
+        # Judge every candidate before recording any: the tier can move mid-request.
+        verdicts: list[tuple[list[Violation], AgentTrust]] = []
+        for candidate in request.candidates:
+            if request.neighbours_omitted and needs_neighbours(trust, rules):
+                return GateOutcome([], needs_neighbours=True)
             violations = judge(candidate, trust, rules, writes_within)
+            if not violations:
+                accepted += 1
+            trust = self._accumulator.record_outcome(trust, not violations, self._now_ms)
+            verdicts.append((violations, trust))
+        self._accepted[key] = accepted
+        decisions = []
+        for position, (candidate, (violations, after)) in enumerate(
+                zip(request.candidates, verdicts, strict=True)):
             allowed = not violations
-            if allowed:
-                self._accepted[key] = self._accepted.get(key, 0) + 1
-            trust = self._accumulator.record_outcome(trust, allowed, self._now_ms)
             decision = Decision(
                 decision_id=decision_id(*request.key, position),
                 fleet_id=request.fleet_id, agent_id=request.agent_id,
@@ -163,14 +180,14 @@ class GateTransaction:
                 created_ms=self._now_ms,
             )
             seq = self._append("gate.decision",
-                               {"decision": decision.state(), "agent": trust.state()})
+                               {"decision": decision.state(), "agent": after.state()})
             decision = replace(decision, chain_seq=seq)
             self._decision_rows.append(_decision_values(decision))
             decisions.append(decision)
             self._agent_seq[key] = seq
         self._trust[key] = trust
         self._recorded[request.key] = decisions
-        return decisions, False
+        return GateOutcome(decisions)
 
     def flush(self) -> HeadState:
         """Write everything judged so far; return the head the chain now has."""

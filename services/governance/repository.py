@@ -120,12 +120,16 @@ class GovernanceRepository:
     # -- the gate -----------------------------------------------------------------------
 
     def decide(self, fleet_id: str, agent_id: str, request_id: str,
-               candidates: Sequence[Candidate]) -> GateOutcome:
+               candidates: Sequence[Candidate], *,
+               neighbours_omitted: bool = False) -> GateOutcome:
         """Judge and record; a known ``request_id`` returns the recorded decisions (replayed).
 
-        Concurrent calls share one transaction and one fsync (group commit).
+        With ``neighbours_omitted``, an agent a contradiction rule applies to gets
+        ``needs_neighbours`` and nothing is recorded. Concurrent calls share one
+        transaction and one fsync (group commit).
         """
-        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates)))
+        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates),
+                                             neighbours_omitted))
 
     def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
         try:

@@ -137,6 +137,12 @@ WritesWithin = Callable[[int], int]
 """Accepted writes of the agent in the last ``window_seconds`` (for rate rules)."""
 
 
+def needs_neighbours(trust: AgentTrust, rules: Sequence[Rule]) -> bool:
+    """Whether judging this agent's write (at its current tier) reads the neighbours."""
+    return trust.tier is not TrustTier.SUSPENDED and any(
+        rule.kind is RuleKind.CONTRADICTION and rule.applies_to(trust.tier) for rule in rules)
+
+
 def judge(candidate: Candidate, trust: AgentTrust, rules: Sequence[Rule],
           writes_within: WritesWithin) -> list[Violation]:
     """Every rule the candidate breaks; empty means allowed."""

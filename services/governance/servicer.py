@@ -191,10 +191,17 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             raise InvalidArgument(f"send 1..{MAX_CANDIDATES} candidates, got "
                                   f"{len(request.candidates)}")
         candidates = [_candidate(c) for c in request.candidates]
-        decisions, replayed = self._repo.decide(fleet_id, agent_id, request.request_id,
-                                                candidates)
-        return pb.DecideWritesResponse(decisions=[decision_to_proto(d) for d in decisions],
-                                       replayed=replayed)
+        if request.neighbours_omitted and any(c.neighbours for c in candidates):
+            raise InvalidArgument("neighbours_omitted is set but candidates carry neighbours; "
+                                  "send all of them with neighbours_omitted false",
+                                  reason="INVALID_CANDIDATE")
+        outcome = self._repo.decide(fleet_id, agent_id, request.request_id, candidates,
+                                    neighbours_omitted=request.neighbours_omitted)
+        if outcome.needs_neighbours:
+            return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
+        return pb.DecideWritesResponse(
+            decisions=[decision_to_proto(d) for d in outcome.decisions],
+            replayed=outcome.replayed, status=pb.GATE_STATUS_DECIDED)
 
     def GetTrust(self, request: pb.GetTrustRequest,
                  context: grpc.ServicerContext) -> pb.GetTrustResponse:

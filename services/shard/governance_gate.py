@@ -1,7 +1,11 @@
 """The shard's side of the trust boundary: WriteGate and TrustSource over governance's gRPC API.
 
 The shard holds only governance's address and a service token, never its
-store. Any failure to get a decision fails the write closed (``Unavailable``);
+store. The gate first asks without neighbours (``neighbours_omitted``) and
+searches for them only when governance answers ``NEEDS_NEIGHBOURS`` (a
+contradiction rule applies to the writer); it then remembers that writer for
+a few seconds and sends neighbours straight away. Any failure to get a
+decision fails the write closed (``Unavailable``);
 trust multipliers are cached for ``ttl_seconds`` so ranking costs a dict
 lookup, and a failed lookup raises ``Unavailable`` so the shard can fall back
 to 1.0 with a warning.
@@ -13,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -21,9 +26,11 @@ from engram.client._errors import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.errors import InvalidArgument, Unavailable
-from services.shard.ports import GateCandidate, GateDecision
+from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
 
 DEFAULT_TTL_SECONDS = 1.5
+NEIGHBOURS_HINT_SECONDS = 5.0
+_MAX_HINTS = 100_000
 
 
 def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
@@ -37,27 +44,61 @@ def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
     )
 
 
-class GovernanceGate:
-    """WriteGate: one DecideWrites call per write; no decision means no write."""
+def _unavailable(message: str) -> Unavailable:
+    return Unavailable(f"{message}; nothing was stored", reason="GOVERNANCE_UNAVAILABLE")
 
-    def __init__(self, client: GovernanceClient) -> None:
+
+class GovernanceGate:
+    """WriteGate: ask without neighbours, again with them if governance needs them."""
+
+    def __init__(self, client: GovernanceClient, *,
+                 hint_seconds: float = NEIGHBOURS_HINT_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
+        self._hint_seconds = hint_seconds
+        self._clock = clock
+        # (fleet, agent) -> until when to send neighbours without asking first (a hint only).
+        self._needs_neighbours: dict[tuple[str, str], float] = {}
 
     def decide(self, fleet_id: str, agent_id: str, candidates: Sequence[GateCandidate],
-               request_id: str) -> list[GateDecision]:
+               request_id: str, find_neighbours: NeighbourSearch) -> list[GateDecision]:
+        request_id = request_id or uuid.uuid4().hex
+        key = (fleet_id, agent_id)
+        if self._needs_neighbours.get(key, 0.0) <= self._clock():
+            reply = self._call(fleet_id, agent_id, request_id, candidates, omitted=True)
+            if reply.status == gpb.GATE_STATUS_DECIDED:
+                return self._decisions(reply, candidates)
+            if reply.status != gpb.GATE_STATUS_NEEDS_NEIGHBOURS:
+                # An older governance judged without neighbours: its answer cannot be trusted.
+                raise _unavailable("governance does not support neighbours_omitted "
+                                   "(upgrade governance before the shard)")
+            if len(self._needs_neighbours) > _MAX_HINTS:
+                self._needs_neighbours.clear()
+            self._needs_neighbours[key] = self._clock() + self._hint_seconds
+        full = [replace(c, neighbours=tuple(find_neighbours(c))) for c in candidates]
+        reply = self._call(fleet_id, agent_id, request_id, full, omitted=False)
+        if reply.status == gpb.GATE_STATUS_NEEDS_NEIGHBOURS:
+            raise _unavailable("governance asked for neighbours it was sent")
+        return self._decisions(reply, candidates)
+
+    def _call(self, fleet_id: str, agent_id: str, request_id: str,
+              candidates: Sequence[GateCandidate], *, omitted: bool) -> gpb.DecideWritesResponse:
         try:
-            reply = self._client.decide(fleet_id, agent_id, request_id or uuid.uuid4().hex,
-                                        [_candidate(c) for c in candidates])
+            return self._client.decide(fleet_id, agent_id, request_id,
+                                       [_candidate(c) for c in candidates],
+                                       neighbours_omitted=omitted)
         except EngramRpcError as error:
             if error.code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise InvalidArgument(f"governance refused the request: {error.message}",
                                       reason=error.reason or "INVALID_ARGUMENT") from None
-            raise Unavailable(
-                f"governance could not decide this write ({error.code.name}: {error.message}); "
-                "nothing was stored, retry later", reason="GOVERNANCE_UNAVAILABLE") from None
+            raise _unavailable(f"governance could not decide this write ({error.code.name}: "
+                               f"{error.message}); retry later") from None
+
+    @staticmethod
+    def _decisions(reply: gpb.DecideWritesResponse,
+                   candidates: Sequence[GateCandidate]) -> list[GateDecision]:
         if len(reply.decisions) != len(candidates):
-            raise Unavailable("governance answered with the wrong number of decisions; "
-                              "nothing was stored", reason="GOVERNANCE_UNAVAILABLE")
+            raise _unavailable("governance answered with the wrong number of decisions")
         return [GateDecision(allowed=d.allowed, decision_id=d.decision_id,
                              rule_ids=tuple(d.rule_ids), reason=d.reason)
                 for d in reply.decisions]

@@ -7,7 +7,7 @@ boundary is a process boundary, DESIGN.md section 1).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,13 +43,20 @@ class GateDecision:
     reason: str = ""
 
 
+NeighbourSearch = Callable[[GateCandidate], Sequence[Neighbour]]
+"""The nearest existing records to a candidate (a full-text search: worth skipping)."""
+
+
 class WriteGate(Protocol):
     def decide(
-        self, fleet_id: str, agent_id: str, candidates: Sequence[GateCandidate], request_id: str
+        self, fleet_id: str, agent_id: str, candidates: Sequence[GateCandidate], request_id: str,
+        find_neighbours: NeighbourSearch,
     ) -> list[GateDecision]:
         """One decision per candidate, in order. Raises ``Unavailable`` when governance is down.
 
-        A retry with the same ``request_id`` and candidates returns the recorded decisions.
+        ``candidates`` come without neighbours; the gate calls ``find_neighbours`` only
+        when governance needs them (a contradiction rule applies to the writer). A retry
+        with the same ``request_id`` and candidates returns the recorded decisions.
         """
         ...
 

@@ -17,11 +17,20 @@ class TrustTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRUST_TIER_STANDARD: _ClassVar[TrustTier]
     TRUST_TIER_PROBATION: _ClassVar[TrustTier]
     TRUST_TIER_SUSPENDED: _ClassVar[TrustTier]
+
+class GateStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GATE_STATUS_UNSPECIFIED: _ClassVar[GateStatus]
+    GATE_STATUS_DECIDED: _ClassVar[GateStatus]
+    GATE_STATUS_NEEDS_NEIGHBOURS: _ClassVar[GateStatus]
 TRUST_TIER_UNSPECIFIED: TrustTier
 TRUST_TIER_TRUSTED: TrustTier
 TRUST_TIER_STANDARD: TrustTier
 TRUST_TIER_PROBATION: TrustTier
 TRUST_TIER_SUSPENDED: TrustTier
+GATE_STATUS_UNSPECIFIED: GateStatus
+GATE_STATUS_DECIDED: GateStatus
+GATE_STATUS_NEEDS_NEIGHBOURS: GateStatus
 
 class AgentTrust(_message.Message):
     __slots__ = ("fleet_id", "agent_id", "tier", "multiplier", "score", "pinned", "update_time")
@@ -102,24 +111,28 @@ class GateDecision(_message.Message):
     def __init__(self, decision_id: _Optional[str] = ..., allowed: _Optional[bool] = ..., rule_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ...) -> None: ...
 
 class DecideWritesRequest(_message.Message):
-    __slots__ = ("fleet_id", "agent_id", "request_id", "candidates")
+    __slots__ = ("fleet_id", "agent_id", "request_id", "candidates", "neighbours_omitted")
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_OMITTED_FIELD_NUMBER: _ClassVar[int]
     fleet_id: str
     agent_id: str
     request_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[WriteCandidate]
-    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[WriteCandidate, _Mapping]]] = ...) -> None: ...
+    neighbours_omitted: bool
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[WriteCandidate, _Mapping]]] = ..., neighbours_omitted: _Optional[bool] = ...) -> None: ...
 
 class DecideWritesResponse(_message.Message):
-    __slots__ = ("decisions", "replayed")
+    __slots__ = ("decisions", "replayed", "status")
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
     replayed: bool
-    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    status: GateStatus
+    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ..., replayed: _Optional[bool] = ..., status: _Optional[_Union[GateStatus, str]] = ...) -> None: ...
 
 class GetTrustRequest(_message.Message):
     __slots__ = ("fleet_id", "agent_id")

@@ -56,8 +56,7 @@ def _deny(repo: GovernanceRepository, rule_id: str, pattern: str) -> None:
 
 
 def _allowed(repo: GovernanceRepository, agent: str, request_id: str, content: str) -> bool:
-    decisions, _ = repo.decide(FLEET, agent, request_id, [_candidate(content)])
-    return decisions[0].allowed
+    return repo.decide(FLEET, agent, request_id, [_candidate(content)]).decisions[0].allowed
 
 
 def test_a_rule_added_mid_stream_applies_to_the_next_decision(
@@ -92,13 +91,11 @@ def test_a_retry_on_a_replica_that_never_saw_it_is_replayed_without_recounting(
         replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
     first, second = replicas
     _allowed(second, "agent-1", "warm", "warm the second replica's cache")
-    recorded, replayed = first.decide(FLEET, "agent-1", "q1", [_candidate("one"),
-                                                               _candidate("two")])
+    recorded = first.decide(FLEET, "agent-1", "q1", [_candidate("one"), _candidate("two")])
     score = first.trust_of(FLEET, ["agent-1"])["agent-1"].score
-    again, replayed_again = second.decide(FLEET, "agent-1", "q1", [_candidate("one"),
-                                                                    _candidate("two")])
-    assert (replayed, replayed_again) == (False, True)
-    assert again == recorded
+    again = second.decide(FLEET, "agent-1", "q1", [_candidate("one"), _candidate("two")])
+    assert (recorded.replayed, again.replayed) == (False, True)
+    assert again.decisions == recorded.decisions
     assert second.trust_of(FLEET, ["agent-1"])["agent-1"].score == score
     with pytest.raises(InvalidArgument, match="already used"):
         second.decide(FLEET, "agent-1", "q1", [_candidate("three")])
@@ -116,10 +113,10 @@ def test_one_group_counts_rates_and_repeats_across_its_requests(
              for n in range(3)]
     group.insert(1, group[0])
     outcomes = repo._decide_group(group)
-    assert [(o[0][0].allowed, o[1]) for o in outcomes] == [
+    assert [(o.decisions[0].allowed, o.replayed) for o in outcomes] == [
         (True, False), (True, True), (True, False), (False, False)]
-    assert outcomes[3][0][0].rule_ids == ("r-rate",)
-    assert outcomes[1][0] == outcomes[0][0]
+    assert outcomes[3].decisions[0].rule_ids == ("r-rate",)
+    assert outcomes[1].decisions == outcomes[0].decisions
     checkpoint, problems = repo.verify()
     assert problems == []
     assert checkpoint.length == 1 + 1 + 3
@@ -141,9 +138,8 @@ def test_concurrent_gate_calls_record_every_decision_in_one_valid_chain(
                 repo.decide(FLEET, agent, f"w{worker}-{n}", [_candidate(f"{worker}/{n}")])
                 # Every third call is a retry of the previous one: replayed, never recounted.
                 if n % 3 == 2:
-                    _, replayed = repo.decide(FLEET, agent, f"w{worker}-{n}",
-                                              [_candidate(f"{worker}/{n}")])
-                    assert replayed
+                    assert repo.decide(FLEET, agent, f"w{worker}-{n}",
+                                       [_candidate(f"{worker}/{n}")]).replayed
         except BaseException as error:
             errors.append(error)
 

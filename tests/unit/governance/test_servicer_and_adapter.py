@@ -49,7 +49,7 @@ class _FakeGovernance:
         return [pb.AgentTrust(fleet_id=fleet_id, agent_id=a, multiplier=self.tiers.get(a, 1.0))
                 for a in agent_ids]
 
-    def decide(self, *_args: object) -> pb.DecideWritesResponse:
+    def decide(self, *_args: object, **_kwargs: object) -> pb.DecideWritesResponse:
         raise EngramRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline")
 
 
@@ -69,4 +69,4 @@ def test_gate_fails_closed() -> None:
     gate = GovernanceGate(_FakeGovernance())  # type: ignore[arg-type]
     candidate = GateCandidate("r", "h", "c", "", "d", "", 0.5, ())
     with pytest.raises(Unavailable, match="nothing was stored"):
-        gate.decide("f", "a", [candidate], "req")
+        gate.decide("f", "a", [candidate], "req", lambda _c: [])
