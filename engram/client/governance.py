@@ -43,10 +43,12 @@ class GovernanceClient(BaseClient):
         self.stub = pb_grpc.GovernanceServiceStub(self.channel)
 
     def decide(self, fleet_id: str, agent_id: str, request_id: str,
-               candidates: Iterable[pb.WriteCandidate]) -> pb.DecideWritesResponse:
+               candidates: Iterable[pb.WriteCandidate], *,
+               neighbours_omitted: bool = False) -> pb.DecideWritesResponse:
         """The write gate (service principals only)."""
         request = pb.DecideWritesRequest(fleet_id=fleet_id, agent_id=agent_id,
-                                         request_id=request_id, candidates=list(candidates))
+                                         request_id=request_id, candidates=list(candidates),
+                                         neighbours_omitted=neighbours_omitted)
         return self.call(self.stub.DecideWrites, request)
 
     def trust(self, agent_id: str = "", *, fleet_id: str = "") -> pb.AgentTrust:
