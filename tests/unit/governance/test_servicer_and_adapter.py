@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import pytest
@@ -13,7 +13,7 @@ from services.common.errors import PermissionDenied, Unavailable
 from services.common.tokens import Principal
 from services.governance.servicer import POLICY, SERVICE_NAME, target_fleet
 from services.shard.governance_gate import GovernanceGate, GovernanceTrust
-from services.shard.ports import GateCandidate
+from services.shard.ports import GateCandidate, Neighbour
 
 
 def test_every_method_has_a_policy_entry() -> None:
@@ -70,3 +70,73 @@ def test_gate_fails_closed() -> None:
     candidate = GateCandidate("r", "h", "c", "", "d", "", 0.5, ())
     with pytest.raises(Unavailable, match="nothing was stored"):
         gate.decide("f", "a", [candidate], "req", lambda _c: [])
+
+
+class _ScriptedDecide:
+    """DecideWrites answering by a fixed policy: which agents need neighbours, which status."""
+
+    def __init__(self, needy: set[str], *, status_when_omitted: int | None = None) -> None:
+        self.needy = needy
+        self.status_when_omitted = status_when_omitted
+        self.needy_even_with_neighbours = False
+        self.sent: list[tuple[str, bool, int]] = []
+
+    def decide(self, fleet_id: str, agent_id: str, request_id: str,
+               candidates: Sequence[pb.WriteCandidate], *,
+               neighbours_omitted: bool = False) -> pb.DecideWritesResponse:
+        self.sent.append((request_id, neighbours_omitted,
+                          sum(len(c.neighbours) for c in candidates)))
+        if neighbours_omitted and self.status_when_omitted is not None:
+            return pb.DecideWritesResponse(status=self.status_when_omitted)  # type: ignore[arg-type]
+        if agent_id in self.needy and (neighbours_omitted or self.needy_even_with_neighbours):
+            return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
+        return pb.DecideWritesResponse(status=pb.GATE_STATUS_DECIDED, decisions=[
+            pb.GateDecision(decision_id=f"d-{c.record_id}", allowed=True) for c in candidates])
+
+
+def _neighbour_search(calls: list[str]) -> Callable[[GateCandidate], list[Neighbour]]:
+    def find(candidate: GateCandidate) -> list[Neighbour]:
+        calls.append(candidate.record_id)
+        return [Neighbour("old", "an older record", "other", 1.0)]
+    return find
+
+
+def test_gate_asks_without_neighbours_and_searches_only_when_told() -> None:
+    fake, now = _ScriptedDecide({"shady"}), [0.0]
+    searched: list[str] = []
+    gate = GovernanceGate(fake, hint_seconds=5.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    two = [GateCandidate(r, "h", "c", "", "d", "", 0.5, ()) for r in ("r1", "r2")]
+    assert [d.decision_id for d in gate.decide("f", "good", two, "q1",
+                                               _neighbour_search(searched))] == ["d-r1", "d-r2"]
+    assert searched == [] and fake.sent == [("q1", True, 0)]
+
+    fake.sent.clear()
+    assert len(gate.decide("f", "shady", two, "q2", _neighbour_search(searched))) == 2
+    assert searched == ["r1", "r2"]
+    assert fake.sent == [("q2", True, 0), ("q2", False, 2)], "same request_id, with neighbours"
+
+    fake.sent.clear()
+    gate.decide("f", "shady", two[:1], "q3", _neighbour_search(searched))
+    assert fake.sent == [("q3", False, 1)], "remembered: neighbours sent straight away"
+    now[0] = 6.0
+    fake.sent.clear()
+    gate.decide("f", "shady", two[:1], "q4", _neighbour_search(searched))
+    assert fake.sent == [("q4", True, 0), ("q4", False, 1)], "the hint expired: ask again"
+
+
+def test_gate_fails_closed_when_an_older_governance_ignores_neighbours_omitted() -> None:
+    fake = _ScriptedDecide(set(), status_when_omitted=pb.GATE_STATUS_UNSPECIFIED)
+    gate = GovernanceGate(fake)  # type: ignore[arg-type]
+    candidate = GateCandidate("r", "h", "c", "", "d", "", 0.5, ())
+    with pytest.raises(Unavailable, match="does not support neighbours_omitted"):
+        gate.decide("f", "a", [candidate], "req", lambda _c: [])
+
+
+def test_gate_fails_closed_when_asked_for_neighbours_it_sent() -> None:
+    fake = _ScriptedDecide({"a"})
+    fake.needy_even_with_neighbours = True
+    gate = GovernanceGate(fake)  # type: ignore[arg-type]
+    candidate = GateCandidate("r", "h", "c", "", "d", "", 0.5, ())
+    with pytest.raises(Unavailable, match="nothing was stored"):
+        gate.decide("f", "a", [candidate], "req", lambda _c: [])
+    assert [omitted for _, omitted, _ in fake.sent] == [True, False]
