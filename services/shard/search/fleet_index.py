@@ -71,16 +71,19 @@ class FleetIndex:
         self._run_numbers: dict[str, int] = {}
         self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
         self._last_of_run: dict[str, int] = {}
+        self.text_keys: dict[bytes, str] = {}  # hash of normalised text -> first record id
 
     def __len__(self) -> int:
         return len(self.ids)
 
     # -- growing ------------------------------------------------------------
 
-    def add(self, record_id: str, run_id: str, text: str) -> int:
+    def add(self, record_id: str, run_id: str, text: str, text_key: bytes = b"") -> int:
         """Add one record (in ``seq`` order); returns its document number."""
         if record_id in self.doc_of:
             return self.doc_of[record_id]
+        if text_key:
+            self.text_keys.setdefault(text_key, record_id)
         own = terms_of(text)
         doc = len(self.ids)
         self._grow(doc + 1)

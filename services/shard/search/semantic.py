@@ -13,7 +13,10 @@ the index yet.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
+import re
 import threading
 from collections import deque
 
@@ -27,6 +30,7 @@ from services.shard.search.fleet_index import ContextSettings, FleetIndex
 from services.shard.tables import Base, RecordRow
 
 log = logging.getLogger("engram.shard.semantic")
+_WORDS = re.compile(r"\w+")
 
 
 class RecordVectorRow(Base):
@@ -60,6 +64,7 @@ class SemanticIndex:
         self._lexical_seq = 0  # records added to the fleet indexes
         self._vector_seq = 0  # records whose vector is in the index
         self._pending: deque[tuple[int, str, int, str, str]] = deque()  # seq, fleet, doc, id, text
+        self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._wake = threading.Event()
@@ -111,7 +116,8 @@ class SemanticIndex:
                 with self._lock:
                     for row in rows:
                         fleet = self._fleet(row.fleet_id)
-                        doc = fleet.add(row.id, row.run_id or "", row.content)
+                        key = text_key(row.content)
+                        doc = fleet.add(row.id, row.run_id or "", row.content, key)
                         self._pending.append((int(row.seq), row.fleet_id, doc, row.id,
                                               row.content))
                     self._lexical_seq = int(rows[-1].seq)
@@ -146,9 +152,14 @@ class SemanticIndex:
             }
             missing = [item for item in work if item[3] not in stored]
             if missing:
-                vectors = self.embedder.embed([item[4] for item in missing])
-                for item, vector in zip(missing, vectors, strict=True):
-                    stored[item[3]] = vector.astype("<f4").tobytes()
+                with self._lock:
+                    ready = {item[3]: self._fresh_vectors.pop(item[4], None) for item in missing}
+                to_embed = [item for item in missing if ready[item[3]] is None]
+                vectors = self.embedder.embed([item[4] for item in to_embed])
+                for item, vector in zip(to_embed, vectors, strict=True):
+                    ready[item[3]] = vector
+                for item in missing:
+                    stored[item[3]] = np.asarray(ready[item[3]]).astype("<f4").tobytes()
                 self._store(session, missing, stored)
         by_fleet: dict[str, tuple[list[int], list[np.ndarray]]] = {}
         for _, fleet_id, doc, record_id, _ in work:
@@ -217,7 +228,68 @@ class SemanticIndex:
                 return []
             return [(index.ids[d], sim) for d, sim in index.vectors.search(vector, k)]
 
+    def duplicates(self, fleet_id: str, texts: list[str], *, semantic: bool,
+                   threshold: float) -> list[str | None]:
+        """For each text, the id of an existing record it duplicates (None if new).
+
+        Exact: the same normalised text (case, spacing, punctuation) in the fleet, checked
+        against every committed record (the lexical cursor is advanced first). Semantic:
+        additionally a cosine >= ``threshold`` to a record in the vector index; the new
+        texts are embedded here, once, and their vectors kept for the indexer. Earlier
+        texts of the same batch count as existing.
+        """
+        self.sync()
+        keys = [text_key(t) for t in texts]
+        vectors = self.embedder.embed(texts) if semantic else None
+        out: list[str | None] = []
+        with self._lock:
+            index = self._fleets.get(fleet_id)
+            seen: dict[bytes, int] = {}
+            for i, key in enumerate(keys):
+                found = index.text_keys.get(key) if index is not None else None
+                if found is None and key in seen:
+                    found = f"batch:{seen[key]}"
+                if found is None and vectors is not None:
+                    found = self._near(index, vectors, i, threshold) or self._near_pending(
+                        fleet_id, vectors[i], threshold)
+                seen.setdefault(key, i)
+                out.append(found)
+        if vectors is not None:
+            for text, vector in zip(texts, vectors, strict=True):
+                self._fresh_vectors[text] = vector
+            while len(self._fresh_vectors) > 10_000:
+                self._fresh_vectors.pop(next(iter(self._fresh_vectors)))
+        return out
+
+    def _near(self, index: FleetIndex | None, vectors: np.ndarray, i: int,
+              threshold: float) -> str | None:
+        if index is not None and len(index.vectors):
+            best = index.vectors.search(vectors[i], 1)
+            if best and best[0][1] >= threshold:
+                return index.ids[best[0][0]]
+        for j in range(i):  # an earlier text of the same batch
+            if float(vectors[j] @ vectors[i]) >= threshold:
+                return f"batch:{j}"
+        return None
+
+    def _near_pending(self, fleet_id: str, vector: np.ndarray, threshold: float) -> str | None:
+        """Committed records whose vector (embedded at write) is not in the index yet."""
+        for _, fleet, _, record_id, text in itertools.islice(reversed(self._pending), 1000):
+            pending = self._fresh_vectors.get(text) if fleet == fleet_id else None
+            if pending is not None and float(pending @ vector) >= threshold:
+                return record_id
+        return None
+
     def indexed(self, fleet_id: str) -> int:
         with self._lock:
             index = self._fleets.get(fleet_id)
             return index.indexed_vectors() if index is not None else 0
+
+
+def text_key(text: str) -> bytes:
+    return hashlib.blake2b(normalised_text(text).encode(), digest_size=16).digest()
+
+
+def normalised_text(text: str) -> str:
+    """Case, spacing and punctuation do not make a different memory."""
+    return " ".join(_WORDS.findall(text.lower()))

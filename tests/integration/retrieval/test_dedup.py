@@ -1,0 +1,55 @@
+"""Duplicate memories: exact-normalised and semantic near-duplicates are not stored twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engram.client import ShardClient
+from engram.client.shard import record_input
+from services.shard.server import build_shard_server
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+def _serve(tmp_path: Path, engram_home: Path, token: str,
+           dedup: str) -> tuple[ShardClient, object]:
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, dedup=dedup)
+    server, _ = build_shard_server(settings)
+    server.start()
+    return ShardClient(server.address, token), server
+
+
+def test_exact_normalised_duplicate_returns_the_stored_record(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory
+) -> None:
+    client, server = _serve(tmp_path, engram_home, make_token("a1", "fleet-d"), "exact")
+    try:
+        first = client.add("Alice prefers green tea in the morning.", run_id="r1")
+        again = client.add("alice prefers  GREEN tea in the morning", run_id="r2")
+        assert first.created and not again.created
+        assert again.duplicate_of == first.record.id
+        assert again.record.id == first.record.id
+        other = client.add("Alice prefers black coffee in the morning.", run_id="r2")
+        assert other.created and not other.duplicate_of
+        batch = client.add_many([record_input("Deploy at noon"), record_input("deploy at noon!")])
+        assert batch.results[0].created and not batch.results[1].created
+        assert batch.results[1].duplicate_of == batch.results[0].record.id
+        assert len(list(client.list())) == 3
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_semantic_near_duplicate_is_not_stored_twice(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory
+) -> None:
+    client, server = _serve(tmp_path, engram_home, make_token("a2", "fleet-s"), "semantic")
+    try:
+        first = client.add("The team meeting moved to Friday at 3pm in room B.")
+        client.add("Quarterly revenue grew by twelve percent.")
+        near = client.add("The team meeting moved to Friday at 3 pm, room B.")
+        assert not near.created and near.duplicate_of == first.record.id
+        distinct = client.add("The team meeting moved to Monday at 9am in room C.")
+        assert distinct.created
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
