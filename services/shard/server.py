@@ -51,7 +51,8 @@ def build_shard_server(
     semantic = SemanticIndex(database, provider) if provider is not None else None
     if semantic is not None:
         semantic.start()
-    service = ShardService(database, gate=gate, trust=trust, semantic=semantic)
+    service = ShardService(database, gate=gate, trust=trust, semantic=semantic,
+                           dedup=settings.dedup, dedup_similarity=settings.dedup_similarity)
 
     def stop() -> None:
         if semantic is not None:

@@ -87,8 +87,11 @@ class ShardService:
         trust: TrustSource | None = None,
         semantic: SemanticIndex | None = None,
         clock: Callable[[], float] = time.time,
+        dedup: str = "off",
+        dedup_similarity: float = 0.97,
     ) -> None:
         self.db = database
+        self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
         self.gate = gate
         self.clock = clock
@@ -191,19 +194,41 @@ class ShardService:
             if record.id not in existing and record.id not in seen:
                 fresh.append(record)
                 seen.add(record.id)
+        duplicate_of = self._duplicates(fleet, fresh)
+        fresh = [r for r in fresh if r.id not in duplicate_of]
         fresh = self._gate(principal, fresh, request_id or digest)
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest)
         stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
         results: list[WriteResult] = []
         reported: set[str] = set()
         for r in prepared:
-            if r.id in existing:
+            if r.id in duplicate_of:
+                original = duplicate_of[r.id]
+                results.append(WriteResult(original, created=False, duplicate_of=original.id))
+            elif r.id in existing:
                 results.append(WriteResult(existing[r.id], created=False))
             else:
                 created = stored[r.id].created and r.id not in reported
                 results.append(WriteResult(stored[r.id].record, created=created))
             reported.add(r.id)
         return results
+
+    def _duplicates(self, fleet: str, fresh: list[Record]) -> dict[str, Record]:
+        """New record id -> the stored (or earlier in-batch) record it near-duplicates."""
+        found = self.search_engine.duplicates(fleet, [r.content for r in fresh], mode=self.dedup,
+                                              threshold=self.dedup_similarity)
+        if not any(found):
+            return {}
+        with self.db.session() as session:
+            stored = self.repo.by_ids(session, fleet, [f for f in found if f and ":" not in f])
+        out: dict[str, Record] = {}
+        for record, target in zip(fresh, found, strict=True):
+            if target and target.startswith("batch:"):
+                first = fresh[int(target.removeprefix("batch:"))]
+                out[record.id] = out.get(first.id, first)  # the earliest original is kept
+            elif target and target in stored:
+                out[record.id] = stored[target]
+        return out
 
     def _replay(self, fleet: str, agent: str, request_id: str,
                 digest: str) -> list[WriteResult] | None:

@@ -29,5 +29,10 @@ class ShardSettings(ServerSettings):
     allow_test_embedder: bool = False
     """The hash embedder is meaningless; the shard refuses it unless this says it is a test."""
 
+    dedup: str = "exact"
+    """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
+    (also cosine >= dedup_similarity; embeds each write synchronously, ~5-10 ms a record)."""
+    dedup_similarity: float = 0.97
+
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('shard') / 'shard.db').resolve()}"
