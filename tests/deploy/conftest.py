@@ -16,6 +16,7 @@ from services.artifacts.settings import ArtifactsSettings
 from services.compactor.settings import CompactorSettings
 from services.governance.settings import GovernanceSettings
 from services.shard.settings import ShardSettings
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("shard", "governance", "artifacts", "compactor")
@@ -57,8 +58,8 @@ def parse_settings(service: str, env: dict[str, str], monkeypatch: pytest.Monkey
 
 def kustomize(overlay: str) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: it renders the kustomize overlays")
+    require(kubectl is not None, "kubectl is not installed: it renders the kustomize overlays")
+    assert kubectl is not None
     result = subprocess.run([kubectl, "kustomize", str(ROOT / "deploy" / "overlays" / overlay)],
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, f"kubectl kustomize {overlay} failed:\n{result.stderr}"

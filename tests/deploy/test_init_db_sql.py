@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 
@@ -10,6 +9,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy.exc import OperationalError
 
+from tests.conftest import require
 from tests.deploy.conftest import ROOT, SERVICES
 
 pytestmark = pytest.mark.postgres
@@ -19,10 +19,7 @@ ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 @pytest.fixture
 def prefix(postgres_available: bool) -> Iterator[str]:
     """Runs the script with its roles and databases renamed, so the cluster keeps no trace."""
-    if not postgres_available:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not reachable on 127.0.0.1:5432 in CI")
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    require(postgres_available, "PostgreSQL is not reachable on 127.0.0.1:5432")
     name = f"engramdeploy{uuid.uuid4().hex[:8]}_"
     sql = (ROOT / "deploy" / "compose" / "init-db.sql").read_text().replace("engram_", name)
     admin = sqlalchemy.create_engine(ADMIN, isolation_level="AUTOCOMMIT")

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from services.common.tokens import Principal, TokenVerifier
+from tests.conftest import require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
 
 BIN = str(Path(sys.executable).parent)
@@ -106,8 +107,8 @@ def _secrets_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def _run_secrets(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    if shutil.which("kubectl", path=env["PATH"]) is None:
-        pytest.skip("kubectl is not installed: deploy/secrets.sh uses it to write Secrets")
+    require(shutil.which("kubectl", path=env["PATH"]) is not None,
+            "kubectl is not installed: deploy/secrets.sh uses it to write Secrets")
     return subprocess.run(["sh", str(ROOT / "deploy" / "secrets.sh")], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
