@@ -36,7 +36,8 @@ def build_governance_server(
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(repository, chain_intact=not problems)
+    servicer = GovernanceServicer(repository, chain_intact=not problems,
+                                  gate_callers=settings.gate_caller_ids())
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],

@@ -11,7 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
-from services.common.auth import ANY_ROLE, MethodPolicy, current_principal
+from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import IntegrityError, InvalidArgument, PermissionDenied
 from services.common.pagination import decode_token, encode_token, page_size
 from services.common.tokens import Principal, validate_identifier
@@ -23,7 +23,9 @@ from services.governance.witness import Checkpoint, extends
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
-_CROSS_FLEET = frozenset({"service", "admin"})
+_PEOPLE = frozenset({"agent", "governor", "admin"})
+"""Every role but ``service``: a service token may call only the gate RPCs."""
+DEFAULT_GATE_CALLERS = frozenset({"svc-shard"})
 MAX_CANDIDATES = 1000
 MAX_NEIGHBOURS = 50
 
@@ -34,15 +36,15 @@ def _m(name: str) -> str:
 
 POLICY: MethodPolicy = {
     _m("DecideWrites"): frozenset({"service"}),
-    _m("GetTrust"): ANY_ROLE,
+    _m("GetTrust"): _PEOPLE,
     _m("BatchGetTrust"): frozenset({"service", "governor", "admin"}),
     _m("SetTier"): _GOVERNORS,
     _m("CreateRule"): _GOVERNORS,
-    _m("ListRules"): ANY_ROLE,
+    _m("ListRules"): _PEOPLE,
     _m("DeleteRule"): _GOVERNORS,
-    _m("ListDecisions"): frozenset({"agent", "governor", "admin"}),
-    _m("GetChainCheckpoint"): ANY_ROLE,
-    _m("VerifyChain"): frozenset({"service", "governor", "admin"}),
+    _m("ListDecisions"): _PEOPLE,
+    _m("GetChainCheckpoint"): _PEOPLE,
+    _m("VerifyChain"): _GOVERNORS,
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
@@ -152,11 +154,24 @@ def _candidate(message: pb.WriteCandidate) -> Candidate:
     )
 
 
-def target_fleet(principal: Principal, requested: str) -> str:
-    """The fleet a call acts on: the caller's own, unless a service or admin names another."""
+def is_gate_caller(principal: Principal, gate_callers: frozenset[str]) -> bool:
+    """A service principal named in ENGRAM_GOVERNANCE_GATE_CALLERS (the shard's)."""
+    return "service" in principal.roles and principal.agent_id in gate_callers
+
+
+def require_gate_caller(principal: Principal, gate_callers: frozenset[str]) -> None:
+    if not is_gate_caller(principal, gate_callers):
+        raise PermissionDenied(
+            f"{principal.agent_id} may not call the write gate: only the service principals "
+            f"named in ENGRAM_GOVERNANCE_GATE_CALLERS ({', '.join(sorted(gate_callers))}) may",
+            reason="GATE_CALLER_REQUIRED")
+
+
+def target_fleet(principal: Principal, requested: str, *, cross_fleet: bool = False) -> str:
+    """The fleet a call acts on: the caller's own; another only for a gate caller (cross_fleet)."""
     if not requested or requested == principal.fleet_id:
         return principal.fleet_id
-    if principal.has_any(_CROSS_FLEET):
+    if cross_fleet:
         return validate_identifier("fleet_id", requested)
     raise PermissionDenied(
         f"{principal.agent_id} belongs to fleet {principal.fleet_id!r} and cannot act on "
@@ -168,9 +183,11 @@ def _is_plain_agent(principal: Principal) -> bool:
 
 
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
-    def __init__(self, repository: GovernanceRepository, *, chain_intact: bool = True) -> None:
+    def __init__(self, repository: GovernanceRepository, *, chain_intact: bool = True,
+                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS) -> None:
         self._repo = repository
         self._chain_intact = chain_intact
+        self._gate_callers = gate_callers
 
     def _writable(self) -> None:
         if not self._chain_intact:
@@ -181,6 +198,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
+        require_gate_caller(current_principal(), self._gate_callers)
         self._writable()
         fleet_id = validate_identifier("fleet_id", request.fleet_id)
         agent_id = validate_identifier("agent_id", request.agent_id)
@@ -216,7 +234,11 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
 
     def BatchGetTrust(self, request: pb.BatchGetTrustRequest,
                       context: grpc.ServicerContext) -> pb.BatchGetTrustResponse:
-        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        principal = current_principal()
+        gate = is_gate_caller(principal, self._gate_callers)
+        if not gate and not principal.has_any(_GOVERNORS):
+            require_gate_caller(principal, self._gate_callers)
+        fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=gate)
         if len(request.agent_ids) > MAX_CANDIDATES:
             raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
         trusts = self._repo.trust_of(fleet_id, [a for a in request.agent_ids if a])

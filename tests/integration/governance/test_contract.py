@@ -180,3 +180,62 @@ def test_checkpoint_extends_and_verifies(shard_service: GovernanceClient,
     assert report.checkpoint.length == held.length + 2
     forged = governor.verify_chain(since=pb.ChainCheckpoint(head="ab" * 32, length=1))
     assert not forged.ok and not forged.extends_since
+
+
+def test_an_admin_acts_only_on_its_own_fleet(
+        gov_for: GovClientFactory, shard_service: GovernanceClient) -> None:
+    home = gov_for("gov-a", "fleet-a", ("governor",))
+    rule = home.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=10))).rule
+    shard_service.decide("fleet-a", "agent-1", "r1", [candidate("hi")])
+    foreign = gov_for("root-b", "fleet-b", ("admin",))
+    attempts = [
+        lambda c: c.set_tier("agent-1", "suspended", fleet_id="fleet-a"),
+        lambda c: c.add_rule(pb.Rule(fleet_id="fleet-a", size_limit=pb.SizeLimit(max_bytes=1))),
+        lambda c: c.remove_rule(rule.rule_id, fleet_id="fleet-a"),
+        lambda c: c.trust("agent-1", fleet_id="fleet-a"),
+        lambda c: c.trusts("fleet-a", ["agent-1"]),
+        lambda c: list(c.decisions(fleet_id="fleet-a")),
+        lambda c: list(c.rules(fleet_id="fleet-a")),
+    ]
+    for attempt in attempts:
+        with pytest.raises(EngramRpcError) as refused:
+            attempt(foreign)
+        assert (refused.value.code, refused.value.reason) == (
+            grpc.StatusCode.PERMISSION_DENIED, "FLEET_MISMATCH")
+    assert [r.rule_id for r in home.rules()] == [rule.rule_id]
+    assert home.trust("agent-1").tier == pb.TRUST_TIER_STANDARD
+
+
+def test_only_the_named_gate_caller_may_gate_or_read_trust_across_fleets(
+        gov_for: GovClientFactory, shard_service: GovernanceClient,
+        governor: GovernanceClient) -> None:
+    before = governor.trust("agent-1")
+    for name in ("svc-compactor", "svc-artifacts"):
+        other_service = gov_for(name, "system", ("service",))
+        gate_calls = [
+            lambda c: c.decide("fleet-a", "agent-1", "r-other", [candidate("spam")]),
+            lambda c: c.trusts("fleet-a", ["agent-1"]),
+        ]
+        for attempt in gate_calls:
+            with pytest.raises(EngramRpcError) as refused:
+                attempt(other_service)
+            assert (refused.value.code, refused.value.reason) == (
+                grpc.StatusCode.PERMISSION_DENIED, "GATE_CALLER_REQUIRED")
+        people_calls = [
+            lambda c: c.trust("agent-1", fleet_id="fleet-a"),
+            lambda c: list(c.decisions(fleet_id="fleet-a")),
+            lambda c: c.verify_chain(),
+            lambda c: c.checkpoint(),
+        ]
+        for attempt in people_calls:
+            with pytest.raises(EngramRpcError) as refused:
+                attempt(other_service)
+            assert (refused.value.code, refused.value.reason) == (
+                grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED")
+    assert list(governor.decisions(agent_id="agent-1")) == []
+    assert governor.trust("agent-1").score == before.score
+    assert shard_service.decide("fleet-a", "agent-1", "r1", [candidate("hi")]).decisions[0].allowed
+    assert [t.agent_id for t in shard_service.trusts("fleet-a", ["agent-1"])] == ["agent-1"]
+    with pytest.raises(EngramRpcError) as not_gate:
+        shard_service.verify_chain()
+    assert not_gate.value.code == grpc.StatusCode.PERMISSION_DENIED

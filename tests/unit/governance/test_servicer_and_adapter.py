@@ -11,7 +11,14 @@ from engram.client._errors import EngramRpcError
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.errors import PermissionDenied, Unavailable
 from services.common.tokens import Principal
-from services.governance.servicer import POLICY, SERVICE_NAME, target_fleet
+from services.governance.servicer import (
+    POLICY,
+    SERVICE_NAME,
+    is_gate_caller,
+    require_gate_caller,
+    target_fleet,
+)
+from services.governance.settings import GovernanceSettings
 from services.shard.governance_gate import GovernanceGate, GovernanceTrust
 from services.shard.ports import GateCandidate, Neighbour
 
@@ -23,15 +30,36 @@ def test_every_method_has_a_policy_entry() -> None:
     for name in writes:
         assert POLICY[f"/{SERVICE_NAME}/{name}"] == frozenset({"governor", "admin"})
     assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({"service"})
+    service_methods = {name.rsplit("/", 1)[1] for name, roles in POLICY.items()
+                       if "service" in roles}
+    assert service_methods == {"DecideWrites", "BatchGetTrust"}
 
 
-def test_target_fleet() -> None:
-    agent = Principal("a", "fleet-a", frozenset({"governor"}))
-    assert target_fleet(agent, "") == "fleet-a"
+def test_target_fleet_is_the_callers_own_unless_a_gate_caller() -> None:
+    governor = Principal("a", "fleet-a", frozenset({"governor"}))
+    admin = Principal("root", "fleet-a", frozenset({"admin"}))
+    assert target_fleet(governor, "") == "fleet-a"
+    for principal in (governor, admin):
+        with pytest.raises(PermissionDenied) as refused:
+            target_fleet(principal, "fleet-b")
+        assert refused.value.reason == "FLEET_MISMATCH"
+    service = Principal("svc-shard", "system", frozenset({"service"}))
+    assert target_fleet(service, "fleet-b", cross_fleet=True) == "fleet-b"
     with pytest.raises(PermissionDenied):
-        target_fleet(agent, "fleet-b")
-    service = Principal("svc", "system", frozenset({"service"}))
-    assert target_fleet(service, "fleet-b") == "fleet-b"
+        target_fleet(service, "fleet-b")
+
+
+def test_gate_callers_are_named_service_principals() -> None:
+    callers = GovernanceSettings(gate_callers=" svc-shard, svc-shard-2 ,").gate_caller_ids()
+    assert callers == frozenset({"svc-shard", "svc-shard-2"})
+    assert GovernanceSettings().gate_caller_ids() == frozenset({"svc-shard"})
+    assert is_gate_caller(Principal("svc-shard", "system", frozenset({"service"})), callers)
+    assert not is_gate_caller(Principal("svc-shard", "system", frozenset({"agent"})), callers)
+    compactor = Principal("svc-compactor", "system", frozenset({"service"}))
+    assert not is_gate_caller(compactor, callers)
+    with pytest.raises(PermissionDenied) as refused:
+        require_gate_caller(compactor, callers)
+    assert refused.value.reason == "GATE_CALLER_REQUIRED"
 
 
 class _FakeGovernance:
