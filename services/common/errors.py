@@ -10,6 +10,7 @@ never imports grpc.
     ├── NotFound               NOT_FOUND
     ├── AlreadyExists          ALREADY_EXISTS
     ├── FailedPrecondition     FAILED_PRECONDITION
+    ├── Aborted                ABORTED
     ├── Unauthenticated        UNAUTHENTICATED
     ├── PermissionDenied       PERMISSION_DENIED
     ├── ResourceExhausted      RESOURCE_EXHAUSTED
@@ -62,6 +63,13 @@ class AlreadyExists(EngramError):
 class FailedPrecondition(EngramError):
     code = "FAILED_PRECONDITION"
     default_reason = "FAILED_PRECONDITION"
+
+
+class Aborted(EngramError):
+    """A concurrency conflict the caller may retry (nothing was stored)."""
+
+    code = "ABORTED"
+    default_reason = "ABORTED"
 
 
 class Unauthenticated(EngramError):
