@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from services.common.blobstore import BlobStore
 from services.common.errors import (
+    Aborted,
     AlreadyExists,
     FailedPrecondition,
     IntegrityError,
@@ -123,12 +124,22 @@ class IterationLog:
             if outcome.retry:
                 continue
             if outcome.head_pending or (outcome.plan is not None and outcome.plan.pending_work):
-                self.finish_pending(fleet_id, run_id)
+                self._finish_after_commit(fleet_id, run_id)
             if outcome.plan is None:
                 return self._existing(fleet_id, run_id, item)
             return RecordResult(outcome.plan.line, True)
-        raise AlreadyExists(f"run {run_id} is being appended to concurrently; retry",
-                            reason="CONCURRENT_APPEND")
+        raise Aborted(f"run {run_id} is being appended to concurrently and this iteration lost "
+                      f"{_APPEND_ATTEMPTS} times; nothing was recorded, retry",
+                      reason="CONCURRENT_APPEND")
+
+    def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
+        """The iteration is committed: a failed seal or snapshot is not a failed write."""
+        try:
+            self.finish_pending(fleet_id, run_id)
+        except Exception:
+            # the run keeps pending_work; the next append or recover() at start redoes the steps
+            log.exception("tier work after a committed iteration failed; left for repair",
+                          extra={"fleet_id": fleet_id, "run_id": run_id})
 
     def _append_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
         return self.repo.append_group(requests, self._plan)

@@ -5,13 +5,22 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+from collections.abc import Sequence
 
 import pytest
 
 from services.common.blobstore.file import FileBlobStore
-from services.common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 from services.compactor.archive import parse_segment
-from services.compactor.model import DetailSource, SnapshotState
+from services.compactor.iteration_log import IterationLog
+from services.compactor.model import AppendOutcome, AppendRequest, DetailSource, SnapshotState
+from services.compactor.repository import ConcurrentAppend, IterationRepository, Planner
 from services.compactor.warm_chain import WarmLine, detail_digest, genesis_hash
 from tests.unit.compactor.support import LogFactory, make_iteration
 
@@ -41,6 +50,48 @@ def test_retry_is_idempotent_and_a_conflicting_rewrite_is_refused(make_log: LogF
     with pytest.raises(FailedPrecondition, match="next one to record is 2"):
         log.record(F, R, make_iteration(3))
     assert log.last_iteration(F, R) == 1
+
+
+class _AlwaysOvertaken(IterationRepository):
+    """Every group transaction loses to another writer (the constraint conflict it raises)."""
+
+    attempts = 0
+
+    def append_group(self, requests: Sequence[AppendRequest],
+                     plan_for: Planner) -> list[AppendOutcome]:
+        self.attempts += 1
+        raise ConcurrentAppend()
+
+
+def test_running_out_of_retries_is_aborted_not_already_recorded(
+        make_log: LogFactory, blobs: FileBlobStore) -> None:
+    repo = _AlwaysOvertaken(make_log().repo.db)
+    log = IterationLog(repo, blobs)
+    with pytest.raises(Aborted) as aborted:
+        log.record(F, R, make_iteration(1))
+    assert aborted.value.code == "ABORTED" and aborted.value.reason == "CONCURRENT_APPEND"
+    assert repo.attempts == 5
+    assert repo.head(F, R) is None
+
+
+def test_tier_work_failing_after_the_commit_is_not_a_failed_write(
+        make_log: LogFactory, blobs: FileBlobStore) -> None:
+    def disk_full(step: str) -> None:
+        if step == "snapshot:before_rename":
+            raise OSError("no space left on device")
+
+    log = make_log(disk_full, snapshot_every=2)
+    log.record(F, R, make_iteration(1))
+    second = log.record(F, R, make_iteration(2))
+    assert second.created and second.line.iteration == 2
+    head = log.repo.head(F, R)
+    assert head is not None and head.pending_work
+    assert log.repo.snapshots(F, R, SnapshotState.PENDING)
+    assert not list(blobs.list(f"{F}/{R}/cold/"))
+    repaired = make_log(snapshot_every=2)
+    assert repaired.recover() == 1
+    assert [s.iteration for s in repaired.repo.snapshots(F, R, SnapshotState.STORED)] == [2]
+    assert repaired.verify(F, R).ok
 
 
 def test_zero_means_next_and_bad_input_is_refused(make_log: LogFactory) -> None:
