@@ -76,6 +76,9 @@ def record(
         ..., "--detail-file", help="JSON object (or JSONL, one per line) with the seed's fields "
         "iter, planDigest, parentDigest, startTs, endTs, filesTouched, netAdd, netDel, "
         "riskScore, status, plus 'detail' and 'guardrails'; iter omitted = next"),
+    request_id: str = typer.Option(
+        "", "--request-id", help="idempotency key: rerunning the command with the same key "
+        "records nothing twice (line N of a JSONL file uses KEY:N)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Record one iteration (or each line of a JSONL file, with a progress bar)."""
@@ -89,8 +92,9 @@ def record(
             TextColumn("recording"), BarColumn(), MofNCompleteColumn(), console=console,
             disable=as_json or len(messages) < 2) as progress:
         task = progress.add_task("record", total=len(messages))
-        for message in messages:
-            results.append(client.record(run, message))
+        for number, message in enumerate(messages, start=1):
+            key = request_id if not request_id or len(messages) == 1 else f"{request_id}:{number}"
+            results.append(client.record(run, message, request_id=key))
             progress.advance(task)
     if as_json:
         emit_json([{"created": r.created, "summary": _dict(r.summary)} for r in results])

@@ -63,10 +63,12 @@ class CompactorClient(BaseClient):
         super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
         self.stub = pb_grpc.CompactorServiceStub(self.channel)
 
-    def record(self, run_id: str, iteration: pb.IterationInput) -> pb.RecordIterationResponse:
+    def record(self, run_id: str, iteration: pb.IterationInput, *,
+               request_id: str = "") -> pb.RecordIterationResponse:
+        """Append one iteration; pass ``request_id`` so a retry of iteration 0 ("next") is safe."""
         reply: pb.RecordIterationResponse = self.call(
-            self.stub.RecordIteration, pb.RecordIterationRequest(run_id=run_id,
-                                                                 iteration=iteration))
+            self.stub.RecordIteration, pb.RecordIterationRequest(
+                run_id=run_id, iteration=iteration, request_id=request_id))
         return reply
 
     def recent(self, run_id: str, page_size: int = 0) -> Iterator[pb.HotIteration]:

@@ -78,6 +78,7 @@ STEPS = (
     "retention:mid",
 )
 _APPEND_ATTEMPTS = 5
+_MAX_REQUEST_ID = 128
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -110,10 +111,16 @@ class IterationLog:
 
     # -- recording ------------------------------------------------------------
 
-    def record(self, fleet_id: str, run_id: str, item: IterationInput) -> RecordResult:
+    def record(self, fleet_id: str, run_id: str, item: IterationInput,
+               request_id: str = "") -> RecordResult:
+        """Append ``item``; a retry with the same ``request_id`` returns what the first recorded."""
         item = item.validated()
+        if len(request_id) > _MAX_REQUEST_ID:
+            raise InvalidArgument(f"request_id must be at most {_MAX_REQUEST_ID} characters",
+                                  reason="INVALID_REQUEST_ID")
         request = AppendRequest(fleet_id, run_id, item,
-                                canonical_detail_digest(item.detail_json, item.guardrails_json))
+                                canonical_detail_digest(item.detail_json, item.guardrails_json),
+                                request_id)
         for _attempt in range(_APPEND_ATTEMPTS):
             try:
                 outcome = self._appends.submit(request)
@@ -126,7 +133,8 @@ class IterationLog:
             if outcome.head_pending or (outcome.plan is not None and outcome.plan.pending_work):
                 self._finish_after_commit(fleet_id, run_id)
             if outcome.plan is None:
-                return self._existing(fleet_id, run_id, item)
+                return self._existing(fleet_id, run_id, item, outcome.recorded_iteration,
+                                      request_id)
             return RecordResult(outcome.plan.line, True)
         raise Aborted(f"run {run_id} is being appended to concurrently and this iteration lost "
                       f"{_APPEND_ATTEMPTS} times; nothing was recorded, retry",
@@ -144,7 +152,16 @@ class IterationLog:
     def _append_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
         return self.repo.append_group(requests, self._plan)
 
-    def _existing(self, fleet_id: str, run_id: str, item: IterationInput) -> RecordResult:
+    def _existing(self, fleet_id: str, run_id: str, item: IterationInput,
+                  recorded_iteration: int, request_id: str) -> RecordResult:
+        if recorded_iteration:
+            line = self.summary(fleet_id, run_id, recorded_iteration)
+            if item.iteration in (0, recorded_iteration) and line.same_content(item):
+                return RecordResult(line, False)
+            raise AlreadyExists(
+                f"request_id {request_id!r} already recorded iteration {recorded_iteration} of "
+                f"run {run_id} with other content; use a new request_id for a new iteration",
+                reason="REQUEST_ID_REUSED", metadata={"iteration": str(recorded_iteration)})
         line = self.summary(fleet_id, run_id, item.iteration)
         if line.same_content(item):
             return RecordResult(line, False)

@@ -82,6 +82,7 @@ class AppendRequest:
     run_id: str
     item: IterationInput
     detail_digest: str
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class AppendOutcome:
     """What the group transaction did with one request.
 
     ``plan`` is set when the iteration was appended; ``None`` with no ``error`` and no
-    ``retry`` means the iteration was already recorded. ``head_pending`` says the run had
+    ``retry`` means the iteration was already recorded (``recorded_iteration`` says which
+    when the request's request_id had recorded it). ``head_pending`` says the run had
     unfinished tier work when the transaction read its head.
     """
 
@@ -97,6 +99,7 @@ class AppendOutcome:
     head_pending: bool
     retry: bool = False
     error: Exception | None = None
+    recorded_iteration: int = 0
 
 
 class DetailSource(enum.Enum):

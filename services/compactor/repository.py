@@ -37,6 +37,7 @@ from services.compactor.model import (
 )
 from services.compactor.tables import (
     HotRow,
+    IterationRequestRow,
     PinRow,
     PolicyRunRow,
     RunRow,
@@ -53,6 +54,7 @@ _LINES = cast(Table, WarmLineRow.__table__)
 _HOT = cast(Table, HotRow.__table__)
 _SEGMENTS = cast(Table, SegmentRow.__table__)
 _SNAPSHOTS = cast(Table, SnapshotRow.__table__)
+_REQUESTS = cast(Table, IterationRequestRow.__table__)
 
 # Built once: executing them skips statement construction, and their compiled form is cached.
 _SELECT_HEAD = select(_RUNS).where(
@@ -64,6 +66,10 @@ _ADVANCE_HEAD = update(_RUNS).where(
 ).values(last_iter=bindparam("v_last"), head_hash=bindparam("v_hash"),
          active_seq=bindparam("v_seq"), active_bytes=bindparam("v_bytes"),
          pending_work=bindparam("v_pending"), updated_us=bindparam("v_now"))
+_SELECT_REQUEST = select(_REQUESTS.c.iteration).where(
+    _REQUESTS.c.fleet_id == bindparam("fleet"), _REQUESTS.c.run_id == bindparam("run"),
+    _REQUESTS.c.request_id == bindparam("request"))
+_INSERT_REQUEST = insert(_REQUESTS)
 _INSERT_LINE = insert(_LINES)
 _INSERT_HOT = insert(_HOT)
 _INSERT_SEGMENT = insert(_SEGMENTS)
@@ -150,6 +156,11 @@ class IterationRepository:
             row = conn.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id}).first()
             head = _head_of(row) if row is not None else None
         pending = bool(head and head.pending_work)
+        if request.request_id:
+            known = conn.execute(_SELECT_REQUEST, {"fleet": fleet_id, "run": run_id,
+                                                   "request": request.request_id}).scalar()
+            if known is not None:
+                return AppendOutcome(None, pending, recorded_iteration=int(known))
         try:
             plan = plan_for(request, head)
         except EngramError as exc:
@@ -174,6 +185,10 @@ class IterationRepository:
             heads.pop(key, None)
             return AppendOutcome(None, pending, retry=True)
         text = line.text()
+        if request.request_id:
+            conn.execute(_INSERT_REQUEST, {"fleet_id": fleet_id, "run_id": run_id,
+                                           "request_id": request.request_id,
+                                           "iteration": line.iteration})
         conn.execute(_INSERT_LINE, {"fleet_id": fleet_id, "run_id": run_id,
                                     "iteration": line.iteration, "seq": plan.seq,
                                     "line": text})

@@ -139,7 +139,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
             files_touched=it.files_touched, net_add=it.net_add, net_del=it.net_del,
             risk_score=it.risk_score, status=it.status, detail_json=it.detail_json,
             guardrails_json=it.guardrails_json)
-        result = self._log.record(fleet, _run_id(request.run_id), item)
+        result = self._log.record(fleet, _run_id(request.run_id), item, request.request_id)
         return pb.RecordIterationResponse(summary=summary_pb(result.line),
                                           created=result.created)
 

@@ -60,6 +60,17 @@ class WarmLineRow(Base):
         return WarmLine.parse(self.line)
 
 
+class IterationRequestRow(Base):
+    """Which iteration a RecordIteration request_id recorded (a retry returns it)."""
+
+    __tablename__ = "compactor_iteration_requests"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    iteration: Mapped[int] = mapped_column(BigInteger)
+
+
 class HotRow(Base):
     __tablename__ = "compactor_hot"
 

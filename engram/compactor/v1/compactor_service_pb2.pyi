@@ -91,12 +91,14 @@ class IterationInput(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., plan_digest: _Optional[str] = ..., parent_digest: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files_touched: _Optional[int] = ..., net_add: _Optional[int] = ..., net_del: _Optional[int] = ..., risk_score: _Optional[float] = ..., status: _Optional[str] = ..., detail_json: _Optional[str] = ..., guardrails_json: _Optional[str] = ...) -> None: ...
 
 class RecordIterationRequest(_message.Message):
-    __slots__ = ("run_id", "iteration")
+    __slots__ = ("run_id", "iteration", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ITERATION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     iteration: IterationInput
-    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[_Union[IterationInput, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., iteration: _Optional[_Union[IterationInput, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class RecordIterationResponse(_message.Message):
     __slots__ = ("summary", "created")

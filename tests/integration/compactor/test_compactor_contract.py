@@ -60,6 +60,21 @@ def test_record_recent_summaries_reconstruct_pin_verify(compactor_for: Compactor
     assert report.lines_checked == 45 and report.snapshots_checked == 4  # 20 (pinned) + last 3
 
 
+def test_a_retried_next_record_with_a_request_id_is_recorded_once(
+        compactor_for: CompactorFactory) -> None:
+    client = compactor_for()
+    client.record(RUN, iteration(1))
+    first = client.record(RUN, iteration(0), request_id="step-2")
+    retry = client.record(RUN, iteration(0), request_id="step-2")
+    assert first.created and first.summary.iteration == 2
+    assert not retry.created and retry.summary == first.summary
+    with pytest.raises(EngramRpcError) as reused:
+        client.record(RUN, iteration(0, "failed"), request_id="step-2")
+    assert (reused.value.code, reused.value.reason) == (grpc.StatusCode.ALREADY_EXISTS,
+                                                        "REQUEST_ID_REUSED")
+    assert [s.iteration for s in client.summaries(RUN)] == [1, 2]
+
+
 def test_errors_arrive_as_statuses_with_reasons(compactor_for: CompactorFactory) -> None:
     client = compactor_for()
     client.record(RUN, iteration(1))

@@ -223,3 +223,35 @@ def test_reconstruction_equals_what_was_recorded_for_every_iteration(
         assert view.detail_json == item.detail_json
         assert view.guardrails_json == item.guardrails_json
         assert detail_digest(view.detail_json, view.guardrails_json) == line.detail_digest
+
+
+def test_a_retried_next_record_with_a_request_id_is_recorded_once(make_log: LogFactory) -> None:
+    log = make_log()
+    log.record(F, R, make_iteration(1))
+    nxt = make_iteration(0)
+    first = log.record(F, R, nxt, "req-a")
+    again = log.record(F, R, nxt, "req-a")
+    assert first.created and first.line.iteration == 2
+    assert not again.created and again.line == first.line
+    assert log.last_iteration(F, R) == 2
+    with pytest.raises(AlreadyExists):
+        log.record(F, R, make_iteration(2), "req-a")  # not the content it recorded
+    with pytest.raises(AlreadyExists) as reused:
+        log.record(F, R, make_iteration(0, status="failed"), "req-a")
+    assert reused.value.reason == "REQUEST_ID_REUSED"
+    assert log.record(F, "run-2", nxt, "req-a").created  # keys are per run
+    assert log.record(F, R, nxt, "req-b").line.iteration == 3
+    with pytest.raises(InvalidArgument):
+        log.record(F, R, nxt, "k" * 129)
+    assert log.last_iteration(F, R) == 3
+
+
+def test_a_request_id_repeated_within_one_group_commit_records_once(
+        make_log: LogFactory) -> None:
+    log = make_log()
+    outcomes = log.repo.append_group(
+        [AppendRequest(F, R, make_iteration(0).validated(), "d", "same"),
+         AppendRequest(F, R, make_iteration(0).validated(), "d", "same")], log._plan)
+    assert outcomes[0].plan is not None and outcomes[0].plan.line.iteration == 1
+    assert outcomes[1].plan is None and outcomes[1].recorded_iteration == 1
+    assert log.last_iteration(F, R) == 1
