@@ -1,4 +1,9 @@
-"""The shard's CompactRecords / ApplyRetention over gRPC, with the compactor's service token."""
+"""The shard's CompactRecords / ApplyRetention through the SDK, with the compactor's service token.
+
+A refusal from the shard keeps its gRPC code, reason and metadata (a gate denial stays
+PERMISSION_DENIED / GATE_DENIED with its rule ids, a digest mismatch stays DATA_LOSS), raised
+as the matching :mod:`services.common.errors` class so the compactor's caller sees it as is.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,43 @@ from collections.abc import Sequence
 
 import grpc
 
-from engram.shard.v1 import shard_service_pb2 as pb
-from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
+from engram.client import EngramRpcError, ShardClient
 from services.common.errors import (
+    Aborted,
+    AlreadyExists,
     EngramError,
     FailedPrecondition,
+    IntegrityError,
     Internal,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
     Unavailable,
 )
 from services.compactor.memory_policy import CompactedGroup, CompactionOutcome
+
+_BY_CODE: dict[str, type[EngramError]] = {cls.code: cls for cls in (
+    InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unauthenticated,
+    PermissionDenied, ResourceExhausted, IntegrityError, Unavailable, Internal)}
+
+
+def shard_error(address: str, error: EngramRpcError) -> EngramError:
+    """The domain error for a failed shard call: same code, reason and metadata."""
+    message = f"shard service at {address}: {error.message}"
+    if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Unavailable(f"{message} (no answer within the deadline)",
+                           reason=error.reason or "SHARD_DEADLINE_EXCEEDED",
+                           metadata=error.metadata)
+    if error.code == grpc.StatusCode.UNAUTHENTICATED:
+        message += (" (the shard refused the compactor's token: check "
+                    "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE)")
+    kind = _BY_CODE.get(error.code.name)
+    if kind is None:
+        return Internal(message, reason=error.reason or "SHARD_ERROR", metadata=error.metadata)
+    default = "SHARD_UNAVAILABLE" if kind is Unavailable else None
+    return kind(message, reason=error.reason or default, metadata=error.metadata)
 
 
 class ShardCompactionGateway:
@@ -24,20 +55,15 @@ class ShardCompactionGateway:
 
     def __init__(self, address: str, token: str, timeout: float = 60.0) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address)
-        self._stub = pb_grpc.ShardServiceStub(self._channel)
-        self._metadata = (("authorization", f"Bearer {token}"),)
-        self._timeout = timeout
+        self._client = ShardClient(address, token, timeout=timeout)
 
     def compact(self, fleet_id: str, importance_below: float, older_than_days: float,
                 dry_run: bool) -> CompactionOutcome:
-        request = pb.CompactRecordsRequest(fleet_id=fleet_id, importance_below=importance_below,
-                                           older_than_days=older_than_days, dry_run=dry_run)
         try:
-            reply = self._stub.CompactRecords(request, metadata=self._metadata,
-                                              timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise self._translate(error) from None
+            reply = self._client.compact(fleet_id, importance_below=importance_below,
+                                         older_than_days=older_than_days, dry_run=dry_run)
+        except EngramRpcError as error:
+            raise shard_error(self.address, error) from None
         groups = tuple(
             CompactedGroup(summary_id=g.summary.id if g.HasField("summary") else "",
                            replaced_ids=tuple(g.replaced_ids),
@@ -49,30 +75,10 @@ class ShardCompactionGateway:
 
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
-        request = pb.ApplyRetentionRequest(fleet_id=fleet_id, older_than_days=older_than_days,
-                                           dry_run=dry_run)
         try:
-            reply = self._stub.ApplyRetention(request, metadata=self._metadata,
-                                              timeout=self._timeout)
-        except grpc.RpcError as error:
-            raise self._translate(error) from None
-        return list(reply.removed_ids)
-
-    def _translate(self, error: grpc.RpcError) -> EngramError:
-        code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-        detail = error.details() if isinstance(error, grpc.Call) else str(error)
-        message = f"shard service at {self.address}: {detail}"
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return Unavailable(message, reason="SHARD_UNAVAILABLE")
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return InvalidArgument(message)
-        if code == grpc.StatusCode.NOT_FOUND:
-            return NotFound(message)
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            return FailedPrecondition(
-                f"{message} (check ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE: it must hold a token "
-                "with role 'service')", reason="SHARD_REFUSED_SERVICE_TOKEN")
-        return Internal(message, reason="SHARD_ERROR")
+            return self._client.apply_retention(fleet_id, older_than_days, dry_run)
+        except EngramRpcError as error:
+            raise shard_error(self.address, error) from None
 
     def close(self) -> None:
-        self._channel.close()
+        self._client.close()

@@ -10,10 +10,14 @@ import grpc
 import pytest
 
 from engram.client import EngramRpcError
-from engram.client.compactor import iteration_from_json
+from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.shard import ShardClient
 from engram.compactor.v1 import compactor_service_pb2 as pb
-from services.common.server import EngramServer
+from services.common.server import EngramServer, build_server
+from services.common.tokens import write_token_file
+from services.compactor.service import service_spec
+from services.compactor.settings import CompactorSettings
+from tests.conftest import TokenFactory
 from tests.integration.compactor.conftest import CompactorFactory
 
 RUN = "run-int"
@@ -160,3 +164,21 @@ def test_other_fleets_need_a_service_token(compactor_for: CompactorFactory) -> N
     assert caught.value.reason == "FLEET_MISMATCH"
     service = compactor_for(agent="svc-x", fleet="system", roles=("service",))
     assert service.compact_memory("fleet-b", dry_run=True, older_than_days=0).fleet_id == "fleet-b"
+
+
+def test_a_shard_refusal_keeps_its_code_and_reason(
+        compactor_settings: CompactorSettings, make_token: TokenFactory) -> None:
+    assert compactor_settings.service_token_file is not None
+    # a token the shard accepts but whose role may not compact
+    write_token_file(compactor_settings.service_token_file,
+                     make_token("svc-compactor", "system", ("agent",)))
+    server = build_server(compactor_settings, service_spec(compactor_settings)).start()
+    try:
+        admin = CompactorClient(server.address, make_token("ops", "fleet-a", ("admin",)))
+        with admin, pytest.raises(EngramRpcError) as caught:
+            admin.compact_memory(older_than_days=0)
+    finally:
+        server.stop(0)
+    assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.PERMISSION_DENIED,
+                                                        "ROLE_REQUIRED")
+    assert "shard service at" in caught.value.message
