@@ -17,7 +17,7 @@ from services.compactor.model import DetailSource, Pin, Reconstruction
 from services.compactor.repository import IterationRepository
 from services.compactor.warm_chain import IterationInput, WarmLine
 
-SERVICE_NAME = "engram.compactor.v1.CompactorService"
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
 _WRITERS = frozenset({"agent", "admin", "service"})
 _OPERATORS = frozenset({"admin", "service"})
 
@@ -36,6 +36,9 @@ POLICY: MethodPolicy = {
     _m("CompactMemory"): _OPERATORS,
     _m("ApplyMemoryRetention"): _OPERATORS,
     _m("ListPolicyRuns"): frozenset({"admin", "governor", "service"}),
+}
+assert set(POLICY) == {
+    _m(m.name) for m in pb.DESCRIPTOR.services_by_name["CompactorService"].methods
 }
 
 _SOURCES = {

@@ -13,7 +13,7 @@ from services.common.auth import bind_principal, unbind_principal
 from services.common.errors import NotFound, PermissionDenied
 from services.common.tokens import Principal
 from services.compactor.memory_policy import CompactedGroup, CompactionOutcome, MemoryPolicyRunner
-from services.compactor.servicer import CompactorServicer
+from services.compactor.servicer import POLICY, SERVICE_NAME, CompactorServicer
 from tests.unit.compactor.support import LogFactory
 
 CONTEXT = cast(grpc.ServicerContext, None)
@@ -35,6 +35,13 @@ class FakeShard:
                         dry_run: bool) -> Sequence[str]:
         self.calls.append(("retention", fleet_id, older_than_days, dry_run))
         return ["r1", "r2"]
+
+
+def test_every_method_has_a_policy_entry() -> None:
+    methods = pb.DESCRIPTOR.services_by_name["CompactorService"].methods
+    assert SERVICE_NAME == "engram.compactor.v1.CompactorService"
+    assert {f"/{SERVICE_NAME}/{m.name}" for m in methods} == set(POLICY)
+    assert all(POLICY.values()), "no compactor RPC is public"
 
 
 @pytest.fixture
