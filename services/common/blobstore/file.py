@@ -3,7 +3,9 @@
 A put streams into a temporary file under ``DIR/.tmp``, fsyncs it, links it to
 its final name (``link`` fails when the name exists: an atomic put-if-absent,
 which ``rename`` is not), then fsyncs the directory so the entry survives a
-crash. Keys are validated and the resolved path must stay under ``DIR``.
+crash, and the parent of every directory the put created, up to ``DIR`` (a new
+``a/b/`` is only durable once ``a`` and ``DIR`` are synced too). Keys are
+validated and the resolved path must stay under ``DIR``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,19 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _make_parents(path: Path, root: Path) -> list[Path]:
+    """Create the missing directories above ``path`` (below ``root``); return them, top first."""
+    missing: list[Path] = []
+    parent = path.parent
+    while parent != root and not parent.is_dir():
+        missing.append(parent)
+        parent = parent.parent
+    missing.reverse()
+    for directory in missing:
+        directory.mkdir(exist_ok=True)
+    return missing
 
 
 class FileBlobStore(BlobStore):
@@ -80,12 +95,14 @@ class FileBlobStore(BlobStore):
                     before_commit(info)
                 handle.flush()
                 os.fsync(handle.fileno())
-            final.parent.mkdir(parents=True, exist_ok=True)
+            created = _make_parents(final, self.root)
             try:
                 os.link(tmp, final)
             except FileExistsError:
                 raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS") from None
             _fsync_dir(final.parent)
+            for directory in reversed(created):
+                _fsync_dir(directory.parent)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()

@@ -153,3 +153,23 @@ def test_registry_rejects_unknown_scheme() -> None:
 def test_s3_url_without_bucket_is_refused() -> None:
     with pytest.raises(InvalidArgument):
         blob_store_from_url("s3:///prefix")
+
+
+def test_file_store_fsyncs_every_directory_a_put_created(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FileBlobStore(tmp_path / "blobs")
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    root = store.root
+    store.put("runs/r1/s1/blob", [b"x"])
+    dirs = {p for p in synced if p.is_dir()}
+    assert dirs == {root, root / "runs", root / "runs/r1", root / "runs/r1/s1"}
+    synced.clear()
+    store.put("runs/r1/s2/blob", [b"y"])  # only s2 is new: its parent r1 and s2 itself
+    assert {p for p in synced if p.is_dir()} == {root / "runs/r1", root / "runs/r1/s2"}
