@@ -15,6 +15,8 @@ import grpc
 from engram.client._errors import EngramRpcError
 
 Response = TypeVar("Response")
+_CLIENT_TIMEOUT: Any = object()
+"""Marks "use the client's timeout"; ``None`` means no deadline (long streams)."""
 
 
 def open_channel(target: str, tls_ca: Path | None = None) -> grpc.Channel:
@@ -41,15 +43,21 @@ class BaseClient:
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
 
-    def call(self, method: Callable[..., Response], request: Any) -> Response:
+    def call(self, method: Callable[..., Response], request: Any, *,
+             timeout: float | None = _CLIENT_TIMEOUT) -> Response:
+        if timeout is _CLIENT_TIMEOUT:
+            timeout = self.timeout
         try:
-            return method(request, metadata=self.metadata, timeout=self.timeout)
+            return method(request, metadata=self.metadata, timeout=timeout)
         except grpc.RpcError as error:
             raise EngramRpcError.from_rpc_error(error) from None
 
-    def stream(self, method: Callable[..., Iterable[Response]], request: Any) -> Iterator[Response]:
+    def stream(self, method: Callable[..., Iterable[Response]], request: Any, *,
+               timeout: float | None = _CLIENT_TIMEOUT) -> Iterator[Response]:
+        if timeout is _CLIENT_TIMEOUT:
+            timeout = self.timeout
         try:
-            yield from method(request, metadata=self.metadata, timeout=self.timeout)
+            yield from method(request, metadata=self.metadata, timeout=timeout)
         except grpc.RpcError as error:
             raise EngramRpcError.from_rpc_error(error) from None
 
