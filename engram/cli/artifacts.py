@@ -18,12 +18,14 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 from rich.table import Table
 
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
 from engram.client.artifacts import STOP_STATUSES, ArtifactsClient, file_chunks
 
@@ -119,20 +121,17 @@ def get(
     output: Path = typer.Option(..., "-o", "--output", help="where to write the bytes"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Download an artifact; the file appears only if the service vouched for its hash."""
+    """Download an artifact; the file appears only if its size and SHA-256 match the artifact."""
     with rpc_errors(as_json), _client() as client, _progress(not as_json) as bar:
-        artifact, chunks = client.read(artifact_id)
-        task = bar.add_task(f"download {artifact.path.rsplit('/', 1)[-1]}",
-                            total=artifact.size_bytes)
-        partial = output.with_name(f".{output.name}.part")
-        try:
-            with partial.open("wb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
-                    bar.advance(task, len(chunk))
-            partial.replace(output)
-        finally:
-            partial.unlink(missing_ok=True)
+        tasks: list[TaskID] = []
+
+        def advance(artifact: pb.Artifact, written: int) -> None:
+            if not tasks:
+                tasks.append(bar.add_task(f"download {artifact.path.rsplit('/', 1)[-1]}",
+                                          total=artifact.size_bytes))
+            bar.update(tasks[0], completed=written)
+
+        artifact = client.download(artifact_id, output, progress=advance)
     if as_json:
         emit_json({**_dict(artifact), "output": str(output)})
         return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from engram.client._channel import BaseClient
 from engram.client._errors import EngramRpcError
 
 CHUNK_SIZE = 1 << 20
+DownloadProgress = Callable[[pb.Artifact, int], None]
+"""Called with the artifact and the bytes written so far: once at 0, then after each chunk."""
 STOP_STATUSES = {
     "succeeded": pb.RUN_STATUS_SUCCEEDED,
     "failed": pb.RUN_STATUS_FAILED,
@@ -107,12 +109,8 @@ class ArtifactsClient(BaseClient):
             yield pb.CreateArtifactRequest(trailer=pb.ArtifactTrailer(
                 size_bytes=sent, sha256=digest.hexdigest()))
 
-        try:
-            reply = self.stub.CreateArtifact(requests(), metadata=self.metadata,
-                                             timeout=self.stream_timeout)
-        except grpc.RpcError as error:
-            raise EngramRpcError.from_rpc_error(error) from None
-        return reply.artifact
+        return self.call(self.stub.CreateArtifact, requests(),
+                         timeout=self.stream_timeout).artifact
 
     def upload_file(self, path: Path, *, run_id: str, step_id: str, name: str = "",
                     mime_type: str = "", metadata: Any = None,
@@ -129,19 +127,36 @@ class ArtifactsClient(BaseClient):
     def read(self, artifact_id: str, chunk_size: int = 0) -> tuple[pb.Artifact, Iterator[bytes]]:
         """The artifact's metadata and its bytes; the stream raises DATA_LOSS on a bad hash."""
         request = pb.ReadArtifactRequest(artifact_id=artifact_id, chunk_size=chunk_size)
-        replies = self._stream(self.stub.ReadArtifact, request)
+        replies = self.stream(self.stub.ReadArtifact, request, timeout=self.stream_timeout)
         first = next(replies)
         return first.artifact, (reply.chunk for reply in replies)
 
-    def download(self, artifact_id: str, destination: Path,
-                 chunk_size: int = 0) -> pb.Artifact:
-        """Writes to a temporary file and renames it only after the service vouched for the hash."""
+    def download(self, artifact_id: str, destination: Path, chunk_size: int = 0,
+                 progress: DownloadProgress | None = None) -> pb.Artifact:
+        """Writes to a temporary file, hashing as it goes; the file takes its name only when
+        its size and SHA-256 are the artifact's (raises DATA_LOSS otherwise, nothing left)."""
         artifact, chunks = self.read(artifact_id, chunk_size)
         partial = destination.with_name(f".{destination.name}.{os.getpid()}.part")
+        digest, written = hashlib.sha256(), 0
         try:
             with partial.open("wb") as handle:
+                if progress is not None:
+                    progress(artifact, 0)
                 for chunk in chunks:
                     handle.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    if progress is not None:
+                        progress(artifact, written)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if written != artifact.size_bytes or digest.hexdigest() != artifact.hash:
+                raise EngramRpcError(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"artifact {artifact_id} arrived as {written} bytes with SHA-256 "
+                    f"{digest.hexdigest()}, not the {artifact.size_bytes} bytes with "
+                    f"SHA-256 {artifact.hash} it was stored with; {destination} was not written",
+                    "DOWNLOAD_MISMATCH")
             os.replace(partial, destination)
         finally:
             partial.unlink(missing_ok=True)
@@ -159,8 +174,8 @@ class ArtifactsClient(BaseClient):
                 return
 
     def verify(self, run_id: str = "") -> pb.VerifyArtifactsResponse:
-        return self._unary_long(self.stub.VerifyArtifacts,
-                                pb.VerifyArtifactsRequest(run_id=run_id))
+        return self.call(self.stub.VerifyArtifacts, pb.VerifyArtifactsRequest(run_id=run_id),
+                         timeout=self.stream_timeout)
 
     # -- events and snapshots -----------------------------------------------
 
@@ -185,7 +200,8 @@ class ArtifactsClient(BaseClient):
                 return
 
     def replay(self, run_id: str) -> Iterator[pb.Event]:
-        for reply in self._stream(self.stub.ReplayEvents, pb.ReplayEventsRequest(run_id=run_id)):
+        for reply in self.stream(self.stub.ReplayEvents, pb.ReplayEventsRequest(run_id=run_id),
+                                 timeout=self.stream_timeout):
             yield reply.event
 
     def create_snapshot(self, run_id: str, state: Any, *, seq: int = 0, manifest_id: str = "",
@@ -242,17 +258,3 @@ class ArtifactsClient(BaseClient):
             run_id=run_id, critical=critical,
             pointer=pb.Pointer(type=POINTER_TYPES[pointer_type], id=pointer_id))
         return self.call(self.stub.ResolvePointer, request)
-
-    # -- plumbing -----------------------------------------------------------
-
-    def _stream(self, method: Any, request: Any) -> Iterator[Any]:
-        try:
-            yield from method(request, metadata=self.metadata, timeout=self.stream_timeout)
-        except grpc.RpcError as error:
-            raise EngramRpcError.from_rpc_error(error) from None
-
-    def _unary_long(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, metadata=self.metadata, timeout=self.stream_timeout)
-        except grpc.RpcError as error:
-            raise EngramRpcError.from_rpc_error(error) from None
