@@ -15,7 +15,7 @@ from services.artifacts.server import MIGRATIONS
 from services.common.blobstore import BlobInfo, BlobStore
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.common.errors import InvalidArgument, NotFound
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 
 
 class FlakyExists(BlobStore):
@@ -80,8 +80,9 @@ def test_failed_row_insert_removes_the_blob(tmp_path: Path) -> None:
         memory.stop_run("fleet", "agent", "run-1", RunStatus.CANCELLED, "cancelled mid-upload")
         yield UploadEnd(7)
 
-    with pytest.raises(Exception, match="stopped"):
+    with pytest.raises(FailedPrecondition) as refused:
         memory.upload("fleet", ArtifactUpload("run-1", "s", "x"), chunks_then_stop())
+    assert refused.value.reason == "RUN_STOPPED"
     assert list(store.list()) == []
 
 
