@@ -15,7 +15,7 @@ from engram.cli.up import SERVICES, service_env
 from services.common.db import Database
 from services.governance.repository import GovernanceRepository
 from services.shard.settings import ShardSettings
-from tests.conftest import POSTGRES_ADMIN_URL
+from tests.conftest import POSTGRES_ADMIN_URL, require
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARD_ROLE, GOVERNANCE_ROLE = "engram_shard", "engram_governance"
@@ -61,8 +61,7 @@ def _ensure_role(conn: sqlalchemy.Connection, role: str) -> None:
 
 @pytest.fixture
 def governance_database(postgres_available: bool) -> Iterator[str]:
-    if not postgres_available:
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    require(postgres_available, "PostgreSQL is not reachable on 127.0.0.1:5432")
     name = f"engram_gov_{uuid.uuid4().hex[:10]}"
     admin = sqlalchemy.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
