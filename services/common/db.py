@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from alembic import command
+from alembic import command, context
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -96,6 +96,18 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def run_migrations(target_metadata: MetaData, version_table: str) -> None:
+    """The body of every service's migrations/env.py (connection from Database.upgrade)."""
+    connection = context.config.attributes.get("connection")
+    if connection is None:
+        raise RuntimeError(f"run {version_table} migrations through "
+                           "services.common.db.Database.upgrade")
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      render_as_batch=True, version_table=version_table)
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 def _is_connection_error(exc: DBAPIError) -> bool:
