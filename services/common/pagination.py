@@ -2,6 +2,8 @@
 
 A token carries the last key of the page and a digest of the request's
 filters; reusing it with other filters, or altering it, is INVALID_ARGUMENT.
+List handlers call :func:`paginate`: it fetches one row past the page, so a
+token is issued only when another row exists (never a trailing empty page).
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from services.common.errors import InvalidArgument
+
+Row = TypeVar("Row")
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 1000
@@ -52,3 +57,23 @@ def decode_token(token: str, filters: dict[str, Any]) -> list[Any] | None:
             reason="INVALID_PAGE_TOKEN",
         )
     return key
+
+
+def paginate(
+    page_token: str,
+    requested_size: int,
+    filters: dict[str, Any],
+    fetch: Callable[[list[Any] | None, int], Sequence[Row]],
+    key_of: Callable[[Row], list[Any]],
+) -> tuple[list[Row], str]:
+    """One page and the token for the next (``""`` on the last page).
+
+    ``fetch(after_key, limit)`` returns up to ``limit`` rows after ``after_key`` (``None``
+    for the first page) in the listing's order; ``key_of(row)`` is that row's sort key.
+    """
+    after = decode_token(page_token, filters)
+    size = page_size(requested_size)
+    rows = list(fetch(after, size + 1))
+    if len(rows) <= size:
+        return rows, ""
+    return rows[:size], encode_token(key_of(rows[size - 1]), filters)
