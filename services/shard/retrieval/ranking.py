@@ -58,7 +58,7 @@ class RankingConfig:
     thread_weight: float = 0.0  # share of the memory's whole-thread BM25 score (normalised) added
     dense_window_text: bool = False  # embed a memory together with its neighbours' text
     depth: int = 100  # candidates taken from each list before fusion
-    context_level: str = "terms"  # terms: neighbours' terms in the doc; scores: neighbours' scores added
+    context_level: str = "terms"  # terms: neighbours' terms in the doc; scores: their scores
     dense_context_level: str = "vectors"  # vectors: blended vectors; scores: blended similarities
 
 
