@@ -13,7 +13,7 @@ from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import IntegrityError, InvalidArgument, PermissionDenied
-from services.common.pagination import decode_token, encode_token, page_size
+from services.common.pagination import paginate
 from services.common.tokens import Principal, validate_identifier
 from services.governance.decisions import Decision
 from services.governance.repository import GovernanceRepository
@@ -278,12 +278,12 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def ListRules(self, request: pb.ListRulesRequest,
                   context: grpc.ServicerContext) -> pb.ListRulesResponse:
         fleet_id = target_fleet(current_principal(), request.fleet_id)
-        filters = {"fleet_id": fleet_id}
-        size = page_size(request.page_size)
-        key = decode_token(request.page_token, filters)
-        rules = self._repo.list_rules(fleet_id, str(key[0]) if key else None, size + 1)
-        token = encode_token([rules[size - 1].rule_id], filters) if len(rules) > size else ""
-        return pb.ListRulesResponse(rules=[rule_to_proto(r) for r in rules[:size]],
+        rules, token = paginate(
+            request.page_token, request.page_size, {"fleet_id": fleet_id},
+            lambda after, limit: self._repo.list_rules(
+                fleet_id, str(after[0]) if after else None, limit),
+            lambda rule: [rule.rule_id])
+        return pb.ListRulesResponse(rules=[rule_to_proto(r) for r in rules],
                                     next_page_token=token)
 
     def DeleteRule(self, request: pb.DeleteRuleRequest,
@@ -306,15 +306,13 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 raise PermissionDenied("agents may list only their own decisions",
                                        reason="NOT_OWN_DECISIONS")
             agent_id = principal.agent_id
-        filters = {"fleet_id": fleet_id, "agent_id": agent_id}
-        size = page_size(request.page_size)
-        key = decode_token(request.page_token, filters)
-        before = int(key[0]) if key else None
-        decisions = self._repo.list_decisions(fleet_id, agent_id or None, before, size + 1)
-        token = (encode_token([decisions[size - 1].chain_seq], filters)
-                 if len(decisions) > size else "")
+        decisions, token = paginate(
+            request.page_token, request.page_size, {"fleet_id": fleet_id, "agent_id": agent_id},
+            lambda before, limit: self._repo.list_decisions(
+                fleet_id, agent_id or None, int(before[0]) if before else None, limit),
+            lambda decision: [decision.chain_seq])
         return pb.ListDecisionsResponse(
-            decisions=[decision_to_proto(d) for d in decisions[:size]], next_page_token=token)
+            decisions=[decision_to_proto(d) for d in decisions], next_page_token=token)
 
     def GetChainCheckpoint(self, request: pb.GetChainCheckpointRequest,
                            context: grpc.ServicerContext) -> pb.GetChainCheckpointResponse:

@@ -239,3 +239,15 @@ def test_only_the_named_gate_caller_may_gate_or_read_trust_across_fleets(
     with pytest.raises(EngramRpcError) as not_gate:
         shard_service.verify_chain()
     assert not_gate.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_decisions_page_newest_first_with_no_trailing_empty_page(
+        shard_service: GovernanceClient, governor: GovernanceClient) -> None:
+    shard_service.decide("fleet-a", "agent-1", "r1",
+                         [candidate(f"note {i}") for i in range(4)])
+    first = governor.call(governor.stub.ListDecisions, pb.ListDecisionsRequest(page_size=2))
+    second = governor.call(governor.stub.ListDecisions, pb.ListDecisionsRequest(
+        page_size=2, page_token=first.next_page_token))
+    assert first.next_page_token and not second.next_page_token
+    seqs = [d.chain_seq for d in [*first.decisions, *second.decisions]]
+    assert len(seqs) == 4 and seqs == sorted(seqs, reverse=True)
