@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -9,7 +11,7 @@ from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 from services.common.auth import ANY_ROLE, MethodPolicy, current_principal
 from services.common.errors import PermissionDenied
-from services.common.pagination import decode_token, encode_token, page_size
+from services.common.pagination import paginate
 from services.common.tokens import validate_identifier
 from services.compactor.iteration_log import IterationLog
 from services.compactor.memory_policy import KIND_COMPACT, MemoryPolicyRunner, PolicyRun
@@ -150,13 +152,11 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
                              context: grpc.ServicerContext) -> pb.ListRecentIterationsResponse:
         fleet = current_principal().fleet_id
         run_id = _run_id(request.run_id)
-        filters = {"run": run_id, "fleet": fleet}
-        last = decode_token(request.page_token, filters)
-        limit = page_size(request.page_size)
-        rows = self._log.recent(fleet, run_id, int(last[0]) if last else None, limit + 1)
-        more = len(rows) > limit
-        rows = rows[:limit]
-        token = encode_token([rows[-1][0].iteration], filters) if more else ""
+        rows, token = paginate(
+            request.page_token, request.page_size, {"run": run_id, "fleet": fleet},
+            lambda below, limit: self._log.recent(fleet, run_id,
+                                                  int(below[0]) if below else None, limit),
+            lambda row: [row[0].iteration])
         return pb.ListRecentIterationsResponse(
             iterations=[pb.HotIteration(summary=summary_pb(line), detail_json=detail,
                                         guardrails_json=guard) for line, detail, guard in rows],
@@ -166,15 +166,17 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
                       context: grpc.ServicerContext) -> pb.ListSummariesResponse:
         fleet = current_principal().fleet_id
         run_id = _run_id(request.run_id)
-        filters = {"run": run_id, "fleet": fleet, "start": request.start_iteration}
-        last = decode_token(request.page_token, filters)
-        first = int(last[0]) + 1 if last else max(1, request.start_iteration)
-        limit = page_size(request.page_size)
         last_iter = self._log.last_iteration(fleet, run_id)
-        end = min(first + limit - 1, last_iter)
-        lines = self._log.summaries(fleet, run_id, first, end) if first <= end else []
-        more = end < last_iter and bool(lines)
-        token = encode_token([lines[-1].iteration], filters) if more else ""
+
+        def fetch(after: list[Any] | None, limit: int) -> list[WarmLine]:
+            first = int(after[0]) + 1 if after else max(1, request.start_iteration)
+            end = min(first + limit - 1, last_iter)
+            return self._log.summaries(fleet, run_id, first, end) if first <= end else []
+
+        lines, token = paginate(
+            request.page_token, request.page_size,
+            {"run": run_id, "fleet": fleet, "start": request.start_iteration},
+            fetch, lambda line: [line.iteration])
         return pb.ListSummariesResponse(summaries=[summary_pb(x) for x in lines],
                                         next_page_token=token)
 
@@ -224,13 +226,10 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
     def ListPolicyRuns(self, request: pb.ListPolicyRunsRequest,
                        context: grpc.ServicerContext) -> pb.ListPolicyRunsResponse:
         fleet = _policy_fleet(request.fleet_id)
-        filters = {"fleet": fleet}
-        last = decode_token(request.page_token, filters)
-        limit = page_size(request.page_size)
-        after = (int(last[0]), str(last[1])) if last else None
-        runs = self._repo.policy_runs(fleet, after, limit + 1)
-        more = len(runs) > limit
-        runs = runs[:limit]
-        token = encode_token([runs[-1].start_us, runs[-1].id], filters) if more else ""
+        runs, token = paginate(
+            request.page_token, request.page_size, {"fleet": fleet},
+            lambda after, limit: self._repo.policy_runs(
+                fleet, (int(after[0]), str(after[1])) if after else None, limit),
+            lambda run: [run.start_us, run.id])
         return pb.ListPolicyRunsResponse(runs=[policy_run_pb(r) for r in runs],
                                          next_page_token=token)

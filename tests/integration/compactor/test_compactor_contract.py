@@ -182,3 +182,18 @@ def test_a_shard_refusal_keeps_its_code_and_reason(
     assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.PERMISSION_DENIED,
                                                         "ROLE_REQUIRED")
     assert "shard service at" in caught.value.message
+
+
+def test_pages_end_without_a_trailing_empty_page(compactor_for: CompactorFactory) -> None:
+    client = compactor_for()
+    for n in range(1, 5):
+        client.record(RUN, iteration(n))
+    first = client.call(client.stub.ListSummaries,
+                        pb.ListSummariesRequest(run_id=RUN, page_size=2))
+    second = client.call(client.stub.ListSummaries, pb.ListSummariesRequest(
+        run_id=RUN, page_size=2, page_token=first.next_page_token))
+    assert [s.iteration for s in [*first.summaries, *second.summaries]] == [1, 2, 3, 4]
+    assert first.next_page_token and not second.next_page_token
+    hot = client.call(client.stub.ListRecentIterations,
+                      pb.ListRecentIterationsRequest(run_id=RUN, page_size=4))
+    assert len(hot.iterations) == 4 and not hot.next_page_token
