@@ -24,7 +24,7 @@ from services.artifacts.domain.entities import (
 from services.artifacts.memory import ArtifactUpload, ExternalMemory, UploadEnd
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
-from services.common.pagination import decode_token, encode_token, page_size
+from services.common.pagination import paginate
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
 _USERS = frozenset({"agent", "admin", "service"})
@@ -162,12 +162,10 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListRuns(self, request: pb.ListRunsRequest,
                  context: grpc.ServicerContext) -> pb.ListRunsResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet}
-        limit = page_size(request.page_size)
-        runs = self.memory.repository.list_runs(
-            fleet, decode_token(request.page_token, filters), limit)
-        token = (encode_token([runs[-1].created_us, runs[-1].run_id], filters)
-                 if len(runs) == limit else "")
+        runs, token = paginate(
+            request.page_token, request.page_size, {"fleet": fleet},
+            lambda after, limit: self.memory.repository.list_runs(fleet, after, limit),
+            lambda run: [run.created_us, run.run_id])
         return pb.ListRunsResponse(runs=[run_to_proto(r) for r in runs], next_page_token=token)
 
     def StopRun(self, request: pb.StopRunRequest,
@@ -217,13 +215,12 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListArtifacts(self, request: pb.ListArtifactsRequest,
                       context: grpc.ServicerContext) -> pb.ListArtifactsResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet, "run": request.run_id, "step": request.step_id}
-        limit = page_size(request.page_size)
-        found = self.memory.repository.list_artifacts(
-            fleet, request.run_id, request.step_id, decode_token(request.page_token, filters),
-            limit)
-        token = (encode_token([found[-1].created_us, found[-1].artifact_id], filters)
-                 if len(found) == limit else "")
+        found, token = paginate(
+            request.page_token, request.page_size,
+            {"fleet": fleet, "run": request.run_id, "step": request.step_id},
+            lambda after, limit: self.memory.repository.list_artifacts(
+                fleet, request.run_id, request.step_id, after, limit),
+            lambda artifact: [artifact.created_us, artifact.artifact_id])
         return pb.ListArtifactsResponse(artifacts=[artifact_to_proto(a) for a in found],
                                         next_page_token=token)
 
@@ -247,12 +244,12 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListEvents(self, request: pb.ListEventsRequest,
                    context: grpc.ServicerContext) -> pb.ListEventsResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet, "run": request.run_id, "after": request.after_seq}
-        limit = page_size(request.page_size)
-        key = decode_token(request.page_token, filters)
-        after = int(str(key[0])) if key else request.after_seq
-        events = self.memory.list_events(fleet, request.run_id, after, limit)
-        token = encode_token([events[-1].seq], filters) if len(events) == limit else ""
+        events, token = paginate(
+            request.page_token, request.page_size,
+            {"fleet": fleet, "run": request.run_id, "after": request.after_seq},
+            lambda after, limit: self.memory.list_events(
+                fleet, request.run_id, int(after[0]) if after else request.after_seq, limit),
+            lambda event: [event.seq])
         return pb.ListEventsResponse(events=[event_to_proto(e) for e in events],
                                      next_page_token=token)
 
@@ -276,12 +273,11 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListSnapshots(self, request: pb.ListSnapshotsRequest,
                       context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet, "run": request.run_id}
-        limit = page_size(request.page_size)
-        found = self.memory.repository.list_snapshots(
-            fleet, request.run_id, decode_token(request.page_token, filters), limit)
-        token = (encode_token([found[-1].created_us, found[-1].snapshot_id], filters)
-                 if len(found) == limit else "")
+        found, token = paginate(
+            request.page_token, request.page_size, {"fleet": fleet, "run": request.run_id},
+            lambda after, limit: self.memory.repository.list_snapshots(
+                fleet, request.run_id, after, limit),
+            lambda snapshot: [snapshot.created_us, snapshot.snapshot_id])
         return pb.ListSnapshotsResponse(snapshots=[snapshot_to_proto(s) for s in found],
                                         next_page_token=token)
 
@@ -313,12 +309,12 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListEvidence(self, request: pb.ListEvidenceRequest,
                      context: grpc.ServicerContext) -> pb.ListEvidenceResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet, "corpus": request.corpus_id, "index": request.index_id}
-        limit = page_size(request.page_size)
-        found = self.memory.repository.list_evidence(
-            fleet, request.corpus_id, request.index_id,
-            decode_token(request.page_token, filters), limit)
-        token = encode_token([found[-1].evidence_id], filters) if len(found) == limit else ""
+        found, token = paginate(
+            request.page_token, request.page_size,
+            {"fleet": fleet, "corpus": request.corpus_id, "index": request.index_id},
+            lambda after, limit: self.memory.repository.list_evidence(
+                fleet, request.corpus_id, request.index_id, after, limit),
+            lambda evidence: [evidence.evidence_id])
         return pb.ListEvidenceResponse(evidence=[evidence_to_proto(e) for e in found],
                                        next_page_token=token)
 
@@ -336,11 +332,11 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def ListManifests(self, request: pb.ListManifestsRequest,
                       context: grpc.ServicerContext) -> pb.ListManifestsResponse:
         fleet = current_principal().fleet_id
-        filters = {"fleet": fleet, "run": request.run_id}
-        limit = page_size(request.page_size)
-        found = self.memory.repository.list_manifests(
-            fleet, request.run_id, decode_token(request.page_token, filters), limit)
-        token = encode_token([found[-1].manifest_id], filters) if len(found) == limit else ""
+        found, token = paginate(
+            request.page_token, request.page_size, {"fleet": fleet, "run": request.run_id},
+            lambda after, limit: self.memory.repository.list_manifests(
+                fleet, request.run_id, after, limit),
+            lambda manifest: [manifest.manifest_id])
         return pb.ListManifestsResponse(manifests=[manifest_to_proto(m) for m in found],
                                         next_page_token=token)
 

@@ -449,3 +449,24 @@ def test_list_artifacts_pages_by_step(artifacts_server: RunningArtifacts) -> Non
     assert [a.artifact_id for a in env.client.list_artifacts(run_id, "s1")] == ids[1::2]
     with env.memory.repository.db.session() as session:
         assert session.execute(text("SELECT COUNT(*) FROM artifacts")).scalar_one() == 5
+
+
+def test_a_full_last_page_carries_no_token(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    client = env.client
+    run_id = _start(env)
+    ids = [client.upload(iter([b"x"]), run_id=run_id, step_id="s", name=f"f{i}").artifact_id
+           for i in range(4)]
+    for i in range(4):
+        client.append_event(run_id, "step", {"i": i})
+    first = client.call(client.stub.ListArtifacts,
+                        pb.ListArtifactsRequest(run_id=run_id, page_size=2))
+    second = client.call(client.stub.ListArtifacts, pb.ListArtifactsRequest(
+        run_id=run_id, page_size=2, page_token=first.next_page_token))
+    assert [a.artifact_id for a in [*first.artifacts, *second.artifacts]] == ids
+    assert first.next_page_token and not second.next_page_token
+    events = client.call(client.stub.ListEvents,
+                         pb.ListEventsRequest(run_id=run_id, page_size=4))
+    assert [e.seq for e in events.events] == [1, 2, 3, 4] and not events.next_page_token
+    runs = client.call(client.stub.ListRuns, pb.ListRunsRequest(page_size=1))
+    assert [r.run_id for r in runs.runs] == [run_id] and not runs.next_page_token
