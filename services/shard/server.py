@@ -44,6 +44,11 @@ def build_shard_server(
     trust: TrustSource | None = None,
     database: Database | None = None,
 ) -> tuple[EngramServer, ShardService]:
+    if gate is None and not settings.allow_ungated:
+        raise ValueError(
+            "every shard write must pass the governance gate: pass gate=, or set "
+            "allow_ungated (ENGRAM_SHARD_ALLOW_UNGATED=true) for an isolated test or benchmark"
+        )
     provider = embedding_provider(settings)  # refuse a test embedder before touching the store
     database = database or Database(settings.database_url())
     if settings.migrate:

@@ -58,6 +58,8 @@ class _WriteJob:
     records: tuple[Record, ...]
     request_id: str
     digest: str
+    request_ids: tuple[str, ...] = ()
+    """Every record id of the request, in order (a replay returns one result per input)."""
 
 
 @dataclass(frozen=True)
@@ -196,14 +198,19 @@ class ShardService:
                 seen.add(record.id)
         duplicate_of = self._duplicates(fleet, fresh)
         fresh = [r for r in fresh if r.id not in duplicate_of]
-        fresh = self._gate(principal, fresh, request_id or digest)
-        job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest)
+        # The gate's idempotency key is the client's request_id only: a content digest would
+        # replay an old decision (say, before a suspension) for a later identical write.
+        fresh = self._gate(principal, fresh, request_id)
+        job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
+                        tuple(r.id for r in prepared))
         stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
         results: list[WriteResult] = []
         reported: set[str] = set()
         for r in prepared:
             if r.id in duplicate_of:
                 original = duplicate_of[r.id]
+                if isinstance(original, str):  # an earlier record of this batch, now stored
+                    original = stored[original].record
                 results.append(WriteResult(original, created=False, duplicate_of=original.id))
             elif r.id in existing:
                 results.append(WriteResult(existing[r.id], created=False))
@@ -213,20 +220,24 @@ class ShardService:
             reported.add(r.id)
         return results
 
-    def _duplicates(self, fleet: str, fresh: list[Record]) -> dict[str, Record]:
-        """New record id -> the stored (or earlier in-batch) record it near-duplicates."""
-        found = self.search_engine.duplicates(fleet, [r.content for r in fresh], mode=self.dedup,
+    def _duplicates(self, fleet: str, fresh: list[Record]) -> dict[str, Record | str]:
+        """New record id -> the stored record it duplicates, or the id of an earlier record of
+        the same batch; only within the same run (a run's snapshot holds what it wrote)."""
+        found = self.search_engine.duplicates(fleet, [r.content for r in fresh],
+                                              [r.run_id for r in fresh], mode=self.dedup,
                                               threshold=self.dedup_similarity)
         if not any(found):
             return {}
         with self.db.session() as session:
             stored = self.repo.by_ids(session, fleet, [f for f in found if f and ":" not in f])
-        out: dict[str, Record] = {}
+        out: dict[str, Record | str] = {}
         for record, target in zip(fresh, found, strict=True):
             if target and target.startswith("batch:"):
                 first = fresh[int(target.removeprefix("batch:"))]
-                out[record.id] = out.get(first.id, first)  # the earliest original is kept
-            elif target and target in stored:
+                if first.run_id == record.run_id:
+                    earliest = out.get(first.id, first.id)
+                    out[record.id] = earliest
+            elif target and target in stored and stored[target].run_id == record.run_id:
                 out[record.id] = stored[target]
         return out
 
@@ -322,7 +333,8 @@ class ShardService:
                     usage[(job.fleet_id, r.domain)] = usage.get((job.fleet_id, r.domain), 0) + 1
                 if job.request_id:
                     self.repo.save_request(session, job.fleet_id, job.agent_id, job.request_id,
-                                           job.digest, [r.id for r in job.records],
+                                           job.digest,
+                                           list(job.request_ids or [r.id for r in job.records]),
                                            int(now * 1_000_000))
                 results.append([
                     WriteResult(already.get(r.id, r), created=r.id not in already)

@@ -169,13 +169,13 @@ class SearchEngine:
             found = self.repo.lexical(session, RecordFilter(fleet_id), content, limit)
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
 
-    def duplicates(self, fleet_id: str, contents: list[str], *, mode: str,
+    def duplicates(self, fleet_id: str, contents: list[str], run_ids: list[str], *, mode: str,
                    threshold: float) -> list[str | None]:
         """Existing record id (or ``batch:<i>``) each content duplicates; None when new."""
         if mode == "off" or self.semantic is None:
             return [None] * len(contents)
-        return self.semantic.duplicates(fleet_id, contents, semantic=mode == "semantic",
-                                        threshold=threshold)
+        return self.semantic.duplicates(fleet_id, contents, run_ids,
+                                        semantic=mode == "semantic", threshold=threshold)
 
     def notify_written(self, records: Sequence[Record]) -> None:
         """Called after each committed group: the full-text index is current, vectors follow."""

@@ -116,7 +116,7 @@ class SemanticIndex:
                 with self._lock:
                     for row in rows:
                         fleet = self._fleet(row.fleet_id)
-                        key = text_key(row.content)
+                        key = text_key(row.content, row.run_id or "")
                         doc = fleet.add(row.id, row.run_id or "", row.content, key)
                         self._pending.append((int(row.seq), row.fleet_id, doc, row.id,
                                               row.content))
@@ -228,18 +228,18 @@ class SemanticIndex:
                 return []
             return [(index.ids[d], sim) for d, sim in index.vectors.search(vector, k)]
 
-    def duplicates(self, fleet_id: str, texts: list[str], *, semantic: bool,
-                   threshold: float) -> list[str | None]:
+    def duplicates(self, fleet_id: str, texts: list[str], run_ids: list[str], *,
+                   semantic: bool, threshold: float) -> list[str | None]:
         """For each text, the id of an existing record it duplicates (None if new).
 
-        Exact: the same normalised text (case, spacing, punctuation) in the fleet, checked
-        against every committed record (the lexical cursor is advanced first). Semantic:
+        Exact: the same normalised text (case and spacing) in the same run of the fleet,
+        checked against every committed record (the lexical cursor is advanced first). Semantic:
         additionally a cosine >= ``threshold`` to a record in the vector index; the new
         texts are embedded here, once, and their vectors kept for the indexer. Earlier
         texts of the same batch count as existing.
         """
         self.sync()
-        keys = [text_key(t) for t in texts]
+        keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic else None
         out: list[str | None] = []
         with self._lock:
@@ -286,10 +286,12 @@ class SemanticIndex:
             return index.indexed_vectors() if index is not None else 0
 
 
-def text_key(text: str) -> bytes:
-    return hashlib.blake2b(normalised_text(text).encode(), digest_size=16).digest()
+def text_key(text: str, run_id: str) -> bytes:
+    """Duplicates are judged within one run: a run's snapshot must hold what it wrote."""
+    material = f"{run_id}\x1f{normalised_text(text)}"
+    return hashlib.blake2b(material.encode(), digest_size=16).digest()
 
 
 def normalised_text(text: str) -> str:
-    """Case, spacing and punctuation do not make a different memory."""
-    return " ".join(_WORDS.findall(text.lower()))
+    """Case and spacing do not make a different memory; signs and punctuation may ("-5", "C++")."""
+    return " ".join(text.lower().split())

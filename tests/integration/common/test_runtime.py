@@ -27,6 +27,7 @@ def running(tmp_path: Path, engram_home: Path):  # type: ignore[no-untyped-def]
         port=0,
         metrics_port=0,
         grace_seconds=2,
+        allow_ungated=True,
     )
     server, service = build_shard_server(settings)
     server.start()

@@ -25,7 +25,7 @@ from tests.conftest import TokenFactory
 @pytest.fixture
 def shard_server(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
     settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                             port=0)
+                             port=0, allow_ungated=True)
     server, _service = build_shard_server(settings)
     server.start()
     yield server

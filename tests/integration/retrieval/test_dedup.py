@@ -26,16 +26,25 @@ def test_exact_normalised_duplicate_returns_the_stored_record(
     client, server = _serve(tmp_path, engram_home, make_token("a1", "fleet-d"), "exact")
     try:
         first = client.add("Alice prefers green tea in the morning.", run_id="r1")
-        again = client.add("alice prefers  GREEN tea in the morning", run_id="r2")
+        again = client.add("alice prefers  GREEN tea in the morning.", run_id="r1")
         assert first.created and not again.created
         assert again.duplicate_of == first.record.id
         assert again.record.id == first.record.id
-        other = client.add("Alice prefers black coffee in the morning.", run_id="r2")
+        # another run keeps its own copy: a run's snapshot holds exactly what it wrote
+        elsewhere = client.add("Alice prefers green tea in the morning.", run_id="r2")
+        assert elsewhere.created and not elsewhere.duplicate_of
+        assert [r.id for r in client.snapshot("r2")] == [elsewhere.record.id]
+        # signs and punctuation can change a fact: not duplicates
+        plus = client.add("balance is 5 USD", run_id="r1")
+        minus = client.add("balance is -5 USD", run_id="r1")
+        assert plus.created and minus.created and not minus.duplicate_of
+        other = client.add("Alice prefers black coffee in the morning.", run_id="r1")
         assert other.created and not other.duplicate_of
-        batch = client.add_many([record_input("Deploy at noon"), record_input("deploy at noon!")])
+        batch = client.add_many([record_input("Deploy at noon"), record_input("deploy  AT noon")])
         assert batch.results[0].created and not batch.results[1].created
         assert batch.results[1].duplicate_of == batch.results[0].record.id
-        assert len(list(client.list())) == 3
+        assert batch.results[1].record.record_hash == batch.results[0].record.record_hash != ""
+        assert len(list(client.list())) == 6
     finally:
         server.stop(0)  # type: ignore[attr-defined]
 

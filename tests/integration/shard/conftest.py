@@ -23,7 +23,7 @@ def shard_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def shard(shard_db_url: str, engram_home: Path) -> Iterator[tuple[str, ShardService]]:
-    settings = ShardSettings(home=engram_home, db_url=shard_db_url, port=0)
+    settings = ShardSettings(home=engram_home, db_url=shard_db_url, port=0, allow_ungated=True)
     server, service = build_shard_server(settings)
     server.start()
     try:
