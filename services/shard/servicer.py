@@ -12,7 +12,7 @@ from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import PermissionDenied
-from services.common.pagination import decode_token, encode_token, page_size
+from services.common.pagination import paginate
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
@@ -169,12 +169,14 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             "tags": list(flt.tags),
             "fleet": flt.fleet_id,
         }
-        size = page_size(request.page_size)
-        last = decode_token(request.page_token, filters)
-        rows = self.service.list_records(flt, int(last[0]) if last else None, size + 1)
-        next_token = encode_token([rows[size - 1][0]], filters) if len(rows) > size else ""
+        rows, next_token = paginate(
+            request.page_token, request.page_size, filters,
+            lambda after, limit: self.service.list_records(
+                flt, int(after[0]) if after else None, limit),
+            lambda row: [row[0]],
+        )
         return pb.ListRecordsResponse(
-            records=[record_to_proto(r) for _, r in rows[:size]], next_page_token=next_token
+            records=[record_to_proto(r) for _, r in rows], next_page_token=next_token
         )
 
     def SearchRecords(
@@ -204,15 +206,14 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         status = self.service.status(principal)
         incoming = status.incoming
         domains = sorted(status.domains, key=lambda d: d.name)
-        filters = {"fleet": principal.fleet_id}
-        size = page_size(request.page_size)
-        last = decode_token(request.page_token, filters)
-        remaining = [d for d in domains if last is None or d.name > str(last[0])]
-        next_token = (
-            encode_token([remaining[size - 1].name], filters) if len(remaining) > size else ""
+        page, next_token = paginate(
+            request.page_token, request.page_size, {"fleet": principal.fleet_id},
+            lambda after, limit: [d for d in domains
+                                  if after is None or d.name > str(after[0])][:limit],
+            lambda domain: [domain.name],
         )
         return pb.ListDomainsResponse(
-            domains=[domain_to_proto(d, incoming.get(d.name, 0)) for d in remaining[:size]],
+            domains=[domain_to_proto(d, incoming.get(d.name, 0)) for d in page],
             next_page_token=next_token,
         )
 

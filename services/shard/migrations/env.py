@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
-from alembic import context
-
+from services.common.db import run_migrations
 from services.shard.tables import Base
 
-config = context.config
-connection = config.attributes.get("connection")
-if connection is None:
-    raise RuntimeError("run shard migrations through services.common.db.Database.upgrade")
-
-context.configure(
-    connection=connection,
-    target_metadata=Base.metadata,
-    render_as_batch=True,
-    version_table="alembic_version_shard",
-)
-with context.begin_transaction():
-    context.run_migrations()
+run_migrations(Base.metadata, "alembic_version_shard")

@@ -137,10 +137,13 @@ class SearchEngine:
         refs = self.repo.links_from(session, query.fleet_id, ids)
         linked_ids = {r.target for r in refs if r.kind == "record"}
         linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids))
+        linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen))
+        compacted = set(session.scalars(select(CompactionRow.original_id).where(
+            CompactionRow.original_id.in_(list(linked)))))
+        # Linked records obey the query's filters too, and compacted originals stay out.
         extra: list[tuple[Record, float]] = [
-            (record, base) for rid, record in
-            self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen)).items()
-            if query.run_id is None or record.run_id == query.run_id
+            (record, base) for rid, record in linked.items()
+            if rid not in compacted and _matches(record, flt)
         ]
         for ref in {r for r in refs if r.kind == "domain"}:
             in_domain = RecordFilter(flt.fleet_id, run_id=flt.run_id, domain=ref.target,
