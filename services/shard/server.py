@@ -53,15 +53,14 @@ def build_shard_server(
     database = database or Database(settings.database_url())
     if settings.migrate:
         database.upgrade(MIGRATIONS)
-    semantic = SemanticIndex(database, provider) if provider is not None else None
-    if semantic is not None:
-        semantic.start()
+    # The in-memory index serves every search mode; without a provider it is lexical only.
+    semantic = SemanticIndex(database, provider)
+    semantic.start()
     service = ShardService(database, gate=gate, trust=trust, semantic=semantic,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity)
 
     def stop() -> None:
-        if semantic is not None:
-            semantic.stop()
+        semantic.stop()
         database.dispose()
 
     servicer = ShardServicer(service, MemoryCompactor(service))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,17 +23,21 @@ def as_bag(terms: Iterable[str] | Mapping[str, float]) -> dict[str, float]:
 
 
 class _Postings:
-    __slots__ = ("doc_ids", "freqs", "size")
+    __slots__ = ("ascending", "doc_ids", "freqs", "size")
 
     def __init__(self) -> None:
         self.doc_ids = np.empty(8, dtype=np.int32)
         self.freqs = np.empty(8, dtype=np.float32)
         self.size = 0
+        self.ascending = True
+        """Every entry names a later document than the one before: no document twice."""
 
     def append(self, doc: int, freq: float) -> None:
         if self.size == len(self.doc_ids):
             self.doc_ids = np.resize(self.doc_ids, self.size * 2)
             self.freqs = np.resize(self.freqs, self.size * 2)
+        if self.size and doc <= self.doc_ids[self.size - 1]:
+            self.ascending = False
         self.doc_ids[self.size] = doc
         self.freqs[self.size] = freq
         self.size += 1
@@ -141,9 +146,14 @@ class GrowingBM25:
             if postings is None:
                 continue
             ids = postings.doc_ids[: postings.size]
-            tf_all = np.bincount(ids, weights=postings.freqs[: postings.size], minlength=n)
-            docs = np.flatnonzero(tf_all)
-            tf = tf_all[docs]
+            docs: npt.NDArray[Any]
+            tf: npt.NDArray[Any]
+            if postings.ascending:  # one entry per document: its postings are its counts
+                docs, tf = ids, postings.freqs[: postings.size]
+            else:  # a later neighbour extended some documents: sum their entries
+                tf_all = np.bincount(ids, weights=postings.freqs[: postings.size], minlength=n)
+                docs = np.flatnonzero(tf_all)
+                tf = tf_all[docs]
             idf = math.log(1.0 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
             norm = self.k1 * (1.0 - self.b + self.b * lengths[docs] / avg)
             out[docs] += (qweight * idf * tf * (self.k1 + 1.0) / (tf + norm)).astype(np.float32)

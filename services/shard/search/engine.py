@@ -1,8 +1,11 @@
 """SearchEngine: lexical, semantic or hybrid retrieval, re-ranking, cross-reference expansion.
 
-Lexical mode uses the store's full-text index (FTS5 bm25 on SQLite, ts_rank_cd
-on Postgres). Semantic and hybrid modes use the :class:`SemanticIndex`, whose
-per-fleet :class:`FleetIndex` applies the craft measured on LoCoMo
+Every mode is served by the :class:`SemanticIndex`: a per-fleet in-memory
+:class:`FleetIndex` caught up from the records table before each search (lexical:
+numpy BM25 over postings; semantic and hybrid add MiniLM vectors). The store's
+full-text index (FTS5 bm25 on SQLite, ts_rank_cd on Postgres) serves the gate's
+neighbour search and any engine built without an index. The FleetIndex applies
+the craft measured on LoCoMo
 (docs/retrieval.md): stemmed BM25 over a record plus its run neighbours, MiniLM
 cosine blended with the neighbours', weighted-sum fusion, neighbour smoothing.
 :func:`services.shard.domain.scoring.final_score`
@@ -76,7 +79,7 @@ class SearchEngine:
                                   reason="INVALID_LIMIT")
         if query.mode not in ("lexical", "semantic", "hybrid"):
             raise InvalidArgument(f"unknown search mode {query.mode!r}", reason="INVALID_MODE")
-        if query.mode == "semantic" and self.semantic is None:
+        if query.mode == "semantic" and (self.semantic is None or self.semantic.embedder is None):
             raise FailedPrecondition(
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
@@ -92,7 +95,7 @@ class SearchEngine:
 
     def _relevance(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
                    flt: RecordFilter) -> list[tuple[Record, float]]:
-        if query.mode == "lexical" or self.semantic is None:
+        if self.semantic is None:  # no in-memory index: the store's full-text search
             return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
         found = self.semantic.search(query.fleet_id, query.text, query.mode, run_id=query.run_id)
         want = query.limit * _OVERFETCH

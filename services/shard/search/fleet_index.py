@@ -155,11 +155,13 @@ class FleetIndex:
 
     def search(self, query: str, query_vector: Floats | None, mode: str,
                allowed: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
-        """Candidate documents with fused relevance, best first (mode: semantic | hybrid)."""
+        """Candidate documents with relevance, best first (lexical | semantic | hybrid)."""
         cfg = self.settings
         n = len(self.ids)
         if not n:
             return []
+        if mode == "lexical":
+            return self._lexical(query, allowed)
         lex = self.lexical.scores(terms_of(query)) if mode == "hybrid" else np.zeros(n, np.float32)
         if allowed is not None:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
@@ -194,6 +196,18 @@ class FleetIndex:
             fused = base + cfg.smoothing * padded[near_idx].max(axis=1)
         order = np.argsort(-fused, kind="stable")
         return [(int(pool[i]), float(fused[i])) for i in order if keep[i] and fused[i] > 0]
+
+    def _lexical(self, query: str,
+                 allowed: npt.NDArray[np.bool_] | None) -> list[tuple[int, float]]:
+        """BM25 over a record's terms plus its neighbours' (no fusion, no smoothing)."""
+        n = len(self.ids)
+        lex = self.lexical.scores(terms_of(query))
+        if allowed is not None:
+            lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
+        depth = min(self.settings.depth, n)
+        top = np.argpartition(-lex, depth - 1)[:depth] if depth < n else np.arange(n)
+        top = top[np.argsort(-lex[top], kind="stable")]
+        return [(int(d), float(lex[d])) for d in top if lex[d] > 0]
 
     def run_mask(self, run_id: str) -> npt.NDArray[np.bool_]:
         """Documents of one run (for a run-scoped search)."""

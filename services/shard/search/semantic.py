@@ -47,7 +47,7 @@ class SemanticIndex:
     def __init__(
         self,
         database: Database,
-        embedder: EmbeddingProvider,
+        embedder: EmbeddingProvider | None,
         *,
         batch: int = 64,
         poll_s: float = 0.5,
@@ -127,7 +127,8 @@ class SemanticIndex:
     def _fleet(self, fleet_id: str) -> FleetIndex:
         index = self._fleets.get(fleet_id)
         if index is None:
-            index = FleetIndex(self.embedder.dimension, self.context,
+            dimension = self.embedder.dimension if self.embedder is not None else 0
+            index = FleetIndex(dimension, self.context,
                                hnsw_threshold=self.hnsw_threshold)
             self._fleets[fleet_id] = index
         return index
@@ -135,6 +136,10 @@ class SemanticIndex:
     def catch_up(self) -> int:
         """Vectors for the next batch of records (stored ones reused); returns how many."""
         self.sync()
+        if self.embedder is None:  # lexical only: nothing to embed
+            with self._lock:
+                self._pending.clear()
+            return 0
         with self._lock:
             work = [self._pending.popleft() for _ in range(min(self.batch, len(self._pending)))]
         if not work:
@@ -174,6 +179,7 @@ class SemanticIndex:
 
     def _store(self, session, items: list[tuple[int, str, int, str, str]],  # type: ignore[no-untyped-def]
                stored: dict[str, bytes]) -> None:
+        assert self.embedder is not None  # only the vector cursor stores vectors
         ids = [item[3] for item in items]
         session.execute(
             RecordVectorRow.__table__.delete().where(  # type: ignore[attr-defined]
@@ -187,7 +193,9 @@ class SemanticIndex:
         )
 
     def lag(self) -> int:
-        """Committed records not yet in the vector index (0 when caught up)."""
+        """Committed records not yet in the vector index (0 when caught up or lexical only)."""
+        if self.embedder is None:
+            return 0
         with self.db.session() as session:
             return int(
                 session.execute(
@@ -201,14 +209,21 @@ class SemanticIndex:
     # -- queries ------------------------------------------------------------
 
     def embed_query(self, text: str) -> np.ndarray:
+        if self.embedder is None:
+            raise RuntimeError("this index runs without an embedding provider")
         vector: np.ndarray = self.embedder.embed([text])[0]
         return vector
 
     def search(self, fleet_id: str, text: str, mode: str, *, run_id: str | None = None,
                query_vector: np.ndarray | None = None) -> list[tuple[str, float]]:
-        """(record id, relevance) candidates of one fleet, best first (semantic | hybrid)."""
+        """(record id, relevance) candidates of one fleet, best first (lexical | semantic |
+        hybrid); without an embedding provider every mode is lexical."""
         self.sync()
-        vector = query_vector if query_vector is not None else self.embed_query(text)
+        if self.embedder is None:
+            mode = "lexical"
+        vector = None
+        if mode != "lexical":
+            vector = query_vector if query_vector is not None else self.embed_query(text)
         with self._lock:
             index = self._fleets.get(fleet_id)
             if index is None:
@@ -240,7 +255,7 @@ class SemanticIndex:
         """
         self.sync()
         keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
-        vectors = self.embedder.embed(texts) if semantic else None
+        vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None
         out: list[str | None] = []
         with self._lock:
             index = self._fleets.get(fleet_id)
