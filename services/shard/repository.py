@@ -281,10 +281,10 @@ class ShardRepository:
     def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str]) -> dict[str, Record]:
         if not ids:
             return {}
-        rows = session.scalars(
-            select(RecordRow).where(RecordRow.fleet_id == fleet_id, RecordRow.id.in_(list(ids)))
-        )
-        return {row.id: row.to_entity() for row in rows}
+        # Look up by the unique id index alone, then keep the fleet's: with both in the WHERE
+        # clause SQLite's planner may scan the whole fleet instead.
+        rows = session.execute(select(RECORDS).where(RECORDS.c.id.in_(list(ids)))).mappings()
+        return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def _filtered(self, flt: RecordFilter):  # type: ignore[no-untyped-def]
         clauses = [RecordRow.fleet_id == flt.fleet_id]
