@@ -51,6 +51,7 @@ class SemanticIndex:
         *,
         batch: int = 64,
         poll_s: float = 0.5,
+        debounce_s: float = 0.05,
         hnsw_threshold: int = 10_000,
         context: ContextSettings | None = None,
     ) -> None:
@@ -58,6 +59,7 @@ class SemanticIndex:
         self.embedder = embedder
         self.batch = batch
         self.poll_s = poll_s
+        self.debounce_s = debounce_s
         self.hnsw_threshold = hnsw_threshold
         self.context = context or ContextSettings()
         self._fleets: dict[str, FleetIndex] = {}
@@ -94,7 +96,10 @@ class SemanticIndex:
                     pass
             except Exception:  # the loop must survive a transient database error
                 log.exception("semantic indexing failed; retrying")
-            self._wake.wait(self.poll_s)
+            if self._wake.wait(self.poll_s):
+                # Let a burst of writes land first: one catch-up per burst, not per write,
+                # keeps the indexer off the write path's CPU (searches catch up on demand).
+                self._stop.wait(self.debounce_s)
             self._wake.clear()
 
     # -- indexing -----------------------------------------------------------
