@@ -1,5 +1,6 @@
 """`engram bench search`: hybrid vs lexical search, semantic indexing, lag and RSS.
 
+Memories are English words with Zipf-distributed frequencies (engram.bench._corpus).
 Starts a raw echo and a shard with the packaged MiniLM model (SQLite, no
 governance) in their own processes on 127.0.0.1, then: acknowledged single
 writes; batch ingest to 10k and 100k records (x scale) with the time until every
@@ -18,10 +19,20 @@ from pathlib import Path
 
 from rich.progress import Progress
 
+from engram.bench._corpus import Corpus, english_words
 from engram.bench._harness import ServerProcess, echo_baseline, peak_rss_mb, rss_mb, sequential
-from engram.bench.shard import _sentence, _words
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
+
+_CORPUS = Corpus(english_words(), seed=5)
+
+
+def _sentence(rng: random.Random, serial: int) -> str:
+    return _CORPUS.sentence(serial)
+
+
+def _words(rng: random.Random, k: int) -> list[str]:
+    return _CORPUS.words(k)
 
 
 def _shard_process(home: Path) -> ServerProcess:

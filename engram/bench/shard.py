@@ -6,7 +6,7 @@ on 127.0.0.1, then measures: sequential single writes, writes with 64 in
 flight, batch ingest (100 per call) up to ``100k x scale`` records, lexical
 search at that size, and the shard process's RSS. Records and queries are
 drawn from a 6,000-word vocabulary with Zipf-distributed frequencies, like
-natural text: some query words are common, most are rare.
+natural text: some query words are common, most are rare (engram.bench._corpus).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import random
 import sys
 import tempfile
 import time
-from itertools import accumulate
 from pathlib import Path
 
 from rich.progress import Progress
 
+from engram.bench._corpus import Corpus, pseudo_words
 from engram.bench._harness import (
     Latency,
     ServerProcess,
@@ -32,29 +32,15 @@ from engram.bench._harness import (
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
-_SYLLABLES = ("ka", "to", "ri", "mo", "ne", "sa", "lu", "vi", "de", "po", "ga", "zu", "fe", "hi")
-
-
-def _vocabulary(size: int = 6000) -> list[str]:
-    """Deterministic pseudo-words, so the corpus has a realistic number of distinct terms."""
-    rng = random.Random(11)
-    words: set[str] = set()
-    while len(words) < size:
-        words.add("".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4))))
-    return sorted(words)
-
-
-_VOCABULARY = _vocabulary()
-# Zipf's law (s = 1.07): word frequencies like natural text, a few common, most rare.
-_CUMULATIVE = list(accumulate(1.0 / (rank + 1) ** 1.07 for rank in range(len(_VOCABULARY))))
-
-
-def _words(rng: random.Random, k: int) -> list[str]:
-    return rng.choices(_VOCABULARY, cum_weights=_CUMULATIVE, k=k)
+_CORPUS = Corpus(pseudo_words())
 
 
 def _sentence(rng: random.Random, serial: int) -> str:
-    return f"{' '.join(_words(rng, rng.randint(8, 20)))} (note {serial})"
+    return _CORPUS.sentence(serial)
+
+
+def _words(rng: random.Random, k: int) -> list[str]:
+    return _CORPUS.words(k)
 
 
 def _shard_process(home: Path) -> ServerProcess:
