@@ -19,11 +19,17 @@ _CLIENT_TIMEOUT: Any = object()
 """Marks "use the client's timeout"; ``None`` means no deadline (long streams)."""
 
 
-def open_channel(target: str, tls_ca: Path | None = None) -> grpc.Channel:
+def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | None = None,
+                 tls_key: Path | None = None) -> grpc.Channel:
+    """Plaintext without ``tls_ca``; TLS with it; mutual TLS with a client cert and key too."""
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     if tls_ca is None:
         return grpc.insecure_channel(target, options=options)
-    credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca.read_bytes())
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls_ca.read_bytes(),
+        private_key=tls_key.read_bytes() if tls_key else None,
+        certificate_chain=tls_cert.read_bytes() if tls_cert else None,
+    )
     return grpc.secure_channel(target, credentials, options=options)
 
 

@@ -6,6 +6,8 @@ import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import grpc
+
 from engram.client._channel import BaseClient
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
@@ -44,9 +46,15 @@ class ShardClient(BaseClient):
     """``ShardClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
 
     def __init__(
-        self, target: str, token: str, *, tls_ca: Path | None = None, timeout: float = 30.0
+        self,
+        target: str,
+        token: str,
+        *,
+        tls_ca: Path | None = None,
+        timeout: float = 30.0,
+        channel: grpc.Channel | None = None,
     ) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
+        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
         self.stub = pb_grpc.ShardServiceStub(self.channel)
 
     def add(
