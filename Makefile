@@ -34,6 +34,10 @@ lint: $(STAMP) ## ruff, mypy and buf lint
 	$(BIN)/mypy
 	cd protos && ../$(BIN)/buf lint
 
+BREAKING_AGAINST ?= main
+breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (default main)
+	cd protos && ../$(BIN)/buf breaking --against '../.git#branch=$(BREAKING_AGAINST),subdir=protos'
+
 up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
 	$(BIN)/engram up
 
@@ -50,4 +54,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock protos lint up test bench clean
+.PHONY: help setup lock protos lint breaking up test bench clean
