@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -178,6 +179,20 @@ class ServerProcess:
     def pid(self) -> int:
         assert self.process is not None
         return self.process.pid
+
+
+def shard_process(home: Path, *, embedder: str) -> ServerProcess:
+    """A shard alone (no governance: the gated figures are `engram bench gate`) on SQLite."""
+    env = {
+        "ENGRAM_HOME": str(home),
+        "ENGRAM_SHARD_DB_URL": f"sqlite:///{home / 'shard.db'}",
+        "ENGRAM_LOG_LEVEL": "WARNING",
+        "ENGRAM_SHARD_ALLOW_UNGATED": "true",
+        "ENGRAM_SHARD_EMBEDDER": embedder,
+    }
+    return ServerProcess(
+        [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT"
+    )
 
 
 def _serve_echo() -> None:

@@ -11,40 +11,25 @@ records/s for 10 s; the shard's RSS with the model loaded.
 
 from __future__ import annotations
 
-import random
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 from rich.progress import Progress
 
 from engram.bench._corpus import Corpus, english_words
-from engram.bench._harness import ServerProcess, echo_baseline, peak_rss_mb, rss_mb, sequential
+from engram.bench._harness import (
+    echo_baseline,
+    peak_rss_mb,
+    rss_mb,
+    sequential,
+    shard_process,
+)
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
 _CORPUS = Corpus(english_words(), seed=5)
-
-
-def _sentence(rng: random.Random, serial: int) -> str:
-    return _CORPUS.sentence(serial)
-
-
-def _words(rng: random.Random, k: int) -> list[str]:
-    return _CORPUS.words(k)
-
-
-def _shard_process(home: Path) -> ServerProcess:
-    env = {
-        "ENGRAM_HOME": str(home),
-        "ENGRAM_SHARD_DB_URL": f"sqlite:///{home / 'shard.db'}",
-        "ENGRAM_LOG_LEVEL": "WARNING",
-        "ENGRAM_SHARD_ALLOW_UNGATED": "true",
-        "ENGRAM_SHARD_EMBEDDER": "minilm",
-    }
-    return ServerProcess([sys.executable, "-m", "services.shard"], env,
-                         port_env="ENGRAM_SHARD_PORT")
 
 
 def _wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
@@ -53,21 +38,25 @@ def _wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
         time.sleep(0.1)
 
 
-def _ingest(client: ShardClient, rng: random.Random, start: int, target: int) -> float:
+def _ingest(client: ShardClient, start: int, target: int) -> float:
     """Batch-write up to ``target`` records; returns records/s until all are indexed."""
     began = time.perf_counter()
     written = start
     while written < target:
         count = min(100, target - written)
-        client.add_many([record_input(_sentence(rng, written + j), run_id=f"run-{written // 50}")
-                         for j in range(count)])
+        client.add_many(
+            [
+                record_input(_CORPUS.sentence(written + j), run_id=f"run-{written // 50}")
+                for j in range(count)
+            ]
+        )
         written += count
     _wait_indexed(client)
     return (target - start) / (time.perf_counter() - began)
 
 
-def _searches(client: ShardClient, rng: random.Random, count: int) -> dict[str, float]:
-    queries = [" ".join(_words(rng, 4)) for _ in range(count)]
+def _searches(client: ShardClient, count: int) -> dict[str, float]:
+    queries = [" ".join(_CORPUS.words(4)) for _ in range(count)]
     out: dict[str, float] = {}
     for mode in ("lexical", "hybrid"):
 
@@ -79,66 +68,75 @@ def _searches(client: ShardClient, rng: random.Random, count: int) -> dict[str, 
     return out
 
 
-def _lag_under_load(client: ShardClient, rng: random.Random, rate: int,
-                    seconds: float) -> dict[str, float]:
+def _lag_under_load(client: ShardClient, rate: int, seconds: float) -> dict[str, float]:
     lags: list[int] = []
     began = time.perf_counter()
     tick = 0
     while time.perf_counter() - began < seconds:
-        client.add_many([record_input(_sentence(rng, 90_000_000 + tick * 20 + j))
-                         for j in range(rate // 10)])
+        client.add_many(
+            [record_input(_CORPUS.sentence(90_000_000 + tick * 20 + j)) for j in range(rate // 10)]
+        )
         lags.append(int(client.status().indexing_lag))
         tick += 1
         time.sleep(max(0.0, began + tick * 0.1 - time.perf_counter()))
     settle = time.perf_counter()
     _wait_indexed(client)
-    return {"lag_max_records": max(lags), "lag_mean_records": round(sum(lags) / len(lags), 1),
-            "lag_max_s_at_rate": round(max(lags) / rate, 2),
-            "catch_up_after_load_s": round(time.perf_counter() - settle, 2)}
+    return {
+        "lag_max_records": max(lags),
+        "lag_mean_records": round(sum(lags) / len(lags), 1),
+        "lag_max_s_at_rate": round(max(lags) / rate, 2),
+        "catch_up_after_load_s": round(time.perf_counter() - settle, 2),
+    }
 
 
 def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
     sizes = [max(1000, int(10_000 * scale)), max(2000, int(100_000 * scale))]
     single = max(200, int(1000 * scale))
     searches = max(100, int(500 * scale))
-    rng = random.Random(5)
     figures: dict[str, object] = {}
     figures.update(echo_baseline(sequential_calls=single, concurrent_calls=1000))
-    with (tempfile.TemporaryDirectory(prefix="engram-bench-search-") as tmp,
-          Progress(disable=not progress, transient=True) as bar):
+    with (
+        tempfile.TemporaryDirectory(prefix="engram-bench-search-") as tmp,
+        Progress(disable=not progress, transient=True) as bar,
+    ):
         home = Path(tmp)
         token = TokenSigner.load(ensure_keypair(home).private).issue("bench", "bench", {"agent"})
-        with _shard_process(home) as shard, ShardClient(shard.address, token) as client:
+        with (
+            shard_process(home, embedder="minilm") as shard,
+            ShardClient(shard.address, token) as client,
+        ):
             task = bar.add_task("single writes", total=None)
-            writes = sequential(lambda i: client.add(_sentence(rng, 50_000_000 + i)), single)
+            writes = sequential(lambda i: client.add(_CORPUS.sentence(50_000_000 + i)), single)
             figures["write_p50_ms"], figures["write_p95_ms"] = writes.p50_ms, writes.p95_ms
             figures["write_ack_per_s"] = round(1000.0 / max(writes.p50_ms, 1e-6), 1)
             _wait_indexed(client)
             done = int(client.status().total_records)
             for size in sizes:
                 bar.update(task, description=f"ingest + index to {size}")
-                rate = _ingest(client, rng, done, size)
+                rate = _ingest(client, done, size)
                 done = size
                 figures[f"indexed_records_per_s_to_{size}"] = round(rate, 1)
                 bar.update(task, description=f"search at {size}")
-                for name, value in _searches(client, rng, searches).items():
+                for name, value in _searches(client, searches).items():
                     figures[f"{name}_at_{size}"] = value
             bar.update(task, description="lag at 200 writes/s")
-            figures.update(_lag_under_load(client, rng, 200, 10.0))
+            figures.update(_lag_under_load(client, 200, 10.0))
             figures["records"] = int(client.status().total_records)
             figures["rss_mb"] = rss_mb(shard.pid)
             figures["peak_rss_mb"] = peak_rss_mb(shard.pid)
     big = sizes[-1]
+
+    def num(key: str) -> float:
+        return float(cast(float, figures[key]))
+
     figures["hybrid_vs_lexical_p95_at_max"] = round(
-        float(figures[f"hybrid_p95_ms_at_{big}"])  # type: ignore[arg-type]
-        / max(float(figures[f"lexical_p95_ms_at_{big}"]), 1e-6), 2)  # type: ignore[arg-type]
-    figures["write_p50_vs_echo"] = round(
-        float(figures["write_p50_ms"]) / float(figures["echo_p50_ms"]), 2)  # type: ignore[arg-type]
+        num(f"hybrid_p95_ms_at_{big}") / max(num(f"lexical_p95_ms_at_{big}"), 1e-6), 2
+    )
+    figures["write_p50_vs_echo"] = round(num("write_p50_ms") / num("echo_p50_ms"), 2)
     figures["targets"] = {
-        f"hybrid p95 <= 15 ms at {big}": float(figures[f"hybrid_p95_ms_at_{big}"]) <= 15.0,  # type: ignore[arg-type]
-        "acknowledged writes >= 810/s (30x Chroma)": float(figures["write_ack_per_s"]) >= 810,  # type: ignore[arg-type]
-        "indexing >= 298/s (2x Chroma batch)":
-            float(figures[f"indexed_records_per_s_to_{sizes[0]}"]) >= 298,  # type: ignore[arg-type]
-        "rss < 605 MB (Chroma)": float(figures["rss_mb"]) < 605,  # type: ignore[arg-type]
+        f"hybrid p95 <= 15 ms at {big}": num(f"hybrid_p95_ms_at_{big}") <= 15.0,
+        "acknowledged writes >= 810/s (30x Chroma)": num("write_ack_per_s") >= 810,
+        "indexing >= 298/s (2x Chroma batch)": num(f"indexed_records_per_s_to_{sizes[0]}") >= 298,
+        "rss < 605 MB (Chroma)": num("rss_mb") < 605,
     }
     return figures

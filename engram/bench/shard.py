@@ -12,7 +12,6 @@ natural text: some query words are common, most are rare (engram.bench._corpus).
 from __future__ import annotations
 
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,40 +21,17 @@ from rich.progress import Progress
 from engram.bench._corpus import Corpus, pseudo_words
 from engram.bench._harness import (
     Latency,
-    ServerProcess,
     concurrent,
     echo_baseline,
     peak_rss_mb,
     rss_mb,
     sequential,
+    shard_process,
 )
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
 _CORPUS = Corpus(pseudo_words())
-
-
-def _sentence(rng: random.Random, serial: int) -> str:
-    return _CORPUS.sentence(serial)
-
-
-def _words(rng: random.Random, k: int) -> list[str]:
-    return _CORPUS.words(k)
-
-
-def _shard_process(home: Path) -> ServerProcess:
-    env = {
-        "ENGRAM_HOME": str(home),
-        "ENGRAM_SHARD_DB_URL": f"sqlite:///{home / 'shard.db'}",
-        "ENGRAM_LOG_LEVEL": "WARNING",
-        # The shard alone: the gated figures are `engram bench gate`.
-        "ENGRAM_SHARD_ALLOW_UNGATED": "true",
-        # Lexical only, as issue 2 specifies; `engram bench search` measures semantic indexing.
-        "ENGRAM_SHARD_EMBEDDER": "none",
-    }
-    return ServerProcess(
-        [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT"
-    )
 
 
 def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
@@ -73,15 +49,18 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
         home = Path(tmp)
         keys = ensure_keypair(home)
         token = TokenSigner.load(keys.private).issue("bench-agent", "bench", {"agent"})
-        with _shard_process(home) as shard, ShardClient(shard.address, token) as client:
+        with (
+            shard_process(home, embedder="none") as shard,
+            ShardClient(shard.address, token) as client,
+        ):
             task = bar.add_task("single writes", total=None)
-            latency = sequential(lambda i: client.add(_sentence(rng, 10_000_000 + i)), single)
+            latency = sequential(lambda i: client.add(_CORPUS.sentence(10_000_000 + i)), single)
             figures["write_p50_ms"] = latency.p50_ms
             figures["write_p95_ms"] = latency.p95_ms
             bar.update(task, description="64 writes in flight")
             figures["write_calls_per_s"] = round(
                 concurrent(
-                    lambda i: client.add(_sentence(random.Random(i), 20_000_000 + i)),
+                    lambda i: client.add(_CORPUS.sentence(20_000_000 + i)),
                     in_flight_total,
                     64,
                 ),
@@ -92,7 +71,7 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
             start = time.perf_counter()
             while written < total_records:
                 batch = [
-                    record_input(_sentence(rng, written + j), importance=rng.random())
+                    record_input(_CORPUS.sentence(written + j), importance=rng.random())
                     for j in range(100)
                 ]
                 client.add_many(batch)
@@ -100,7 +79,7 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
                 bar.update(task, completed=written)
             figures["batch_records_per_s"] = round(written / (time.perf_counter() - start), 1)
             bar.update(task, description="lexical search", total=None)
-            queries = [" ".join(_words(rng, 3)) for _ in range(searches)]
+            queries = [" ".join(_CORPUS.words(3)) for _ in range(searches)]
             search = sequential(lambda i: client.search(queries[i % len(queries)]), searches)
             figures["search_p50_ms"] = search.p50_ms
             figures["search_p95_ms"] = search.p95_ms
