@@ -164,7 +164,10 @@ class ShardService:
                 return replay
         domains = self.domains(fleet)
         known = {d.name for d in domains}
-        refs = self._resolve_cross_refs(fleet, agent, normalized, known)
+        shas = [records.content_hash(d.content) for d in normalized]
+        ids = [records.record_id(fleet, d.run_id, agent, sha) for d, sha in zip(normalized, shas,
+                                                                               strict=True)]
+        refs = self._resolve_cross_refs(fleet, normalized, ids, known)
         now_us = int(self.clock() * 1_000_000)
         prepared: list[Record] = []
         for index, draft in enumerate(normalized):
@@ -177,11 +180,10 @@ class ShardService:
                         "(add one with UpsertDomain)", reason="UNKNOWN_DOMAIN"))
             else:
                 domain = route(draft.content, domains)
-            content_sha = records.content_hash(draft.content)
             prepared.append(Record(
-                id=records.record_id(fleet, draft.run_id, agent, content_sha),
+                id=ids[index],
                 fleet_id=fleet, run_id=draft.run_id, agent_id=agent, content=draft.content,
-                content_hash=content_sha, record_hash="", domain=domain, source=draft.source,
+                content_hash=shas[index], record_hash="", domain=domain, source=draft.source,
                 importance=draft.importance, tags=draft.tags, metadata=dict(draft.metadata),
                 cross_refs=refs[index], created_us=now_us,
             ))
@@ -255,7 +257,7 @@ class ShardService:
             stored = self.repo.by_ids(session, fleet, ids)
         return [WriteResult(stored[i], created=False) for i in ids if i in stored]
 
-    def _resolve_cross_refs(self, fleet: str, agent: str, drafts: Sequence[RecordDraft],
+    def _resolve_cross_refs(self, fleet: str, drafts: Sequence[RecordDraft], ids: Sequence[str],
                             known: set[str]) -> list[tuple[str, ...]]:
         """Each draft's references as ``domain:<name>`` / ``record:<id>``; unknown targets fail."""
         targets_by_draft = [crossrefs.detect(d.content) for d in drafts]
@@ -263,8 +265,6 @@ class ShardService:
             return [() for _ in drafts]
         for index, targets in enumerate(targets_by_draft):
             _at_index(index, len(drafts), crossrefs.check_count, targets)
-        ids = [records.record_id(fleet, d.run_id, agent, records.content_hash(d.content))
-               for d in drafts]
         record_targets = {t for ts in targets_by_draft for t in ts
                           if crossrefs.looks_like_record_id(t)} - set(ids)
         found: set[str] = set()
