@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from services.common.db import Database
 from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
@@ -105,8 +106,7 @@ class SearchEngine:
             part = found[start : start + _CHUNK]
             ids = [rid for rid, _ in part]
             records = self.repo.by_ids(session, query.fleet_id, ids)
-            compacted = set(session.scalars(
-                select(CompactionRow.original_id).where(CompactionRow.original_id.in_(ids))))
+            compacted = _compacted(session, ids)
             for rid, relevance in part:
                 record = records.get(rid)
                 if record is None or rid in compacted or not _matches(record, flt):
@@ -141,8 +141,7 @@ class SearchEngine:
         linked_ids = {r.target for r in refs if r.kind == "record"}
         linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids))
         linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen))
-        compacted = set(session.scalars(select(CompactionRow.original_id).where(
-            CompactionRow.original_id.in_(list(linked)))))
+        compacted = _compacted(session, list(linked))
         # Linked records obey the query's filters too, and compacted originals stay out.
         extra: list[tuple[Record, float]] = [
             (record, base) for rid, record in linked.items()
@@ -190,6 +189,12 @@ class SearchEngine:
 
     def indexing_lag(self) -> int:
         return self.semantic.lag() if self.semantic is not None else 0
+
+
+def _compacted(session: Session, ids: Sequence[str]) -> set[str]:
+    """Which of ``ids`` are originals covered by a compaction summary (they leave search)."""
+    return set(session.scalars(
+        select(CompactionRow.original_id).where(CompactionRow.original_id.in_(list(ids)))))
 
 
 def _matches(record: Record, flt: RecordFilter) -> bool:
