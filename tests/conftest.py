@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from engram.client import BaseClient
 from services.common.tokens import TokenSigner, ensure_keypair
 
 
@@ -24,6 +27,33 @@ def require(available: bool, what: str) -> None:
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 TokenFactory = Callable[..., str]
+Client = TypeVar("Client", bound=BaseClient)
+
+
+@contextmanager
+def client_factory(
+    build: Callable[[str], Client],
+    make_token: TokenFactory,
+    *,
+    agent: str = "agent-1",
+    fleet: str = "fleet-a",
+    roles: tuple[str, ...] = ("agent",),
+) -> Iterator[Callable[..., Client]]:
+    """``connect(agent, fleet, roles)`` builds a client with a token for that principal;
+    every client it built is closed at the end."""
+    opened: list[Client] = []
+
+    def connect(agent: str = agent, fleet: str = fleet,
+                roles: tuple[str, ...] = roles) -> Client:
+        client = build(make_token(agent, fleet, roles))
+        opened.append(client)
+        return client
+
+    try:
+        yield connect
+    finally:
+        for client in opened:
+            client.close()
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from services.compactor.service import service_spec
 from services.compactor.settings import CompactorSettings
 from services.shard.server import build_shard_server
 from services.shard.settings import ShardSettings
-from tests.conftest import TokenFactory
+from tests.conftest import TokenFactory, client_factory
 
 
 @pytest.fixture
@@ -64,30 +64,14 @@ CompactorFactory = Callable[..., CompactorClient]
 @pytest.fixture
 def compactor_for(compactor_server: EngramServer,
                   make_token: TokenFactory) -> Iterator[CompactorFactory]:
-    clients: list[CompactorClient] = []
-
-    def connect(agent: str = "agent-1", fleet: str = "fleet-a",
-                roles: tuple[str, ...] = ("agent",)) -> CompactorClient:
-        client = CompactorClient(compactor_server.address, make_token(agent, fleet, roles))
-        clients.append(client)
-        return client
-
-    yield connect
-    for client in clients:
-        client.close()
+    with client_factory(lambda token: CompactorClient(compactor_server.address, token),
+                        make_token) as connect:
+        yield connect
 
 
 @pytest.fixture
 def shard_for(shard_server: EngramServer,
               make_token: TokenFactory) -> Iterator[Callable[..., ShardClient]]:
-    clients: list[ShardClient] = []
-
-    def connect(agent: str = "agent-1", fleet: str = "fleet-a",
-                roles: tuple[str, ...] = ("agent",)) -> ShardClient:
-        client = ShardClient(shard_server.address, make_token(agent, fleet, roles))
-        clients.append(client)
-        return client
-
-    yield connect
-    for client in clients:
-        client.close()
+    with client_factory(lambda token: ShardClient(shard_server.address, token),
+                        make_token) as connect:
+        yield connect

@@ -12,7 +12,7 @@ from services.common.server import EngramServer
 from services.governance.repository import GovernanceRepository
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
-from tests.conftest import TokenFactory
+from tests.conftest import TokenFactory, client_factory
 
 GovClientFactory = Callable[..., GovernanceClient]
 
@@ -43,17 +43,9 @@ def governance(gov_settings: GovernanceSettings
 @pytest.fixture
 def gov_for(governance: tuple[EngramServer, GovernanceRepository],
             make_token: TokenFactory) -> Iterator[GovClientFactory]:
-    clients: list[GovernanceClient] = []
-
-    def connect(agent: str = "gov-1", fleet: str = "fleet-a",
-                roles: tuple[str, ...] = ("governor",)) -> GovernanceClient:
-        client = GovernanceClient(governance[0].address, make_token(agent, fleet, roles))
-        clients.append(client)
-        return client
-
-    yield connect
-    for client in clients:
-        client.close()
+    with client_factory(lambda token: GovernanceClient(governance[0].address, token),
+                        make_token, agent="gov-1", roles=("governor",)) as connect:
+        yield connect
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from engram.client import ShardClient
 from services.shard.server import build_shard_server
 from services.shard.service import ShardService
 from services.shard.settings import ShardSettings
-from tests.conftest import TokenFactory
+from tests.conftest import TokenFactory, client_factory
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -39,18 +39,8 @@ ClientFactory = Callable[..., ShardClient]
 def client_for(
     shard: tuple[str, ShardService], make_token: TokenFactory
 ) -> Iterator[ClientFactory]:
-    clients: list[ShardClient] = []
-
-    def connect(
-        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
-    ) -> ShardClient:
-        client = ShardClient(shard[0], make_token(agent, fleet, roles))
-        clients.append(client)
-        return client
-
-    yield connect
-    for client in clients:
-        client.close()
+    with client_factory(lambda token: ShardClient(shard[0], token), make_token) as connect:
+        yield connect
 
 
 @pytest.fixture
