@@ -11,7 +11,6 @@ validated and the resolved path must stay under ``DIR``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlparse
 
-from services.common.blobstore.port import BlobInfo, BlobStore, validate_key
+from services.common.blobstore.port import BlobInfo, BlobStore, validate_key, write_hashed
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound
 
 _TMP_DIR = ".tmp"
@@ -82,17 +81,9 @@ class FileBlobStore(BlobStore):
         if final.exists():
             raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
         tmp = self.root / _TMP_DIR / f"{uuid.uuid4().hex}.part"
-        digest = hashlib.sha256()
-        size = 0
         try:
             with open(tmp, "xb") as handle:
-                for chunk in chunks:
-                    handle.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-                info = BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
-                if before_commit is not None:
-                    before_commit(info)
+                info = write_hashed(key, chunks, handle, before_commit)
                 handle.flush()
                 os.fsync(handle.fileno())
             created = _make_parents(final, self.root)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import IO
 
 from services.common.errors import InvalidArgument
 
@@ -70,3 +72,19 @@ class BlobStore(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
         """Release clients or handles; the default holds none."""
+
+
+def write_hashed(key: str, chunks: Iterable[bytes], sink: IO[bytes],
+                 before_commit: Callable[[BlobInfo], None] | None) -> BlobInfo:
+    """Copy ``chunks`` into ``sink`` while hashing; ``before_commit`` sees the totals and may
+    refuse (by raising) before the adapter makes anything visible."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in chunks:
+        sink.write(chunk)
+        digest.update(chunk)
+        size += len(chunk)
+    info = BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
+    if before_commit is not None:
+        before_commit(info)
+    return info

@@ -13,7 +13,6 @@ servers that ignore it); a failed multipart upload is aborted.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import threading
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from services.common.blobstore.port import BlobInfo, BlobStore, validate_key
+from services.common.blobstore.port import BlobInfo, BlobStore, validate_key, write_hashed
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound, Unavailable
 
 PART_SIZE = 8 * 1024 * 1024
@@ -109,15 +108,8 @@ class S3BlobStore(BlobStore):
         if self.spool_dir is not None:
             Path(self.spool_dir).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(prefix="engram-s3-", dir=self.spool_dir) as spool:
-            digest = hashlib.sha256()
-            size = 0
-            for chunk in chunks:
-                spool.write(chunk)
-                digest.update(chunk)
-                size += len(chunk)
-            info = BlobInfo(key=key, size_bytes=size, sha256=digest.hexdigest())
-            if before_commit is not None:
-                before_commit(info)
+            info = write_hashed(key, chunks, spool, before_commit)
+            size = info.size_bytes
             spool.flush()
             try:
                 if size <= self.single_put_max:
