@@ -1,8 +1,13 @@
-"""Score ranking methods on LoCoMo conversations in-process (no services), for quick iteration.
+"""Score the shard's FleetIndex on LoCoMo conversations in-process (no services).
 
     .venv/bin/python tools/locomo_offline.py /work/shared/data/locomo/*.json [--only NAME]
 
-Embeddings of turns are cached under $TMPDIR so reruns cost only the queries.
+Each conversation is one FleetIndex (the service's per-fleet index, so the harness and
+the service compute the same method), each session one run, each turn one record with
+its session date as metadata, added in order; questions are asked with their MiniLM
+vector. Figures are printed for all files and separately for the tuning conversations
+(``--tune``, default 26 and 30) and the held-out rest. Embeddings of turns are cached
+under $TMPDIR so reruns cost only new texts.
 """
 
 from __future__ import annotations
@@ -23,50 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engram.eval.locomo import Conversation, RecallReport, load_conversation
 from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors
-from services.shard.retrieval.ranking import HybridRanker, Memory, RankingConfig
+from services.shard.search.fleet_index import ContextSettings, FleetIndex
 
-PLAIN = RankingConfig(
-    stemming=False,
-    stop_words=False,
-    neighbour_weight=0.0,
-    neighbour_window=1,
-    dense_neighbour_weight=0.0,
-    fusion="rrf",
-    smoothing=0.0,
-    bm25_k1=1.2,
-    bm25_b=0.75,
-)
-ANALYSED = replace(PLAIN, stemming=True, stop_words=True)
-CONTEXT = replace(ANALYSED, neighbour_weight=0.5, dense_neighbour_weight=0.3)
-BEST = RankingConfig()
-METHODS: dict[str, RankingConfig] = {
-    "bm25 plain": replace(PLAIN, mode="lexical"),
-    "dense MiniLM": replace(PLAIN, mode="semantic"),
-    "rrf plain": PLAIN,
-    "bm25 +stem+stop": replace(ANALYSED, mode="lexical"),
-    "bm25 +neighbours (w 0.5, window 1)": replace(CONTEXT, mode="lexical"),
-    "dense +neighbour blend 0.3": replace(CONTEXT, mode="semantic"),
-    "rrf +context": CONTEXT,
-    "convex +context": replace(CONTEXT, fusion="convex"),
-    "convex +context window 2": replace(CONTEXT, fusion="convex", neighbour_window=2),
-    "  + smoothing 0.2": replace(BEST, bm25_k1=1.2, bm25_b=0.75),
-    "  + bm25 k1 0.9 b 0.4 (default)": BEST,
-    "  + lexical prf 3 docs": replace(BEST, prf_docs=3),
-    "  + dense rocchio 0.5": replace(BEST, dense_prf=0.5),
-    "  + thread (session) score 0.3": replace(BEST, thread_weight=0.3),
-    "  + speaker boost 0.5": replace(BEST, speaker_boost=0.5),
-    "  + window text embedded": replace(BEST, dense_window_text=True, dense_neighbour_weight=0.0),
-    "  context as scores (service)": replace(
-        BEST, context_level="scores", dense_context_level="scores"
+BEST = ContextSettings()
+SYMMETRIC = replace(BEST, before_weight=0.5, after_weight=0.5, distance_decay=1.0)
+METHODS: dict[str, tuple[str, ContextSettings]] = {
+    "hybrid, neighbours' terms 0.5 both sides": ("hybrid", SYMMETRIC),
+    "  + before 0.6 / after 0.4": ("hybrid", replace(BEST, distance_decay=1.0)),
+    "  + before 0.7 / after 0.3": (
+        "hybrid",
+        replace(BEST, before_weight=0.7, after_weight=0.3, distance_decay=1.0),
     ),
-    "  lexical terms, dense scores (service)": replace(BEST, dense_context_level="scores"),
-    "  lexical terms, no dense blend": replace(BEST, dense_neighbour_weight=0.0),
-    "  context as scores, no dense blend": replace(
-        BEST, context_level="scores", dense_neighbour_weight=0.0
-    ),
-    "  context as scores, lexical": replace(BEST, context_level="scores", mode="lexical"),
-    "lexical (default)": replace(BEST, mode="lexical"),
-    "semantic (default)": replace(BEST, mode="semantic"),
+    "  + distance 2 at half weight": ("hybrid", replace(SYMMETRIC, distance_decay=0.5)),
+    "hybrid (default)": ("hybrid", BEST),
+    "lexical (default)": ("lexical", BEST),
+    "semantic (default)": ("semantic", BEST),
 }
 
 
@@ -75,12 +51,15 @@ class CachedEmbedder:
 
     def __init__(self) -> None:
         self.model = MiniLMEmbedder()
-        self.name, self.dimension, self.for_tests_only = self.model.name, 384, False
-        self.path = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "engram-locomo-emb.npz"
+        self.name, self.dimension = self.model.name, self.model.dimension
+        self.path = (
+            Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / f"engram-locomo-{self.name}.npz"
+        )
         self.cache: dict[str, np.ndarray] = {}
         if self.path.exists():
             with np.load(self.path) as data:
-                self.cache = {k: data[k] for k in data.files}
+                if "keys" in data.files:
+                    self.cache = dict(zip(data["keys"].tolist(), data["vectors"], strict=True))
         self.dirty = False
 
     def embed(self, texts: list[str]) -> Vectors:
@@ -94,49 +73,78 @@ class CachedEmbedder:
 
     def save(self) -> None:
         if self.dirty:
-            np.savez(self.path, **self.cache)
+            keys = list(self.cache)
+            np.savez(
+                self.path, keys=np.array(keys), vectors=np.stack([self.cache[k] for k in keys])
+            )
 
 
-def memories_of(conv: Conversation) -> list[Memory]:
-    return [
-        Memory(t.memory_text(), speaker=t.speaker, thread=f"session-{t.session}", position=t.index)
-        for t in conv.turns
+def fleet_of(conv: Conversation, settings: ContextSettings, embedder: CachedEmbedder) -> FleetIndex:
+    """One conversation as the shard indexes it: records in order, a run per session."""
+    index = FleetIndex(embedder.dimension, settings)
+    texts = [turn.memory_text() for turn in conv.turns]
+    docs = [
+        index.add(turn.dia_id, f"session-{turn.session}", text)
+        for turn, text in zip(conv.turns, texts, strict=True)
     ]
+    index.add_vectors(docs, embedder.embed(texts))
+    return index
 
 
-def evaluate(convs: list[Conversation], config: RankingConfig, embedder: CachedEmbedder) -> dict:
-    report = RecallReport(ks=(5, 10))
+def evaluate(
+    convs: list[Conversation],
+    mode: str,
+    settings: ContextSettings,
+    embedder: CachedEmbedder,
+    tune: set[str],
+) -> dict[str, dict[str, object]]:
+    """Recall over all conversations, the tuning ones and the held-out ones."""
+    reports = {name: RecallReport(ks=(5, 10)) for name in ("all", "tune", "held-out")}
     for conv in convs:
-        ranker = HybridRanker(memories_of(conv), embedder, config)
-        for q in conv.questions:
+        index = fleet_of(conv, settings, embedder)
+        vectors = embedder.embed([q.text for q in conv.questions])
+        for question, vector in zip(conv.questions, vectors, strict=True):
             start = time.perf_counter()
-            ranked = [conv.turns[i].dia_id for i in ranker.search(q.text, 10)]
-            report.add(q, ranked, (time.perf_counter() - start) * 1000)
-    return report.as_dict()
+            found = index.search(question.text, None if mode == "lexical" else vector, mode)
+            elapsed = (time.perf_counter() - start) * 1000
+            ranked = [index.ids[doc] for doc, _ in found[:10]]
+            for name in ("all", "tune" if conv.name in tune else "held-out"):
+                reports[name].add(question, ranked, elapsed)
+    return {name: report.as_dict() for name, report in reports.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("files", nargs="+")
     parser.add_argument("--only", default="")
+    parser.add_argument("--tune", default="26,30", help="conversations used to choose methods")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     convs = [load_conversation(f) for f in args.files]
+    tune = {name.strip() for name in args.tune.split(",") if name.strip()}
     embedder = CachedEmbedder()
     for conv in convs:  # warm the cache once for every method
-        embedder.embed([m.text for m in memories_of(conv)] + [q.text for q in conv.questions])
+        embedder.embed([t.memory_text() for t in conv.turns] + [q.text for q in conv.questions])
     embedder.save()
-    for name, config in METHODS.items():
+    for name, (mode, settings) in METHODS.items():
         if args.only and args.only not in name:
             continue
-        result = evaluate(convs, config, embedder)
+        result = evaluate(convs, mode, settings, embedder, tune)
         if args.json:
             print(json.dumps({"method": name, **result}))
-        else:
-            cats = " ".join(
-                f"{c[:6]}={v['recall@10']:.2f}" for c, v in result["categories"].items()
-            )
-            print(f"{name:40s} R@5={result['recall@5']:.3f} R@10={result['recall@10']:.3f}  {cats}")
+            continue
+        every = result["all"]
+        split = " ".join(
+            f"{part} {result[part]['recall@5']:.3f}/{result[part]['recall@10']:.3f}"
+            for part in ("tune", "held-out")
+        )
+        cats = " ".join(
+            f"{c[:6]}={v['recall@10']:.2f}"
+            for c, v in every["categories"].items()  # type: ignore[attr-defined]
+        )
+        print(
+            f"{name:42s} R@5={every['recall@5']:.3f} R@10={every['recall@10']:.3f}  {split}  {cats}"
+        )
 
 
 if __name__ == "__main__":

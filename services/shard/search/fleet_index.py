@@ -8,8 +8,10 @@ around it. The craft measured on LoCoMo (docs/retrieval.md) is applied as a
 general method:
 
 - lexical: BM25 (k1 0.9, b 0.4 for short texts) over stemmed, stop-worded terms,
-  each document holding its own terms plus its neighbours' at half weight; a
-  later neighbour extends an earlier document (:class:`GrowingBM25`);
+  each document holding its own terms plus its neighbours': the record before it
+  at 0.6 (a turn replies to it), the record after it at 0.4 (an answer follows its
+  question), half that two records away; a later neighbour extends an earlier
+  document (:class:`GrowingBM25`);
 - dense: MiniLM cosine blended with the neighbours' mean cosine (0.7 / 0.3);
 - fusion: weighted sum of the two normalised scores (lexical 0.5);
 - smoothing: a candidate gains 0.2 x its best neighbour's fused score.
@@ -38,7 +40,9 @@ Floats = npt.NDArray[np.float32]
 class ContextSettings:
     """Defaults: the best general setting measured on LoCoMo (docs/retrieval.md)."""
 
-    neighbour_weight: float = 0.5
+    before_weight: float = 0.6  # the previous record's terms in a record's document
+    after_weight: float = 0.4  # the next record's terms (an answer follows its question)
+    distance_decay: float = 0.5  # weight factor per further step within the window
     window: int = 2
     dense_neighbour_weight: float = 0.3
     lexical_weight: float = 0.5
@@ -57,8 +61,9 @@ def terms_of(text: str) -> dict[str, float]:
 class FleetIndex:
     """Not thread-safe: the owner (:class:`SemanticIndex`) serialises access."""
 
-    def __init__(self, dimension: int, settings: ContextSettings, *,
-                 hnsw_threshold: int = 10_000) -> None:
+    def __init__(
+        self, dimension: int, settings: ContextSettings, *, hnsw_threshold: int = 10_000
+    ) -> None:
         self.settings = settings
         self.ids: list[str] = []
         self.doc_of: dict[str, int] = {}
@@ -90,19 +95,21 @@ class FleetIndex:
         cfg = self.settings
         bag = dict(own)
         tail = self._tail(run_id) if run_id else []
-        for _, earlier in tail:
+        steps = [cfg.distance_decay ** (len(tail) - 1 - i) for i in range(len(tail))]
+        for step, (_, earlier) in zip(steps, tail, strict=True):
             for term, count in earlier.items():
-                bag[term] = bag.get(term, 0.0) + cfg.neighbour_weight * count
+                bag[term] = bag.get(term, 0.0) + step * cfg.before_weight * count
         self.lexical.add(bag)
-        for earlier_doc, _ in tail:
-            self.lexical.extend(earlier_doc, {t: cfg.neighbour_weight * c for t, c in own.items()})
+        for step, (earlier_doc, _) in zip(steps, tail, strict=True):
+            weight = step * cfg.after_weight
+            self.lexical.extend(earlier_doc, {t: weight * c for t, c in own.items()})
         if run_id:
             last = self._last_of_run.get(run_id)
             if last is not None:
                 self._prev[doc], self._next[last] = last, doc
             self._last_of_run[run_id] = doc
             tail.append((doc, own))
-            self._run_tail[run_id] = tail[-cfg.window:]
+            self._run_tail[run_id] = tail[-cfg.window :]
             self._run_tail.move_to_end(run_id)
             while len(self._run_tail) > cfg.max_open_runs:
                 self._run_tail.popitem(last=False)  # an old run's next record skips term sharing
@@ -153,8 +160,13 @@ class FleetIndex:
             out[have] = self.vectors.vectors([int(d) for d in docs[have]]) @ query_vector
         return out
 
-    def search(self, query: str, query_vector: Floats | None, mode: str,
-               allowed: npt.NDArray[np.bool_] | None = None) -> list[tuple[int, float]]:
+    def search(
+        self,
+        query: str,
+        query_vector: Floats | None,
+        mode: str,
+        allowed: npt.NDArray[np.bool_] | None = None,
+    ) -> list[tuple[int, float]]:
         """Candidate documents with relevance, best first (lexical | semantic | hybrid)."""
         cfg = self.settings
         n = len(self.ids)
@@ -168,8 +180,11 @@ class FleetIndex:
         seeds = [int(d) for d in np.argsort(-lex)[: cfg.depth] if lex[d] > 0]
         if query_vector is not None and len(self.vectors):
             width = cfg.depth if allowed is None else cfg.depth * 4
-            seeds += [d for d, sim in self.vectors.search(query_vector, width)
-                      if sim >= cfg.min_similarity and (allowed is None or allowed[d])]
+            seeds += [
+                d
+                for d, sim in self.vectors.search(query_vector, width)
+                if sim >= cfg.min_similarity and (allowed is None or allowed[d])
+            ]
         if not seeds:
             return []
         candidates = np.unique(np.asarray(seeds, dtype=np.int64))
@@ -177,8 +192,11 @@ class FleetIndex:
         pool = np.unique(np.concatenate([candidates, near[near >= 0]]))
         if allowed is not None:
             pool = pool[allowed[pool]]
-        sims = (self.similarities(pool, query_vector) if query_vector is not None
-                else np.full(len(pool), np.nan, dtype=np.float32))
+        sims = (
+            self.similarities(pool, query_vector)
+            if query_vector is not None
+            else np.full(len(pool), np.nan, dtype=np.float32)
+        )
         own_sim = np.nan_to_num(sims, nan=0.0)
         pool_near = self.neighbours(pool)
         near_idx = _positions(pool, pool_near)
@@ -188,8 +206,9 @@ class FleetIndex:
         if mode == "semantic":
             fused = _normalise(dense, low=None)
         else:
-            fused = (cfg.lexical_weight * _normalise(lex_pool, low=0.0)
-                     + (1.0 - cfg.lexical_weight) * _normalise(dense, low=None))
+            fused = cfg.lexical_weight * _normalise(lex_pool, low=0.0) + (
+                1.0 - cfg.lexical_weight
+            ) * _normalise(dense, low=None)
         if cfg.smoothing > 0 and near_idx.size:
             base = _normalise(fused, low=0.0)
             padded = np.append(base, 0.0)
@@ -197,8 +216,9 @@ class FleetIndex:
         order = np.argsort(-fused, kind="stable")
         return [(int(pool[i]), float(fused[i])) for i in order if keep[i] and fused[i] > 0]
 
-    def _lexical(self, query: str,
-                 allowed: npt.NDArray[np.bool_] | None) -> list[tuple[int, float]]:
+    def _lexical(
+        self, query: str, allowed: npt.NDArray[np.bool_] | None
+    ) -> list[tuple[int, float]]:
         """BM25 over a record's terms plus its neighbours' (no fusion, no smoothing)."""
         n = len(self.ids)
         lex = self.lexical.scores(terms_of(query))
@@ -243,5 +263,6 @@ def _normalise(scores: Floats, *, low: float | None) -> Floats:
     span = float(scores.max()) - floor
     if span <= 1e-12:  # all equal: every candidate counts fully (all zero stays zero)
         return (scores > 0 if low is not None else np.ones_like(scores, dtype=bool)).astype(
-            np.float32)
+            np.float32
+        )
     return ((scores - floor) / span).astype(np.float32)
