@@ -20,27 +20,34 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
+from datetime import date
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engram.eval.locomo import Conversation, RecallReport, load_conversation
+from engram.eval.locomo import Conversation, RecallReport, Turn, load_conversation
 from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors
-from services.shard.search.fleet_index import ContextSettings, FleetIndex
+from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 
 BEST = ContextSettings()
-SYMMETRIC = replace(BEST, before_weight=0.5, after_weight=0.5, distance_decay=1.0)
+SYMMETRIC = replace(BEST, before_weight=0.5, after_weight=0.5, distance_decay=1.0, date_boost=0.0)
 METHODS: dict[str, tuple[str, ContextSettings]] = {
     "hybrid, neighbours' terms 0.5 both sides": ("hybrid", SYMMETRIC),
-    "  + before 0.6 / after 0.4": ("hybrid", replace(BEST, distance_decay=1.0)),
+    "  + before 0.6 / after 0.4": ("hybrid", replace(BEST, distance_decay=1.0, date_boost=0.0)),
     "  + before 0.7 / after 0.3": (
         "hybrid",
-        replace(BEST, before_weight=0.7, after_weight=0.3, distance_decay=1.0),
+        replace(BEST, before_weight=0.7, after_weight=0.3, distance_decay=1.0, date_boost=0.0),
     ),
     "  + distance 2 at half weight": ("hybrid", replace(SYMMETRIC, distance_decay=0.5)),
-    "hybrid (default)": ("hybrid", BEST),
+    "  + before 0.6 / after 0.4, distance 2 at half": ("hybrid", replace(BEST, date_boost=0.0)),
+    "  + dates named in the query (default)": ("hybrid", BEST),
+    "  + date boost 0.2": ("hybrid", replace(BEST, date_boost=0.2)),
+    "  + date boost 0.1": ("hybrid", replace(BEST, date_boost=0.1)),
+    "  + date boost 0.4": ("hybrid", replace(BEST, date_boost=0.4)),
+    "  + date boost 0.6": ("hybrid", replace(BEST, date_boost=0.6)),
+    "lexical, no date boost": ("lexical", replace(BEST, date_boost=0.0)),
     "lexical (default)": ("lexical", BEST),
     "semantic (default)": ("semantic", BEST),
 }
@@ -79,12 +86,17 @@ class CachedEmbedder:
             )
 
 
+def record_day(turn: Turn) -> date | None:
+    """The shard's reading of the metadata the eval writes (the session date)."""
+    return metadata_day({"session_date": turn.session_date})
+
+
 def fleet_of(conv: Conversation, settings: ContextSettings, embedder: CachedEmbedder) -> FleetIndex:
     """One conversation as the shard indexes it: records in order, a run per session."""
     index = FleetIndex(embedder.dimension, settings)
     texts = [turn.memory_text() for turn in conv.turns]
     docs = [
-        index.add(turn.dia_id, f"session-{turn.session}", text)
+        index.add(turn.dia_id, f"session-{turn.session}", text, day=record_day(turn))
         for turn, text in zip(conv.turns, texts, strict=True)
     ]
     index.add_vectors(docs, embedder.embed(texts))

@@ -7,6 +7,7 @@ stripping"), written out here so lexical ranking needs no extra dependency.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 _TOKEN = re.compile(r"[a-z0-9]+")
@@ -189,3 +190,62 @@ def analyze(
     """Index terms of ``text``: tokens minus stop words, stemmed."""
     terms = [t for t in tokenize(text) if t not in stop_words]
     return [stem(t) for t in terms] if stemming else terms
+
+
+@dataclass(frozen=True)
+class DateMention:
+    """A calendar date named in text; a part left unnamed (None) matches any value."""
+
+    year: int | None
+    month: int | None
+    day: int | None
+
+
+_MONTH_NAMES = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+_MONTHS = {name: number for number, name in enumerate(_MONTH_NAMES, 1)}
+_MONTHS.update({name[:3]: number for name, number in list(_MONTHS.items())})
+_MONTHS["Sept"] = 9
+# Month names only capitalised ("May", not the verb "may"), abbreviated only beside a day
+# ("Jan" alone is a name): "8 May, 2023", "May 8th 2023", "May 2023", "May", "2023-05-08",
+# or a year alone.
+_MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_FULL_MONTH = "(" + "|".join(_MONTH_NAMES) + ")"
+_DATE = re.compile(
+    rf"\b(?:(\d{{1,2}})(?:st|nd|rd|th)?\s+(?:of\s+)?{_MONTH}|{_MONTH}\s+(\d{{1,2}})(?:st|nd|rd|th)?\b"
+    rf"|{_FULL_MONTH})(?:,?\s+((?:19|20)\d\d))?\b"
+    r"|\b((?:19|20)\d\d)-(\d\d)-(\d\d)(?!\d)|\b((?:19|20)\d\d)\b"
+)
+
+
+def date_mentions(text: str) -> list[DateMention]:
+    """Dates named in ``text``, as precise as the text is ("in June" names a month only)."""
+    out: list[DateMention] = []
+    for match in _DATE.finditer(text):
+        day1, month1, month2, day2, month3, year, iso_y, iso_m, iso_d, bare_year = match.groups()
+        if iso_y:
+            out.append(DateMention(int(iso_y), int(iso_m), int(iso_d)))
+        elif bare_year:
+            out.append(DateMention(int(bare_year), None, None))
+        else:
+            day = day1 or day2
+            out.append(
+                DateMention(
+                    int(year) if year else None,
+                    _MONTHS[month1 or month2 or month3],
+                    int(day) if day else None,
+                )
+            )
+    return out

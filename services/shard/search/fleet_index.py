@@ -14,7 +14,11 @@ general method:
   document (:class:`GrowingBM25`);
 - dense: MiniLM cosine blended with the neighbours' mean cosine (0.7 / 0.3);
 - fusion: weighted sum of the two normalised scores (lexical 0.5);
-- smoothing: a candidate gains 0.2 x its best neighbour's fused score.
+- smoothing: a candidate gains 0.2 x its best neighbour's fused score;
+- dates: when the query names a date ("on 13 October, 2023", "in June", "in 2023"),
+  records of a matching date gain 0.3 x the best score, unless all or none match. A
+  record's date is the first metadata value that reads as a full date (an event's
+  date, e.g. a session date), else its creation day.
 
 Only records with a lexical match (own or neighbours' terms) or a cosine above
 ``min_similarity`` are candidates, so an unrelated query returns nothing.
@@ -23,13 +27,15 @@ Only records with a lexical match (own or neighbours' terms) or a cosine above
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 
 import numpy as np
 import numpy.typing as npt
 
 from services.shard.retrieval.lexical import GrowingBM25
-from services.shard.retrieval.text import STOP_WORDS, analyze
+from services.shard.retrieval.text import STOP_WORDS, DateMention, analyze, date_mentions
 from services.shard.retrieval.vector_index import TieredVectorIndex
 
 Ints = npt.NDArray[np.int64]
@@ -47,11 +53,27 @@ class ContextSettings:
     dense_neighbour_weight: float = 0.3
     lexical_weight: float = 0.5
     smoothing: float = 0.2
+    date_boost: float = 0.3  # share of the best score added to records of a date the query names
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
     depth: int = 100
     min_similarity: float = 0.25
     max_open_runs: int = 65_536  # runs whose last terms are kept to extend (LRU)
+
+
+def metadata_day(metadata: Mapping[str, str], created_us: int | None = None) -> date | None:
+    """A record's date: the first metadata value naming a full date (when what it records
+    happened, e.g. a session date), else the day it was created (UTC)."""
+    for value in metadata.values():
+        for mention in date_mentions(str(value)):
+            if mention.year and mention.month and mention.day:
+                try:
+                    return date(mention.year, mention.month, mention.day)
+                except ValueError:  # "31 February": not a date
+                    continue
+    if created_us is None:
+        return None
+    return datetime.fromtimestamp(created_us / 1_000_000, tz=UTC).date()
 
 
 def terms_of(text: str) -> dict[str, float]:
@@ -73,6 +95,7 @@ class FleetIndex:
         self._prev = np.full(1024, -1, dtype=np.int64)
         self._next = np.full(1024, -1, dtype=np.int64)
         self._run_of = np.full(1024, -1, dtype=np.int64)
+        self._dates = np.zeros((1024, 3), dtype=np.int16)  # year, month, day; 0 = unknown
         self._run_numbers: dict[str, int] = {}
         self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
         self._last_of_run: dict[str, int] = {}
@@ -83,8 +106,10 @@ class FleetIndex:
 
     # -- growing ------------------------------------------------------------
 
-    def add(self, record_id: str, run_id: str, text: str, text_key: bytes = b"") -> int:
-        """Add one record (in ``seq`` order); returns its document number."""
+    def add(
+        self, record_id: str, run_id: str, text: str, text_key: bytes = b"", day: date | None = None
+    ) -> int:
+        """Add one record (in ``seq`` order, ``day`` its date if known); returns its number."""
         if record_id in self.doc_of:
             return self.doc_of[record_id]
         if text_key:
@@ -92,6 +117,8 @@ class FleetIndex:
         own = terms_of(text)
         doc = len(self.ids)
         self._grow(doc + 1)
+        if day is not None:
+            self._dates[doc] = (day.year, day.month, day.day)
         cfg = self.settings
         bag = dict(own)
         tail = self._tail(run_id) if run_id else []
@@ -129,6 +156,7 @@ class FleetIndex:
         self._next = np.concatenate([self._next, np.full(extra, -1, dtype=np.int64)])
         self._has_vector = np.concatenate([self._has_vector, np.zeros(extra, dtype=bool)])
         self._run_of = np.concatenate([self._run_of, np.full(extra, -1, dtype=np.int64)])
+        self._dates = np.concatenate([self._dates, np.zeros((extra, 3), dtype=np.int16)])
 
     def add_vectors(self, docs: list[int], vectors: Floats) -> None:
         fresh = [i for i, d in enumerate(docs) if not self._has_vector[d]]
@@ -209,6 +237,7 @@ class FleetIndex:
             fused = cfg.lexical_weight * _normalise(lex_pool, low=0.0) + (
                 1.0 - cfg.lexical_weight
             ) * _normalise(dense, low=None)
+        fused = self._date_boost(fused, pool, date_mentions(query))
         if cfg.smoothing > 0 and near_idx.size:
             base = _normalise(fused, low=0.0)
             padded = np.append(base, 0.0)
@@ -224,10 +253,29 @@ class FleetIndex:
         lex = self.lexical.scores(terms_of(query))
         if allowed is not None:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
+        matched = np.flatnonzero(lex > 0)
+        lex[matched] = self._date_boost(lex[matched], matched, date_mentions(query))
         depth = min(self.settings.depth, n)
         top = np.argpartition(-lex, depth - 1)[:depth] if depth < n else np.arange(n)
         top = top[np.argsort(-lex[top], kind="stable")]
         return [(int(d), float(lex[d])) for d in top if lex[d] > 0]
+
+    def _date_boost(self, scores: Floats, docs: Ints, named: list[DateMention]) -> Floats:
+        """Raise the documents whose date matches a date the query names (see module doc)."""
+        if not named or not len(docs) or self.settings.date_boost <= 0:
+            return scores
+        dates = self._dates[docs]
+        hit = np.zeros(len(docs), dtype=bool)
+        for mention in named:
+            match = dates[:, 0] > 0
+            for column, part in enumerate((mention.year, mention.month, mention.day)):
+                if part is not None:
+                    match &= dates[:, column] == part
+            hit |= match
+        if hit.all() or not hit.any():  # no preference among the candidates
+            return scores
+        boosted = scores + self.settings.date_boost * float(scores.max()) * hit
+        return boosted.astype(np.float32)
 
     def run_mask(self, run_id: str) -> npt.NDArray[np.bool_]:
         """Documents of one run (for a run-scoped search)."""

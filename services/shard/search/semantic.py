@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import re
 import threading
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from services.common.db import Database
 from services.shard.retrieval.embedding import EmbeddingProvider
-from services.shard.search.fleet_index import ContextSettings, FleetIndex
+from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 from services.shard.tables import Base, RecordRow
 
 log = logging.getLogger("engram.shard.semantic")
@@ -111,7 +112,7 @@ class SemanticIndex:
                 with self.db.session() as session:
                     rows = session.execute(
                         select(RecordRow.seq, RecordRow.id, RecordRow.fleet_id, RecordRow.run_id,
-                               RecordRow.content)
+                               RecordRow.content, RecordRow.metadata_json, RecordRow.created_us)
                         .where(RecordRow.seq > self._lexical_seq)
                         .order_by(RecordRow.seq)
                         .limit(chunk)
@@ -122,7 +123,8 @@ class SemanticIndex:
                     for row in rows:
                         fleet = self._fleet(row.fleet_id)
                         key = text_key(row.content, row.run_id or "")
-                        doc = fleet.add(row.id, row.run_id or "", row.content, key)
+                        day = metadata_day(json.loads(row.metadata_json or "{}"), row.created_us)
+                        doc = fleet.add(row.id, row.run_id or "", row.content, key, day)
                         self._pending.append((int(row.seq), row.fleet_id, doc, row.id,
                                               row.content))
                     self._lexical_seq = int(rows[-1].seq)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, date, datetime
+
 import numpy as np
 
 from services.shard.retrieval.embedding import HashEmbedder
 from services.shard.retrieval.lexical import BM25Index, GrowingBM25
-from services.shard.search.fleet_index import ContextSettings, FleetIndex
+from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 
 
 def test_growing_bm25_matches_a_bm25_built_with_the_final_documents() -> None:
@@ -63,3 +65,31 @@ def test_neighbour_links_follow_creation_order_within_a_run() -> None:
     near = index.neighbours(np.array([1, 3], dtype=np.int64))
     assert set(near[0][near[0] >= 0].tolist()) == {0, 2}
     assert set(near[1][near[1] >= 0].tolist()) == {4}
+
+
+def test_a_query_naming_a_date_prefers_records_of_that_date() -> None:
+    rows = [
+        ("a", "run-1", "We painted a sunset together", date(2023, 7, 15)),
+        ("b", "run-2", "We painted a lake together", date(2023, 10, 13)),
+    ]
+    embedder = HashEmbedder()
+    index = FleetIndex(embedder.dimension, ContextSettings())
+    docs = [index.add(rid, run, text, day=day) for rid, run, text, day in rows]
+    vectors = embedder.embed([text for _, _, text, _ in rows])
+    index.add_vectors(docs, vectors)
+    between = (vectors[0] + vectors[1]) / np.linalg.norm(vectors[0] + vectors[1])  # no preference
+    for mode in ("lexical", "hybrid"):
+        vector = None if mode == "lexical" else between
+        first = index.search("What was painted on October 13, 2023?", vector, mode)[0][0]
+        assert index.ids[first] == "b"
+        first = index.search("What was painted in July?", vector, mode)[0][0]
+        assert index.ids[first] == "a"
+
+
+def test_a_record_date_is_read_from_metadata_else_its_creation_day() -> None:
+    assert metadata_day({"dia_id": "D1:3", "session_date": "1:56 pm on 8 May, 2023"}) == date(
+        2023, 5, 8
+    )
+    created = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp() * 1_000_000)
+    assert metadata_day({"note": "met in May"}, created) == date(2026, 11, 22)
+    assert metadata_day({"when": "31 February, 2023"}) is None

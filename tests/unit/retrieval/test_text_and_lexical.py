@@ -7,7 +7,7 @@ import pytest
 
 from services.shard.retrieval.fusion import convex_fusion, reciprocal_rank_fusion, top_k
 from services.shard.retrieval.lexical import BM25Index
-from services.shard.retrieval.text import analyze, stem, tokenize
+from services.shard.retrieval.text import DateMention, analyze, date_mentions, stem, tokenize
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,19 @@ def test_convex_fusion_normalises_each_list() -> None:
     fused = convex_fusion([(0.5, a), (0.5, b)])
     assert list(np.round(fused, 3)) == [0.5, 0.5, 0.5]
     assert top_k(convex_fusion([(0.8, a), (0.2, b)]), 1) == [0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("What did she paint on October 13, 2023?", [DateMention(2023, 10, 13)]),
+        ("1:56 pm on 8 May, 2023", [DateMention(2023, 5, 8)]),
+        ("camping in June", [DateMention(None, 6, None)]),
+        ("trips in 2023", [DateMention(2023, None, None)]),
+        ("logged 2023-05-08T10:00", [DateMention(2023, 5, 8)]),
+        ("Jan 5, 2024", [DateMention(2024, 1, 5)]),
+        ("I may go; Jan and Mark came; maybe", []),  # the verb and names are no months
+    ],
+)
+def test_date_mentions_are_as_precise_as_the_text(text: str, expected: list[DateMention]) -> None:
+    assert date_mentions(text) == expected
