@@ -1,14 +1,16 @@
 """SemanticIndex: record vectors in the database, per-fleet retrieval state in memory.
 
-Two cursors follow the records table by ``seq``. The lexical one adds each new
-record to its fleet's :class:`FleetIndex` (terms, run neighbours); every hybrid
-search first advances it, so a committed record is findable at once, on every
-replica. The vector one runs in a background indexer: it loads the stored
-vector (written by this or another replica) or embeds the content and stores
-it. Both start from zero in a new process, so the index is rebuilt from the
-database after a restart; a write only wakes the indexer (writes never wait for
-the model). ``lag()`` is the number of committed records without a vector in
-the index yet.
+A :class:`SeqCursor` follows the records table by ``seq`` and adds each new
+record to its fleet's :class:`FleetIndex` (terms, run neighbours); every search
+first advances it, so a committed record is findable at once, on every replica,
+including one whose transaction committed after a higher seq was read (the
+cursor re-reads the seqs it stepped over). The record then waits in a queue for
+the background indexer, which loads its stored vector (written by this or
+another replica) or embeds the content and stores it; a failed round puts its
+batch back. Everything starts from zero in a new process, so the index is
+rebuilt from the database after a restart; a write only wakes the indexer
+(writes never wait for the model). ``lag()`` is the number of committed records
+without a vector in the index yet.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import threading
 from collections import deque
 
 import numpy as np
-from sqlalchemy import BigInteger, LargeBinary, String, func, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import BigInteger, LargeBinary, String, func, or_, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.common.db import Database
 from services.shard.retrieval.embedding import EmbeddingProvider
+from services.shard.search.cursor import SeqCursor
 from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 from services.shard.tables import Base, RecordRow
 
@@ -64,8 +67,8 @@ class SemanticIndex:
         self.hnsw_threshold = hnsw_threshold
         self.context = context or ContextSettings()
         self._fleets: dict[str, FleetIndex] = {}
-        self._lexical_seq = 0  # records added to the fleet indexes
-        self._vector_seq = 0  # records whose vector is in the index
+        self._cursor = SeqCursor()  # records added to the fleet indexes (late commits too)
+        self._in_flight = 0  # taken from _pending, vectors not in the index yet
         self._pending: deque[tuple[int, str, int, str, str]] = deque()  # seq, fleet, doc, id, text
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         self._lock = threading.Lock()
@@ -109,11 +112,20 @@ class SemanticIndex:
         """Add every record committed since the last call to its fleet's index (no model)."""
         with self._sync_lock:
             while True:
+                gaps = self._cursor.gaps()
+                newer = RecordRow.seq > self._cursor.position
                 with self.db.session() as session:
                     rows = session.execute(
-                        select(RecordRow.seq, RecordRow.id, RecordRow.fleet_id, RecordRow.run_id,
-                               RecordRow.content, RecordRow.metadata_json, RecordRow.created_us)
-                        .where(RecordRow.seq > self._lexical_seq)
+                        select(
+                            RecordRow.seq,
+                            RecordRow.id,
+                            RecordRow.fleet_id,
+                            RecordRow.run_id,
+                            RecordRow.content,
+                            RecordRow.metadata_json,
+                            RecordRow.created_us,
+                        )
+                        .where(or_(newer, RecordRow.seq.in_(gaps)) if gaps else newer)
                         .order_by(RecordRow.seq)
                         .limit(chunk)
                     ).all()
@@ -125,9 +137,8 @@ class SemanticIndex:
                         key = text_key(row.content, row.run_id or "")
                         day = metadata_day(json.loads(row.metadata_json or "{}"), row.created_us)
                         doc = fleet.add(row.id, row.run_id or "", row.content, key, day)
-                        self._pending.append((int(row.seq), row.fleet_id, doc, row.id,
-                                              row.content))
-                    self._lexical_seq = int(rows[-1].seq)
+                        self._pending.append((int(row.seq), row.fleet_id, doc, row.id, row.content))
+                    self._cursor.advance(int(row.seq) for row in rows)
                 if len(rows) < chunk:
                     return
 
@@ -135,8 +146,7 @@ class SemanticIndex:
         index = self._fleets.get(fleet_id)
         if index is None:
             dimension = self.embedder.dimension if self.embedder is not None else 0
-            index = FleetIndex(dimension, self.context,
-                               hnsw_threshold=self.hnsw_threshold)
+            index = FleetIndex(dimension, self.context, hnsw_threshold=self.hnsw_threshold)
             self._fleets[fleet_id] = index
         return index
 
@@ -149,8 +159,24 @@ class SemanticIndex:
             return 0
         with self._lock:
             work = [self._pending.popleft() for _ in range(min(self.batch, len(self._pending)))]
+            self._in_flight = len(work)
         if not work:
             return 0
+        try:
+            self._index_vectors(work)
+        except BaseException:  # put the batch back: a failed round must not drop records
+            with self._lock:
+                self._pending.extendleft(reversed(work))
+            raise
+        finally:
+            with self._lock:
+                self._in_flight = 0
+        return len(work)
+
+    def _index_vectors(self, work: list[tuple[int, str, int, str, str]]) -> None:
+        """Stored vectors are reused; the rest are embedded (outside any transaction), stored
+        and added to their fleets' indexes."""
+        assert self.embedder is not None
         ids = [item[3] for item in work]
         with self.db.session() as session:
             stored = {
@@ -162,16 +188,17 @@ class SemanticIndex:
                     )
                 )
             }
-            missing = [item for item in work if item[3] not in stored]
-            if missing:
-                with self._lock:
-                    ready = {item[3]: self._fresh_vectors.pop(item[4], None) for item in missing}
-                to_embed = [item for item in missing if ready[item[3]] is None]
-                vectors = self.embedder.embed([item[4] for item in to_embed])
-                for item, vector in zip(to_embed, vectors, strict=True):
-                    ready[item[3]] = vector
-                for item in missing:
-                    stored[item[3]] = np.asarray(ready[item[3]]).astype("<f4").tobytes()
+        missing = [item for item in work if item[3] not in stored]
+        if missing:
+            with self._lock:
+                ready = {item[3]: self._fresh_vectors.pop(item[4], None) for item in missing}
+            to_embed = [item for item in missing if ready[item[3]] is None]
+            vectors = self.embedder.embed([item[4] for item in to_embed])
+            for item, vector in zip(to_embed, vectors, strict=True):
+                ready[item[3]] = vector
+            for item in missing:
+                stored[item[3]] = np.asarray(ready[item[3]]).astype("<f4").tobytes()
+            with self.db.session() as session:
                 self._store(session, missing, stored)
         by_fleet: dict[str, tuple[list[int], list[np.ndarray]]] = {}
         for _, fleet_id, doc, record_id, _ in work:
@@ -181,11 +208,13 @@ class SemanticIndex:
         with self._lock:
             for fleet_id, (docs, rows) in by_fleet.items():
                 self._fleets[fleet_id].add_vectors(docs, np.stack(rows).astype(np.float32))
-            self._vector_seq = work[-1][0]
-        return len(work)
 
-    def _store(self, session, items: list[tuple[int, str, int, str, str]],  # type: ignore[no-untyped-def]
-               stored: dict[str, bytes]) -> None:
+    def _store(
+        self,
+        session: Session,
+        items: list[tuple[int, str, int, str, str]],
+        stored: dict[str, bytes],
+    ) -> None:
         assert self.embedder is not None  # only the vector cursor stores vectors
         ids = [item[3] for item in items]
         session.execute(
@@ -194,8 +223,13 @@ class SemanticIndex:
             )
         )
         session.add_all(
-            RecordVectorRow(record_id=record_id, fleet_id=fleet_id, record_seq=seq,
-                            model=self.embedder.name, vector=stored[record_id])
+            RecordVectorRow(
+                record_id=record_id,
+                fleet_id=fleet_id,
+                record_seq=seq,
+                model=self.embedder.name,
+                vector=stored[record_id],
+            )
             for seq, fleet_id, _, record_id, _ in items
         )
 
@@ -203,15 +237,14 @@ class SemanticIndex:
         """Committed records not yet in the vector index (0 when caught up or lexical only)."""
         if self.embedder is None:
             return 0
+        with self._lock:
+            waiting = len(self._pending) + self._in_flight
+            position = self._cursor.position
         with self.db.session() as session:
-            return int(
-                session.execute(
-                    select(func.count())
-                    .select_from(RecordRow)
-                    .where(RecordRow.seq > self._vector_seq)
-                ).scalar()
-                or 0
-            )
+            unread = session.execute(
+                select(func.count()).select_from(RecordRow).where(RecordRow.seq > position)
+            ).scalar()
+        return waiting + int(unread or 0)
 
     # -- queries ------------------------------------------------------------
 
@@ -221,8 +254,15 @@ class SemanticIndex:
         vector: np.ndarray = self.embedder.embed([text])[0]
         return vector
 
-    def search(self, fleet_id: str, text: str, mode: str, *, run_id: str | None = None,
-               query_vector: np.ndarray | None = None) -> list[tuple[str, float]]:
+    def search(
+        self,
+        fleet_id: str,
+        text: str,
+        mode: str,
+        *,
+        run_id: str | None = None,
+        query_vector: np.ndarray | None = None,
+    ) -> list[tuple[str, float]]:
         """(record id, relevance) candidates of one fleet, best first (lexical | semantic |
         hybrid); without an embedding provider every mode is lexical."""
         self.sync()
@@ -250,8 +290,15 @@ class SemanticIndex:
                 return []
             return [(index.ids[d], sim) for d, sim in index.vectors.search(vector, k)]
 
-    def duplicates(self, fleet_id: str, texts: list[str], run_ids: list[str], *,
-                   semantic: bool, threshold: float) -> list[str | None]:
+    def duplicates(
+        self,
+        fleet_id: str,
+        texts: list[str],
+        run_ids: list[str],
+        *,
+        semantic: bool,
+        threshold: float,
+    ) -> list[str | None]:
         """For each text, the id of an existing record it duplicates (None if new).
 
         Exact: the same normalised text (case and spacing) in the same run of the fleet,
@@ -273,7 +320,8 @@ class SemanticIndex:
                     found = f"batch:{seen[key]}"
                 if found is None and vectors is not None:
                     found = self._near(index, vectors, i, threshold) or self._near_pending(
-                        fleet_id, vectors[i], threshold)
+                        fleet_id, vectors[i], threshold
+                    )
                 seen.setdefault(key, i)
                 out.append(found)
         if vectors is not None:
@@ -283,8 +331,9 @@ class SemanticIndex:
                 self._fresh_vectors.pop(next(iter(self._fresh_vectors)))
         return out
 
-    def _near(self, index: FleetIndex | None, vectors: np.ndarray, i: int,
-              threshold: float) -> str | None:
+    def _near(
+        self, index: FleetIndex | None, vectors: np.ndarray, i: int, threshold: float
+    ) -> str | None:
         if index is not None and len(index.vectors):
             best = index.vectors.search(vectors[i], 1)
             if best and best[0][1] >= threshold:

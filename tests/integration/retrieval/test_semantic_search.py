@@ -85,3 +85,53 @@ def test_hash_embedder_is_refused_unless_marked_as_test(
         assert client.search("deterministic vectors", mode="semantic")
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_record_committed_after_a_higher_seq_is_still_found(
+    fresh_postgres_url: str, engram_home: Path, make_token: TokenFactory
+) -> None:
+    """Another replica's transaction takes a seq, this shard commits and reads a higher one,
+    then the other transaction commits: its record must still be indexed and found.
+    (Postgres only: SQLite admits one writer at a time, so it commits in seq order.)"""
+    from services.shard.domain import records
+
+    settings = ShardSettings(
+        home=engram_home, db_url=fresh_postgres_url, port=0, allow_ungated=True
+    )
+    fleet, agent = "fleet-late", "agent-late"
+    client, service, server = _serve(settings, make_token(agent, fleet))
+    try:
+        content = "the lighthouse keeper logs every passing ship"
+        sha = records.content_hash(content)
+        late = records.seal(
+            records.Record(
+                id=records.record_id(fleet, "", agent, sha),
+                fleet_id=fleet,
+                run_id="",
+                agent_id=agent,
+                content=content,
+                content_hash=sha,
+                record_hash="",
+                domain="general",
+                source="replica",
+                importance=0.5,
+                tags=(),
+                metadata={},
+                cross_refs=(),
+                created_us=int(time.time() * 1_000_000),
+            )
+        )
+        with service.db.session() as replica:
+            service.repo.insert(replica, [late])
+            replica.flush()  # the seq is taken; the transaction stays open
+            client.add("harbour pilots board ships at dawn")
+            assert [h.record.content for h in client.search("ships", mode="lexical")] == [
+                "harbour pilots board ships at dawn"
+            ]
+        # The replica's transaction has committed, below the cursor.
+        found = {h.record.id for h in client.search("ships", mode="lexical")}
+        assert late.id in found
+        _caught_up(client)
+        assert client.search("lighthouse keeper", mode="semantic")[0].record.id == late.id
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
