@@ -73,6 +73,8 @@ class SemanticIndex:
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self._ticks = itertools.count()  # orders sync() arrivals and reads
+        self._synced_tick = -1  # tick at which the last read began
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,38 +111,52 @@ class SemanticIndex:
     # -- indexing -----------------------------------------------------------
 
     def sync(self, chunk: int = 5000) -> None:
-        """Add every record committed since the last call to its fleet's index (no model)."""
+        """Add every record committed before this call to its fleet's index (no model).
+
+        Concurrent callers share the work: a read that began after this call arrived has
+        seen everything this call must see, so waiting for it is enough (under 64 writers
+        in flight, one read per burst instead of one per write).
+        """
+        arrival = next(self._ticks)
         with self._sync_lock:
-            while True:
-                gaps = self._cursor.gaps()
-                newer = RecordRow.seq > self._cursor.position
-                with self.db.session() as session:
-                    rows = session.execute(
-                        select(
-                            RecordRow.seq,
-                            RecordRow.id,
-                            RecordRow.fleet_id,
-                            RecordRow.run_id,
-                            RecordRow.content,
-                            RecordRow.metadata_json,
-                            RecordRow.created_us,
-                        )
-                        .where(or_(newer, RecordRow.seq.in_(gaps)) if gaps else newer)
-                        .order_by(RecordRow.seq)
-                        .limit(chunk)
-                    ).all()
-                if not rows:
-                    return
-                with self._lock:
-                    for row in rows:
-                        fleet = self._fleet(row.fleet_id)
-                        key = text_key(row.content, row.run_id or "")
-                        day = metadata_day(json.loads(row.metadata_json or "{}"), row.created_us)
-                        doc = fleet.add(row.id, row.run_id or "", row.content, key, day)
-                        self._pending.append((int(row.seq), row.fleet_id, doc, row.id, row.content))
-                    self._cursor.advance(int(row.seq) for row in rows)
-                if len(rows) < chunk:
-                    return
+            if self._synced_tick > arrival:
+                return
+            began = next(self._ticks)
+            self._read_new(chunk)
+            self._synced_tick = began
+
+    def _read_new(self, chunk: int) -> None:
+        """Read committed records past the cursor (and the gaps it left) into the indexes."""
+        while True:
+            gaps = self._cursor.gaps()
+            newer = RecordRow.seq > self._cursor.position
+            with self.db.session() as session:
+                rows = session.execute(
+                    select(
+                        RecordRow.seq,
+                        RecordRow.id,
+                        RecordRow.fleet_id,
+                        RecordRow.run_id,
+                        RecordRow.content,
+                        RecordRow.metadata_json,
+                        RecordRow.created_us,
+                    )
+                    .where(or_(newer, RecordRow.seq.in_(gaps)) if gaps else newer)
+                    .order_by(RecordRow.seq)
+                    .limit(chunk)
+                ).all()
+            if not rows:
+                return
+            with self._lock:
+                for row in rows:
+                    fleet = self._fleet(row.fleet_id)
+                    key = text_key(row.content, row.run_id or "")
+                    day = metadata_day(json.loads(row.metadata_json or "{}"), row.created_us)
+                    doc = fleet.add(row.id, row.run_id or "", row.content, key, day)
+                    self._pending.append((int(row.seq), row.fleet_id, doc, row.id, row.content))
+                self._cursor.advance(int(row.seq) for row in rows)
+            if len(rows) < chunk:
+                return
 
     def _fleet(self, fleet_id: str) -> FleetIndex:
         index = self._fleets.get(fleet_id)
