@@ -11,7 +11,6 @@ from services.shard.ports import TrustSource, WriteGate
 from services.shard.retrieval.embedding import (
     EmbeddingProvider,
     HashEmbedder,
-    MiniLMEmbedder,
     require_production,
 )
 from services.shard.search.semantic import SemanticIndex
@@ -29,10 +28,17 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
     provider: EmbeddingProvider
     if settings.embedder == "hash":
         provider = HashEmbedder()
-    elif settings.embedder == "minilm":
-        provider = MiniLMEmbedder()
+    elif settings.embedder in ("minilm", "minilm-fp32"):
+        # Imported here: a lexical-only or test shard never loads ONNX Runtime.
+        from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+
+        provider = OnnxMiniLMEmbedder(
+            threads=settings.embed_threads, int8=settings.embedder == "minilm"
+        )
     else:
-        raise ValueError(f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: minilm, hash, none")
+        raise ValueError(
+            f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: minilm, minilm-fp32, hash, none"
+        )
     require_production(provider, allow_test_embedder=settings.allow_test_embedder)
     return provider
 

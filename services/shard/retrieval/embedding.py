@@ -14,7 +14,7 @@ import itertools
 import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -106,8 +106,62 @@ def _layer_norm(
     return out
 
 
+class MiniLMTokenizer:
+    """all-MiniLM-L6-v2's WordPiece tokenizer (truncating), shared by every MiniLM forward pass."""
+
+    def __init__(self, directory: Path, max_tokens: int) -> None:
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self._tokenizer.enable_truncation(max_length=max_tokens)
+        self._tokenizer.no_padding()
+        self._lock = threading.Lock()  # the tokenizer's truncation/padding state is shared
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        with self._lock:
+            encodings = self._tokenizer.encode_batch(list(texts))
+        return [e.ids for e in encodings]
+
+
+def load_minilm_weights(directory: Path) -> dict[str, npt.NDArray[np.float32]]:
+    """The packaged ``model.safetensors`` as numpy arrays, with a clear error if it is missing."""
+    from safetensors.numpy import load_file
+
+    weights_file = directory / "model.safetensors"
+    if not weights_file.is_file():
+        raise FileNotFoundError(f"MiniLM weights not found at {weights_file}")
+    return load_file(str(weights_file))
+
+
+Batch = list[list[int]]
+
+
+def embed_by_length(
+    ids: list[list[int]],
+    batch_size: int,
+    run: Callable[[list[Batch]], list[npt.NDArray[np.float32]]],
+    dimension: int,
+) -> Vectors:
+    """Mean-pooled rows, ``run`` over length-sorted batches, in input order, normalised.
+
+    Sorting by length means each batch pads little, so a long text costs its own batch only.
+    """
+    out = np.empty((len(ids), dimension), dtype=np.float32)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    chunks = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    pooled = run([[ids[i] for i in chunk] for chunk in chunks])
+    for chunk, rows in zip(chunks, pooled, strict=True):
+        out[chunk] = rows
+    return _normalise(out)
+
+
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) as a numpy forward pass."""
+    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) as a numpy forward pass.
+
+    The reference implementation (identical to sentence-transformers to 1e-6): the ONNX
+    Runtime path (``embedding_onnx``) is checked against it, and it serves as
+    ``ENGRAM_SHARD_EMBEDDER=minilm-numpy`` where ONNX Runtime is unwanted.
+    """
 
     for_tests_only = False
     dimension = 384
@@ -115,21 +169,11 @@ class MiniLMEmbedder:
     def __init__(
         self, model_dir: Path | None = None, *, max_tokens: int = 128, batch_size: int = 32
     ) -> None:
-        from safetensors.numpy import load_file
-        from tokenizers import Tokenizer
-
         directory = model_dir or default_minilm_dir()
-        weights_file = directory / "model.safetensors"
-        if not weights_file.is_file():
-            raise FileNotFoundError(f"MiniLM weights not found at {weights_file}")
+        w = load_minilm_weights(directory)
         self.name = "all-MiniLM-L6-v2"
-        self._max_tokens = max_tokens
         self._batch_size = batch_size
-        self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
-        self._tokenizer.enable_truncation(max_length=max_tokens)
-        self._tokenizer.no_padding()
-        self._lock = threading.Lock()  # the tokenizer's padding state is shared
-        w = load_file(str(weights_file))
+        self._tokenizer = MiniLMTokenizer(directory, max_tokens)
         self._word = w["embeddings.word_embeddings.weight"]
         self._position = w["embeddings.position_embeddings.weight"]
         self._token_type = w["embeddings.token_type_embeddings.weight"][0]
@@ -164,18 +208,14 @@ class MiniLMEmbedder:
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        with self._lock:
-            encodings = self._tokenizer.encode_batch(list(texts))
-        ids = [e.ids for e in encodings]
-        # Sort by length so each batch pads little; restore order at the end.
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        out = np.empty((len(ids), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), self._batch_size):
-            chunk = order[start : start + self._batch_size]
-            out[chunk] = self._forward([ids[i] for i in chunk])
-        return _normalise(out)
+        return embed_by_length(
+            self._tokenizer.encode(texts), self._batch_size, self._run, self.dimension
+        )
 
-    def _forward(self, batch: list[list[int]]) -> npt.NDArray[np.float32]:
+    def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
+        return [self._forward(batch) for batch in batches]
+
+    def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
         n, length = len(batch), max(len(b) for b in batch)
         token_ids = np.zeros((n, length), dtype=np.int64)
         mask = np.zeros((n, length), dtype=np.float32)
