@@ -37,7 +37,7 @@ class ShardSettings(ServerSettings):
 
     dedup: str = "exact"
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
-    (also cosine >= dedup_similarity; embeds each write synchronously, ~5-10 ms a record)."""
+    (also cosine >= dedup_similarity; embeds each write synchronously, ~2-3 ms a record)."""
     dedup_similarity: float = 0.97
 
     def database_url(self) -> str:
