@@ -27,7 +27,7 @@ Only records with a lexical match (own or neighbours' terms) or a cosine above
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
@@ -191,11 +191,15 @@ class FleetIndex:
     def search(
         self,
         query: str,
-        query_vector: Floats | None,
+        query_vector: Floats | Callable[[], Floats] | None,
         mode: str,
         allowed: npt.NDArray[np.bool_] | None = None,
     ) -> list[tuple[int, float]]:
-        """Candidate documents with relevance, best first (lexical | semantic | hybrid)."""
+        """Candidate documents with relevance, best first (lexical | semantic | hybrid).
+
+        ``query_vector`` may be a callable (a pending embedding): it is called only after
+        the lexical scores are computed, so the two can overlap.
+        """
         cfg = self.settings
         n = len(self.ids)
         if not n:
@@ -205,7 +209,9 @@ class FleetIndex:
         lex = self.lexical.scores(terms_of(query)) if mode == "hybrid" else np.zeros(n, np.float32)
         if allowed is not None:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
-        seeds = [int(d) for d in np.argsort(-lex)[: cfg.depth] if lex[d] > 0]
+        seeds = [int(d) for d in _top(lex, cfg.depth) if lex[d] > 0]
+        if callable(query_vector):
+            query_vector = query_vector()
         if query_vector is not None and len(self.vectors):
             width = cfg.depth if allowed is None else cfg.depth * 4
             seeds += [
@@ -242,8 +248,9 @@ class FleetIndex:
             base = _normalise(fused, low=0.0)
             padded = np.append(base, 0.0)
             fused = base + cfg.smoothing * padded[near_idx].max(axis=1)
-        order = np.argsort(-fused, kind="stable")
-        return [(int(pool[i]), float(fused[i])) for i in order if keep[i] and fused[i] > 0]
+        chosen = np.flatnonzero(keep & (fused > 0))
+        chosen = chosen[np.argsort(-fused[chosen], kind="stable")]
+        return list(zip(pool[chosen].tolist(), fused[chosen].tolist(), strict=True))
 
     def _lexical(
         self, query: str, allowed: npt.NDArray[np.bool_] | None
@@ -255,9 +262,7 @@ class FleetIndex:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
         matched = np.flatnonzero(lex > 0)
         lex[matched] = self._date_boost(lex[matched], matched, date_mentions(query))
-        depth = min(self.settings.depth, n)
-        top = np.argpartition(-lex, depth - 1)[:depth] if depth < n else np.arange(n)
-        top = top[np.argsort(-lex[top], kind="stable")]
+        top = _top(lex, self.settings.depth)
         return [(int(d), float(lex[d])) for d in top if lex[d] > 0]
 
     def _date_boost(self, scores: Floats, docs: Ints, named: list[DateMention]) -> Floats:
@@ -282,6 +287,17 @@ class FleetIndex:
         number = self._run_numbers.get(run_id, -2)
         mask: npt.NDArray[np.bool_] = self._run_of[: len(self.ids)] == number
         return mask
+
+
+def _top(scores: Floats, depth: int) -> Ints:
+    """Indexes of the ``depth`` highest scores, best first (ties in index order)."""
+    n = len(scores)
+    depth = min(depth, n)
+    if depth <= 0:
+        return np.zeros(0, dtype=np.int64)
+    top = np.argpartition(-scores, depth - 1)[:depth] if depth < n else np.arange(n)
+    out: Ints = top[np.argsort(-scores[top], kind="stable")].astype(np.int64)
+    return out
 
 
 def _positions(pool: Ints, docs: Ints) -> Ints:

@@ -22,6 +22,8 @@ import logging
 import re
 import threading
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from sqlalchemy import BigInteger, LargeBinary, String, func, or_, select
@@ -73,6 +75,7 @@ class SemanticIndex:
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self._query_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embed")
         self._ticks = itertools.count()  # orders sync() arrivals and reads
         self._synced_tick = -1  # tick at which the last read began
         self._wake = threading.Event()
@@ -91,6 +94,7 @@ class SemanticIndex:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._query_pool.shutdown(wait=False, cancel_futures=True)
 
     def notify(self) -> None:
         self._wake.set()
@@ -280,13 +284,20 @@ class SemanticIndex:
         query_vector: np.ndarray | None = None,
     ) -> list[tuple[str, float]]:
         """(record id, relevance) candidates of one fleet, best first (lexical | semantic |
-        hybrid); without an embedding provider every mode is lexical."""
-        self.sync()
+        hybrid); without an embedding provider every mode is lexical.
+
+        The query is embedded on a pool thread while this one catches up and scores BM25
+        (ONNX Runtime releases the GIL), so hybrid pays max(embed, lexical), not the sum.
+        """
         if self.embedder is None:
             mode = "lexical"
-        vector = None
+        vector: np.ndarray | Callable[[], np.ndarray] | None = None
         if mode != "lexical":
-            vector = query_vector if query_vector is not None else self.embed_query(text)
+            if query_vector is not None:
+                vector = query_vector
+            else:
+                vector = self._query_pool.submit(self.embed_query, text).result
+        self.sync()
         with self._lock:
             index = self._fleets.get(fleet_id)
             if index is None:

@@ -63,7 +63,8 @@ def _clustered(n: int, dim: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(20, dim))
     rows = centres[rng.integers(0, 20, n)] + 0.5 * rng.normal(size=(n, dim))
-    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    out: np.ndarray = (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+    return out
 
 
 def test_exact_index_returns_true_neighbours_and_replaces_on_same_key() -> None:
@@ -94,3 +95,16 @@ def test_tiered_index_switches_to_hnsw_past_threshold_and_keeps_results() -> Non
     tiered.add(list(range(90, 120)), data[90:])
     assert tiered.approximate and len(tiered) == 120
     assert tiered.search(data[110], 1)[0][0] == 110
+    # Past the threshold vectors are held as float16: cosines within 1e-3 of float32.
+    stored = tiered.vectors([3, 110])
+    assert stored.dtype == np.float32
+    assert np.allclose(stored, data[[3, 110]], atol=1e-3)
+
+
+def test_float16_hnsw_recall_against_exact_is_high() -> None:
+    data = _clustered(2000, 32, 2)
+    exact, tiered = ExactVectorIndex(32), TieredVectorIndex(32, threshold=1000)
+    exact.add(list(range(2000)), data)
+    tiered.add(list(range(2000)), data)
+    assert tiered.approximate
+    assert recall_against(exact, tiered, data[:50], 10) >= 0.95
