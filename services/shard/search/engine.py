@@ -39,7 +39,7 @@ log = logging.getLogger("engram.shard.search")
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
 _OVERFETCH = 4
-_CHUNK = 64  # candidate records loaded from the store at a time
+_MIN_CHUNK = 16  # candidate records loaded from the store at a time: limit x overfetch or this
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,9 @@ class SearchEngine:
         want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
         # Domain/tag filters and compaction apply to the ranked candidates, a chunk at a time.
-        for start in range(0, len(found), _CHUNK):
-            part = found[start : start + _CHUNK]
+        chunk = max(want, _MIN_CHUNK)
+        for start in range(0, len(found), chunk):
+            part = found[start : start + chunk]
             ids = [rid for rid, _ in part]
             records = self.repo.by_ids(session, query.fleet_id, ids)
             compacted = _compacted(session, ids)

@@ -209,7 +209,8 @@ class FleetIndex:
         lex = self.lexical.scores(terms_of(query)) if mode == "hybrid" else np.zeros(n, np.float32)
         if allowed is not None:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
-        seeds = [int(d) for d in _top(lex, cfg.depth) if lex[d] > 0]
+        matched = np.flatnonzero(lex)
+        seeds = matched[_top(lex[matched], cfg.depth)].tolist()
         if callable(query_vector):
             query_vector = query_vector()
         if query_vector is not None and len(self.vectors):
@@ -260,10 +261,10 @@ class FleetIndex:
         lex = self.lexical.scores(terms_of(query))
         if allowed is not None:
             lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
-        matched = np.flatnonzero(lex > 0)
-        lex[matched] = self._date_boost(lex[matched], matched, date_mentions(query))
-        top = _top(lex, self.settings.depth)
-        return [(int(d), float(lex[d])) for d in top if lex[d] > 0]
+        matched = np.flatnonzero(lex)  # BM25 scores are >= 0: the documents with a match
+        scores = self._date_boost(lex[matched], matched, date_mentions(query))
+        best = _top(scores, self.settings.depth)
+        return list(zip(matched[best].tolist(), scores[best].tolist(), strict=True))
 
     def _date_boost(self, scores: Floats, docs: Ints, named: list[DateMention]) -> Floats:
         """Raise the documents whose date matches a date the query names (see module doc)."""
