@@ -135,26 +135,51 @@ class GrowingBM25:
         self._total_length += added
 
     def scores(self, query: Mapping[str, float]) -> npt.NDArray[np.float32]:
+        """BM25 of every document (zero where no query term matches)."""
+        out = np.zeros(self._count, dtype=np.float32)
+        docs, scores = self.sparse_scores(query)
+        out[docs] = scores
+        return out
+
+    def sparse_scores(
+        self, query: Mapping[str, float]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """(documents with a matching term, ascending; their BM25): work in the size of the
+        query terms' postings, not of the collection."""
         n = self._count
-        out = np.zeros(n, dtype=np.float32)
+        empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         if not n:
-            return out
+            return empty
         avg = max(self._total_length / n, 1e-9)
-        lengths = self._lengths[:n]
+        found_docs: list[npt.NDArray[np.int64]] = []
+        found_scores: list[npt.NDArray[np.float32]] = []
         for term, qweight in query.items():
             postings = self._postings.get(term)
             if postings is None:
                 continue
             ids = postings.doc_ids[: postings.size]
+            freqs = postings.freqs[: postings.size]
             docs: npt.NDArray[Any]
             tf: npt.NDArray[Any]
             if postings.ascending:  # one entry per document: its postings are its counts
-                docs, tf = ids, postings.freqs[: postings.size]
-            else:  # a later neighbour extended some documents: sum their entries
-                tf_all = np.bincount(ids, weights=postings.freqs[: postings.size], minlength=n)
+                docs, tf = ids, freqs
+            elif postings.size * 8 < n:  # a later neighbour extended some documents
+                docs, where = np.unique(ids, return_inverse=True)
+                tf = np.bincount(where, weights=freqs)
+            else:  # a common term: a dense pass is cheaper than sorting its postings
+                tf_all = np.bincount(ids, weights=freqs, minlength=n)
                 docs = np.flatnonzero(tf_all)
                 tf = tf_all[docs]
             idf = math.log(1.0 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
-            norm = self.k1 * (1.0 - self.b + self.b * lengths[docs] / avg)
-            out[docs] += (qweight * idf * tf * (self.k1 + 1.0) / (tf + norm)).astype(np.float32)
-        return out
+            norm = self.k1 * (1.0 - self.b + self.b * self._lengths[docs] / avg)
+            found_docs.append(docs.astype(np.int64, copy=False))
+            found_scores.append(
+                (qweight * idf * tf * (self.k1 + 1.0) / (tf + norm)).astype(np.float32)
+            )
+        if not found_docs:
+            return empty
+        if len(found_docs) == 1:
+            return found_docs[0], found_scores[0]
+        docs, where = np.unique(np.concatenate(found_docs), return_inverse=True)
+        summed = np.bincount(where, weights=np.concatenate(found_scores)).astype(np.float32)
+        return docs, summed

@@ -206,11 +206,16 @@ class FleetIndex:
             return []
         if mode == "lexical":
             return self._lexical(query, allowed)
-        lex = self.lexical.scores(terms_of(query)) if mode == "hybrid" else np.zeros(n, np.float32)
-        if allowed is not None:
-            lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
-        matched = np.flatnonzero(lex)
-        seeds = matched[_top(lex[matched], cfg.depth)].tolist()
+        lex = np.zeros(n, np.float32)
+        if mode == "hybrid":
+            matched, scores = self.lexical.sparse_scores(terms_of(query))
+            if allowed is not None:
+                keep = allowed[matched]
+                matched, scores = matched[keep], scores[keep]
+            lex[matched] = scores
+            seeds = matched[_top(scores, cfg.depth)].tolist()
+        else:
+            seeds = []
         if callable(query_vector):
             query_vector = query_vector()
         if query_vector is not None and len(self.vectors):
@@ -257,12 +262,11 @@ class FleetIndex:
         self, query: str, allowed: npt.NDArray[np.bool_] | None
     ) -> list[tuple[int, float]]:
         """BM25 over a record's terms plus its neighbours' (no fusion, no smoothing)."""
-        n = len(self.ids)
-        lex = self.lexical.scores(terms_of(query))
+        matched, scores = self.lexical.sparse_scores(terms_of(query))
         if allowed is not None:
-            lex = np.where(allowed[:n], lex, 0.0).astype(np.float32)
-        matched = np.flatnonzero(lex)  # BM25 scores are >= 0: the documents with a match
-        scores = self._date_boost(lex[matched], matched, date_mentions(query))
+            keep = allowed[matched]
+            matched, scores = matched[keep], scores[keep]
+        scores = self._date_boost(scores, matched, date_mentions(query))
         best = _top(scores, self.settings.depth)
         return list(zip(matched[best].tolist(), scores[best].tolist(), strict=True))
 

@@ -22,6 +22,32 @@ def test_growing_bm25_matches_a_bm25_built_with_the_final_documents() -> None:
     assert np.allclose(growing.scores(query), final.scores(query))
 
 
+def test_growing_bm25_sparse_scores_match_a_final_bm25_on_every_path() -> None:
+    """Rare extended terms (sorted), common extended terms (dense pass), unextended terms."""
+    rng = np.random.default_rng(7)
+    growing, final = GrowingBM25(k1=0.9, b=0.4), BM25Index(k1=0.9, b=0.4)
+    bags: list[dict[str, float]] = []
+    for doc in range(400):
+        bag = {f"w{int(t)}": 1.0 for t in rng.integers(0, 60, 4)}
+        bag["common"] = 1.0
+        growing.add(bag)
+        bags.append(dict(bag))
+        if doc:  # each document extends the previous one, as a later neighbour does
+            extra = {"common": 0.4, f"w{int(rng.integers(0, 60))}": 0.4}
+            growing.extend(doc - 1, extra)
+            for term, weight in extra.items():
+                bags[doc - 1][term] = bags[doc - 1].get(term, 0.0) + weight
+    for bag in bags:
+        final.add(bag)
+    for query in ({"w3": 1.0}, {"common": 1.0, "w5": 2.0}, {"w1": 1.0, "w2": 1.0, "nope": 1.0}):
+        docs, scores = growing.sparse_scores(query)
+        expected = final.scores(query)
+        assert np.array_equal(docs, np.flatnonzero(expected))
+        assert np.allclose(scores, expected[docs], rtol=1e-5)
+        assert np.allclose(growing.scores(query), expected, rtol=1e-5)
+    assert len(growing.sparse_scores({"nope": 1.0})[0]) == 0
+
+
 def _index(rows: list[tuple[str, str, str]]) -> FleetIndex:
     embedder = HashEmbedder()
     index = FleetIndex(embedder.dimension, ContextSettings())
