@@ -134,13 +134,6 @@ class GrowingBM25:
         self._lengths[doc] += added
         self._total_length += added
 
-    def scores(self, query: Mapping[str, float]) -> npt.NDArray[np.float32]:
-        """BM25 of every document (zero where no query term matches)."""
-        out = np.zeros(self._count, dtype=np.float32)
-        docs, scores = self.sparse_scores(query)
-        out[docs] = scores
-        return out
-
     def sparse_scores(
         self, query: Mapping[str, float]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

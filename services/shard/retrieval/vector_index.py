@@ -104,12 +104,6 @@ class HnswVectorIndex:
             self._index.remove(present)
         self._index.add(key_array, np.asarray(vectors, dtype=np.float32))
 
-    def vectors(self, keys: Sequence[int]) -> Vectors:
-        if len(keys) == 0:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        found = self._index.get(np.asarray(keys, dtype=np.uint64))
-        return np.asarray(found, dtype=np.float32).reshape(len(keys), self.dimension)
-
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if not len(self._index) or k <= 0:
             return []

@@ -208,10 +208,7 @@ class FleetIndex:
             return self._lexical(query, allowed)
         lex = np.zeros(n, np.float32)
         if mode == "hybrid":
-            matched, scores = self.lexical.sparse_scores(terms_of(query))
-            if allowed is not None:
-                keep = allowed[matched]
-                matched, scores = matched[keep], scores[keep]
+            matched, scores = self._matched(query, allowed)
             lex[matched] = scores
             seeds = matched[_top(scores, cfg.depth)].tolist()
         else:
@@ -262,13 +259,18 @@ class FleetIndex:
         self, query: str, allowed: npt.NDArray[np.bool_] | None
     ) -> list[tuple[int, float]]:
         """BM25 over a record's terms plus its neighbours' (no fusion, no smoothing)."""
-        matched, scores = self.lexical.sparse_scores(terms_of(query))
-        if allowed is not None:
-            keep = allowed[matched]
-            matched, scores = matched[keep], scores[keep]
+        matched, scores = self._matched(query, allowed)
         scores = self._date_boost(scores, matched, date_mentions(query))
         best = _top(scores, self.settings.depth)
         return list(zip(matched[best].tolist(), scores[best].tolist(), strict=True))
+
+    def _matched(self, query: str, allowed: npt.NDArray[np.bool_] | None) -> tuple[Ints, Floats]:
+        """(documents with a query term, their BM25), limited to ``allowed`` documents."""
+        matched, scores = self.lexical.sparse_scores(terms_of(query))
+        if allowed is None:
+            return matched, scores
+        keep = allowed[matched]
+        return matched[keep], scores[keep]
 
     def _date_boost(self, scores: Floats, docs: Ints, named: list[DateMention]) -> Floats:
         """Raise the documents whose date matches a date the query names (see module doc)."""
