@@ -155,16 +155,51 @@ def embed_by_length(
     return _normalise(out)
 
 
-class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) as a numpy forward pass.
+def padded(
+    batch: Batch, ids_dtype: type[np.integer], mask_dtype: type[np.number]
+) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.number]]:
+    """Token ids right-padded with 0 to the batch's longest, and the matching 1/0 mask."""
+    length = max(len(ids) for ids in batch)
+    token_ids = np.zeros((len(batch), length), dtype=ids_dtype)
+    mask = np.zeros((len(batch), length), dtype=mask_dtype)
+    for row, ids in enumerate(batch):
+        token_ids[row, : len(ids)] = ids
+        mask[row, : len(ids)] = 1
+    return token_ids, mask
 
-    The reference implementation (identical to sentence-transformers to 1e-6): the ONNX
-    Runtime path (``embedding_onnx``) is checked against it, and it serves as
-    ``ENGRAM_SHARD_EMBEDDER=minilm-numpy`` where ONNX Runtime is unwanted.
+
+class PooledMiniLM:
+    """What every MiniLM forward pass shares: tokenise, batch by length, pool, normalise.
+
+    A subclass sets ``_tokenizer`` and ``_batch_size`` and implements ``_forward`` (one
+    batch of token ids in, mean-pooled rows out); ``_run`` may run batches concurrently.
     """
 
     for_tests_only = False
     dimension = 384
+    _tokenizer: MiniLMTokenizer
+    _batch_size: int
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return embed_by_length(
+            self._tokenizer.encode(texts), self._batch_size, self._run, self.dimension
+        )
+
+    def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
+        return [self._forward(batch) for batch in batches]
+
+    def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
+        raise NotImplementedError
+
+
+class MiniLMEmbedder(PooledMiniLM):
+    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) as a numpy forward pass.
+
+    The reference implementation (identical to sentence-transformers to 1e-6): the ONNX
+    Runtime path (``embedding_onnx``), which the shard serves, is checked against it.
+    """
 
     def __init__(
         self, model_dir: Path | None = None, *, max_tokens: int = 128, batch_size: int = 32
@@ -205,23 +240,9 @@ class MiniLMEmbedder:
                 )
             )
 
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return embed_by_length(
-            self._tokenizer.encode(texts), self._batch_size, self._run, self.dimension
-        )
-
-    def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
-        return [self._forward(batch) for batch in batches]
-
     def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
-        n, length = len(batch), max(len(b) for b in batch)
-        token_ids = np.zeros((n, length), dtype=np.int64)
-        mask = np.zeros((n, length), dtype=np.float32)
-        for row, seq in enumerate(batch):
-            token_ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1.0
+        token_ids, mask = padded(batch, np.int64, np.float32)
+        n, length = token_ids.shape
         x = self._word[token_ids] + self._position[:length] + self._token_type
         x = _layer_norm(x, *self._emb_ln)
         heads, head_dim = 12, self.dimension // 12

@@ -14,7 +14,6 @@ it is loaded).
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,10 +24,10 @@ import numpy.typing as npt
 from services.shard.retrieval.embedding import (
     Batch,
     MiniLMTokenizer,
-    Vectors,
+    PooledMiniLM,
     default_minilm_dir,
-    embed_by_length,
     load_minilm_weights,
+    padded,
 )
 
 if TYPE_CHECKING:
@@ -202,7 +201,7 @@ def quantize_int8(model: ModelProto, out: Path) -> None:
     )
 
 
-class OnnxMiniLMEmbedder:
+class OnnxMiniLMEmbedder(PooledMiniLM):
     """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) on ONNX Runtime.
 
     ``threads`` is how many batches run at once, each on one ORT thread: the int8 model runs
@@ -211,9 +210,6 @@ class OnnxMiniLMEmbedder:
     concurrent runs). The calling thread runs its share itself, so a one-text query never
     waits behind another call's batches in the pool.
     """
-
-    for_tests_only = False
-    dimension = _HIDDEN
 
     def __init__(
         self,
@@ -258,32 +254,18 @@ class OnnxMiniLMEmbedder:
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
 
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        if not texts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return embed_by_length(
-            self._tokenizer.encode(texts), self._batch_size, self._run, self.dimension
-        )
-
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""
+        serial = super()._run
         if self._pool is None or len(batches) < 2:
-            return [self._forward(batch) for batch in batches]
+            return serial(batches)
         stripes = [batches[i :: self._threads] for i in range(self._threads)]
-        others = [self._pool.submit(self._run_stripe, stripe) for stripe in stripes[1:]]
-        done = [self._run_stripe(stripes[0]), *(future.result() for future in others)]
+        others = [self._pool.submit(serial, stripe) for stripe in stripes[1:]]
+        done = [serial(stripes[0]), *(future.result() for future in others)]
         return [done[k % self._threads][k // self._threads] for k in range(len(batches))]
 
-    def _run_stripe(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
-        return [self._forward(batch) for batch in batches]
-
     def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
-        length = max(len(ids) for ids in batch)
-        token_ids = np.zeros((len(batch), length), dtype=np.int32)
-        mask = np.zeros((len(batch), length), dtype=np.int32)
-        for row, ids in enumerate(batch):
-            token_ids[row, : len(ids)] = ids
-            mask[row, : len(ids)] = 1
+        token_ids, mask = padded(batch, np.int32, np.int32)
         (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask})
         out: npt.NDArray[np.float32] = pooled
         return out
