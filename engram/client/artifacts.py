@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,11 @@ class ArtifactsClient(BaseClient):
     def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
                  timeout: float = 30.0, stream_timeout: float | None = None) -> None:
         super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
-        self.stub = pb_grpc.ArtifactsServiceStub(self.channel)
         self.stream_timeout = stream_timeout
+
+    @cached_property
+    def stub(self) -> pb_grpc.ArtifactsServiceStub:
+        return pb_grpc.ArtifactsServiceStub(self.channel)
 
     # -- runs ---------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -58,10 +58,9 @@ def iteration_from_json(document: Mapping[str, Any]) -> pb.IterationInput:
 class CompactorClient(BaseClient):
     """``CompactorClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
 
-    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
-                 timeout: float = 30.0) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
-        self.stub = pb_grpc.CompactorServiceStub(self.channel)
+    @cached_property
+    def stub(self) -> pb_grpc.CompactorServiceStub:
+        return pb_grpc.CompactorServiceStub(self.channel)
 
     def record(self, run_id: str, iteration: pb.IterationInput, *,
                request_id: str = "") -> pb.RecordIterationResponse:

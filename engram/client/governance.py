@@ -9,10 +9,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
+from functools import cached_property
 from typing import Any
-
-import grpc
 
 from engram.client._channel import BaseClient
 from engram.governance.v1 import governance_service_pb2 as pb
@@ -37,10 +35,9 @@ def tier_value(name: str) -> Any:
 class GovernanceClient(BaseClient):
     """``GovernanceClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
 
-    def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
-                 timeout: float = 30.0, channel: grpc.Channel | None = None) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
-        self.stub = pb_grpc.GovernanceServiceStub(self.channel)
+    @cached_property
+    def stub(self) -> pb_grpc.GovernanceServiceStub:
+        return pb_grpc.GovernanceServiceStub(self.channel)
 
     def decide(self, fleet_id: str, agent_id: str, request_id: str,
                candidates: Iterable[pb.WriteCandidate], *,

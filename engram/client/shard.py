@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-
-import grpc
+from functools import cached_property
 
 from engram.client._channel import BaseClient
 from engram.shard.v1 import shard_service_pb2 as pb
@@ -45,17 +43,9 @@ def record_input(
 class ShardClient(BaseClient):
     """``ShardClient(target, token)``; every method raises ``EngramRpcError`` on failure."""
 
-    def __init__(
-        self,
-        target: str,
-        token: str,
-        *,
-        tls_ca: Path | None = None,
-        timeout: float = 30.0,
-        channel: grpc.Channel | None = None,
-    ) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
-        self.stub = pb_grpc.ShardServiceStub(self.channel)
+    @cached_property
+    def stub(self) -> pb_grpc.ShardServiceStub:
+        return pb_grpc.ShardServiceStub(self.channel)
 
     def add(
         self, content: str, *, request_id: str = "", **fields: object
