@@ -58,8 +58,9 @@ class ArtifactsClient(BaseClient):
     """
 
     def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
-                 timeout: float = 30.0, stream_timeout: float | None = None) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout)
+                 timeout: float = 30.0, stream_timeout: float | None = None,
+                 channel: grpc.Channel | None = None) -> None:
+        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
         self.stream_timeout = stream_timeout
 
     @cached_property
