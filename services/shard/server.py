@@ -33,7 +33,8 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
         from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
 
         provider = OnnxMiniLMEmbedder(
-            threads=settings.embed_threads, int8=settings.embedder == "minilm"
+            threads=settings.embed_threads, int8=settings.embedder == "minilm",
+            pool_niceness=settings.index_niceness,
         )
     else:
         raise ValueError(
@@ -60,7 +61,7 @@ def build_shard_server(
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     # The in-memory index serves every search mode; without a provider it is lexical only.
-    semantic = SemanticIndex(database, provider)
+    semantic = SemanticIndex(database, provider, niceness=settings.index_niceness)
     semantic.start()
     service = ShardService(database, gate=gate, trust=trust, semantic=semantic,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity)

@@ -32,6 +32,10 @@ class ShardSettings(ServerSettings):
     """Batches the embedder runs at once, one core each (int8: ~180 texts/s per thread). A
     query embeds in its caller's thread; set 1 to leave a core to the write path while the
     indexer catches up."""
+    index_niceness: int = 10
+    """How much lower (Linux nice) the background indexer and the embedder's pool run than
+    request handling: under load writes and searches get the CPU first and indexing takes
+    what they leave (it still gets every idle core). 0 runs them at the same priority."""
     allow_test_embedder: bool = False
     """The hash embedder is meaningless; the shard refuses it unless this says it is a test."""
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import (
     Batch,
     MiniLMTokenizer,
@@ -219,6 +220,7 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
         int8: bool = False,
         max_tokens: int = 128,
         batch_size: int = 32,
+        pool_niceness: int = 0,
     ) -> None:
         import onnx
         import onnxruntime as ort
@@ -231,7 +233,8 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
         self._tokenizer = MiniLMTokenizer(directory, max_tokens)
         self._threads = max(1, threads)
         self._pool = (
-            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="minilm")
+            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="minilm",
+                               initializer=lower_this_thread, initargs=(pool_niceness,))
             if self._threads > 1
             else None
         )

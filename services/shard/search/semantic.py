@@ -26,17 +26,37 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from sqlalchemy import BigInteger, LargeBinary, String, func, or_, select
+from sqlalchemy import BigInteger, LargeBinary, String, bindparam, func, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.common.db import Database
+from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import EmbeddingProvider
 from services.shard.search.cursor import SeqCursor
 from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
-from services.shard.tables import Base, RecordRow
+from services.shard.tables import RECORDS, Base, RecordRow
 
 log = logging.getLogger("engram.shard.semantic")
 _WORDS = re.compile(r"\w+")
+
+
+_NEW_ROWS = select(
+    RECORDS.c.seq,
+    RECORDS.c.id,
+    RECORDS.c.fleet_id,
+    RECORDS.c.run_id,
+    RECORDS.c.content,
+    RECORDS.c.metadata_json,
+    RECORDS.c.created_us,
+)
+_NEWER = RECORDS.c.seq > bindparam("position")
+# Built once: every write's exact-duplicate check runs one (shared) read.
+_READ_NEW = _NEW_ROWS.where(_NEWER).order_by(RECORDS.c.seq).limit(bindparam("chunk"))
+_READ_NEW_AND_GAPS = (
+    _NEW_ROWS.where(or_(_NEWER, RECORDS.c.seq.in_(bindparam("gaps", expanding=True))))
+    .order_by(RECORDS.c.seq)
+    .limit(bindparam("chunk"))
+)
 
 
 class RecordVectorRow(Base):
@@ -60,8 +80,10 @@ class SemanticIndex:
         debounce_s: float = 0.05,
         hnsw_threshold: int = 10_000,
         context: ContextSettings | None = None,
+        niceness: int = 10,
     ) -> None:
         self.db = database
+        self.niceness = niceness
         self.embedder = embedder
         self.batch = batch
         self.poll_s = poll_s
@@ -100,6 +122,7 @@ class SemanticIndex:
         self._wake.set()
 
     def _run(self) -> None:
+        lower_this_thread(self.niceness)
         while not self._stop.is_set():
             try:
                 while self.catch_up() and not self._stop.is_set():
@@ -133,22 +156,12 @@ class SemanticIndex:
         """Read committed records past the cursor (and the gaps it left) into the indexes."""
         while True:
             gaps = self._cursor.gaps()
-            newer = RecordRow.seq > self._cursor.position
+            params = {"position": self._cursor.position, "chunk": chunk}
             with self.db.session() as session:
-                rows = session.execute(
-                    select(
-                        RecordRow.seq,
-                        RecordRow.id,
-                        RecordRow.fleet_id,
-                        RecordRow.run_id,
-                        RecordRow.content,
-                        RecordRow.metadata_json,
-                        RecordRow.created_us,
-                    )
-                    .where(or_(newer, RecordRow.seq.in_(gaps)) if gaps else newer)
-                    .order_by(RecordRow.seq)
-                    .limit(chunk)
-                ).all()
+                if gaps:
+                    rows = session.execute(_READ_NEW_AND_GAPS, {**params, "gaps": gaps}).all()
+                else:
+                    rows = session.execute(_READ_NEW, params).all()
             if not rows:
                 return
             with self._lock:
