@@ -60,6 +60,11 @@ else:  # generic only in the type stubs
 
 
 class _BehaviorInterceptor(_ServerInterceptor):
+    """Wraps a method's handler once and reuses the wrapper: gRPC asks on every call, and a
+    wrapper holds nothing of a call (rebuilding four per call cost ~6% of a write's CPU)."""
+
+    _wrapped: dict[str, tuple[Any, Any]]
+
     def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
         raise NotImplementedError
 
@@ -71,7 +76,15 @@ class _BehaviorInterceptor(_ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        return _wrap_handler(handler, self.wrap, handler_call_details.method)  # type: ignore[no-any-return]
+        method = handler_call_details.method
+        cache = self.__dict__.setdefault("_wrapped", {})
+        hit = cache.get(method)
+        if hit is not None and hit[0] is handler:
+            return hit[1]  # type: ignore[no-any-return]
+        wrapped = _wrap_handler(handler, self.wrap, method)
+        if len(cache) < 10_000:  # methods are few; unknown names never get here (None above)
+            cache[method] = (handler, wrapped)
+        return wrapped  # type: ignore[no-any-return]
 
 
 def _status_for(error: EngramError) -> status_pb2.Status:

@@ -159,6 +159,9 @@ def padded(
     batch: Batch, ids_dtype: type[np.integer], mask_dtype: type[np.number]
 ) -> tuple[npt.NDArray[np.integer], npt.NDArray[np.number]]:
     """Token ids right-padded with 0 to the batch's longest, and the matching 1/0 mask."""
+    if len(batch) == 1:  # the int8 model's every batch: no padding, one conversion
+        token_ids = np.array(batch, dtype=ids_dtype)
+        return token_ids, np.ones(token_ids.shape, dtype=mask_dtype)
     length = max(len(ids) for ids in batch)
     token_ids = np.zeros((len(batch), length), dtype=ids_dtype)
     mask = np.zeros((len(batch), length), dtype=mask_dtype)
