@@ -210,21 +210,48 @@ def _serve_echo() -> None:
     server.wait_for_termination()
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a shard's embedder child counts as the shard's)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:  # exited meanwhile
+        return 0
+    raise RuntimeError(f"{field} not found for process {pid}")
+
+
 def rss_mb(pid: int | None = None) -> float:
-    """Resident set size of a process (default: this one), from /proc."""
-    with open(f"/proc/{pid or os.getpid()}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError("VmRSS not found")
+    """Resident set size of a process (default: this one) and its children, from /proc.
+
+    Summed: pages the processes share are counted once per process, so this is an upper bound.
+    """
+    return round(sum(_status_kb(p, "VmRSS:") for p in _process_tree(pid or os.getpid())) / 1024, 1)
 
 
 def peak_rss_mb(pid: int | None = None) -> float:
-    with open(f"/proc/{pid or os.getpid()}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError("VmHWM not found")
+    """Sum of each process's own peak (the peaks need not coincide: an upper bound)."""
+    return round(sum(_status_kb(p, "VmHWM:") for p in _process_tree(pid or os.getpid())) / 1024, 1)
 
 
 def median(values: list[float]) -> float:

@@ -29,13 +29,18 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
     if settings.embedder == "hash":
         provider = HashEmbedder()
     elif settings.embedder in ("minilm", "minilm-fp32"):
-        # Imported here: a lexical-only or test shard never loads ONNX Runtime.
-        from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+        int8 = settings.embedder == "minilm"
+        if settings.embed_process:
+            from services.shard.retrieval.embedding_process import ProcessEmbedder
 
-        provider = OnnxMiniLMEmbedder(
-            threads=settings.embed_threads, int8=settings.embedder == "minilm",
-            pool_niceness=settings.index_niceness,
-        )
+            provider = ProcessEmbedder(threads=settings.embed_threads, int8=int8,
+                                       niceness=settings.index_niceness)
+        else:
+            # Imported here: a lexical-only or test shard never loads ONNX Runtime.
+            from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+
+            provider = OnnxMiniLMEmbedder(threads=settings.embed_threads, int8=int8,
+                                          pool_niceness=settings.index_niceness)
     else:
         raise ValueError(
             f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: minilm, minilm-fp32, hash, none"
@@ -68,6 +73,9 @@ def build_shard_server(
 
     def stop() -> None:
         semantic.stop()
+        close = getattr(provider, "close", None)
+        if close is not None:  # the embedder's child process
+            close()
         database.dispose()
 
     servicer = ShardServicer(service, MemoryCompactor(service))

@@ -95,7 +95,9 @@ def test_int8_vectors_do_not_depend_on_batch_mates_or_threads(int8: OnnxMiniLMEm
 
 
 def test_shard_settings_choose_the_onnx_embedder() -> None:
-    provider = embedding_provider(ShardSettings(embedder="minilm-fp32", embed_threads=1))
+    provider = embedding_provider(
+        ShardSettings(embedder="minilm-fp32", embed_threads=1, embed_process=False)
+    )
     assert isinstance(provider, OnnxMiniLMEmbedder) and provider.name == "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match="minilm-fp32"):
         embedding_provider(ShardSettings(embedder="minilm-numpy"))

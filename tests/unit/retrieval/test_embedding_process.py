@@ -1,0 +1,133 @@
+"""MiniLM in a child process: the same vectors as in-process, restarts, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+from services.shard.retrieval.embedding_process import EmbedderUnavailable, ProcessEmbedder
+from services.shard.server import embedding_provider
+from services.shard.settings import ShardSettings
+
+TEXTS = [
+    "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
+    "Melanie: Wow, that's cool! What made it so special?",
+    "ok",
+    "Deploy the shard with two replicas behind the load balancer, then run the migrations.",
+]
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[ProcessEmbedder]:
+    embedder = ProcessEmbedder(threads=2, int8=True)
+    yield embedder
+    embedder.close()
+
+
+@pytest.fixture(scope="module")
+def in_process() -> OnnxMiniLMEmbedder:
+    return OnnxMiniLMEmbedder(threads=1, int8=True)
+
+
+def test_same_vectors_as_in_process_both_ways(
+    child: ProcessEmbedder, in_process: OnnxMiniLMEmbedder
+) -> None:
+    assert child.name == in_process.name == "all-MiniLM-L6-v2-int8"  # stored vectors match
+    assert child.dimension == 384 and not child.for_tests_only
+    expected = in_process.embed(TEXTS)
+    assert np.array_equal(child.embed(TEXTS), expected)
+    assert np.array_equal(child.embed_background(TEXTS * 5)[: len(TEXTS)], expected)
+    assert child.embed([]).shape == child.embed_background([]).shape == (0, 384)
+
+
+def test_concurrent_callers_get_their_own_rows(
+    child: ProcessEmbedder, in_process: OnnxMiniLMEmbedder
+) -> None:
+    expected = {text: row for text, row in zip(TEXTS, in_process.embed(TEXTS), strict=True)}
+    failures: list[str] = []
+
+    def ask(text: str, background: bool) -> None:
+        for _ in range(10):
+            call = child.embed_background if background else child.embed
+            if not np.array_equal(call([text])[0], expected[text]):
+                failures.append(text)
+
+    threads = [threading.Thread(target=ask, args=(t, i % 2 == 0)) for i, t in enumerate(TEXTS * 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
+    in_process: OnnxMiniLMEmbedder,
+) -> None:
+    embedder = ProcessEmbedder(threads=1, int8=True)
+    try:
+        first = embedder.pid
+        assert first is not None
+        long_batch = [f"{TEXTS[0]} {i}" for i in range(400)]  # ~1 s of work on one thread
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                embedder.embed_background(long_batch)
+                outcome.append(None)
+            except BaseException as error:  # the test inspects it
+                outcome.append(error)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        time.sleep(0.3)
+        os.kill(first, signal.SIGKILL)
+        worker.join(timeout=30)
+        assert len(outcome) == 1 and isinstance(outcome[0], EmbedderUnavailable)
+        assert "exited" in str(outcome[0])
+        # The next call starts a new child and gets the same vectors as before.
+        assert np.array_equal(embedder.embed(TEXTS), in_process.embed(TEXTS))
+        assert embedder.pid not in (None, first)
+        second = embedder.pid
+    finally:
+        embedder.close()
+    assert not os.path.exists(f"/proc/{second}")  # closed and reaped
+
+
+def test_the_child_exits_when_the_shard_dies() -> None:
+    script = (
+        "import os, sys\n"
+        "from services.shard.retrieval.embedding_process import ProcessEmbedder\n"
+        "e = ProcessEmbedder(threads=1, int8=True)\n"
+        "print(e.pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    orphan = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{orphan}"):
+        with open(f"/proc/{orphan}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":  # exited, awaiting its reaper
+                break
+        time.sleep(0.05)
+    else:
+        assert not os.path.exists(f"/proc/{orphan}"), "the embedder child outlived the shard"
+
+
+def test_the_shard_runs_minilm_in_a_child_by_default() -> None:
+    provider = embedding_provider(ShardSettings(embedder="minilm", embed_threads=1))
+    try:
+        assert isinstance(provider, ProcessEmbedder) and provider.name == "all-MiniLM-L6-v2-int8"
+    finally:
+        assert isinstance(provider, ProcessEmbedder)
+        provider.close()
