@@ -34,7 +34,8 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
             from services.shard.retrieval.embedding_process import ProcessEmbedder
 
             provider = ProcessEmbedder(threads=settings.embed_threads, int8=int8,
-                                       niceness=settings.index_niceness)
+                                       niceness=settings.index_niceness,
+                                       log_level=settings.log_level)
         else:
             # Imported here: a lexical-only or test shard never loads ONNX Runtime.
             from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder

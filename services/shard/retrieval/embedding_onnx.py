@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from services.common.memory import trim_heap
 from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import (
     Batch,
@@ -256,6 +257,7 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
             self._session = ort.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
+        trim_heap()  # the float graph and the quantizer's copies are gone: hand their pages back
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""

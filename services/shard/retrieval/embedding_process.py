@@ -58,8 +58,11 @@ def _serve(conn: Connection, model: Any, niceness: int) -> None:
 
 
 def _child(foreground: list[Connection], background: Connection, threads: int, int8: bool,
-           niceness: int) -> None:
+           niceness: int, log_level: str) -> None:
+    from services.common.logging_setup import configure_logging
     from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+
+    configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
 
     try:
         model = OnnxMiniLMEmbedder(threads=threads, int8=int8, pool_niceness=niceness)
@@ -82,12 +85,14 @@ def _child(foreground: list[Connection], background: Connection, threads: int, i
 class _Child:
     """One running child and the parent's ends of its pipes."""
 
-    def __init__(self, threads: int, int8: bool, niceness: int, foreground: int) -> None:
+    def __init__(self, threads: int, int8: bool, niceness: int, foreground: int,
+                 log_level: str) -> None:
         context = multiprocessing.get_context("spawn")
         pairs = [context.Pipe() for _ in range(foreground + 1)]
         self.process = context.Process(
             target=_child,
-            args=([child for _, child in pairs[:-1]], pairs[-1][1], threads, int8, niceness),
+            args=([child for _, child in pairs[:-1]], pairs[-1][1], threads, int8, niceness,
+                  log_level),
             name="engram-embedder",
             daemon=True,
         )
@@ -105,7 +110,13 @@ class _Child:
             raise EmbedderUnavailable(
                 f"the embedder process did not start in {_READY_TIMEOUT_S:.0f} s"
             )
-        ok, value = _receive(self.background, self)
+        try:
+            ok, value = _receive(self.background, self)
+        except EmbedderUnavailable:
+            raise EmbedderUnavailable(
+                f"the embedder process exited while starting (code {self.process.exitcode}); "
+                "its error is in the log above"
+            ) from None
         if not ok:
             self.close()
             raise EmbedderUnavailable(f"the embedder process could not load the model: {value}")
@@ -152,8 +163,8 @@ class ProcessEmbedder:
     for_tests_only = False
 
     def __init__(self, *, threads: int = 2, int8: bool = True, niceness: int = 10,
-                 foreground: int = 2) -> None:
-        self._settings = (threads, int8, niceness, max(1, foreground))
+                 foreground: int = 2, log_level: str = "INFO") -> None:
+        self._settings = (threads, int8, niceness, max(1, foreground), log_level)
         self._lock = threading.Lock()
         self._child = _Child(*self._settings)
         self.name: str = self._child.name
