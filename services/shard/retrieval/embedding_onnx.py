@@ -13,6 +13,7 @@ it is loaded).
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -192,15 +193,29 @@ def quantize_int8(model: ModelProto, out: Path) -> None:
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(
-        model,
-        out,
-        op_types_to_quantize=["Attention", "MatMul"],
-        per_channel=True,
-        weight_type=QuantType.QInt8,
-        # ONNX shape inference knows no com.microsoft op, so it cannot type their outputs.
-        extra_options={"DefaultTensorType": TensorProto.FLOAT},
-    )
+    # The quantizer logs through the root logger: one line per tensor at INFO and a generic
+    # "consider pre-processing" WARNING (not applicable: the graph is built fused). Kept out
+    # of the service's log; its errors still pass.
+    root = logging.getLogger()
+    chatter = _QuantizerChatter()
+    root.addFilter(chatter)
+    try:
+        quantize_dynamic(
+            model,
+            out,
+            op_types_to_quantize=["Attention", "MatMul"],
+            per_channel=True,
+            weight_type=QuantType.QInt8,
+            # ONNX shape inference knows no com.microsoft op, so it cannot type their outputs.
+            extra_options={"DefaultTensorType": TensorProto.FLOAT},
+        )
+    finally:
+        root.removeFilter(chatter)
+
+
+class _QuantizerChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
 
 
 class OnnxMiniLMEmbedder(PooledMiniLM):

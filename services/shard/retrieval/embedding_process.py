@@ -32,13 +32,16 @@ from typing import Any
 
 import numpy as np
 
+from services.common.errors import Unavailable
 from services.shard.retrieval.embedding import Vectors
 
 _READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 
 
-class EmbedderUnavailable(RuntimeError):
-    """The embedding child process exited or failed to start."""
+class EmbedderUnavailable(Unavailable):
+    """The embedding child process exited or failed to start (gRPC UNAVAILABLE)."""
+
+    default_reason = "EMBEDDER_UNAVAILABLE"
 
 
 def _serve(conn: Connection, model: Any, niceness: int) -> None:

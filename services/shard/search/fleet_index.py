@@ -191,7 +191,7 @@ class FleetIndex:
     def search(
         self,
         query: str,
-        query_vector: Floats | Callable[[], Floats] | None,
+        query_vector: Floats | Callable[[], Floats | None] | None,
         mode: str,
         allowed: npt.NDArray[np.bool_] | None = None,
     ) -> list[tuple[int, float]]:

@@ -30,6 +30,7 @@ from sqlalchemy import BigInteger, LargeBinary, String, bindparam, func, or_, se
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.common.db import Database
+from services.common.errors import Unavailable
 from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import EmbeddingProvider
 from services.shard.search.cursor import SeqCursor
@@ -57,6 +58,22 @@ _READ_NEW_AND_GAPS = (
     .order_by(RECORDS.c.seq)
     .limit(bindparam("chunk"))
 )
+
+
+def _lexical_if_unavailable(
+    pending: Callable[[], np.ndarray],
+) -> Callable[[], np.ndarray | None]:
+    """A hybrid search whose query could not be embedded ranks lexically (and says so in
+    the log) rather than failing; a semantic search fails UNAVAILABLE."""
+
+    def vector() -> np.ndarray | None:
+        try:
+            return pending()
+        except Unavailable as error:
+            log.warning("query not embedded, hybrid search ranks lexically: %s", error)
+            return None
+
+    return vector
 
 
 class RecordVectorRow(Base):
@@ -306,12 +323,13 @@ class SemanticIndex:
         """
         if self.embedder is None:
             mode = "lexical"
-        vector: np.ndarray | Callable[[], np.ndarray] | None = None
+        vector: np.ndarray | Callable[[], np.ndarray | None] | None = None
         if mode != "lexical":
             if query_vector is not None:
                 vector = query_vector
             else:
-                vector = self._query_pool.submit(self.embed_query, text).result
+                pending = self._query_pool.submit(self.embed_query, text).result
+                vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
         self.sync()
         with self._lock:
             index = self._fleets.get(fleet_id)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from engram.client import ShardClient
+from engram.client import EngramRpcError, ShardClient
 from services.shard.retrieval.embedding import TestEmbedderRefused
+from services.shard.retrieval.embedding_process import ProcessEmbedder
 from services.shard.server import build_shard_server
 from services.shard.service import ShardService
 from services.shard.settings import ShardSettings
@@ -64,6 +67,39 @@ def test_semantic_finds_paraphrase_and_survives_restart(
         assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == target.id
         assert service.search_engine.semantic is not None
         assert service.search_engine.semantic.indexed("fleet-sem") == 3
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_search_survives_the_embedder_child_dying(
+    settings: ShardSettings, make_token: TokenFactory
+) -> None:
+    client, service, server = _serve(settings, make_token("agent-kill", "fleet-kill"))
+    try:
+        target = client.add("My dog loves running on the beach every morning").record
+        client.add("Kubernetes pods restart when the liveness probe fails")
+        _caught_up(client)
+        embedder = service.search_engine.semantic.embedder  # type: ignore[union-attr]
+        assert isinstance(embedder, ProcessEmbedder)
+        first = embedder.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        # A call in flight, or one made before the kernel has fully torn the child down,
+        # fails UNAVAILABLE (EMBEDDER_UNAVAILABLE); a later one starts a new child.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                found = client.search("puppy playing by the sea", mode="semantic")
+                break
+            except EngramRpcError as error:
+                assert error.reason == "EMBEDDER_UNAVAILABLE", error
+                assert time.monotonic() < deadline, "no new embedder child within 30 s"
+                time.sleep(0.1)
+        assert found[0].record.id == target.id
+        assert embedder.pid != first
+        later = client.add("A cat sleeps on the warm windowsill all afternoon").record
+        _caught_up(client)
+        assert client.search("kitten napping in the sun", mode="semantic")[0].record.id == later.id
     finally:
         server.stop(0)  # type: ignore[attr-defined]
 

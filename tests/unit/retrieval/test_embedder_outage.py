@@ -1,0 +1,67 @@
+"""When the query cannot be embedded: hybrid ranks lexically, semantic fails UNAVAILABLE."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from services.common.db import Database
+from services.common.errors import Unavailable
+from services.common.tokens import Principal
+from services.shard.domain.records import RecordDraft
+from services.shard.retrieval.embedding import HashEmbedder, Vectors
+from services.shard.retrieval.embedding_process import EmbedderUnavailable
+from services.shard.search.engine import SearchQuery
+from services.shard.search.semantic import SemanticIndex
+from services.shard.server import MIGRATIONS
+from services.shard.service import ShardService
+
+
+class _FlakyEmbedder(HashEmbedder):
+    """Indexes normally; queries fail while ``down`` (as when the embedder child dies)."""
+
+    down = False
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if self.down:
+            raise EmbedderUnavailable("the embedder process exited (code -9)")
+        return super().embed(texts)
+
+    def embed_background(self, texts: Sequence[str]) -> Vectors:
+        return super().embed(texts)
+
+
+@pytest.fixture
+def shard(tmp_path: Path) -> tuple[ShardService, _FlakyEmbedder]:
+    database = Database(f"sqlite:///{tmp_path / 'shard.db'}")
+    database.upgrade(MIGRATIONS)
+    embedder = _FlakyEmbedder()
+    semantic = SemanticIndex(database, embedder)
+    service = ShardService(database, semantic=semantic)
+    agent = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
+    service.write(agent, [RecordDraft("the garden hose leaks at the tap"),
+                          RecordDraft("quarterly revenue grew twelve percent")])
+    while semantic.catch_up():
+        pass
+    return service, embedder
+
+
+def _ids(service: ShardService, mode: str) -> list[str]:
+    hits = service.search(SearchQuery(fleet_id="f", text="garden hose", mode=mode, limit=5))
+    return [hit.record.content for hit in hits]
+
+
+def test_hybrid_ranks_lexically_while_the_embedder_is_down(
+    shard: tuple[ShardService, _FlakyEmbedder],
+) -> None:
+    service, embedder = shard
+    assert _ids(service, "hybrid")[0] == "the garden hose leaks at the tap"
+    embedder.down = True
+    assert _ids(service, "hybrid") == ["the garden hose leaks at the tap"]
+    with pytest.raises(Unavailable, match="embedder process exited") as raised:
+        _ids(service, "semantic")
+    assert raised.value.reason == "EMBEDDER_UNAVAILABLE"
+    embedder.down = False
+    assert _ids(service, "semantic")[0] == "the garden hose leaks at the tap"
