@@ -32,21 +32,28 @@ from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors
 from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 
 BEST = ContextSettings()
-SYMMETRIC = replace(BEST, before_weight=0.5, after_weight=0.5, distance_decay=1.0, date_boost=0.0)
+DATES = replace(BEST, statement_prior=0.0, length_prior=0.0)  # the default before the priors
+SYMMETRIC = replace(DATES, before_weight=0.5, after_weight=0.5, distance_decay=1.0, date_boost=0.0)
 METHODS: dict[str, tuple[str, ContextSettings]] = {
     "hybrid, neighbours' terms 0.5 both sides": ("hybrid", SYMMETRIC),
-    "  + before 0.6 / after 0.4": ("hybrid", replace(BEST, distance_decay=1.0, date_boost=0.0)),
+    "  + before 0.6 / after 0.4": ("hybrid", replace(DATES, distance_decay=1.0, date_boost=0.0)),
     "  + before 0.7 / after 0.3": (
         "hybrid",
-        replace(BEST, before_weight=0.7, after_weight=0.3, distance_decay=1.0, date_boost=0.0),
+        replace(DATES, before_weight=0.7, after_weight=0.3, distance_decay=1.0, date_boost=0.0),
     ),
     "  + distance 2 at half weight": ("hybrid", replace(SYMMETRIC, distance_decay=0.5)),
-    "  + before 0.6 / after 0.4, distance 2 at half": ("hybrid", replace(BEST, date_boost=0.0)),
-    "  + dates named in the query (default)": ("hybrid", BEST),
-    "  + date boost 0.2": ("hybrid", replace(BEST, date_boost=0.2)),
-    "  + date boost 0.1": ("hybrid", replace(BEST, date_boost=0.1)),
-    "  + date boost 0.4": ("hybrid", replace(BEST, date_boost=0.4)),
-    "  + date boost 0.6": ("hybrid", replace(BEST, date_boost=0.6)),
+    "  + before 0.6 / after 0.4, distance 2 at half": ("hybrid", replace(DATES, date_boost=0.0)),
+    "  + dates named in the query": ("hybrid", DATES),
+    "  + date boost 0.2": ("hybrid", replace(DATES, date_boost=0.2)),
+    "  + date boost 0.1": ("hybrid", replace(DATES, date_boost=0.1)),
+    "  + date boost 0.4": ("hybrid", replace(DATES, date_boost=0.4)),
+    "  + date boost 0.6": ("hybrid", replace(DATES, date_boost=0.6)),
+    "  + statement 0.1, length 0.02 (default)": ("hybrid", BEST),
+    "  + statement 0.1 only": ("hybrid", replace(BEST, length_prior=0.0)),
+    "  + length 0.02 only": ("hybrid", replace(BEST, statement_prior=0.0)),
+    "  + statement 0.05, length 0.02": ("hybrid", replace(BEST, statement_prior=0.05)),
+    "  + statement 0.2, length 0.02": ("hybrid", replace(BEST, statement_prior=0.2)),
+    "  + statement 0.1, length 0.05": ("hybrid", replace(BEST, length_prior=0.05)),
     "lexical, no date boost": ("lexical", replace(BEST, date_boost=0.0)),
     "lexical (default)": ("lexical", BEST),
     "semantic (default)": ("semantic", BEST),

@@ -18,7 +18,10 @@ general method:
 - dates: when the query names a date ("on 13 October, 2023", "in June", "in 2023"),
   records of a matching date gain 0.3 x the best score, unless all or none match. A
   record's date is the first metadata value that reads as a full date (an event's
-  date, e.g. a session date), else its creation day.
+  date, e.g. a session date), else its creation day;
+- priors (hybrid): on the scale of the best candidate, a record that is not a question
+  gains 0.1 (a question asks, the answer informs) and every record 0.02 x log(1 + its
+  words) (a longer record says more; BM25's length normalisation favours short ones).
 
 Only records with a lexical match (own or neighbours' terms) or a cosine above
 ``min_similarity`` are candidates, so an unrelated query returns nothing.
@@ -35,7 +38,13 @@ import numpy as np
 import numpy.typing as npt
 
 from services.shard.retrieval.lexical import GrowingBM25
-from services.shard.retrieval.text import STOP_WORDS, DateMention, analyze, date_mentions
+from services.shard.retrieval.text import (
+    STOP_WORDS,
+    DateMention,
+    analyze,
+    date_mentions,
+    tokenize,
+)
 from services.shard.retrieval.vector_index import TieredVectorIndex
 
 Ints = npt.NDArray[np.int64]
@@ -54,6 +63,8 @@ class ContextSettings:
     lexical_weight: float = 0.5
     smoothing: float = 0.2
     date_boost: float = 0.3  # share of the best score added to records of a date the query names
+    statement_prior: float = 0.1  # hybrid: a record that is not a question gains this (of the best)
+    length_prior: float = 0.02  # hybrid: x log(1 + words): a longer record says more
     bm25_k1: float = 0.9
     bm25_b: float = 0.4
     depth: int = 100
@@ -96,6 +107,7 @@ class FleetIndex:
         self._next = np.full(1024, -1, dtype=np.int64)
         self._run_of = np.full(1024, -1, dtype=np.int64)
         self._dates = np.zeros((1024, 3), dtype=np.int16)  # year, month, day; 0 = unknown
+        self._prior = np.zeros(1024, dtype=np.float32)  # statement and length priors
         self._run_numbers: dict[str, int] = {}
         self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
         self._last_of_run: dict[str, int] = {}
@@ -120,6 +132,9 @@ class FleetIndex:
         if day is not None:
             self._dates[doc] = (day.year, day.month, day.day)
         cfg = self.settings
+        self._prior[doc] = cfg.length_prior * np.log1p(len(tokenize(text))) + (
+            0.0 if _asks(text) else cfg.statement_prior
+        )
         bag = dict(own)
         tail = self._tail(run_id) if run_id else []
         steps = [cfg.distance_decay ** (len(tail) - 1 - i) for i in range(len(tail))]
@@ -157,6 +172,7 @@ class FleetIndex:
         self._has_vector = np.concatenate([self._has_vector, np.zeros(extra, dtype=bool)])
         self._run_of = np.concatenate([self._run_of, np.full(extra, -1, dtype=np.int64)])
         self._dates = np.concatenate([self._dates, np.zeros((extra, 3), dtype=np.int16)])
+        self._prior = np.concatenate([self._prior, np.zeros(extra, dtype=np.float32)])
 
     def add_vectors(self, docs: list[int], vectors: Floats) -> None:
         fresh = [i for i, d in enumerate(docs) if not self._has_vector[d]]
@@ -252,6 +268,9 @@ class FleetIndex:
             padded = np.append(base, 0.0)
             fused = base + cfg.smoothing * padded[near_idx].max(axis=1)
         chosen = np.flatnonzero(keep & (fused > 0))
+        if mode == "hybrid" and len(chosen):
+            # Priors, on the scale of the best candidate: a question asks, its answer informs.
+            fused = fused / float(fused[chosen].max()) + self._prior[pool]
         chosen = chosen[np.argsort(-fused[chosen], kind="stable")]
         return list(zip(pool[chosen].tolist(), fused[chosen].tolist(), strict=True))
 
@@ -294,6 +313,11 @@ class FleetIndex:
         number = self._run_numbers.get(run_id, -2)
         mask: npt.NDArray[np.bool_] = self._run_of[: len(self.ids)] == number
         return mask
+
+
+def _asks(text: str) -> bool:
+    """A record that is a question: its text ends in "?"."""
+    return text.rstrip().endswith("?")
 
 
 def _top(scores: Floats, depth: int) -> Ints:

@@ -127,3 +127,44 @@ def test_a_record_date_is_read_from_metadata_else_its_creation_day() -> None:
     created = int(datetime(2026, 11, 22, 12, tzinfo=UTC).timestamp() * 1_000_000)
     assert metadata_day({"note": "met in May"}, created) == date(2026, 11, 22)
     assert metadata_day({"when": "31 February, 2023"}) is None
+
+
+def test_hybrid_prefers_a_statement_to_an_equally_relevant_question() -> None:
+    rows = [
+        ("q", "run-1", "Did you go camping at the lake?"),  # written first: wins ties otherwise
+        ("s", "run-2", "We went camping at the lake."),
+    ]
+    embedder = HashEmbedder()
+    vectors = embedder.embed([text for _, _, text in rows])
+    between = (vectors[0] + vectors[1]) / np.linalg.norm(vectors[0] + vectors[1])
+    for settings, first in (
+        (ContextSettings(), "s"),
+        (ContextSettings(statement_prior=0.0, length_prior=0.0), "q"),
+    ):
+        index = FleetIndex(embedder.dimension, settings)
+        docs = [index.add(rid, run, text) for rid, run, text in rows]
+        index.add_vectors(docs, vectors)
+        found = index.search("camping lake", between, "hybrid")
+        assert [index.ids[d] for d, _ in found][0] == first
+        assert all(score > 0 for _, score in found)
+    # Lexical mode ranks by BM25 alone (the priors were measured for hybrid only).
+    lexical = index.search("camping lake", None, "lexical")
+    assert {index.ids[d] for d, _ in lexical} == {"q", "s"}
+
+
+def test_a_longer_record_wins_a_tie_in_hybrid() -> None:
+    rows = [
+        ("short", "run-1", "Pottery class."),
+        ("long", "run-2", "Pottery class with my kids every Saturday morning at the studio."),
+    ]
+    embedder = HashEmbedder()
+    index = FleetIndex(embedder.dimension, ContextSettings(date_boost=0.0))
+    docs = [index.add(rid, run, text) for rid, run, text in rows]
+    index.add_vectors(docs, embedder.embed([text for _, _, text in rows]))
+    scores = {index.ids[d]: s for d, s in index.search("pottery", None, "hybrid")}
+    plain = FleetIndex(embedder.dimension, ContextSettings(date_boost=0.0, length_prior=0.0))
+    plain_docs = [plain.add(rid, run, text) for rid, run, text in rows]
+    plain.add_vectors(plain_docs, embedder.embed([text for _, _, text in rows]))
+    plain_scores = {plain.ids[d]: s for d, s in plain.search("pottery", None, "hybrid")}
+    # BM25 favours the short record; the length prior narrows that gap.
+    assert scores["long"] - scores["short"] > plain_scores["long"] - plain_scores["short"]
