@@ -145,7 +145,7 @@ def test_hybrid_prefers_a_statement_to_an_equally_relevant_question() -> None:
         docs = [index.add(rid, run, text) for rid, run, text in rows]
         index.add_vectors(docs, vectors)
         found = index.search("camping lake", between, "hybrid")
-        assert [index.ids[d] for d, _ in found][0] == first
+        assert index.ids[found[0][0]] == first
         assert all(score > 0 for _, score in found)
     # Lexical mode ranks by BM25 alone (the priors were measured for hybrid only).
     lexical = index.search("camping lake", None, "lexical")
