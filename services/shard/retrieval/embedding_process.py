@@ -114,8 +114,9 @@ class _Child:
                 f"the embedder process did not start in {_READY_TIMEOUT_S:.0f} s"
             )
         try:
-            ok, value = _receive(self.background, self)
+            ok, value = self._receive(self.background)
         except EmbedderUnavailable:
+            self.close()
             raise EmbedderUnavailable(
                 f"the embedder process exited while starting (code {self.process.exitcode}); "
                 "its error is in the log above"
@@ -130,11 +131,18 @@ class _Child:
             conn.send(list(texts))
         except (OSError, ValueError):
             raise self._gone() from None
-        ok, value = _receive(conn, self)
+        ok, value = self._receive(conn)
         if not ok:
             raise RuntimeError(f"the embedder process failed: {value}")
         vectors: Vectors = np.asarray(value, dtype=np.float32)
         return vectors
+
+    def _receive(self, conn: Connection) -> tuple[bool, Any]:
+        try:
+            reply: tuple[bool, Any] = conn.recv()
+        except (EOFError, OSError):
+            raise self._gone() from None
+        return reply
 
     def _gone(self) -> EmbedderUnavailable:
         self.process.join(timeout=1)
@@ -151,13 +159,6 @@ class _Child:
             self.process.kill()
             self.process.join(timeout=5)
 
-
-def _receive(conn: Connection, child: _Child) -> tuple[bool, Any]:
-    try:
-        reply: tuple[bool, Any] = conn.recv()
-    except (EOFError, OSError):
-        raise child._gone() from None
-    return reply
 
 
 class ProcessEmbedder:
