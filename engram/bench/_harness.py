@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,7 +210,7 @@ def _serve_echo() -> None:
     server.wait_for_termination()
 
 
-def _process_tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """``pid`` and every process below it (a shard's embedder child counts as the shard's)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -246,12 +246,17 @@ def rss_mb(pid: int | None = None) -> float:
 
     Summed: pages the processes share are counted once per process, so this is an upper bound.
     """
-    return round(sum(_status_kb(p, "VmRSS:") for p in _process_tree(pid or os.getpid())) / 1024, 1)
+    return tree_rss_mb(process_tree(pid or os.getpid()))
+
+
+def tree_rss_mb(pids: Sequence[int]) -> float:
+    """Summed RSS of processes found beforehand (a sampler walks /proc once, not per sample)."""
+    return round(sum(_status_kb(p, "VmRSS:") for p in pids) / 1024, 1)
 
 
 def peak_rss_mb(pid: int | None = None) -> float:
     """Sum of each process's own peak (the peaks need not coincide: an upper bound)."""
-    return round(sum(_status_kb(p, "VmHWM:") for p in _process_tree(pid or os.getpid())) / 1024, 1)
+    return round(sum(_status_kb(p, "VmHWM:") for p in process_tree(pid or os.getpid())) / 1024, 1)
 
 
 def median(values: list[float]) -> float:
