@@ -74,9 +74,8 @@ def build_shard_server(
 
     def stop() -> None:
         semantic.stop()
-        close = getattr(provider, "close", None)
-        if close is not None:  # the embedder's child process
-            close()
+        if provider is not None:
+            provider.close()  # the embedder's child process, if it runs in one
         database.dispose()
 
     servicer = ShardServicer(service, MemoryCompactor(service))

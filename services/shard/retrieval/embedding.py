@@ -31,7 +31,30 @@ class EmbeddingProvider(Protocol):
     dimension: int
     for_tests_only: bool
 
-    def embed(self, texts: Sequence[str]) -> Vectors: ...
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Foreground work: a query, a write's dedup check."""
+        ...
+
+    def embed_background(self, texts: Sequence[str]) -> Vectors:
+        """The indexer's batches; a provider may run them apart, at lower priority."""
+        ...
+
+    def close(self) -> None:
+        """Release what the provider holds (a child process); the shard calls it on stop."""
+        ...
+
+
+class InProcessProvider:
+    """Background work is the same call, and there is nothing to release."""
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        raise NotImplementedError
+
+    def embed_background(self, texts: Sequence[str]) -> Vectors:
+        return self.embed(texts)
+
+    def close(self) -> None:
+        return None
 
 
 class TestEmbedderRefused(RuntimeError):
@@ -59,7 +82,7 @@ def _normalise(rows: npt.NDArray[np.float32]) -> Vectors:
 _WORD = re.compile(r"[a-z0-9]+")
 
 
-class HashEmbedder:
+class HashEmbedder(InProcessProvider):
     """Feature hashing of word unigrams and bigrams: deterministic, for unit tests only."""
 
     for_tests_only = True
@@ -171,7 +194,7 @@ def padded(
     return token_ids, mask
 
 
-class PooledMiniLM:
+class PooledMiniLM(InProcessProvider):
     """What every MiniLM forward pass shares: tokenise, batch by length, pool, normalise.
 
     A subclass sets ``_tokenizer`` and ``_batch_size`` and implements ``_forward`` (one

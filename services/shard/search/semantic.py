@@ -243,9 +243,7 @@ class SemanticIndex:
             with self._lock:
                 ready = {item[3]: self._fresh_vectors.pop(item[4], None) for item in missing}
             to_embed = [item for item in missing if ready[item[3]] is None]
-            # A provider may serve background work apart from queries (lower priority).
-            embed = getattr(self.embedder, "embed_background", self.embedder.embed)
-            vectors = embed([item[4] for item in to_embed])
+            vectors = self.embedder.embed_background([item[4] for item in to_embed])
             for item, vector in zip(to_embed, vectors, strict=True):
                 ready[item[3]] = vector
             for item in missing:
