@@ -188,7 +188,14 @@ def analyze(
     text: str, *, stop_words: frozenset[str] = STOP_WORDS, stemming: bool = True
 ) -> list[str]:
     """Index terms of ``text``: tokens minus stop words, stemmed."""
-    terms = [t for t in tokenize(text) if t not in stop_words]
+    return analyze_tokens(tokenize(text), stop_words=stop_words, stemming=stemming)
+
+
+def analyze_tokens(
+    tokens: list[str], *, stop_words: frozenset[str] = STOP_WORDS, stemming: bool = True
+) -> list[str]:
+    """:func:`analyze` of text already split by :func:`tokenize`."""
+    terms = [t for t in tokens if t not in stop_words]
     return [stem(t) for t in terms] if stemming else terms
 
 

@@ -41,7 +41,7 @@ from services.shard.retrieval.lexical import GrowingBM25
 from services.shard.retrieval.text import (
     STOP_WORDS,
     DateMention,
-    analyze,
+    analyze_tokens,
     date_mentions,
     tokenize,
 )
@@ -88,7 +88,11 @@ def metadata_day(metadata: Mapping[str, str], created_us: int | None = None) -> 
 
 
 def terms_of(text: str) -> dict[str, float]:
-    return {t: float(c) for t, c in Counter(analyze(text, stop_words=STOP_WORDS)).items()}
+    return _term_counts(tokenize(text))
+
+
+def _term_counts(tokens: list[str]) -> dict[str, float]:
+    return {t: float(c) for t, c in Counter(analyze_tokens(tokens, stop_words=STOP_WORDS)).items()}
 
 
 class FleetIndex:
@@ -126,13 +130,14 @@ class FleetIndex:
             return self.doc_of[record_id]
         if text_key:
             self.text_keys.setdefault(text_key, record_id)
-        own = terms_of(text)
+        tokens = tokenize(text)
+        own = _term_counts(tokens)
         doc = len(self.ids)
         self._grow(doc + 1)
         if day is not None:
             self._dates[doc] = (day.year, day.month, day.day)
         cfg = self.settings
-        self._prior[doc] = cfg.length_prior * np.log1p(len(tokenize(text))) + (
+        self._prior[doc] = cfg.length_prior * np.log1p(len(tokens)) + (
             0.0 if _asks(text) else cfg.statement_prior
         )
         bag = dict(own)
