@@ -22,9 +22,14 @@ $(STAMP): pyproject.toml requirements.lock requirements-model.txt
 
 setup: $(STAMP) ## create .venv and install everything from the lockfile
 
-lock: ## re-resolve requirements.lock from pyproject.toml
+lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pyproject.toml
 	$(BIN)/uv pip compile pyproject.toml --extra dev --python $(BIN)/python \
 		--index-strategy unsafe-best-match -o requirements.lock
+	$(BIN)/uv pip compile pyproject.toml --extra dev --extra compare -c requirements.lock \
+		--python $(BIN)/python --index-strategy unsafe-best-match -o requirements-compare.lock
+
+compare-setup: $(STAMP) ## add Chroma to .venv for `engram bench chroma` (optional)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-compare.lock
 
 protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/
 	$(BIN)/python tools/gen_protos.py
@@ -54,4 +59,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock protos lint breaking up test bench clean
+.PHONY: help setup lock compare-setup protos lint breaking up test bench clean

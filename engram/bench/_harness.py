@@ -26,6 +26,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 _ECHO_METHOD = "/engram.bench.Echo/Echo"
 
 
+class BenchUnavailable(RuntimeError):
+    """A benchmark cannot run here (e.g. an optional dependency is missing); says what to do."""
+
+
 class EchoServer:
     """A raw gRPC echo (bytes in, bytes out) on 127.0.0.1, thread pool shaped like the services."""
 

@@ -32,16 +32,16 @@ from engram.bench._harness import (
 from engram.client import ShardClient, record_input
 from services.common.tokens import TokenSigner, ensure_keypair
 
-_CORPUS = Corpus(english_words(), seed=5)
+CORPUS = Corpus(english_words(), seed=5)
 
 
-def _wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
+def wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
     deadline = time.monotonic() + timeout_s
     while client.status().indexing_lag and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
-def _ingest(client: ShardClient, start: int, target: int) -> float:
+def ingest(client: ShardClient, start: int, target: int) -> float:
     """Batch-write up to ``target`` records; returns records/s until all are indexed."""
     began = time.perf_counter()
     written = start
@@ -49,17 +49,17 @@ def _ingest(client: ShardClient, start: int, target: int) -> float:
         count = min(100, target - written)
         client.add_many(
             [
-                record_input(_CORPUS.sentence(written + j), run_id=f"run-{written // 50}")
+                record_input(CORPUS.sentence(written + j), run_id=f"run-{written // 50}")
                 for j in range(count)
             ]
         )
         written += count
-    _wait_indexed(client)
+    wait_indexed(client)
     return (target - start) / (time.perf_counter() - began)
 
 
-def _searches(client: ShardClient, count: int) -> dict[str, float]:
-    queries = [" ".join(_CORPUS.words(4)) for _ in range(count)]
+def searches(client: ShardClient, count: int) -> dict[str, float]:
+    queries = [" ".join(CORPUS.words(4)) for _ in range(count)]
     out: dict[str, float] = {}
     for mode in ("lexical", "hybrid"):
 
@@ -71,19 +71,19 @@ def _searches(client: ShardClient, count: int) -> dict[str, float]:
     return out
 
 
-def _lag_under_load(client: ShardClient, rate: int, seconds: float) -> dict[str, float]:
+def lag_under_load(client: ShardClient, rate: int, seconds: float) -> dict[str, float]:
     lags: list[int] = []
     began = time.perf_counter()
     tick = 0
     while time.perf_counter() - began < seconds:
         client.add_many(
-            [record_input(_CORPUS.sentence(90_000_000 + tick * 20 + j)) for j in range(rate // 10)]
+            [record_input(CORPUS.sentence(90_000_000 + tick * 20 + j)) for j in range(rate // 10)]
         )
         lags.append(int(client.status().indexing_lag))
         tick += 1
         time.sleep(max(0.0, began + tick * 0.1 - time.perf_counter()))
     settle = time.perf_counter()
-    _wait_indexed(client)
+    wait_indexed(client)
     return {
         "lag_max_records": max(lags),
         "lag_mean_records": round(sum(lags) / len(lags), 1),
@@ -95,7 +95,7 @@ def _lag_under_load(client: ShardClient, rate: int, seconds: float) -> dict[str,
 def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
     sizes = [max(1000, int(10_000 * scale)), max(2000, int(100_000 * scale))]
     single = max(200, int(1000 * scale))
-    searches = max(100, int(500 * scale))
+    asked = max(100, int(500 * scale))
     figures: dict[str, object] = {}
     figures.update(echo_baseline(sequential_calls=single, concurrent_calls=1000))
     with (
@@ -109,27 +109,27 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
             ShardClient(shard.address, token) as client,
         ):
             task = bar.add_task("single writes", total=None)
-            writes = sequential(lambda i: client.add(_CORPUS.sentence(50_000_000 + i)), single)
+            writes = sequential(lambda i: client.add(CORPUS.sentence(50_000_000 + i)), single)
             figures["write_p50_ms"], figures["write_p95_ms"] = writes.p50_ms, writes.p95_ms
             figures["write_ack_per_s"] = round(1000.0 / max(writes.p50_ms, 1e-6), 1)
             bar.update(task, description="concurrent writes while indexing")
             figures["write_ack_per_s_64_in_flight"] = round(
-                concurrent(lambda i: client.add(_CORPUS.sentence(60_000_000 + i)), 5 * single, 64),
+                concurrent(lambda i: client.add(CORPUS.sentence(60_000_000 + i)), 5 * single, 64),
                 1,
             )
-            _wait_indexed(client)
+            wait_indexed(client)
             done = int(client.status().total_records)
             for size in sizes:
                 bar.update(task, description=f"ingest + index to {size}")
-                rate = _ingest(client, done, size)
+                rate = ingest(client, done, size)
                 done = size
                 figures[f"indexed_records_per_s_to_{size}"] = round(rate, 1)
                 bar.update(task, description=f"search at {size}")
-                for name, value in _searches(client, searches).items():
+                for name, value in searches(client, asked).items():
                     figures[f"{name}_at_{size}"] = value
                 figures[f"rss_mb_at_{size}"] = rss_mb(shard.pid)
             bar.update(task, description="lag at 200 writes/s")
-            figures.update(_lag_under_load(client, 200, 10.0))
+            figures.update(lag_under_load(client, 200, 10.0))
             figures["records"] = int(client.status().total_records)
             figures["rss_mb"] = rss_mb(shard.pid)
             figures["peak_rss_mb"] = peak_rss_mb(shard.pid)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from engram.bench._harness import BenchUnavailable
 from engram.cli._output import JSON_OPTION, console, emit_json, fail
 
 BENCHMARKS = {
@@ -21,6 +22,7 @@ BENCHMARKS = {
     "artifacts": "streaming upload/download, metadata lookup, rehydrate",
     "compactor": "iteration record, reconstruct, append cost vs run length",
     "search": "hybrid/semantic search, semantic indexing throughput and lag",
+    "chroma": "Engram beside Chroma on the same records and model (needs `make compare-setup`)",
 }
 
 
@@ -34,7 +36,10 @@ def bench(
     if name not in BENCHMARKS:
         raise fail(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
     module = importlib.import_module(f"engram.bench.{name}")
-    figures = module.run(scale=scale, progress=not as_json)
+    try:
+        figures = module.run(scale=scale, progress=not as_json)
+    except BenchUnavailable as error:
+        raise fail(str(error)) from None
     if out is not None:
         out.write_text(json.dumps(figures, indent=2) + "\n")
     if as_json:

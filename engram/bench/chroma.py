@@ -1,0 +1,113 @@
+"""`engram bench chroma`: Engram beside Chroma (embedded) in the same run, on the same records.
+
+Optional: Chroma is not one of Engram's dependencies; `make compare-setup` installs it into
+.venv from requirements-compare.lock. Both sides use the same model in the same way
+(all-MiniLM-L6-v2 on ONNX Runtime, int8, two threads) and the same 10k x scale records of
+`engram bench search`; Chroma runs in a child process (engram.bench._chroma_side) so each
+side's RSS is its own. Compared, as issue 6 asks:
+- acknowledged writes (Engram: the better of one at a time and 64 in flight, waiting only
+  for the durable commit) against Chroma adding one record at a time (embedded on add);
+- Engram's semantic indexing rate against Chroma's batch-of-100 adds;
+- search p95 at the same size, query embedding included on both sides (Engram hybrid, the
+  default; Engram's semantic mode, Chroma's only kind, is reported beside it);
+- RSS with the model loaded (Engram: shard plus embedder process).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import cast
+
+from rich.progress import Progress
+
+from engram.bench._chroma_side import ONE_BY_ONE_SERIAL
+from engram.bench._harness import BenchUnavailable, concurrent, rss_mb, sequential, shard_process
+from engram.bench.search import CORPUS, ingest, searches, wait_indexed
+from engram.client import ShardClient
+from services.common.tokens import TokenSigner, ensure_keypair
+
+
+def _chroma(size: int, single: int, count: int) -> dict[str, float]:
+    command = [
+        sys.executable, "-m", "engram.bench._chroma_side",
+        "--size", str(size), "--single", str(single), "--searches", str(count),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"Chroma's side failed ({done.returncode}): {done.stderr[-2000:]}")
+    return cast(dict[str, float], json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _engram(size: int, single: int, count: int) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="engram-bench-chroma-") as tmp:
+        home = Path(tmp)
+        token = TokenSigner.load(ensure_keypair(home).private).issue("bench", "bench", {"agent"})
+        with (
+            shard_process(home, embedder="minilm") as shard,
+            ShardClient(shard.address, token) as client,
+        ):
+            one = sequential(lambda i: client.add(CORPUS.sentence(ONE_BY_ONE_SERIAL + i)), single)
+            figures["engram_write_ack_per_s"] = round(1000.0 / max(one.p50_ms, 1e-6), 1)
+            figures["engram_write_ack_per_s_64_in_flight"] = round(
+                concurrent(lambda i: client.add(CORPUS.sentence(60_000_000 + i)), 5 * single, 64),
+                1,
+            )
+            wait_indexed(client)
+            figures["engram_indexed_records_per_s"] = round(
+                ingest(client, int(client.status().total_records), size), 1
+            )
+            found = searches(client, count)
+            figures[f"engram_hybrid_p50_ms_at_{size}"] = found["hybrid_p50_ms"]
+            figures[f"engram_hybrid_p95_ms_at_{size}"] = found["hybrid_p95_ms"]
+            queries = [" ".join(CORPUS.words(4)) for _ in range(count)]
+            dense = sequential(lambda i: client.search(queries[i], mode="semantic"), count)
+            figures[f"engram_semantic_p50_ms_at_{size}"] = dense.p50_ms
+            figures[f"engram_semantic_p95_ms_at_{size}"] = dense.p95_ms
+            figures[f"engram_rss_mb_at_{size}"] = rss_mb(shard.pid)
+    return figures
+
+
+def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
+    if importlib.util.find_spec("chromadb") is None:
+        raise BenchUnavailable(
+            "Chroma is not installed: run `make compare-setup` (installs chromadb from "
+            "requirements-compare.lock into .venv), then run this benchmark again"
+        )
+    size = max(1000, int(10_000 * scale))
+    single = max(100, int(300 * scale))
+    count = max(100, int(300 * scale))
+    figures: dict[str, object] = {"records": size}
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("Engram: writes, indexing, search", total=None)
+        engram = _engram(size, single, count)
+        bar.update(task, description="Chroma: adds, batch adds, search")
+        chroma = _chroma(size, single, count)
+    figures.update(engram)
+    figures.update(chroma)
+    writes = max(engram["engram_write_ack_per_s"], engram["engram_write_ack_per_s_64_in_flight"])
+    ratios = {
+        "writes_vs_chroma_one_by_one": writes / chroma["chroma_add_one_per_s"],
+        "indexing_vs_chroma_batch": engram["engram_indexed_records_per_s"]
+        / chroma["chroma_add_batch_per_s"],
+        "search_p95_chroma_over_engram": chroma[f"chroma_search_p95_ms_at_{size}"]
+        / engram[f"engram_hybrid_p95_ms_at_{size}"],
+        "search_p95_chroma_over_engram_semantic": chroma[f"chroma_search_p95_ms_at_{size}"]
+        / engram[f"engram_semantic_p95_ms_at_{size}"],
+        "rss_engram_over_chroma": engram[f"engram_rss_mb_at_{size}"]
+        / chroma[f"chroma_rss_mb_at_{size}"],
+    }
+    figures.update({key: round(value, 2) for key, value in ratios.items()})
+    figures["targets"] = {
+        "acknowledged writes >= 30x Chroma's one by one": ratios["writes_vs_chroma_one_by_one"]
+        >= 30,
+        "semantic indexing >= 2x Chroma's batches": ratios["indexing_vs_chroma_batch"] >= 2,
+        "search p95 no higher than Chroma's": ratios["search_p95_chroma_over_engram"] >= 1,
+        "less memory than Chroma": ratios["rss_engram_over_chroma"] < 1,
+    }
+    return figures
