@@ -4,8 +4,9 @@
 
 Chroma (embedded, persistent, telemetry off) gets the shard's own embedder in-process
 (all-MiniLM-L6-v2 on ONNX Runtime, int8, two threads): the same model and the same vectors
-as Engram, so the figures compare the stores, not the models. The records and queries are
-the ones `engram bench search` writes. Prints one JSON object.
+as Engram, so the figures compare the stores, not the models. Records and queries come from
+`engram bench search`'s generator (same words, same Zipf law, same seed; the texts are drawn,
+not replayed, so they match in distribution, not one for one). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engram.bench._corpus import Corpus, english_words
 from engram.bench._harness import Latency, peak_rss_mb, rss_mb, sequential
+from engram.bench.search import CORPUS, SINGLE_WRITE_SERIAL
 
-# The serials `engram bench chroma` gives the Engram side too (one corpus, one seed).
-ONE_BY_ONE_SERIAL = 50_000_000
 WARMUP_SERIAL = 70_000_000
 
 
@@ -60,7 +59,7 @@ def measure(size: int, single: int, searches: int) -> dict[str, float]:
     import chromadb
     from chromadb.config import Settings
 
-    corpus = Corpus(english_words(), seed=5)
+    corpus = CORPUS  # a fresh process: the generator Engram's side starts from
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="engram-bench-chroma-") as path:
         client = chromadb.PersistentClient(path=path, settings=Settings(anonymized_telemetry=False))
@@ -74,7 +73,7 @@ def measure(size: int, single: int, searches: int) -> dict[str, float]:
         for i in range(20):  # warm-up: the first adds build the segment files
             add_one(WARMUP_SERIAL + i)
         began = time.perf_counter()
-        one = sequential(lambda i: add_one(ONE_BY_ONE_SERIAL + i), single, warmup=0)
+        one = sequential(lambda i: add_one(SINGLE_WRITE_SERIAL + i), single, warmup=0)
         figures["chroma_add_one_per_s"] = round(single / (time.perf_counter() - began), 1)
         figures["chroma_add_one_p50_ms"], figures["chroma_add_one_p95_ms"] = one.p50_ms, one.p95_ms
         # Batches of 100 up to ``size`` records in all, as Engram's side ingests.

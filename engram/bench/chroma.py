@@ -1,10 +1,11 @@
-"""`engram bench chroma`: Engram beside Chroma (embedded) in the same run, on the same records.
+"""`engram bench chroma`: Engram beside Chroma (embedded) in the same run, on like records.
 
 Optional: Chroma is not one of Engram's dependencies; `make compare-setup` installs it into
 .venv from requirements-compare.lock. Both sides use the same model in the same way
-(all-MiniLM-L6-v2 on ONNX Runtime, int8, two threads) and the same 10k x scale records of
-`engram bench search`; Chroma runs in a child process (engram.bench._chroma_side) so each
-side's RSS is its own. Compared, as issue 6 asks:
+(all-MiniLM-L6-v2 on ONNX Runtime, int8, two threads) and 10k x scale records from
+`engram bench search`'s generator (same distribution and seed, drawn, not replayed);
+Chroma runs in a child process (engram.bench._chroma_side) so each side's RSS is its own.
+Compared, as issue 6 asks:
 - acknowledged writes (Engram: the better of one at a time and 64 in flight, waiting only
   for the durable commit) against Chroma adding one record at a time (embedded on add);
 - Engram's semantic indexing rate against Chroma's batch-of-100 adds;
@@ -25,9 +26,8 @@ from typing import cast
 
 from rich.progress import Progress
 
-from engram.bench._chroma_side import ONE_BY_ONE_SERIAL
-from engram.bench._harness import BenchUnavailable, concurrent, rss_mb, sequential, shard_process
-from engram.bench.search import CORPUS, ingest, searches, wait_indexed
+from engram.bench._harness import BenchUnavailable, rss_mb, shard_process
+from engram.bench.search import acknowledged_writes, ingest, searches, wait_indexed
 from engram.client import ShardClient
 from services.common.tokens import TokenSigner, ensure_keypair
 
@@ -52,23 +52,14 @@ def _engram(size: int, single: int, count: int) -> dict[str, float]:
             shard_process(home, embedder="minilm") as shard,
             ShardClient(shard.address, token) as client,
         ):
-            one = sequential(lambda i: client.add(CORPUS.sentence(ONE_BY_ONE_SERIAL + i)), single)
-            figures["engram_write_ack_per_s"] = round(1000.0 / max(one.p50_ms, 1e-6), 1)
-            figures["engram_write_ack_per_s_64_in_flight"] = round(
-                concurrent(lambda i: client.add(CORPUS.sentence(60_000_000 + i)), 5 * single, 64),
-                1,
-            )
+            writes = acknowledged_writes(client, single)
+            figures.update({f"engram_{key}": value for key, value in writes.items()})
             wait_indexed(client)
             figures["engram_indexed_records_per_s"] = round(
                 ingest(client, int(client.status().total_records), size), 1
             )
-            found = searches(client, count)
-            figures[f"engram_hybrid_p50_ms_at_{size}"] = found["hybrid_p50_ms"]
-            figures[f"engram_hybrid_p95_ms_at_{size}"] = found["hybrid_p95_ms"]
-            queries = [" ".join(CORPUS.words(4)) for _ in range(count)]
-            dense = sequential(lambda i: client.search(queries[i], mode="semantic"), count)
-            figures[f"engram_semantic_p50_ms_at_{size}"] = dense.p50_ms
-            figures[f"engram_semantic_p95_ms_at_{size}"] = dense.p95_ms
+            for name, value in searches(client, count, ("hybrid", "semantic")).items():
+                figures[f"engram_{name}_at_{size}"] = value
             figures[f"engram_rss_mb_at_{size}"] = rss_mb(shard.pid)
     return figures
 
