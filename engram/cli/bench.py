@@ -22,7 +22,7 @@ BENCHMARKS = {
     "artifacts": "streaming upload/download, metadata lookup, rehydrate",
     "compactor": "iteration record, reconstruct, append cost vs run length",
     "search": "hybrid/semantic search, semantic indexing throughput and lag",
-    "chroma": "Engram beside Chroma, same model, like records (needs `make compare-setup`)",
+    "chroma": "Engram beside Chroma: as shipped and with the same embedder (`make compare-setup`)",
 }
 
 
