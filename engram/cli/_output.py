@@ -67,7 +67,9 @@ def rpc_errors(as_json: bool = False) -> Iterator[None]:
 
 
 def with_client(factory: Callable[[ClientSettings], T]) -> T:
+    """A client from the settings; a missing token or TLS file, or TLS settings that do not
+    go together, is an error line and exit 1, not a traceback."""
     try:
         return factory(settings())
-    except FileNotFoundError as error:
+    except (OSError, ValueError) as error:
         raise fail(str(error)) from None

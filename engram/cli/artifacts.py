@@ -26,7 +26,14 @@ from rich.progress import (
 from rich.table import Table
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    rpc_errors,
+    with_client,
+)
 from engram.client.artifacts import STOP_STATUSES, ArtifactsClient, file_chunks
 
 artifacts_app = typer.Typer(help="Store and fetch run-scoped artifacts (blobs with hashes).",
@@ -43,13 +50,11 @@ manifests_app = typer.Typer(help="Context manifests: what was in the window and 
 
 
 def _client() -> ArtifactsClient:
-    config = settings()
-    try:
-        token = config.resolve_token()
-    except FileNotFoundError as error:
-        raise fail(str(error)) from None
-    return ArtifactsClient(config.artifacts_addr, token, tls_ca=config.tls_ca,
-                           timeout=config.timeout_seconds)
+    return with_client(
+        lambda s: ArtifactsClient(
+            s.artifacts_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds
+        )
+    )
 
 
 def _dict(message: Message) -> dict[str, Any]:

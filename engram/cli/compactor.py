@@ -14,7 +14,14 @@ from google.protobuf.message import Message
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    rpc_errors,
+    with_client,
+)
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 
@@ -26,13 +33,11 @@ app = typer.Typer(
 
 
 def _client() -> CompactorClient:
-    config = settings()
-    try:
-        token = config.resolve_token()
-    except FileNotFoundError as error:
-        raise fail(str(error)) from None
-    return CompactorClient(config.compactor_addr, token, tls_ca=config.tls_ca,
-                           timeout=config.timeout_seconds)
+    return with_client(
+        lambda s: CompactorClient(
+            s.compactor_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds
+        )
+    )
 
 
 def _dict(message: Message) -> dict[str, Any]:

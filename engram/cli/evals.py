@@ -16,7 +16,15 @@ from pathlib import Path
 import typer
 from rich.progress import Progress
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    rpc_errors,
+    settings,
+    with_client,
+)
 from engram.client import ShardClient
 from engram.client._errors import EngramRpcError
 from engram.client.shard import record_input
@@ -32,8 +40,9 @@ _BATCH = 100
 
 def _client_for(fleet: str, key: Path) -> ShardClient:
     token = TokenSigner.load(key).issue("locomo-loader", fleet, {"agent"})
-    cfg = settings()
-    return ShardClient(cfg.shard_addr, token, tls_ca=cfg.tls_ca, timeout=cfg.timeout_seconds)
+    return with_client(
+        lambda s: ShardClient(s.shard_addr, token, **s.tls(), timeout=s.timeout_seconds)
+    )
 
 
 def _load(client: ShardClient, conv: Conversation) -> tuple[dict[str, list[str]], int]:

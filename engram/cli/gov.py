@@ -31,7 +31,7 @@ FLEET_OPTION = typer.Option("", "--fleet", help="fleet to act on (default: your 
 
 def _client() -> GovernanceClient:
     return with_client(lambda s: GovernanceClient(s.governance_addr, s.resolve_token(),
-                                                  tls_ca=s.tls_ca, timeout=s.timeout_seconds))
+                                                  **s.tls(), timeout=s.timeout_seconds))
 
 
 def _dict(message: Message) -> dict[str, Any]:

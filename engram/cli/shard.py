@@ -11,7 +11,14 @@ from google.protobuf.json_format import MessageToDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, settings
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    rpc_errors,
+    with_client,
+)
 from engram.client import ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
 
@@ -19,13 +26,8 @@ IMPORT_BATCH = 200
 
 
 def _client() -> ShardClient:
-    config = settings()
-    try:
-        token = config.resolve_token()
-    except FileNotFoundError as error:
-        raise fail(str(error)) from None
-    return ShardClient(
-        config.shard_addr, token, tls_ca=config.tls_ca, timeout=config.timeout_seconds
+    return with_client(
+        lambda s: ShardClient(s.shard_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds)
     )
 
 

@@ -8,7 +8,7 @@
 
 from engram.client._channel import BaseClient, open_channel
 from engram.client._errors import EngramRpcError
-from engram.client._settings import ClientSettings
+from engram.client._settings import ClientSettings, TlsFiles
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
@@ -22,6 +22,7 @@ __all__ = [
     "EngramRpcError",
     "GovernanceClient",
     "ShardClient",
+    "TlsFiles",
     "open_channel",
     "record_input",
 ]

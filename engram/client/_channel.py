@@ -21,8 +21,22 @@ _CLIENT_TIMEOUT: Any = object()
 
 def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | None = None,
                  tls_key: Path | None = None) -> grpc.Channel:
-    """Plaintext without ``tls_ca``; TLS with it; mutual TLS with a client cert and key too."""
+    """Plaintext without ``tls_ca``; TLS with it; mutual TLS with a client cert and key too.
+
+    A certificate without its key (or the other way round), or a client certificate without
+    the CA that checks the server, is a ``ValueError`` that names the settings to fix.
+    """
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError(
+            "a client certificate needs its private key and a key needs its certificate: "
+            "set both (ENGRAM_TLS_CERT and ENGRAM_TLS_KEY for the CLI)"
+        )
+    if tls_cert is not None and tls_ca is None:
+        raise ValueError(
+            "a client certificate (mutual TLS) also needs the CA that signed the server's "
+            "certificate (ENGRAM_TLS_CA for the CLI)"
+        )
     if tls_ca is None:
         return grpc.insecure_channel(target, options=options)
     credentials = grpc.ssl_channel_credentials(
@@ -42,10 +56,12 @@ class BaseClient:
         token: str,
         *,
         tls_ca: Path | None = None,
+        tls_cert: Path | None = None,
+        tls_key: Path | None = None,
         timeout: float = 30.0,
         channel: grpc.Channel | None = None,
     ) -> None:
-        self.channel = channel or open_channel(target, tls_ca)
+        self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
 

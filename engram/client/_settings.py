@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TypedDict
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TlsFiles(TypedDict):
+    """The TLS keyword arguments of every client and of ``open_channel``."""
+
+    tls_ca: Path | None
+    tls_cert: Path | None
+    tls_key: Path | None
+
 
 DEFAULT_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
 
@@ -32,7 +42,13 @@ class ClientSettings(BaseSettings):
         default=f"127.0.0.1:{DEFAULT_PORTS['compactor']}",
         validation_alias=AliasChoices("ENGRAM_COMPACTOR_ADDR", "ENGRAM_COMPACTOR_TARGET"),
     )
-    tls_ca: Path | None = None
+    tls_ca: Path | None = Field(
+        default=None, description="CA that signed the services' certificates; set, calls use TLS"
+    )
+    tls_cert: Path | None = Field(
+        default=None, description="client certificate, for services that require mutual TLS"
+    )
+    tls_key: Path | None = Field(default=None, description="the client certificate's private key")
     timeout_seconds: float = 30.0
 
     @model_validator(mode="after")
@@ -50,6 +66,10 @@ class ClientSettings(BaseSettings):
             if field in type(self).model_fields and field not in self.model_fields_set:
                 object.__setattr__(self, field, str(address))  # frozen model, set once here
         return self
+
+    def tls(self) -> TlsFiles:
+        """The TLS keyword arguments every client takes (``tls_ca``, ``tls_cert``, ``tls_key``)."""
+        return TlsFiles(tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key)
 
     def admin_token_path(self) -> Path:
         return self.home / "auth" / "admin.token"

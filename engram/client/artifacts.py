@@ -58,9 +58,11 @@ class ArtifactsClient(BaseClient):
     """
 
     def __init__(self, target: str, token: str, *, tls_ca: Path | None = None,
+                 tls_cert: Path | None = None, tls_key: Path | None = None,
                  timeout: float = 30.0, stream_timeout: float | None = None,
                  channel: grpc.Channel | None = None) -> None:
-        super().__init__(target, token, tls_ca=tls_ca, timeout=timeout, channel=channel)
+        super().__init__(target, token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                         timeout=timeout, channel=channel)
         self.stream_timeout = stream_timeout
 
     @cached_property

@@ -58,7 +58,7 @@ def build_parts(settings: CompactorSettings,
     closers: list[object] = []
     if memory_port is None:
         gateway = ShardCompactionGateway(settings.shard_addr, _service_token(settings),
-                                         settings.shard_timeout_seconds)
+                                         settings.shard_timeout_seconds, settings.shard_tls())
         closers.append(gateway)
         memory_port = gateway
     policies = MemoryPolicyRunner(memory_port, repository)

@@ -7,6 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.common.settings import ServerSettings
 from services.compactor.model import TierConfig
 
@@ -28,6 +29,11 @@ class CompactorSettings(ServerSettings):
     service_token_file: Path | None = Field(
         default=None, description="bearer token (role service, fleet system) for the shard")
     shard_timeout_seconds: float = 60.0
+    shard_tls_ca: Path | None = Field(
+        default=None, description="CA that signed the shard's certificate; set, calls use TLS")
+    shard_tls_cert: Path | None = Field(
+        default=None, description="client certificate, for a shard that requires mutual TLS")
+    shard_tls_key: Path | None = Field(default=None, description="that certificate's key")
 
     hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
     rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,
@@ -41,6 +47,10 @@ class CompactorSettings(ServerSettings):
         default="", description="comma-separated fleets the schedule compacts")
     memory_importance_below: float = Field(default=0.3, gt=0.0, le=1.0)
     memory_older_than_days: float = Field(default=30.0, ge=0.0)
+
+    def shard_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.shard_tls_ca, tls_cert=self.shard_tls_cert,
+                        tls_key=self.shard_tls_key)
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('compactor') / 'compactor.db')}"

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from engram.client import EngramRpcError, ShardClient
+from engram.client import EngramRpcError, ShardClient, TlsFiles
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -53,9 +53,11 @@ def shard_error(address: str, error: EngramRpcError) -> EngramError:
 class ShardCompactionGateway:
     """Implements :class:`MemoryCompactionPort` against a running shard service."""
 
-    def __init__(self, address: str, token: str, timeout: float = 60.0) -> None:
+    def __init__(self, address: str, token: str, timeout: float = 60.0,
+                 tls: TlsFiles | None = None) -> None:
         self.address = address
-        self._client = ShardClient(address, token, timeout=timeout)
+        files = tls or TlsFiles(tls_ca=None, tls_cert=None, tls_key=None)
+        self._client = ShardClient(address, token, timeout=timeout, **files)
 
     def compact(self, fleet_id: str, importance_below: float, older_than_days: float,
                 dry_run: bool) -> CompactionOutcome:

@@ -26,7 +26,12 @@ def main() -> None:
         if settings.service_token_file is None or not settings.service_token_file.exists():
             log.error("ENGRAM_SHARD_SERVICE_TOKEN_FILE must name a service token for governance")
             sys.exit(2)
-        gate, trust = connect_governance(settings.governance_addr, settings.service_token_file)
+        try:
+            gate, trust = connect_governance(settings.governance_addr, settings.service_token_file,
+                                             tls=settings.governance_tls())
+        except (OSError, ValueError) as error:  # a TLS file missing or settings that clash
+            log.error("cannot reach governance as configured: %s", error)
+            sys.exit(2)
     elif not settings.allow_ungated:
         log.error(
             "no ENGRAM_SHARD_GOVERNANCE_ADDR: every write must pass the governance gate; "

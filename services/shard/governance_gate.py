@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from engram.client._errors import EngramRpcError
+from engram.client._settings import TlsFiles
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.errors import InvalidArgument, Unavailable
@@ -147,12 +148,13 @@ class GovernanceTrust:
 
 
 def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 5.0,
-                       trust_timeout: float = 0.5,
-                       ttl_seconds: float = DEFAULT_TTL_SECONDS) -> tuple[GovernanceGate,
-                                                                         GovernanceTrust]:
-    """Both adapters over one channel; the token file holds a "service" principal's token."""
+                       trust_timeout: float = 0.5, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+                       tls: TlsFiles | None = None) -> tuple[GovernanceGate, GovernanceTrust]:
+    """Both adapters over one channel; the token file holds a "service" principal's token.
+    ``tls``: plaintext when absent or without a CA; TLS, or mutual TLS with a cert and key."""
     token = token_file.read_text().strip()
-    gate_client = GovernanceClient(address, token, timeout=gate_timeout)
+    files = tls or TlsFiles(tls_ca=None, tls_cert=None, tls_key=None)
+    gate_client = GovernanceClient(address, token, timeout=gate_timeout, **files)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
     return GovernanceGate(gate_client), GovernanceTrust(trust_client, ttl_seconds=ttl_seconds)

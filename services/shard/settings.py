@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic_settings import SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.common.settings import ServerSettings
 
 
@@ -23,6 +24,12 @@ class ShardSettings(ServerSettings):
     """No governance (no gate, no trust ranking): for isolated tests and benchmarks only."""
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
+    governance_tls_ca: Path | None = None
+    """CA that signed governance's certificate; set, the shard calls governance over TLS."""
+    governance_tls_cert: Path | None = None
+    """This shard's client certificate, for a governance that requires mutual TLS."""
+    governance_tls_key: Path | None = None
+    """The private key of ``governance_tls_cert``."""
     migrate: bool = True
     embedder: str = "minilm"
     """Embedding provider for semantic search: minilm (the packaged all-MiniLM-L6-v2 on ONNX
@@ -47,6 +54,10 @@ class ShardSettings(ServerSettings):
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
     (also cosine >= dedup_similarity; embeds each write synchronously, ~2-3 ms a record)."""
     dedup_similarity: float = 0.97
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('shard') / 'shard.db').resolve()}"

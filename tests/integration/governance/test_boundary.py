@@ -23,7 +23,9 @@ SHARD_ROLE, GOVERNANCE_ROLE = "engram_shard", "engram_governance"
 
 def test_shard_settings_hold_no_governance_storage(tmp_path: Path) -> None:
     fields = set(ShardSettings.model_fields)
-    assert not {f for f in fields if "governance" in f} - {"governance_addr"}
+    # How to reach governance's API (address and TLS files), never its storage.
+    api = {"governance_addr", "governance_tls_ca", "governance_tls_cert", "governance_tls_key"}
+    assert not {f for f in fields if "governance" in f} - api
     settings = ShardSettings(home=tmp_path)
     assert "governance" not in settings.database_url()
     shard_launch = next(s for s in SERVICES if s.name == "shard")
