@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 Vectors = npt.NDArray[np.float32]
+Keys = Sequence[int] | npt.NDArray[np.int64]
 
 
 class VectorIndex(Protocol):
@@ -30,32 +31,46 @@ class VectorIndex(Protocol):
 
 
 class ExactVectorIndex:
+    """Rows of a matrix; keys are non-negative integers (a fleet's document numbers), mapped
+    to rows by an array, so :meth:`vectors` is one fancy-indexing step for any number of keys."""
+
     def __init__(self, dimension: int, *, dtype: type[np.floating] = np.float32) -> None:
         self.dimension = dimension
         self._matrix = np.empty((1024, dimension), dtype=dtype)
         self._keys = np.empty(1024, dtype=np.int64)
         self._size = 0
-        self._position: dict[int, int] = {}
+        self._slots = np.full(1024, -1, dtype=np.int64)  # key -> row, -1 = not added
 
     def __len__(self) -> int:
         return self._size
 
     def add(self, keys: Sequence[int], vectors: Vectors) -> None:
-        for key, vector in zip(keys, vectors, strict=True):
-            slot = self._position.get(int(key))
-            if slot is None:
+        for given, vector in zip(keys, vectors, strict=True):
+            key = int(given)
+            if key < 0:
+                raise ValueError(f"vector keys are non-negative integers, got {key}")
+            if key >= len(self._slots):
+                grown = np.full(max(key + 1, 2 * len(self._slots)), -1, dtype=np.int64)
+                grown[: len(self._slots)] = self._slots
+                self._slots = grown
+            slot = int(self._slots[key])
+            if slot < 0:
                 if self._size == len(self._keys):
                     self._matrix = np.resize(self._matrix, (self._size * 2, self.dimension))
                     self._keys = np.resize(self._keys, self._size * 2)
                 slot = self._size
                 self._size += 1
-                self._position[int(key)] = slot
+                self._slots[key] = slot
                 self._keys[slot] = key
             self._matrix[slot] = vector
 
-    def vectors(self, keys: Sequence[int]) -> Vectors:
-        rows = self._matrix[[self._position[int(k)] for k in keys]]
-        return rows.astype(np.float32, copy=False)
+    def vectors(self, keys: Keys) -> Vectors:
+        wanted = np.asarray(keys, dtype=np.int64)
+        inside = (wanted >= 0) & (wanted < len(self._slots))
+        slots = np.where(inside, self._slots[np.where(inside, wanted, 0)], -1)
+        if (slots < 0).any():
+            raise KeyError(int(wanted[np.argmax(slots < 0)]))
+        return self._matrix[slots].astype(np.float32, copy=False)
 
     def items(self) -> tuple[npt.NDArray[np.int64], Vectors]:
         return self._keys[: self._size], self._matrix[: self._size]
@@ -152,8 +167,8 @@ class TieredVectorIndex:
             store.add(key_list, all_vectors)
             self._hnsw, self._store, self._exact = hnsw, store, None
 
-    def vectors(self, keys: Sequence[int]) -> Vectors:
-        """The stored vectors of ``keys`` (each must have been added)."""
+    def vectors(self, keys: Keys) -> Vectors:
+        """The stored vectors of ``keys`` (each must have been added; KeyError otherwise)."""
         source = self._store if self._store is not None else self._exact
         assert source is not None
         return source.vectors(keys)

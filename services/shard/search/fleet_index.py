@@ -206,7 +206,7 @@ class FleetIndex:
         out = np.full(len(docs), np.nan, dtype=np.float32)
         have = self._has_vector[docs]
         if have.any():
-            out[have] = self.vectors.vectors([int(d) for d in docs[have]]) @ query_vector
+            out[have] = self.vectors.vectors(docs[have]) @ query_vector
         return out
 
     def search(

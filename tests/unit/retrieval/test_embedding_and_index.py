@@ -79,6 +79,21 @@ def test_exact_index_returns_true_neighbours_and_replaces_on_same_key() -> None:
     assert index.search(data[8], 2)[0][1] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_exact_index_looks_up_vectors_by_key_in_any_order_and_refuses_unknown_keys() -> None:
+    data = _clustered(50, 8, 4)
+    index = ExactVectorIndex(8)
+    keys = [5000, 3, 17, *range(20, 67)]  # sparse and out of order: rows follow insertion
+    index.add(keys, data)
+    asked = np.array([17, 5000, 3, 17], dtype=np.int64)
+    assert np.array_equal(index.vectors(asked), data[[2, 0, 1, 2]])
+    assert np.array_equal(index.vectors([66]), data[[49]])
+    for unknown in ([4], [5001], [-1], [3, 10_000_000]):
+        with pytest.raises(KeyError):
+            index.vectors(unknown)
+    with pytest.raises(ValueError, match="non-negative"):
+        index.add([-2], data[:1])
+
+
 def test_hnsw_recall_against_exact_is_high() -> None:
     data = _clustered(2000, 32, 2)
     exact, hnsw = ExactVectorIndex(32), HnswVectorIndex(32)
