@@ -296,12 +296,20 @@ class ShardRepository:
         )
         return row.to_entity() if row else None
 
-    def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str]) -> dict[str, Record]:
+    def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str], *,
+               exclude_compacted: bool = False) -> dict[str, Record]:
+        """The fleet's records among ``ids``; with ``exclude_compacted``, without the originals
+        a compaction summary covers (in the same statement: search asks this on every query)."""
         if not ids:
             return {}
+        wanted = list(ids)
         # Look up by the unique id index alone, then keep the fleet's: with both in the WHERE
         # clause SQLite's planner may scan the whole fleet instead.
-        rows = session.execute(select(RECORDS).where(RECORDS.c.id.in_(list(ids)))).mappings()
+        statement = select(RECORDS).where(RECORDS.c.id.in_(wanted))
+        if exclude_compacted:
+            statement = statement.where(RECORDS.c.id.not_in(
+                select(CompactionRow.original_id).where(CompactionRow.original_id.in_(wanted))))
+        rows = session.execute(statement).mappings()
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def _filtered(self, flt: RecordFilter):  # type: ignore[no-untyped-def]

@@ -21,9 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from services.common.db import Database
 from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
 from services.shard.domain.crossrefs import CrossRef
@@ -32,7 +29,6 @@ from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.semantic import SemanticIndex
-from services.shard.tables import CompactionRow
 
 log = logging.getLogger("engram.shard.search")
 
@@ -106,11 +102,10 @@ class SearchEngine:
         for start in range(0, len(found), chunk):
             part = found[start : start + chunk]
             ids = [rid for rid, _ in part]
-            records = self.repo.by_ids(session, query.fleet_id, ids)
-            compacted = _compacted(session, ids)
+            records = self.repo.by_ids(session, query.fleet_id, ids, exclude_compacted=True)
             for rid, relevance in part:
                 record = records.get(rid)
-                if record is None or rid in compacted or not _matches(record, flt):
+                if record is None or not _matches(record, flt):
                     continue
                 out.append((record, max(relevance, 1e-9)))
             if len(out) >= want:
@@ -141,12 +136,11 @@ class SearchEngine:
         refs = self.repo.links_from(session, query.fleet_id, ids)
         linked_ids = {r.target for r in refs if r.kind == "record"}
         linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids))
-        linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen))
-        compacted = _compacted(session, list(linked))
         # Linked records obey the query's filters too, and compacted originals stay out.
+        linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen),
+                                  exclude_compacted=True)
         extra: list[tuple[Record, float]] = [
-            (record, base) for rid, record in linked.items()
-            if rid not in compacted and _matches(record, flt)
+            (record, base) for record in linked.values() if _matches(record, flt)
         ]
         for ref in {r for r in refs if r.kind == "domain"}:
             in_domain = RecordFilter(flt.fleet_id, run_id=flt.run_id, domain=ref.target,
@@ -190,12 +184,6 @@ class SearchEngine:
 
     def indexing_lag(self) -> int:
         return self.semantic.lag() if self.semantic is not None else 0
-
-
-def _compacted(session: Session, ids: Sequence[str]) -> set[str]:
-    """Which of ``ids`` are originals covered by a compaction summary (they leave search)."""
-    return set(session.scalars(
-        select(CompactionRow.original_id).where(CompactionRow.original_id.in_(list(ids)))))
 
 
 def _matches(record: Record, flt: RecordFilter) -> bool:

@@ -30,6 +30,10 @@ def test_old_unimportant_records_are_summarised_not_lost(
     finally:
         service.clock = real_clock
     fresh = agent.add("task: minor chore from today", importance=0.1, run_id="r1").record
+    # A record that cites an old one: cross-reference expansion reaches the original now...
+    citing = agent.add(f"audit note, follows up shard:{old[0].id}", run_id="r2").record
+    crossed = {h.record.id: h.via for h in agent.search("audit note", cross=True)}
+    assert crossed[citing.id] == "direct" and crossed[old[0].id] == "cross_ref"
 
     compactor = client_for("svc-compactor", "system", ("service",))
     with pytest.raises(EngramRpcError) as caught:
@@ -39,7 +43,7 @@ def test_old_unimportant_records_are_summarised_not_lost(
     dry = compactor.compact("fleet-a", dry_run=True)
     assert dry.compacted == 3 and not dry.groups[0].HasField("summary")
     report = compactor.compact("fleet-a")
-    assert report.examined == 5 and report.compacted == 3
+    assert report.examined == 6 and report.compacted == 3
     group = report.groups[0]
     assert set(group.replaced_ids) == {r.id for r in old}
     assert set(group.replaced_hashes) == {r.record_hash for r in old}
@@ -49,6 +53,9 @@ def test_old_unimportant_records_are_summarised_not_lost(
     hits = {h.record.id for h in agent.search("minor chore")}
     assert group.summary.id in hits and fresh.id in hits
     assert not hits & {r.id for r in old}  # originals no longer crowd search
+    # ...and not once a summary covers it.
+    crossed = {h.record.id for h in agent.search("audit note", cross=True)}
+    assert citing.id in crossed and old[0].id not in crossed
     assert keep.id in {h.record.id for h in agent.search("critical migration")}
     assert agent.verify([r.id for r in old]).failures == []  # still stored and verifiable
     assert compactor.compact("fleet-a").compacted == 0  # idempotent
