@@ -26,14 +26,7 @@ from rich.progress import (
 from rich.table import Table
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
-from engram.cli._output import (
-    JSON_OPTION,
-    console,
-    emit_json,
-    fail,
-    rpc_errors,
-    with_client,
-)
+from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
 from engram.client.artifacts import STOP_STATUSES, ArtifactsClient, file_chunks
 
 artifacts_app = typer.Typer(help="Store and fetch run-scoped artifacts (blobs with hashes).",

@@ -14,14 +14,7 @@ from google.protobuf.message import Message
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from engram.cli._output import (
-    JSON_OPTION,
-    console,
-    emit_json,
-    fail,
-    rpc_errors,
-    with_client,
-)
+from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 

@@ -11,14 +11,7 @@ from google.protobuf.json_format import MessageToDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from engram.cli._output import (
-    JSON_OPTION,
-    console,
-    emit_json,
-    fail,
-    rpc_errors,
-    with_client,
-)
+from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
 from engram.client import ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
 
