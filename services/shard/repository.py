@@ -26,6 +26,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import BindParameter
 
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
@@ -130,7 +131,14 @@ class RecordFilter:
 
 # Built once: the write path runs these on every group commit, and a statement object
 # compiles and computes its cache key once (building one per call cost ~0.3 ms each).
-_EXISTING = select(RECORDS).where(RECORDS.c.id.in_(bindparam("ids", expanding=True)))
+_IDS: BindParameter[list[str]] = bindparam("ids", expanding=True)
+_EXISTING = select(RECORDS).where(RECORDS.c.id.in_(_IDS))
+# Search's lookup (on every query): the same, without originals a compaction summary covers.
+_LIVE_BY_IDS = _EXISTING.where(
+    RECORDS.c.id.not_in(
+        select(CompactionRow.original_id).where(CompactionRow.original_id.in_(_IDS))
+    )
+)
 _INSERT_RECORDS = insert(RECORDS)
 _INSERT_TAGS = insert(RECORD_TAGS)
 _INSERT_LINKS = insert(LINKS)
@@ -302,14 +310,10 @@ class ShardRepository:
         a compaction summary covers (in the same statement: search asks this on every query)."""
         if not ids:
             return {}
-        wanted = list(ids)
         # Look up by the unique id index alone, then keep the fleet's: with both in the WHERE
         # clause SQLite's planner may scan the whole fleet instead.
-        statement = select(RECORDS).where(RECORDS.c.id.in_(wanted))
-        if exclude_compacted:
-            statement = statement.where(RECORDS.c.id.not_in(
-                select(CompactionRow.original_id).where(CompactionRow.original_id.in_(wanted))))
-        rows = session.execute(statement).mappings()
+        statement = _LIVE_BY_IDS if exclude_compacted else _EXISTING
+        rows = session.execute(statement, {"ids": list(ids)}).mappings()
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def _filtered(self, flt: RecordFilter):  # type: ignore[no-untyped-def]
