@@ -10,8 +10,9 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class TlsFiles(TypedDict):
-    """The TLS keyword arguments of every client and of ``open_channel``."""
+class TlsFiles(TypedDict, total=False):
+    """The TLS keyword arguments of every client and of ``open_channel`` (``TlsFiles()``:
+    none, a plaintext channel)."""
 
     tls_ca: Path | None
     tls_cert: Path | None

@@ -56,7 +56,7 @@ class ShardCompactionGateway:
     def __init__(self, address: str, token: str, timeout: float = 60.0,
                  tls: TlsFiles | None = None) -> None:
         self.address = address
-        files = tls or TlsFiles(tls_ca=None, tls_cert=None, tls_key=None)
+        files = tls or TlsFiles()
         self._client = ShardClient(address, token, timeout=timeout, **files)
 
     def compact(self, fleet_id: str, importance_below: float, older_than_days: float,

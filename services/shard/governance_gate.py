@@ -153,7 +153,7 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     """Both adapters over one channel; the token file holds a "service" principal's token.
     ``tls``: plaintext when absent or without a CA; TLS, or mutual TLS with a cert and key."""
     token = token_file.read_text().strip()
-    files = tls or TlsFiles(tls_ca=None, tls_cert=None, tls_key=None)
+    files = tls or TlsFiles()
     gate_client = GovernanceClient(address, token, timeout=gate_timeout, **files)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)

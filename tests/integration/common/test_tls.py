@@ -163,7 +163,7 @@ def test_shard_reaches_a_mutual_tls_governance_with_its_client_certificate(
         home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'shard.db'}", embedder="none",
         governance_tls_ca=pki["ca"], governance_tls_cert=pki["client_cert"],
         governance_tls_key=pki["client_key"])
-    without_cert = TlsFiles(tls_ca=pki["ca"], tls_cert=None, tls_key=None)
+    without_cert = TlsFiles(tls_ca=pki["ca"])
     try:
         for tls, admitted in ((shard_settings.governance_tls(), True), (without_cert, False)):
             gate, trust = connect_governance(target, token_file, gate_timeout=2.0, tls=tls)
@@ -193,6 +193,6 @@ def test_compactor_reaches_a_mutual_tls_shard_with_its_client_certificate(
     gateway = ShardCompactionGateway(target, token, 10.0, settings.shard_tls())
     assert gateway.compact("fleet-a", 0.3, 30.0, dry_run=True).groups == ()
     without = ShardCompactionGateway(target, token, 10.0,
-                                     TlsFiles(tls_ca=pki["ca"], tls_cert=None, tls_key=None))
+                                     TlsFiles(tls_ca=pki["ca"]))
     with pytest.raises(Unavailable):
         without.compact("fleet-a", 0.3, 30.0, dry_run=True)
