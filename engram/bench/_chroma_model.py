@@ -44,6 +44,8 @@ def chroma_interface(model: ModelProto) -> ModelProto:
     """
     from onnx import TensorProto, helper
 
+    from services.shard.retrieval.embedding import PooledMiniLM
+
     graph = model.graph
     hidden_name = next(n.input[0] for n in graph.node if n.name == "masked")
     kept = [n for n in graph.node if n.name not in _POOLING_NODES]
@@ -65,7 +67,7 @@ def chroma_interface(model: ModelProto) -> ModelProto:
     )
     del graph.output[:]
     last_hidden = helper.make_tensor_value_info(
-        hidden_name, TensorProto.FLOAT, ["batch", "length", 384]
+        hidden_name, TensorProto.FLOAT, ["batch", "length", PooledMiniLM.dimension]
     )
     graph.output.append(last_hidden)
     return model

@@ -160,7 +160,6 @@ class _Child:
             self.process.join(timeout=5)
 
 
-
 class ProcessEmbedder:
     """The packaged MiniLM on ONNX Runtime, in a child process (see the module docstring)."""
 
