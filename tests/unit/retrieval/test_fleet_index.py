@@ -141,9 +141,7 @@ def test_hybrid_prefers_a_statement_to_an_equally_relevant_question() -> None:
         (ContextSettings(), "s"),
         (ContextSettings(statement_prior=0.0, length_prior=0.0), "q"),
     ):
-        index = FleetIndex(embedder.dimension, settings)
-        docs = [index.add(rid, run, text) for rid, run, text in rows]
-        index.add_vectors(docs, vectors)
+        index = _indexed(rows, settings, embedder)
         found = index.search("camping lake", between, "hybrid")
         assert index.ids[found[0][0]] == first
         assert all(score > 0 for _, score in found)
@@ -158,13 +156,19 @@ def test_a_longer_record_wins_a_tie_in_hybrid() -> None:
         ("long", "run-2", "Pottery class with my kids every Saturday morning at the studio."),
     ]
     embedder = HashEmbedder()
-    index = FleetIndex(embedder.dimension, ContextSettings(date_boost=0.0))
-    docs = [index.add(rid, run, text) for rid, run, text in rows]
-    index.add_vectors(docs, embedder.embed([text for _, _, text in rows]))
+    index = _indexed(rows, ContextSettings(date_boost=0.0), embedder)
     scores = {index.ids[d]: s for d, s in index.search("pottery", None, "hybrid")}
-    plain = FleetIndex(embedder.dimension, ContextSettings(date_boost=0.0, length_prior=0.0))
-    plain_docs = [plain.add(rid, run, text) for rid, run, text in rows]
-    plain.add_vectors(plain_docs, embedder.embed([text for _, _, text in rows]))
+    plain = _indexed(rows, ContextSettings(date_boost=0.0, length_prior=0.0), embedder)
     plain_scores = {plain.ids[d]: s for d, s in plain.search("pottery", None, "hybrid")}
     # BM25 favours the short record; the length prior narrows that gap.
     assert scores["long"] - scores["short"] > plain_scores["long"] - plain_scores["short"]
+
+
+def _indexed(
+    rows: list[tuple[str, str, str]], settings: ContextSettings, embedder: HashEmbedder
+) -> FleetIndex:
+    """(record id, run, text) rows added in order, each with its vector."""
+    index = FleetIndex(embedder.dimension, settings)
+    docs = [index.add(rid, run, text) for rid, run, text in rows]
+    index.add_vectors(docs, embedder.embed([text for _, _, text in rows]))
+    return index
