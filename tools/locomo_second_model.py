@@ -1,0 +1,158 @@
+"""Probe: would a second embedding model lift the shard's LoCoMo recall? (docs/retrieval.md)
+
+Two steps, because the second model runs on torch, which Engram does not install:
+
+1. ``embed``: with any Python that has ``sentence-transformers`` (a scratch venv), write
+   the normalised vectors of every turn and question of FILES to an ``.npz``::
+
+       /tmp/st/bin/python tools/locomo_second_model.py embed MODEL_DIR out.npz FILES...
+
+2. ``score``: with Engram's venv, run the harness of ``tools/locomo_offline.py`` with
+   the concatenation of one or more such files as the dense signal::
+
+       .venv/bin/python tools/locomo_second_model.py score minilm.npz,mpnet.npz \\
+           --weights 1,0.5 --lexical-weight 0.4 [--map-queries] FILES...
+
+``--map-queries`` keeps the second and later models off the query path: a query's
+vector for them is its first-model vector through a ridge map fitted on the turns of
+the *other* conversations (documents still carry every model's vector).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engram.eval.locomo import Conversation, RecallReport, load_conversation
+
+
+def _key(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _texts(convs: list[Conversation]) -> list[str]:
+    texts = [t.memory_text() for c in convs for t in c.turns]
+    texts += [q.text for c in convs for q in c.questions]
+    return list(dict.fromkeys(texts))
+
+
+def embed(model_dir: str, out: str, files: list[str]) -> None:
+    from sentence_transformers import SentenceTransformer  # scratch venv only
+
+    texts = _texts([load_conversation(f) for f in files])
+    model = SentenceTransformer(model_dir, device="cpu")
+    vectors = model.encode(texts, batch_size=32, normalize_embeddings=True)
+    np.savez(out, keys=np.array([_key(t) for t in texts]), vectors=vectors.astype(np.float32))
+    print(f"{len(texts)} texts -> {out} {vectors.shape}")
+
+
+class Tables:
+    """Vectors by text for each model, concatenated with per-model weights."""
+
+    def __init__(self, paths: list[str], weights: list[float]) -> None:
+        self.tables: list[dict[str, np.ndarray]] = []
+        for path in paths:
+            with np.load(path) as data:
+                self.tables.append(dict(zip(data["keys"].tolist(), data["vectors"], strict=True)))
+        self.scales = [float(np.sqrt(w)) for w in weights]
+        self.widths = [next(iter(t.values())).shape[0] for t in self.tables]
+
+    def part(self, model: int, texts: list[str]) -> np.ndarray:
+        return np.stack([self.tables[model][_key(t)] for t in texts])
+
+    @staticmethod
+    def join(parts: list[np.ndarray], scales: list[float]) -> np.ndarray:
+        joined = np.concatenate([p * s for p, s in zip(parts, scales, strict=True)], axis=1)
+        return (joined / np.linalg.norm(joined, axis=1, keepdims=True)).astype(np.float32)
+
+
+class ProbeEmbedder:
+    """The harness's embedder interface over :class:`Tables` for one conversation."""
+
+    name = "probe"
+
+    def __init__(self, tables: Tables, maps: list[np.ndarray] | None, turns: set[str]) -> None:
+        self.tables, self.maps, self.turns = tables, maps, turns
+        self.dimension = sum(tables.widths)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        first = self.tables.part(0, texts)
+        parts = [first]
+        for model in range(1, len(self.tables.tables)):
+            if self.maps is None or all(t in self.turns for t in texts):
+                parts.append(self.tables.part(model, texts))
+            else:  # queries: mapped from the first model's vector
+                mapped = first @ self.maps[model - 1]
+                parts.append(mapped / np.linalg.norm(mapped, axis=1, keepdims=True))
+        return Tables.join(parts, self.tables.scales)
+
+
+def ridge_maps(tables: Tables, texts: list[str], ridge: float) -> list[np.ndarray]:
+    x = tables.part(0, texts)
+    gram = x.T @ x + ridge * np.eye(x.shape[1], dtype=x.dtype)
+    return [
+        np.linalg.solve(gram, x.T @ tables.part(m, texts)) for m in range(1, len(tables.tables))
+    ]
+
+
+def score(args: argparse.Namespace) -> None:
+    import locomo_offline as harness
+
+    paths = args.vectors.split(",")
+    weights = [float(w) for w in args.weights.split(",")] if args.weights else [1.0] * len(paths)
+    tables = Tables(paths, weights)
+    convs = [load_conversation(f) for f in args.files]
+    settings = replace(harness.BEST, lexical_weight=args.lexical_weight)
+    tune = set(args.tune.split(","))
+    reports = {name: RecallReport(ks=(5, 10)) for name in ("all", "tune", "held-out")}
+    for conv in convs:
+        turns = [t.memory_text() for t in conv.turns]
+        others = [t.memory_text() for c in convs if c.name != conv.name for t in c.turns]
+        maps = ridge_maps(tables, others, args.ridge) if args.map_queries else None
+        embedder = ProbeEmbedder(tables, maps, set(turns))
+        index = harness.fleet_of(conv, settings, embedder)
+        vectors = embedder.embed([q.text for q in conv.questions])
+        for question, vector in zip(conv.questions, vectors, strict=True):
+            ranked = [index.ids[d] for d, _ in index.search(question.text, vector, "hybrid")[:10]]
+            for name in ("all", "tune" if conv.name in tune else "held-out"):
+                reports[name].add(question, ranked)
+    print(
+        " ".join(
+            f"{name} {report.recall(5):.3f}/{report.recall(10):.3f}"
+            for name, report in reports.items()
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    one = sub.add_parser("embed", help="vectors of every turn and question (needs torch)")
+    one.add_argument("model_dir")
+    one.add_argument("out")
+    one.add_argument("files", nargs="+")
+    two = sub.add_parser("score", help="hybrid recall@5/@10 with these vectors as the dense signal")
+    two.add_argument("vectors", help="comma-separated .npz files written by 'embed'")
+    two.add_argument("files", nargs="+")
+    two.add_argument("--weights", default="", help="per-file weights (default 1 each)")
+    two.add_argument("--lexical-weight", type=float, default=0.5)
+    two.add_argument("--map-queries", action="store_true")
+    two.add_argument("--ridge", type=float, default=1.0)
+    two.add_argument("--tune", default="26,30")
+    args = parser.parse_args()
+    if args.command == "embed":
+        embed(args.model_dir, args.out, args.files)
+    else:
+        score(args)
+
+
+if __name__ == "__main__":
+    main()
