@@ -15,8 +15,9 @@ over pipes:
   whose batches run on the embedder's own pool (also lowered).
 
 Vectors are the in-process embedder's, bit for bit (same graph, same runtime). If
-the child dies, the call that finds out raises :class:`EmbedderUnavailable` and
-the next call starts a new child; the indexer puts its batch back and retries.
+the child dies, the next call starts a new child. A foreground call that the death
+broke is repeated once on the new child (embedding is pure); a background call
+raises :class:`EmbedderUnavailable`, and the indexer puts its batch back and retries.
 If the shard dies, the child reads end-of-file and exits.
 """
 
@@ -182,6 +183,17 @@ class ProcessEmbedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         child = self._current()
+        try:
+            return self._foreground(child, texts)
+        except EmbedderUnavailable:
+            if child.process.is_alive():
+                raise
+            # The child died under this call. Embedding is pure, so the call is repeated
+            # once, on the new child: a query never fails for a child that can be replaced.
+            return self._foreground(self._current(), texts)
+
+    @staticmethod
+    def _foreground(child: _Child, texts: Sequence[str]) -> Vectors:
         conn = child.free.get()
         try:
             return child.call(conn, texts)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engram.client import EngramRpcError, ShardClient
+from engram.client import ShardClient
 from services.shard.retrieval.embedding import TestEmbedderRefused
 from services.shard.retrieval.embedding_process import ProcessEmbedder
 from services.shard.server import build_shard_server
@@ -84,17 +84,9 @@ def test_search_survives_the_embedder_child_dying(
         first = embedder.pid
         assert first is not None
         os.kill(first, signal.SIGKILL)
-        # A call in flight, or one made before the kernel has fully torn the child down,
-        # fails UNAVAILABLE (EMBEDDER_UNAVAILABLE); a later one starts a new child.
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                found = client.search("puppy playing by the sea", mode="semantic")
-                break
-            except EngramRpcError as error:
-                assert error.reason == "EMBEDDER_UNAVAILABLE", error
-                assert time.monotonic() < deadline, "no new embedder child within 30 s"
-                time.sleep(0.1)
+        # The search finds the child dead (or dying under its call), starts a new one and
+        # is answered by it: the client never sees the outage.
+        found = client.search("puppy playing by the sea", mode="semantic")
         assert found[0].record.id == target.id
         assert embedder.pid != first
         later = client.add("A cat sleeps on the warm windowsill all afternoon").record

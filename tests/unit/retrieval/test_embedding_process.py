@@ -102,6 +102,34 @@ def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
     assert not os.path.exists(f"/proc/{second}")  # closed and reaped
 
 
+def test_a_query_the_death_broke_is_answered_by_the_next_child(
+    in_process: OnnxMiniLMEmbedder,
+) -> None:
+    embedder = ProcessEmbedder(threads=1, int8=True)
+    try:
+        first = embedder.pid
+        assert first is not None
+        long_batch = [f"{TEXTS[1]} {i}" for i in range(400)]  # ~1 s of work on one thread
+        outcome: list[object] = []
+
+        def call() -> None:
+            try:
+                outcome.append(embedder.embed(long_batch))
+            except BaseException as error:  # the test inspects it
+                outcome.append(error)
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        time.sleep(0.3)
+        os.kill(first, signal.SIGKILL)
+        worker.join(timeout=300)
+        assert len(outcome) == 1 and isinstance(outcome[0], np.ndarray), outcome
+        assert np.array_equal(outcome[0], in_process.embed(long_batch))
+        assert embedder.pid not in (None, first)
+    finally:
+        embedder.close()
+
+
 def test_the_child_exits_when_the_shard_dies() -> None:
     script = (
         "import os, sys\n"
