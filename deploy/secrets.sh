@@ -6,8 +6,11 @@
 #   ENGRAM_SHARD_DB_URL=postgresql+psycopg://engram_shard:...@db:5432/engram_shard \
 #   ENGRAM_GOVERNANCE_DB_URL=... ENGRAM_ARTIFACTS_DB_URL=... ENGRAM_COMPACTOR_DB_URL=... \
 #   [ENGRAM_S3_ACCESS_KEY_ID=... ENGRAM_S3_SECRET_ACCESS_KEY=...] \
+#   [ENGRAM_TLS_DIR=/secure/engram-tls] \
 #   sh deploy/secrets.sh | kubectl apply -f -
 #
+# ENGRAM_TLS_DIR (for overlays with components/tls, e.g. prod-tls) holds ca.crt and, per service,
+# <service>.crt and <service>.key; each service gets them as engram-<service>-tls.
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
 # cluster only ever gets the public key and the two service tokens (shard, compactor).
 # Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
@@ -19,6 +22,16 @@ for svc in SHARD GOVERNANCE ARTIFACTS COMPACTOR; do
   eval "url=\${ENGRAM_${svc}_DB_URL:-}"
   [ -n "$url" ] || { echo "set ENGRAM_${svc}_DB_URL (each service has its own database)" >&2; exit 2; }
 done
+# Everything is checked before anything is printed: `| kubectl apply` never gets half a set.
+if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
+  : "${ENGRAM_S3_SECRET_ACCESS_KEY:?set ENGRAM_S3_SECRET_ACCESS_KEY too}"
+fi
+if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
+  for file in ca.crt shard.crt shard.key governance.crt governance.key artifacts.crt \
+      artifacts.key compactor.crt compactor.key; do
+    [ -r "$ENGRAM_TLS_DIR/$file" ] || { echo "ENGRAM_TLS_DIR has no readable $file" >&2; exit 2; }
+  done
+fi
 
 umask 077
 python -c 'import sys; from pathlib import Path; from services.common.tokens import ensure_keypair; ensure_keypair(Path(sys.argv[1]))' "$ENGRAM_SIGNING_HOME"
@@ -46,6 +59,12 @@ secret engram-compactor-db --from-literal=url="$ENGRAM_COMPACTOR_DB_URL"
 if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
   for svc in artifacts compactor; do
     secret "engram-$svc-s3" --from-literal=access_key_id="$ENGRAM_S3_ACCESS_KEY_ID" \
-      --from-literal=secret_access_key="${ENGRAM_S3_SECRET_ACCESS_KEY:?set ENGRAM_S3_SECRET_ACCESS_KEY too}"
+      --from-literal=secret_access_key="$ENGRAM_S3_SECRET_ACCESS_KEY"
+  done
+fi
+if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
+  for svc in shard governance artifacts compactor; do
+    secret "engram-$svc-tls" --type=kubernetes.io/tls --from-file=tls.crt="$ENGRAM_TLS_DIR/$svc.crt" \
+      --from-file=tls.key="$ENGRAM_TLS_DIR/$svc.key" --from-file=ca.crt="$ENGRAM_TLS_DIR/ca.crt"
   done
 fi

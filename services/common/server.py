@@ -1,8 +1,9 @@
 """One function assembles a service's gRPC server, so tests start what production runs.
 
 ``build_server(settings, spec)`` wires interceptors (metrics, logging, errors,
-auth), the standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS
-and the ``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to
+auth), the standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS,
+an optional plaintext health-only port (``health_port``: probes that cannot speak
+TLS) and the ``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to
 NOT_SERVING before draining in-flight calls for ``grace_seconds``.
 """
 
@@ -60,12 +61,15 @@ class EngramServer:
         health_servicer: health.HealthServicer,
         spec: ServiceSpec,
         settings: ServerSettings,
+        health_server: grpc.Server | None = None,
     ) -> None:
         self._server = server
         self._health = health_servicer
+        self._health_server = health_server
         self.spec = spec
         self.settings = settings
         self.port = 0
+        self.health_port: int | None = None
         self.metrics_port: int | None = None
         self._stopped = threading.Event()
 
@@ -75,6 +79,8 @@ class EngramServer:
 
     def start(self) -> EngramServer:
         self._server.start()
+        if self._health_server is not None:
+            self._health_server.start()
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(
                 self.spec.registry, self.settings.host, self.settings.metrics_port
@@ -90,6 +96,7 @@ class EngramServer:
             "serving",
             extra={
                 "address": self.address,
+                "health_port": self.health_port,
                 "metrics_port": self.metrics_port,
                 "health": health_pb2.HealthCheckResponse.ServingStatus.Name(status),
             },
@@ -109,6 +116,8 @@ class EngramServer:
             time.sleep(self.settings.drain_delay_seconds)
             grace = self.settings.grace_seconds
         self._server.stop(grace).wait()
+        if self._health_server is not None:  # probes saw NOT_SERVING throughout the drain
+            self._health_server.stop(0).wait()
         self.spec.on_stop()
         log.info("stopped", extra={"address": self.address})
 
@@ -180,6 +189,30 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         port = server.add_secure_port(target, credentials)
     if port == 0:
         raise RuntimeError(f"could not bind {target}")
-    engram_server = EngramServer(server, health_servicer, spec, settings)
+    health_server, health_port = _health_only(settings, health_servicer)
+    engram_server = EngramServer(server, health_servicer, spec, settings, health_server)
     engram_server.port = port
+    engram_server.health_port = health_port
     return engram_server
+
+
+def _health_only(
+    settings: ServerSettings, servicer: health.HealthServicer
+) -> tuple[grpc.Server | None, int | None]:
+    """A plaintext server with nothing but the main server's health servicer on it.
+
+    It answers the same statuses as the main port (one servicer), so a probe sees
+    NOT_SERVING as soon as a drain starts; it reveals only whether the service is up.
+    """
+    if settings.health_port is None:
+        return None, None
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    target = f"{settings.host}:{settings.health_port}"
+    port = server.add_insecure_port(target)
+    if port == 0:
+        raise RuntimeError(f"could not bind the health port {target}")
+    return server, port

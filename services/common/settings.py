@@ -49,6 +49,11 @@ class ServerSettings(BaseSettings):
     tls_client_ca: Path | None = Field(
         default=None, description="CA bundle; when set, clients must present a certificate (mTLS)"
     )
+    health_port: int | None = Field(
+        default=None,
+        description="a plaintext port that serves only grpc.health.v1, for probes that cannot "
+        "speak TLS (Kubernetes' native gRPC probes); unset: health is on the main port only",
+    )
 
     def public_key_path(self) -> Path:
         return self.auth_public_key or self.home / "auth" / "signing.pub"

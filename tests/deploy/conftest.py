@@ -66,7 +66,7 @@ def kustomize(overlay: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="session", params=["dev", "prod"])
+@pytest.fixture(scope="session", params=["dev", "prod", "prod-tls"])
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     return request.param, kustomize(request.param)
 

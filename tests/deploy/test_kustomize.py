@@ -153,17 +153,42 @@ def test_every_container_has_requests_within_limits(overlay: Rendered) -> None:
             resources["limits"]["memory"]), service
 
 
-def test_probes_are_native_grpc_on_the_grpc_port(overlay: Rendered) -> None:
+def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
+    """On the gRPC port; with TLS on, on the health-only port (native probes cannot do TLS)."""
     for service in SERVICES:
         container = _container(overlay, service)
+        plain, _ = _env(overlay, service)
         grpc_port = _port(container, "grpc")
         assert grpc_port == GRPC_PORTS[service]
+        tls = f"ENGRAM_{service.upper()}_TLS_CERT" in plain
+        probed = _port(container, "health") if tls else grpc_port
+        if tls:
+            assert plain[f"ENGRAM_{service.upper()}_HEALTH_PORT"] == str(probed), service
         for probe in PROBES:
             handlers = set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"}
             assert handlers == {"grpc"}, f"{service} {probe} uses {handlers}"
-            assert container[probe]["grpc"]["port"] == grpc_port, f"{service} {probe}"
+            assert container[probe]["grpc"]["port"] == probed, f"{service} {probe}"
             # The empty service name is the server's overall health (services.common.server).
             assert container[probe]["grpc"].get("service", "") == "", f"{service} {probe}"
+
+
+def test_tls_overlays_secure_every_server_and_every_call(
+        overlay: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    name, _ = overlay
+    for service in SERVICES:
+        plain, _ = _env(overlay, service)
+        settings = parse_settings(service, plain, monkeypatch)
+        tls = (settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        if not name.endswith("-tls"):
+            assert tls == (None, None, None) and settings.health_port is None, service
+            continue
+        assert None not in tls, f"{service}: mutual TLS needs a certificate, key and client CA"
+        assert settings.health_port == _port(_container(overlay, service), "health"), service
+    if name.endswith("-tls"):
+        shard = parse_settings("shard", _env(overlay, "shard")[0], monkeypatch)
+        compactor = parse_settings("compactor", _env(overlay, "compactor")[0], monkeypatch)
+        for client in (shard.governance_tls(), compactor.shard_tls()):
+            assert client.get("tls_ca") and client.get("tls_cert") and client.get("tls_key")
 
 
 def test_one_image_runs_each_service_module(overlay: Rendered) -> None:
@@ -233,7 +258,8 @@ def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
         volumes = {v["name"]: v for v in spec["volumes"]}
         mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
         files = {k: v for k, v in plain.items()
-                 if k.endswith("_FILE") or k == "ENGRAM_AUTH_PUBLIC_KEY"}
+                 if k.endswith("_FILE") or k == "ENGRAM_AUTH_PUBLIC_KEY"
+                 or k.endswith(("_TLS_CERT", "_TLS_KEY", "_TLS_CA", "_TLS_CLIENT_CA"))}
         assert "ENGRAM_AUTH_PUBLIC_KEY" in files
         if service in ("shard", "compactor"):
             assert f"ENGRAM_{service.upper()}_SERVICE_TOKEN_FILE" in files

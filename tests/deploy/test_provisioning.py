@@ -17,10 +17,12 @@ import boto3
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 
 from services.common.tokens import Principal, TokenVerifier
 from tests.conftest import require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
+from tests.pki import issue, write_pair
 
 BIN = str(Path(sys.executable).parent)
 
@@ -156,6 +158,44 @@ def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) ->
         token.write_text(value(f"engram-{service}-service-token", "token"))
         assert _verify(public, token).roles == {"service"}
     assert "PRIVATE KEY" not in result.stdout, "the signing key never leaves its directory"
+
+
+def _tls_dir(tmp_path: Path, services: tuple[str, ...] = SERVICES) -> Path:
+    directory = tmp_path / "tls"
+    directory.mkdir()
+    ca_cert, ca_key = issue("engram-ca", x509.Name([]), None, ca=True)  # type: ignore[arg-type]
+    write_pair(directory, "ca", ca_cert, ca_key)
+    for service in services:
+        cert, key = issue(f"engram-{service}", ca_cert.subject, ca_key, ca=False, server=True)
+        write_pair(directory, service, cert, key)
+    return directory
+
+
+def test_secrets_script_writes_the_tls_secrets_of_the_tls_overlay(tmp_path: Path) -> None:
+    tls = _tls_dir(tmp_path)
+    result = _run_secrets(_secrets_env(tmp_path, ENGRAM_S3_ACCESS_KEY_ID="AKIA",
+                                       ENGRAM_S3_SECRET_ACCESS_KEY="s3cr3t",
+                                       ENGRAM_TLS_DIR=str(tls)))
+    assert result.returncode == 0, result.stderr
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout) if d}
+    required, optional = _referenced_secrets(kustomize("prod-tls"))
+    assert set(secrets) == required | optional
+    version = kubernetes_validate.latest_version()
+    for service in SERVICES:
+        secret = secrets[f"engram-{service}-tls"]
+        kubernetes_validate.validate(secret, version, strict=True)
+        assert secret["type"] == "kubernetes.io/tls"
+        data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+        assert data == {"tls.crt": (tls / f"{service}.crt").read_bytes(),
+                        "tls.key": (tls / f"{service}.key").read_bytes(),
+                        "ca.crt": (tls / "ca.crt").read_bytes()}
+
+
+def test_secrets_script_checks_the_tls_files_before_printing_anything(tmp_path: Path) -> None:
+    tls = _tls_dir(tmp_path, services=("shard", "governance", "artifacts"))
+    result = _run_secrets(_secrets_env(tmp_path, ENGRAM_TLS_DIR=str(tls)))
+    assert result.returncode == 2
+    assert "compactor.crt" in result.stderr and result.stdout == ""
 
 
 def test_secrets_script_refuses_without_a_database_url(tmp_path: Path) -> None:
