@@ -79,9 +79,18 @@ def int8() -> OnnxMiniLMEmbedder:
 def test_int8_stays_close_to_the_float_model(
     int8: OnnxMiniLMEmbedder, fp32: OnnxMiniLMEmbedder
 ) -> None:
-    cosines = _cosines(int8.embed(TEXTS), fp32.embed(TEXTS))
-    # LoCoMo's 3,759 turns and questions: mean 0.993, min 0.980.
-    assert cosines.mean() >= 0.99 and cosines.min() >= 0.97
+    quantized, exact = int8.embed(TEXTS), fp32.embed(TEXTS)
+    cosines = _cosines(quantized, exact)
+    # ONNX Runtime's int8 kernels differ by CPU. LoCoMo's turns and questions: mean 0.993, min
+    # 0.980 on a machine with VNNI; mean 0.992, min 0.971 on an AVX2-only EPYC, where these
+    # eight give mean 0.989 and "ok" 0.970. What search needs holds on both: every text keeps
+    # its nearest neighbour, and no pair's similarity moves by more than a few hundredths.
+    assert cosines.mean() >= 0.985 and cosines.min() >= 0.96
+    pairs_int8, pairs_fp32 = quantized @ quantized.T, exact @ exact.T
+    np.fill_diagonal(pairs_int8, -1.0)
+    np.fill_diagonal(pairs_fp32, -1.0)
+    assert (pairs_int8.argmax(axis=1) == pairs_fp32.argmax(axis=1)).all()
+    assert np.abs(pairs_int8 - pairs_fp32).max() < 0.05
     assert int8.name != fp32.name  # stored vectors are keyed by model: no silent mixing
 
 
