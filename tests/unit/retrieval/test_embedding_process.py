@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -69,30 +69,36 @@ def test_concurrent_callers_get_their_own_rows(
     assert failures == []
 
 
+def _killed_during(embedder: ProcessEmbedder, call: Callable[[], object]) -> object:
+    """What ``call`` returned or raised when the child was SIGKILLed 0.3 s into it."""
+    first = embedder.pid
+    assert first is not None
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:  # the test inspects it
+            outcome.append(error)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.3)
+    os.kill(first, signal.SIGKILL)
+    worker.join(timeout=300)
+    assert len(outcome) == 1, "the call neither returned nor raised"
+    return outcome[0]
+
+
 def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
     in_process: OnnxMiniLMEmbedder,
 ) -> None:
     embedder = ProcessEmbedder(threads=1, int8=True)
     try:
         first = embedder.pid
-        assert first is not None
         long_batch = [f"{TEXTS[0]} {i}" for i in range(400)]  # ~1 s of work on one thread
-        outcome: list[BaseException | None] = []
-
-        def call() -> None:
-            try:
-                embedder.embed_background(long_batch)
-                outcome.append(None)
-            except BaseException as error:  # the test inspects it
-                outcome.append(error)
-
-        worker = threading.Thread(target=call)
-        worker.start()
-        time.sleep(0.3)
-        os.kill(first, signal.SIGKILL)
-        worker.join(timeout=30)
-        assert len(outcome) == 1 and isinstance(outcome[0], EmbedderUnavailable)
-        assert "exited" in str(outcome[0])
+        outcome = _killed_during(embedder, lambda: embedder.embed_background(long_batch))
+        assert isinstance(outcome, EmbedderUnavailable) and "exited" in str(outcome)
         # The next call starts a new child and gets the same vectors as before.
         assert np.array_equal(embedder.embed(TEXTS), in_process.embed(TEXTS))
         assert embedder.pid not in (None, first)
@@ -108,24 +114,11 @@ def test_a_query_the_death_broke_is_answered_by_the_next_child(
     embedder = ProcessEmbedder(threads=1, int8=True)
     try:
         first = embedder.pid
-        assert first is not None
         long_batch = [f"{TEXTS[1]} {i}" for i in range(400)]  # ~1 s of work on one thread
-        outcome: list[object] = []
-
-        def call() -> None:
-            try:
-                outcome.append(embedder.embed(long_batch))
-            except BaseException as error:  # the test inspects it
-                outcome.append(error)
-
-        worker = threading.Thread(target=call)
-        worker.start()
-        time.sleep(0.3)
-        os.kill(first, signal.SIGKILL)
-        worker.join(timeout=300)
-        assert len(outcome) == 1 and isinstance(outcome[0], np.ndarray), outcome
-        assert np.array_equal(outcome[0], in_process.embed(long_batch))
+        outcome = _killed_during(embedder, lambda: embedder.embed(long_batch))
+        assert isinstance(outcome, np.ndarray), outcome
         assert embedder.pid not in (None, first)
+        assert np.array_equal(outcome, in_process.embed(long_batch))
     finally:
         embedder.close()
 
