@@ -173,6 +173,15 @@ class GrowingBM25:
             return empty
         if len(found_docs) == 1:
             return found_docs[0], found_scores[0]
-        docs, where = np.unique(np.concatenate(found_docs), return_inverse=True)
-        summed = np.bincount(where, weights=np.concatenate(found_scores)).astype(np.float32)
-        return docs, summed
+        if sum(len(d) for d in found_docs) * 8 < n:  # few matches: sorting them is cheaper
+            docs, where = np.unique(np.concatenate(found_docs), return_inverse=True)
+            summed = np.bincount(where, weights=np.concatenate(found_scores)).astype(np.float32)
+            return docs, summed
+        # Many matches (common terms): add into one dense row instead of sorting them all.
+        # Each term lists a document once, and the sum runs in float64 in the same term
+        # order as the sorting path's bincount, so both give the same scores.
+        total = np.zeros(n, dtype=np.float64)
+        for term_docs, term_scores in zip(found_docs, found_scores, strict=True):
+            total[term_docs] += term_scores
+        docs = np.flatnonzero(total)  # every match scores > 0 (idf > 0, tf > 0)
+        return docs.astype(np.int64, copy=False), total[docs].astype(np.float32)

@@ -31,13 +31,15 @@ def _dense(index: GrowingBM25, query: dict[str, float]) -> np.ndarray:
 
 
 def test_growing_bm25_sparse_scores_match_a_final_bm25_on_every_path() -> None:
-    """Rare extended terms (sorted), common extended terms (dense pass), unextended terms."""
+    """Rare extended terms (sorted), common extended terms (dense pass), unextended terms;
+    several terms' scores summed both ways (few matches: sorted; many: one dense row)."""
     rng = np.random.default_rng(7)
     growing, final = GrowingBM25(k1=0.9, b=0.4), BM25Index(k1=0.9, b=0.4)
     bags: list[dict[str, float]] = []
     for doc in range(400):
         bag = {f"w{int(t)}": 1.0 for t in rng.integers(0, 60, 4)}
         bag["common"] = 1.0
+        bag[f"rare{doc % 100}"] = 1.0  # four documents each
         growing.add(bag)
         bags.append(dict(bag))
         if doc:  # each document extends the previous one, as a later neighbour does
@@ -47,7 +49,8 @@ def test_growing_bm25_sparse_scores_match_a_final_bm25_on_every_path() -> None:
                 bags[doc - 1][term] = bags[doc - 1].get(term, 0.0) + weight
     for bag in bags:
         final.add(bag)
-    for query in ({"w3": 1.0}, {"common": 1.0, "w5": 2.0}, {"w1": 1.0, "w2": 1.0, "nope": 1.0}):
+    for query in ({"w3": 1.0}, {"common": 1.0, "w5": 2.0}, {"w1": 1.0, "w2": 1.0, "nope": 1.0},
+                  {"rare1": 1.0, "rare2": 0.5}):
         docs, scores = growing.sparse_scores(query)
         expected = final.scores(query)
         assert np.array_equal(docs, np.flatnonzero(expected))
