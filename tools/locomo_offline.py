@@ -19,9 +19,11 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import date
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -58,6 +60,14 @@ METHODS: dict[str, tuple[str, ContextSettings]] = {
     "lexical (default)": ("lexical", BEST),
     "semantic (default)": ("semantic", BEST),
 }
+
+
+class Embedder(Protocol):
+    """What the harness needs of an embedder (the model's, or a probe's precomputed vectors)."""
+
+    dimension: int
+
+    def embed(self, texts: list[str]) -> Vectors: ...
 
 
 class CachedEmbedder:
@@ -98,7 +108,7 @@ def record_day(turn: Turn) -> date | None:
     return metadata_day({"session_date": turn.session_date})
 
 
-def fleet_of(conv: Conversation, settings: ContextSettings, embedder: CachedEmbedder) -> FleetIndex:
+def fleet_of(conv: Conversation, settings: ContextSettings, embedder: Embedder) -> FleetIndex:
     """One conversation as the shard indexes it: records in order, a run per session."""
     index = FleetIndex(embedder.dimension, settings)
     texts = [turn.memory_text() for turn in conv.turns]
@@ -114,12 +124,14 @@ def evaluate(
     convs: list[Conversation],
     mode: str,
     settings: ContextSettings,
-    embedder: CachedEmbedder,
+    embedder_of: Callable[[Conversation], Embedder],
     tune: set[str],
 ) -> dict[str, dict[str, object]]:
-    """Recall over all conversations, the tuning ones and the held-out ones."""
+    """Recall over all conversations, the tuning ones and the held-out ones; each
+    conversation is embedded by ``embedder_of(conversation)``."""
     reports = {name: RecallReport(ks=(5, 10)) for name in ("all", "tune", "held-out")}
     for conv in convs:
+        embedder = embedder_of(conv)
         index = fleet_of(conv, settings, embedder)
         vectors = embedder.embed([q.text for q in conv.questions])
         for question, vector in zip(conv.questions, vectors, strict=True):
@@ -148,7 +160,7 @@ def main() -> None:
     for name, (mode, settings) in METHODS.items():
         if args.only and args.only not in name:
             continue
-        result = evaluate(convs, mode, settings, embedder, tune)
+        result = evaluate(convs, mode, settings, lambda _conv: embedder, tune)
         if args.json:
             print(json.dumps({"method": name, **result}))
             continue

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engram.eval.locomo import Conversation, RecallReport, load_conversation
+from engram.eval.locomo import Conversation, load_conversation
 
 
 def _key(text: str) -> str:
@@ -110,26 +110,16 @@ def score(args: argparse.Namespace) -> None:
     weights = [float(w) for w in args.weights.split(",")] if args.weights else [1.0] * len(paths)
     tables = Tables(paths, weights)
     convs = [load_conversation(f) for f in args.files]
-    settings = replace(harness.BEST, lexical_weight=args.lexical_weight)
-    tune = set(args.tune.split(","))
-    reports = {name: RecallReport(ks=(5, 10)) for name in ("all", "tune", "held-out")}
-    for conv in convs:
-        turns = [t.memory_text() for t in conv.turns]
+
+    def embedder_of(conv: Conversation) -> ProbeEmbedder:
         others = [t.memory_text() for c in convs if c.name != conv.name for t in c.turns]
         maps = ridge_maps(tables, others, args.ridge) if args.map_queries else None
-        embedder = ProbeEmbedder(tables, maps, set(turns))
-        index = harness.fleet_of(conv, settings, embedder)
-        vectors = embedder.embed([q.text for q in conv.questions])
-        for question, vector in zip(conv.questions, vectors, strict=True):
-            ranked = [index.ids[d] for d, _ in index.search(question.text, vector, "hybrid")[:10]]
-            for name in ("all", "tune" if conv.name in tune else "held-out"):
-                reports[name].add(question, ranked)
-    print(
-        " ".join(
-            f"{name} {report.recall(5):.3f}/{report.recall(10):.3f}"
-            for name, report in reports.items()
-        )
-    )
+        return ProbeEmbedder(tables, maps, {t.memory_text() for t in conv.turns})
+
+    settings = replace(harness.BEST, lexical_weight=args.lexical_weight)
+    result = harness.evaluate(convs, "hybrid", settings, embedder_of, set(args.tune.split(",")))
+    print(" ".join(f"{name} {part['recall@5']:.4f}/{part['recall@10']:.4f}"
+                   for name, part in result.items()))
 
 
 def main() -> None:
