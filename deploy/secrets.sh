@@ -26,9 +26,9 @@ done
 if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
   : "${ENGRAM_S3_SECRET_ACCESS_KEY:?set ENGRAM_S3_SECRET_ACCESS_KEY too}"
 fi
+SERVICES="shard governance artifacts compactor"
 if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
-  for file in ca.crt shard.crt shard.key governance.crt governance.key artifacts.crt \
-      artifacts.key compactor.crt compactor.key; do
+  for file in ca.crt $(for svc in $SERVICES; do echo "$svc.crt $svc.key"; done); do
     [ -r "$ENGRAM_TLS_DIR/$file" ] || { echo "ENGRAM_TLS_DIR has no readable $file" >&2; exit 2; }
   done
 fi
@@ -63,7 +63,7 @@ if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
   done
 fi
 if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
-  for svc in shard governance artifacts compactor; do
+  for svc in $SERVICES; do
     secret "engram-$svc-tls" --type=kubernetes.io/tls --from-file=tls.crt="$ENGRAM_TLS_DIR/$svc.crt" \
       --from-file=tls.key="$ENGRAM_TLS_DIR/$svc.key" --from-file=ca.crt="$ENGRAM_TLS_DIR/ca.crt"
   done

@@ -77,8 +77,6 @@ class Tables:
 class ProbeEmbedder:
     """The harness's embedder interface over :class:`Tables` for one conversation."""
 
-    name = "probe"
-
     def __init__(self, tables: Tables, maps: list[np.ndarray] | None, turns: set[str]) -> None:
         self.tables, self.maps, self.turns = tables, maps, turns
         self.dimension = sum(tables.widths)

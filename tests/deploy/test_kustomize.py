@@ -175,19 +175,16 @@ def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
 def test_tls_overlays_secure_every_server_and_every_call(
         overlay: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
     name, _ = overlay
-    for service in SERVICES:
-        plain, _ = _env(overlay, service)
-        settings = parse_settings(service, plain, monkeypatch)
-        tls = (settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    settings = {s: parse_settings(s, _env(overlay, s)[0], monkeypatch) for s in SERVICES}
+    for service, parsed in settings.items():
+        tls = (parsed.tls_cert, parsed.tls_key, parsed.tls_client_ca)
         if not name.endswith("-tls"):
-            assert tls == (None, None, None) and settings.health_port is None, service
+            assert tls == (None, None, None) and parsed.health_port is None, service
             continue
         assert None not in tls, f"{service}: mutual TLS needs a certificate, key and client CA"
-        assert settings.health_port == _port(_container(overlay, service), "health"), service
+        assert parsed.health_port == _port(_container(overlay, service), "health"), service
     if name.endswith("-tls"):
-        shard = parse_settings("shard", _env(overlay, "shard")[0], monkeypatch)
-        compactor = parse_settings("compactor", _env(overlay, "compactor")[0], monkeypatch)
-        for client in (shard.governance_tls(), compactor.shard_tls()):
+        for client in (settings["shard"].governance_tls(), settings["compactor"].shard_tls()):
             assert client.get("tls_ca") and client.get("tls_cert") and client.get("tls_key")
 
 
