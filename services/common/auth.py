@@ -11,7 +11,7 @@ import contextvars
 from collections.abc import Mapping
 
 from services.common.errors import PermissionDenied, Unauthenticated
-from services.common.tokens import Principal, TokenVerifier
+from services.common.tokens import Principal, TokenVerifier, validate_identifier
 
 ANY_ROLE = frozenset({"agent", "governor", "admin", "service"})
 PUBLIC: frozenset[str] = frozenset()
@@ -81,3 +81,25 @@ class Authorizer:
                 metadata={"required_roles": ",".join(sorted(allowed))},
             )
         return principal
+
+
+def target_fleet(principal: Principal, requested: str, *, cross_fleet: bool = False,
+                 name_required: bool = False) -> str:
+    """The fleet a call acts on: the caller's own unless ``cross_fleet`` lets it name another.
+
+    ``cross_fleet`` is the caller's right to act for other fleets (a service principal, a gate
+    caller), decided by the servicer; ``name_required`` refuses an empty fleet for such a
+    caller, whose own fleet means nothing to the call.
+    """
+    if not requested:
+        if name_required:
+            raise PermissionDenied(f"{principal.agent_id} must name fleet_id for this call",
+                                   reason="FLEET_REQUIRED")
+        return principal.fleet_id
+    if requested == principal.fleet_id:
+        return principal.fleet_id
+    if cross_fleet:
+        return validate_identifier("fleet_id", requested)
+    raise PermissionDenied(
+        f"{principal.agent_id} belongs to fleet {principal.fleet_id!r} and cannot act on "
+        f"fleet {requested!r}", reason="FLEET_MISMATCH")

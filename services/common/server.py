@@ -48,6 +48,8 @@ class ServiceSpec:
     """Fully-qualified gRPC service names (``engram.shard.v1.ShardService``)."""
     register: Callable[[grpc.Server], None]
     policy: MethodPolicy
+    on_start: Callable[[], None] = lambda: None
+    """Background work the service runs while it serves (a scheduler); started by ``start()``."""
     on_stop: Callable[[], None] = lambda: None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ready: Callable[[], bool] = lambda: True
@@ -79,6 +81,7 @@ class EngramServer:
 
     def start(self) -> EngramServer:
         self._server.start()
+        self.spec.on_start()
         if self._health_server is not None:
             self._health_server.start()
         if self.settings.metrics_port is not None:
