@@ -211,8 +211,7 @@ class GovernanceService:
 
     @staticmethod
     def allocate_rule_id(fleet_id: str, request_id: str) -> str:
-        """Derived from ``request_id`` when there is one, so a retried CreateRule names the
-        same rule; random otherwise."""
+        """From ``request_id`` when given (a retried CreateRule gets the same id), else random."""
         if request_id:
             seed = f"{fleet_id}\x00{request_id}".encode()
             return "r-" + hashlib.sha256(seed).hexdigest()[:12]
