@@ -13,20 +13,13 @@ states are published only after their transaction commits.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from services.governance.rules import Rule
-from services.governance.tiers import AgentTrust
+from services.governance.domain.rules import Rule
+from services.governance.domain.tiers import AgentTrust
+from services.governance.domain.witness import HeadState
 
 AgentKey = tuple[str, str]
 MAX_AGENTS = 100_000
-
-
-@dataclass(frozen=True)
-class HeadState:
-    length: int
-    link: str
-    rules_version: int
 
 
 class GateCache:

@@ -1,111 +1,69 @@
-"""The governance store: every change happens with its witness-chain entry in one transaction.
+"""GovernanceRepository: the governance store's SQL; every method takes an open session.
 
-Appends are serialised twice: a process lock (one governance process, many
-threads) and ``SELECT ... FOR UPDATE`` on the single head row (replicas on
-Postgres). A state change and its chain entry commit together or not at all.
+The service opens the transaction and holds the append lock; this module only
+reads and writes rows. The gate's statements are built once, in SQLAlchemy
+Core, so a whole group of decisions is written with one ``executemany`` per
+table.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, select
-from sqlalchemy.exc import IntegrityError as SqlIntegrityError
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, true, update
 from sqlalchemy.orm import Session
 
-from services.common.db import Database
-from services.common.errors import InvalidArgument, NotFound
-from services.common.group_commit import GroupCommit
-from services.governance.decisions import Decision
-from services.governance.gate_cache import GateCache
-from services.governance.gate_store import (
-    GateOutcome,
-    GateRequest,
-    GateTransaction,
-    read_head,
-    recorded_decisions,
-)
-from services.governance.rules import Candidate, Rule
+from services.governance.domain.decisions import Decision
+from services.governance.domain.rules import Rule
+from services.governance.domain.tiers import AgentTrust
+from services.governance.domain.witness import ChainEntry, HeadState
 from services.governance.tables import (
     AgentRow,
+    Base,
     ChainHeadRow,
     ChainRow,
     DecisionRow,
     RuleRow,
-)
-from services.governance.tiers import AgentTrust, TrustAccumulator, TrustTier
-from services.governance.witness import (
-    GENESIS,
-    ChainEntry,
-    Checkpoint,
-    canonical,
-    next_entry,
-    verify_links,
+    agent_entity,
+    decision_entity,
+    rule_entity,
 )
 
-MIGRATIONS = Path(__file__).parent / "migrations"
-Clock = Callable[[], int]
+RequestKey = tuple[str, str, str]
+"""``(fleet_id, agent_id, request_id)``: one gate call."""
 
+_TABLES = Base.metadata.tables
+_HEAD = _TABLES[ChainHeadRow.__tablename__]
+_CHAIN = _TABLES[ChainRow.__tablename__]
+_DECISIONS = _TABLES[DecisionRow.__tablename__]
+_AGENTS = _TABLES[AgentRow.__tablename__]
+_RULES = _TABLES[RuleRow.__tablename__]
 
-def _digest(state: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical(state).encode()).hexdigest()
+_READ_HEAD = select(_HEAD.c.length, _HEAD.c.head, _HEAD.c.rules_version).where(_HEAD.c.id == 1)
+_LOCK_HEAD = _READ_HEAD.with_for_update()
+_WRITE_HEAD = update(_HEAD).where(_HEAD.c.id == 1)
+_READ_AGENT = select(_AGENTS).where(_AGENTS.c.fleet_id == bindparam("f"),
+                                    _AGENTS.c.agent_id == bindparam("a"))
+_READ_RULES = (select(_RULES).where(_RULES.c.fleet_id == bindparam("f"))
+               .order_by(_RULES.c.created_ms, _RULES.c.rule_id))
+_COUNT_ACCEPTED = select(func.count()).select_from(_DECISIONS).where(
+    _DECISIONS.c.fleet_id == bindparam("f"), _DECISIONS.c.agent_id == bindparam("a"),
+    _DECISIONS.c.allowed.is_(true()), _DECISIONS.c.created_ms >= bindparam("since"))
+_UPDATE_AGENT = update(_AGENTS).where(
+    _AGENTS.c.fleet_id == bindparam("k_fleet"), _AGENTS.c.agent_id == bindparam("k_agent")
+).values(tier=bindparam("tier"), score=bindparam("score"), pinned=bindparam("pinned"),
+         updated_ms=bindparam("updated_ms"), chain_seq=bindparam("chain_seq"))
 
 
 class GovernanceRepository:
-    def __init__(self, db: Database, clock: Clock) -> None:
-        self._db = db
-        self._clock = clock
-        self._append_lock = threading.Lock()
-        self._accumulator = TrustAccumulator()
-        self._cache = GateCache()
-        self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(self._decide_group,
-                                                                        max_group=128)
+    def __init__(self, dialect: str) -> None:
+        self._dialect = dialect
 
-    def now_ms(self) -> int:
-        return self._clock()
+    # -- the chain ------------------------------------------------------------------------
 
-    def migrate(self) -> None:
-        self._db.upgrade(MIGRATIONS)
-
-    # -- chain plumbing -------------------------------------------------------------------
-
-    def _lock_head(self, session: Session) -> ChainHeadRow:
-        head = session.execute(
-            select(ChainHeadRow).where(ChainHeadRow.id == 1).with_for_update()
-        ).scalar_one()
-        return head
-
-    def _append(self, session: Session, head: ChainHeadRow, kind: str,
-                payload: dict[str, Any], now_ms: int) -> int:
-        entry = next_entry(Checkpoint(head.head, head.length), kind, payload)
-        session.add(ChainRow(seq=entry.seq, kind=entry.kind, payload_json=entry.payload_json,
-                             prev=entry.prev, link=entry.link, created_ms=now_ms))
-        head.length, head.head = entry.seq + 1, entry.link
-        return entry.seq
-
-    @staticmethod
-    def _trust(session: Session, fleet_id: str,
-               agent_id: str) -> tuple[AgentTrust, AgentRow | None]:
-        row = session.get(AgentRow, (fleet_id, agent_id))
-        if row is None:
-            return AgentTrust(fleet_id, agent_id), None
-        return row.to_entity(), row
-
-    @staticmethod
-    def _store_trust(session: Session, row: AgentRow | None, trust: AgentTrust, seq: int) -> None:
-        if row is None:
-            row = AgentRow(fleet_id=trust.fleet_id, agent_id=trust.agent_id)
-            session.add(row)
-        row.tier, row.score, row.pinned = trust.tier.value, trust.score, trust.pinned
-        row.updated_ms, row.chain_seq = trust.updated_ms, seq
-
-    def _begin_append(self, session: Session) -> Connection:
+    def begin_append(self, session: Session) -> None:
         """Open the append transaction before its first read of the head.
 
         pysqlite would begin only at the first write, after the head was read; on
@@ -113,221 +71,156 @@ class GovernanceRepository:
         commit in between (Postgres gets the same from ``FOR UPDATE``).
         """
         conn = session.connection()
-        if self._db.dialect == "sqlite":
+        if self._dialect == "sqlite":
             conn.exec_driver_sql("BEGIN IMMEDIATE")
-        return conn
 
-    # -- the gate -----------------------------------------------------------------------
+    def lock_head(self, session: Session) -> HeadState:
+        """The head row, locked ``FOR UPDATE`` until the transaction ends."""
+        length, link, rules_version = session.execute(_LOCK_HEAD).one()
+        return HeadState(length, link, rules_version)
 
-    def decide(self, fleet_id: str, agent_id: str, request_id: str,
-               candidates: Sequence[Candidate], *,
-               neighbours_omitted: bool = False) -> GateOutcome:
-        """Judge and record; a known ``request_id`` returns the recorded decisions (replayed).
+    def head(self, session: Session) -> HeadState | None:
+        row = session.execute(_READ_HEAD).first()
+        return HeadState(*row) if row is not None else None
 
-        With ``neighbours_omitted``, an agent a contradiction rule applies to gets
-        ``needs_neighbours`` and nothing is recorded. Concurrent calls share one
-        transaction and one fsync (group commit).
-        """
-        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates),
-                                             neighbours_omitted))
+    def write_head(self, session: Session, head: HeadState) -> None:
+        session.execute(_WRITE_HEAD.values(length=head.length, head=head.link,
+                                           rules_version=head.rules_version))
 
-    def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
-        try:
-            return self._record_group(requests, replays=False)
-        except SqlIntegrityError:
-            # A request_id seen before (or recorded by another replica meanwhile): look it up.
-            return self._record_group(requests, replays=True)
+    def append_entries(self, session: Session, entries: Sequence[ChainEntry],
+                       created_ms: int) -> None:
+        session.execute(insert(_CHAIN), [
+            {"seq": e.seq, "kind": e.kind, "payload_json": e.payload_json, "prev": e.prev,
+             "link": e.link, "created_ms": created_ms} for e in entries])
 
-    def _record_group(self, requests: Sequence[GateRequest], *,
-                      replays: bool) -> list[GateOutcome]:
-        with self._append_lock:
-            try:
-                with self._db.session() as session:
-                    conn = self._begin_append(session)
-                    head = read_head(conn)
-                    self._cache.align(head)
-                    recorded = recorded_decisions(conn, requests) if replays else {}
-                    group = GateTransaction(conn, self._cache, head, self._clock(),
-                                            self._accumulator, recorded)
-                    outcomes = [group.decide(request) for request in requests]
-                    after = group.flush()
-            except BaseException:
-                self._cache.forget()
-                raise
-            self._cache.committed(after, group.agents_after)
-            return outcomes
+    def link_at(self, session: Session, seq: int) -> str | None:
+        return session.scalar(select(ChainRow.link).where(ChainRow.seq == seq))
 
-    # -- trust ----------------------------------------------------------------------------
+    def entries(self, session: Session) -> Iterator[ChainEntry]:
+        """Every chain entry in order, streamed."""
+        rows = session.execute(
+            select(ChainRow.seq, ChainRow.kind, ChainRow.payload_json, ChainRow.prev,
+                   ChainRow.link).order_by(ChainRow.seq).execution_options(yield_per=2000))
+        for seq, kind, payload_json, prev, link in rows:
+            yield ChainEntry(seq, kind, payload_json, prev, link)
 
-    def trust_of(self, fleet_id: str, agent_ids: Collection[str]) -> dict[str, AgentTrust]:
-        wanted = sorted(set(agent_ids))
-        with self._db.session() as session:
-            rows = session.scalars(select(AgentRow).where(
-                AgentRow.fleet_id == fleet_id, AgentRow.agent_id.in_(wanted)))
-            found = {row.agent_id: row.to_entity() for row in rows}
-        return {a: found.get(a) or AgentTrust(fleet_id, a) for a in wanted}
+    # -- agents ---------------------------------------------------------------------------
 
-    @contextmanager
-    def _state_change(self) -> Iterator[Session]:
-        """An operator change under the append lock; the gate cache rereads afterwards."""
-        with self._append_lock:
-            try:
-                with self._db.session() as session:
-                    self._begin_append(session)
-                    yield session
-            finally:
-                self._cache.forget()
+    def trust(self, session: Session, fleet_id: str, agent_id: str) -> AgentTrust | None:
+        """The agent's stored trust; None when it has no row yet."""
+        row = session.execute(_READ_AGENT, {"f": fleet_id, "a": agent_id}).first()
+        return agent_entity(row) if row is not None else None
 
-    def set_tier(self, fleet_id: str, agent_id: str, tier: TrustTier, actor: str,
-                 reason: str) -> AgentTrust:
-        with self._state_change() as session:
-            head = self._lock_head(session)
-            now_ms = self._clock()
-            before, row = self._trust(session, fleet_id, agent_id)
-            after = self._accumulator.operator_sets(before, tier, now_ms)
-            seq = self._append(session, head, "tier.set", {
-                "agent": after.state(), "actor": actor, "reason": reason,
-                "from_tier": before.tier.value}, now_ms)
-            self._store_trust(session, row, after, seq)
-            return after
+    def trusts(self, session: Session, fleet_id: str,
+               agent_ids: Collection[str]) -> dict[str, AgentTrust]:
+        """The stored trust of those of ``agent_ids`` that have a row."""
+        rows = session.scalars(select(AgentRow).where(
+            AgentRow.fleet_id == fleet_id, AgentRow.agent_id.in_(agent_ids)))
+        return {row.agent_id: row.to_entity() for row in rows}
+
+    def insert_agents(self, session: Session, agents: Sequence[tuple[AgentTrust, int]]) -> None:
+        """Rows for agents seen for the first time, each with the chain entry that wrote it."""
+        if agents:
+            session.execute(insert(_AGENTS), [
+                {"fleet_id": trust.fleet_id, "agent_id": trust.agent_id,
+                 **_agent_values(trust, seq)} for trust, seq in agents])
+
+    def update_agents(self, session: Session, agents: Sequence[tuple[AgentTrust, int]]) -> None:
+        if agents:
+            session.execute(_UPDATE_AGENT, [
+                {"k_fleet": trust.fleet_id, "k_agent": trust.agent_id,
+                 **_agent_values(trust, seq)} for trust, seq in agents])
+
+    def stored_agents(self, session: Session) -> Iterator[tuple[AgentTrust, int]]:
+        """Every agent with the chain entry that last wrote it."""
+        for row in session.scalars(select(AgentRow)):
+            yield row.to_entity(), row.chain_seq
 
     # -- rules ----------------------------------------------------------------------------
 
-    def create_rule(self, rule: Rule) -> tuple[Rule, bool]:
-        with self._state_change() as session:
-            existing = session.get(RuleRow, rule.rule_id)
-            if existing is not None:
-                if existing.fleet_id != rule.fleet_id:
-                    raise InvalidArgument("request_id already used in another fleet",
-                                          reason="REQUEST_ID_REUSED")
-                return existing.to_entity(), False
-            head = self._lock_head(session)
-            seq = self._append(session, head, "rule.created", {"rule": rule.state()},
-                               rule.created_ms)
-            head.rules_version += 1
-            session.add(RuleRow(
-                rule_id=rule.rule_id, fleet_id=rule.fleet_id, kind=rule.kind.value,
-                params_json=json.dumps(dict(rule.params), sort_keys=True),
-                description=rule.description,
-                tiers_json=json.dumps([t.value for t in rule.tiers]),
-                created_by=rule.created_by, created_ms=rule.created_ms, chain_seq=seq))
-            return rule, True
+    def rule(self, session: Session, rule_id: str) -> Rule | None:
+        row = session.get(RuleRow, rule_id)
+        return row.to_entity() if row is not None else None
 
-    def delete_rule(self, fleet_id: str, rule_id: str, actor: str) -> None:
-        with self._state_change() as session:
-            row = session.get(RuleRow, rule_id)
-            if row is None or row.fleet_id != fleet_id:
-                raise NotFound(f"no rule {rule_id!r} in fleet {fleet_id!r}; "
-                               "see `engram gov rules list`", reason="RULE_NOT_FOUND")
-            head = self._lock_head(session)
-            self._append(session, head, "rule.deleted",
-                         {"rule_id": rule_id, "fleet_id": fleet_id, "actor": actor},
-                         self._clock())
-            head.rules_version += 1
-            session.execute(delete(RuleRow).where(RuleRow.rule_id == rule_id))
+    def fleet_rules(self, session: Session, fleet_id: str) -> tuple[Rule, ...]:
+        """The fleet's rules in the order the gate applies them."""
+        return tuple(rule_entity(row) for row in session.execute(_READ_RULES, {"f": fleet_id}))
 
-    def list_rules(self, fleet_id: str, after: str | None, limit: int) -> list[Rule]:
-        with self._db.session() as session:
-            query = select(RuleRow).where(RuleRow.fleet_id == fleet_id)
-            if after is not None:
-                query = query.where(RuleRow.rule_id > after)
-            rows = session.scalars(query.order_by(RuleRow.rule_id).limit(limit))
-            return [row.to_entity() for row in rows]
+    def insert_rule(self, session: Session, rule: Rule, chain_seq: int) -> None:
+        session.add(RuleRow(
+            rule_id=rule.rule_id, fleet_id=rule.fleet_id, kind=rule.kind.value,
+            params_json=json.dumps(dict(rule.params), sort_keys=True),
+            description=rule.description,
+            tiers_json=json.dumps([t.value for t in rule.tiers]),
+            created_by=rule.created_by, created_ms=rule.created_ms, chain_seq=chain_seq))
 
-    def list_decisions(self, fleet_id: str, agent_id: str | None, before_seq: int | None,
-                       limit: int) -> list[Decision]:
-        with self._db.session() as session:
-            query = select(DecisionRow).where(DecisionRow.fleet_id == fleet_id)
-            if agent_id:
-                query = query.where(DecisionRow.agent_id == agent_id)
-            if before_seq is not None:
-                query = query.where(DecisionRow.chain_seq < before_seq)
-            rows = session.scalars(query.order_by(DecisionRow.chain_seq.desc()).limit(limit))
-            return [row.to_entity() for row in rows]
+    def delete_rule(self, session: Session, rule_id: str) -> None:
+        session.execute(delete(RuleRow).where(RuleRow.rule_id == rule_id))
 
-    # -- verification ---------------------------------------------------------------------
+    def rules_page(self, session: Session, fleet_id: str, after: str | None,
+                   limit: int) -> list[Rule]:
+        query = select(RuleRow).where(RuleRow.fleet_id == fleet_id)
+        if after is not None:
+            query = query.where(RuleRow.rule_id > after)
+        rows = session.scalars(query.order_by(RuleRow.rule_id).limit(limit))
+        return [row.to_entity() for row in rows]
 
-    def checkpoint(self) -> Checkpoint:
-        with self._db.session() as session:
-            head = session.get(ChainHeadRow, 1)
-            if head is None:
-                return Checkpoint(GENESIS, 0)
-            return Checkpoint(head.head, head.length)
+    def stored_rules(self, session: Session) -> Iterator[tuple[Rule, int]]:
+        """Every rule with the chain entry that wrote it."""
+        for row in session.scalars(select(RuleRow)):
+            yield row.to_entity(), row.chain_seq
 
-    def link_at(self, seq: int) -> str | None:
-        with self._db.session() as session:
-            return session.scalar(select(ChainRow.link).where(ChainRow.seq == seq))
+    # -- decisions ------------------------------------------------------------------------
 
-    def verify(self) -> tuple[Checkpoint, list[str]]:
-        """Re-walk every link, then check each state row against what the chain says."""
-        with self._db.session() as session:
-            replay = _Replay()
-            reached, problems = verify_links(replay.feed(_entries(session)))
-            head = session.get(ChainHeadRow, 1)
-            if head is None or (head.head, head.length) != (reached.head, reached.length):
-                problems.append("the stored chain head does not match the last chain entry")
-            problems.extend(replay.compare(session))
-        return reached, problems
+    def accepted_since(self, session: Session, fleet_id: str, agent_id: str,
+                       since_ms: int) -> int:
+        """The agent's allowed writes recorded at or after ``since_ms``."""
+        count: int = session.execute(_COUNT_ACCEPTED, {
+            "f": fleet_id, "a": agent_id, "since": since_ms}).scalar_one()
+        return count
 
+    def insert_decisions(self, session: Session, decisions: Sequence[Decision]) -> None:
+        session.execute(insert(_DECISIONS), [_decision_values(d) for d in decisions])
 
-def _entries(session: Session) -> Iterator[ChainEntry]:
-    rows = session.execute(
-        select(ChainRow.seq, ChainRow.kind, ChainRow.payload_json, ChainRow.prev, ChainRow.link)
-        .order_by(ChainRow.seq).execution_options(yield_per=2000))
-    for seq, kind, payload_json, prev, link in rows:
-        yield ChainEntry(seq, kind, payload_json, prev, link)
+    def recorded_decisions(self, session: Session, keys: Collection[RequestKey]
+                           ) -> dict[RequestKey, list[Decision]]:
+        """Decisions already recorded for any of ``keys``, by request key, in position order."""
+        d = _DECISIONS.c
+        query = select(_DECISIONS).where(or_(*(
+            and_(d.fleet_id == f, d.agent_id == a, d.request_id == q) for f, a, q in keys)))
+        found: dict[RequestKey, list[Decision]] = {}
+        for row in session.execute(query.order_by(d.position)):
+            decision = decision_entity(row)
+            found.setdefault((decision.fleet_id, decision.agent_id, decision.request_id),
+                             []).append(decision)
+        return found
 
+    def decisions_page(self, session: Session, fleet_id: str, agent_id: str | None,
+                       before_seq: int | None, limit: int) -> list[Decision]:
+        """Newest first: the decisions of the fleet (or of one agent) below ``before_seq``."""
+        query = select(DecisionRow).where(DecisionRow.fleet_id == fleet_id)
+        if agent_id:
+            query = query.where(DecisionRow.agent_id == agent_id)
+        if before_seq is not None:
+            query = query.where(DecisionRow.chain_seq < before_seq)
+        rows = session.scalars(query.order_by(DecisionRow.chain_seq.desc()).limit(limit))
+        return [row.to_entity() for row in rows]
 
-class _Replay:
-    """The state the chain implies: each row's expected (chain_seq, content digest)."""
-
-    def __init__(self) -> None:
-        self.agents: dict[tuple[str, str], tuple[int, str]] = {}
-        self.rules: dict[str, tuple[int, str]] = {}
-        self.decisions: dict[str, tuple[int, str]] = {}
-
-    def feed(self, entries: Iterator[ChainEntry]) -> Iterator[ChainEntry]:
-        for entry in entries:
-            payload = entry.payload
-            agent = payload.get("agent")
-            if isinstance(agent, dict):
-                key = (agent["fleet_id"], agent["agent_id"])
-                self.agents[key] = (entry.seq, _digest(agent))
-            if entry.kind == "gate.decision":
-                decision = payload["decision"]
-                self.decisions[decision["decision_id"]] = (entry.seq, _digest(decision))
-            elif entry.kind == "rule.created":
-                self.rules[payload["rule"]["rule_id"]] = (entry.seq, _digest(payload["rule"]))
-            elif entry.kind == "rule.deleted":
-                self.rules.pop(payload["rule_id"], None)
-            yield entry
-
-    def compare(self, session: Session) -> list[str]:
-        problems: list[str] = []
-        seen_agents = {(r.fleet_id, r.agent_id): (r.chain_seq, _digest(r.to_entity().state()))
-                       for r in session.scalars(select(AgentRow))}
-        problems += _differences("agent", self.agents, seen_agents)
-        seen_rules = {r.rule_id: (r.chain_seq, _digest(r.to_entity().state()))
-                      for r in session.scalars(select(RuleRow))}
-        problems += _differences("rule", self.rules, seen_rules)
-        seen_decisions = {}
+    def stored_decisions(self, session: Session) -> Iterator[Decision]:
+        """Every decision, streamed."""
         for row in session.scalars(select(DecisionRow).execution_options(yield_per=2000)):
-            seen_decisions[row.decision_id] = (row.chain_seq, _digest(row.to_entity().state()))
-        problems += _differences("decision", self.decisions, seen_decisions)
-        return problems
+            yield row.to_entity()
 
 
-def _differences(kind: str, expected: dict[Any, tuple[int, str]],
-                 stored: dict[Any, tuple[int, str]]) -> list[str]:
-    problems = []
-    for key in sorted(set(expected) | set(stored), key=str):
-        want, have = expected.get(key), stored.get(key)
-        if have is None:
-            problems.append(f"{kind} {key} is in the chain but missing from the store")
-        elif want is None:
-            problems.append(f"{kind} {key} is in the store but no chain entry wrote it")
-        elif want != have:
-            problems.append(f"{kind} {key} differs from chain entry {want[0]} "
-                            "(the row was changed outside governance)")
-    return problems
+def _agent_values(trust: AgentTrust, chain_seq: int) -> dict[str, Any]:
+    return {"tier": trust.tier.value, "score": trust.score, "pinned": trust.pinned,
+            "updated_ms": trust.updated_ms, "chain_seq": chain_seq}
 
+
+def _decision_values(decision: Decision) -> dict[str, Any]:
+    return {"decision_id": decision.decision_id, "fleet_id": decision.fleet_id,
+            "agent_id": decision.agent_id, "request_id": decision.request_id,
+            "position": decision.position, "record_id": decision.record_id,
+            "content_hash": decision.content_hash, "allowed": decision.allowed,
+            "rule_ids_json": json.dumps(list(decision.rule_ids)), "reason": decision.reason,
+            "created_ms": decision.created_ms, "chain_seq": decision.chain_seq}

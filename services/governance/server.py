@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
-from services.governance.repository import GovernanceRepository
+from services.governance.service import GovernanceService
 from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
 from services.governance.settings import GovernanceSettings
+
+MIGRATIONS = Path(__file__).parent / "migrations"
 
 log = logging.getLogger("engram.governance")
 
@@ -18,14 +21,12 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def build_governance_server(
-    settings: GovernanceSettings, *, database: Database | None = None
-) -> tuple[EngramServer, GovernanceRepository]:
-    database = database or Database(settings.database_url())
-    repository = GovernanceRepository(database, _now_ms)
+def build_governance_server(settings: GovernanceSettings) -> EngramServer:
+    database = Database(settings.database_url())
     if settings.migrate:
-        repository.migrate()
-    checkpoint, problems = repository.verify()
+        database.upgrade(MIGRATIONS)
+    service = GovernanceService(database, _now_ms)
+    checkpoint, problems = service.verify_at_start()
     if problems:
         log.error(
             "WITNESS CHAIN BROKEN: governance state does not match its chain; refusing to "
@@ -36,14 +37,13 @@ def build_governance_server(
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(repository, chain_intact=not problems,
-                                  gate_callers=settings.gate_caller_ids())
+    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids())
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
         on_stop=database.dispose,
-        ready=lambda: not problems,
+        ready=lambda: service.chain_intact,
     )
-    return build_server(settings, spec), repository
+    return build_server(settings, spec)

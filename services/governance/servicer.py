@@ -1,9 +1,7 @@
-"""gRPC edge of governance: protos in, repository calls, protos out."""
+"""gRPC edge of governance: protos in, service calls, protos out; who may call what."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from typing import Any
 
 import grpc
@@ -11,15 +9,21 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
-from services.common.auth import MethodPolicy, current_principal
-from services.common.errors import IntegrityError, InvalidArgument, PermissionDenied
+from services.common.auth import MethodPolicy, current_principal, target_fleet
+from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.pagination import paginate
 from services.common.tokens import Principal, validate_identifier
-from services.governance.decisions import Decision
-from services.governance.repository import GovernanceRepository
-from services.governance.rules import Candidate, Neighbour, Rule, RuleKind, validate_params
-from services.governance.tiers import AgentTrust, TrustTier
-from services.governance.witness import Checkpoint, extends
+from services.governance.domain.decisions import Decision
+from services.governance.domain.rules import (
+    Candidate,
+    Neighbour,
+    Rule,
+    RuleKind,
+    validate_params,
+)
+from services.governance.domain.tiers import AgentTrust, TrustTier
+from services.governance.domain.witness import Checkpoint
+from services.governance.service import GovernanceService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
@@ -167,39 +171,20 @@ def require_gate_caller(principal: Principal, gate_callers: frozenset[str]) -> N
             reason="GATE_CALLER_REQUIRED")
 
 
-def target_fleet(principal: Principal, requested: str, *, cross_fleet: bool = False) -> str:
-    """The fleet a call acts on: the caller's own; another only for a gate caller (cross_fleet)."""
-    if not requested or requested == principal.fleet_id:
-        return principal.fleet_id
-    if cross_fleet:
-        return validate_identifier("fleet_id", requested)
-    raise PermissionDenied(
-        f"{principal.agent_id} belongs to fleet {principal.fleet_id!r} and cannot act on "
-        f"fleet {requested!r}", reason="FLEET_MISMATCH")
-
-
 def _is_plain_agent(principal: Principal) -> bool:
     return not principal.has_any(frozenset({"governor", "admin", "service"}))
 
 
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
-    def __init__(self, repository: GovernanceRepository, *, chain_intact: bool = True,
+    def __init__(self, service: GovernanceService, *,
                  gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS) -> None:
-        self._repo = repository
-        self._chain_intact = chain_intact
+        self._service = service
         self._gate_callers = gate_callers
-
-    def _writable(self) -> None:
-        if not self._chain_intact:
-            raise IntegrityError(
-                "the witness chain failed verification at start; governance refuses to record "
-                "anything until it is restored (run `engram gov chain verify` for details)",
-                reason="WITNESS_CHAIN_BROKEN")
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
         require_gate_caller(current_principal(), self._gate_callers)
-        self._writable()
+        self._service.require_writable()
         fleet_id = validate_identifier("fleet_id", request.fleet_id)
         agent_id = validate_identifier("agent_id", request.agent_id)
         if not request.request_id or len(request.request_id) > 128:
@@ -213,8 +198,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             raise InvalidArgument("neighbours_omitted is set but candidates carry neighbours; "
                                   "send all of them with neighbours_omitted false",
                                   reason="INVALID_CANDIDATE")
-        outcome = self._repo.decide(fleet_id, agent_id, request.request_id, candidates,
-                                    neighbours_omitted=request.neighbours_omitted)
+        outcome = self._service.decide(fleet_id, agent_id, request.request_id, candidates,
+                                       neighbours_omitted=request.neighbours_omitted)
         if outcome.needs_neighbours:
             return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
         return pb.DecideWritesResponse(
@@ -229,7 +214,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         if _is_plain_agent(principal) and agent_id != principal.agent_id:
             raise PermissionDenied("agents may read only their own trust", reason="NOT_OWN_TRUST")
         validate_identifier("agent_id", agent_id)
-        trust = self._repo.trust_of(fleet_id, [agent_id])[agent_id]
+        trust = self._service.trust_of(fleet_id, [agent_id])[agent_id]
         return pb.GetTrustResponse(trust=trust_to_proto(trust))
 
     def BatchGetTrust(self, request: pb.BatchGetTrustRequest,
@@ -241,38 +226,34 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=gate)
         if len(request.agent_ids) > MAX_CANDIDATES:
             raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
-        trusts = self._repo.trust_of(fleet_id, [a for a in request.agent_ids if a])
+        trusts = self._service.trust_of(fleet_id, [a for a in request.agent_ids if a])
         return pb.BatchGetTrustResponse(trusts=[trust_to_proto(t) for t in trusts.values()])
 
     def SetTier(self, request: pb.SetTierRequest,
                 context: grpc.ServicerContext) -> pb.SetTierResponse:
-        self._writable()
+        self._service.require_writable()
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
         agent_id = validate_identifier("agent_id", request.agent_id)
         tier = tier_from_proto(request.tier)
-        trust = self._repo.set_tier(fleet_id, agent_id, tier, principal.agent_id,
-                                    request.reason[:1000])
+        trust = self._service.set_tier(fleet_id, agent_id, tier, principal.agent_id,
+                                       request.reason[:1000])
         return pb.SetTierResponse(trust=trust_to_proto(trust))
 
     def CreateRule(self, request: pb.CreateRuleRequest,
                    context: grpc.ServicerContext) -> pb.CreateRuleResponse:
-        self._writable()
+        self._service.require_writable()
         principal = current_principal()
         fleet_id = target_fleet(principal, request.rule.fleet_id)
         kind, params = rule_kind_and_params(request.rule)
-        if request.request_id:
-            seed = f"{fleet_id}\x00{request.request_id}".encode()
-            rule_id = "r-" + hashlib.sha256(seed).hexdigest()[:12]
-        else:
-            rule_id = "r-" + secrets.token_hex(6)
         rule = Rule(
-            rule_id=rule_id, fleet_id=fleet_id, kind=kind, params=params,
+            rule_id=self._service.allocate_rule_id(fleet_id, request.request_id),
+            fleet_id=fleet_id, kind=kind, params=params,
             description=request.rule.description[:1000],
             tiers=tuple(dict.fromkeys(tier_from_proto(t) for t in request.rule.tiers)),
-            created_by=principal.agent_id, created_ms=self._repo.now_ms(),
+            created_by=principal.agent_id, created_ms=self._service.now_ms(),
         )
-        stored, created = self._repo.create_rule(rule)
+        stored, created = self._service.create_rule(rule)
         return pb.CreateRuleResponse(rule=rule_to_proto(stored), created=created)
 
     def ListRules(self, request: pb.ListRulesRequest,
@@ -280,7 +261,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         fleet_id = target_fleet(current_principal(), request.fleet_id)
         rules, token = paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id},
-            lambda after, limit: self._repo.list_rules(
+            lambda after, limit: self._service.list_rules(
                 fleet_id, str(after[0]) if after else None, limit),
             lambda rule: [rule.rule_id])
         return pb.ListRulesResponse(rules=[rule_to_proto(r) for r in rules],
@@ -288,12 +269,12 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
 
     def DeleteRule(self, request: pb.DeleteRuleRequest,
                    context: grpc.ServicerContext) -> pb.DeleteRuleResponse:
-        self._writable()
+        self._service.require_writable()
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
         if not request.rule_id:
             raise InvalidArgument("rule_id is required")
-        self._repo.delete_rule(fleet_id, request.rule_id, principal.agent_id)
+        self._service.delete_rule(fleet_id, request.rule_id, principal.agent_id)
         return pb.DeleteRuleResponse(rule_id=request.rule_id)
 
     def ListDecisions(self, request: pb.ListDecisionsRequest,
@@ -308,7 +289,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             agent_id = principal.agent_id
         decisions, token = paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id, "agent_id": agent_id},
-            lambda before, limit: self._repo.list_decisions(
+            lambda before, limit: self._service.list_decisions(
                 fleet_id, agent_id or None, int(before[0]) if before else None, limit),
             lambda decision: [decision.chain_seq])
         return pb.ListDecisionsResponse(
@@ -316,29 +297,19 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
 
     def GetChainCheckpoint(self, request: pb.GetChainCheckpointRequest,
                            context: grpc.ServicerContext) -> pb.GetChainCheckpointResponse:
-        checkpoint = self._repo.checkpoint()
+        checkpoint = self._service.checkpoint()
         return pb.GetChainCheckpointResponse(checkpoint=pb.ChainCheckpoint(
             head=checkpoint.head, length=checkpoint.length))
 
     def VerifyChain(self, request: pb.VerifyChainRequest,
                     context: grpc.ServicerContext) -> pb.VerifyChainResponse:
-        reached, problems = self._repo.verify()
-        extends_since = False
-        if request.HasField("since"):
-            since = Checkpoint(request.since.head, request.since.length)
-            if since.length < 0 or since.length > reached.length:
-                problems = [*problems, f"checkpoint length {since.length} is beyond the chain "
-                                       f"({reached.length} entries)"]
-            else:
-                at = self._repo.link_at(since.length - 1) if since.length else None
-                extends_since = extends(since, at)
-                if not extends_since:
-                    problems = [*problems, f"the chain does not extend the checkpoint at "
-                                           f"length {since.length}: history was rewritten"]
+        since = (Checkpoint(request.since.head, request.since.length)
+                 if request.HasField("since") else None)
+        report = self._service.verify_chain(since)
         return pb.VerifyChainResponse(
-            ok=not problems, checkpoint=pb.ChainCheckpoint(head=reached.head,
-                                                          length=reached.length),
-            problems=problems, extends_since=extends_since)
+            ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
+                                                       length=report.checkpoint.length),
+            problems=report.problems, extends_since=report.extends_since)
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.governance.decisions import Decision
-from services.governance.rules import Rule, RuleKind
-from services.governance.tiers import AgentTrust, TrustTier
+from services.governance.domain.decisions import Decision
+from services.governance.domain.rules import Rule, RuleKind
+from services.governance.domain.tiers import AgentTrust, TrustTier
 
 
 class Base(DeclarativeBase):

@@ -164,7 +164,7 @@ def test_cli_names_tls_settings_that_cannot_work(
 def test_shard_reaches_a_mutual_tls_governance_with_its_client_certificate(
         tmp_path: Path, engram_home: Path, pki: dict[str, Path],
         make_token: TokenFactory) -> None:
-    governance, _repo = build_governance_server(GovernanceSettings(
+    governance = build_governance_server(GovernanceSettings(
         home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'gov.db'}",
         tls_cert=pki["server_cert"], tls_key=pki["server_key"], tls_client_ca=pki["ca"]))
     governance.start()

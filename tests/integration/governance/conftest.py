@@ -9,7 +9,6 @@ import pytest
 
 from engram.client.governance import GovernanceClient
 from services.common.server import EngramServer
-from services.governance.repository import GovernanceRepository
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory, client_factory
@@ -30,20 +29,19 @@ def gov_settings(gov_db_url: str, engram_home: Path) -> GovernanceSettings:
 
 
 @pytest.fixture
-def governance(gov_settings: GovernanceSettings
-               ) -> Iterator[tuple[EngramServer, GovernanceRepository]]:
-    server, repository = build_governance_server(gov_settings)
+def governance(gov_settings: GovernanceSettings) -> Iterator[EngramServer]:
+    server = build_governance_server(gov_settings)
     server.start()
     try:
-        yield server, repository
+        yield server
     finally:
         server.stop(0)
 
 
 @pytest.fixture
-def gov_for(governance: tuple[EngramServer, GovernanceRepository],
+def gov_for(governance: EngramServer,
             make_token: TokenFactory) -> Iterator[GovClientFactory]:
-    with client_factory(lambda token: GovernanceClient(governance[0].address, token),
+    with client_factory(lambda token: GovernanceClient(governance.address, token),
                         make_token, agent="gov-1", roles=("governor",)) as connect:
         yield connect
 

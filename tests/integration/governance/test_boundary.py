@@ -13,7 +13,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from engram.cli.up import SERVICES, service_env
 from services.common.db import Database
-from services.governance.repository import GovernanceRepository
+from services.governance.server import MIGRATIONS
 from services.shard.settings import ShardSettings
 from tests.conftest import POSTGRES_ADMIN_URL, require
 
@@ -80,7 +80,7 @@ def governance_database(postgres_available: bool) -> Iterator[str]:
 
 def test_shard_role_cannot_write_governance_tables(governance_database: str) -> None:
     as_governance = Database(f"postgresql://{GOVERNANCE_ROLE}@127.0.0.1:5432/{governance_database}")
-    GovernanceRepository(as_governance, lambda: 0).migrate()
+    as_governance.upgrade(MIGRATIONS)
     with as_governance.engine.connect() as conn:
         owners = dict(conn.execute(sqlalchemy.text(
             "SELECT tablename, tableowner FROM pg_tables WHERE schemaname = 'public'")).all())

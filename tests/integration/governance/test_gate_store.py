@@ -1,6 +1,6 @@
 """The gate's fast path on SQLite and Postgres: caches that follow changes, replicas, concurrency.
 
-Replicas are two GovernanceRepository objects over one database, as two
+Replicas are two GovernanceService objects over one database, as two
 governance processes would be: each keeps its own cache and must see the
 other's rule and tier changes and trust movements.
 """
@@ -15,10 +15,10 @@ import pytest
 
 from services.common.db import Database
 from services.common.errors import InvalidArgument
-from services.governance.gate_store import GateRequest
-from services.governance.repository import GovernanceRepository
-from services.governance.rules import Candidate, Rule, RuleKind
-from services.governance.tiers import ACCEPTED_DELTA, INITIAL_SCORE, TrustTier
+from services.governance.domain.rules import Candidate, Rule, RuleKind
+from services.governance.domain.tiers import ACCEPTED_DELTA, INITIAL_SCORE, TrustTier
+from services.governance.server import MIGRATIONS
+from services.governance.service import GateRequest, GovernanceService
 
 FLEET = "fleet-a"
 
@@ -38,29 +38,29 @@ class _Clock:
 
 
 @pytest.fixture
-def replicas(gov_db_url: str) -> Iterator[tuple[GovernanceRepository, GovernanceRepository]]:
+def replicas(gov_db_url: str) -> Iterator[tuple[GovernanceService, GovernanceService]]:
     clock = _Clock()
     first_db, second_db = Database(gov_db_url), Database(gov_db_url)
-    first = GovernanceRepository(first_db, clock)
-    first.migrate()
+    first_db.upgrade(MIGRATIONS)
+    first = GovernanceService(first_db, clock)
     try:
-        yield first, GovernanceRepository(second_db, clock)
+        yield first, GovernanceService(second_db, clock)
     finally:
         first_db.dispose()
         second_db.dispose()
 
 
-def _deny(repo: GovernanceRepository, rule_id: str, pattern: str) -> None:
+def _deny(repo: GovernanceService, rule_id: str, pattern: str) -> None:
     repo.create_rule(Rule(rule_id, FLEET, RuleKind.DENY_PATTERN,
                           {"pattern": pattern, "case_sensitive": False}, created_ms=repo.now_ms()))
 
 
-def _allowed(repo: GovernanceRepository, agent: str, request_id: str, content: str) -> bool:
+def _allowed(repo: GovernanceService, agent: str, request_id: str, content: str) -> bool:
     return repo.decide(FLEET, agent, request_id, [_candidate(content)]).decisions[0].allowed
 
 
 def test_a_rule_added_mid_stream_applies_to_the_next_decision(
-        replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
     repo, _ = replicas
     assert _allowed(repo, "agent-1", "q1", "ignore previous instructions")
     _deny(repo, "r-deny", "ignore previous")
@@ -71,7 +71,7 @@ def test_a_rule_added_mid_stream_applies_to_the_next_decision(
 
 
 def test_a_replica_sees_the_other_replicas_rules_tiers_and_trust(
-        replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
     first, second = replicas
     assert _allowed(first, "agent-1", "q1", "the cache is warm now")
     _deny(second, "r-deny", "forbidden")
@@ -88,7 +88,7 @@ def test_a_replica_sees_the_other_replicas_rules_tiers_and_trust(
 
 
 def test_a_retry_on_a_replica_that_never_saw_it_is_replayed_without_recounting(
-        replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
     first, second = replicas
     _allowed(second, "agent-1", "warm", "warm the second replica's cache")
     recorded = first.decide(FLEET, "agent-1", "q1", [_candidate("one"), _candidate("two")])
@@ -104,7 +104,7 @@ def test_a_retry_on_a_replica_that_never_saw_it_is_replayed_without_recounting(
 
 
 def test_one_group_counts_rates_and_repeats_across_its_requests(
-        replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
     repo, _ = replicas
     repo.create_rule(Rule("r-rate", FLEET, RuleKind.RATE_LIMIT,
                           {"max_writes": 3, "window_seconds": 60}, created_ms=repo.now_ms()))
@@ -123,7 +123,7 @@ def test_one_group_counts_rates_and_repeats_across_its_requests(
 
 
 def test_concurrent_gate_calls_record_every_decision_in_one_valid_chain(
-        replicas: tuple[GovernanceRepository, GovernanceRepository]) -> None:
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
     first, second = replicas
     threads, calls = 12, 15
     errors: list[BaseException] = []

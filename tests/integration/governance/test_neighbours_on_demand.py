@@ -22,12 +22,11 @@ from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.db import Database
 from services.common.server import EngramServer
 from services.common.tokens import write_token_file
-from services.governance.gate_store import GateRequest
-from services.governance.repository import GovernanceRepository
-from services.governance.rules import Candidate, Neighbour, Rule, RuleKind
-from services.governance.server import build_governance_server
+from services.governance.domain.rules import Candidate, Neighbour, Rule, RuleKind
+from services.governance.domain.tiers import TrustTier
+from services.governance.server import MIGRATIONS, build_governance_server
+from services.governance.service import GateRequest, GovernanceService
 from services.governance.settings import GovernanceSettings
-from services.governance.tiers import TrustTier
 from services.shard.governance_gate import connect_governance
 from services.shard.ports import Neighbour as ShardNeighbour
 from services.shard.server import build_shard_server
@@ -56,23 +55,22 @@ class _Clock:
 
 
 @pytest.fixture
-def repo(gov_db_url: str) -> Iterator[GovernanceRepository]:
+def repo(gov_db_url: str) -> Iterator[GovernanceService]:
     db = Database(gov_db_url)
-    repository = GovernanceRepository(db, _Clock())
-    repository.migrate()
+    db.upgrade(MIGRATIONS)
     try:
-        yield repository
+        yield GovernanceService(db, _Clock())
     finally:
         db.dispose()
 
 
-def _add(repo: GovernanceRepository, rule_id: str, kind: RuleKind, params: dict[str, object],
+def _add(repo: GovernanceService, rule_id: str, kind: RuleKind, params: dict[str, object],
          tiers: tuple[TrustTier, ...] = ()) -> None:
     repo.create_rule(Rule(rule_id, FLEET, kind, params, tiers=tiers, created_ms=repo.now_ms()))
 
 
 def test_without_a_contradiction_rule_the_request_is_decided_without_neighbours(
-        repo: GovernanceRepository) -> None:
+        repo: GovernanceService) -> None:
     _add(repo, "r-contra", RuleKind.CONTRADICTION, {"min_overlap": 0.6},
          (TrustTier.PROBATION,))
     outcome = repo.decide(FLEET, "regular", "q1", [_candidate("Deploys happen on Tuesdays")],
@@ -82,7 +80,7 @@ def test_without_a_contradiction_rule_the_request_is_decided_without_neighbours(
 
 
 def test_needs_neighbours_records_and_counts_nothing_then_the_full_request_is_denied(
-        repo: GovernanceRepository) -> None:
+        repo: GovernanceService) -> None:
     _add(repo, "r-contra", RuleKind.CONTRADICTION, {"min_overlap": 0.6},
          (TrustTier.PROBATION,))
     repo.set_tier(FLEET, "shady", TrustTier.PROBATION, "gov", "watch")
@@ -104,7 +102,7 @@ def test_needs_neighbours_records_and_counts_nothing_then_the_full_request_is_de
 
 
 def test_a_tier_that_drops_mid_request_is_caught_before_anything_is_recorded(
-        repo: GovernanceRepository) -> None:
+        repo: GovernanceService) -> None:
     """Three denials take a new agent to probation, where the contradiction rule applies."""
     _add(repo, "r-deny", RuleKind.DENY_PATTERN, {"pattern": "forbidden", "case_sensitive": False})
     _add(repo, "r-contra", RuleKind.CONTRADICTION, {"min_overlap": 0.6},
@@ -122,7 +120,7 @@ def test_a_tier_that_drops_mid_request_is_caught_before_anything_is_recorded(
 
 
 def test_a_request_sent_back_for_neighbours_uses_no_rate_in_its_group(
-        repo: GovernanceRepository) -> None:
+        repo: GovernanceService) -> None:
     _add(repo, "r-rate", RuleKind.RATE_LIMIT, {"max_writes": 1, "window_seconds": 60})
     _add(repo, "r-contra", RuleKind.CONTRADICTION, {"min_overlap": 0.6})
     group = [GateRequest(FLEET, "agent-1", "g1", (_candidate("first note"),),
@@ -167,7 +165,7 @@ class Stack:
 
 @pytest.fixture
 def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> Iterator[Stack]:
-    governance, _repo = build_governance_server(GovernanceSettings(
+    governance = build_governance_server(GovernanceSettings(
         home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'governance.db'}"))
     governance.start()
     token_file = tmp_path / "shard-service.token"

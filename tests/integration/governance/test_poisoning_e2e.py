@@ -45,7 +45,7 @@ def deployment(tmp_path: Path, engram_home: Path,
                make_token: TokenFactory) -> Iterator[Deployment]:
     gov_settings = GovernanceSettings(home=engram_home, port=0,
                                       db_url=f"sqlite:///{tmp_path / 'governance.db'}")
-    governance, _repo = build_governance_server(gov_settings)
+    governance = build_governance_server(gov_settings)
     governance.start()
     token_file = tmp_path / "shard-service.token"
     write_token_file(token_file, make_token("svc-shard", "system", ("service",)))

@@ -17,16 +17,15 @@ from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.db import normalize_url
 from services.common.server import EngramServer
-from services.governance.repository import GovernanceRepository
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory
 
 
 @pytest.fixture
-def gov_cli(governance: tuple[EngramServer, GovernanceRepository], make_token: TokenFactory,
+def gov_cli(governance: EngramServer, make_token: TokenFactory,
             monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    monkeypatch.setenv("ENGRAM_GOVERNANCE_ADDR", governance[0].address)
+    monkeypatch.setenv("ENGRAM_GOVERNANCE_ADDR", governance.address)
     monkeypatch.setenv("ENGRAM_TOKEN", make_token("ops", "fleet-a", ("governor",)))
     monkeypatch.setattr(cli_output, "_settings", None)
     return CliRunner()
@@ -73,7 +72,7 @@ def test_agent_token_cannot_use_governor_commands(
 
 def test_tampered_row_is_found_and_stops_service(
         gov_cli: CliRunner, governor: GovernanceClient, shard_service: GovernanceClient,
-        gov_settings: GovernanceSettings, governance: tuple[EngramServer, GovernanceRepository],
+        gov_settings: GovernanceSettings, governance: EngramServer,
 ) -> None:
     governor.set_tier("mallory", "suspended")
     shard_service.decide("fleet-a", "mallory", "r1", [pb.WriteCandidate(
@@ -87,8 +86,8 @@ def test_tampered_row_is_found_and_stops_service(
     assert code == 1 and not report["ok"]  # type: ignore[index]
     assert any("mallory" in p for p in report["problems"])  # type: ignore[index]
 
-    governance[0].stop(0)
-    restarted, _repo = build_governance_server(gov_settings)
+    governance.stop(0)
+    restarted = build_governance_server(gov_settings)
     restarted.start()
     try:
         with grpc.insecure_channel(restarted.address) as channel:

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.governance.contradiction import contradicts
-from services.governance.rules import (
+from services.governance.domain.contradiction import contradicts
+from services.governance.domain.rules import (
     SUSPENDED_RULE_ID,
     Candidate,
     Neighbour,
@@ -17,8 +17,8 @@ from services.governance.rules import (
     judge,
     validate_params,
 )
-from services.governance.tiers import AgentTrust, TrustAccumulator, TrustTier
-from services.governance.witness import (
+from services.governance.domain.tiers import AgentTrust, TrustAccumulator, TrustTier
+from services.governance.domain.witness import (
     GENESIS,
     Checkpoint,
     extends,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from services.governance.gate_cache import GateCache, HeadState
-from services.governance.rules import Rule, RuleKind
-from services.governance.tiers import AgentTrust, TrustTier
+from services.governance.domain.rules import Rule, RuleKind
+from services.governance.domain.tiers import AgentTrust, TrustTier
+from services.governance.domain.witness import HeadState
+from services.governance.gate_cache import GateCache
 
 RULE = Rule("r-1", "fleet-a", RuleKind.SIZE_LIMIT, {"max_bytes": 10})
 AGENT = ("fleet-a", "agent-1")

@@ -9,6 +9,7 @@ import pytest
 
 from engram.client._errors import EngramRpcError
 from engram.governance.v1 import governance_service_pb2 as pb
+from services.common.auth import target_fleet
 from services.common.errors import PermissionDenied, Unavailable
 from services.common.tokens import Principal
 from services.governance.servicer import (
@@ -16,7 +17,6 @@ from services.governance.servicer import (
     SERVICE_NAME,
     is_gate_caller,
     require_gate_caller,
-    target_fleet,
 )
 from services.governance.settings import GovernanceSettings
 from services.shard.governance_gate import GovernanceGate, GovernanceTrust

@@ -14,9 +14,9 @@ from functools import lru_cache
 from typing import Any
 
 from services.common.errors import InvalidArgument
-from services.governance.contradiction import DEFAULT_MIN_OVERLAP, first_contradiction
-from services.governance.patterns import PatternError, SafePattern
-from services.governance.tiers import AgentTrust, TrustTier
+from services.governance.domain.contradiction import DEFAULT_MIN_OVERLAP, first_contradiction
+from services.governance.domain.patterns import PatternError, SafePattern
+from services.governance.domain.tiers import AgentTrust, TrustTier
 
 SUSPENDED_RULE_ID = "builtin:suspended"
 MAX_TAGS = 64

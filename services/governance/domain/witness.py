@@ -16,12 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.canonical import canonical_json
+
 LINK_BYTES = 32
 GENESIS = "00" * LINK_BYTES
-
-
-def canonical(payload: Mapping[str, Any]) -> str:
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def link(prev: str, seq: int, kind: str, payload_json: str) -> str:
@@ -53,9 +51,37 @@ class Checkpoint:
     length: int
 
 
+@dataclass(frozen=True)
+class HeadState:
+    """The stored head: the chain's ``(length, link)`` and the version every rule change raises."""
+
+    length: int
+    link: str
+    rules_version: int
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return Checkpoint(self.link, self.length)
+
+
 def next_entry(head: Checkpoint, kind: str, payload: Mapping[str, Any]) -> ChainEntry:
-    body = canonical(payload)
+    body = canonical_json(payload)
     return ChainEntry(head.length, kind, body, head.head, link(head.head, head.length, kind, body))
+
+
+class NewEntries:
+    """Entries appended after a checkpoint and not stored yet; ``reached`` is where they lead."""
+
+    def __init__(self, start: Checkpoint) -> None:
+        self.entries: list[ChainEntry] = []
+        self.reached = start
+
+    def add(self, kind: str, payload: Mapping[str, Any]) -> int:
+        """Append one entry; return its seq."""
+        entry = next_entry(self.reached, kind, payload)
+        self.entries.append(entry)
+        self.reached = Checkpoint(entry.link, entry.seq + 1)
+        return entry.seq
 
 
 def verify_links(entries: Iterable[ChainEntry]) -> tuple[Checkpoint, list[str]]:

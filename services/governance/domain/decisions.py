@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.governance.domain.rules import Candidate
 
 
 def decision_id(fleet_id: str, agent_id: str, request_id: str, position: int) -> str:
@@ -35,3 +39,14 @@ class Decision:
                 "content_hash": self.content_hash, "allowed": self.allowed,
                 "rule_ids": list(self.rule_ids), "reason": self.reason,
                 "created_ms": self.created_ms}
+
+
+def check_same_request(recorded: Sequence[Decision], candidates: Sequence[Candidate],
+                       request_id: str) -> None:
+    """A replayed ``request_id`` must carry the candidates it was recorded with."""
+    before = [(d.record_id, d.content_hash) for d in recorded]
+    now = [(c.record_id, c.content_hash) for c in candidates]
+    if before != now:
+        raise InvalidArgument(
+            f"request_id {request_id!r} was already used for different candidates; "
+            "use a new request_id for a new write", reason="REQUEST_ID_REUSED")

@@ -1,0 +1,403 @@
+"""GovernanceService: governance's use cases, independent of gRPC.
+
+Every change happens with its witness-chain entry in one transaction. Appends
+are serialised twice: a process lock (one governance process, many threads)
+and ``SELECT ... FOR UPDATE`` on the single head row (replicas on Postgres).
+
+The gate's write path: concurrent calls share one transaction and one fsync
+(group commit). Rules and trust come from the :class:`GateCache` when the head
+says they are current; every chain entry and decision of the group is
+inserted at once, the agents and the head updated, and the group commits. A
+retried ``request_id`` is caught by the unique ``(fleet, agent, request_id,
+position)`` constraint: the group then reruns with ``replays=True``, which
+looks the recorded decisions up first and returns them. A request sent
+without neighbours, from an agent a contradiction rule applies to, is judged
+to the end first and then dropped (``needs_neighbours``), recording nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError as SqlIntegrityError
+from sqlalchemy.orm import Session
+
+from services.common.db import Database
+from services.common.errors import IntegrityError, InvalidArgument, NotFound
+from services.common.group_commit import GroupCommit
+from services.governance.domain.decisions import Decision, check_same_request, decision_id
+from services.governance.domain.replay import ChainReplay
+from services.governance.domain.rules import Candidate, Rule, Violation, judge, needs_neighbours
+from services.governance.domain.tiers import AgentTrust, TrustAccumulator, TrustTier
+from services.governance.domain.witness import (
+    GENESIS,
+    Checkpoint,
+    HeadState,
+    NewEntries,
+    extends,
+    verify_links,
+)
+from services.governance.gate_cache import AgentKey, GateCache
+from services.governance.repository import GovernanceRepository, RequestKey
+
+Clock = Callable[[], int]
+MAX_GATE_GROUP = 128
+
+
+@dataclass(frozen=True)
+class GateRequest:
+    fleet_id: str
+    agent_id: str
+    request_id: str
+    candidates: tuple[Candidate, ...]
+    neighbours_omitted: bool = False
+
+    @property
+    def key(self) -> RequestKey:
+        return self.fleet_id, self.agent_id, self.request_id
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    decisions: list[Decision]
+    replayed: bool = False
+    """The decisions were recorded by an earlier call."""
+    needs_neighbours: bool = False
+    """Nothing decided: a contradiction rule applies and the request carried no neighbours."""
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    checkpoint: Checkpoint
+    """Where the stored chain leads."""
+    problems: list[str]
+    extends_since: bool
+    """The chain extends the checkpoint it was asked about."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class GovernanceService:
+    def __init__(self, database: Database, clock: Clock) -> None:
+        self._db = database
+        self._repo = GovernanceRepository(database.dialect)
+        self._clock = clock
+        self._append_lock = threading.Lock()
+        self._accumulator = TrustAccumulator()
+        self._cache = GateCache()
+        self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(
+            self._decide_group, max_group=MAX_GATE_GROUP)
+        self._chain_intact = True
+
+    def now_ms(self) -> int:
+        return self._clock()
+
+    # -- the chain checked at start -------------------------------------------------------
+
+    def verify_at_start(self) -> tuple[Checkpoint, list[str]]:
+        """Verify the chain; while it is broken, every change is refused."""
+        checkpoint, problems = self.verify()
+        self._chain_intact = not problems
+        return checkpoint, problems
+
+    @property
+    def chain_intact(self) -> bool:
+        return self._chain_intact
+
+    def require_writable(self) -> None:
+        if not self._chain_intact:
+            raise IntegrityError(
+                "the witness chain failed verification at start; governance refuses to record "
+                "anything until it is restored (run `engram gov chain verify` for details)",
+                reason="WITNESS_CHAIN_BROKEN")
+
+    # -- the gate -------------------------------------------------------------------------
+
+    def decide(self, fleet_id: str, agent_id: str, request_id: str,
+               candidates: Sequence[Candidate], *,
+               neighbours_omitted: bool = False) -> GateOutcome:
+        """Judge and record; a known ``request_id`` returns the recorded decisions (replayed).
+
+        With ``neighbours_omitted``, an agent a contradiction rule applies to gets
+        ``needs_neighbours`` and nothing is recorded.
+        """
+        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates),
+                                             neighbours_omitted))
+
+    def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
+        try:
+            return self._record_group(requests, replays=False)
+        except SqlIntegrityError:
+            # A request_id seen before (or recorded by another replica meanwhile): look it up.
+            return self._record_group(requests, replays=True)
+
+    def _record_group(self, requests: Sequence[GateRequest], *,
+                      replays: bool) -> list[GateOutcome]:
+        with self._append_lock:
+            try:
+                with self._db.session() as session:
+                    self._repo.begin_append(session)
+                    head = self._repo.lock_head(session)
+                    self._cache.align(head)
+                    recorded = (self._repo.recorded_decisions(session, {r.key for r in requests})
+                                if replays else {})
+                    group = _GateGroup(self._repo, session, self._cache, head, self._clock(),
+                                       self._accumulator, recorded)
+                    outcomes = [group.decide(request) for request in requests]
+                    after = group.flush()
+            except BaseException:
+                self._cache.forget()
+                raise
+            self._cache.committed(after, group.agents_after)
+            return outcomes
+
+    # -- trust ----------------------------------------------------------------------------
+
+    def trust_of(self, fleet_id: str, agent_ids: Collection[str]) -> dict[str, AgentTrust]:
+        """Each agent's trust, the starting trust for an agent never seen."""
+        wanted = sorted(set(agent_ids))
+        with self._db.session() as session:
+            found = self._repo.trusts(session, fleet_id, wanted)
+        return {a: found.get(a) or AgentTrust(fleet_id, a) for a in wanted}
+
+    @contextmanager
+    def _state_change(self) -> Iterator[Session]:
+        """An operator change under the append lock; the gate cache rereads afterwards."""
+        with self._append_lock:
+            try:
+                with self._db.session() as session:
+                    self._repo.begin_append(session)
+                    yield session
+            finally:
+                self._cache.forget()
+
+    def _append(self, session: Session, head: HeadState, kind: str, payload: dict[str, Any],
+                created_ms: int, *, rules_changed: bool = False) -> int:
+        """One chain entry after the locked ``head``; the caller writes the state it records."""
+        chain = NewEntries(head.checkpoint)
+        seq = chain.add(kind, payload)
+        self._repo.append_entries(session, chain.entries, created_ms)
+        rules_version = head.rules_version + 1 if rules_changed else head.rules_version
+        self._repo.write_head(session, HeadState(chain.reached.length, chain.reached.head,
+                                                 rules_version))
+        return seq
+
+    def set_tier(self, fleet_id: str, agent_id: str, tier: TrustTier, actor: str,
+                 reason: str) -> AgentTrust:
+        with self._state_change() as session:
+            head = self._repo.lock_head(session)
+            now_ms = self._clock()
+            stored = self._repo.trust(session, fleet_id, agent_id)
+            before = stored or AgentTrust(fleet_id, agent_id)
+            after = self._accumulator.operator_sets(before, tier, now_ms)
+            seq = self._append(session, head, "tier.set", {
+                "agent": after.state(), "actor": actor, "reason": reason,
+                "from_tier": before.tier.value}, now_ms)
+            if stored is None:
+                self._repo.insert_agents(session, [(after, seq)])
+            else:
+                self._repo.update_agents(session, [(after, seq)])
+            return after
+
+    # -- rules ----------------------------------------------------------------------------
+
+    @staticmethod
+    def allocate_rule_id(fleet_id: str, request_id: str) -> str:
+        """From ``request_id`` when given (a retried CreateRule gets the same id), else random."""
+        if request_id:
+            seed = f"{fleet_id}\x00{request_id}".encode()
+            return "r-" + hashlib.sha256(seed).hexdigest()[:12]
+        return "r-" + secrets.token_hex(6)
+
+    def create_rule(self, rule: Rule) -> tuple[Rule, bool]:
+        """Record ``rule``; ``(stored, created)``, the stored one when its id exists already."""
+        with self._state_change() as session:
+            existing = self._repo.rule(session, rule.rule_id)
+            if existing is not None:
+                if existing.fleet_id != rule.fleet_id:
+                    raise InvalidArgument("request_id already used in another fleet",
+                                          reason="REQUEST_ID_REUSED")
+                return existing, False
+            head = self._repo.lock_head(session)
+            seq = self._append(session, head, "rule.created", {"rule": rule.state()},
+                               rule.created_ms, rules_changed=True)
+            self._repo.insert_rule(session, rule, seq)
+            return rule, True
+
+    def delete_rule(self, fleet_id: str, rule_id: str, actor: str) -> None:
+        with self._state_change() as session:
+            existing = self._repo.rule(session, rule_id)
+            if existing is None or existing.fleet_id != fleet_id:
+                raise NotFound(f"no rule {rule_id!r} in fleet {fleet_id!r}; "
+                               "see `engram gov rules list`", reason="RULE_NOT_FOUND")
+            head = self._repo.lock_head(session)
+            self._append(session, head, "rule.deleted",
+                         {"rule_id": rule_id, "fleet_id": fleet_id, "actor": actor},
+                         self._clock(), rules_changed=True)
+            self._repo.delete_rule(session, rule_id)
+
+    def list_rules(self, fleet_id: str, after: str | None, limit: int) -> list[Rule]:
+        with self._db.session() as session:
+            return self._repo.rules_page(session, fleet_id, after, limit)
+
+    def list_decisions(self, fleet_id: str, agent_id: str | None, before_seq: int | None,
+                       limit: int) -> list[Decision]:
+        with self._db.session() as session:
+            return self._repo.decisions_page(session, fleet_id, agent_id, before_seq, limit)
+
+    # -- verification ---------------------------------------------------------------------
+
+    def checkpoint(self) -> Checkpoint:
+        with self._db.session() as session:
+            head = self._repo.head(session)
+        return head.checkpoint if head is not None else Checkpoint(GENESIS, 0)
+
+    def verify(self) -> tuple[Checkpoint, list[str]]:
+        """Re-walk every link, then check each state row against what the chain says."""
+        with self._db.session() as session:
+            replay = ChainReplay()
+            reached, problems = verify_links(replay.feed(self._repo.entries(session)))
+            head = self._repo.head(session)
+            if head is None or head.checkpoint != reached:
+                problems.append("the stored chain head does not match the last chain entry")
+            problems.extend(replay.differences(self._repo.stored_agents(session),
+                                               self._repo.stored_rules(session),
+                                               self._repo.stored_decisions(session)))
+        return reached, problems
+
+    def verify_chain(self, since: Checkpoint | None) -> ChainReport:
+        """:meth:`verify`, and whether the chain still extends ``since`` (no history rewritten)."""
+        reached, problems = self.verify()
+        extends_since = False
+        if since is not None:
+            if since.length < 0 or since.length > reached.length:
+                problems = [*problems, f"checkpoint length {since.length} is beyond the chain "
+                                       f"({reached.length} entries)"]
+            else:
+                at = self._link_at(since.length - 1) if since.length else None
+                extends_since = extends(since, at)
+                if not extends_since:
+                    problems = [*problems, f"the chain does not extend the checkpoint at "
+                                           f"length {since.length}: history was rewritten"]
+        return ChainReport(reached, problems, extends_since)
+
+    def _link_at(self, seq: int) -> str | None:
+        with self._db.session() as session:
+            return self._repo.link_at(session, seq)
+
+
+class _GateGroup:
+    """One group's judging and recording inside an open transaction (the append lock held)."""
+
+    def __init__(self, repo: GovernanceRepository, session: Session, cache: GateCache,
+                 head: HeadState, now_ms: int, accumulator: TrustAccumulator,
+                 recorded: dict[RequestKey, list[Decision]]) -> None:
+        self._repo = repo
+        self._session = session
+        self._cache = cache
+        self._head = head
+        self._chain = NewEntries(head.checkpoint)
+        self._now_ms = now_ms
+        self._accumulator = accumulator
+        self._recorded = recorded
+        self._decisions: list[Decision] = []
+        self._trust: dict[AgentKey, AgentTrust] = {}
+        self._has_row: dict[AgentKey, bool] = {}
+        self._agent_seq: dict[AgentKey, int] = {}
+        self._accepted: dict[AgentKey, int] = {}
+        self._window_counts: dict[tuple[AgentKey, int], int] = {}
+
+    @property
+    def agents_after(self) -> dict[AgentKey, AgentTrust]:
+        return self._trust
+
+    def decide(self, request: GateRequest) -> GateOutcome:
+        recorded = self._recorded.get(request.key)
+        if recorded:
+            check_same_request(recorded, request.candidates, request.request_id)
+            return GateOutcome(recorded, replayed=True)
+        key = (request.fleet_id, request.agent_id)
+        trust = self._trust_of(key)
+        rules = self._rules_of(request.fleet_id)
+        accepted = self._accepted.get(key, 0)
+
+        def writes_within(window_s: int) -> int:
+            if (key, window_s) not in self._window_counts:
+                self._window_counts[(key, window_s)] = self._repo.accepted_since(
+                    self._session, *key, self._now_ms - window_s * 1000)
+            return self._window_counts[(key, window_s)] + accepted
+
+        # Judge every candidate before recording any: the tier can move mid-request.
+        verdicts: list[tuple[list[Violation], AgentTrust]] = []
+        for candidate in request.candidates:
+            if request.neighbours_omitted and needs_neighbours(trust, rules):
+                return GateOutcome([], needs_neighbours=True)
+            violations = judge(candidate, trust, rules, writes_within)
+            if not violations:
+                accepted += 1
+            trust = self._accumulator.record_outcome(trust, not violations, self._now_ms)
+            verdicts.append((violations, trust))
+        self._accepted[key] = accepted
+        decisions = []
+        for position, (candidate, (violations, after)) in enumerate(
+                zip(request.candidates, verdicts, strict=True)):
+            allowed = not violations
+            decision = Decision(
+                decision_id=decision_id(*request.key, position),
+                fleet_id=request.fleet_id, agent_id=request.agent_id,
+                request_id=request.request_id, position=position,
+                record_id=candidate.record_id, content_hash=candidate.content_hash,
+                allowed=allowed, rule_ids=tuple(v.rule_id for v in violations),
+                reason="; ".join(f"{v.rule_id}: {v.message}" for v in violations),
+                created_ms=self._now_ms,
+            )
+            seq = self._chain.add("gate.decision",
+                                  {"decision": decision.state(), "agent": after.state()})
+            decision = replace(decision, chain_seq=seq)
+            self._decisions.append(decision)
+            decisions.append(decision)
+            self._agent_seq[key] = seq
+        self._trust[key] = trust
+        self._recorded[request.key] = decisions
+        return GateOutcome(decisions)
+
+    def flush(self) -> HeadState:
+        """Write everything judged so far; return the head the chain now has."""
+        if not self._chain.entries:
+            return self._head
+        session = self._session
+        self._repo.append_entries(session, self._chain.entries, self._now_ms)
+        self._repo.insert_decisions(session, self._decisions)
+        written = {key: (trust, self._agent_seq[key]) for key, trust in self._trust.items()}
+        self._repo.update_agents(session, [w for k, w in written.items() if self._has_row[k]])
+        self._repo.insert_agents(session, [w for k, w in written.items() if not self._has_row[k]])
+        after = HeadState(self._chain.reached.length, self._chain.reached.head,
+                          self._head.rules_version)
+        self._repo.write_head(session, after)
+        return after
+
+    def _trust_of(self, key: AgentKey) -> AgentTrust:
+        current = self._trust.get(key)
+        if current is not None:
+            return current
+        known, cached = self._cache.agent(key)
+        if not known:
+            cached = self._repo.trust(self._session, *key)
+            self._cache.remember_agent(key, cached)
+        self._has_row[key] = cached is not None
+        return cached or AgentTrust(*key)
+
+    def _rules_of(self, fleet_id: str) -> tuple[Rule, ...]:
+        rules = self._cache.rules(fleet_id)
+        if rules is None:
+            rules = self._repo.fleet_rules(self._session, fleet_id)
+            self._cache.remember_rules(fleet_id, rules)
+        return rules
