@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import QueryableAttribute, Session
@@ -37,11 +37,21 @@ from services.common.canonical import canonical_json
 from services.common.errors import NotFound
 
 R = TypeVar("R", bound=tuple[Any, ...])
+E = TypeVar("E", covariant=True)
 
 _ARTIFACTS, _RUNS = ArtifactRow.__table__, RunRow.__table__
 _ARTIFACT_BY_ID = select(*_ARTIFACTS.c, _RUNS.c.fleet_id).join_from(
     _ARTIFACTS, _RUNS, _ARTIFACTS.c.run_id == _RUNS.c.run_id).where(
     _ARTIFACTS.c.artifact_id == bindparam("artifact_id"))
+
+
+class _Row(Protocol[E]):
+    def to_entity(self) -> E: ...
+
+
+def _entity(row: _Row[E] | None) -> E | None:
+    """The row as its domain object; ``None`` for no row."""
+    return None if row is None else row.to_entity()
 
 
 def _oldest_first(query: Select[R], created: QueryableAttribute[Any],
@@ -52,6 +62,14 @@ def _oldest_first(query: Select[R], created: QueryableAttribute[Any],
         start, last = moment(int(str(after[0]))), str(after[1])
         query = query.where(or_(created > start, and_(created == start, key > last)))
     return query.order_by(created, key).limit(limit)
+
+
+def _in_id_order(query: Select[R], key: QueryableAttribute[str], after: list[object] | None,
+                 limit: int) -> Select[R]:
+    """A page in id order, from just past the page key ``after``."""
+    if after is not None:
+        query = query.where(key > str(after[0]))
+    return query.order_by(key).limit(limit)
 
 
 class ArtifactsRepository:
@@ -113,9 +131,8 @@ class ArtifactsRepository:
         run.head_hash = event.hash
 
     def event_for_request(self, session: Session, run_id: str, request_id: str) -> Event | None:
-        row = session.scalars(select(EventRow).where(
-            EventRow.run_id == run_id, EventRow.request_id == request_id)).first()
-        return None if row is None else row.to_entity()
+        return _entity(session.scalars(select(EventRow).where(
+            EventRow.run_id == run_id, EventRow.request_id == request_id)).first())
 
     def events_after(self, session: Session, run_id: str, after_seq: int,
                      limit: int) -> list[Event]:
@@ -135,8 +152,8 @@ class ArtifactsRepository:
             metadata_=json.loads(artifact.metadata_json)))
 
     def artifact_at(self, session: Session, path: str) -> Artifact | None:
-        row = session.scalars(select(ArtifactRow).where(ArtifactRow.path == path)).first()
-        return None if row is None else row.to_entity()
+        return _entity(session.scalars(
+            select(ArtifactRow).where(ArtifactRow.path == path)).first())
 
     def get_artifact(self, session: Session, fleet_id: str, artifact_id: str) -> Artifact:
         # The hottest read: one prebuilt Core statement, no ORM entity loading.
@@ -189,8 +206,7 @@ class ArtifactsRepository:
         session.get_one(RunRow, snapshot.run_id).latest_snapshot_id = snapshot.snapshot_id
 
     def get_snapshot(self, session: Session, snapshot_id: str) -> Snapshot | None:
-        row = session.get(SnapshotRow, snapshot_id)
-        return None if row is None else row.to_entity()
+        return _entity(session.get(SnapshotRow, snapshot_id))
 
     def list_snapshots(self, session: Session, run_id: str, after: list[object] | None,
                        limit: int) -> list[Snapshot]:
@@ -204,8 +220,7 @@ class ArtifactsRepository:
         session.add(EvidenceRow(**evidence.__dict__))
 
     def get_evidence(self, session: Session, fleet_id: str, evidence_id: str) -> Evidence | None:
-        row = session.get(EvidenceRow, (fleet_id, evidence_id))
-        return None if row is None else row.to_entity()
+        return _entity(session.get(EvidenceRow, (fleet_id, evidence_id)))
 
     def list_evidence(self, session: Session, fleet_id: str, corpus_id: str, index_id: str,
                       after: list[object] | None, limit: int) -> list[Evidence]:
@@ -214,24 +229,19 @@ class ArtifactsRepository:
             query = query.where(EvidenceRow.corpus_id == corpus_id)
         if index_id:
             query = query.where(EvidenceRow.index_id == index_id)
-        if after is not None:
-            query = query.where(EvidenceRow.evidence_id > str(after[0]))
-        return [r.to_entity() for r in session.scalars(
-            query.order_by(EvidenceRow.evidence_id).limit(limit))]
+        query = _in_id_order(query, EvidenceRow.evidence_id, after, limit)
+        return [row.to_entity() for row in session.scalars(query)]
 
     def add_manifest(self, session: Session, manifest: Manifest) -> None:
         session.add(ManifestRow(**manifest.__dict__))
 
     def get_manifest(self, session: Session, fleet_id: str, manifest_id: str) -> Manifest | None:
-        row = session.get(ManifestRow, (fleet_id, manifest_id))
-        return None if row is None else row.to_entity()
+        return _entity(session.get(ManifestRow, (fleet_id, manifest_id)))
 
     def list_manifests(self, session: Session, fleet_id: str, run_id: str,
                        after: list[object] | None, limit: int) -> list[Manifest]:
         query = select(ManifestRow).where(ManifestRow.fleet_id == fleet_id)
         if run_id:
             query = query.where(ManifestRow.run_id == run_id)
-        if after is not None:
-            query = query.where(ManifestRow.manifest_id > str(after[0]))
-        return [r.to_entity() for r in session.scalars(
-            query.order_by(ManifestRow.manifest_id).limit(limit))]
+        query = _in_id_order(query, ManifestRow.manifest_id, after, limit)
+        return [row.to_entity() for row in session.scalars(query)]

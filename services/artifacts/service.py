@@ -458,12 +458,16 @@ class ArtifactsService:
             self.repository.add_evidence(session, evidence)
         return evidence, True
 
-    def get_evidence(self, fleet_id: str, evidence_id_: str) -> Evidence:
-        found = self._read(self.repository.get_evidence, fleet_id,
-                           check.identifier("evidence_id", evidence_id_))
+    def _get(self, query: Callable[[Session, str, str], R | None], fleet_id: str, kind: str,
+             id_: str) -> R:
+        """The ``kind`` (evidence, manifest) named ``id_``, or NotFound."""
+        found = self._read(query, fleet_id, check.identifier(f"{kind}_id", id_))
         if found is None:
-            raise NotFound(f"evidence {evidence_id_!r} not found", reason="EVIDENCE_NOT_FOUND")
+            raise NotFound(f"{kind} {id_!r} not found", reason=f"{kind.upper()}_NOT_FOUND")
         return found
+
+    def get_evidence(self, fleet_id: str, evidence_id_: str) -> Evidence:
+        return self._get(self.repository.get_evidence, fleet_id, "evidence", evidence_id_)
 
     def list_evidence(self, fleet_id: str, corpus_id: str, index_id: str, page_token: str,
                       page_size: int) -> tuple[list[Evidence], str]:
@@ -490,10 +494,7 @@ class ArtifactsService:
         return manifest, True
 
     def get_manifest(self, fleet_id: str, manifest_id_: str) -> Manifest:
-        found = self._read(self.repository.get_manifest, fleet_id,
-                           check.identifier("manifest_id", manifest_id_))
-        if found is None:
-            raise NotFound(f"manifest {manifest_id_!r} not found", reason="MANIFEST_NOT_FOUND")
+        found = self._get(self.repository.get_manifest, fleet_id, "manifest", manifest_id_)
         if sha256_text(found.content_json) != found.content_hash:
             raise IntegrityError(f"manifest {found.manifest_id} no longer matches its hash",
                                  reason="MANIFEST_HASH_MISMATCH")

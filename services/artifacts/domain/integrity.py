@@ -81,20 +81,20 @@ def verified_read(artifact: Artifact, stream: Iterator[bytes]) -> Iterator[bytes
         digest.update(chunk)
         yield chunk
     if size != artifact.size_bytes or digest.hexdigest() != artifact.hash:
-        raise IntegrityError(
-            f"artifact {artifact.artifact_id}: bytes at {artifact.path} no longer match the "
-            f"stored hash (altered or truncated); discard what was received",
-            reason="BLOB_HASH_MISMATCH",
-            metadata={"artifact_id": artifact.artifact_id, "path": artifact.path,
-                      "hash": artifact.hash})
+        raise _blob_error(artifact, f"bytes at {artifact.path} no longer match the stored hash "
+                          "(altered or truncated); discard what was received",
+                          "BLOB_HASH_MISMATCH")
 
 
 def blob_missing_error(artifact: Artifact) -> IntegrityError:
-    return IntegrityError(
-        f"artifact {artifact.artifact_id}: its blob {artifact.path} is missing from the store",
-        reason="BLOB_MISSING",
-        metadata={"artifact_id": artifact.artifact_id, "path": artifact.path,
-                  "hash": artifact.hash})
+    return _blob_error(artifact, f"its blob {artifact.path} is missing from the store",
+                       "BLOB_MISSING")
+
+
+def _blob_error(artifact: Artifact, what: str, reason: str) -> IntegrityError:
+    return IntegrityError(f"artifact {artifact.artifact_id}: {what}", reason=reason,
+                          metadata={"artifact_id": artifact.artifact_id, "path": artifact.path,
+                                    "hash": artifact.hash})
 
 
 def blob_missing_problem(artifact: Artifact) -> ArtifactProblem:
