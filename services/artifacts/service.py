@@ -111,7 +111,7 @@ class ArtifactsService:
 
     # -- transactions -------------------------------------------------------
 
-    def _read(self, query: Callable[Concatenate[Session, P], R], *args: P.args,
+    def _in_session(self, query: Callable[Concatenate[Session, P], R], *args: P.args,
               **kwargs: P.kwargs) -> R:
         """``query`` in a session of its own."""
         with self.db.session() as session:
@@ -125,8 +125,8 @@ class ArtifactsService:
             return query(session, *args, **kwargs)
 
     @contextmanager
-    def _appending(self) -> Iterator[Session]:
-        """The session of an append to a run: one writer at a time on SQLite."""
+    def _writing(self) -> Iterator[Session]:
+        """The session of a checked write (appends, first-writer-wins): one at a time on SQLite."""
         with self._writer, self.db.session() as session:
             yield session
 
@@ -135,7 +135,7 @@ class ArtifactsService:
         """Every row ``fetch`` pages through, one session a batch (none held while yielding)."""
         after = start
         while True:
-            rows = self._read(fetch, after, batch)
+            rows = self._in_session(fetch, after, batch)
             yield from rows
             if len(rows) < batch:
                 return
@@ -151,7 +151,7 @@ class ArtifactsService:
                   head_hash="", latest_snapshot_id="",
                   metadata_json=check.metadata_object(metadata_json))
         try:
-            self._read(self.repository.add_run, run)
+            self._in_session(self.repository.add_run, run)
             return run, True
         except DbIntegrityError:
             existing = self.get_run(run.fleet_id, run.run_id)
@@ -162,12 +162,12 @@ class ArtifactsService:
             return existing, False
 
     def get_run(self, fleet_id: str, run_id: str) -> Run:
-        return self._read(self.repository.get_run, fleet_id, run_id)
+        return self._in_session(self.repository.get_run, fleet_id, run_id)
 
     def list_runs(self, fleet_id: str, page_token: str, page_size: int) -> tuple[list[Run], str]:
         return paginate(page_token, page_size, {"fleet": fleet_id},
-                        lambda after, limit: self._read(self.repository.list_runs, fleet_id,
-                                                        after, limit),
+                        lambda after, limit: self._in_session(
+                            self.repository.list_runs, fleet_id, after, limit),
                         lambda run: [run.created_us, run.run_id])
 
     def _running_run(self, session: Session, fleet_id: str, run_id: str, *,
@@ -198,7 +198,7 @@ class ArtifactsService:
     def _stop(self, fleet_id: str, run_id: str, status: RunStatus, reason: str,
               event: EventDraft, stopped_us: int) -> Run:
         """Append the stop event and mark the run stopped, in one transaction."""
-        with self._appending() as session:
+        with self._writing() as session:
             run = self._running_run(session, fleet_id, run_id, lock=True)
             self._append(session, run, event, stopped_us)
             return self.repository.mark_stopped(session, run_id, status, reason, stopped_us)
@@ -218,7 +218,7 @@ class ArtifactsService:
         if run.status is not RunStatus.RUNNING:
             raise FailedPrecondition(f"run {run.run_id!r} is stopped ({run.status.value}); "
                                      "it takes no more artifacts", reason="RUN_STOPPED")
-        prior = self._read(self.repository.artifact_at, path)
+        prior = self._in_session(self.repository.artifact_at, path)
         if prior is not None:
             raise AlreadyExists(f"artifact {prior.artifact_id} already holds {path!r}",
                                 reason="ARTIFACT_EXISTS",
@@ -247,8 +247,8 @@ class ArtifactsService:
                                 metadata={"path": artifact.path}) from None
 
     def get_artifact(self, fleet_id: str, artifact_id: str) -> Artifact:
-        return self._read(self.repository.get_artifact, fleet_id,
-                          check.identifier("artifact_id", artifact_id))
+        return self._in_session(self.repository.get_artifact, fleet_id,
+                                check.identifier("artifact_id", artifact_id))
 
     def read(self, fleet_id: str, artifact_id: str,
              chunk_size: int = 1 << 20) -> tuple[Artifact, Iterator[bytes]]:
@@ -309,7 +309,7 @@ class ArtifactsService:
             artifact_ids=check.references("artifact_id", artifact_ids), agent_id=agent_id,
             request_id=check.identifier("request_id", request_id) if request_id else "")
         run_id, created_us = check.identifier("run_id", run_id), now_us()
-        with self._appending() as session:
+        with self._writing() as session:
             if draft.request_id:
                 prior = self.repository.event_for_request(session, run_id, draft.request_id)
                 if prior is not None:
@@ -372,7 +372,7 @@ class ArtifactsService:
             state_json=state, state_hash=sha256_text(state),
             manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
             artifact_ids=check.references("artifact_id", artifact_ids), created_us=now_us())
-        with self._appending() as session:
+        with self._writing() as session:
             run = self._running_run(session, fleet_id, snapshot.run_id, lock=True)
             seq = snapshot.seq or run.event_count
             if seq > run.event_count or seq < 0:
@@ -393,8 +393,8 @@ class ArtifactsService:
         return run, self.repository.get_snapshot(session, run.latest_snapshot_id)
 
     def latest_snapshot(self, fleet_id: str, run_id: str) -> Snapshot:
-        _run, snapshot = self._read(self._latest_snapshot, fleet_id,
-                                    check.identifier("run_id", run_id))
+        _run, snapshot = self._in_session(self._latest_snapshot, fleet_id,
+                                          check.identifier("run_id", run_id))
         if snapshot is None:
             raise NotFound(f"run {run_id!r} has no snapshot yet", reason="NO_SNAPSHOT")
         return snapshot
@@ -423,8 +423,8 @@ class ArtifactsService:
             if snapshot.manifest_id:
                 self.resolve(fleet_id, agent_id, run.run_id,
                              Pointer(PointerType.MANIFEST, snapshot.manifest_id), critical=True)
-                manifest = self._read(self.repository.get_manifest, fleet_id,
-                                      snapshot.manifest_id)
+                manifest = self._in_session(self.repository.get_manifest, fleet_id,
+                                            snapshot.manifest_id)
             for artifact_id in snapshot.artifact_ids:
                 self.resolve(fleet_id, agent_id, run.run_id,
                              Pointer(PointerType.ARTIFACT, artifact_id), critical=True)
@@ -449,7 +449,7 @@ class ArtifactsService:
             span_end=span_end,
             artifact_id=check.identifier("artifact_id", artifact_id) if artifact_id else "",
             metadata_json=check.metadata_object(metadata_json), created_us=now_us())
-        with self._appending() as session:
+        with self._writing() as session:
             prior = self.repository.get_evidence(session, fleet_id, evidence.evidence_id)
             if prior is not None:
                 return prior, False
@@ -461,7 +461,7 @@ class ArtifactsService:
     def _get(self, query: Callable[[Session, str, str], R | None], fleet_id: str, kind: str,
              id_: str) -> R:
         """The ``kind`` (evidence, manifest) named ``id_``, or NotFound."""
-        found = self._read(query, fleet_id, check.identifier(f"{kind}_id", id_))
+        found = self._in_session(query, fleet_id, check.identifier(f"{kind}_id", id_))
         if found is None:
             raise NotFound(f"{kind} {id_!r} not found", reason=f"{kind.upper()}_NOT_FOUND")
         return found
@@ -473,8 +473,9 @@ class ArtifactsService:
                       page_size: int) -> tuple[list[Evidence], str]:
         return paginate(page_token, page_size,
                         {"fleet": fleet_id, "corpus": corpus_id, "index": index_id},
-                        lambda after, limit: self._read(self.repository.list_evidence, fleet_id,
-                                                        corpus_id, index_id, after, limit),
+                        lambda after, limit: self._in_session(
+                            self.repository.list_evidence, fleet_id, corpus_id, index_id, after,
+                            limit),
                         lambda evidence: [evidence.evidence_id])
 
     def create_manifest(self, fleet_id: str, content_json: str,
@@ -484,7 +485,7 @@ class ArtifactsService:
                             run_id=check.identifier("run_id", run_id) if run_id else "",
                             content_json=content, content_hash=sha256_text(content),
                             created_us=now_us())
-        with self._appending() as session:
+        with self._writing() as session:
             prior = self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
             if prior is not None:
                 return prior, False
@@ -503,8 +504,8 @@ class ArtifactsService:
     def list_manifests(self, fleet_id: str, run_id: str, page_token: str,
                        page_size: int) -> tuple[list[Manifest], str]:
         return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
-                        lambda after, limit: self._read(self.repository.list_manifests, fleet_id,
-                                                        run_id, after, limit),
+                        lambda after, limit: self._in_session(
+                            self.repository.list_manifests, fleet_id, run_id, after, limit),
                         lambda manifest: [manifest.manifest_id])
 
     # -- pointers and stop semantics ----------------------------------------
@@ -512,18 +513,18 @@ class ArtifactsService:
     def lookup(self, fleet_id: str, pointer: Pointer) -> Resolution:
         if pointer.type is PointerType.ARTIFACT:
             try:
-                artifact = self._read(self.repository.get_artifact, fleet_id, pointer.id)
+                artifact = self._in_session(self.repository.get_artifact, fleet_id, pointer.id)
             except NotFound:
                 return Resolution(False)
             return Resolution(self.blobs.exists(artifact.path), artifact.path, artifact.hash)
         if pointer.type is PointerType.EVIDENCE:
-            evidence = self._read(self.repository.get_evidence, fleet_id, pointer.id)
+            evidence = self._in_session(self.repository.get_evidence, fleet_id, pointer.id)
             if evidence is None:
                 return Resolution(False)
             if not evidence.artifact_id:
                 return Resolution(True)
             return self.lookup(fleet_id, Pointer(PointerType.ARTIFACT, evidence.artifact_id))
-        manifest = self._read(self.repository.get_manifest, fleet_id, pointer.id)
+        manifest = self._in_session(self.repository.get_manifest, fleet_id, pointer.id)
         if manifest is None:
             return Resolution(False)
         intact = sha256_text(manifest.content_json) == manifest.content_hash
