@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from services.artifacts.server import build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
-from services.common.logging_setup import configure_logging
+from services.common.server import EngramServer
+from services.common.startup import run_service
 
 
-def main() -> None:
-    settings = ArtifactsSettings()
-    configure_logging("artifacts", settings.log_level)
-    server, _memory = build_artifacts_server(settings)
-    server.start()
-    server.run_until_signalled()
+def build(settings: ArtifactsSettings) -> EngramServer:
+    server, _service = build_artifacts_server(settings)
+    return server
 
 
 if __name__ == "__main__":
-    main()
+    run_service("artifacts", ArtifactsSettings, build)

@@ -1,25 +1,19 @@
-"""ArtifactsRepository: runs, artifact pointers, events, snapshots, evidence and manifests.
+"""ArtifactsRepository: the SQL of runs, artifact pointers, events, snapshots, evidence and
+manifests, the same on SQLite and Postgres.
 
-One repository, the same contract on SQLite and Postgres. Appends to a run
-(events, snapshots, the stop) lock the run's row (``FOR UPDATE`` on Postgres;
-one writer lock on SQLite, whose deferred transactions cannot upgrade safely)
-so sequence numbers have no gaps and the hash chain no forks.
+Every method runs in the caller's session (:meth:`Database.session`), so one transaction
+can span several calls; the service owns the transactions and the write lock.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import and_, bindparam, or_, select
-from sqlalchemy.exc import IntegrityError as DbIntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy import Select, and_, bindparam, or_, select
+from sqlalchemy.orm import QueryableAttribute, Session
 
-from services.artifacts.domain.chain import event_hash
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -29,7 +23,6 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
-from services.artifacts.domain.validation import canonical_json
 from services.artifacts.tables import (
     ArtifactRow,
     EventRow,
@@ -40,8 +33,11 @@ from services.artifacts.tables import (
     from_us,
     to_us,
 )
-from services.common.db import Database
-from services.common.errors import AlreadyExists, FailedPrecondition, NotFound
+from services.common.canonical import canonical_json
+from services.common.errors import NotFound
+
+R = TypeVar("R", bound=tuple[Any, ...])
+E = TypeVar("E", covariant=True)
 
 _ARTIFACTS, _RUNS = ArtifactRow.__table__, RunRow.__table__
 _ARTIFACT_BY_ID = select(*_ARTIFACTS.c, _RUNS.c.fleet_id).join_from(
@@ -49,188 +45,120 @@ _ARTIFACT_BY_ID = select(*_ARTIFACTS.c, _RUNS.c.fleet_id).join_from(
     _ARTIFACTS.c.artifact_id == bindparam("artifact_id"))
 
 
-@dataclass(frozen=True)
-class EventDraft:
-    type: str
-    payload_json: str
-    manifest_id: str = ""
-    artifact_ids: tuple[str, ...] = ()
-    agent_id: str = ""
-    request_id: str = ""
+class _Row(Protocol[E]):
+    def to_entity(self) -> E: ...
+
+
+def _entity(row: _Row[E] | None) -> E | None:
+    """The row as its domain object; ``None`` for no row."""
+    return None if row is None else row.to_entity()
+
+
+def _oldest_first(query: Select[R], created: QueryableAttribute[Any],
+                  key: QueryableAttribute[str], after: list[object] | None, limit: int,
+                  moment: Callable[[int], object] = int) -> Select[R]:
+    """A page in (creation, id) order, from just past the page key ``after``."""
+    if after is not None:
+        start, last = moment(int(str(after[0]))), str(after[1])
+        query = query.where(or_(created > start, and_(created == start, key > last)))
+    return query.order_by(created, key).limit(limit)
+
+
+def _in_id_order(query: Select[R], key: QueryableAttribute[str], after: list[object] | None,
+                 limit: int) -> Select[R]:
+    """A page in id order, from just past the page key ``after``."""
+    if after is not None:
+        query = query.where(key > str(after[0]))
+    return query.order_by(key).limit(limit)
 
 
 class ArtifactsRepository:
-    def __init__(self, db: Database) -> None:
-        self.db = db
-        self._sqlite_lock = threading.Lock()
-
-    def _write_lock(self) -> AbstractContextManager[object]:
-        return self._sqlite_lock if self.db.dialect == "sqlite" else contextlib.nullcontext()
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
 
     # -- runs ---------------------------------------------------------------
 
-    def _run_row(self, session: Session, fleet_id: str, run_id: str, *,
-                 lock: bool = False) -> RunRow:
+    def get_run(self, session: Session, fleet_id: str, run_id: str, *,
+                lock: bool = False) -> Run:
+        """The run; ``lock`` holds its row until the transaction ends (appends to the run)."""
         query = select(RunRow).where(RunRow.run_id == run_id)
-        if lock and self.db.dialect == "postgresql":
+        if lock and self.dialect == "postgresql":
             query = query.with_for_update()
         row = session.scalars(query).first()
         if row is None or row.fleet_id != fleet_id:
             raise NotFound(f"run {run_id!r} not found in this fleet", reason="RUN_NOT_FOUND",
                            metadata={"run_id": run_id})
-        return row
+        return row.to_entity()
 
-    def create_run(self, run: Run) -> tuple[Run, bool]:
-        try:
-            with self.db.session() as session:
-                session.add(RunRow(
-                    run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id,
-                    status=run.status.value, stop_reason="", created_us=run.created_us,
-                    stopped_us=0, event_count=0, head_hash="", latest_snapshot_id="",
-                    metadata_json=run.metadata_json))
-            return run, True
-        except DbIntegrityError:
-            existing = self.get_run(run.fleet_id, run.run_id)
-            if existing.status is not RunStatus.RUNNING:
-                raise AlreadyExists(
-                    f"run {run.run_id!r} already exists and is {existing.status.value}; "
-                    "start a new run with another id", reason="RUN_EXISTS") from None
-            return existing, False
+    def add_run(self, session: Session, run: Run) -> None:
+        session.add(RunRow(
+            run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id,
+            status=run.status.value, stop_reason="", created_us=run.created_us,
+            stopped_us=0, event_count=0, head_hash="", latest_snapshot_id="",
+            metadata_json=run.metadata_json))
 
-    def get_run(self, fleet_id: str, run_id: str) -> Run:
-        with self.db.session() as session:
-            return self._run_row(session, fleet_id, run_id).to_entity()
-
-    def running_run(self, session: Session, fleet_id: str, run_id: str, *,
-                    lock: bool = False) -> RunRow:
-        row = self._run_row(session, fleet_id, run_id, lock=lock)
-        if row.status != RunStatus.RUNNING.value:
-            raise FailedPrecondition(
-                f"run {run_id!r} is stopped ({row.status}); it takes no more writes",
-                reason="RUN_STOPPED", metadata={"run_id": run_id, "status": row.status})
-        return row
-
-    def list_runs(self, fleet_id: str, after: list[object] | None, limit: int) -> list[Run]:
+    def list_runs(self, session: Session, fleet_id: str, after: list[object] | None,
+                  limit: int) -> list[Run]:
         query = select(RunRow).where(RunRow.fleet_id == fleet_id)
         if after is not None:
             created, run_id = int(str(after[0])), str(after[1])
             query = query.where(or_(RunRow.created_us < created,
                                     and_(RunRow.created_us == created, RunRow.run_id < run_id)))
         query = query.order_by(RunRow.created_us.desc(), RunRow.run_id.desc()).limit(limit)
-        with self.db.session() as session:
-            return [row.to_entity() for row in session.scalars(query)]
+        return [row.to_entity() for row in session.scalars(query)]
 
-    def stop_run(self, fleet_id: str, run_id: str, status: RunStatus, reason: str,
-                 event: EventDraft, now_us: int) -> Run:
-        with self._write_lock(), self.db.session() as session:
-            row = self.running_run(session, fleet_id, run_id, lock=True)
-            self._append(session, row, event, now_us)
-            row.status = status.value
-            row.stop_reason = reason
-            row.stopped_us = now_us
-            session.flush()
-            return row.to_entity()
+    def mark_stopped(self, session: Session, run_id: str, status: RunStatus, reason: str,
+                     stopped_us: int) -> Run:
+        row = session.get_one(RunRow, run_id)
+        row.status = status.value
+        row.stop_reason = reason
+        row.stopped_us = stopped_us
+        session.flush()
+        return row.to_entity()
 
     # -- events -------------------------------------------------------------
 
-    def _append(self, session: Session, run: RunRow, draft: EventDraft, now_us: int) -> Event:
-        seq = run.event_count + 1
-        digest = event_hash(prev_hash=run.head_hash, run_id=run.run_id, seq=seq,
-                            type=draft.type, payload_json=draft.payload_json,
-                            manifest_id=draft.manifest_id, artifact_ids=draft.artifact_ids,
-                            agent_id=draft.agent_id, created_us=now_us)
-        row = EventRow(run_id=run.run_id, seq=seq, type=draft.type,
-                       payload_json=draft.payload_json, manifest_id=draft.manifest_id,
-                       artifact_ids_json=json.dumps(list(draft.artifact_ids)),
-                       created_us=now_us, agent_id=draft.agent_id, prev_hash=run.head_hash,
-                       hash=digest, request_id=draft.request_id or None)
-        session.add(row)
-        run.event_count = seq
-        run.head_hash = digest
-        return row.to_entity()
+    def add_event(self, session: Session, event: Event, request_id: str) -> None:
+        """Store ``event`` and make it its run's head."""
+        session.add(EventRow(
+            run_id=event.run_id, seq=event.seq, type=event.type,
+            payload_json=event.payload_json, manifest_id=event.manifest_id,
+            artifact_ids_json=json.dumps(list(event.artifact_ids)), created_us=event.created_us,
+            agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
+            request_id=request_id or None))
+        run = session.get_one(RunRow, event.run_id)
+        run.event_count = event.seq
+        run.head_hash = event.hash
 
-    def append_event(self, fleet_id: str, run_id: str, draft: EventDraft,
-                     now_us: int) -> tuple[Event, bool]:
-        with self._write_lock(), self.db.session() as session:
-            if draft.request_id:
-                prior = session.scalars(select(EventRow).where(
-                    EventRow.run_id == run_id, EventRow.request_id == draft.request_id)).first()
-                if prior is not None:
-                    self._run_row(session, fleet_id, run_id)
-                    return prior.to_entity(), False
-            run = self.running_run(session, fleet_id, run_id, lock=True)
-            self._check_references(session, fleet_id, run_id, draft.manifest_id,
-                                   draft.artifact_ids)
-            return self._append(session, run, draft, now_us), True
+    def event_for_request(self, session: Session, run_id: str, request_id: str) -> Event | None:
+        return _entity(session.scalars(select(EventRow).where(
+            EventRow.run_id == run_id, EventRow.request_id == request_id)).first())
 
-    def _check_references(self, session: Session, fleet_id: str, run_id: str,
-                          manifest_id: str, artifact_ids: tuple[str, ...]) -> None:
-        if manifest_id and session.get(ManifestRow, (fleet_id, manifest_id)) is None:
-            raise NotFound(f"manifest {manifest_id!r} not found; create it before referencing it",
-                           reason="MANIFEST_NOT_FOUND", metadata={"manifest_id": manifest_id})
-        if artifact_ids:
-            found = set(session.scalars(select(ArtifactRow.artifact_id).join(
-                RunRow, RunRow.run_id == ArtifactRow.run_id).where(
-                ArtifactRow.artifact_id.in_(artifact_ids), RunRow.fleet_id == fleet_id)))
-            missing = [a for a in artifact_ids if a not in found]
-            if missing:
-                raise NotFound(f"artifacts not found in this fleet: {', '.join(missing[:5])}",
-                               reason="ARTIFACT_NOT_FOUND",
-                               metadata={"artifact_ids": ",".join(missing[:20])})
-
-    def events_after(self, fleet_id: str, run_id: str, after_seq: int,
+    def events_after(self, session: Session, run_id: str, after_seq: int,
                      limit: int) -> list[Event]:
-        with self.db.session() as session:
-            self._run_row(session, fleet_id, run_id)
-            return self._events_after(session, run_id, after_seq, limit)
-
-    @staticmethod
-    def _events_after(session: Session, run_id: str, after_seq: int, limit: int) -> list[Event]:
         rows = session.scalars(select(EventRow).where(
             EventRow.run_id == run_id, EventRow.seq > after_seq
         ).order_by(EventRow.seq).limit(limit))
         return [row.to_entity() for row in rows]
 
-    def iter_events(self, fleet_id: str, run_id: str, batch: int = 1000) -> Iterator[Event]:
-        """Every event from seq 1, fetched in batches (full replay)."""
-        self.get_run(fleet_id, run_id)
-        after = 0
-        while True:
-            with self.db.session() as session:
-                events = self._events_after(session, run_id, after, batch)
-            yield from events
-            if len(events) < batch:
-                return
-            after = events[-1].seq
-
     # -- artifacts ----------------------------------------------------------
 
-    def add_artifact(self, fleet_id: str, artifact: Artifact) -> Artifact:
-        try:
-            with self.db.session() as session:
-                self.running_run(session, fleet_id, artifact.run_id)
-                session.add(ArtifactRow(
-                    artifact_id=artifact.artifact_id, run_id=artifact.run_id,
-                    step_id=artifact.step_id, path=artifact.path, hash=artifact.hash,
-                    mime_type=artifact.mime_type, size_bytes=artifact.size_bytes,
-                    created_at=from_us(artifact.created_us),
-                    metadata_=json.loads(artifact.metadata_json)))
-        except DbIntegrityError:
-            raise AlreadyExists(f"an artifact already exists at {artifact.path!r}",
-                                reason="ARTIFACT_EXISTS",
-                                metadata={"path": artifact.path}) from None
-        return artifact
+    def add_artifact(self, session: Session, artifact: Artifact) -> None:
+        session.add(ArtifactRow(
+            artifact_id=artifact.artifact_id, run_id=artifact.run_id,
+            step_id=artifact.step_id, path=artifact.path, hash=artifact.hash,
+            mime_type=artifact.mime_type, size_bytes=artifact.size_bytes,
+            created_at=from_us(artifact.created_us),
+            metadata_=json.loads(artifact.metadata_json)))
 
-    def artifact_at(self, path: str) -> Artifact | None:
-        with self.db.session() as session:
-            row = session.scalars(select(ArtifactRow).where(ArtifactRow.path == path)).first()
-            return None if row is None else row.to_entity()
+    def artifact_at(self, session: Session, path: str) -> Artifact | None:
+        return _entity(session.scalars(
+            select(ArtifactRow).where(ArtifactRow.path == path)).first())
 
-    def get_artifact(self, fleet_id: str, artifact_id: str) -> Artifact:
+    def get_artifact(self, session: Session, fleet_id: str, artifact_id: str) -> Artifact:
         # The hottest read: one prebuilt Core statement, no ORM entity loading.
-        with self.db.session() as session:
-            row = session.connection().execute(_ARTIFACT_BY_ID,
-                                               {"artifact_id": artifact_id}).first()
+        row = session.connection().execute(_ARTIFACT_BY_ID,
+                                           {"artifact_id": artifact_id}).first()
         if row is None or row.fleet_id != fleet_id:
             raise NotFound(f"artifact {artifact_id!r} not found in this fleet",
                            reason="ARTIFACT_NOT_FOUND", metadata={"artifact_id": artifact_id})
@@ -239,143 +167,81 @@ class ArtifactsRepository:
                         size_bytes=row.size_bytes, created_us=to_us(row.created_at),
                         metadata_json=canonical_json(row.metadata))
 
-    def list_artifacts(self, fleet_id: str, run_id: str, step_id: str,
+    def artifact_ids_in_fleet(self, session: Session, fleet_id: str,
+                              artifact_ids: tuple[str, ...]) -> set[str]:
+        """Which of ``artifact_ids`` name artifacts of this fleet."""
+        return set(session.scalars(select(ArtifactRow.artifact_id).join(
+            RunRow, RunRow.run_id == ArtifactRow.run_id).where(
+            ArtifactRow.artifact_id.in_(artifact_ids), RunRow.fleet_id == fleet_id)))
+
+    def list_artifacts(self, session: Session, run_id: str, step_id: str,
                        after: list[object] | None, limit: int) -> list[Artifact]:
         query = select(ArtifactRow).where(ArtifactRow.run_id == run_id)
         if step_id:
             query = query.where(ArtifactRow.step_id == step_id)
-        if after is not None:
-            created, artifact_id = from_us(int(str(after[0]))), str(after[1])
-            query = query.where(or_(
-                ArtifactRow.created_at > created,
-                and_(ArtifactRow.created_at == created, ArtifactRow.artifact_id > artifact_id)))
-        query = query.order_by(ArtifactRow.created_at, ArtifactRow.artifact_id).limit(limit)
-        with self.db.session() as session:
-            self._run_row(session, fleet_id, run_id)
-            return [row.to_entity() for row in session.scalars(query)]
+        query = _oldest_first(query, ArtifactRow.created_at, ArtifactRow.artifact_id, after,
+                              limit, from_us)
+        return [row.to_entity() for row in session.scalars(query)]
 
-    def iter_fleet_artifacts(self, fleet_id: str, run_id: str = "",
-                             batch: int = 500) -> Iterator[Artifact]:
-        after = ""
-        while True:
-            query = select(ArtifactRow).join(RunRow, RunRow.run_id == ArtifactRow.run_id).where(
-                RunRow.fleet_id == fleet_id, ArtifactRow.artifact_id > after)
-            if run_id:
-                query = query.where(ArtifactRow.run_id == run_id)
-            with self.db.session() as session:
-                rows = [r.to_entity() for r in session.scalars(
-                    query.order_by(ArtifactRow.artifact_id).limit(batch))]
-            yield from rows
-            if len(rows) < batch:
-                return
-            after = rows[-1].artifact_id
+    def fleet_artifacts(self, session: Session, fleet_id: str, run_id: str, after: str,
+                        limit: int) -> list[Artifact]:
+        """The fleet's artifacts (one run's when ``run_id`` is set) in id order past ``after``."""
+        query = select(ArtifactRow).join(RunRow, RunRow.run_id == ArtifactRow.run_id).where(
+            RunRow.fleet_id == fleet_id, ArtifactRow.artifact_id > after)
+        if run_id:
+            query = query.where(ArtifactRow.run_id == run_id)
+        return [row.to_entity() for row in session.scalars(
+            query.order_by(ArtifactRow.artifact_id).limit(limit))]
 
     # -- snapshots ----------------------------------------------------------
 
-    def add_snapshot(self, fleet_id: str, snapshot: Snapshot) -> Snapshot:
-        with self._write_lock(), self.db.session() as session:
-            run = self.running_run(session, fleet_id, snapshot.run_id, lock=True)
-            seq = snapshot.seq or run.event_count
-            if seq > run.event_count or seq < 0:
-                raise FailedPrecondition(
-                    f"snapshot seq {seq} is past the run's last event ({run.event_count})",
-                    reason="SNAPSHOT_AHEAD_OF_LOG")
-            self._check_references(session, fleet_id, snapshot.run_id, snapshot.manifest_id,
-                                   snapshot.artifact_ids)
-            session.add(SnapshotRow(
-                snapshot_id=snapshot.snapshot_id, run_id=snapshot.run_id, seq=seq,
-                state_json=snapshot.state_json, state_hash=snapshot.state_hash,
-                manifest_id=snapshot.manifest_id,
-                artifact_ids_json=json.dumps(list(snapshot.artifact_ids)),
-                created_us=snapshot.created_us))
-            run.latest_snapshot_id = snapshot.snapshot_id
-        return Snapshot(**{**snapshot.__dict__, "seq": seq})
+    def add_snapshot(self, session: Session, snapshot: Snapshot) -> None:
+        """Store ``snapshot`` and make it its run's latest."""
+        session.add(SnapshotRow(
+            snapshot_id=snapshot.snapshot_id, run_id=snapshot.run_id, seq=snapshot.seq,
+            state_json=snapshot.state_json, state_hash=snapshot.state_hash,
+            manifest_id=snapshot.manifest_id,
+            artifact_ids_json=json.dumps(list(snapshot.artifact_ids)),
+            created_us=snapshot.created_us))
+        session.get_one(RunRow, snapshot.run_id).latest_snapshot_id = snapshot.snapshot_id
 
-    def latest_snapshot(self, fleet_id: str, run_id: str) -> tuple[Run, Snapshot | None]:
-        with self.db.session() as session:
-            run = self._run_row(session, fleet_id, run_id)
-            if not run.latest_snapshot_id:
-                return run.to_entity(), None
-            row = session.get(SnapshotRow, run.latest_snapshot_id)
-            return run.to_entity(), None if row is None else row.to_entity()
+    def get_snapshot(self, session: Session, snapshot_id: str) -> Snapshot | None:
+        return _entity(session.get(SnapshotRow, snapshot_id))
 
-    def rehydrate(self, fleet_id: str, run_id: str,
-                  limit: int) -> tuple[Run, Snapshot | None, list[Event]]:
-        """Latest snapshot and the events after it: bounded reads, whatever the log's length."""
-        with self.db.session() as session:
-            run = self._run_row(session, fleet_id, run_id)
-            snapshot = (session.get(SnapshotRow, run.latest_snapshot_id)
-                        if run.latest_snapshot_id else None)
-            after = snapshot.seq if snapshot is not None else 0
-            events = self._events_after(session, run_id, after, limit)
-            return (run.to_entity(), None if snapshot is None else snapshot.to_entity(), events)
-
-    def list_snapshots(self, fleet_id: str, run_id: str, after: list[object] | None,
+    def list_snapshots(self, session: Session, run_id: str, after: list[object] | None,
                        limit: int) -> list[Snapshot]:
-        query = select(SnapshotRow).where(SnapshotRow.run_id == run_id)
-        if after is not None:
-            created, snapshot_id = int(str(after[0])), str(after[1])
-            query = query.where(or_(
-                SnapshotRow.created_us > created,
-                and_(SnapshotRow.created_us == created, SnapshotRow.snapshot_id > snapshot_id)))
-        query = query.order_by(SnapshotRow.created_us, SnapshotRow.snapshot_id).limit(limit)
-        with self.db.session() as session:
-            self._run_row(session, fleet_id, run_id)
-            return [row.to_entity() for row in session.scalars(query)]
+        query = _oldest_first(select(SnapshotRow).where(SnapshotRow.run_id == run_id),
+                              SnapshotRow.created_us, SnapshotRow.snapshot_id, after, limit)
+        return [row.to_entity() for row in session.scalars(query)]
 
     # -- evidence and manifests ---------------------------------------------
 
-    def add_evidence(self, evidence: Evidence) -> tuple[Evidence, bool]:
-        with self._write_lock(), self.db.session() as session:
-            prior = session.get(EvidenceRow, (evidence.fleet_id, evidence.evidence_id))
-            if prior is not None:
-                return prior.to_entity(), False
-            if evidence.artifact_id:
-                self._check_references(session, evidence.fleet_id, "", "",
-                                       (evidence.artifact_id,))
-            session.add(EvidenceRow(**evidence.__dict__))
-        return evidence, True
+    def add_evidence(self, session: Session, evidence: Evidence) -> None:
+        session.add(EvidenceRow(**evidence.__dict__))
 
-    def get_evidence(self, fleet_id: str, evidence_id: str) -> Evidence | None:
-        with self.db.session() as session:
-            row = session.get(EvidenceRow, (fleet_id, evidence_id))
-            return None if row is None else row.to_entity()
+    def get_evidence(self, session: Session, fleet_id: str, evidence_id: str) -> Evidence | None:
+        return _entity(session.get(EvidenceRow, (fleet_id, evidence_id)))
 
-    def list_evidence(self, fleet_id: str, corpus_id: str, index_id: str,
+    def list_evidence(self, session: Session, fleet_id: str, corpus_id: str, index_id: str,
                       after: list[object] | None, limit: int) -> list[Evidence]:
         query = select(EvidenceRow).where(EvidenceRow.fleet_id == fleet_id)
         if corpus_id:
             query = query.where(EvidenceRow.corpus_id == corpus_id)
         if index_id:
             query = query.where(EvidenceRow.index_id == index_id)
-        if after is not None:
-            query = query.where(EvidenceRow.evidence_id > str(after[0]))
-        with self.db.session() as session:
-            return [r.to_entity() for r in session.scalars(
-                query.order_by(EvidenceRow.evidence_id).limit(limit))]
+        query = _in_id_order(query, EvidenceRow.evidence_id, after, limit)
+        return [row.to_entity() for row in session.scalars(query)]
 
-    def add_manifest(self, manifest: Manifest) -> tuple[Manifest, bool]:
-        with self._write_lock(), self.db.session() as session:
-            prior = session.get(ManifestRow, (manifest.fleet_id, manifest.manifest_id))
-            if prior is not None:
-                return prior.to_entity(), False
-            if manifest.run_id:
-                self._run_row(session, manifest.fleet_id, manifest.run_id)
-            session.add(ManifestRow(**manifest.__dict__))
-        return manifest, True
+    def add_manifest(self, session: Session, manifest: Manifest) -> None:
+        session.add(ManifestRow(**manifest.__dict__))
 
-    def get_manifest(self, fleet_id: str, manifest_id: str) -> Manifest | None:
-        with self.db.session() as session:
-            row = session.get(ManifestRow, (fleet_id, manifest_id))
-            return None if row is None else row.to_entity()
+    def get_manifest(self, session: Session, fleet_id: str, manifest_id: str) -> Manifest | None:
+        return _entity(session.get(ManifestRow, (fleet_id, manifest_id)))
 
-    def list_manifests(self, fleet_id: str, run_id: str, after: list[object] | None,
-                       limit: int) -> list[Manifest]:
+    def list_manifests(self, session: Session, fleet_id: str, run_id: str,
+                       after: list[object] | None, limit: int) -> list[Manifest]:
         query = select(ManifestRow).where(ManifestRow.fleet_id == fleet_id)
         if run_id:
             query = query.where(ManifestRow.run_id == run_id)
-        if after is not None:
-            query = query.where(ManifestRow.manifest_id > str(after[0]))
-        with self.db.session() as session:
-            return [r.to_entity() for r in session.scalars(
-                query.order_by(ManifestRow.manifest_id).limit(limit))]
+        query = _in_id_order(query, ManifestRow.manifest_id, after, limit)
+        return [row.to_entity() for row in session.scalars(query)]

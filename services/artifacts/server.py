@@ -1,15 +1,14 @@
-"""Assemble the artifacts server: database + migrations, blob store, servicer, runtime."""
+"""Assemble the artifacts server: database + migrations, blob store, service, servicer, runtime."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from services.artifacts.memory import ExternalMemory
-from services.artifacts.repository import ArtifactsRepository
+from services.artifacts.service import ArtifactsService
 from services.artifacts.servicer import POLICY, SERVICE_NAME, ArtifactsServicer, add_to_server
 from services.artifacts.settings import ArtifactsSettings
-from services.common.blobstore import BlobStore, blob_store_from_url
+from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 
@@ -17,20 +16,16 @@ log = logging.getLogger("engram.artifacts")
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-def build_artifacts_server(
-    settings: ArtifactsSettings, *, database: Database | None = None,
-    blobs: BlobStore | None = None,
-) -> tuple[EngramServer, ExternalMemory]:
-    database = database or Database(settings.database_url())
+def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, ArtifactsService]:
+    """The server (not started) and the service behind it, for tests to reach the stores."""
+    database = Database(settings.database_url())
     if settings.migrate:
         database.upgrade(MIGRATIONS)
-    blobs = blobs or blob_store_from_url(settings.blob_store_url(),
-                                         **settings.blob_store_options())
-    memory = ExternalMemory(ArtifactsRepository(database), blobs,
-                            retry_delay_s=settings.resolve_retry_delay_seconds)
+    blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
+    service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds)
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
-    servicer = ArtifactsServicer(memory)
+    servicer = ArtifactsServicer(service)
 
     def stop() -> None:
         blobs.close()
@@ -43,4 +38,4 @@ def build_artifacts_server(
         policy=POLICY,
         on_stop=stop,
     )
-    return build_server(settings, spec), memory
+    return build_server(settings, spec), service

@@ -1,4 +1,4 @@
-"""gRPC edge of the artifacts service: protos in, ExternalMemory calls, protos out."""
+"""gRPC edge of the artifacts service: protos in, ArtifactsService calls, protos out."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
-from services.artifacts.memory import ArtifactUpload, ExternalMemory, UploadEnd
+from services.artifacts.domain.integrity import ArtifactUpload, UploadEnd
+from services.artifacts.service import ArtifactsService
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
-from services.common.pagination import paginate
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
 _USERS = frozenset({"agent", "admin", "service"})
@@ -142,30 +142,27 @@ def _upload_parts(requests: Iterator[pb.CreateArtifactRequest]) -> Iterator[byte
 
 
 class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
-    def __init__(self, memory: ExternalMemory) -> None:
-        self.memory = memory
+    def __init__(self, service: ArtifactsService) -> None:
+        self.service = service
 
     # -- runs ---------------------------------------------------------------
 
     def StartRun(self, request: pb.StartRunRequest,
                  context: grpc.ServicerContext) -> pb.StartRunResponse:
         caller = current_principal()
-        run, created = self.memory.start_run(caller.fleet_id, caller.agent_id, request.run_id,
-                                             request.metadata_json)
+        run, created = self.service.start_run(caller.fleet_id, caller.agent_id, request.run_id,
+                                              request.metadata_json)
         return pb.StartRunResponse(run=run_to_proto(run), created=created)
 
     def GetRun(self, request: pb.GetRunRequest,
                context: grpc.ServicerContext) -> pb.GetRunResponse:
-        run = self.memory.repository.get_run(current_principal().fleet_id, request.run_id)
+        run = self.service.get_run(current_principal().fleet_id, request.run_id)
         return pb.GetRunResponse(run=run_to_proto(run))
 
     def ListRuns(self, request: pb.ListRunsRequest,
                  context: grpc.ServicerContext) -> pb.ListRunsResponse:
-        fleet = current_principal().fleet_id
-        runs, token = paginate(
-            request.page_token, request.page_size, {"fleet": fleet},
-            lambda after, limit: self.memory.repository.list_runs(fleet, after, limit),
-            lambda run: [run.created_us, run.run_id])
+        runs, token = self.service.list_runs(current_principal().fleet_id, request.page_token,
+                                             request.page_size)
         return pb.ListRunsResponse(runs=[run_to_proto(r) for r in runs], next_page_token=token)
 
     def StopRun(self, request: pb.StopRunRequest,
@@ -174,8 +171,8 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
         status = _STATUS_FROM_PB.get(request.status)
         if status is None:
             raise InvalidArgument("status must be SUCCEEDED, FAILED or CANCELLED")
-        run = self.memory.stop_run(caller.fleet_id, caller.agent_id, request.run_id, status,
-                                   request.reason)
+        run = self.service.stop_run(caller.fleet_id, caller.agent_id, request.run_id, status,
+                                    request.reason)
         return pb.StopRunResponse(run=run_to_proto(run))
 
     # -- artifacts ----------------------------------------------------------
@@ -193,40 +190,36 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
             expected_size_bytes=(header.expected_size_bytes
                                  if header.HasField("expected_size_bytes") else None),
             expected_hash=header.expected_hash)
-        artifact = self.memory.upload(current_principal().fleet_id, upload,
-                                      _upload_parts(request_iterator))
+        artifact = self.service.upload(current_principal().fleet_id, upload,
+                                       _upload_parts(request_iterator))
         return pb.CreateArtifactResponse(artifact=artifact_to_proto(artifact))
 
     def GetArtifact(self, request: pb.GetArtifactRequest,
                     context: grpc.ServicerContext) -> pb.GetArtifactResponse:
-        artifact = self.memory.get_artifact(current_principal().fleet_id, request.artifact_id)
+        artifact = self.service.get_artifact(current_principal().fleet_id, request.artifact_id)
         return pb.GetArtifactResponse(artifact=artifact_to_proto(artifact))
 
     def ReadArtifact(self, request: pb.ReadArtifactRequest,
                      context: grpc.ServicerContext) -> Iterator[pb.ReadArtifactResponse]:
         if request.chunk_size < 0 or request.chunk_size > MAX_CHUNK_SIZE:
             raise InvalidArgument(f"chunk_size must be 0..{MAX_CHUNK_SIZE}")
-        artifact, chunks = self.memory.read(current_principal().fleet_id, request.artifact_id,
-                                            request.chunk_size or 1 << 20)
+        artifact, chunks = self.service.read(current_principal().fleet_id, request.artifact_id,
+                                             request.chunk_size or 1 << 20)
         yield pb.ReadArtifactResponse(artifact=artifact_to_proto(artifact))
         for chunk in chunks:
             yield pb.ReadArtifactResponse(chunk=chunk)
 
     def ListArtifacts(self, request: pb.ListArtifactsRequest,
                       context: grpc.ServicerContext) -> pb.ListArtifactsResponse:
-        fleet = current_principal().fleet_id
-        found, token = paginate(
-            request.page_token, request.page_size,
-            {"fleet": fleet, "run": request.run_id, "step": request.step_id},
-            lambda after, limit: self.memory.repository.list_artifacts(
-                fleet, request.run_id, request.step_id, after, limit),
-            lambda artifact: [artifact.created_us, artifact.artifact_id])
+        found, token = self.service.list_artifacts(
+            current_principal().fleet_id, request.run_id, request.step_id, request.page_token,
+            request.page_size)
         return pb.ListArtifactsResponse(artifacts=[artifact_to_proto(a) for a in found],
                                         next_page_token=token)
 
     def VerifyArtifacts(self, request: pb.VerifyArtifactsRequest,
                         context: grpc.ServicerContext) -> pb.VerifyArtifactsResponse:
-        checked, problems = self.memory.verify(current_principal().fleet_id, request.run_id)
+        checked, problems = self.service.verify(current_principal().fleet_id, request.run_id)
         return pb.VerifyArtifactsResponse(checked=checked,
                                           problems=[problem_to_proto(p) for p in problems])
 
@@ -235,7 +228,7 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def AppendEvent(self, request: pb.AppendEventRequest,
                     context: grpc.ServicerContext) -> pb.AppendEventResponse:
         caller = current_principal()
-        event, created = self.memory.append_event(
+        event, created = self.service.append_event(
             caller.fleet_id, caller.agent_id, request.run_id, request.type,
             request.payload_json, request.manifest_id, tuple(request.artifact_ids),
             request.request_id)
@@ -243,49 +236,41 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def ListEvents(self, request: pb.ListEventsRequest,
                    context: grpc.ServicerContext) -> pb.ListEventsResponse:
-        fleet = current_principal().fleet_id
-        events, token = paginate(
-            request.page_token, request.page_size,
-            {"fleet": fleet, "run": request.run_id, "after": request.after_seq},
-            lambda after, limit: self.memory.list_events(
-                fleet, request.run_id, int(after[0]) if after else request.after_seq, limit),
-            lambda event: [event.seq])
+        events, token = self.service.list_events(
+            current_principal().fleet_id, request.run_id, request.after_seq, request.page_token,
+            request.page_size)
         return pb.ListEventsResponse(events=[event_to_proto(e) for e in events],
                                      next_page_token=token)
 
     def ReplayEvents(self, request: pb.ReplayEventsRequest,
                      context: grpc.ServicerContext) -> Iterator[pb.ReplayEventsResponse]:
-        for event in self.memory.replay(current_principal().fleet_id, request.run_id):
+        for event in self.service.replay(current_principal().fleet_id, request.run_id):
             yield pb.ReplayEventsResponse(event=event_to_proto(event))
 
     def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
-        snapshot = self.memory.create_snapshot(
+        snapshot = self.service.create_snapshot(
             current_principal().fleet_id, request.run_id, request.state_json, request.seq,
             request.manifest_id, tuple(request.artifact_ids))
         return pb.CreateSnapshotResponse(snapshot=snapshot_to_proto(snapshot))
 
     def GetLatestSnapshot(self, request: pb.GetLatestSnapshotRequest,
                           context: grpc.ServicerContext) -> pb.GetLatestSnapshotResponse:
-        snapshot = self.memory.latest_snapshot(current_principal().fleet_id, request.run_id)
+        snapshot = self.service.latest_snapshot(current_principal().fleet_id, request.run_id)
         return pb.GetLatestSnapshotResponse(snapshot=snapshot_to_proto(snapshot))
 
     def ListSnapshots(self, request: pb.ListSnapshotsRequest,
                       context: grpc.ServicerContext) -> pb.ListSnapshotsResponse:
-        fleet = current_principal().fleet_id
-        found, token = paginate(
-            request.page_token, request.page_size, {"fleet": fleet, "run": request.run_id},
-            lambda after, limit: self.memory.repository.list_snapshots(
-                fleet, request.run_id, after, limit),
-            lambda snapshot: [snapshot.created_us, snapshot.snapshot_id])
+        found, token = self.service.list_snapshots(
+            current_principal().fleet_id, request.run_id, request.page_token, request.page_size)
         return pb.ListSnapshotsResponse(snapshots=[snapshot_to_proto(s) for s in found],
                                         next_page_token=token)
 
     def Rehydrate(self, request: pb.RehydrateRequest,
                   context: grpc.ServicerContext) -> pb.RehydrateResponse:
         caller = current_principal()
-        view = self.memory.rehydrate(caller.fleet_id, caller.agent_id, request.run_id,
-                                     request.max_events)
+        view = self.service.rehydrate(caller.fleet_id, caller.agent_id, request.run_id,
+                                      request.max_events)
         return pb.RehydrateResponse(
             run=run_to_proto(view.run),
             snapshot=None if view.snapshot is None else snapshot_to_proto(view.snapshot),
@@ -296,47 +281,39 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def CreateEvidence(self, request: pb.CreateEvidenceRequest,
                        context: grpc.ServicerContext) -> pb.CreateEvidenceResponse:
-        evidence, created = self.memory.create_evidence(
+        evidence, created = self.service.create_evidence(
             current_principal().fleet_id, request.corpus_id, request.index_id, request.chunk_id,
             request.span.start, request.span.end, request.artifact_id, request.metadata_json)
         return pb.CreateEvidenceResponse(evidence=evidence_to_proto(evidence), created=created)
 
     def GetEvidence(self, request: pb.GetEvidenceRequest,
                     context: grpc.ServicerContext) -> pb.GetEvidenceResponse:
-        evidence = self.memory.get_evidence(current_principal().fleet_id, request.evidence_id)
+        evidence = self.service.get_evidence(current_principal().fleet_id, request.evidence_id)
         return pb.GetEvidenceResponse(evidence=evidence_to_proto(evidence))
 
     def ListEvidence(self, request: pb.ListEvidenceRequest,
                      context: grpc.ServicerContext) -> pb.ListEvidenceResponse:
-        fleet = current_principal().fleet_id
-        found, token = paginate(
-            request.page_token, request.page_size,
-            {"fleet": fleet, "corpus": request.corpus_id, "index": request.index_id},
-            lambda after, limit: self.memory.repository.list_evidence(
-                fleet, request.corpus_id, request.index_id, after, limit),
-            lambda evidence: [evidence.evidence_id])
+        found, token = self.service.list_evidence(
+            current_principal().fleet_id, request.corpus_id, request.index_id,
+            request.page_token, request.page_size)
         return pb.ListEvidenceResponse(evidence=[evidence_to_proto(e) for e in found],
                                        next_page_token=token)
 
     def CreateManifest(self, request: pb.CreateManifestRequest,
                        context: grpc.ServicerContext) -> pb.CreateManifestResponse:
-        manifest, created = self.memory.create_manifest(
+        manifest, created = self.service.create_manifest(
             current_principal().fleet_id, request.content_json, request.run_id)
         return pb.CreateManifestResponse(manifest=manifest_to_proto(manifest), created=created)
 
     def GetManifest(self, request: pb.GetManifestRequest,
                     context: grpc.ServicerContext) -> pb.GetManifestResponse:
-        manifest = self.memory.get_manifest(current_principal().fleet_id, request.manifest_id)
+        manifest = self.service.get_manifest(current_principal().fleet_id, request.manifest_id)
         return pb.GetManifestResponse(manifest=manifest_to_proto(manifest))
 
     def ListManifests(self, request: pb.ListManifestsRequest,
                       context: grpc.ServicerContext) -> pb.ListManifestsResponse:
-        fleet = current_principal().fleet_id
-        found, token = paginate(
-            request.page_token, request.page_size, {"fleet": fleet, "run": request.run_id},
-            lambda after, limit: self.memory.repository.list_manifests(
-                fleet, request.run_id, after, limit),
-            lambda manifest: [manifest.manifest_id])
+        found, token = self.service.list_manifests(
+            current_principal().fleet_id, request.run_id, request.page_token, request.page_size)
         return pb.ListManifestsResponse(manifests=[manifest_to_proto(m) for m in found],
                                         next_page_token=token)
 
@@ -346,8 +323,8 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
         kind = _POINTER_FROM_PB.get(request.pointer.type)
         if kind is None:
             raise InvalidArgument("pointer.type must be ARTIFACT, EVIDENCE or MANIFEST")
-        outcome = self.memory.resolve(caller.fleet_id, caller.agent_id, request.run_id,
-                                      Pointer(kind, request.pointer.id), request.critical)
+        outcome = self.service.resolve(caller.fleet_id, caller.agent_id, request.run_id,
+                                       Pointer(kind, request.pointer.id), request.critical)
         return pb.ResolvePointerResponse(
             resolved=outcome.resolution.resolved, attempts=outcome.attempts,
             path=outcome.resolution.path, hash=outcome.resolution.hash)

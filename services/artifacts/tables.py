@@ -23,7 +23,7 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
-from services.artifacts.domain.validation import canonical_json
+from services.common.canonical import canonical_json
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 

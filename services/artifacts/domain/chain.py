@@ -11,8 +11,8 @@ import hashlib
 import uuid
 from collections.abc import Iterable
 
-from services.artifacts.domain.entities import Event
-from services.artifacts.domain.validation import canonical_json
+from services.artifacts.domain.entities import Event, EventDraft, Run
+from services.common.canonical import canonical_json
 from services.common.errors import IntegrityError
 
 GENESIS = ""
@@ -27,6 +27,19 @@ def event_hash(*, prev_hash: str, run_id: str, seq: int, type: str, payload_json
         "ts": created_us,
     })
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def next_event(run: Run, draft: EventDraft, created_us: int) -> Event:
+    """The event that extends ``run``'s chain by one link."""
+    seq = run.event_count + 1
+    digest = event_hash(prev_hash=run.head_hash, run_id=run.run_id, seq=seq, type=draft.type,
+                        payload_json=draft.payload_json, manifest_id=draft.manifest_id,
+                        artifact_ids=draft.artifact_ids, agent_id=draft.agent_id,
+                        created_us=created_us)
+    return Event(run_id=run.run_id, seq=seq, type=draft.type, payload_json=draft.payload_json,
+                 manifest_id=draft.manifest_id, artifact_ids=draft.artifact_ids,
+                 created_us=created_us, agent_id=draft.agent_id, prev_hash=run.head_hash,
+                 hash=digest)
 
 
 def expected_hash(event: Event, prev_hash: str) -> str:

@@ -71,6 +71,18 @@ class Event:
 
 
 @dataclass(frozen=True)
+class EventDraft:
+    """An event before it joins its run's chain (seq, time and hashes come then)."""
+
+    type: str
+    payload_json: str
+    manifest_id: str = ""
+    artifact_ids: tuple[str, ...] = ()
+    agent_id: str = ""
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     snapshot_id: str
     run_id: str

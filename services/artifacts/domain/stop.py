@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.artifacts.domain.entities import Pointer, Resolution
-from services.artifacts.domain.validation import canonical_json
+from services.common.canonical import canonical_json
 
 STOP_EVENT_TYPE = "run.stopped"
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from services.common.blobstore import validate_key
+from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
 
 MAX_ID_LEN = 128
@@ -47,10 +47,6 @@ def artifact_path(run_id: str, step_id: str, name: str) -> str:
         f"{artifact_name(name)}"
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
                   default: str = "null", require_object: bool = False) -> str:
     """Parse, bound and canonicalise a JSON field; returns canonical text."""
@@ -63,7 +59,11 @@ def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
         raise InvalidArgument(f"{kind} is not valid JSON: {error}", reason="INVALID_JSON") from None
     if require_object and not isinstance(value, dict):
         raise InvalidArgument(f"{kind} must be a JSON object", reason="INVALID_JSON")
-    canonical = canonical_json(value)
+    try:
+        canonical = canonical_json(value)
+    except ValueError:
+        raise InvalidArgument(f"{kind} is not valid JSON: NaN and infinite numbers (NaN, "
+                              "Infinity, 1e999) have no JSON form", reason="INVALID_JSON") from None
     size = len(canonical.encode())
     if size > limit:
         raise InvalidArgument(

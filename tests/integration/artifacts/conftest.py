@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from engram.client.artifacts import ArtifactsClient
-from services.artifacts.memory import ExternalMemory
 from services.artifacts.server import build_artifacts_server
+from services.artifacts.service import ArtifactsService
 from services.artifacts.settings import ArtifactsSettings
 from services.common.server import EngramServer
 
@@ -18,7 +18,7 @@ from services.common.server import EngramServer
 @dataclass
 class RunningArtifacts:
     server: EngramServer
-    memory: ExternalMemory
+    service: ArtifactsService
     blob_root: Path
     client_for: Callable[..., ArtifactsClient]
 
@@ -37,7 +37,7 @@ def artifacts_server(request: pytest.FixtureRequest, tmp_path: Path, engram_home
     blob_root = tmp_path / "blobs"
     settings = ArtifactsSettings(home=engram_home, port=0, db_url=db_url,
                                  blob_url=blob_root.as_uri(), resolve_retry_delay_seconds=0.01)
-    server, memory = build_artifacts_server(settings)
+    server, service = build_artifacts_server(settings)
     server.start()
     clients: list[ArtifactsClient] = []
 
@@ -47,7 +47,7 @@ def artifacts_server(request: pytest.FixtureRequest, tmp_path: Path, engram_home
         return client
 
     try:
-        yield RunningArtifacts(server, memory, blob_root, client_for)
+        yield RunningArtifacts(server, service, blob_root, client_for)
     finally:
         for client in clients:
             client.close()

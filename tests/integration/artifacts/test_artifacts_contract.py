@@ -32,11 +32,11 @@ def _start(env: RunningArtifacts, run_id: str = "run-1") -> str:
 
 
 def _no_blobs(env: RunningArtifacts) -> bool:
-    return list(env.memory.blobs.list()) == []
+    return list(env.service.blobs.list()) == []
 
 
 def _artifact_rows(env: RunningArtifacts) -> int:
-    with env.memory.repository.db.session() as session:
+    with env.service.db.session() as session:
         return len(session.scalars(select(ArtifactRow)).all())
 
 
@@ -62,7 +62,7 @@ def test_store_artifact_metadata_hash_matches_and_db_holds_no_blob(
     copy = tmp_path / "copy.bin"
     env.client.download(stored.artifact_id, copy)
     assert copy.read_bytes() == data
-    with env.memory.repository.db.session() as session:
+    with env.service.db.session() as session:
         row = session.get(ArtifactRow, stored.artifact_id)
         assert row is not None
         widths = [len(str(getattr(row, c))) for c in ("artifact_id", "run_id", "step_id",
@@ -73,7 +73,7 @@ def test_store_artifact_metadata_hash_matches_and_db_holds_no_blob(
 
 def test_schema_single_artifacts_table_with_seed_indexes(
         artifacts_server: RunningArtifacts) -> None:
-    inspector = inspect(artifacts_server.memory.repository.db.engine)
+    inspector = inspect(artifacts_server.service.db.engine)
     columns = {c["name"] for c in inspector.get_columns("artifacts")}
     assert columns == {"artifact_id", "run_id", "step_id", "path", "hash", "mime_type",
                        "size_bytes", "created_at", "metadata"}
@@ -179,7 +179,7 @@ def test_tampered_event_breaks_replay_with_data_loss(artifacts_server: RunningAr
     run_id = _start(env)
     for i in range(3):
         env.client.append_event(run_id, "step", {"i": i})
-    with env.memory.repository.db.session() as session:
+    with env.service.db.session() as session:
         session.execute(update(EventRow).where(EventRow.run_id == run_id, EventRow.seq == 2)
                         .values(payload_json='{"i":42}'))
     with pytest.raises(EngramRpcError) as caught:
@@ -262,6 +262,29 @@ def test_oversized_metadata_is_refused_with_nothing_stored(
     assert _no_blobs(env) and _artifact_rows(env) == 0
 
 
+def test_nan_and_infinity_are_invalid_argument_never_internal(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = _start(env)
+    client = env.client
+    calls: list[Callable[[str], object]] = [
+        lambda document: client.append_event(run_id, "step", document),
+        lambda document: client.create_snapshot(run_id, document),
+        client.create_manifest,
+        lambda document: client.upload(iter([b"x"]), run_id=run_id, step_id="s", name="a",
+                                       metadata=document),
+    ]
+    for document in ('{"x": NaN}', '{"x": -Infinity}', '{"big": 1e999}'):
+        for call in calls:
+            with pytest.raises(EngramRpcError) as caught:
+                call(document)
+            assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.reason == "INVALID_JSON"
+            assert "NaN" in caught.value.message
+    assert client.get_run(run_id).event_count == 0
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
 @pytest.mark.parametrize("name", ["../escape", "a/../../b", "/etc/passwd", "a//b"])
 def test_traversal_names_are_refused(artifacts_server: RunningArtifacts, name: str) -> None:
     env = artifacts_server
@@ -339,8 +362,8 @@ def test_client_vanishing_mid_upload_leaves_no_partial_artifact(
         artifacts_server: RunningArtifacts) -> None:
     env = artifacts_server
     run_id = _start(env)
-    store = ObservedStore(env.memory.blobs)
-    env.memory.blobs = store
+    store = ObservedStore(env.service.blobs)
+    env.service.blobs = store
     client = env.client
     release = threading.Event()
 
@@ -447,7 +470,7 @@ def test_list_artifacts_pages_by_step(artifacts_server: RunningArtifacts) -> Non
                              name=f"f{i}").artifact_id for i in range(5)]
     assert [a.artifact_id for a in env.client.list_artifacts(run_id, page_size=2)] == ids
     assert [a.artifact_id for a in env.client.list_artifacts(run_id, "s1")] == ids[1::2]
-    with env.memory.repository.db.session() as session:
+    with env.service.db.session() as session:
         assert session.execute(text("SELECT COUNT(*) FROM artifacts")).scalar_one() == 5
 
 

@@ -85,6 +85,14 @@ def test_documents_are_bounded_to_fit_a_row() -> None:
     assert check.metadata_object("") == "{}"
 
 
+@pytest.mark.parametrize("text", ["NaN", '{"x": Infinity}', "[-Infinity]", '{"big": 1e999}'])
+def test_nan_and_infinities_are_refused_as_invalid_json(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check.json_document("payload_json", text)
+    assert caught.value.reason == "INVALID_JSON"
+    assert caught.value.message.startswith("payload_json is not valid JSON: NaN")
+
+
 class _Lookups:
     def __init__(self, answers: list[Resolution]) -> None:
         self.answers = answers

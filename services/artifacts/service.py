@@ -1,0 +1,561 @@
+"""ArtifactsService: the seed-004 use cases over the repository and the blob store.
+
+It owns the transactions: appends to a run (events, snapshots, the stop) lock the
+run's row (``FOR UPDATE`` on Postgres; one writer lock on SQLite, whose deferred
+transactions cannot upgrade safely) so sequence numbers have no gaps and the hash
+chain no forks. No grpc here: the servicer converts at the edge. Bytes stream through
+in chunks (never a whole file in memory) and are hashed on every write and read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session
+
+from services.artifacts.domain import validation as check
+from services.artifacts.domain.chain import (
+    ChainVerifier,
+    evidence_id,
+    manifest_id,
+    new_id,
+    next_event,
+    sha256_text,
+)
+from services.artifacts.domain.entities import (
+    Artifact,
+    ArtifactProblem,
+    Event,
+    EventDraft,
+    Evidence,
+    Manifest,
+    Pointer,
+    PointerType,
+    Resolution,
+    Run,
+    RunStatus,
+    Snapshot,
+)
+from services.artifacts.domain.integrity import (
+    ArtifactUpload,
+    CheckedUpload,
+    UploadEnd,
+    blob_missing_error,
+    blob_missing_problem,
+    blob_problem,
+    verified_read,
+)
+from services.artifacts.domain.stop import (
+    STOP_EVENT_TYPE,
+    Outcome,
+    PointerResolver,
+    unresolved_payload,
+)
+from services.artifacts.repository import ArtifactsRepository
+from services.common.blobstore import BlobStore
+from services.common.canonical import canonical_json
+from services.common.db import Database
+from services.common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    IntegrityError,
+    InvalidArgument,
+    NotFound,
+)
+from services.common.pagination import paginate
+
+log = logging.getLogger("engram.artifacts")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+K = TypeVar("K")
+
+RESERVED_EVENT_PREFIX = "run."
+DEFAULT_REHYDRATE_EVENTS = 10_000
+MAX_REHYDRATE_EVENTS = 100_000
+CLIENT_STOP_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+EVENT_BATCH = 1000
+ARTIFACT_BATCH = 500
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class Rehydration:
+    run: Run
+    snapshot: Snapshot | None
+    events: list[Event]
+    truncated: bool
+    manifest: Manifest | None
+
+
+class ArtifactsService:
+    def __init__(self, database: Database, blobs: BlobStore,
+                 retry_delay_s: float = 0.05) -> None:
+        self.db = database
+        self.repository = ArtifactsRepository(database.dialect)
+        self.blobs = blobs
+        self.retry_delay_s = retry_delay_s
+        self._writer: AbstractContextManager[object] = (
+            threading.Lock() if database.dialect == "sqlite" else contextlib.nullcontext())
+
+    # -- transactions -------------------------------------------------------
+
+    def _in_session(self, query: Callable[Concatenate[Session, P], R], *args: P.args,
+              **kwargs: P.kwargs) -> R:
+        """``query`` in a session of its own."""
+        with self.db.session() as session:
+            return query(session, *args, **kwargs)
+
+    def _in_run(self, fleet_id: str, run_id: str, query: Callable[Concatenate[Session, P], R],
+                *args: P.args, **kwargs: P.kwargs) -> R:
+        """``query`` in a session of its own, once the run is known to be this fleet's."""
+        with self.db.session() as session:
+            self.repository.get_run(session, fleet_id, run_id)
+            return query(session, *args, **kwargs)
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        """The session of a checked write (appends, first-writer-wins): one at a time on SQLite."""
+        with self._writer, self.db.session() as session:
+            yield session
+
+    def _in_batches(self, fetch: Callable[[Session, K, int], list[R]], start: K,
+                    key_of: Callable[[R], K], batch: int) -> Iterator[R]:
+        """Every row ``fetch`` pages through, one session a batch (none held while yielding)."""
+        after = start
+        while True:
+            rows = self._in_session(fetch, after, batch)
+            yield from rows
+            if len(rows) < batch:
+                return
+            after = key_of(rows[-1])
+
+    # -- runs ---------------------------------------------------------------
+
+    def start_run(self, fleet_id: str, agent_id: str, run_id: str = "",
+                  metadata_json: str = "") -> tuple[Run, bool]:
+        run = Run(run_id=check.identifier("run_id", run_id) if run_id else new_id("run"),
+                  fleet_id=fleet_id, agent_id=agent_id, status=RunStatus.RUNNING,
+                  stop_reason="", created_us=now_us(), stopped_us=0, event_count=0,
+                  head_hash="", latest_snapshot_id="",
+                  metadata_json=check.metadata_object(metadata_json))
+        try:
+            self._in_session(self.repository.add_run, run)
+            return run, True
+        except DbIntegrityError:
+            existing = self.get_run(run.fleet_id, run.run_id)
+            if existing.status is not RunStatus.RUNNING:
+                raise AlreadyExists(
+                    f"run {run.run_id!r} already exists and is {existing.status.value}; "
+                    "start a new run with another id", reason="RUN_EXISTS") from None
+            return existing, False
+
+    def get_run(self, fleet_id: str, run_id: str) -> Run:
+        return self._in_session(self.repository.get_run, fleet_id, run_id)
+
+    def list_runs(self, fleet_id: str, page_token: str, page_size: int) -> tuple[list[Run], str]:
+        return paginate(page_token, page_size, {"fleet": fleet_id},
+                        lambda after, limit: self._in_session(
+                            self.repository.list_runs, fleet_id, after, limit),
+                        lambda run: [run.created_us, run.run_id])
+
+    def _running_run(self, session: Session, fleet_id: str, run_id: str, *,
+                     lock: bool = False) -> Run:
+        run = self.repository.get_run(session, fleet_id, run_id, lock=lock)
+        if run.status is not RunStatus.RUNNING:
+            raise FailedPrecondition(
+                f"run {run_id!r} is stopped ({run.status.value}); it takes no more writes",
+                reason="RUN_STOPPED", metadata={"run_id": run_id, "status": run.status.value})
+        return run
+
+    def _append(self, session: Session, run: Run, draft: EventDraft, created_us: int) -> Event:
+        event = next_event(run, draft, created_us)
+        self.repository.add_event(session, event, draft.request_id)
+        return event
+
+    def stop_run(self, fleet_id: str, agent_id: str, run_id: str, status: RunStatus,
+                 reason: str) -> Run:
+        if status not in CLIENT_STOP_STATUSES:
+            raise InvalidArgument(
+                "a run stops as SUCCEEDED, FAILED or CANCELLED (SYSTEM_ERROR is the service's)",
+                reason="INVALID_STOP_STATUS")
+        reason = check.short_text("reason", reason, 1024)
+        payload = canonical_json({"status": status.value, "reason": reason})
+        return self._stop(fleet_id, check.identifier("run_id", run_id), status, reason,
+                          EventDraft(STOP_EVENT_TYPE, payload, agent_id=agent_id), now_us())
+
+    def _stop(self, fleet_id: str, run_id: str, status: RunStatus, reason: str,
+              event: EventDraft, stopped_us: int) -> Run:
+        """Append the stop event and mark the run stopped, in one transaction."""
+        with self._writing() as session:
+            run = self._running_run(session, fleet_id, run_id, lock=True)
+            self._append(session, run, event, stopped_us)
+            return self.repository.mark_stopped(session, run_id, status, reason, stopped_us)
+
+    # -- artifacts ----------------------------------------------------------
+
+    def upload(self, fleet_id: str, upload: ArtifactUpload,
+               parts: Iterable[bytes | UploadEnd]) -> Artifact:
+        """Store the chunks of ``parts``; only a stream closed by an ``UploadEnd`` is complete."""
+        path = check.artifact_path(upload.run_id, upload.step_id, upload.name)
+        mime_type = check.short_text("mime_type", upload.mime_type or
+                                     "application/octet-stream", check.MAX_MIME_LEN)
+        metadata_json = check.metadata_object(upload.metadata_json)
+        if upload.expected_hash and len(upload.expected_hash) != 64:
+            raise InvalidArgument("expected_hash must be a SHA-256 hex digest (64 characters)")
+        run = self.get_run(fleet_id, upload.run_id)
+        if run.status is not RunStatus.RUNNING:
+            raise FailedPrecondition(f"run {run.run_id!r} is stopped ({run.status.value}); "
+                                     "it takes no more artifacts", reason="RUN_STOPPED")
+        prior = self._in_session(self.repository.artifact_at, path)
+        if prior is not None:
+            raise AlreadyExists(f"artifact {prior.artifact_id} already holds {path!r}",
+                                reason="ARTIFACT_EXISTS",
+                                metadata={"artifact_id": prior.artifact_id, "path": path})
+        received = CheckedUpload(upload)
+        info = self.blobs.put(path, received.chunks(parts), before_commit=received.check_hash)
+        artifact = Artifact(artifact_id=new_id("art"), run_id=upload.run_id,
+                            step_id=upload.step_id, path=path, hash=info.sha256,
+                            mime_type=mime_type, size_bytes=info.size_bytes,
+                            created_us=now_us(), metadata_json=metadata_json)
+        try:
+            self._add_artifact(fleet_id, artifact)
+        except BaseException:
+            self.blobs.delete(path)  # no row, so no blob: never an orphan from a failed insert
+            raise
+        return artifact
+
+    def _add_artifact(self, fleet_id: str, artifact: Artifact) -> None:
+        try:
+            with self.db.session() as session:
+                self._running_run(session, fleet_id, artifact.run_id)
+                self.repository.add_artifact(session, artifact)
+        except DbIntegrityError:
+            raise AlreadyExists(f"an artifact already exists at {artifact.path!r}",
+                                reason="ARTIFACT_EXISTS",
+                                metadata={"path": artifact.path}) from None
+
+    def get_artifact(self, fleet_id: str, artifact_id: str) -> Artifact:
+        return self._in_session(self.repository.get_artifact, fleet_id,
+                                check.identifier("artifact_id", artifact_id))
+
+    def read(self, fleet_id: str, artifact_id: str,
+             chunk_size: int = 1 << 20) -> tuple[Artifact, Iterator[bytes]]:
+        """The artifact and its verified bytes; a mismatch raises IntegrityError at the end."""
+        artifact = self.get_artifact(fleet_id, artifact_id)
+        try:
+            stream = self.blobs.open(artifact.path, chunk_size)
+        except NotFound:
+            raise blob_missing_error(artifact) from None
+        return artifact, verified_read(artifact, stream)
+
+    def list_artifacts(self, fleet_id: str, run_id: str, step_id: str, page_token: str,
+                       page_size: int) -> tuple[list[Artifact], str]:
+        return paginate(page_token, page_size,
+                        {"fleet": fleet_id, "run": run_id, "step": step_id},
+                        lambda after, limit: self._in_run(
+                            fleet_id, run_id, self.repository.list_artifacts, run_id, step_id,
+                            after, limit),
+                        lambda artifact: [artifact.created_us, artifact.artifact_id])
+
+    def verify(self, fleet_id: str, run_id: str = "") -> tuple[int, list[ArtifactProblem]]:
+        if run_id:
+            self.get_run(fleet_id, run_id)
+        checked, problems = 0, []
+        artifacts = self._in_batches(
+            lambda session, after, limit: self.repository.fleet_artifacts(
+                session, fleet_id, run_id, after, limit),
+            "", lambda artifact: artifact.artifact_id, ARTIFACT_BATCH)
+        for artifact in artifacts:
+            checked += 1
+            problem = self._check_blob(artifact)
+            if problem is not None:
+                log.warning("artifact integrity problem", extra=problem.__dict__)
+                problems.append(problem)
+        return checked, problems
+
+    def _check_blob(self, artifact: Artifact) -> ArtifactProblem | None:
+        try:
+            stream = self.blobs.open(artifact.path)
+        except NotFound:
+            return blob_missing_problem(artifact)
+        return blob_problem(artifact, stream)
+
+    # -- events and snapshots -----------------------------------------------
+
+    def append_event(self, fleet_id: str, agent_id: str, run_id: str, type: str,
+                     payload_json: str, manifest_id: str = "", artifact_ids: tuple[str, ...] = (),
+                     request_id: str = "") -> tuple[Event, bool]:
+        type = check.short_text("type", type.strip(), check.MAX_TYPE_LEN)
+        if not type:
+            raise InvalidArgument("an event needs a type (e.g. 'tool.called')")
+        if type.startswith(RESERVED_EVENT_PREFIX):
+            raise InvalidArgument(f"event types starting with {RESERVED_EVENT_PREFIX!r} are "
+                                  "written by the service", reason="RESERVED_EVENT_TYPE")
+        draft = EventDraft(
+            type=type, payload_json=check.json_document("payload_json", payload_json),
+            manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
+            artifact_ids=check.references("artifact_id", artifact_ids), agent_id=agent_id,
+            request_id=check.identifier("request_id", request_id) if request_id else "")
+        run_id, created_us = check.identifier("run_id", run_id), now_us()
+        with self._writing() as session:
+            if draft.request_id:
+                prior = self.repository.event_for_request(session, run_id, draft.request_id)
+                if prior is not None:
+                    self.repository.get_run(session, fleet_id, run_id)
+                    return prior, False
+            run = self._running_run(session, fleet_id, run_id, lock=True)
+            self._check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
+            return self._append(session, run, draft, created_us), True
+
+    def _check_references(self, session: Session, fleet_id: str, manifest_id: str,
+                          artifact_ids: tuple[str, ...]) -> None:
+        if manifest_id and self.repository.get_manifest(session, fleet_id, manifest_id) is None:
+            raise NotFound(f"manifest {manifest_id!r} not found; create it before referencing it",
+                           reason="MANIFEST_NOT_FOUND", metadata={"manifest_id": manifest_id})
+        if artifact_ids:
+            found = self.repository.artifact_ids_in_fleet(session, fleet_id, artifact_ids)
+            missing = [a for a in artifact_ids if a not in found]
+            if missing:
+                raise NotFound(f"artifacts not found in this fleet: {', '.join(missing[:5])}",
+                               reason="ARTIFACT_NOT_FOUND",
+                               metadata={"artifact_ids": ",".join(missing[:20])})
+
+    def list_events(self, fleet_id: str, run_id: str, after_seq: int, page_token: str,
+                    page_size: int) -> tuple[list[Event], str]:
+        def fetch(after: list[Any] | None, limit: int) -> list[Event]:
+            start = int(after[0]) if after else after_seq
+            if start < 0:
+                raise InvalidArgument("after_seq must be >= 0")
+            checked = check.identifier("run_id", run_id)
+            return self._in_run(fleet_id, checked, self.repository.events_after, checked, start,
+                                limit)
+
+        return paginate(page_token, page_size,
+                        {"fleet": fleet_id, "run": run_id, "after": after_seq}, fetch,
+                        lambda event: [event.seq])
+
+    def replay(self, fleet_id: str, run_id: str) -> Iterator[Event]:
+        """Every event from seq 1, each checked against the hash chain as it passes."""
+        run = self.get_run(fleet_id, check.identifier("run_id", run_id))
+        verifier = ChainVerifier(run.run_id)
+        events = self._in_batches(
+            lambda session, after, limit: self.repository.events_after(
+                session, run.run_id, after, limit),
+            0, lambda event: event.seq, EVENT_BATCH)
+        for event in events:
+            yield verifier.check(event)
+        if verifier.length != run.event_count or verifier.head != run.head_hash:
+            raise IntegrityError(
+                f"run {run.run_id}: the log ends at {verifier.length} but the run records "
+                f"{run.event_count} events (truncated log)", reason="EVENT_CHAIN_BROKEN",
+                metadata={"run_id": run.run_id})
+
+    def create_snapshot(self, fleet_id: str, run_id: str, state_json: str, seq: int = 0,
+                        manifest_id: str = "", artifact_ids: tuple[str, ...] = ()) -> Snapshot:
+        if seq < 0:
+            raise InvalidArgument("seq must be >= 0 (0 means the run's current head)")
+        state = check.json_document("state_json", state_json)
+        snapshot = Snapshot(
+            snapshot_id=new_id("snap"), run_id=check.identifier("run_id", run_id), seq=seq,
+            state_json=state, state_hash=sha256_text(state),
+            manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
+            artifact_ids=check.references("artifact_id", artifact_ids), created_us=now_us())
+        with self._writing() as session:
+            run = self._running_run(session, fleet_id, snapshot.run_id, lock=True)
+            seq = snapshot.seq or run.event_count
+            if seq > run.event_count or seq < 0:
+                raise FailedPrecondition(
+                    f"snapshot seq {seq} is past the run's last event ({run.event_count})",
+                    reason="SNAPSHOT_AHEAD_OF_LOG")
+            self._check_references(session, fleet_id, snapshot.manifest_id,
+                                   snapshot.artifact_ids)
+            snapshot = replace(snapshot, seq=seq)
+            self.repository.add_snapshot(session, snapshot)
+        return snapshot
+
+    def _latest_snapshot(self, session: Session, fleet_id: str,
+                         run_id: str) -> tuple[Run, Snapshot | None]:
+        run = self.repository.get_run(session, fleet_id, run_id)
+        if not run.latest_snapshot_id:
+            return run, None
+        return run, self.repository.get_snapshot(session, run.latest_snapshot_id)
+
+    def latest_snapshot(self, fleet_id: str, run_id: str) -> Snapshot:
+        _run, snapshot = self._in_session(self._latest_snapshot, fleet_id,
+                                          check.identifier("run_id", run_id))
+        if snapshot is None:
+            raise NotFound(f"run {run_id!r} has no snapshot yet", reason="NO_SNAPSHOT")
+        return snapshot
+
+    def list_snapshots(self, fleet_id: str, run_id: str, page_token: str,
+                       page_size: int) -> tuple[list[Snapshot], str]:
+        return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
+                        lambda after, limit: self._in_run(
+                            fleet_id, run_id, self.repository.list_snapshots, run_id, after,
+                            limit),
+                        lambda snapshot: [snapshot.created_us, snapshot.snapshot_id])
+
+    def rehydrate(self, fleet_id: str, agent_id: str, run_id: str,
+                  max_events: int = 0) -> Rehydration:
+        """Latest snapshot and the events after it: bounded reads, whatever the log's length."""
+        if max_events < 0:
+            raise InvalidArgument("max_events must be >= 0")
+        limit = min(max_events or DEFAULT_REHYDRATE_EVENTS, MAX_REHYDRATE_EVENTS)
+        with self.db.session() as session:
+            run, snapshot = self._latest_snapshot(session, fleet_id,
+                                                  check.identifier("run_id", run_id))
+            events = self.repository.events_after(
+                session, run.run_id, snapshot.seq if snapshot is not None else 0, limit + 1)
+        manifest = None
+        if snapshot is not None:
+            if snapshot.manifest_id:
+                self.resolve(fleet_id, agent_id, run.run_id,
+                             Pointer(PointerType.MANIFEST, snapshot.manifest_id), critical=True)
+                manifest = self._in_session(self.repository.get_manifest, fleet_id,
+                                            snapshot.manifest_id)
+            for artifact_id in snapshot.artifact_ids:
+                self.resolve(fleet_id, agent_id, run.run_id,
+                             Pointer(PointerType.ARTIFACT, artifact_id), critical=True)
+        return Rehydration(run=run, snapshot=snapshot, events=events[:limit],
+                           truncated=len(events) > limit, manifest=manifest)
+
+    # -- evidence and manifests ---------------------------------------------
+
+    def create_evidence(self, fleet_id: str, corpus_id: str, index_id: str, chunk_id: str,
+                        span_start: int, span_end: int, artifact_id: str = "",
+                        metadata_json: str = "") -> tuple[Evidence, bool]:
+        for kind, value in (("corpus_id", corpus_id), ("index_id", index_id),
+                            ("chunk_id", chunk_id)):
+            check.identifier(kind, value)
+        if span_start < 0 or span_end < span_start:
+            raise InvalidArgument(f"span [{span_start}, {span_end}) must satisfy "
+                                  "0 <= start <= end", reason="INVALID_SPAN")
+        evidence = Evidence(
+            fleet_id=fleet_id,
+            evidence_id=evidence_id(corpus_id, index_id, chunk_id, span_start, span_end),
+            corpus_id=corpus_id, index_id=index_id, chunk_id=chunk_id, span_start=span_start,
+            span_end=span_end,
+            artifact_id=check.identifier("artifact_id", artifact_id) if artifact_id else "",
+            metadata_json=check.metadata_object(metadata_json), created_us=now_us())
+        with self._writing() as session:
+            prior = self.repository.get_evidence(session, fleet_id, evidence.evidence_id)
+            if prior is not None:
+                return prior, False
+            if evidence.artifact_id:
+                self._check_references(session, fleet_id, "", (evidence.artifact_id,))
+            self.repository.add_evidence(session, evidence)
+        return evidence, True
+
+    def _get(self, query: Callable[[Session, str, str], R | None], fleet_id: str, kind: str,
+             id_: str) -> R:
+        """The ``kind`` (evidence, manifest) named ``id_``, or NotFound."""
+        found = self._in_session(query, fleet_id, check.identifier(f"{kind}_id", id_))
+        if found is None:
+            raise NotFound(f"{kind} {id_!r} not found", reason=f"{kind.upper()}_NOT_FOUND")
+        return found
+
+    def get_evidence(self, fleet_id: str, evidence_id_: str) -> Evidence:
+        return self._get(self.repository.get_evidence, fleet_id, "evidence", evidence_id_)
+
+    def list_evidence(self, fleet_id: str, corpus_id: str, index_id: str, page_token: str,
+                      page_size: int) -> tuple[list[Evidence], str]:
+        return paginate(page_token, page_size,
+                        {"fleet": fleet_id, "corpus": corpus_id, "index": index_id},
+                        lambda after, limit: self._in_session(
+                            self.repository.list_evidence, fleet_id, corpus_id, index_id, after,
+                            limit),
+                        lambda evidence: [evidence.evidence_id])
+
+    def create_manifest(self, fleet_id: str, content_json: str,
+                        run_id: str = "") -> tuple[Manifest, bool]:
+        content = check.json_document("content_json", content_json, default="")
+        manifest = Manifest(fleet_id=fleet_id, manifest_id=manifest_id(content),
+                            run_id=check.identifier("run_id", run_id) if run_id else "",
+                            content_json=content, content_hash=sha256_text(content),
+                            created_us=now_us())
+        with self._writing() as session:
+            prior = self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
+            if prior is not None:
+                return prior, False
+            if manifest.run_id:
+                self.repository.get_run(session, fleet_id, manifest.run_id)
+            self.repository.add_manifest(session, manifest)
+        return manifest, True
+
+    def get_manifest(self, fleet_id: str, manifest_id_: str) -> Manifest:
+        found = self._get(self.repository.get_manifest, fleet_id, "manifest", manifest_id_)
+        if sha256_text(found.content_json) != found.content_hash:
+            raise IntegrityError(f"manifest {found.manifest_id} no longer matches its hash",
+                                 reason="MANIFEST_HASH_MISMATCH")
+        return found
+
+    def list_manifests(self, fleet_id: str, run_id: str, page_token: str,
+                       page_size: int) -> tuple[list[Manifest], str]:
+        return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
+                        lambda after, limit: self._in_session(
+                            self.repository.list_manifests, fleet_id, run_id, after, limit),
+                        lambda manifest: [manifest.manifest_id])
+
+    # -- pointers and stop semantics ----------------------------------------
+
+    def lookup(self, fleet_id: str, pointer: Pointer) -> Resolution:
+        if pointer.type is PointerType.ARTIFACT:
+            try:
+                artifact = self._in_session(self.repository.get_artifact, fleet_id, pointer.id)
+            except NotFound:
+                return Resolution(False)
+            return Resolution(self.blobs.exists(artifact.path), artifact.path, artifact.hash)
+        if pointer.type is PointerType.EVIDENCE:
+            evidence = self._in_session(self.repository.get_evidence, fleet_id, pointer.id)
+            if evidence is None:
+                return Resolution(False)
+            if not evidence.artifact_id:
+                return Resolution(True)
+            return self.lookup(fleet_id, Pointer(PointerType.ARTIFACT, evidence.artifact_id))
+        manifest = self._in_session(self.repository.get_manifest, fleet_id, pointer.id)
+        if manifest is None:
+            return Resolution(False)
+        intact = sha256_text(manifest.content_json) == manifest.content_hash
+        return Resolution(intact, "", manifest.content_hash)
+
+    def resolve(self, fleet_id: str, agent_id: str, run_id: str, pointer: Pointer,
+                critical: bool) -> Outcome:
+        check.identifier(f"{pointer.type.value} id", pointer.id)
+        run = self.get_run(fleet_id, check.identifier("run_id", run_id))
+        resolver = PointerResolver(lambda p: self.lookup(fleet_id, p), self.retry_delay_s)
+        outcome = resolver.resolve(pointer, critical)
+        if outcome.resolution.resolved or not critical:
+            return outcome
+        diagnostics = {"run_id": run.run_id, "pointer_type": pointer.type.value,
+                       "pointer_id": pointer.id, "path": outcome.resolution.path,
+                       "hash": outcome.resolution.hash, "attempts": str(outcome.attempts)}
+        log.error("critical pointer unresolved; stopping run", extra=diagnostics)
+        status = run.status
+        if run.status is RunStatus.RUNNING:
+            try:
+                stopped = self._stop(
+                    fleet_id, run.run_id, RunStatus.SYSTEM_ERROR,
+                    f"critical {pointer.type.value} {pointer.id} unresolved",
+                    EventDraft(STOP_EVENT_TYPE,
+                               unresolved_payload(pointer, outcome.resolution, outcome.attempts)),
+                    now_us())
+                status = stopped.status
+            except FailedPrecondition:
+                status = self.get_run(fleet_id, run.run_id).status
+        raise NotFound(
+            f"critical {pointer.type.value} {pointer.id} could not be resolved after "
+            f"{outcome.attempts} attempts; run {run.run_id} is {status.value}",
+            reason="CRITICAL_POINTER_UNRESOLVED",
+            metadata={**diagnostics, "run_status": status.value})
