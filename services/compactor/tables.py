@@ -12,10 +12,10 @@ import json
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.compactor.archive import SegmentEntry
-from services.compactor.memory_policy import CompactedGroup, PolicyRun
-from services.compactor.model import HotEntry, Pin, RunHead, SnapshotInfo, SnapshotState
-from services.compactor.warm_chain import WarmLine
+from services.compactor.domain.blob_layout import SegmentEntry
+from services.compactor.domain.memory_policy import CompactedGroup, PolicyRun
+from services.compactor.domain.model import HotEntry, Pin, RunHead, SnapshotInfo, SnapshotState
+from services.compactor.domain.warm_chain import WarmLine
 
 
 class Base(DeclarativeBase):

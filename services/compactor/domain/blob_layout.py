@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.compactor.warm_chain import WarmLine, canonical_json, sha256_hex
+from services.common.canonical import canonical_json
+from services.compactor.domain.warm_chain import WarmLine, sha256_hex
 
 _GZIP_WBITS = 31
 _CHUNK = 64 * 1024
