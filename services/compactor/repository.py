@@ -351,12 +351,6 @@ class CompactorRepository:
                 session.execute(update(RunRow).where(_run_key(RunRow, fleet_id, run_id))
                                 .values(pending_work=False))
 
-    def pins(self, fleet_id: str, run_id: str) -> list[Pin]:
-        with self.db.session() as session:
-            rows = session.scalars(select(PinRow).where(_run_key(PinRow, fleet_id, run_id))
-                                   .order_by(PinRow.iteration))
-            return [r.to_entity() for r in rows]
-
     def add_pin(self, fleet_id: str, run_id: str, iteration: int, reason: str) -> Pin:
         """Pin an iteration; a hot iteration without a snapshot gets one (pending) to keep."""
         with self.db.session() as session:

@@ -312,9 +312,6 @@ class IterationLog:
         self.finish_pending(fleet_id, run_id)
         return pin
 
-    def pins(self, fleet_id: str, run_id: str) -> list[Pin]:
-        return self.repo.pins(fleet_id, run_id)
-
     def verify(self, fleet_id: str, run_id: str) -> VerifyReport:
         head = self._head(fleet_id, run_id)
         walker = ChainWalker(genesis_hash(fleet_id, run_id))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -87,18 +87,13 @@ def snapshot_payload(fleet_id: str, run_id: str, line: WarmLine, detail_json: st
     }).encode()
 
 
-def gzip_chunks(payload: bytes, on_chunk: Callable[[int], None] = lambda _n: None
-                ) -> Iterator[bytes]:
-    """Stream a gzip member with no name and mtime 0; ``on_chunk`` sees each chunk's number."""
+def gzip_chunks(payload: bytes) -> Iterator[bytes]:
+    """Stream a gzip member with no name and mtime 0."""
     compressor = zlib.compressobj(6, zlib.DEFLATED, _GZIP_WBITS)
-    count = 0
     for start in range(0, len(payload), _CHUNK):
         out = compressor.compress(payload[start:start + _CHUNK])
         if out:
-            on_chunk(count)
-            count += 1
             yield out
-    on_chunk(count)
     yield compressor.flush()
 
 
