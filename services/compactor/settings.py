@@ -34,7 +34,7 @@ class CompactorSettings(ServerSettings):
     shard_tls_cert: Path | None = Field(
         default=None, description="client certificate, for a shard that requires mutual TLS")
     shard_tls_key: Path | None = Field(default=None, description="that certificate's key")
-    migrate: bool = True
+    migrate: bool = Field(default=True, description="apply the schema migrations at start")
 
     hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
     rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,
