@@ -1,4 +1,4 @@
-"""IterationRepository: the compactor's own store (SQLite or Postgres, same contract).
+"""CompactorRepository: the compactor's own store (SQLite or Postgres, same contract).
 
 Each method is one transaction. Appends arrive in groups (group commit) and run
 on SQLAlchemy Core with prepared statements: per iteration one head read (the
@@ -23,9 +23,9 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from services.common.db import Database
 from services.common.errors import EngramError
-from services.compactor.archive import SegmentEntry, snapshot_key
-from services.compactor.memory_policy import PolicyRun
-from services.compactor.model import (
+from services.compactor.domain.blob_layout import SegmentEntry, snapshot_key
+from services.compactor.domain.memory_policy import PolicyRun
+from services.compactor.domain.model import (
     AppendOutcome,
     AppendPlan,
     AppendRequest,
@@ -35,6 +35,7 @@ from services.compactor.model import (
     SnapshotInfo,
     SnapshotState,
 )
+from services.compactor.domain.warm_chain import WarmLine
 from services.compactor.tables import (
     HotRow,
     IterationRequestRow,
@@ -45,7 +46,6 @@ from services.compactor.tables import (
     SnapshotRow,
     WarmLineRow,
 )
-from services.compactor.warm_chain import WarmLine
 
 Planner = Callable[[AppendRequest, RunHead | None], AppendPlan | None]
 
@@ -101,7 +101,7 @@ def _head_of(row: Any) -> RunHead:
                    row.active_bytes, row.index_version, row.pending_work)
 
 
-class IterationRepository:
+class CompactorRepository:
     def __init__(self, database: Database) -> None:
         self.db = database
         # A new run's row: a concurrent creator makes this insert a no-op, not an error.
@@ -350,12 +350,6 @@ class IterationRepository:
             if not open_snapshots and not open_segments:
                 session.execute(update(RunRow).where(_run_key(RunRow, fleet_id, run_id))
                                 .values(pending_work=False))
-
-    def pins(self, fleet_id: str, run_id: str) -> list[Pin]:
-        with self.db.session() as session:
-            rows = session.scalars(select(PinRow).where(_run_key(PinRow, fleet_id, run_id))
-                                   .order_by(PinRow.iteration))
-            return [r.to_entity() for r in rows]
 
     def add_pin(self, fleet_id: str, run_id: str, iteration: int, reason: str) -> Pin:
         """Pin an iteration; a hot iteration without a snapshot gets one (pending) to keep."""

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from services.common.errors import EngramError
-from services.compactor.memory_policy import MemoryPolicyRunner
+from services.compactor.service import MemoryPolicyRunner
 
 log = logging.getLogger("engram.compactor.schedule")
 

@@ -1,90 +1,423 @@
-"""Assembles the compactor from its settings: store, blob store, shard gateway, servicer."""
+"""The compactor's use cases: the tiered iteration log (seed 003) and memory policy runs.
+
+Recording an iteration is one database transaction (warm line chained to the
+head, hot-ring entry, and the bookkeeping of any seal or snapshot it makes
+due); that commit is the acknowledgement. Concurrent records share the
+transaction (group commit), so they share its fsync. The blob work that follows (seal a
+full segment, write the index file, write a cold snapshot, retire old
+snapshots) is a sequence of idempotent steps whose outputs are pure functions
+of content, so a crash at any step is repaired by running the sequence again:
+on the next append to the run, and for every run at start-up (:meth:`IterationLog.recover`).
+
+``hook(step)`` is called at each named step (:data:`~services.compactor.tiers.steps.STEPS`);
+tests make it raise to simulate a crash exactly there.
+
+Memory policies: the shard owns memory records, so :class:`MemoryPolicyRunner` asks it
+through :class:`MemoryCompactionPort` and records every run; a failed call is recorded too,
+then raised.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-import grpc
+from services.common.blobstore import BlobStore
+from services.common.errors import (
+    Aborted,
+    AlreadyExists,
+    EngramError,
+    IntegrityError,
+    InvalidArgument,
+    NotFound,
+)
+from services.common.group_commit import GroupCommit
+from services.compactor.domain.blob_layout import SegmentEntry
+from services.compactor.domain.memory_policy import (
+    DEFAULT_IMPORTANCE_BELOW,
+    DEFAULT_OLDER_THAN_DAYS,
+    KIND_COMPACT,
+    KIND_RETENTION,
+    CompactionOutcome,
+    PolicyRun,
+)
+from services.compactor.domain.model import (
+    AppendOutcome,
+    AppendPlan,
+    AppendRequest,
+    DetailSource,
+    Pin,
+    Reconstruction,
+    RunHead,
+    SnapshotInfo,
+    SnapshotState,
+    TierConfig,
+    VerifyReport,
+    plan_append,
+)
+from services.compactor.domain.warm_chain import (
+    ChainWalker,
+    IterationInput,
+    WarmLine,
+    canonical_detail_digest,
+    detail_digest,
+    genesis_hash,
+)
+from services.compactor.repository import CompactorRepository, ConcurrentAppend
+from services.compactor.tiers.cold import ColdArchive
+from services.compactor.tiers.steps import StepHook, no_step_hook
+from services.compactor.tiers.warm import WarmArchive
 
-from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
-from services.common.blobstore import BlobStore, blob_store_from_url
-from services.common.db import Database
-from services.common.server import ServiceSpec
-from services.compactor.iteration_log import IterationLog
-from services.compactor.memory_policy import MemoryCompactionPort, MemoryPolicyRunner
-from services.compactor.repository import IterationRepository
-from services.compactor.scheduler import CompactionSchedule
-from services.compactor.servicer import POLICY, SERVICE_NAME, CompactorServicer
-from services.compactor.settings import CompactorSettings
-from services.compactor.shard_gateway import ShardCompactionGateway
-
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 log = logging.getLogger("engram.compactor")
 
-
-@dataclass
-class CompactorParts:
-    database: Database
-    blobs: BlobStore
-    log: IterationLog
-    policies: MemoryPolicyRunner
-    schedule: CompactionSchedule
-    closers: list[object] = field(default_factory=list)
+_APPEND_ATTEMPTS = 5
+_MAX_REQUEST_ID = 128
+_CACHED_SEGMENTS = 8
+_FINISH_LOCKS = 64
 
 
-def _service_token(settings: CompactorSettings) -> str:
-    path = settings.service_token_file or settings.home / "auth" / "compactor.token"
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no service token at {path}: set ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE to a token "
-            "with role 'service' (`engram up` writes one)")
-    return path.read_text().strip()
+@dataclass(frozen=True)
+class RecordResult:
+    line: WarmLine
+    created: bool
 
 
-def build_parts(settings: CompactorSettings,
-                memory_port: MemoryCompactionPort | None = None) -> CompactorParts:
-    database = Database(settings.database_url())
-    database.upgrade(MIGRATIONS)
-    blobs = blob_store_from_url(settings.blob_store_url(),
-                                endpoint_url=settings.blob_endpoint_url,
-                                region_name=settings.blob_region)
-    repository = IterationRepository(database)
-    iteration_log = IterationLog(repository, blobs, settings.tier_config())
-    recovered = iteration_log.recover()
-    if recovered:
-        log.info("finished interrupted tier work", extra={"runs": recovered})
-    closers: list[object] = []
-    if memory_port is None:
-        gateway = ShardCompactionGateway(settings.shard_addr, _service_token(settings),
-                                         settings.shard_timeout_seconds, settings.shard_tls())
-        closers.append(gateway)
-        memory_port = gateway
-    policies = MemoryPolicyRunner(memory_port, repository)
-    schedule = CompactionSchedule(policies, settings.scheduled_fleets(),
-                                  settings.memory_compaction_interval_seconds,
-                                  settings.memory_importance_below,
-                                  settings.memory_older_than_days)
-    return CompactorParts(database, blobs, iteration_log, policies, schedule, closers)
+class IterationLog:
+    """Records, reads, pins and verifies iteration logs across the hot, warm and cold tiers."""
+
+    def __init__(self, repository: CompactorRepository, blobs: BlobStore,
+                 config: TierConfig | None = None, hook: StepHook = no_step_hook) -> None:
+        self.repo = repository
+        self.config = config or TierConfig()
+        if self.config.hot_size < 1 or self.config.snapshot_every < 1:
+            raise ValueError("hot_size and snapshot_every must be >= 1")
+        self._hook = hook
+        self._warm = WarmArchive(blobs, hook)
+        self._cold = ColdArchive(blobs, hook)
+        # Concurrent records share one transaction and one fsync.
+        self._appends: GroupCommit[AppendRequest, AppendOutcome] = GroupCommit(
+            self._append_group)
+        self._finish_locks = [threading.Lock() for _ in range(_FINISH_LOCKS)]
+        self._segments: OrderedDict[str, list[WarmLine]] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    # -- recording ------------------------------------------------------------
+
+    def record(self, fleet_id: str, run_id: str, item: IterationInput,
+               request_id: str = "") -> RecordResult:
+        """Append ``item``; a retry with the same ``request_id`` returns what the first recorded."""
+        item = item.validated()
+        if len(request_id) > _MAX_REQUEST_ID:
+            raise InvalidArgument(f"request_id must be at most {_MAX_REQUEST_ID} characters",
+                                  reason="INVALID_REQUEST_ID")
+        request = AppendRequest(fleet_id, run_id, item,
+                                canonical_detail_digest(item.detail_json, item.guardrails_json),
+                                request_id)
+        for _attempt in range(_APPEND_ATTEMPTS):
+            try:
+                outcome = self._appends.submit(request)
+            except ConcurrentAppend:
+                continue
+            if outcome.error is not None:
+                raise outcome.error
+            if outcome.retry:
+                continue
+            if outcome.head_pending or (outcome.plan is not None and outcome.plan.pending_work):
+                self._finish_after_commit(fleet_id, run_id)
+            if outcome.plan is None:
+                return self._existing(fleet_id, run_id, item, outcome.recorded_iteration,
+                                      request_id)
+            return RecordResult(outcome.plan.line, True)
+        raise Aborted(f"run {run_id} is being appended to concurrently and this iteration lost "
+                      f"{_APPEND_ATTEMPTS} times; nothing was recorded, retry",
+                      reason="CONCURRENT_APPEND")
+
+    def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
+        """The iteration is committed: a failed seal or snapshot is not a failed write."""
+        try:
+            self.finish_pending(fleet_id, run_id)
+        except Exception:
+            # the run keeps pending_work; the next append or recover() at start redoes the steps
+            log.exception("tier work after a committed iteration failed; left for repair",
+                          extra={"fleet_id": fleet_id, "run_id": run_id})
+
+    def _append_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
+        return self.repo.append_group(requests, self._plan)
+
+    def _existing(self, fleet_id: str, run_id: str, item: IterationInput,
+                  recorded_iteration: int, request_id: str) -> RecordResult:
+        if recorded_iteration:
+            line = self.summary(fleet_id, run_id, recorded_iteration)
+            if item.iteration in (0, recorded_iteration) and line.same_content(item):
+                return RecordResult(line, False)
+            raise AlreadyExists(
+                f"request_id {request_id!r} already recorded iteration {recorded_iteration} of "
+                f"run {run_id} with other content; use a new request_id for a new iteration",
+                reason="REQUEST_ID_REUSED", metadata={"iteration": str(recorded_iteration)})
+        line = self.summary(fleet_id, run_id, item.iteration)
+        if line.same_content(item):
+            return RecordResult(line, False)
+        raise AlreadyExists(
+            f"iteration {item.iteration} of run {run_id} is already recorded with different "
+            "content; the warm log is append-only", reason="ITERATION_EXISTS",
+            metadata={"iteration": str(item.iteration)})
+
+    def _plan(self, request: AppendRequest, head: RunHead | None) -> AppendPlan | None:
+        return plan_append(self.config, request, head)
+
+    # -- the post-commit steps ------------------------------------------------
+
+    def recover(self) -> int:
+        """Finish interrupted seals, snapshots and retention for every run; return how many."""
+        runs = self.repo.runs_with_pending_work()
+        for fleet_id, run_id in runs:
+            self.finish_pending(fleet_id, run_id)
+        return len(runs)
+
+    def finish_pending(self, fleet_id: str, run_id: str) -> None:
+        # One finisher per run at a time: two would race on the same puts and index version.
+        with self._finish_locks[hash((fleet_id, run_id)) % len(self._finish_locks)]:
+            self._finish_pending(fleet_id, run_id)
+
+    def _finish_pending(self, fleet_id: str, run_id: str) -> None:
+        for snapshot in self.repo.snapshots(fleet_id, run_id, SnapshotState.PENDING):
+            self._store_snapshot(fleet_id, run_id, snapshot)
+        for seq in self.repo.sealing_segments(fleet_id, run_id):
+            self._seal(fleet_id, run_id, seq)
+        self._retire_snapshots(fleet_id, run_id)
+        self.repo.clear_pending(fleet_id, run_id)
+
+    def _store_snapshot(self, fleet_id: str, run_id: str, snapshot: SnapshotInfo) -> None:
+        hot = self.repo.hot(fleet_id, run_id, snapshot.iteration)
+        if hot is None:
+            raise IntegrityError(
+                f"snapshot of iteration {snapshot.iteration} of run {run_id} is pending but its "
+                "detail left the hot ring", reason="SNAPSHOT_DETAIL_MISSING")
+        sha, size = self._cold.write(fleet_id, run_id, snapshot, hot)
+        self.repo.mark_snapshot_stored(fleet_id, run_id, snapshot.iteration, sha, size)
+
+    def _seal(self, fleet_id: str, run_id: str, seq: int) -> None:
+        lines = self.repo.segment_lines(fleet_id, run_id, seq)
+        if not lines:
+            raise IntegrityError(f"segment {seq} of run {run_id} has no lines to seal")
+        entry = self._warm.write_segment(fleet_id, run_id, seq, lines)
+        head = self.repo.head(fleet_id, run_id)
+        version = (head.index_version if head else 0) + 1
+        self._warm.write_index(fleet_id, run_id, version,
+                               [*self.repo.sealed_segments(fleet_id, run_id), entry])
+        self.repo.complete_seal(fleet_id, run_id, entry, version)
+        self._hook("seal:after_commit")
+        self._warm.drop_indexes_before(fleet_id, run_id, version)
+
+    def _retire_snapshots(self, fleet_id: str, run_id: str) -> None:
+        retiring = self.repo.mark_retiring(fleet_id, run_id, self.config.keep_snapshots)
+        self._cold.delete(retiring)
+        if retiring:
+            self.repo.drop_snapshots(fleet_id, run_id, [s.iteration for s in retiring])
+
+    # -- reading --------------------------------------------------------------
+
+    def _head(self, fleet_id: str, run_id: str) -> RunHead:
+        head = self.repo.head(fleet_id, run_id)
+        if head is None:
+            raise NotFound(f"run {run_id} has no recorded iterations in fleet {fleet_id}",
+                           reason="RUN_NOT_FOUND")
+        return head
+
+    def last_iteration(self, fleet_id: str, run_id: str) -> int:
+        return self._head(fleet_id, run_id).last_iter
+
+    def _segment(self, entry: SegmentEntry) -> list[WarmLine]:
+        with self._cache_lock:
+            cached = self._segments.get(entry.key)
+            if cached is not None:
+                self._segments.move_to_end(entry.key)
+                return cached
+        lines = self._warm.read_segment(entry)
+        with self._cache_lock:
+            self._segments[entry.key] = lines
+            while len(self._segments) > _CACHED_SEGMENTS:
+                self._segments.popitem(last=False)
+        return lines
+
+    def summaries(self, fleet_id: str, run_id: str, first: int, last: int) -> list[WarmLine]:
+        """Warm lines ``first..last`` across sealed segments and the database."""
+        found: list[WarmLine] = []
+        for entry in self.repo.sealed_segments(fleet_id, run_id):
+            if entry.last_iter < first or entry.first_iter > last:
+                continue
+            found.extend(x for x in self._segment(entry) if first <= x.iteration <= last)
+        found.extend(self.repo.db_lines(fleet_id, run_id, first, last))
+        return found
+
+    def summary(self, fleet_id: str, run_id: str, iteration: int) -> WarmLine:
+        head = self._head(fleet_id, run_id)
+        if not 1 <= iteration <= head.last_iter:
+            raise NotFound(f"run {run_id} has iterations 1..{head.last_iter}, not {iteration}",
+                           reason="ITERATION_NOT_FOUND")
+        lines = self.summaries(fleet_id, run_id, iteration, iteration)
+        if len(lines) != 1:
+            raise IntegrityError(f"iteration {iteration} of run {run_id} is missing from the "
+                                 "warm log", reason="WARM_LINE_MISSING")
+        return lines[0]
+
+    def recent(self, fleet_id: str, run_id: str, below: int | None,
+               limit: int) -> list[tuple[WarmLine, str, str]]:
+        self._head(fleet_id, run_id)
+        return [(e.line, e.detail_json, e.guardrails_json)
+                for e in self.repo.recent(fleet_id, run_id, below, limit)]
+
+    def reconstruct(self, fleet_id: str, run_id: str, iteration: int) -> Reconstruction:
+        line = self.summary(fleet_id, run_id, iteration)
+        hot = self.repo.hot(fleet_id, run_id, iteration)
+        if hot is not None:
+            self._check_detail(line, hot.detail_json, hot.guardrails_json, "hot ring")
+            return Reconstruction(line, DetailSource.HOT, hot.detail_json, hot.guardrails_json,
+                                  iteration)
+        base = self.repo.stored_snapshot_at_or_before(fleet_id, run_id, iteration)
+        if base is None:
+            return Reconstruction(line, DetailSource.SUMMARY_ONLY)
+        content = self._cold.read(base)
+        if base.iteration == iteration:
+            self._check_detail(line, content.detail_json, content.guardrails_json, base.key)
+            return Reconstruction(line, DetailSource.COLD_SNAPSHOT, content.detail_json,
+                                  content.guardrails_json, iteration)
+        trail = self.summaries(fleet_id, run_id, base.iteration, iteration)
+        if trail[0].hash != content.summary.hash or trail[0].iteration != base.iteration:
+            raise IntegrityError(f"snapshot {base.key} does not match the warm log",
+                                 reason="SNAPSHOT_MISMATCH")
+        self._check_detail(trail[0], content.detail_json, content.guardrails_json, base.key)
+        return Reconstruction(line, DetailSource.BASE_SNAPSHOT, content.detail_json,
+                              content.guardrails_json, base.iteration, tuple(trail[1:]))
+
+    @staticmethod
+    def _check_detail(line: WarmLine, detail: str, guardrails: str, where: str) -> None:
+        if detail_digest(detail, guardrails) != line.detail_digest:
+            raise IntegrityError(f"detail of iteration {line.iteration} in {where} does not "
+                                 "match the warm line's detailDigest", reason="DETAIL_TAMPERED")
+
+    # -- pins and verification ----------------------------------------------------
+
+    def pin(self, fleet_id: str, run_id: str, iteration: int, reason: str) -> Pin:
+        if not reason.strip() or len(reason) > 2000:
+            raise InvalidArgument("a pin needs a reason of 1..2000 characters")
+        self.summary(fleet_id, run_id, iteration)
+        pin = self.repo.add_pin(fleet_id, run_id, iteration, reason.strip())
+        self.finish_pending(fleet_id, run_id)
+        return pin
+
+    def verify(self, fleet_id: str, run_id: str) -> VerifyReport:
+        head = self._head(fleet_id, run_id)
+        walker = ChainWalker(genesis_hash(fleet_id, run_id))
+        sealed = self.repo.sealed_segments(fleet_id, run_id)
+        problems = self._warm.check_index(fleet_id, run_id, head.index_version, sealed)
+        segment_problems, hashes = self._warm.check_segments(sealed, walker)
+        problems.extend(segment_problems)
+        for iteration, text in self.repo.db_line_texts(fleet_id, run_id):
+            line = walker.feed_text(f"active line {iteration}", text)
+            if line is not None:
+                hashes[line.iteration] = line.hash
+        problems.extend((p.location, p.detail) for p in walker.problems)
+        if walker.expected_iter - 1 != head.last_iter or walker.expected_prev != head.head_hash:
+            problems.append(("head", f"the run's head is iteration {head.last_iter}; the warm "
+                                     f"log ends at {walker.expected_iter - 1} with another hash"))
+        snapshots = self.repo.snapshots(fleet_id, run_id, SnapshotState.STORED)
+        problems.extend(self._cold.check(snapshots, hashes))
+        return VerifyReport(walker.checked, len(sealed), len(snapshots), head.last_iter,
+                            head.head_hash, tuple(problems))
+
+    def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
+        """The newest index file's segment list (what operators and tools read)."""
+        head = self._head(fleet_id, run_id)
+        if head.index_version == 0:
+            return []
+        return self._warm.read_index(fleet_id, run_id, head.index_version)
 
 
-def service_spec(settings: CompactorSettings,
-                 memory_port: MemoryCompactionPort | None = None) -> ServiceSpec:
-    parts = build_parts(settings, memory_port)
-    servicer = CompactorServicer(parts.log, parts.policies, parts.log.repo)
+class MemoryCompactionPort(Protocol):
+    def compact(self, fleet_id: str, importance_below: float, older_than_days: float,
+                dry_run: bool) -> CompactionOutcome:
+        """Raises ``Unavailable`` when the shard cannot be reached."""
 
-    def register(server: grpc.Server) -> None:
-        pb_grpc.add_CompactorServiceServicer_to_server(
-            servicer, server)
-        parts.schedule.start()
+    def apply_retention(self, fleet_id: str, older_than_days: float,
+                        dry_run: bool) -> Sequence[str]:
+        """The removed (or, in a dry run, removable) record ids."""
 
-    def on_stop() -> None:
-        parts.schedule.stop()
-        for closer in parts.closers:
-            if isinstance(closer, ShardCompactionGateway):
-                closer.close()
-        parts.database.dispose()
 
-    return ServiceSpec(name="compactor", full_names=[SERVICE_NAME], register=register,
-                       policy=POLICY, on_stop=on_stop)
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class MemoryPolicyRunner:
+    """Runs memory compaction and retention on the shard and records every run."""
+
+    def __init__(self, port: MemoryCompactionPort, repository: CompactorRepository) -> None:
+        self._port = port
+        self._repo = repository
+
+    def compact(self, fleet_id: str, trigger: str, *, dry_run: bool,
+                importance_below: float | None = None,
+                older_than_days: float | None = None) -> PolicyRun:
+        below = DEFAULT_IMPORTANCE_BELOW if importance_below is None else importance_below
+        days = DEFAULT_OLDER_THAN_DAYS if older_than_days is None else older_than_days
+        if not 0.0 < below <= 1.0:
+            raise InvalidArgument(f"importance_below must be in (0, 1], got {below}")
+        if days < 0:
+            raise InvalidArgument(f"older_than_days must be >= 0, got {days}")
+        start = _now_us()
+        try:
+            outcome = self._port.compact(fleet_id, below, days, dry_run)
+        except EngramError as error:
+            self._repo.save_policy_run(self._failed(KIND_COMPACT, fleet_id, trigger, dry_run,
+                                                    below, days, start, error))
+            raise
+        run = PolicyRun(
+            id=uuid.uuid4().hex, fleet_id=fleet_id, kind=KIND_COMPACT, dry_run=dry_run,
+            trigger=trigger, outcome="succeeded", error="", examined=outcome.examined,
+            compacted=outcome.compacted, groups=outcome.groups, removed_ids=(),
+            importance_below=below, older_than_days=days, start_us=start, end_us=_now_us(),
+        )
+        self._repo.save_policy_run(run)
+        return run
+
+    def apply_retention(self, fleet_id: str, trigger: str, *, older_than_days: float,
+                        dry_run: bool) -> PolicyRun:
+        if older_than_days <= 0:
+            raise InvalidArgument(
+                f"older_than_days must be > 0 for retention, got {older_than_days}: "
+                "removing originals is explicit and needs an age")
+        start = _now_us()
+        try:
+            removed = tuple(self._port.apply_retention(fleet_id, older_than_days, dry_run))
+        except EngramError as error:
+            self._repo.save_policy_run(self._failed(KIND_RETENTION, fleet_id, trigger, dry_run,
+                                                    0.0, older_than_days, start, error))
+            raise
+        run = PolicyRun(
+            id=uuid.uuid4().hex, fleet_id=fleet_id, kind=KIND_RETENTION, dry_run=dry_run,
+            trigger=trigger, outcome="succeeded", error="", examined=len(removed), compacted=0,
+            groups=(), removed_ids=removed, importance_below=0.0,
+            older_than_days=older_than_days, start_us=start, end_us=_now_us(),
+        )
+        self._repo.save_policy_run(run)
+        return run
+
+    def runs(self, fleet_id: str, after: tuple[int, str] | None, limit: int) -> list[PolicyRun]:
+        """The fleet's recorded runs, newest first; ``after`` continues after a page."""
+        return self._repo.policy_runs(fleet_id, after, limit)
+
+    @staticmethod
+    def _failed(kind: str, fleet_id: str, trigger: str, dry_run: bool, below: float,
+                days: float, start: int, error: EngramError) -> PolicyRun:
+        return PolicyRun(
+            id=uuid.uuid4().hex, fleet_id=fleet_id, kind=kind, dry_run=dry_run, trigger=trigger,
+            outcome="failed", error=f"{error.code}: {error.message}", examined=0, compacted=0,
+            groups=(), removed_ids=(), importance_below=below, older_than_days=days,
+            start_us=start, end_us=_now_us(),
+        )

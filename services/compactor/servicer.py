@@ -9,15 +9,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
-from services.common.auth import ANY_ROLE, MethodPolicy, current_principal
-from services.common.errors import PermissionDenied
+from services.common.auth import ANY_ROLE, MethodPolicy, current_principal, target_fleet
 from services.common.pagination import paginate
 from services.common.tokens import validate_identifier
-from services.compactor.iteration_log import IterationLog
-from services.compactor.memory_policy import KIND_COMPACT, MemoryPolicyRunner, PolicyRun
-from services.compactor.model import DetailSource, Pin, Reconstruction
-from services.compactor.repository import IterationRepository
-from services.compactor.warm_chain import IterationInput, WarmLine
+from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
+from services.compactor.domain.model import DetailSource, Pin, Reconstruction
+from services.compactor.domain.warm_chain import IterationInput, WarmLine
+from services.compactor.service import IterationLog, MemoryPolicyRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
 _WRITERS = frozenset({"agent", "admin", "service"})
@@ -116,23 +114,15 @@ def _run_id(run_id: str) -> str:
 
 
 def _policy_fleet(requested: str) -> str:
-    """The caller's fleet; only service principals act on another fleet."""
+    """The caller's fleet; only service principals run memory policies for another fleet."""
     principal = current_principal()
-    if not requested or requested == principal.fleet_id:
-        return principal.fleet_id
-    if "service" in principal.roles:
-        return validate_identifier("fleet_id", requested)
-    raise PermissionDenied(
-        f"{principal.agent_id} belongs to fleet {principal.fleet_id} and cannot run memory "
-        f"policies for fleet {requested}", reason="FLEET_MISMATCH")
+    return target_fleet(principal, requested, cross_fleet="service" in principal.roles)
 
 
 class CompactorServicer(pb_grpc.CompactorServiceServicer):
-    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner,
-                 repository: IterationRepository) -> None:
+    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner) -> None:
         self._log = log
         self._policies = policies
-        self._repo = repository
 
     def RecordIteration(self, request: pb.RecordIterationRequest,
                         context: grpc.ServicerContext) -> pb.RecordIterationResponse:
@@ -228,8 +218,12 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
         fleet = _policy_fleet(request.fleet_id)
         runs, token = paginate(
             request.page_token, request.page_size, {"fleet": fleet},
-            lambda after, limit: self._repo.policy_runs(
+            lambda after, limit: self._policies.runs(
                 fleet, (int(after[0]), str(after[1])) if after else None, limit),
             lambda run: [run.start_us, run.id])
         return pb.ListPolicyRunsResponse(runs=[policy_run_pb(r) for r in runs],
                                          next_page_token=token)
+
+
+def add_to_server(servicer: CompactorServicer, server: grpc.Server) -> None:
+    pb_grpc.add_CompactorServiceServicer_to_server(servicer, server)

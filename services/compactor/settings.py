@@ -9,7 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
 from services.common.settings import ServerSettings
-from services.compactor.model import TierConfig
+from services.compactor.domain.model import TierConfig
 
 
 class CompactorSettings(ServerSettings):
@@ -34,6 +34,7 @@ class CompactorSettings(ServerSettings):
     shard_tls_cert: Path | None = Field(
         default=None, description="client certificate, for a shard that requires mutual TLS")
     shard_tls_key: Path | None = Field(default=None, description="that certificate's key")
+    migrate: bool = Field(default=True, description="apply the schema migrations at start")
 
     hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
     rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,

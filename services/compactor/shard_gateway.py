@@ -9,49 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
 from engram.client import EngramRpcError, ShardClient, TlsFiles
-from services.common.errors import (
-    Aborted,
-    AlreadyExists,
-    EngramError,
-    FailedPrecondition,
-    IntegrityError,
-    Internal,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ResourceExhausted,
-    Unauthenticated,
-    Unavailable,
-)
-from services.compactor.memory_policy import CompactedGroup, CompactionOutcome
-
-_BY_CODE: dict[str, type[EngramError]] = {cls.code: cls for cls in (
-    InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unauthenticated,
-    PermissionDenied, ResourceExhausted, IntegrityError, Unavailable, Internal)}
+from services.common.errors import EngramError
+from services.common.outbound import dependency_error
+from services.compactor.domain.memory_policy import CompactedGroup, CompactionOutcome
 
 
 def shard_error(address: str, error: EngramRpcError) -> EngramError:
-    """The domain error for a failed shard call: same code, reason and metadata."""
-    message = f"shard service at {address}: {error.message}"
-    if error.code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Unavailable(f"{message} (no answer within the deadline)",
-                           reason=error.reason or "SHARD_DEADLINE_EXCEEDED",
-                           metadata=error.metadata)
-    if error.code == grpc.StatusCode.UNAUTHENTICATED:
-        message += (" (the shard refused the compactor's token: check "
-                    "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE)")
-    kind = _BY_CODE.get(error.code.name)
-    if kind is None:
-        return Internal(message, reason=error.reason or "SHARD_ERROR", metadata=error.metadata)
-    default = "SHARD_UNAVAILABLE" if kind is Unavailable else None
-    return kind(message, reason=error.reason or default, metadata=error.metadata)
+    """The domain error for a failed call to the shard at ``address``."""
+    return dependency_error("shard", address, error,
+                            credential_hint="ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE")
 
 
 class ShardCompactionGateway:
-    """Implements :class:`MemoryCompactionPort` against a running shard service."""
+    """Implements :class:`~services.compactor.service.MemoryCompactionPort` against a shard."""
 
     def __init__(self, address: str, token: str, timeout: float = 60.0,
                  tls: TlsFiles | None = None) -> None:

@@ -12,10 +12,10 @@ import json
 from sqlalchemy import BigInteger, Boolean, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.compactor.archive import SegmentEntry
-from services.compactor.memory_policy import CompactedGroup, PolicyRun
-from services.compactor.model import HotEntry, Pin, RunHead, SnapshotInfo, SnapshotState
-from services.compactor.warm_chain import WarmLine
+from services.compactor.domain.blob_layout import SegmentEntry
+from services.compactor.domain.memory_policy import CompactedGroup, PolicyRun
+from services.compactor.domain.model import HotEntry, Pin, SnapshotInfo, SnapshotState
+from services.compactor.domain.warm_chain import WarmLine
 
 
 class Base(DeclarativeBase):
@@ -37,10 +37,6 @@ class RunRow(Base):
     updated_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_compactor_runs_pending", "pending_work"),)
-
-    def to_entity(self) -> RunHead:
-        return RunHead(self.fleet_id, self.run_id, self.last_iter, self.head_hash,
-                       self.active_seq, self.active_bytes, self.index_version, self.pending_work)
 
 
 class WarmLineRow(Base):

@@ -13,9 +13,9 @@ import pytest
 
 from engram.client.compactor import CompactorClient
 from engram.client.shard import ShardClient
-from services.common.server import EngramServer, build_server
+from services.common.server import EngramServer
 from services.common.tokens import write_token_file
-from services.compactor.service import service_spec
+from services.compactor.server import build_compactor_server
 from services.compactor.settings import CompactorSettings
 from services.shard.server import build_shard_server
 from services.shard.settings import ShardSettings
@@ -53,7 +53,7 @@ def compactor_settings(engram_home: Path, tmp_path: Path, compactor_db_url: str,
 
 @pytest.fixture
 def compactor_server(compactor_settings: CompactorSettings) -> Iterator[EngramServer]:
-    server = build_server(compactor_settings, service_spec(compactor_settings)).start()
+    server = build_compactor_server(compactor_settings).start()
     yield server
     server.stop(0)
 

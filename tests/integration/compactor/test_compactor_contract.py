@@ -13,9 +13,9 @@ from engram.client import EngramRpcError
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.shard import ShardClient
 from engram.compactor.v1 import compactor_service_pb2 as pb
-from services.common.server import EngramServer, build_server
+from services.common.server import EngramServer
 from services.common.tokens import write_token_file
-from services.compactor.service import service_spec
+from services.compactor.server import build_compactor_server
 from services.compactor.settings import CompactorSettings
 from tests.conftest import TokenFactory
 from tests.integration.compactor.conftest import CompactorFactory
@@ -172,7 +172,7 @@ def test_a_shard_refusal_keeps_its_code_and_reason(
     # a token the shard accepts but whose role may not compact
     write_token_file(compactor_settings.service_token_file,
                      make_token("svc-compactor", "system", ("agent",)))
-    server = build_server(compactor_settings, service_spec(compactor_settings)).start()
+    server = build_compactor_server(compactor_settings).start()
     try:
         admin = CompactorClient(server.address, make_token("ops", "fleet-a", ("admin",)))
         with admin, pytest.raises(EngramRpcError) as caught:

@@ -9,10 +9,11 @@ import pytest
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.compactor.iteration_log import IterationLog, StepHook
-from services.compactor.model import TierConfig
-from services.compactor.repository import IterationRepository
-from services.compactor.service import MIGRATIONS
+from services.compactor.domain.model import TierConfig
+from services.compactor.repository import CompactorRepository
+from services.compactor.server import MIGRATIONS
+from services.compactor.service import IterationLog
+from services.compactor.tiers.steps import StepHook, no_step_hook
 from tests.unit.compactor.support import LogFactory
 
 
@@ -31,10 +32,7 @@ def blobs(tmp_path: Path) -> FileBlobStore:
 
 @pytest.fixture
 def make_log(database: Database, blobs: FileBlobStore) -> LogFactory:
-    def build(hook: StepHook | None = None, **config: int) -> IterationLog:
-        log = IterationLog(IterationRepository(database), blobs, TierConfig(**config))
-        if hook is not None:
-            log.hook = hook
-        return log
+    def build(hook: StepHook = no_step_hook, **config: int) -> IterationLog:
+        return IterationLog(CompactorRepository(database), blobs, TierConfig(**config), hook)
 
     return build

@@ -6,8 +6,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from services.compactor.iteration_log import IterationLog
-from services.compactor.warm_chain import IterationInput
+from services.compactor.domain.warm_chain import IterationInput
+from services.compactor.service import IterationLog
 
 LogFactory = Callable[..., IterationLog]
 

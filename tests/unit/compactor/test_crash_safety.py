@@ -18,11 +18,12 @@ import pytest
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.compactor.iteration_log import STEPS, IterationLog
-from services.compactor.model import SnapshotState, TierConfig
-from services.compactor.repository import IterationRepository
-from services.compactor.service import MIGRATIONS
-from services.compactor.warm_chain import WarmLine
+from services.compactor.domain.model import SnapshotState, TierConfig
+from services.compactor.domain.warm_chain import WarmLine
+from services.compactor.repository import CompactorRepository
+from services.compactor.server import MIGRATIONS
+from services.compactor.service import IterationLog
+from services.compactor.tiers.steps import STEPS
 from tests.unit.compactor.support import LogFactory, make_iteration
 
 F, R = "fleet-a", "run-crash"
@@ -91,9 +92,9 @@ _CHILD = r"""
 import os, signal, sys
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.compactor.iteration_log import IterationLog
-from services.compactor.model import TierConfig
-from services.compactor.repository import IterationRepository
+from services.compactor.service import IterationLog
+from services.compactor.domain.model import TierConfig
+from services.compactor.repository import CompactorRepository
 from tests.unit.compactor.support import make_iteration
 
 root, step, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -102,7 +103,7 @@ def die(name):
     if name == step and current[0] >= 9:
         os.kill(os.getpid(), signal.SIGKILL)
 db = Database(f"sqlite:///{root}/c.db")
-log = IterationLog(IterationRepository(db), FileBlobStore(f"{root}/blobs"),
+log = IterationLog(CompactorRepository(db), FileBlobStore(f"{root}/blobs"),
                    TierConfig(rotate_bytes=1500, snapshot_every=4, keep_snapshots=2, hot_size=3),
                    hook=die)
 for n in range(1, total + 1):
@@ -124,7 +125,7 @@ def test_sigkill_at_a_step_then_recovery(step: str, tmp_path: Path) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr
     acked = [int(x) for x in child.stdout.split()]
     blobs = FileBlobStore(tmp_path / "blobs")
-    log = IterationLog(IterationRepository(db), blobs, TierConfig(**CONFIG))
+    log = IterationLog(CompactorRepository(db), blobs, TierConfig(**CONFIG))
     leftovers = list((blobs.root / ".tmp").iterdir())
     if step == "seal:before_rename":
         # killed with the segment fully in its temp file: present on disk, never a visible key

@@ -6,8 +6,8 @@ import threading
 from dataclasses import replace
 
 from services.common.errors import FailedPrecondition
-from services.compactor.model import AppendRequest
-from services.compactor.warm_chain import canonical_detail_digest, detail_digest
+from services.compactor.domain.model import AppendRequest
+from services.compactor.domain.warm_chain import canonical_detail_digest, detail_digest
 from tests.unit.compactor.support import LogFactory, make_iteration
 
 

@@ -17,11 +17,16 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
 )
-from services.compactor.archive import parse_segment
-from services.compactor.iteration_log import IterationLog
-from services.compactor.model import AppendOutcome, AppendRequest, DetailSource, SnapshotState
-from services.compactor.repository import ConcurrentAppend, IterationRepository, Planner
-from services.compactor.warm_chain import WarmLine, detail_digest, genesis_hash
+from services.compactor.domain.blob_layout import parse_segment
+from services.compactor.domain.model import (
+    AppendOutcome,
+    AppendRequest,
+    DetailSource,
+    SnapshotState,
+)
+from services.compactor.domain.warm_chain import WarmLine, detail_digest, genesis_hash
+from services.compactor.repository import CompactorRepository, ConcurrentAppend, Planner
+from services.compactor.service import IterationLog
 from tests.unit.compactor.support import LogFactory, make_iteration
 
 F, R = "fleet-a", "run-1"
@@ -52,7 +57,7 @@ def test_retry_is_idempotent_and_a_conflicting_rewrite_is_refused(make_log: LogF
     assert log.last_iteration(F, R) == 1
 
 
-class _AlwaysOvertaken(IterationRepository):
+class _AlwaysOvertaken(CompactorRepository):
     """Every group transaction loses to another writer (the constraint conflict it raises)."""
 
     attempts = 0
@@ -140,10 +145,10 @@ def test_rotation_at_the_threshold_and_index_file_contents(
 def test_rotation_is_deterministic_given_content(
         make_log: LogFactory, tmp_path_factory: pytest.TempPathFactory) -> None:
     from services.common.db import Database
-    from services.compactor.iteration_log import IterationLog
-    from services.compactor.model import TierConfig
-    from services.compactor.repository import IterationRepository
-    from services.compactor.service import MIGRATIONS
+    from services.compactor.domain.model import TierConfig
+    from services.compactor.repository import CompactorRepository
+    from services.compactor.server import MIGRATIONS
+    from services.compactor.service import IterationLog
 
     digests = []
     for _ in range(2):
@@ -151,7 +156,7 @@ def test_rotation_is_deterministic_given_content(
         db = Database(f"sqlite:///{root / 'c.db'}")
         db.upgrade(MIGRATIONS)
         blobs = FileBlobStore(root / "blobs")
-        log = IterationLog(IterationRepository(db), blobs,
+        log = IterationLog(CompactorRepository(db), blobs,
                            TierConfig(rotate_bytes=900, snapshot_every=5))
         for n in range(1, 31):
             log.record(F, R, make_iteration(n))

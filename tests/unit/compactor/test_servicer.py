@@ -12,7 +12,8 @@ from engram.compactor.v1 import compactor_service_pb2 as pb
 from services.common.auth import bind_principal, unbind_principal
 from services.common.errors import NotFound, PermissionDenied
 from services.common.tokens import Principal
-from services.compactor.memory_policy import CompactedGroup, CompactionOutcome, MemoryPolicyRunner
+from services.compactor.domain.memory_policy import CompactedGroup, CompactionOutcome
+from services.compactor.service import MemoryPolicyRunner
 from services.compactor.servicer import POLICY, SERVICE_NAME, CompactorServicer
 from tests.unit.compactor.support import LogFactory
 
@@ -52,7 +53,7 @@ def shard() -> FakeShard:
 @pytest.fixture
 def servicer(make_log: LogFactory, shard: FakeShard) -> CompactorServicer:
     log = make_log(hot_size=2, snapshot_every=3)
-    return CompactorServicer(log, MemoryPolicyRunner(shard, log.repo), log.repo)
+    return CompactorServicer(log, MemoryPolicyRunner(shard, log.repo))
 
 
 def _as(principal: Principal) -> Iterator[None]:

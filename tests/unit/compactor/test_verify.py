@@ -11,7 +11,7 @@ from sqlalchemy import text
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.errors import IntegrityError
-from services.compactor.iteration_log import IterationLog
+from services.compactor.service import IterationLog
 from tests.unit.compactor.support import LogFactory, make_iteration
 
 F, R = "fleet-a", "run-v"

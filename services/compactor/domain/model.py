@@ -1,11 +1,12 @@
-"""Domain objects of the compactor store (no SQLAlchemy, no grpc)."""
+"""Domain objects of the compactor store, and the rule that plans one append to a run."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
 
-from services.compactor.warm_chain import IterationInput, WarmLine
+from services.common.errors import FailedPrecondition
+from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
 
 
 @dataclass(frozen=True)
@@ -131,3 +132,32 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def plan_append(config: TierConfig, request: AppendRequest,
+                head: RunHead | None) -> AppendPlan | None:
+    """The append ``request`` makes on top of ``head``; ``None`` when already recorded."""
+    fleet_id, run_id, item = request.fleet_id, request.run_id, request.item
+    last = head.last_iter if head else 0
+    iteration = item.iteration or last + 1
+    if iteration <= last:
+        return None
+    if iteration != last + 1:
+        raise FailedPrecondition(
+            f"run {run_id} is at iteration {last}; the next one to record is {last + 1}, "
+            f"not {iteration}", reason="ITERATION_OUT_OF_ORDER",
+            metadata={"next_iteration": str(last + 1)})
+    prev = head.head_hash if head else genesis_hash(fleet_id, run_id)
+    line = WarmLine.chained(item, iteration, prev, request.detail_digest)
+    size = len(line.text().encode()) + 1
+    seq = head.active_seq if head else 1
+    active = head.active_bytes if head else 0
+    seal_seq = None
+    if active > 0 and active + size > config.rotate_bytes:
+        seal_seq, seq, active = seq, seq + 1, 0
+    snapshot = iteration % config.snapshot_every == 0
+    return AppendPlan(
+        line=line, line_bytes=size, seq=seq, active_bytes=active + size, seal_seq=seal_seq,
+        snapshot=snapshot, trim_through=iteration - config.hot_size,
+        pending_work=bool(seal_seq is not None or snapshot or (head and head.pending_work)),
+    )

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from services.compactor.warm_chain import WarmLine, canonical_json, sha256_hex
+from services.common.canonical import canonical_json
+from services.compactor.domain.warm_chain import WarmLine, sha256_hex
 
 _GZIP_WBITS = 31
 _CHUNK = 64 * 1024
@@ -86,18 +87,13 @@ def snapshot_payload(fleet_id: str, run_id: str, line: WarmLine, detail_json: st
     }).encode()
 
 
-def gzip_chunks(payload: bytes, on_chunk: Callable[[int], None] = lambda _n: None
-                ) -> Iterator[bytes]:
-    """Stream a gzip member with no name and mtime 0; ``on_chunk`` sees each chunk's number."""
+def gzip_chunks(payload: bytes) -> Iterator[bytes]:
+    """Stream a gzip member with no name and mtime 0."""
     compressor = zlib.compressobj(6, zlib.DEFLATED, _GZIP_WBITS)
-    count = 0
     for start in range(0, len(payload), _CHUNK):
         out = compressor.compress(payload[start:start + _CHUNK])
         if out:
-            on_chunk(count)
-            count += 1
             yield out
-    on_chunk(count)
     yield compressor.flush()
 
 

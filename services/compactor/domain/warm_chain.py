@@ -15,15 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
 
 MAX_DETAIL_BYTES = 16 * 1024 * 1024
 _MAX_TEXT = 256
-
-
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
 
 
 def sha256_hex(data: str | bytes) -> str:

@@ -1,0 +1,71 @@
+"""Cold snapshots in the blob store: one gzip file per due iteration, read back digest-checked."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from services.common.blobstore import BlobStore
+from services.common.errors import IntegrityError, NotFound
+from services.compactor.domain.blob_layout import (
+    SnapshotContent,
+    digest_of,
+    gzip_chunks,
+    read_snapshot,
+    snapshot_payload,
+)
+from services.compactor.domain.model import HotEntry, SnapshotInfo
+from services.compactor.domain.warm_chain import detail_digest
+from services.compactor.tiers.steps import StepHook, hooked, put_once
+
+
+class ColdArchive:
+    def __init__(self, blobs: BlobStore, hook: StepHook) -> None:
+        self._blobs = blobs
+        self._hook = hook
+
+    def write(self, fleet_id: str, run_id: str, snapshot: SnapshotInfo,
+              hot: HotEntry) -> tuple[str, int]:
+        """Store ``snapshot`` of the hot entry; its sha256 and size in bytes."""
+        payload = snapshot_payload(fleet_id, run_id, hot.line, hot.detail_json,
+                                   hot.guardrails_json)
+        compressed = b"".join(gzip_chunks(payload))
+        sha = digest_of(compressed)
+        put_once(self._blobs, snapshot.key,
+                 hooked(gzip_chunks(payload), self._hook, "snapshot:mid_gzip",
+                        "snapshot:before_rename"), sha)
+        self._hook("snapshot:after_rename")
+        return sha, len(compressed)
+
+    def delete(self, snapshots: Sequence[SnapshotInfo]) -> None:
+        for snapshot in snapshots:
+            self._blobs.delete(snapshot.key)
+            self._hook("retention:mid")
+
+    def read(self, snapshot: SnapshotInfo) -> SnapshotContent:
+        data = b"".join(self._blobs.open(snapshot.key))
+        if digest_of(data) != snapshot.sha256:
+            raise IntegrityError(f"cold snapshot {snapshot.key} does not match its digest",
+                                 reason="SNAPSHOT_TAMPERED")
+        try:
+            return read_snapshot(data)
+        except ValueError as exc:
+            raise IntegrityError(f"cold snapshot {snapshot.key}: {exc}",
+                                 reason="SNAPSHOT_TAMPERED") from None
+
+    def check(self, snapshots: Sequence[SnapshotInfo],
+              hashes: Mapping[int, str]) -> list[tuple[str, str]]:
+        """Problems of stored ``snapshots`` against the warm log's line ``hashes``."""
+        problems: list[tuple[str, str]] = []
+        for snapshot in snapshots:
+            where = f"snapshot {snapshot.iteration}"
+            try:
+                content = self.read(snapshot)
+            except (NotFound, IntegrityError) as exc:
+                problems.append((where, str(exc)))
+                continue
+            if hashes.get(snapshot.iteration) != content.summary.hash:
+                problems.append((where, "its summary is not the warm log's line"))
+            elif detail_digest(content.detail_json, content.guardrails_json) != \
+                    content.summary.detail_digest:
+                problems.append((where, "its detail does not match the line's detailDigest"))
+        return problems

@@ -1,0 +1,103 @@
+"""The sealed part of the warm chain in the blob store: segment files and the index file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.common.blobstore import BlobStore
+from services.common.errors import IntegrityError, NotFound
+from services.compactor.domain.blob_layout import (
+    SegmentEntry,
+    digest_of,
+    index_document,
+    index_key,
+    parse_index,
+    parse_segment,
+    run_prefix,
+    segment_bytes,
+    segment_key,
+)
+from services.compactor.domain.warm_chain import ChainWalker, WarmLine
+from services.compactor.tiers.steps import StepHook, hooked, put_once
+
+
+class WarmArchive:
+    def __init__(self, blobs: BlobStore, hook: StepHook) -> None:
+        self._blobs = blobs
+        self._hook = hook
+
+    def write_segment(self, fleet_id: str, run_id: str, seq: int,
+                      lines: Sequence[WarmLine]) -> SegmentEntry:
+        """Store segment ``seq`` of ``lines``; the entry the index file lists for it."""
+        data = segment_bytes(lines)
+        entry = SegmentEntry(
+            seq=seq, key=segment_key(fleet_id, run_id, seq, lines[0].start_ts),
+            first_iter=lines[0].iteration, last_iter=lines[-1].iteration, lines=len(lines),
+            bytes=len(data), sha256=digest_of(data), first_prev_hash=lines[0].prev_hash,
+            last_hash=lines[-1].hash)
+        put_once(self._blobs, entry.key,
+                 hooked([data], self._hook, None, "seal:before_rename"), entry.sha256)
+        self._hook("seal:after_rename")
+        return entry
+
+    def write_index(self, fleet_id: str, run_id: str, version: int,
+                    segments: Sequence[SegmentEntry]) -> None:
+        document = index_document(fleet_id, run_id, version, segments)
+        put_once(self._blobs, index_key(fleet_id, run_id, version), document,
+                 digest_of(document))
+        self._hook("seal:after_index")
+
+    def drop_indexes_before(self, fleet_id: str, run_id: str, version: int) -> None:
+        current = index_key(fleet_id, run_id, version)
+        for key in list(self._blobs.list(f"{run_prefix(fleet_id, run_id)}/warm/index/")):
+            if key < current:
+                self._blobs.delete(key)
+
+    def read_segment(self, entry: SegmentEntry) -> list[WarmLine]:
+        data = b"".join(self._blobs.open(entry.key))
+        if digest_of(data) != entry.sha256:
+            raise IntegrityError(f"warm segment {entry.key} does not match its recorded digest; "
+                                 "run `engram compactor verify`", reason="SEGMENT_TAMPERED")
+        return [WarmLine.parse(text) for text in parse_segment(data)]
+
+    def read_index(self, fleet_id: str, run_id: str, version: int) -> list[SegmentEntry]:
+        return parse_index(b"".join(self._blobs.open(index_key(fleet_id, run_id, version))))
+
+    def check_index(self, fleet_id: str, run_id: str, version: int,
+                    sealed: Sequence[SegmentEntry]) -> list[tuple[str, str]]:
+        """Problems of index file ``version``: missing, unreadable, or not listing ``sealed``."""
+        if not sealed:
+            return []
+        key = index_key(fleet_id, run_id, version)
+        try:
+            listed = self.read_index(fleet_id, run_id, version)
+        except NotFound:
+            return [("index", f"index file {key} is missing")]
+        except (ValueError, KeyError, TypeError) as exc:
+            return [("index", f"index file {key} is unreadable: {exc}")]
+        if listed != sealed:
+            return [("index", f"index file {key} does not list the sealed segments")]
+        return []
+
+    def check_segments(self, sealed: Sequence[SegmentEntry], walker: ChainWalker,
+                       ) -> tuple[list[tuple[str, str]], dict[int, str]]:
+        """Feed every sealed line to ``walker``; the files' problems and each line's hash."""
+        problems: list[tuple[str, str]] = []
+        hashes: dict[int, str] = {}
+        for entry in sealed:
+            where = f"segment {entry.seq}"
+            try:
+                data = b"".join(self._blobs.open(entry.key))
+            except NotFound:
+                problems.append((where, f"segment file {entry.key} is missing"))
+                continue
+            if digest_of(data) != entry.sha256:
+                problems.append((where, f"{entry.key} does not match the digest in the index"))
+            texts = parse_segment(data)
+            if len(texts) != entry.lines:
+                problems.append((where, f"has {len(texts)} lines, the index says {entry.lines}"))
+            for number, text in enumerate(texts, start=1):
+                line = walker.feed_text(f"{where} line {number}", text)
+                if line is not None:
+                    hashes[line.iteration] = line.hash
+        return problems, hashes
