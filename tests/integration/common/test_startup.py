@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TokenFactory
+
 SERVICES = ("shard", "governance", "artifacts", "compactor")
 
 
@@ -39,12 +41,16 @@ def test_a_setting_that_does_not_parse_is_named(service: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("service", SERVICES)
-def test_a_port_taken_is_named(service: str, tmp_path: Path, engram_home: Path) -> None:
+def test_a_port_taken_is_named(service: str, tmp_path: Path, engram_home: Path,
+                               make_token: TokenFactory) -> None:
+    token = tmp_path / "service.token"
+    token.write_text(make_token("svc-compactor", "system", ("service",)))
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         error = _one_error_line(_start(service, engram_home, **{
             f"ENGRAM_{service.upper()}_PORT": str(port),
-            f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}))
+            f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}))
     assert str(port) in str(error["msg"])
