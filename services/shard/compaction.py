@@ -1,71 +1,29 @@
-"""Memory compaction (seed 001 roadmap): summarise old, unimportant records.
+"""MemoryCompactor: the compaction and retention use cases (the policy is domain/compaction.py).
 
-Decayed importance = importance x 2^(-age / DECAY_HALF_LIFE_DAYS): a record
-loses half its weight every 90 days. Records of one fleet, older than the
-policy age and below the threshold, are grouped by (run, domain) and
-replaced in search by a summary record whose metadata keeps the ids and
-record hashes of what it covers. Originals stay stored and verifiable; only
-:meth:`MemoryCompactor.apply_retention`, an explicit call, removes them.
-A summary's content is deterministic, so a retried compaction lands on the
-same summary id rather than a second summary.
+Compaction writes each group's summary through the shard's own write path (the
+gate decides it like any write), then marks the originals it covers. Originals
+stay stored and verifiable; only :meth:`MemoryCompactor.apply_retention`, an
+explicit call, removes them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from services.common.errors import InvalidArgument
 from services.common.tokens import Principal
-from services.shard.domain.records import MAX_CONTENT_BYTES, Record, RecordDraft
+from services.shard.domain.compaction import (
+    MAX_GROUP,
+    CompactionGroup,
+    CompactionReport,
+    check_policy,
+    check_retention,
+    compactable,
+    summary_draft,
+)
+from services.shard.domain.records import Record
 from services.shard.repository import RecordFilter
 from services.shard.service import ShardService
-
-DECAY_HALF_LIFE_DAYS = 90.0
-MAX_GROUP = 40
-_SNIPPET_CHARS = 160
-SUMMARY_SOURCE = "compactor"
-
-
-def decayed_importance(importance: float, age_days: float) -> float:
-    return importance * math.exp2(-max(0.0, age_days) / DECAY_HALF_LIFE_DAYS)
-
-
-@dataclass(frozen=True)
-class CompactionGroup:
-    domain: str
-    run_id: str
-    replaced_ids: tuple[str, ...]
-    replaced_hashes: tuple[str, ...]
-    summary: Record | None = None
-
-
-@dataclass
-class CompactionReport:
-    examined: int = 0
-    compacted: int = 0
-    groups: list[CompactionGroup] = field(default_factory=list)
-
-
-def summary_text(domain: str, run_id: str, originals: list[Record]) -> str:
-    head = (
-        f"Summary of {len(originals)} older memories in domain {domain}"
-        + (f", run {run_id}" if run_id else "")
-        + ": "
-    )
-    parts = []
-    for record in originals:
-        snippet = " ".join(record.content.split())
-        parts.append(
-            snippet if len(snippet) <= _SNIPPET_CHARS else snippet[: _SNIPPET_CHARS - 1] + "…"
-        )
-    text = head + " | ".join(parts)
-    while len(text.encode()) > MAX_CONTENT_BYTES:
-        text = text[: len(text) * 9 // 10]
-    return text
 
 
 class MemoryCompactor:
@@ -76,24 +34,16 @@ class MemoryCompactor:
     def candidates(
         self, fleet_id: str, importance_below: float, older_than_days: float
     ) -> tuple[int, dict[tuple[str, str], list[Record]]]:
-        if not 0.0 <= importance_below <= 1.0 or older_than_days < 0:
-            raise InvalidArgument(
-                "importance_below must be 0..1 and older_than_days >= 0", reason="INVALID_POLICY"
-            )
+        check_policy(importance_below, older_than_days)
         now = self.clock()
-        cutoff_us = (now - older_than_days * 86400) * 1_000_000
         examined = 0
         groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
         with self.service.db.session() as session:
             done = self.service.repo.compacted_ids(session, fleet_id)
             for record in self.service.repo.scan(session, RecordFilter(fleet_id)):
                 examined += 1
-                if record.id in done or record.source == SUMMARY_SOURCE:
-                    continue
-                if record.created_us >= cutoff_us:
-                    continue
-                age_days = (now * 1_000_000 - record.created_us) / 86_400_000_000
-                if decayed_importance(record.importance, age_days) < importance_below:
+                if record.id not in done and compactable(record, now, importance_below,
+                                                         older_than_days):
                     groups[(record.run_id, record.domain)].append(record)
         return examined, groups
 
@@ -124,20 +74,7 @@ class MemoryCompactor:
     def _write_summary(
         self, principal: Principal, group: CompactionGroup, chunk: list[Record]
     ) -> CompactionGroup:
-        draft = RecordDraft(
-            content=summary_text(group.domain, group.run_id, chunk),
-            run_id=group.run_id,
-            domain=group.domain,
-            source=SUMMARY_SOURCE,
-            importance=max(r.importance for r in chunk),
-            tags=("summary",),
-            metadata={
-                "replaces": json.dumps(
-                    [{"id": r.id, "record_hash": r.record_hash} for r in chunk],
-                    separators=(",", ":"),
-                )
-            },
-        )
+        draft = summary_draft(group.domain, group.run_id, chunk)
         summary = self.service.write(principal, [draft])[0].record
         now_us = int(self.clock() * 1_000_000)
         with self.service.db.session() as session:
@@ -152,10 +89,7 @@ class MemoryCompactor:
         )
 
     def apply_retention(self, fleet_id: str, older_than_days: float, dry_run: bool) -> list[str]:
-        if older_than_days <= 0:
-            raise InvalidArgument(
-                "older_than_days must be > 0 for a retention policy", reason="INVALID_POLICY"
-            )
+        check_retention(older_than_days)
         cutoff_us = int((self.clock() - older_than_days * 86400) * 1_000_000)
         with self.service.db.session() as session:
             ids = self.service.repo.covered_before(session, fleet_id, cutoff_us)

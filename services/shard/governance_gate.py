@@ -4,11 +4,12 @@ The shard holds only governance's address and a service token, never its
 store. The gate first asks without neighbours (``neighbours_omitted``) and
 searches for them only when governance answers ``NEEDS_NEIGHBOURS`` (a
 contradiction rule applies to the writer); it then remembers that writer for
-a few seconds and sends neighbours straight away. Any failure to get a
-decision fails the write closed (``Unavailable``);
-trust multipliers are cached for ``ttl_seconds`` so ranking costs a dict
-lookup, and a failed lookup raises ``Unavailable`` so the shard can fall back
-to 1.0 with a warning.
+a few seconds and sends neighbours straight away. A write governance did
+not decide is never stored: a refusal (INVALID_ARGUMENT, PERMISSION_DENIED…)
+keeps its code, and no answer is ``Unavailable`` (GOVERNANCE_UNAVAILABLE).
+Trust multipliers are cached for ``ttl_seconds`` so ranking costs a dict
+lookup, and any failed lookup raises ``Unavailable`` so the shard can fall
+back to 1.0 with a warning.
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-import grpc
-
 from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import EngramError, Unavailable
+from services.common.outbound import dependency_error
 from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
 
 DEFAULT_TTL_SECONDS = 1.5
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
+_UNNAMED = "(address not given)"
+_TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
 
 def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
@@ -49,13 +51,19 @@ def _unavailable(message: str) -> Unavailable:
     return Unavailable(f"{message}; nothing was stored", reason="GOVERNANCE_UNAVAILABLE")
 
 
+def _failed(address: str, error: EngramRpcError) -> EngramError:
+    """The error of a failed governance call: a refusal as governance gave it, else no answer."""
+    return dependency_error("governance", address, error, credential_hint=_TOKEN_SETTING)
+
+
 class GovernanceGate:
     """WriteGate: ask without neighbours, again with them if governance needs them."""
 
-    def __init__(self, client: GovernanceClient, *,
+    def __init__(self, client: GovernanceClient, *, address: str = _UNNAMED,
                  hint_seconds: float = NEIGHBOURS_HINT_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
+        self._address = address
         self._hint_seconds = hint_seconds
         self._clock = clock
         # (fleet, agent) -> until when to send neighbours without asking first (a hint only).
@@ -89,11 +97,10 @@ class GovernanceGate:
                                        [_candidate(c) for c in candidates],
                                        neighbours_omitted=omitted)
         except EngramRpcError as error:
-            if error.code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise InvalidArgument(f"governance refused the request: {error.message}",
-                                      reason=error.reason or "INVALID_ARGUMENT") from None
-            raise _unavailable(f"governance could not decide this write ({error.code.name}: "
-                               f"{error.message}); retry later") from None
+            failure = _failed(self._address, error)
+            if isinstance(failure, Unavailable):  # no decision: the write fails closed
+                raise _unavailable(f"{failure.message}; retry later") from None
+            raise failure from None
 
     @staticmethod
     def _decisions(reply: gpb.DecideWritesResponse,
@@ -108,9 +115,11 @@ class GovernanceGate:
 class GovernanceTrust:
     """TrustSource: batch lookups with a short per-agent cache."""
 
-    def __init__(self, client: GovernanceClient, *, ttl_seconds: float = DEFAULT_TTL_SECONDS,
+    def __init__(self, client: GovernanceClient, *, address: str = _UNNAMED,
+                 ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
+        self._address = address
         self._ttl = ttl_seconds
         self._clock = clock
         self._cache: dict[tuple[str, str], tuple[float, float]] = {}
@@ -135,8 +144,9 @@ class GovernanceTrust:
         try:
             trusts = self._client.trusts(fleet_id, agent_ids)
         except EngramRpcError as error:
-            raise Unavailable(f"governance trust lookup failed ({error.code.name}: "
-                              f"{error.message})", reason="GOVERNANCE_UNAVAILABLE") from None
+            failure = _failed(self._address, error)
+            raise Unavailable(f"trust lookup failed: {failure.message}",
+                              reason="GOVERNANCE_UNAVAILABLE") from None
         fetched = {t.agent_id: t.multiplier for t in trusts}
         expires = now + self._ttl
         with self._lock:
@@ -157,4 +167,5 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     gate_client = GovernanceClient(address, token, timeout=gate_timeout, **files)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
-    return GovernanceGate(gate_client), GovernanceTrust(trust_client, ttl_seconds=ttl_seconds)
+    return (GovernanceGate(gate_client, address=address),
+            GovernanceTrust(trust_client, address=address, ttl_seconds=ttl_seconds))

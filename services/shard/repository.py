@@ -7,9 +7,9 @@ transaction can span several calls (a write batch is all or nothing).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy import (
     and_,
@@ -31,10 +31,12 @@ from sqlalchemy.sql.elements import BindParameter
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import Record
+from services.shard.retrieval.text import query_terms
 from services.shard.tables import (
     DOMAINS,
     LINKS,
     RECORD_TAGS,
+    RECORD_VECTORS,
     RECORDS,
     CompactionRow,
     DomainRow,
@@ -47,77 +49,6 @@ from services.shard.tables import (
     row_to_record,
 )
 
-_WORD = re.compile(r"[^\W_]+", re.UNICODE)
-MAX_QUERY_TERMS = 32
-STOP_WORDS = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "but",
-        "by",
-        "did",
-        "do",
-        "does",
-        "for",
-        "from",
-        "had",
-        "has",
-        "have",
-        "he",
-        "her",
-        "his",
-        "how",
-        "i",
-        "if",
-        "in",
-        "into",
-        "is",
-        "it",
-        "its",
-        "me",
-        "my",
-        "no",
-        "not",
-        "of",
-        "on",
-        "or",
-        "our",
-        "she",
-        "so",
-        "than",
-        "that",
-        "the",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "to",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "who",
-        "whom",
-        "why",
-        "will",
-        "with",
-        "would",
-        "you",
-        "your",
-    ]
-)
-
 
 @dataclass(frozen=True)
 class RecordFilter:
@@ -127,6 +58,26 @@ class RecordFilter:
     agent_id: str = ""
     tags: tuple[str, ...] = ()
     exclude_compacted: bool = False
+
+
+class RecordText(NamedTuple):
+    """A committed record as the search index reads it: its text and where it belongs."""
+
+    seq: int
+    id: str
+    fleet_id: str
+    run_id: str
+    content: str
+    metadata: dict[str, str]
+    created_us: int
+
+
+class StoredVector(NamedTuple):
+    record_id: str
+    fleet_id: str
+    record_seq: int
+    vector: bytes
+    """float32, little-endian."""
 
 
 # Built once: the write path runs these on every group commit, and a statement object
@@ -145,6 +96,23 @@ _INSERT_LINKS = insert(LINKS)
 _DOMAINS_OF = (
     select(DOMAINS).where(DOMAINS.c.fleet_id == bindparam("fleet")).order_by(DOMAINS.c.name)
 )
+_RECORD_TEXTS = select(
+    RECORDS.c.seq,
+    RECORDS.c.id,
+    RECORDS.c.fleet_id,
+    RECORDS.c.run_id,
+    RECORDS.c.content,
+    RECORDS.c.metadata_json,
+    RECORDS.c.created_us,
+)
+_AFTER = RECORDS.c.seq > bindparam("position")
+# The search index's catch-up runs before every search and every write's duplicate check.
+_TEXTS_AFTER = _RECORD_TEXTS.where(_AFTER).order_by(RECORDS.c.seq).limit(bindparam("limit"))
+_TEXTS_AFTER_AND_GAPS = (
+    _RECORD_TEXTS.where(or_(_AFTER, RECORDS.c.seq.in_(bindparam("gaps", expanding=True))))
+    .order_by(RECORDS.c.seq)
+    .limit(bindparam("limit"))
+)
 _RECORD_USAGE = (
     update(DOMAINS)
     .where(DOMAINS.c.fleet_id == bindparam("k_fleet"), DOMAINS.c.name == bindparam("k_name"))
@@ -155,13 +123,6 @@ _RECORD_USAGE = (
         updated_ts=bindparam("updated_ts"),
     )
 )
-
-
-def query_terms(query: str) -> list[str]:
-    """Lower-cased words of a query, stop words dropped (all kept if nothing else is left)."""
-    words = [w.lower() for w in _WORD.findall(query)]
-    kept = [w for w in dict.fromkeys(words) if w not in STOP_WORDS]
-    return (kept or list(dict.fromkeys(words)))[:MAX_QUERY_TERMS]
 
 
 class ShardRepository:
@@ -487,3 +448,47 @@ class ShardRepository:
         session.execute(
             delete(RecordRow).where(RecordRow.fleet_id == fleet_id, RecordRow.id.in_(list(ids)))
         )
+
+    # -- the search index: catch-up and stored vectors ----------------------
+
+    def texts_after(self, session: Session, position: int, gaps: Sequence[int],
+                    limit: int) -> list[RecordText]:
+        """Records past ``seq`` ``position``, and those among ``gaps``, oldest first."""
+        params: dict[str, object] = {"position": position, "limit": limit}
+        if gaps:
+            rows = session.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
+        else:
+            rows = session.execute(_TEXTS_AFTER, params)
+        return [
+            RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
+                       json.loads(row.metadata_json or "{}"), row.created_us)
+            for row in rows
+        ]
+
+    def count_after(self, session: Session, position: int) -> int:
+        """Records committed past ``seq`` ``position`` (all fleets)."""
+        count = session.scalar(select(func.count()).select_from(RECORDS)
+                               .where(RECORDS.c.seq > position))
+        return int(count or 0)
+
+    def stored_vectors(self, session: Session, ids: Sequence[str], model: str) -> dict[str, bytes]:
+        """Record id -> its stored vector from ``model``, for those of ``ids`` that have one."""
+        rows = session.execute(
+            select(RECORD_VECTORS.c.record_id, RECORD_VECTORS.c.vector).where(
+                RECORD_VECTORS.c.record_id.in_(list(ids)), RECORD_VECTORS.c.model == model
+            )
+        ).tuples()
+        return {record_id: vector for record_id, vector in rows}
+
+    def replace_vectors(self, session: Session, model: str,
+                        vectors: Sequence[StoredVector]) -> None:
+        """Store these records' vectors from ``model`` in place of any they had."""
+        if not vectors:
+            return
+        session.execute(delete(RECORD_VECTORS).where(
+            RECORD_VECTORS.c.record_id.in_([v.record_id for v in vectors])))
+        session.execute(insert(RECORD_VECTORS), [
+            {"record_id": v.record_id, "fleet_id": v.fleet_id, "record_seq": v.record_seq,
+             "model": model, "vector": v.vector}
+            for v in vectors
+        ])

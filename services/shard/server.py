@@ -13,7 +13,7 @@ from services.shard.retrieval.embedding import (
     HashEmbedder,
     require_production,
 )
-from services.shard.search.semantic import SemanticIndex
+from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 from services.shard.servicer import POLICY, SERVICE_NAME, ShardServicer, add_to_server
 from services.shard.settings import ShardSettings
@@ -67,13 +67,12 @@ def build_shard_server(
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     # The in-memory index serves every search mode; without a provider it is lexical only.
-    semantic = SemanticIndex(database, provider, niceness=settings.index_niceness)
-    semantic.start()
-    service = ShardService(database, gate=gate, trust=trust, semantic=semantic,
+    index = SearchIndex(database, provider, niceness=settings.index_niceness)
+    service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity)
 
     def stop() -> None:
-        semantic.stop()
+        index.stop()
         if provider is not None:
             provider.close()  # the embedder's child process, if it runs in one
         database.dispose()
@@ -84,6 +83,7 @@ def build_shard_server(
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        on_start=index.start,
         on_stop=stop,
     )
     return build_server(settings, spec), service

@@ -34,7 +34,7 @@ from services.shard.domain.records import Record, RecordDraft
 from services.shard.ports import GateCandidate, TrustSource, WriteGate
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery
-from services.shard.search.semantic import SemanticIndex
+from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDuplicate
 
 log = logging.getLogger("engram.shard")
 
@@ -87,7 +87,7 @@ class ShardService:
         *,
         gate: WriteGate | None = None,
         trust: TrustSource | None = None,
-        semantic: SemanticIndex | None = None,
+        index: SearchIndex | None = None,
         clock: Callable[[], float] = time.time,
         dedup: str = "off",
         dedup_similarity: float = 0.97,
@@ -98,7 +98,7 @@ class ShardService:
         self.gate = gate
         self.clock = clock
         self.search_engine = SearchEngine(
-            database, self.repo, trust=trust, semantic=semantic, clock=clock
+            database, self.repo, trust=trust, index=index, clock=clock
         )
         self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
         self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
@@ -231,16 +231,18 @@ class ShardService:
         if not any(found):
             return {}
         with self.db.session() as session:
-            stored = self.repo.by_ids(session, fleet, [f for f in found if f and ":" not in f])
+            stored = self.repo.by_ids(session, fleet, [f.record_id for f in found
+                                                       if isinstance(f, StoredDuplicate)])
         out: dict[str, Record | str] = {}
         for record, target in zip(fresh, found, strict=True):
-            if target and target.startswith("batch:"):
-                first = fresh[int(target.removeprefix("batch:"))]
+            if isinstance(target, BatchDuplicate):
+                first = fresh[target.index]
                 if first.run_id == record.run_id:
                     earliest = out.get(first.id, first.id)
                     out[record.id] = earliest
-            elif target and target in stored and stored[target].run_id == record.run_id:
-                out[record.id] = stored[target]
+            elif (isinstance(target, StoredDuplicate) and target.record_id in stored
+                  and stored[target.record_id].run_id == record.run_id):
+                out[record.id] = stored[target.record_id]
         return out
 
     def _replay(self, fleet: str, agent: str, request_id: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,8 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
-from services.common.auth import MethodPolicy, current_principal
-from services.common.errors import PermissionDenied
+from services.common.auth import MethodPolicy, current_principal, target_fleet
 from services.common.pagination import paginate
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
@@ -111,20 +111,10 @@ def _result(result: WriteResult) -> pb.CreateRecordResponse:
     )
 
 
-def target_fleet(principal: Principal, requested: str) -> str:
-    """Service principals name the fleet they act on; everyone else acts on their own."""
-    if "service" in principal.roles:
-        if not requested:
-            raise PermissionDenied(
-                "a service principal must name fleet_id", reason="FLEET_REQUIRED"
-            )
-        return requested
-    if requested and requested != principal.fleet_id:
-        raise PermissionDenied(
-            f"principal of fleet {principal.fleet_id} cannot act on fleet {requested}",
-            reason="FOREIGN_FLEET",
-        )
-    return principal.fleet_id
+def _fleet_acted_on(principal: Principal, requested: str) -> str:
+    """A service principal (the compactor) names the fleet it acts on; others act on their own."""
+    is_service = "service" in principal.roles
+    return target_fleet(principal, requested, cross_fleet=is_service, name_required=is_service)
 
 
 class ShardServicer(pb_grpc.ShardServiceServicer):
@@ -267,8 +257,6 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def ExportSummary(
         self, request: pb.ExportSummaryRequest, context: Any
     ) -> pb.ExportSummaryResponse:
-        import json
-
         return pb.ExportSummaryResponse(
             summary_json=json.dumps(self.service.summary(current_principal()), indent=2)
         )
@@ -276,7 +264,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def CompactRecords(
         self, request: pb.CompactRecordsRequest, context: Any
     ) -> pb.CompactRecordsResponse:
-        fleet = target_fleet(current_principal(), request.fleet_id)
+        fleet = _fleet_acted_on(current_principal(), request.fleet_id)
         report = self.compactor.compact(
             fleet,
             importance_below=request.importance_below
@@ -305,7 +293,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def ApplyRetention(
         self, request: pb.ApplyRetentionRequest, context: Any
     ) -> pb.ApplyRetentionResponse:
-        fleet = target_fleet(current_principal(), request.fleet_id)
+        fleet = _fleet_acted_on(current_principal(), request.fleet_id)
         removed = self.compactor.apply_retention(fleet, request.older_than_days, request.dry_run)
         return pb.ApplyRetentionResponse(removed_ids=removed)
 

@@ -6,7 +6,17 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Table, Text
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.shard.domain.domains import Domain
@@ -176,8 +186,25 @@ class CompactionRow(Base):
     __table_args__ = (Index("ix_compactions_fleet_summary", "fleet_id", "summary_id"),)
 
 
+class RecordVectorRow(Base):
+    """A record's embedding (float32 little-endian bytes), kept so a restart re-embeds nothing."""
+
+    __tablename__ = "record_vectors"
+
+    record_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("records.id", ondelete="CASCADE"), primary_key=True
+    )
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    record_seq: Mapped[int] = mapped_column(BigInteger)
+    model: Mapped[str] = mapped_column(String(64))
+    vector: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (Index("ix_record_vectors_seq", "record_seq"),)
+
+
 # Core table handles for the hot paths (typed as Table, which ``__table__`` is not).
 RECORDS = cast(Table, RecordRow.__table__)
 RECORD_TAGS = cast(Table, RecordTagRow.__table__)
 LINKS = cast(Table, LinkRow.__table__)
 DOMAINS = cast(Table, DomainRow.__table__)
+RECORD_VECTORS = cast(Table, RecordVectorRow.__table__)

@@ -1,4 +1,4 @@
-"""Shard domain logic: records, domains and routing, cross-references, scoring.
+"""Shard domain logic: records, domains and routing, cross-references, scoring, compaction.
 
 Nothing here imports grpc or SQLAlchemy.
 """

@@ -10,11 +10,11 @@ fleet, run, author and content hash, so a retried write lands on the same id.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import unicodedata
 from dataclasses import dataclass, field, replace
 
+from services.common.canonical import canonical_bytes
 from services.common.errors import IntegrityError, InvalidArgument
 
 MAX_CONTENT_BYTES = 32 * 1024
@@ -87,7 +87,7 @@ def canonical_fields(record: Record, content_sha: str) -> bytes:
         "created_us": record.created_us,
         "gate_decision_id": record.gate_decision_id,
     }
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return canonical_bytes(body)
 
 
 def seal(record: Record) -> Record:

@@ -1,7 +1,11 @@
 """Text analysis for lexical ranking: tokenise, drop stop words, Porter-stem.
 
-The stemmer is M. F. Porter's 1980 algorithm ("An algorithm for suffix
-stripping"), written out here so lexical ranking needs no extra dependency.
+One tokenizer and one stop-word list serve every lexical path: the in-memory
+BM25 index analyses text with them, and the store's full-text search (the
+gate's neighbours, cross-reference expansion) takes its query terms from
+:func:`query_terms`. The stemmer is M. F. Porter's 1980 algorithm ("An
+algorithm for suffix stripping"), written out here so lexical ranking needs no
+extra dependency.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ _STOP_WORD_TEXT = """
     thanks thank like just get got go going gonna know think so
 """
 STOP_WORDS = frozenset(_STOP_WORD_TEXT.split())
+MAX_QUERY_TERMS = 32
 
 
 def _is_consonant(word: str, i: int) -> bool:
@@ -197,6 +202,14 @@ def analyze_tokens(
     """:func:`analyze` of text already split by :func:`tokenize`."""
     terms = [t for t in tokens if t not in stop_words]
     return [stem(t) for t in terms] if stemming else terms
+
+
+def query_terms(query: str, limit: int = MAX_QUERY_TERMS) -> list[str]:
+    """A full-text query's words: distinct tokens minus stop words (all kept if nothing else
+    is left), unstemmed, since the store's full-text index stems with its own analyser."""
+    words = list(dict.fromkeys(tokenize(query)))
+    kept = [w for w in words if w not in STOP_WORDS]
+    return (kept or words)[:limit]
 
 
 @dataclass(frozen=True)

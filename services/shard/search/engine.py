@@ -1,6 +1,6 @@
 """SearchEngine: lexical, semantic or hybrid retrieval, re-ranking, cross-reference expansion.
 
-Every mode is served by the :class:`SemanticIndex`: a per-fleet in-memory
+Every mode is served by the :class:`SearchIndex`: a per-fleet in-memory
 :class:`FleetIndex` caught up from the records table before each search (lexical:
 numpy BM25 over postings; semantic and hybrid add MiniLM vectors). The store's
 full-text index (FTS5 bm25 on SQLite, ts_rank_cd on Postgres) serves the gate's
@@ -28,7 +28,7 @@ from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
-from services.shard.search.semantic import SemanticIndex
+from services.shard.search.index import Duplicate, SearchIndex
 
 log = logging.getLogger("engram.shard.search")
 
@@ -60,12 +60,12 @@ class SearchHit:
 class SearchEngine:
     def __init__(self, database: Database, repo: ShardRepository, *,
                  trust: TrustSource | None = None,
-                 semantic: SemanticIndex | None = None,
+                 index: SearchIndex | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.db = database
         self.repo = repo
         self.trust = trust
-        self.semantic = semantic
+        self.index = index
         self.clock = clock
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
@@ -76,7 +76,7 @@ class SearchEngine:
                                   reason="INVALID_LIMIT")
         if query.mode not in ("lexical", "semantic", "hybrid"):
             raise InvalidArgument(f"unknown search mode {query.mode!r}", reason="INVALID_MODE")
-        if query.mode == "semantic" and (self.semantic is None or self.semantic.embedder is None):
+        if query.mode == "semantic" and (self.index is None or self.index.embedder is None):
             raise FailedPrecondition(
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
@@ -92,9 +92,9 @@ class SearchEngine:
 
     def _relevance(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
                    flt: RecordFilter) -> list[tuple[Record, float]]:
-        if self.semantic is None:  # no in-memory index: the store's full-text search
+        if self.index is None:  # no in-memory index: the store's full-text search
             return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
-        found = self.semantic.search(query.fleet_id, query.text, query.mode, run_id=query.run_id)
+        found = self.index.search(query.fleet_id, query.text, query.mode, run_id=query.run_id)
         want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
         # Domain/tag filters and compaction apply to the ranked candidates, a chunk at a time.
@@ -170,20 +170,20 @@ class SearchEngine:
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
 
     def duplicates(self, fleet_id: str, contents: list[str], run_ids: list[str], *, mode: str,
-                   threshold: float) -> list[str | None]:
-        """Existing record id (or ``batch:<i>``) each content duplicates; None when new."""
-        if mode == "off" or self.semantic is None:
+                   threshold: float) -> list[Duplicate | None]:
+        """What each content duplicates (a stored record or an earlier content); None: new."""
+        if mode == "off" or self.index is None:
             return [None] * len(contents)
-        return self.semantic.duplicates(fleet_id, contents, run_ids,
+        return self.index.duplicates(fleet_id, contents, run_ids,
                                         semantic=mode == "semantic", threshold=threshold)
 
     def notify_written(self, records: Sequence[Record]) -> None:
         """Called after each committed group: the full-text index is current, vectors follow."""
-        if self.semantic is not None and records:
-            self.semantic.notify()
+        if self.index is not None and records:
+            self.index.notify()
 
     def indexing_lag(self) -> int:
-        return self.semantic.lag() if self.semantic is not None else 0
+        return self.index.lag() if self.index is not None else 0
 
 
 def _matches(record: Record, flt: RecordFilter) -> bool:

@@ -65,8 +65,8 @@ def test_semantic_finds_paraphrase_and_survives_restart(
     try:
         _caught_up(client)
         assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == target.id
-        assert service.search_engine.semantic is not None
-        assert service.search_engine.semantic.indexed("fleet-sem") == 3
+        assert service.search_engine.index is not None
+        assert service.search_engine.index.indexed("fleet-sem") == 3
     finally:
         server.stop(0)  # type: ignore[attr-defined]
 
@@ -79,7 +79,7 @@ def test_search_survives_the_embedder_child_dying(
         target = client.add("My dog loves running on the beach every morning").record
         client.add("Kubernetes pods restart when the liveness probe fails")
         _caught_up(client)
-        embedder = service.search_engine.semantic.embedder  # type: ignore[union-attr]
+        embedder = service.search_engine.index.embedder  # type: ignore[union-attr]
         assert isinstance(embedder, ProcessEmbedder)
         first = embedder.pid
         assert first is not None

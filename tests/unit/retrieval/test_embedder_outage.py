@@ -14,7 +14,7 @@ from services.shard.domain.records import RecordDraft
 from services.shard.retrieval.embedding import HashEmbedder, Vectors
 from services.shard.retrieval.embedding_process import EmbedderUnavailable
 from services.shard.search.engine import SearchQuery
-from services.shard.search.semantic import SemanticIndex
+from services.shard.search.index import SearchIndex
 from services.shard.server import MIGRATIONS
 from services.shard.service import ShardService
 
@@ -38,12 +38,12 @@ def shard(tmp_path: Path) -> tuple[ShardService, _FlakyEmbedder]:
     database = Database(f"sqlite:///{tmp_path / 'shard.db'}")
     database.upgrade(MIGRATIONS)
     embedder = _FlakyEmbedder()
-    semantic = SemanticIndex(database, embedder)
-    service = ShardService(database, semantic=semantic)
+    index = SearchIndex(database, embedder)
+    service = ShardService(database, index=index)
     agent = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
     service.write(agent, [RecordDraft("the garden hose leaks at the tap"),
                           RecordDraft("quarterly revenue grew twelve percent")])
-    while semantic.catch_up():
+    while index.catch_up():
         pass
     return service, embedder
 

@@ -1,63 +1,59 @@
-"""SemanticIndex: record vectors in the database, per-fleet retrieval state in memory.
+"""SearchIndex: every fleet's in-memory retrieval state (terms, vectors, run neighbours).
 
-A :class:`SeqCursor` follows the records table by ``seq`` and adds each new
-record to its fleet's :class:`FleetIndex` (terms, run neighbours); every search
-first advances it, so a committed record is findable at once, on every replica,
-including one whose transaction committed after a higher seq was read (the
-cursor re-reads the seqs it stepped over). The record then waits in a queue for
-the background indexer, which loads its stored vector (written by this or
-another replica) or embeds the content and stores it; a failed round puts its
-batch back. Everything starts from zero in a new process, so the index is
-rebuilt from the database after a restart; a write only wakes the indexer
-(writes never wait for the model). ``lag()`` is the number of committed records
-without a vector in the index yet.
+It serves every search mode: lexical alone when the shard runs without an
+embedding provider, semantic and hybrid too with one. A :class:`SeqCursor`
+follows the records table by ``seq`` and adds each new record to its fleet's
+:class:`FleetIndex` (terms, run neighbours); every search first advances it, so
+a committed record is findable at once, on every replica, including one whose
+transaction committed after a higher seq was read (the cursor re-reads the
+seqs it stepped over). The record then waits in a queue for the background
+indexer, which loads its stored vector (written by this or another replica) or
+embeds the content and stores it; a failed round puts its batch back.
+Everything starts from zero in a new process, so the index is rebuilt from the
+database after a restart; a write only wakes the indexer (writes never wait
+for the model). ``lag()`` is the number of committed records without a vector
+in the index yet.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
-import re
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import BigInteger, LargeBinary, String, bindparam, func, or_, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.common.db import Database
 from services.common.errors import Unavailable
 from services.common.priority import lower_this_thread
+from services.shard.repository import ShardRepository, StoredVector
 from services.shard.retrieval.embedding import EmbeddingProvider
 from services.shard.search.cursor import SeqCursor
 from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
-from services.shard.tables import RECORDS, Base, RecordRow
 
-log = logging.getLogger("engram.shard.semantic")
-_WORDS = re.compile(r"\w+")
+log = logging.getLogger("engram.shard.index")
 
 
-_NEW_ROWS = select(
-    RECORDS.c.seq,
-    RECORDS.c.id,
-    RECORDS.c.fleet_id,
-    RECORDS.c.run_id,
-    RECORDS.c.content,
-    RECORDS.c.metadata_json,
-    RECORDS.c.created_us,
-)
-_NEWER = RECORDS.c.seq > bindparam("position")
-# Built once: every write's exact-duplicate check runs one (shared) read.
-_READ_NEW = _NEW_ROWS.where(_NEWER).order_by(RECORDS.c.seq).limit(bindparam("chunk"))
-_READ_NEW_AND_GAPS = (
-    _NEW_ROWS.where(or_(_NEWER, RECORDS.c.seq.in_(bindparam("gaps", expanding=True))))
-    .order_by(RECORDS.c.seq)
-    .limit(bindparam("chunk"))
-)
+@dataclass(frozen=True)
+class StoredDuplicate:
+    """A new text duplicates this stored record."""
+
+    record_id: str
+
+
+@dataclass(frozen=True)
+class BatchDuplicate:
+    """A new text duplicates the text at ``index`` earlier in its own batch."""
+
+    index: int
+
+
+Duplicate = StoredDuplicate | BatchDuplicate
 
 
 def _lexical_if_unavailable(
@@ -76,17 +72,7 @@ def _lexical_if_unavailable(
     return vector
 
 
-class RecordVectorRow(Base):
-    __tablename__ = "record_vectors"
-
-    record_id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    fleet_id: Mapped[str] = mapped_column(String(128))
-    record_seq: Mapped[int] = mapped_column(BigInteger)
-    model: Mapped[str] = mapped_column(String(64))
-    vector: Mapped[bytes] = mapped_column(LargeBinary)
-
-
-class SemanticIndex:
+class SearchIndex:
     def __init__(
         self,
         database: Database,
@@ -100,6 +86,7 @@ class SemanticIndex:
         niceness: int = 10,
     ) -> None:
         self.db = database
+        self.repo = ShardRepository(database.dialect)
         self.niceness = niceness
         self.embedder = embedder
         self.batch = batch
@@ -125,7 +112,7 @@ class SemanticIndex:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="semantic-indexer", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="search-indexer", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -145,7 +132,7 @@ class SemanticIndex:
                 while self.catch_up() and not self._stop.is_set():
                     pass
             except Exception:  # the loop must survive a transient database error
-                log.exception("semantic indexing failed; retrying")
+                log.exception("search indexing failed; retrying")
             if self._wake.wait(self.poll_s):
                 # Let a burst of writes land first: one catch-up per burst, not per write,
                 # keeps the indexer off the write path's CPU (searches catch up on demand).
@@ -173,22 +160,18 @@ class SemanticIndex:
         """Read committed records past the cursor (and the gaps it left) into the indexes."""
         while True:
             gaps = self._cursor.gaps()
-            params = {"position": self._cursor.position, "chunk": chunk}
             with self.db.session() as session:
-                if gaps:
-                    rows = session.execute(_READ_NEW_AND_GAPS, {**params, "gaps": gaps}).all()
-                else:
-                    rows = session.execute(_READ_NEW, params).all()
+                rows = self.repo.texts_after(session, self._cursor.position, gaps, chunk)
             if not rows:
                 return
             with self._lock:
                 for row in rows:
                     fleet = self._fleet(row.fleet_id)
-                    key = text_key(row.content, row.run_id or "")
-                    day = metadata_day(json.loads(row.metadata_json or "{}"), row.created_us)
-                    doc = fleet.add(row.id, row.run_id or "", row.content, key, day)
-                    self._pending.append((int(row.seq), row.fleet_id, doc, row.id, row.content))
-                self._cursor.advance(int(row.seq) for row in rows)
+                    key = text_key(row.content, row.run_id)
+                    day = metadata_day(row.metadata, row.created_us)
+                    doc = fleet.add(row.id, row.run_id, row.content, key, day)
+                    self._pending.append((row.seq, row.fleet_id, doc, row.id, row.content))
+                self._cursor.advance(row.seq for row in rows)
             if len(rows) < chunk:
                 return
 
@@ -227,17 +210,9 @@ class SemanticIndex:
         """Stored vectors are reused; the rest are embedded (outside any transaction), stored
         and added to their fleets' indexes."""
         assert self.embedder is not None
-        ids = [item[3] for item in work]
         with self.db.session() as session:
-            stored = {
-                r.record_id: r.vector
-                for r in session.execute(
-                    select(RecordVectorRow.record_id, RecordVectorRow.vector).where(
-                        RecordVectorRow.record_id.in_(ids),
-                        RecordVectorRow.model == self.embedder.name,
-                    )
-                )
-            }
+            stored = self.repo.stored_vectors(session, [item[3] for item in work],
+                                              self.embedder.name)
         missing = [item for item in work if item[3] not in stored]
         if missing:
             with self._lock:
@@ -249,7 +224,10 @@ class SemanticIndex:
             for item in missing:
                 stored[item[3]] = np.asarray(ready[item[3]]).astype("<f4").tobytes()
             with self.db.session() as session:
-                self._store(session, missing, stored)
+                self.repo.replace_vectors(session, self.embedder.name, [
+                    StoredVector(record_id, fleet_id, seq, stored[record_id])
+                    for seq, fleet_id, _, record_id, _ in missing
+                ])
         by_fleet: dict[str, tuple[list[int], list[np.ndarray]]] = {}
         for _, fleet_id, doc, record_id, _ in work:
             docs, rows = by_fleet.setdefault(fleet_id, ([], []))
@@ -259,30 +237,6 @@ class SemanticIndex:
             for fleet_id, (docs, rows) in by_fleet.items():
                 self._fleets[fleet_id].add_vectors(docs, np.stack(rows).astype(np.float32))
 
-    def _store(
-        self,
-        session: Session,
-        items: list[tuple[int, str, int, str, str]],
-        stored: dict[str, bytes],
-    ) -> None:
-        assert self.embedder is not None  # only the vector cursor stores vectors
-        ids = [item[3] for item in items]
-        session.execute(
-            RecordVectorRow.__table__.delete().where(  # type: ignore[attr-defined]
-                RecordVectorRow.record_id.in_(ids)
-            )
-        )
-        session.add_all(
-            RecordVectorRow(
-                record_id=record_id,
-                fleet_id=fleet_id,
-                record_seq=seq,
-                model=self.embedder.name,
-                vector=stored[record_id],
-            )
-            for seq, fleet_id, _, record_id, _ in items
-        )
-
     def lag(self) -> int:
         """Committed records not yet in the vector index (0 when caught up or lexical only)."""
         if self.embedder is None:
@@ -291,10 +245,7 @@ class SemanticIndex:
             waiting = len(self._pending) + self._in_flight
             position = self._cursor.position
         with self.db.session() as session:
-            unread = session.execute(
-                select(func.count()).select_from(RecordRow).where(RecordRow.seq > position)
-            ).scalar()
-        return waiting + int(unread or 0)
+            return waiting + self.repo.count_after(session, position)
 
     # -- queries ------------------------------------------------------------
 
@@ -356,8 +307,9 @@ class SemanticIndex:
         *,
         semantic: bool,
         threshold: float,
-    ) -> list[str | None]:
-        """For each text, the id of an existing record it duplicates (None if new).
+    ) -> list[Duplicate | None]:
+        """For each text, what it duplicates: a stored record, an earlier text of the batch,
+        or nothing (None).
 
         Exact: the same normalised text (case and spacing) in the same run of the fleet,
         checked against every committed record (the lexical cursor is advanced first). Semantic:
@@ -368,14 +320,15 @@ class SemanticIndex:
         self.sync()
         keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None
-        out: list[str | None] = []
+        out: list[Duplicate | None] = []
         with self._lock:
             index = self._fleets.get(fleet_id)
             seen: dict[bytes, int] = {}
             for i, key in enumerate(keys):
-                found = index.text_keys.get(key) if index is not None else None
+                stored = index.text_keys.get(key) if index is not None else None
+                found: Duplicate | None = StoredDuplicate(stored) if stored is not None else None
                 if found is None and key in seen:
-                    found = f"batch:{seen[key]}"
+                    found = BatchDuplicate(seen[key])
                 if found is None and vectors is not None:
                     found = self._near(index, vectors, i, threshold) or self._near_pending(
                         fleet_id, vectors[i], threshold
@@ -391,22 +344,24 @@ class SemanticIndex:
 
     def _near(
         self, index: FleetIndex | None, vectors: np.ndarray, i: int, threshold: float
-    ) -> str | None:
+    ) -> Duplicate | None:
         if index is not None and len(index.vectors):
             best = index.vectors.search(vectors[i], 1)
             if best and best[0][1] >= threshold:
-                return index.ids[best[0][0]]
+                return StoredDuplicate(index.ids[best[0][0]])
         for j in range(i):  # an earlier text of the same batch
             if float(vectors[j] @ vectors[i]) >= threshold:
-                return f"batch:{j}"
+                return BatchDuplicate(j)
         return None
 
-    def _near_pending(self, fleet_id: str, vector: np.ndarray, threshold: float) -> str | None:
+    def _near_pending(
+        self, fleet_id: str, vector: np.ndarray, threshold: float
+    ) -> StoredDuplicate | None:
         """Committed records whose vector (embedded at write) is not in the index yet."""
         for _, fleet, _, record_id, text in itertools.islice(reversed(self._pending), 1000):
             pending = self._fresh_vectors.get(text) if fleet == fleet_id else None
             if pending is not None and float(pending @ vector) >= threshold:
-                return record_id
+                return StoredDuplicate(record_id)
         return None
 
     def indexed(self, fleet_id: str) -> int:
