@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-_TOKEN = re.compile(r"[a-z0-9]+")
+# Letters and digits of any script, so the full-text path keeps "café" and CJK words whole.
+_TOKEN = re.compile(r"[^\W_]+")
 _APOSTROPHE = re.compile(r"['\u2019](s|d|ll|re|ve|m|t)\b")
 
 # Common English function words plus chat filler ("yeah", "wow") that carries no topic.

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from services.shard.retrieval.lexical import BM25Index
-from services.shard.retrieval.text import DateMention, analyze, date_mentions, stem, tokenize
+from services.shard.retrieval.text import (
+    DateMention,
+    analyze,
+    date_mentions,
+    query_terms,
+    stem,
+    tokenize,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,3 +80,9 @@ def test_bm25_weighted_terms_count_fractionally() -> None:
 )
 def test_date_mentions_are_as_precise_as_the_text(text: str, expected: list[DateMention]) -> None:
     assert date_mentions(text) == expected
+
+
+def test_words_of_any_script_are_terms_on_both_lexical_paths() -> None:
+    terms = query_terms("Caroline's café in 東京")
+    assert "café" in terms and "東京" in terms
+    assert "s" not in terms
