@@ -54,9 +54,9 @@ def _b64d(text: str) -> bytes:
 def validate_identifier(kind: str, value: str) -> str:
     if not value or len(value) > _MAX_ID_LEN:
         raise InvalidArgument(f"{kind} must be 1..{_MAX_ID_LEN} characters, got {len(value)}")
-    if not all(c.isalnum() or c in "-_.:@" for c in value):
+    if not all(c.isalnum() or c in "-_.:@" for c in value) or not value.strip("."):
         raise InvalidArgument(
-            f"{kind} {value!r} may hold only letters, digits and - _ . : @",
+            f"{kind} {value!r} may hold only letters, digits and - _ . : @, and not only dots",
             reason="INVALID_IDENTIFIER",
         )
     return value

@@ -1,0 +1,85 @@
+"""Limits on what a request may carry, and the JSON every service accepts.
+
+Every limit is a setting with a default; going over it is ``INVALID_ARGUMENT`` with reason
+``LIMIT_EXCEEDED`` and a message naming the limit and the setting that raises it, so a
+client learns what to shrink and an operator what to change. JSON documents are checked
+for size and nesting depth before they are parsed: Python's parser recurses, and a document
+nested a few thousand deep would otherwise end in ``RecursionError`` (INTERNAL).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from services.common.errors import InvalidArgument
+
+DEFAULT_JSON_DEPTH = 64
+
+
+class LimitExceeded(InvalidArgument):
+    default_reason = "LIMIT_EXCEEDED"
+
+
+def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "") -> None:
+    """Refuse ``value`` over ``limit``: ``what`` names the thing, ``setting`` the knob."""
+    if value > limit:
+        suffix = f" {unit}" if unit else ""
+        raise LimitExceeded(f"{what} is {value}{suffix}, over the limit of {limit}{suffix} "
+                            f"({setting})", metadata={"limit": str(limit), "setting": setting})
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in ``text``, in one pass, without parsing."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} has no JSON form")
+
+
+def parse_json(text: str, what: str, *, max_bytes: int, setting: str,
+               max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
+    """Parse one JSON document a client sent; every way it can be bad is INVALID_ARGUMENT."""
+    check_limit(what, len(text.encode()), max_bytes, setting, "bytes")
+    check_limit(f"{what}'s nesting depth", json_depth(text), max_depth,
+                "ENGRAM_LIMITS_JSON_DEPTH")
+    try:
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as error:
+        raise InvalidArgument(f"{what} is not valid JSON: {error}", reason="INVALID_JSON") from None
+    if _has_infinity(value):
+        raise InvalidArgument(f"{what} is not valid JSON: a number too large for a float",
+                              reason="INVALID_JSON")
+    return value
+
+
+def _has_infinity(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
