@@ -2,6 +2,7 @@
 import type * as grpc from "@grpc/grpc-js";
 import { ArtifactStore } from "./artifacts.js";
 import {
+  channelCredentials,
   type ConnectionSettings,
   type GeneratedClientConstructor,
   ServiceConnection,
@@ -68,6 +69,7 @@ export class EngramClient {
       retry: options.retry === false ? false : { ...DEFAULT_RETRY, ...options.retry },
       channelOptions: options.channelOptions ?? {},
     };
+    channelCredentials(this.settings.tls); // refuses a certificate without its key now
     const connection = (service: ServiceName) => () => this.connection(service);
     this.records = new Records(connection("shard"));
     this.runs = new Runs(connection("artifacts"));
