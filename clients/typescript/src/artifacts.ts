@@ -21,10 +21,7 @@ import { type Page, paginate } from "./paging.js";
 
 /** Bytes to upload: a buffer, a string (UTF-8), or any (async) iterable of them, a Readable included. */
 export type UploadSource =
-  | Uint8Array
-  | string
-  | Iterable<Uint8Array | string>
-  | AsyncIterable<Uint8Array | string>;
+  Uint8Array | string | Iterable<Uint8Array | string> | AsyncIterable<Uint8Array | string>;
 
 export interface UploadOptions extends CallOptions {
   runId: string;
@@ -66,7 +63,10 @@ const CLIENT_DOMAIN = "engram-ts";
 const DEFAULT_CHUNK_BYTES = 1024 * 1024;
 
 /** The source as Buffers of exactly `size` bytes, the last one shorter. */
-async function* rechunk(source: UploadSource, size: number): AsyncGenerator<Buffer, void, undefined> {
+async function* rechunk(
+  source: UploadSource,
+  size: number,
+): AsyncGenerator<Buffer, void, undefined> {
   const pieces = typeof source === "string" || source instanceof Uint8Array ? [source] : source;
   let pending: Buffer[] = [];
   let pendingBytes = 0;
@@ -136,7 +136,7 @@ export class ArtifactStore {
    * SHA-256 of what was sent, so the service stores nothing unless every byte arrived.
    * Not retried (a stream cannot be replayed); ALREADY_EXISTS if the path is taken.
    */
-  upload(source: UploadSource, options: UploadOptions): Promise<Artifact> {
+  async upload(source: UploadSource, options: UploadOptions): Promise<Artifact> {
     const chunkSize = options.chunkSize ?? DEFAULT_CHUNK_BYTES;
     if (!Number.isInteger(chunkSize) || chunkSize <= 0) {
       throw new RangeError(`chunkSize must be a positive integer, got ${chunkSize}`);
@@ -150,7 +150,9 @@ export class ArtifactStore {
       expectedSizeBytes: options.expectedSizeBytes,
       expectedHash: options.expectedHash ?? "",
     });
-    const produce = async (send: (message: CreateArtifactRequest) => Promise<void>): Promise<void> => {
+    const produce = async (
+      send: (message: CreateArtifactRequest) => Promise<void>,
+    ): Promise<void> => {
       await send({ part: { $case: "header", value: header } });
       const hash = createHash("sha256");
       let size = 0;
@@ -159,7 +161,9 @@ export class ArtifactStore {
         size += chunk.length;
         await send({ part: { $case: "chunk", value: chunk } });
       }
-      await send({ part: { $case: "trailer", value: { sizeBytes: size, sha256: hash.digest("hex") } } });
+      await send({
+        part: { $case: "trailer", value: { sizeBytes: size, sha256: hash.digest("hex") } },
+      });
     };
     return this.artifacts()
       .clientStream(Artifacts.createArtifact, produce, options)
@@ -167,7 +171,7 @@ export class ArtifactStore {
   }
 
   /** `upload` of a file, read as it is sent; `name` defaults to the file's name. */
-  uploadFile(
+  async uploadFile(
     path: string,
     options: Omit<UploadOptions, "name"> & { name?: string },
   ): Promise<Artifact> {
@@ -260,7 +264,7 @@ export class ArtifactStore {
   }
 
   /** Re-hashes the blobs of one run (default: every run of the fleet); lists each problem. */
-  verify(runId = "", options: CallOptions = {}): Promise<VerifyArtifactsResponse> {
+  async verify(runId = "", options: CallOptions = {}): Promise<VerifyArtifactsResponse> {
     return this.artifacts().unary(Artifacts.verifyArtifacts, { runId }, options);
   }
 }

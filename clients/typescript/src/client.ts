@@ -23,6 +23,7 @@ import {
   type ServiceName,
 } from "./options.js";
 import { Records } from "./records.js";
+import { retryServiceConfig } from "./retry.js";
 import { Runs } from "./runs.js";
 
 /** The generated clients, for calls the resources do not wrap (governance, admin). */
@@ -35,7 +36,9 @@ export interface RawClients {
 
 function positiveMs(name: string, value: number): number {
   if (!(value > 0)) {
-    throw new RangeError(`${name} must be a positive number of milliseconds (or Infinity), got ${value}`);
+    throw new RangeError(
+      `${name} must be a positive number of milliseconds (or Infinity), got ${value}`,
+    );
   }
   return value;
 }
@@ -69,7 +72,9 @@ export class EngramClient {
       retry: options.retry === false ? false : { ...DEFAULT_RETRY, ...options.retry },
       channelOptions: options.channelOptions ?? {},
     };
-    channelCredentials(this.settings.tls); // refuses a certificate without its key now
+    // Refuse a certificate without its key, or a bad retry policy, now rather than on first use.
+    channelCredentials(this.settings.tls);
+    retryServiceConfig(this.settings.retry);
     const connection = (service: ServiceName) => () => this.connection(service);
     this.records = new Records(connection("shard"));
     this.runs = new Runs(connection("artifacts"));

@@ -73,14 +73,13 @@ function defaultsInterceptor(settings: ConnectionSettings): grpc.Interceptor {
 }
 
 function clientOptions(settings: ConnectionSettings, retries: boolean): grpc.ClientOptions {
+  const serviceConfig = retries ? retryServiceConfig(settings.retry) : undefined;
   return {
     "grpc.primary_user_agent": "engram-ts",
     "grpc.max_receive_message_length": MAX_RECEIVE_BYTES,
     // The retry policy below is the whole service config: never take one from DNS.
     "grpc.service_config_disable_resolution": 1,
-    ...(retries && settings.retry !== false && settings.retry.maxAttempts > 1
-      ? { "grpc.service_config": retryServiceConfig(settings.retry) }
-      : {}),
+    ...(serviceConfig === undefined ? {} : { "grpc.service_config": serviceConfig }),
     ...settings.channelOptions,
     interceptors: [defaultsInterceptor(settings)],
   };

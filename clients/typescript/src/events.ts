@@ -21,7 +21,7 @@ export class Events {
    * Appends one event to a running run; `payload` is sent as JSON (at most 60 KiB).
    * The service assigns seq and hash; a retry returns the first event, `created: false`.
    */
-  append(
+  async append(
     runId: string,
     type: string,
     payload: unknown = {},

@@ -39,7 +39,11 @@ export class Iterations {
    * Appends one iteration. The request_id (one per call unless given) makes a retry
    * return the iteration the first attempt recorded, even for "the next one".
    */
-  record(runId: string, input: NewIteration, options: WriteOptions = {}): Promise<RecordIterationResponse> {
+  async record(
+    runId: string,
+    input: NewIteration,
+    options: WriteOptions = {},
+  ): Promise<RecordIterationResponse> {
     const { detail, guardrails, ...fields } = input;
     const iteration = IterationInput.fromPartial({
       ...fields,
@@ -54,7 +58,7 @@ export class Iterations {
    * The full view of one iteration: from the hot ring, its cold snapshot, or the
    * nearest earlier snapshot plus the warm summaries since (`source` says which).
    */
-  reconstruct(
+  async reconstruct(
     runId: string,
     iteration: number,
     options: CallOptions = {},
@@ -69,7 +73,11 @@ export class Iterations {
   ): AsyncGenerator<HotIteration, void, undefined> {
     return paginate(async (pageToken): Promise<Page<HotIteration>> => {
       const request = { runId, pageSize: options.pageSize ?? 0, pageToken };
-      const response = await this.compactor().unary(Compactor.listRecentIterations, request, options);
+      const response = await this.compactor().unary(
+        Compactor.listRecentIterations,
+        request,
+        options,
+      );
       return { items: response.iterations, nextPageToken: response.nextPageToken };
     });
   }
@@ -92,13 +100,18 @@ export class Iterations {
   }
 
   /** Marks an anomaly; retention then keeps the snapshot that reconstructs it. */
-  async pin(runId: string, iteration: number, reason: string, options: CallOptions = {}): Promise<Pin> {
+  async pin(
+    runId: string,
+    iteration: number,
+    reason: string,
+    options: CallOptions = {},
+  ): Promise<Pin> {
     const request = { runId, iteration, reason };
     return (await this.compactor().unary(Compactor.pinIteration, request, options)).pin!;
   }
 
   /** Re-hashes the warm chain, its segments and the cold snapshots; lists each problem. */
-  verify(runId: string, options: CallOptions = {}): Promise<VerifyRunResponse> {
+  async verify(runId: string, options: CallOptions = {}): Promise<VerifyRunResponse> {
     return this.compactor().unary(Compactor.verifyRun, { runId }, options);
   }
 }

@@ -69,7 +69,7 @@ export class Records {
    * Stores one record. A retry, or the same content again in the same run, returns
    * the stored record with `created: false`.
    */
-  create(record: NewRecord, options: WriteOptions = {}): Promise<CreateRecordResponse> {
+  async create(record: NewRecord, options: WriteOptions = {}): Promise<CreateRecordResponse> {
     const request = CreateRecordRequest.fromPartial({
       record: RecordInput.fromPartial(record),
       requestId: options.requestId ?? randomUUID(),
@@ -78,7 +78,7 @@ export class Records {
   }
 
   /** `create` with only the content and, optionally, the other fields. */
-  add(
+  async add(
     content: string,
     fields: Omit<NewRecord, "content"> = {},
     options: WriteOptions = {},
@@ -87,7 +87,10 @@ export class Records {
   }
 
   /** Up to 1000 records in one transaction: all are stored or none. */
-  async createMany(records: NewRecord[], options: WriteOptions = {}): Promise<CreateRecordResponse[]> {
+  async createMany(
+    records: NewRecord[],
+    options: WriteOptions = {},
+  ): Promise<CreateRecordResponse[]> {
     const request = BatchCreateRecordsRequest.fromPartial({
       records: records.map((record) => RecordInput.fromPartial(record)),
       requestId: options.requestId ?? randomUUID(),
@@ -102,7 +105,10 @@ export class Records {
   }
 
   /** Newest first; pages are fetched as the loop goes. */
-  list(filter: RecordFilter = {}, options: CallOptions = {}): AsyncGenerator<MemoryRecord, void, undefined> {
+  list(
+    filter: RecordFilter = {},
+    options: CallOptions = {},
+  ): AsyncGenerator<MemoryRecord, void, undefined> {
     return paginate((pageToken) => this.listPage({ ...filter, pageToken }, options));
   }
 
@@ -135,7 +141,7 @@ export class Records {
   }
 
   /** Re-hashes the records (`"all"`: every record of the fleet); lists each mismatch. */
-  verify(ids: string[] | "all", options: CallOptions = {}): Promise<VerifyRecordsResponse> {
+  async verify(ids: string[] | "all", options: CallOptions = {}): Promise<VerifyRecordsResponse> {
     const request = ids === "all" ? { ids: [], all: true } : { ids, all: false };
     return this.shard().unary(Shard.verifyRecords, request, options);
   }
@@ -152,7 +158,7 @@ export class Records {
   }
 
   /** The caller's fleet: record and link counts, domains, indexing lag. */
-  status(options: CallOptions = {}): Promise<GetStatusResponse> {
+  async status(options: CallOptions = {}): Promise<GetStatusResponse> {
     return this.shard().unary(Shard.getStatus, {}, options);
   }
 }

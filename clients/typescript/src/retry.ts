@@ -71,10 +71,21 @@ export function isRetried(path: string): boolean {
   return IDEMPOTENT[service]?.includes(method) ?? false;
 }
 
-/** The `grpc.service_config` channel option's value. */
-export function retryServiceConfig(retry: RetryOptions): string {
-  if (!Number.isInteger(retry.maxAttempts) || retry.maxAttempts < 2 || retry.maxAttempts > 5) {
-    throw new RangeError(`retry.maxAttempts must be 2..5 (gRPC's limit), got ${retry.maxAttempts}`);
+/** The `grpc.service_config` channel option's value; undefined for a single attempt. */
+export function retryServiceConfig(retry: RetryOptions | false): string | undefined {
+  if (retry === false) {
+    return undefined;
+  }
+  if (!Number.isInteger(retry.maxAttempts) || retry.maxAttempts < 1 || retry.maxAttempts > 5) {
+    throw new RangeError(`retry.maxAttempts must be 1..5 (gRPC's limit), got ${retry.maxAttempts}`);
+  }
+  for (const name of ["initialBackoffMs", "maxBackoffMs", "backoffMultiplier"] as const) {
+    if (!(retry[name] > 0)) {
+      throw new RangeError(`retry.${name} must be positive, got ${retry[name]}`);
+    }
+  }
+  if (retry.maxAttempts === 1) {
+    return undefined;
   }
   const seconds = (ms: number): string => `${(ms / 1000).toFixed(3)}s`;
   return JSON.stringify({

@@ -34,7 +34,7 @@ export class Runs {
    * Starts a run; a run id that already names a running run of the fleet returns it
    * with `created: false`. The id is always sent, so a retried start finds its run.
    */
-  start(options: StartRunOptions = {}): Promise<StartRunResponse> {
+  async start(options: StartRunOptions = {}): Promise<StartRunResponse> {
     const request = {
       runId: options.runId ?? `run_${randomUUID().replaceAll("-", "")}`,
       metadataJson: options.metadata === undefined ? "" : JSON.stringify(options.metadata),
@@ -67,7 +67,7 @@ export class Runs {
   }
 
   /** The latest snapshot and the events after it (at most `maxEvents`, default 10000). */
-  rehydrate(
+  async rehydrate(
     runId: string,
     options: CallOptions & { maxEvents?: number } = {},
   ): Promise<RehydrateResponse> {

@@ -168,8 +168,18 @@ describe("runs and events", () => {
       appended.map((a) => a.event!.seq),
       [1, 2, 3],
     );
-    const retried = await engram.events.append(runId, "tool.called", { step: 9 }, { requestId: "once" });
-    const again = await engram.events.append(runId, "tool.called", { step: 9 }, { requestId: "once" });
+    const retried = await engram.events.append(
+      runId,
+      "tool.called",
+      { step: 9 },
+      { requestId: "once" },
+    );
+    const again = await engram.events.append(
+      runId,
+      "tool.called",
+      { step: 9 },
+      { requestId: "once" },
+    );
     assert.equal(retried.created, true);
     assert.equal(again.created, false);
     assert.equal(again.event!.seq, retried.event!.seq);
@@ -201,7 +211,7 @@ describe("artifacts", () => {
     const runId = run!.runId;
     const data = randomBytes(3 * 1024 * 1024 + 12_345);
     async function* uneven(): AsyncGenerator<Buffer> {
-      for (let at = 0; at < data.length; ) {
+      for (let at = 0; at < data.length;) {
         const size = 1 + Math.floor(Math.random() * 300_000);
         yield data.subarray(at, at + size);
         at += size;
@@ -233,7 +243,10 @@ describe("artifacts", () => {
     writeFileSync(source, "tool output\n");
     const fromFile = await engram.artifacts.uploadFile(source, { runId, stepId: "act" });
     assert.equal(fromFile.path, `runs/${runId}/act/notes.txt`);
-    assert.equal((await engram.artifacts.readAll(fromFile.artifactId)).data.toString(), "tool output\n");
+    assert.equal(
+      (await engram.artifacts.readAll(fromFile.artifactId)).data.toString(),
+      "tool output\n",
+    );
 
     const taken = await rejection(
       engram.artifacts.upload("other bytes", { runId, stepId: "plan", name: "out/blob.bin" }),

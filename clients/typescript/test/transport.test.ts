@@ -232,7 +232,10 @@ describe("errors and metadata", () => {
         code: Status.INVALID_ARGUMENT,
         message: "importance must be between 0 and 1, got 3.0",
         details: [
-          Any.fromPartial({ typeUrl: "type.googleapis.com/google.rpc.DebugInfo", value: Buffer.from([]) }),
+          Any.fromPartial({
+            typeUrl: "type.googleapis.com/google.rpc.DebugInfo",
+            value: Buffer.from([]),
+          }),
           Any.fromPartial({
             typeUrl: "type.googleapis.com/google.rpc.ErrorInfo",
             value: Buffer.from(ErrorInfo.encode(info).finish()),
@@ -248,7 +251,11 @@ describe("errors and metadata", () => {
           const trailer = new grpc.Metadata();
           trailer.set("grpc-status-details-bin", Buffer.from(details));
           callback(
-            serverError(Status.INVALID_ARGUMENT, "importance must be between 0 and 1, got 3.0", trailer),
+            serverError(
+              Status.INVALID_ARGUMENT,
+              "importance must be between 0 and 1, got 3.0",
+              trailer,
+            ),
           );
         }) as grpc.handleUnaryCall<shardv1.CreateRecordRequest, shardv1.CreateRecordResponse>,
       }),
