@@ -1,0 +1,164 @@
+/** Memory records (shard service): write, read, list, search, verify. */
+import { randomUUID } from "node:crypto";
+import type { ServiceConnection } from "./connection.js";
+import {
+  BatchCreateRecordsRequest,
+  CreateRecordRequest,
+  type CreateRecordResponse,
+  type GetStatusResponse,
+  ListRecordsRequest,
+  type Record as MemoryRecord,
+  RecordInput,
+  SearchMode,
+  type SearchHit,
+  SearchRecordsRequest,
+  ShardServiceService as Shard,
+  type VerifyRecordsResponse,
+} from "./gen/engram/shard/v1/shard_service.js";
+import type { CallOptions, WriteOptions } from "./options.js";
+import { type Page, paginate } from "./paging.js";
+
+export type { MemoryRecord };
+
+export interface NewRecord {
+  content: string;
+  runId?: string;
+  /** Absent: routed by keyword score. */
+  domain?: string;
+  source?: string;
+  /** 0..1; absent means 0.5. */
+  importance?: number;
+  tags?: string[];
+  metadata?: { [key: string]: string };
+}
+
+export interface RecordFilter {
+  /** Absent: every run; "" for legacy records only. */
+  runId?: string;
+  /** Records must carry all of these tags. */
+  tags?: string[];
+  domain?: string;
+  agentId?: string;
+  pageSize?: number;
+}
+
+export type SearchModeName = "lexical" | "semantic" | "hybrid";
+
+export interface SearchOptions extends CallOptions {
+  /** 1..100; default 10. */
+  limit?: number;
+  runId?: string;
+  domain?: string;
+  /** Follow cross-reference links from the hits. */
+  cross?: boolean;
+  /** Default: the service's (hybrid). */
+  mode?: SearchModeName;
+  tags?: string[];
+}
+
+const SEARCH_MODES: Readonly<Record<SearchModeName, SearchMode>> = {
+  lexical: SearchMode.SEARCH_MODE_LEXICAL,
+  semantic: SearchMode.SEARCH_MODE_SEMANTIC,
+  hybrid: SearchMode.SEARCH_MODE_HYBRID,
+};
+
+export class Records {
+  constructor(private readonly shard: () => ServiceConnection) {}
+
+  /**
+   * Stores one record. A retry, or the same content again in the same run, returns
+   * the stored record with `created: false`.
+   */
+  async create(record: NewRecord, options: WriteOptions = {}): Promise<CreateRecordResponse> {
+    const request = CreateRecordRequest.fromPartial({
+      record: RecordInput.fromPartial(record),
+      requestId: options.requestId ?? randomUUID(),
+    });
+    return this.shard().unary(Shard.createRecord, request, options);
+  }
+
+  /** `create` with only the content and, optionally, the other fields. */
+  async add(
+    content: string,
+    fields: Omit<NewRecord, "content"> = {},
+    options: WriteOptions = {},
+  ): Promise<CreateRecordResponse> {
+    return this.create({ ...fields, content }, options);
+  }
+
+  /** Up to 1000 records in one transaction: all are stored or none. */
+  async createMany(
+    records: NewRecord[],
+    options: WriteOptions = {},
+  ): Promise<CreateRecordResponse[]> {
+    const request = BatchCreateRecordsRequest.fromPartial({
+      records: records.map((record) => RecordInput.fromPartial(record)),
+      requestId: options.requestId ?? randomUUID(),
+    });
+    return (await this.shard().unary(Shard.batchCreateRecords, request, options)).results;
+  }
+
+  /** NOT_FOUND (an EngramError) when there is no such record in the caller's fleet. */
+  async get(id: string, options: CallOptions = {}): Promise<MemoryRecord> {
+    const response = await this.shard().unary(Shard.getRecord, { id }, options);
+    return response.record!;
+  }
+
+  /** Newest first; pages are fetched as the loop goes. */
+  list(
+    filter: RecordFilter = {},
+    options: CallOptions = {},
+  ): AsyncGenerator<MemoryRecord, void, undefined> {
+    return paginate((pageToken) => this.listPage({ ...filter, pageToken }, options));
+  }
+
+  /** One page, for callers that keep the token themselves. */
+  async listPage(
+    filter: RecordFilter & { pageToken?: string },
+    options: CallOptions = {},
+  ): Promise<Page<MemoryRecord>> {
+    const response = await this.shard().unary(
+      Shard.listRecords,
+      ListRecordsRequest.fromPartial(filter),
+      options,
+    );
+    return { items: response.records, nextPageToken: response.nextPageToken };
+  }
+
+  /** Hits, best first, scored by relevance x importance x recency x trust. */
+  async search(query: string, options: SearchOptions = {}): Promise<SearchHit[]> {
+    const { limit, runId, domain, cross, mode, tags } = options;
+    const request = SearchRecordsRequest.fromPartial({
+      query,
+      limit,
+      runId,
+      domain,
+      cross,
+      tags,
+      mode: mode === undefined ? SearchMode.SEARCH_MODE_UNSPECIFIED : SEARCH_MODES[mode],
+    });
+    return (await this.shard().unary(Shard.searchRecords, request, options)).hits;
+  }
+
+  /** Re-hashes the records (`"all"`: every record of the fleet); lists each mismatch. */
+  async verify(ids: string[] | "all", options: CallOptions = {}): Promise<VerifyRecordsResponse> {
+    const request = ids === "all" ? { ids: [], all: true } : { ids, all: false };
+    return this.shard().unary(Shard.verifyRecords, request, options);
+  }
+
+  /** Exactly one run's records, oldest first, each re-hashed by the service unless `verify: false`. */
+  async *snapshot(
+    runId: string,
+    options: CallOptions & { verify?: boolean } = {},
+  ): AsyncGenerator<MemoryRecord, void, undefined> {
+    const request = { runId, verify: options.verify };
+    for await (const message of this.shard().serverStream(Shard.snapshotForRun, request, options)) {
+      yield message.record!;
+    }
+  }
+
+  /** The caller's fleet: record and link counts, domains, indexing lag. */
+  async status(options: CallOptions = {}): Promise<GetStatusResponse> {
+    return this.shard().unary(Shard.getStatus, {}, options);
+  }
+}
