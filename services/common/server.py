@@ -16,10 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
@@ -33,6 +36,7 @@ from services.common.interceptors import (
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
+from services.common.startup import StartupError
 from services.common.tokens import TokenVerifier
 
 log = logging.getLogger("engram.server")
@@ -141,17 +145,65 @@ class EngramServer:
         self.stop()
 
 
+def _setting(settings: ServerSettings, field_name: str) -> str:
+    """The environment variable an operator sets for ``field_name`` (ENGRAM_SHARD_TLS_KEY)."""
+    return f"{settings.model_config.get('env_prefix', 'ENGRAM_')}{field_name}".upper()
+
+
+def _read_pem(settings: ServerSettings, field_name: str, path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise StartupError(f"{_setting(settings, field_name)}: cannot read {path}: "
+                           f"{error.strerror or error}") from None
+    if b"-----BEGIN " not in data:
+        raise StartupError(f"{_setting(settings, field_name)}: {path} holds no PEM block")
+    return data
+
+
 def _credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None or settings.tls_key is None:
+    """TLS when a certificate and its key are both set, plaintext when none of the three TLS
+    settings is; anything in between refuses to start rather than serve in plaintext."""
+    cert_name, key_name, ca_name = (_setting(settings, f) for f in
+                                    ("tls_cert", "tls_key", "tls_client_ca"))
+    if settings.tls_cert is None and settings.tls_key is None:
+        if settings.tls_client_ca is not None:
+            raise StartupError(f"{ca_name} is set but {cert_name} and {key_name} are not: "
+                               "client certificates need a TLS server; set all three or none")
         return None
-    pair = [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
+    if settings.tls_key is None:
+        raise StartupError(f"{cert_name} is set but {key_name} is not: "
+                           "a TLS certificate needs its private key")
+    if settings.tls_cert is None:
+        raise StartupError(f"{key_name} is set but {cert_name} is not: "
+                           "a TLS private key needs its certificate")
+    certificate = _read_pem(settings, "tls_cert", settings.tls_cert)
+    key = _read_pem(settings, "tls_key", settings.tls_key)
+    _check_pair(certificate, key, cert_name, key_name)
+    pair = [(key, certificate)]
     if settings.tls_client_ca is not None:
         return grpc.ssl_server_credentials(
             pair,
-            root_certificates=settings.tls_client_ca.read_bytes(),
+            root_certificates=_read_pem(settings, "tls_client_ca", settings.tls_client_ca),
             require_client_auth=True,
         )
     return grpc.ssl_server_credentials(pair)
+
+
+def _check_pair(certificate: bytes, key: bytes, cert_name: str, key_name: str) -> None:
+    """gRPC would only fail at the first handshake; say at start which file is wrong."""
+    try:
+        public = x509.load_pem_x509_certificate(certificate).public_key()
+    except ValueError:
+        raise StartupError(f"{cert_name}: not a PEM X.509 certificate") from None
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):
+        raise StartupError(f"{key_name}: not an unencrypted PEM private key") from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if (public.public_bytes(serialization.Encoding.DER, spki)
+            != private.public_key().public_bytes(serialization.Encoding.DER, spki)):
+        raise StartupError(f"{key_name} is not the private key of the certificate in {cert_name}")
 
 
 def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
@@ -162,6 +214,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
             "deployment's keys, or set ENGRAM_AUTH_PUBLIC_KEY"
         )
     verifier = TokenVerifier.load(key_path)
+    credentials = _credentials(settings)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
@@ -185,7 +238,6 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         (*spec.full_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     target = f"{settings.host}:{settings.port}"
-    credentials = _credentials(settings)
     if credentials is None:
         port = server.add_insecure_port(target)
     else:
