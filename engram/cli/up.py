@@ -26,6 +26,7 @@ from rich.table import Table
 
 from engram.cli._output import console, err_console, settings
 from engram.client._settings import DEFAULT_PORTS
+from services.common.auth import service_principal
 from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
 
 ADMIN_AGENT = "admin"
@@ -70,7 +71,7 @@ def prepare_home(home: Path) -> dict[str, Path]:
     for launch in SERVICES:
         path = home / "auth" / f"{launch.name}.token"
         if not path.exists():
-            write_token_file(path, signer.issue(f"svc-{launch.name}", "system", {"service"}))
+            write_token_file(path, signer.issue(*service_principal(launch.name)))
         tokens[launch.name] = path
     return tokens
 

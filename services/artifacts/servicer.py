@@ -27,8 +27,8 @@ from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
-_USERS = frozenset({"agent", "admin", "service"})
-_READERS = frozenset({"agent", "admin", "service", "governor"})
+_USERS = frozenset({"agent", "admin"})  # no service calls artifacts
+_READERS = frozenset({"agent", "admin", "governor"})
 MAX_CHUNK_SIZE = 4 * 1024 * 1024
 
 

@@ -37,7 +37,7 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids())
+    servicer = GovernanceServicer(service)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
