@@ -135,6 +135,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+UNTHROTTLED = {f"ENGRAM_{service}_RATE_LIMIT_{kind}": "0"
+               for service in ("SHARD", "GOVERNANCE", "ARTIFACTS", "COMPACTOR")
+               for kind in ("READS", "WRITES")}
+"""A benchmark measures capacity, not one agent's allowance: per-agent rate limits off."""
+
+
 class ServerProcess:
     """A server in a child process on a free loopback port; waits for grpc.health SERVING."""
 
@@ -149,7 +155,7 @@ class ServerProcess:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self._argv = argv
-        self._env = {**os.environ, **env, port_env: str(self.port)}
+        self._env = {**UNTHROTTLED, **os.environ, **env, port_env: str(self.port)}
         self._timeout = timeout
         self.process: subprocess.Popen[bytes] | None = None
 

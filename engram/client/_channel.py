@@ -6,11 +6,13 @@ interceptor: it would add a Python hop to each call on the hot path).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from engram.client._errors import EngramRpcError
 
@@ -48,7 +50,14 @@ def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | No
 
 
 class BaseClient:
-    """Holds a channel and the caller's token; turns RpcError into EngramRpcError."""
+    """Holds a channel and the caller's token; turns RpcError into EngramRpcError.
+
+    A unary call refused ``RESOURCE_EXHAUSTED`` with a ``RetryInfo`` delay (a server's
+    concurrency or rate limit: nothing was done) is retried after that delay, up to
+    ``max_retries`` times and never past the call's deadline.
+    """
+
+    max_retries = 3
 
     def __init__(
         self,
@@ -69,10 +78,21 @@ class BaseClient:
              timeout: float | None = _CLIENT_TIMEOUT) -> Response:
         if timeout is _CLIENT_TIMEOUT:
             timeout = self.timeout
-        try:
-            return method(request, metadata=self.metadata, timeout=timeout)
-        except grpc.RpcError as error:
-            raise EngramRpcError.from_rpc_error(error) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        retries = self.max_retries if isinstance(request, Message) else 0  # not a used stream
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return method(request, metadata=self.metadata, timeout=remaining)
+            except grpc.RpcError as error:
+                failure = EngramRpcError.from_rpc_error(error)
+            delay = failure.retry_delay
+            if (retries <= 0 or failure.code != grpc.StatusCode.RESOURCE_EXHAUSTED
+                    or delay is None
+                    or (deadline is not None and time.monotonic() + delay >= deadline)):
+                raise failure
+            retries -= 1
+            time.sleep(delay)
 
     def stream(self, method: Callable[..., Iterable[Response]], request: Any, *,
                timeout: float | None = _CLIENT_TIMEOUT) -> Iterator[Response]:

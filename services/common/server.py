@@ -27,12 +27,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
     AuthInterceptor,
+    ConcurrencyInterceptor,
     ErrorInterceptor,
     LoggingInterceptor,
     MetricsInterceptor,
+    RateLimitInterceptor,
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
@@ -40,6 +43,9 @@ from services.common.startup import StartupError
 from services.common.tokens import TokenVerifier
 
 log = logging.getLogger("engram.server")
+
+SPARE_WORKERS = 8
+"""Threads beyond ``max_concurrent_rpcs``: a call past the limit gets a thread to be refused."""
 
 
 @dataclass
@@ -52,6 +58,8 @@ class ServiceSpec:
     """Fully-qualified gRPC service names (``engram.shard.v1.ShardService``)."""
     register: Callable[[grpc.Server], None]
     policy: MethodPolicy
+    kinds: MethodKinds
+    """Whether each RPC reads or writes (declared beside ``policy``), for the rate limits."""
     on_start: Callable[[], None] = lambda: None
     """Background work the service runs while it serves (a scheduler); started by ``start()``."""
     on_stop: Callable[[], None] = lambda: None
@@ -145,6 +153,16 @@ class EngramServer:
         self.stop()
 
 
+def _rate_limiter(settings: ServerSettings) -> RateLimiter:
+    return RateLimiter(
+        {READ: (settings.rate_limit_reads, settings.rate_limit_read_burst),
+         WRITE: (settings.rate_limit_writes, settings.rate_limit_write_burst)},
+        {READ: f"{_setting(settings, 'rate_limit_reads')}, "
+               f"{_setting(settings, 'rate_limit_read_burst')}",
+         WRITE: f"{_setting(settings, 'rate_limit_writes')}, "
+                f"{_setting(settings, 'rate_limit_write_burst')}"})
+
+
 def _setting(settings: ServerSettings, field_name: str) -> str:
     """The environment variable an operator sets for ``field_name`` (ENGRAM_SHARD_TLS_KEY)."""
     return f"{settings.model_config.get('env_prefix', 'ENGRAM_')}{field_name}".upper()
@@ -215,15 +233,24 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         )
     verifier = TokenVerifier.load(key_path)
     credentials = _credentials(settings)
+    if set(spec.kinds) != set(spec.policy):
+        raise StartupError(f"{spec.name}: every RPC needs both an access entry and a read/write "
+                           f"kind; differ: {sorted(set(spec.kinds) ^ set(spec.policy))}")
+    authorizer = Authorizer(verifier, spec.policy)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         ErrorInterceptor(),
-        AuthInterceptor(Authorizer(verifier, spec.policy)),
+        ConcurrencyInterceptor(ConcurrencyLimit(settings.max_concurrent_rpcs,
+                                                _setting(settings, "max_concurrent_rpcs")),
+                               authorizer.is_public),
+        AuthInterceptor(authorizer),
+        RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
     ]
     server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=settings.max_workers, thread_name_prefix=f"{spec.name}-rpc"
+        futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
+            max_workers=settings.max_concurrent_rpcs + SPARE_WORKERS,
+            thread_name_prefix=f"{spec.name}-rpc",
         ),
         interceptors=interceptors,
         options=[

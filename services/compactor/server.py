@@ -12,7 +12,13 @@ from services.common.startup import StartupError
 from services.compactor.repository import CompactorRepository
 from services.compactor.scheduler import CompactionSchedule
 from services.compactor.service import IterationLog, MemoryPolicyRunner
-from services.compactor.servicer import POLICY, SERVICE_NAME, CompactorServicer, add_to_server
+from services.compactor.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    CompactorServicer,
+    add_to_server,
+)
 from services.compactor.settings import CompactorSettings
 from services.compactor.shard_gateway import ShardCompactionGateway
 
@@ -60,6 +66,7 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_start=schedule.start,
         on_stop=stop,
     )

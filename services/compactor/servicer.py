@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
+from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
 from services.common.pagination import paginate
 from services.common.tokens import validate_identifier
@@ -40,6 +41,14 @@ POLICY: MethodPolicy = {
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["CompactorService"].methods
 }
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in (
+        "RecordIteration", "PinIteration", "CompactMemory", "ApplyMemoryRetention")},
+    **{_m(name): READ for name in (
+        "ListRecentIterations", "ListSummaries", "ReconstructIteration", "VerifyRun",
+        "ListPolicyRuns")},
+}
+assert set(KINDS) == set(POLICY)
 
 _SOURCES = {
     DetailSource.HOT: pb.DETAIL_SOURCE_HOT,

@@ -9,7 +9,13 @@ from pathlib import Path
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
-from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
+from services.governance.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    GovernanceServicer,
+    add_to_server,
+)
 from services.governance.settings import GovernanceSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -43,6 +49,7 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
     )

@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
+from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import (
     PEOPLE,
     SHARD_SERVICE,
@@ -57,6 +58,13 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
 }
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule")},
+    **{_m(name): READ for name in (
+        "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
+        "VerifyChain")},
+}
+assert set(KINDS) == set(POLICY)
 
 _TIERS: dict[TrustTier, Any] = {
     TrustTier.TRUSTED: pb.TRUST_TIER_TRUSTED,

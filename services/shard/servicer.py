@@ -11,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
+from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import (
     COMPACTOR_SERVICE,
     MethodPolicy,
@@ -53,6 +54,14 @@ POLICY: MethodPolicy = {
     _m("ApplyRetention"): frozenset({COMPACTOR_SERVICE, "admin"}),
 }
 assert set(POLICY) == {_m(m.name) for m in pb.DESCRIPTOR.services_by_name["ShardService"].methods}
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in (
+        "CreateRecord", "BatchCreateRecords", "UpsertDomain", "CompactRecords", "ApplyRetention")},
+    **{_m(name): READ for name in (
+        "GetRecord", "ListRecords", "SearchRecords", "ListDomains", "VerifyRecords",
+        "SnapshotForRun", "GetStatus", "ExportSummary")},
+}
+assert set(KINDS) == set(POLICY)
 
 _MODES = {
     pb.SEARCH_MODE_UNSPECIFIED: "hybrid",
