@@ -7,11 +7,18 @@ import json
 from pathlib import Path
 
 import typer
-from google.protobuf.json_format import MessageToDict
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    message_dict,
+    rpc_errors,
+    with_client,
+)
 from engram.client import ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
 
@@ -26,12 +33,6 @@ def _client() -> ShardClient:
 
 def _tags(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _record_dict(record: pb.Record) -> dict[str, object]:
-    return MessageToDict(
-        record, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
 
 
 def add(
@@ -130,7 +131,7 @@ def search(
     limit: int = typer.Option(10, help="how many results (1..100)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Search within one domain (the seed's per-shard search)."""
+    """Search the memories of one domain only."""
     name = domain.removeprefix("shard_")
     with rpc_errors(as_json), _client() as client:
         hits = client.search(text, limit=limit, domain=name)
@@ -142,11 +143,7 @@ def status(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         reply = client.status()
     if as_json:
-        emit_json(
-            MessageToDict(
-                reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-            )
-        )
+        emit_json(message_dict(reply))
         return
     table = Table(title=f"fleet {reply.fleet_id}")
     for column in ("domain", "records", "importance", "incoming links", "keywords"):
@@ -176,7 +173,7 @@ def snapshot(
     records: list[dict[str, object]] = []
     with rpc_errors(as_json), _client() as client:
         for record in client.snapshot(run, verify=not no_verify):
-            records.append(_record_dict(record))
+            records.append(message_dict(record))
     if as_json:
         emit_json(
             {"run_id": run, "verified": not no_verify, "count": len(records), "records": records}
@@ -307,7 +304,7 @@ def domains_list(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         found = client.domains()
     if as_json:
-        emit_json([MessageToDict(d, preserving_proto_field_name=True) for d in found])
+        emit_json([message_dict(d) for d in found])
         return
     for d in found:
         console.print(f"[cyan]{d.name}[/cyan] ({d.display_name}): {', '.join(d.keywords)}")
@@ -330,7 +327,7 @@ def domains_upsert(
         emit_json(
             {
                 "created": reply.created,
-                "domain": MessageToDict(reply.domain, preserving_proto_field_name=True),
+                "domain": message_dict(reply.domain),
             }
         )
         return
