@@ -1,4 +1,4 @@
-"""Memory commands: add, query, search, status, snapshot, verify, import, domains."""
+"""Memory commands: add, query, search, get, list, status, snapshot, verify, import, domains."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -162,6 +163,49 @@ def status(as_json: bool = JSON_OPTION) -> None:
         f"{reply.runs} runs, {reply.total_links} links, "
         f"indexing lag {reply.indexing_lag}"
     )
+
+
+def get(
+    record_id: str = typer.Argument(..., help="record id (from add, query or list)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show one memory with every stored field."""
+    with rpc_errors(as_json), _client() as client:
+        record = client.get(record_id)
+    if as_json:
+        emit_json(message_dict(record))
+        return
+    table = Table(title=record.id, show_header=False)
+    for key, value in message_dict(record).items():
+        table.add_row(key, escape(value if isinstance(value, str) else json.dumps(value)))
+    console.print(table)
+
+
+def list_(
+    run: str | None = typer.Option(None, "--run", help="only this run ('' = legacy records)"),
+    tags: str = typer.Option("", help="only records carrying all of these (comma-separated)"),
+    domain: str = typer.Option("", help="only this domain"),
+    agent: str = typer.Option("", "--agent", help="only this author's records"),
+    limit: int = typer.Option(50, help="newest N records"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List memories of your fleet, newest first."""
+    found: list[pb.Record] = []
+    with rpc_errors(as_json), _client() as client:
+        for record in client.list(run_id=run, tags=_tags(tags), domain=domain, agent_id=agent,
+                                  page_size=min(limit, 1000)):
+            found.append(record)
+            if len(found) >= limit:
+                break
+    if as_json:
+        emit_json([message_dict(r) for r in found])
+        return
+    table = Table(title=f"{len(found)} records")
+    for column in ("id", "domain", "run", "author", "content"):
+        table.add_column(column)
+    for r in found:
+        table.add_row(r.id[:12], r.domain, r.run_id, r.agent_id, escape(r.content))
+    console.print(table)
 
 
 def snapshot(
@@ -338,6 +382,8 @@ def register(app: typer.Typer) -> None:
     app.command("add")(add)
     app.command("query")(query)
     app.command("search")(search)
+    app.command("get")(get)
+    app.command("list")(list_)
     app.command("status")(status)
     app.command("snapshot")(snapshot)
     app.command("verify")(verify)

@@ -112,6 +112,11 @@ def test_client_installs_alone_and_talks_to_a_running_stack(tmp_path: Path) -> N
         found = engram("query", "pin dependencies", "--json")
         assert found.returncode == 0, found.stderr
         assert [hit["id"] for hit in json.loads(found.stdout)] == [record_id]
+        record = json.loads(engram("get", record_id, "--json").stdout)
+        assert record["content"] == "Lesson learned: pin your dependencies"
+        assert record["tags"] == ["ops"] and record["run_id"] == "run-1"
+        listed = json.loads(engram("list", "--run", "run-1", "--json").stdout)
+        assert [r["id"] for r in listed] == [record_id]
         status = json.loads(engram("status", "--json").stdout)
         assert status["total_records"] == 1  # an int64, printed as a number
         bad = engram("add", "too important", "--importance", "3")
