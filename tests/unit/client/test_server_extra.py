@@ -39,9 +39,9 @@ def _engram(*args: str) -> subprocess.CompletedProcess[str]:
 def test_every_client_command_shows_its_help() -> None:
     listing = _engram("--help")
     assert listing.returncode == 0, listing.stderr
-    for group in ("add", "query", "search", "get", "list", "status", "snapshot", "verify", "import", "gov",
-                  "artifacts", "runs", "events", "snapshots", "rehydrate", "compactor", "up",
-                  "token", "bench", "eval"):
+    for group in ("add", "query", "search", "get", "list", "status", "snapshot", "verify",
+                  "import", "gov", "artifacts", "runs", "events", "snapshots", "rehydrate",
+                  "compactor", "up", "token", "bench", "eval"):
         assert f" {group} " in listing.stdout, group
     for command in (["search"], ["compactor", "record"], ["up"], ["token", "create"],
                     ["eval", "locomo"]):
