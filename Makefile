@@ -33,13 +33,15 @@ lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pypro
 compare-setup: $(STAMP) ## add Chroma to .venv for `engram bench chroma` (optional)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-compare.lock
 
-protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/
+protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/ (Python and TypeScript)
 	$(BIN)/python tools/gen_protos.py
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run generate
 
 lint: $(STAMP) ## ruff, mypy and buf lint
 	$(BIN)/ruff check services engram tests tools
 	$(BIN)/mypy
 	cd protos && ../$(BIN)/buf lint
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run lint
 
 BREAKING_AGAINST ?= main
 breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (default main)
@@ -48,8 +50,9 @@ breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (defa
 up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
 	$(BIN)/engram up
 
-test: $(STAMP) ## run the whole test suite
+test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's against real services)
 	$(BIN)/python -m pytest -q
+	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
 BENCHES ?= shard gate artifacts compactor search
 bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/
