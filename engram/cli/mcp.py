@@ -9,9 +9,10 @@ from typing import Literal
 
 import typer
 
-from engram.cli._output import fail, settings
+from engram.cli._output import err_console, fail, settings
 
 MCP_EXTRA = "pip install 'engram[mcp]'"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def mcp(
@@ -35,6 +36,10 @@ def mcp(
         raise fail(f"`engram mcp` needs the mcp extra: {MCP_EXTRA} "
                    f"(module {error.name!r} is not installed)") from None
     chosen: Literal["stdio", "http"] = "stdio" if transport == "stdio" else "http"
+    if chosen == "http" and host not in LOOPBACK:
+        err_console.print(f"[yellow]warning:[/yellow] plain HTTP on {host}: bearer tokens cross "
+                          "the network in clear; serve it behind a TLS-terminating proxy",
+                          soft_wrap=True)
     try:
         serve(settings(), chosen, host=host, port=port)
     except FileNotFoundError as error:  # no ENGRAM_TOKEN and no admin token (stdio)
