@@ -101,6 +101,9 @@ def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:
     read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
     writes = ToolAnnotations(read_only_hint=False, destructive_hint=False,
                              idempotent_hint=True, open_world_hint=False)
+    # A second call adds a second event (unless it repeats a request_id) or fails (stop).
+    appends = ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                              idempotent_hint=False, open_world_hint=False)
 
     @server.tool(title="Remember", annotations=writes)
     def remember(
@@ -234,9 +237,7 @@ def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:
             started = backends.artifacts(token).start_run(run, metadata)
         return {"run": message_dict(started.run), "created": started.created}
 
-    @server.tool(title="Stop a run", annotations=ToolAnnotations(
-        read_only_hint=False, destructive_hint=False, idempotent_hint=False,
-        open_world_hint=False))
+    @server.tool(title="Stop a run", annotations=appends)
     def stop_run(
         ctx: Context,
         run: RunId,
@@ -248,7 +249,7 @@ def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:
         with _tool_errors():
             return message_dict(backends.artifacts(token).stop_run(run, status, reason))
 
-    @server.tool(title="Append an event", annotations=writes)
+    @server.tool(title="Append an event", annotations=appends)
     def append_event(
         ctx: Context,
         run: RunId,

@@ -3,7 +3,6 @@ in front of them as a subprocess, driven by the mcp SDK's own client."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from engram.cli.mcp import MCP_EXTRA
 from services.artifacts.server import build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
 from services.common.tokens import write_token_file
@@ -24,7 +22,7 @@ from services.governance.settings import GovernanceSettings
 from services.shard.governance_gate import connect_governance
 from services.shard.server import build_shard_server
 from services.shard.settings import ShardSettings
-from tests.conftest import TokenFactory, require
+from tests.conftest import TokenFactory
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -49,7 +47,6 @@ class Stack:
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
           make_token: TokenFactory) -> Iterator[Stack]:
-    require(importlib.util.find_spec("mcp") is not None, f"the mcp extra ({MCP_EXTRA})")
     data = tmp_path_factory.mktemp("mcp-stack")
     governance = build_governance_server(GovernanceSettings(
         home=engram_home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
