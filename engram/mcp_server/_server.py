@@ -86,8 +86,6 @@ def _tool_errors() -> Iterator[None]:
         yield
     except EngramRpcError as error:
         raise ToolError(error_text(error)) from None
-    except (TypeError, ValueError) as error:  # the SDK refusing a value before sending it
-        raise ToolError(f"INVALID_ARGUMENT: {error}") from None
 
 
 def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:
