@@ -86,15 +86,16 @@ def http_url(stack: Stack) -> Iterator[str]:
     requests without a bearer token must still fail (no fallback to the server's token)."""
     port = _free_port()
     env = {**os.environ, **stack.env(stack.tokens("server-owner", "fleet-a", ("governor",)))}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "engram.cli.main", "mcp", "--transport", "http", "--port",
-         str(port)], env=env, cwd=stack.home, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+    log = stack.home / "mcp-http.log"  # a file, not a pipe nobody drains while tests run
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "engram.cli.main", "mcp", "--transport", "http", "--port",
+             str(port)], env=env, cwd=stack.home, stdout=subprocess.DEVNULL, stderr=sink)
     try:
         deadline = time.monotonic() + 30
         while True:
-            assert server.poll() is None, server.stderr.read()  # type: ignore[union-attr]
-            assert time.monotonic() < deadline, "engram mcp --transport http did not listen"
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"did not listen: {log.read_text()}"
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
@@ -104,7 +105,7 @@ def http_url(stack: Stack) -> Iterator[str]:
     finally:
         server.terminate()
         try:
-            server.communicate(timeout=10)
+            server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             server.kill()
-            server.communicate()
+            server.wait()
