@@ -192,6 +192,9 @@ class ServerProcess:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self.process and self.process.stderr:
+            self.process.stderr.close()
 
     @property
     def pid(self) -> int:

@@ -451,13 +451,13 @@ def run(scale: float = 1.0, progress: bool = True,
         bar = scope.enter_context(Progress(
             TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(),
             TextColumn("{task.fields[status]}"), disable=not progress, transient=True))
-        setup = bar.add_task("raw gRPC echo", total=None, status="")
-        echo = echo_baseline(sequential_calls=2000, concurrent_calls=max(4000, 200 * params.agents),
-                             in_flight=params.agents)
-        bar.update(setup, description="starting the services" if params.start
-                   else "checking the running stack")
+        setup = bar.add_task("starting the services" if params.start
+                             else "checking the running stack", total=None, status="")
         stack = (scope.enter_context(started_stack(params)) if params.start
                  else running_stack(params.home))
+        bar.update(setup, description="raw gRPC echo")
+        echo = echo_baseline(sequential_calls=2000, concurrent_calls=max(4000, 200 * params.agents),
+                             in_flight=params.agents)
         bar.update(setup, description=f"{params.agents} agents connecting")
         agents = [Agent(i, f"bench-fleet-{i % params.fleets}",
                         stack.mint(f"fleet-agent-{i:03d}", f"bench-fleet-{i % params.fleets}"),
