@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import sys
 import tempfile
 import threading
@@ -51,7 +52,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from engram.bench._corpus import Corpus, pseudo_words
-from engram.bench._harness import BenchUnavailable, Latency, ServerProcess, echo_baseline
+from engram.bench._harness import (
+    BenchUnavailable,
+    Latency,
+    ServerProcess,
+    echo_baseline,
+    process_tree,
+)
 from engram.client import (
     ArtifactsClient,
     ClientSettings,
@@ -200,6 +207,21 @@ class Stack:
     mint: Callable[[str, str], str]
     """mint(agent_id, fleet_id): an agent token this stack accepts."""
     description: str
+    pids: dict[str, int] = field(default_factory=dict)
+    """Each service's process, when the benchmark started it (its CPU time is reported)."""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its children (e.g. the shard's embedder)."""
+    ticks = 0
+    for member in process_tree(pid):
+        try:
+            with open(f"/proc/{member}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _signer_mint(private_key: Path) -> Callable[[str, str], str]:
@@ -294,6 +316,7 @@ def started_stack(params: FleetParams) -> Iterator[Stack]:
         else:
             urls = {name: f"sqlite:///{home / name / f'{name}.db'}" for name in SERVICES}
         addresses: dict[str, str] = {}
+        pids: dict[str, int] = {}
 
         def service(name: str, extra: dict[str, str]) -> None:
             (home / name).mkdir(exist_ok=True)
@@ -305,6 +328,7 @@ def started_stack(params: FleetParams) -> Iterator[Stack]:
                                     port_env=f"{prefix}PORT", timeout=120,
                                     log_path=home / name / "service.log")
             addresses[name] = stack.enter_context(process).address
+            pids[name] = process.pid
 
         service("governance", {})
         service("artifacts", {"ENGRAM_ARTIFACTS_BLOB_URL": (home / "artifacts" / "blobs").as_uri()})
@@ -313,7 +337,7 @@ def started_stack(params: FleetParams) -> Iterator[Stack]:
         service("compactor", {"ENGRAM_COMPACTOR_SHARD_ADDR": addresses["shard"],
                               "ENGRAM_COMPACTOR_BLOB_URL": (home / "compactor" / "blobs").as_uri()})
         yield Stack(addresses, lambda agent, fleet: signer.issue(agent, fleet, {"agent"}),
-                    f"started stack on {params.db}")
+                    f"started stack on {params.db}", pids)
 
 
 # -- the agents ----------------------------------------------------------------
@@ -465,7 +489,16 @@ def run(scale: float = 1.0, progress: bool = True,
         for agent in agents:
             scope.callback(agent.close)
         bar.remove_task(setup)
+        began, load_before = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), os.getloadavg()
+        cpu_before = {name: cpu_seconds(pid) for name, pid in stack.pids.items()}
+        own_before = resource.getrusage(resource.RUSAGE_SELF)
         elapsed = _drive(agents, params.duration_s, bar)
+        own_after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 1)
+               for name, pid in stack.pids.items()}
+        cpu["load generator"] = round(own_after.ru_utime + own_after.ru_stime
+                                      - own_before.ru_utime - own_before.ru_stime, 1)
+        load_after = os.getloadavg()
         tally = Tally()
         for agent in agents:
             tally.merge(agent.tally)
@@ -484,8 +517,14 @@ def run(scale: float = 1.0, progress: bool = True,
                        "calls_per_s": echo["echo_calls_per_s"], "in_flight": params.agents}
     figures["ops_per_s_vs_echo"] = round(
         float(figures["ops_per_s"]) / echo["echo_calls_per_s"], 3)  # type: ignore[arg-type]
-    figures["machine"] = {"nproc": os.cpu_count(), "load_average": [
-        round(x, 2) for x in os.getloadavg()]}
+    # Other work on the host moves every figure here: say how busy it was.
+    figures["machine"] = {
+        "started_at": began, "nproc": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+    }
+    # Where the CPU went during the load (services only when this run started them).
+    figures["cpu_s"] = cpu
     return figures
 
 
@@ -501,11 +540,14 @@ def summary_tables(figures: Mapping[str, object]) -> list[Table]:
         lat = latency.get(op, {})
         table.add_row(op, f"{row['ok']:,}", f"{row['failed']:,}", f"{row['ops_per_s']}",
                       *(f"{lat[p]:.2f}" if p in lat else "-" for p in ("p50", "p95", "p99")))
+    machine: Mapping[str, list[float]] = figures["machine"]  # type: ignore[assignment]
+    table.caption = (f"{machine['nproc']} cores, load average {machine['load_average_before'][0]}"
+                     f" -> {machine['load_average_after'][0]}")
     table.add_section()
     table.add_row("all", f"{figures['ops']:,}", f"{figures['failed']:,}",
                   f"{figures['ops_per_s']}", "", "", "")
     errors: Mapping[str, int] = figures["errors"]  # type: ignore[assignment]
-    error_table = Table(title="errors by status code")
+    error_table = Table(title="errors by status code", min_width=32)
     error_table.add_column("code")
     error_table.add_column("count", justify="right")
     for code, count in errors.items():
@@ -518,7 +560,12 @@ def summary_tables(figures: Mapping[str, object]) -> list[Table]:
         echo_table.add_column(column, justify="right")
     echo_table.add_row(f"{echo['p50_ms']}", f"{echo['p95_ms']}", f"{echo['calls_per_s']:,}",
                        f"{echo['in_flight']}", f"{figures['ops_per_s_vs_echo']}")
-    return [table, error_table, echo_table]
+    cpu: Mapping[str, float] = figures["cpu_s"]  # type: ignore[assignment]
+    cpu_table = Table(title=f"CPU seconds during the {figures['elapsed_s']} s of load")
+    for name in cpu:
+        cpu_table.add_column(name, justify="right")
+    cpu_table.add_row(*(f"{seconds}" for seconds in cpu.values()))
+    return [table, error_table, echo_table, cpu_table]
 
 
 __all__ = ["DEFAULT_RATIOS", "OPERATIONS", "FleetParams", "OperationPicker", "Tally",

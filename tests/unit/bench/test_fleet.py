@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from engram.bench import fleet
@@ -167,3 +168,23 @@ def test_a_run_where_every_operation_failed_exits_non_zero_after_reporting(
     assert "no operation succeeded (UNAVAILABLE x" in result.output
     figures = json.loads(out.read_text())
     assert figures["ops"] == 0 and figures["errors"]["UNAVAILABLE"] >= 2
+
+
+def test_the_summary_tables_show_every_operation_error_and_the_echo() -> None:
+    tally = Tally()
+    tally.ok("write", 0.002)
+    tally.failed("search", "DEADLINE_EXCEEDED")
+    figures = {"agents": 2, "fleets": 1, "stack": "started stack on sqlite",
+               **summarize(tally, 1.0),
+               "echo": {"p50_ms": 0.4, "p95_ms": 0.6, "calls_per_s": 2500.0, "in_flight": 2},
+               "ops_per_s_vs_echo": 0.0004,
+               "machine": {"nproc": 2, "load_average_before": [1.0, 1.0, 1.0],
+                           "load_average_after": [2.0, 1.0, 1.0]},
+               "cpu_s": {"shard": 0.5, "load generator": 0.2}}
+    console = Console(width=200, record=True)
+    for table in fleet.summary_tables(figures):
+        console.print(table)
+    text = console.export_text()
+    for expected in ("write", "search", "DEADLINE_EXCEEDED", "2,500.0", "load generator",
+                     "load average 1.0 -> 2.0"):
+        assert expected in text, expected
