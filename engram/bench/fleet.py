@@ -17,7 +17,8 @@ RNG:
 Each agent starts a run (artifacts StartRun, the ``start_run`` row) when it
 begins and again after every ``RUN_LENGTH`` operations, so a snapshot's size
 does not grow with the duration. Failed calls are counted by gRPC status code
-and never stop the run; latencies are those of the calls that succeeded.
+and never stop the run (the agent backs off, 50 ms doubling up to 1 s, while
+its calls keep failing); latencies are those of the calls that succeeded.
 
 By default the benchmark starts its own stack (governance, shard gated by it,
 artifacts, compactor; each its own process on 127.0.0.1, SQLite or a fresh
@@ -79,6 +80,8 @@ DEFAULT_RATIOS: dict[str, float] = {
 RUN_LENGTH = 200
 """Operations an agent does in one run before it starts the next."""
 START_RUN = "start_run"
+BACKOFF_S, BACKOFF_MAX_S = 0.05, 1.0
+"""After a failed call an agent waits 50 ms, doubling while failures continue, up to 1 s."""
 SNAPSHOT_SHORT = "SNAPSHOT_SHORT"
 POSTGRES_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 SERVICES = ("governance", "artifacts", "shard", "compactor")
@@ -370,16 +373,19 @@ class Agent:
         }
 
     def loop(self, deadline: float, stop: threading.Event) -> None:
+        failures = 0
         while not stop.is_set() and time.monotonic() < deadline:
             if not self.run_id or self.run_ops >= RUN_LENGTH:
-                self._timed(START_RUN, self.start_run)
-                if not self.run_id:  # no run to work in: try again, slower
-                    stop.wait(0.05)
-                    continue
-            self.run_ops += 1
-            self._timed(self.picker.pick(), None)
+                ok = self._timed(START_RUN, self.start_run)
+            else:
+                self.run_ops += 1
+                ok = self._timed(self.picker.pick(), None)
+            failures = 0 if ok else failures + 1
+            if failures:
+                # As a retrying client would: a stack that is down is not hammered in a spin.
+                stop.wait(min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (failures - 1)))
 
-    def _timed(self, operation: str, action: Callable[[], None] | None) -> None:
+    def _timed(self, operation: str, action: Callable[[], None] | None) -> bool:
         start = time.perf_counter()
         try:
             (action or self._actions[operation])()
@@ -391,6 +397,8 @@ class Agent:
             self.tally.failed(operation, type(error).__name__)
         else:
             self.tally.ok(operation, time.perf_counter() - start)
+            return True
+        return False
 
     def start_run(self) -> None:
         self.run_id = ""
@@ -561,7 +569,8 @@ def summary_tables(figures: Mapping[str, object]) -> list[Table]:
     echo_table.add_row(f"{echo['p50_ms']}", f"{echo['p95_ms']}", f"{echo['calls_per_s']:,}",
                        f"{echo['in_flight']}", f"{figures['ops_per_s_vs_echo']}")
     cpu: Mapping[str, float] = figures["cpu_s"]  # type: ignore[assignment]
-    cpu_table = Table(title=f"CPU seconds during the {figures['elapsed_s']} s of load")
+    cpu_table = Table(title=f"CPU seconds during the {figures['elapsed_s']} s of load",
+                      min_width=40)
     for name in cpu:
         cpu_table.add_column(name, justify="right")
     cpu_table.add_row(*(f"{seconds}" for seconds in cpu.values()))
