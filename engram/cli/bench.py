@@ -41,36 +41,36 @@ def bench(
     agents: int | None = typer.Option(
         None, "--agents", min=1, rich_help_panel=FLEET,
         help="simulated agents, each a thread with its own token doing one operation after "
-        "another (closed loop) [default: 16]"),
+        "another (closed loop) (default: 16)"),
     duration: float | None = typer.Option(
         None, "--duration", min=0.1, rich_help_panel=FLEET,
-        help="seconds of load; the run then stops by itself [default: 30]"),
+        help="seconds of load; the run then stops by itself (default: 30)"),
     write_ratio: float | None = typer.Option(
         None, "--write-ratio", min=0, rich_help_panel=FLEET,
         help="share of operations that write one memory (CreateRecord, gated by governance) "
-        "[default: 0.5]"),
+        "(default: 0.5)"),
     search_ratio: float | None = typer.Option(
         None, "--search-ratio", min=0, rich_help_panel=FLEET,
         help="share that search the agent's fleet (hybrid; lexical when the shard has no "
-        "embedder) [default: 0.3]"),
+        "embedder) (default: 0.3)"),
     snapshot_ratio: float | None = typer.Option(
         None, "--snapshot-ratio", min=0, rich_help_panel=FLEET,
         help="share that read the agent's current run back (SnapshotForRun with verify; fewer "
-        "records than acknowledged counts as error SNAPSHOT_SHORT) [default: 0.05]"),
+        "records than acknowledged counts as error SNAPSHOT_SHORT) (default: 0.05)"),
     iteration_ratio: float | None = typer.Option(
         None, "--iteration-ratio", min=0, rich_help_panel=FLEET,
-        help="share that record the run's next iteration (compactor) [default: 0.1]"),
+        help="share that record the run's next iteration (compactor) (default: 0.1)"),
     artifact_ratio: float | None = typer.Option(
         None, "--artifact-ratio", min=0, rich_help_panel=FLEET,
-        help="share that upload a 1-4 KiB artifact [default: 0.05]. Ratios are weights: "
+        help="share that upload a 1-4 KiB artifact (default: 0.05). Ratios are weights: "
         "they need not sum to 1, and 0 turns an operation off",
     ),
     fleets: int | None = typer.Option(
         None, "--fleets", min=1, rich_help_panel=FLEET,
-        help="fleets the agents are spread over, round-robin [default: 1]"),
+        help="fleets the agents are spread over, round-robin (default: 1)"),
     seed: int | None = typer.Option(
         None, "--seed", rich_help_panel=FLEET,
-        help="seed of the agents' operation choices and texts [default: 1]"),
+        help="seed of the agents' operation choices and texts (default: 1)"),
     start: bool | None = typer.Option(
         None, "--start/--no-start", rich_help_panel=FLEET,
         help="--start (the default): start all four services on 127.0.0.1 under a temporary "
@@ -79,19 +79,19 @@ def bench(
         "its signing key); what the agents write stays in it"),
     home: Path | None = typer.Option(
         None, "--home", rich_help_panel=FLEET,
-        help="with --no-start: the ENGRAM_HOME of that stack [default: $ENGRAM_HOME]"),
+        help="with --no-start: the ENGRAM_HOME of that stack (default: $ENGRAM_HOME)"),
     db: str | None = typer.Option(
         None, "--db", rich_help_panel=FLEET,
         help="with --start: sqlite, or postgres (a fresh database per service on "
-        "--postgres-url's server, dropped afterwards) [default: sqlite]"),
+        "--postgres-url's server, dropped afterwards) (default: sqlite)"),
     postgres_url: str | None = typer.Option(
         None, "--postgres-url", rich_help_panel=FLEET,
-        help="with --db postgres: an admin URL of the server [default: "
-        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres]"),
+        help="with --db postgres: an admin URL of the server (default: "
+        "postgresql+psycopg://postgres@127.0.0.1:5432/postgres)"),
     embedder: str | None = typer.Option(
         None, "--embedder", rich_help_panel=FLEET,
         help="with --start: the shard's embedder, none (search is lexical) or minilm (hybrid, "
-        "as `engram up` runs) [default: none]"),
+        "as `engram up` runs) (default: none)"),
 ) -> None:
     """Run one benchmark against services it starts itself on 127.0.0.1 (fleet: or against
     the running `engram up` stack with --no-start). Exits 1 when a fleet run had no

@@ -131,6 +131,9 @@ def test_cli_help_explains_every_fleet_option() -> None:
     for phrase in ("closed loop", "stops by itself", "SnapshotForRun with verify",
                    "endpoints.json", "0 turns an operation off", "fresh database per service"):
         assert phrase in text, phrase
+    # Each fleet option states its default in words the help renderer keeps.
+    assert text.count("(default: ") == 13
+    assert "127.0.0.1:5432/postgres" in text
 
 
 def test_cli_refuses_fleet_options_for_other_benchmarks_and_scale_for_fleet() -> None:
