@@ -191,3 +191,13 @@ def test_the_summary_tables_show_every_operation_error_and_the_echo() -> None:
     for expected in ("write", "search", "DEADLINE_EXCEEDED", "2,500.0", "load generator",
                      "load average 1.0 -> 2.0"):
         assert expected in text, expected
+
+
+def test_cpu_seconds_of_this_process_grow_with_work() -> None:
+    import os
+
+    before = fleet.cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.2
+    while time.process_time() < deadline:
+        pass
+    assert fleet.cpu_seconds(os.getpid()) >= before + 0.1
