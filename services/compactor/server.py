@@ -37,6 +37,14 @@ def _service_token(settings: CompactorSettings) -> str:
 
 def build_compactor_server(settings: CompactorSettings) -> EngramServer:
     database = Database(settings.database_url())
+    try:
+        return _build(settings, database)
+    except BaseException:
+        database.dispose()  # a failed start leaves no connection open behind it
+        raise
+
+
+def _build(settings: CompactorSettings, database: Database) -> EngramServer:
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(),
