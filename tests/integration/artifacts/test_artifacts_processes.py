@@ -100,7 +100,8 @@ def test_cli_against_service_process_with_s3_blobs(
         stored = cli("artifacts", "put", str(source), "--run", "cli-run", "--step", "s1",
                      "--meta", '{"k": 1}')
         assert isinstance(stored, dict)
-        assert stored["path"] == "runs/cli-run/s1/data.bin"
+        artifact_id = stored["artifact_id"]
+        assert stored["path"] == f"fleets/fleet-cli/runs/cli-run/s1/{artifact_id}/data.bin"
         out = tmp_path / "back.bin"
         cli("artifacts", "get", str(stored["artifact_id"]), "-o", str(out))
         assert out.read_bytes() == source.read_bytes()
