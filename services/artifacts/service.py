@@ -122,6 +122,7 @@ class ArtifactsService:
     def _in_run(self, fleet_id: str, run_id: str, query: Callable[Concatenate[Session, P], R],
                 *args: P.args, **kwargs: P.kwargs) -> R:
         """``query`` in a session of its own, once the run is known to be this fleet's."""
+        check.identifier("run_id", run_id)
         with self.db.session() as session:
             self.repository.get_run(session, fleet_id, run_id)
             return query(session, *args, **kwargs)
@@ -178,7 +179,8 @@ class ArtifactsService:
             return existing, False
 
     def get_run(self, fleet_id: str, run_id: str) -> Run:
-        return self._in_session(self.repository.get_run, fleet_id, run_id)
+        return self._in_session(self.repository.get_run, fleet_id,
+                                check.identifier("run_id", run_id))
 
     def list_runs(self, fleet_id: str, page_token: str, page_size: int) -> tuple[list[Run], str]:
         return paginate(page_token, page_size, {"fleet": fleet_id},
@@ -556,6 +558,8 @@ class ArtifactsService:
 
     def list_manifests(self, fleet_id: str, run_id: str, page_token: str,
                        page_size: int) -> tuple[list[Manifest], str]:
+        if run_id:
+            check.identifier("run_id", run_id)
         return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
                         lambda after, limit: self._in_session(
                             self.repository.list_manifests, fleet_id, run_id, after, limit),
