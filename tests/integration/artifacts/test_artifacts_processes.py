@@ -111,8 +111,10 @@ def test_cli_against_service_process_with_s3_blobs(
         event = cli("events", "append", "cli-run", "tool.called", '{"tool": "search"}',
                     "--manifest", str(manifest["manifest_id"]))
         assert event["seq"] == "1"  # int64 renders as a string in proto JSON
-        cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
-            str(stored["artifact_id"]))
+        snapshot = cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                       str(stored["artifact_id"]), "--request-id", "snap-1")
+        assert cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                   str(stored["artifact_id"]), "--request-id", "snap-1") == snapshot
         cli("events", "append", "cli-run", "tool.done", "{}")
         view = cli("rehydrate", "cli-run")
         assert [e["seq"] for e in view["events"]] == ["2"]  # type: ignore[index]
