@@ -330,7 +330,7 @@ class ArtifactsService:
 
         def append(session: Session) -> tuple[Event, bool]:
             # The run's lock first: a concurrent call with this request_id has committed by then.
-            run = self.repository.get_run(session, fleet_id, run_id, lock=True)
+            self.repository.get_run(session, fleet_id, run_id, lock=True)
             prior = find(session)
             if prior is not None:
                 return prior, False

@@ -16,7 +16,6 @@ from services.common.errors import InvalidArgument
 from services.common.limits import DEFAULT_JSON_DEPTH, LimitExceeded, check_limit, json_depth
 from services.common.tokens import validate_identifier
 
-MAX_ID_LEN = 128
 MAX_NAME_LEN = 512
 MAX_TYPE_LEN = 128
 MAX_MIME_LEN = 255
@@ -52,10 +51,8 @@ class ArtifactLimits:
 
 
 def identifier(kind: str, value: str) -> str:
-    """An id: letters, digits and - _ . : @, not only dots, no NUL or control characters."""
-    if len(value) > MAX_ID_LEN:
-        raise InvalidArgument(f"{kind} must be 1..{MAX_ID_LEN} characters, got {len(value)}",
-                              reason="INVALID_IDENTIFIER")
+    """An id: 1..128 letters, digits and - _ . : @, not only dots (no NUL, no control
+    characters, no ``/``): the rule every service applies, with this service's reason."""
     try:
         return validate_identifier(kind, value)
     except InvalidArgument as error:

@@ -13,7 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 from alembic import command
+from alembic.autogenerate import compare_metadata
 from alembic.config import Config
+from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from engram.client._errors import EngramRpcError
@@ -21,6 +23,7 @@ from engram.client.artifacts import ArtifactsClient
 from services.artifacts.domain.chain import event_hash
 from services.artifacts.server import MIGRATIONS, build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
+from services.artifacts.tables import Base
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
 from tests.integration.artifacts.conftest import RunningArtifacts
@@ -190,6 +193,19 @@ def test_migration_carries_runs_events_snapshots_and_blobs_over(
     assert hidden.value.code == grpc.StatusCode.NOT_FOUND
     assert theirs.start_run("run-old").created
     assert theirs.get_run("run-old").event_count == 0
+
+
+def test_migrated_schema_is_the_tables_schema(old_store_url: str, tmp_path: Path) -> None:
+    _old_store(old_store_url, tmp_path / "blobs")
+    _at_revision(old_store_url, "head")
+    database = Database(old_store_url)
+    try:
+        with database.engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"version_table": "alembic_version_artifacts"})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        database.dispose()
 
 
 def test_migration_downgrades_when_no_run_id_is_shared(old_store_url: str,
