@@ -2,8 +2,10 @@
 
 Before, ``runs.run_id`` alone was the key: a second fleet could not start a run of an id
 another fleet held. Each table that names a run is rebuilt with the fleet in its key and
-its rows copied over, the fleet taken from the run (the same statements on SQLite and
-Postgres, where a primary key cannot change in place on the first). Artifacts gain their
+its rows copied over, the fleet taken from the run. SQLite cannot change a primary key in
+place, so rather than a batch rebuild on one database and ALTERs naming Postgres' default
+constraint names on the other, both run the same create, copy, drop and rename (what a
+batch operation does on SQLite). Artifacts gain their
 ``name`` (from the old path, ``runs/<run>/<step>/<name>``) so a name is unique within a
 fleet's run and step; their ``path`` (the blob key) is kept, so stored blobs stay where
 they are and readable. Snapshots gain a ``request_id`` for idempotent retries.
@@ -27,8 +29,8 @@ depends_on = None
 _FLEET_OF_RUN = "COALESCE((SELECT r.fleet_id FROM runs r WHERE r.run_id = t.run_id), '')"
 _RUN_COLUMNS = ("agent_id, status, stop_reason, created_us, stopped_us, event_count, head_hash, "
                 "latest_snapshot_id, metadata_json")
-_ARTIFACT_COLUMNS = "artifact_id, run_id, step_id, path, hash, mime_type, size_bytes, " \
-                    "created_at, metadata"
+_ARTIFACT_COLUMNS = ("artifact_id, run_id, step_id, path, hash, mime_type, size_bytes, "
+                     "created_at, metadata")
 _EVENT_COLUMNS = ("run_id, seq, type, payload_json, manifest_id, artifact_ids_json, created_us, "
                   "agent_id, prev_hash, hash, request_id")
 _SNAPSHOT_COLUMNS = ("snapshot_id, run_id, seq, state_json, state_hash, manifest_id, "
