@@ -58,8 +58,7 @@ def _eventually(check: Callable[[], bool], seconds: float = 20) -> None:
 
 
 def test_a_run_whose_tier_work_keeps_failing_blocks_neither_start_nor_others(
-        compactor_settings: CompactorSettings, tmp_path: Path,
-        make_token: TokenFactory) -> None:
+        compactor_settings: CompactorSettings, make_token: TokenFactory) -> None:
     settings = compactor_settings.model_copy(update={
         "tier_repair_interval_seconds": 0.1, "tier_repair_backoff_seconds": 0.2,
         "tier_repair_backoff_max_seconds": 0.5})
