@@ -49,6 +49,7 @@ POLICY: MethodPolicy = {
     _m("ListDecisions"): _PEOPLE,
     _m("GetChainCheckpoint"): _PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
+    _m("BatchGetDecisions"): _GOVERNORS,
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
@@ -155,6 +156,7 @@ def _candidate(message: pb.WriteCandidate) -> Candidate:
         source=message.source, importance=message.importance, tags=tuple(message.tags),
         neighbours=tuple(Neighbour(n.record_id, n.content, n.agent_id, n.score)
                          for n in message.neighbours),
+        metadata=tuple(sorted(message.metadata.items())),
     )
 
 
@@ -310,6 +312,15 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),
             problems=report.problems, extends_since=report.extends_since)
+
+    def BatchGetDecisions(self, request: pb.BatchGetDecisionsRequest,
+                          context: grpc.ServicerContext) -> pb.BatchGetDecisionsResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        if not 0 < len(request.decision_ids) <= MAX_CANDIDATES:
+            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} decision_ids, got "
+                                  f"{len(request.decision_ids)}", reason="INVALID_DECISION_IDS")
+        found = self._service.decisions_by_id(fleet_id, list(request.decision_ids))
+        return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

@@ -44,6 +44,7 @@ def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
         neighbours=[gpb.Neighbour(record_id=n.record_id, content=n.content,
                                   agent_id=n.agent_id, score=n.score)
                     for n in candidate.neighbours],
+        metadata=dict(candidate.metadata),
     )
 
 

@@ -33,6 +33,8 @@ class GateCandidate:
     importance: float
     tags: tuple[str, ...]
     neighbours: tuple[Neighbour, ...] = field(default_factory=tuple)
+    metadata: tuple[tuple[str, str], ...] = ()
+    """``(key, value)`` pairs: governance judges them like the content."""
 
 
 @dataclass(frozen=True)

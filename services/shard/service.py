@@ -298,6 +298,7 @@ class ShardService:
             GateCandidate(
                 record_id=r.id, content_hash=r.content_hash, content=r.content, run_id=r.run_id,
                 domain=r.domain, source=r.source, importance=r.importance, tags=r.tags,
+                metadata=tuple(sorted(r.metadata.items())),
             )
             for r in fresh
         ]

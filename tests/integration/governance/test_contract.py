@@ -45,7 +45,8 @@ def test_gate_allows_and_records_once_per_request_id(
 
 def test_rules_deny_with_rule_ids_and_reasons(
         shard_service: GovernanceClient, governor: GovernanceClient) -> None:
-    size = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=40))).rule
+    # The limit counts the whole record: 35 bytes of content + the 8-byte tag pass, 41 + 8 not.
+    size = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=45))).rule
     pattern = governor.add_rule(pb.Rule(
         deny_pattern=pb.DenyPattern(pattern=r"ignore (all )?previous instructions"))).rule
     tags = governor.add_rule(pb.Rule(required_tags=pb.RequiredTags(tags=["reviewed"]),
