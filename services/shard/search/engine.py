@@ -10,27 +10,25 @@ the craft measured on LoCoMo
 cosine blended with the neighbours', weighted-sum fusion, neighbour smoothing.
 :func:`services.shard.domain.scoring.final_score`
 multiplies it by importance, recency and the author's trust multiplier.
-Authors with multiplier 0.0 (suspended) never surface. Trust unreachable ->
-1.0 for everyone and a logged warning (seed 002, Risks).
+Authors with multiplier 0.0 (suspended) never surface. Governance
+unreachable -> each author's last known multiplier, 1.0 only for authors the
+shard never saw (with a logged warning; see GovernanceTrust).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.db import Database
-from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.index import Duplicate, SearchIndex
-
-log = logging.getLogger("engram.shard.search")
 
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
@@ -156,12 +154,7 @@ class SearchEngine:
     def multipliers(self, fleet_id: str, agent_ids: set[str]) -> dict[str, float]:
         if self.trust is None or not agent_ids:
             return {}
-        try:
-            return self.trust.multipliers(fleet_id, agent_ids)
-        except EngramError as error:
-            log.warning("trust state unavailable; ranking with multiplier 1.0",
-                        extra={"error": error.message})
-            return {}
+        return self.trust.multipliers(fleet_id, agent_ids)
 
     def neighbours(self, fleet_id: str, content: str, limit: int = 5) -> list[Neighbour]:
         """Nearest existing records, sent to governance to judge contradictions."""

@@ -146,6 +146,26 @@ def test_create_rule_refuses_what_re2_cannot_match_naming_it(
     assert construct in refused.message
 
 
+def test_cached_trust_outlives_a_governance_outage(stack: Stack) -> None:
+    mallory, quiet, reader = stack.agent("mallory"), stack.agent("quiet"), stack.agent("rd")
+    mallory.add("The backup bucket is world readable by design", domain="technical")
+    quiet.add("Rotate the backup bucket keys every quarter", domain="technical")
+    stack.governor().set_tier("mallory", "suspended", reason="poisoning")
+    seen = [h.record.agent_id for h in reader.search("backup bucket world readable design")]
+    assert "mallory" not in seen and "quiet" in seen  # both authors' trust is now cached
+    stack.governance.stop(0)
+    # Past the TTL and governance down: the cached 0.0 still holds; nobody flips to 1.0.
+    down = [h.record.agent_id for h in reader.search("backup bucket world readable design")]
+    assert "mallory" not in down and "quiet" in down
+
+
+def test_an_author_never_seen_fails_open_while_governance_is_down(stack: Stack) -> None:
+    stranger, reader = stack.agent("stranger"), stack.agent("rd")
+    stranger.add("Lunch is served at noon on Fridays")
+    stack.governance.stop(0)
+    assert [h.record.agent_id for h in reader.search("lunch fridays")] == ["stranger"]
+
+
 def test_every_record_names_its_gate_decision_and_verify_gate_reconciles(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     writer = stack.agent("scribe")
