@@ -198,7 +198,7 @@ class ShardService:
             if record.id not in existing and record.id not in seen:
                 fresh.append(record)
                 seen.add(record.id)
-        duplicate_of = self._duplicates(fleet, fresh)
+        duplicate_of = self._duplicates(fleet, agent, fresh)
         fresh = [r for r in fresh if r.id not in duplicate_of]
         # The gate's idempotency key is the client's request_id only: a content digest would
         # replay an old decision (say, before a suspension) for a later identical write.
@@ -222,17 +222,19 @@ class ShardService:
             reported.add(r.id)
         return results
 
-    def _duplicates(self, fleet: str, fresh: list[Record]) -> dict[str, Record | str]:
+    def _duplicates(self, fleet: str, agent: str, fresh: list[Record]) -> dict[str, Record | str]:
         """New record id -> the stored record it duplicates, or the id of an earlier record of
-        the same batch; only within the same run (a run's snapshot holds what it wrote)."""
-        found = self.search_engine.duplicates(fleet, [r.content for r in fresh],
+        the same batch; only the same author's, in the same run (a run's snapshot holds what
+        it wrote, and another author's record would vanish with that author's trust)."""
+        found = self.search_engine.duplicates(fleet, agent, [r.content for r in fresh],
                                               [r.run_id for r in fresh], mode=self.dedup,
                                               threshold=self.dedup_similarity)
         if not any(found):
             return {}
         with self.db.session() as session:
-            stored = self.repo.by_ids(session, fleet, [f.record_id for f in found
-                                                       if isinstance(f, StoredDuplicate)])
+            stored = self.repo.by_ids(session, fleet, [i for f in found
+                                                       if isinstance(f, StoredDuplicate)
+                                                       for i in f.record_ids])
         out: dict[str, Record | str] = {}
         for record, target in zip(fresh, found, strict=True):
             if isinstance(target, BatchDuplicate):
@@ -240,9 +242,11 @@ class ShardService:
                 if first.run_id == record.run_id:
                     earliest = out.get(first.id, first.id)
                     out[record.id] = earliest
-            elif (isinstance(target, StoredDuplicate) and target.record_id in stored
-                  and stored[target.record_id].run_id == record.run_id):
-                out[record.id] = stored[target.record_id]
+            elif isinstance(target, StoredDuplicate):
+                own = [stored[i] for i in target.record_ids if i in stored
+                       and stored[i].run_id == record.run_id and stored[i].agent_id == agent]
+                if own:
+                    out[record.id] = own[0]
         return out
 
     def _replay(self, fleet: str, agent: str, request_id: str,

@@ -162,13 +162,14 @@ class SearchEngine:
             found = self.repo.lexical(session, RecordFilter(fleet_id), content, limit)
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
 
-    def duplicates(self, fleet_id: str, contents: list[str], run_ids: list[str], *, mode: str,
-                   threshold: float) -> list[Duplicate | None]:
-        """What each content duplicates (a stored record or an earlier content); None: new."""
+    def duplicates(self, fleet_id: str, agent_id: str, contents: list[str], run_ids: list[str],
+                   *, mode: str, threshold: float) -> list[Duplicate | None]:
+        """What each of the author's contents duplicates (stored records or an earlier
+        content); None: new."""
         if mode == "off" or self.index is None:
             return [None] * len(contents)
-        return self.index.duplicates(fleet_id, contents, run_ids,
-                                        semantic=mode == "semantic", threshold=threshold)
+        return self.index.duplicates(fleet_id, agent_id, contents, run_ids,
+                                     semantic=mode == "semantic", threshold=threshold)
 
     def notify_written(self, records: Sequence[Record]) -> None:
         """Called after each committed group: the full-text index is current, vectors follow."""

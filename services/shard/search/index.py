@@ -41,9 +41,10 @@ log = logging.getLogger("engram.shard.index")
 
 @dataclass(frozen=True)
 class StoredDuplicate:
-    """A new text duplicates this stored record."""
+    """A new text duplicates one of these stored records (best first); the caller keeps the
+    first of the same author and run: semantic candidates may be anyone's."""
 
-    record_id: str
+    record_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class BatchDuplicate:
 
 
 Duplicate = StoredDuplicate | BatchDuplicate
+_NEAR_CANDIDATES = 16
+"""Nearest stored records a semantic duplicate check considers (others' may come first)."""
 
 
 def _lexical_if_unavailable(
@@ -167,7 +170,7 @@ class SearchIndex:
             with self._lock:
                 for row in rows:
                     fleet = self._fleet(row.fleet_id)
-                    key = text_key(row.content, row.run_id)
+                    key = text_key(row.content, row.run_id, row.agent_id)
                     day = metadata_day(row.metadata, row.created_us)
                     doc = fleet.add(row.id, row.run_id, row.content, key, day)
                     self._pending.append((row.seq, row.fleet_id, doc, row.id, row.content))
@@ -302,23 +305,25 @@ class SearchIndex:
     def duplicates(
         self,
         fleet_id: str,
+        agent_id: str,
         texts: list[str],
         run_ids: list[str],
         *,
         semantic: bool,
         threshold: float,
     ) -> list[Duplicate | None]:
-        """For each text, what it duplicates: a stored record, an earlier text of the batch,
-        or nothing (None).
+        """For each of ``agent_id``'s texts, what it duplicates: stored records, an earlier
+        text of the batch, or nothing (None).
 
-        Exact: the same normalised text (case and spacing) in the same run of the fleet,
-        checked against every committed record (the lexical cursor is advanced first). Semantic:
-        additionally a cosine >= ``threshold`` to a record in the vector index; the new
-        texts are embedded here, once, and their vectors kept for the indexer. Earlier
-        texts of the same batch count as existing.
+        Exact: the same normalised text (case and spacing) by the same author in the same run
+        of the fleet, checked against every committed record (the lexical cursor is advanced
+        first). Semantic: additionally the records at cosine >= ``threshold`` among the
+        nearest in the vector index (any author's: the caller keeps its own); the new texts
+        are embedded here, once, and their vectors kept for the indexer. Earlier texts of
+        the same batch count as existing.
         """
         self.sync()
-        keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
+        keys = [text_key(t, run, agent_id) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None
         out: list[Duplicate | None] = []
         with self._lock:
@@ -326,7 +331,8 @@ class SearchIndex:
             seen: dict[bytes, int] = {}
             for i, key in enumerate(keys):
                 stored = index.text_keys.get(key) if index is not None else None
-                found: Duplicate | None = StoredDuplicate(stored) if stored is not None else None
+                found: Duplicate | None = (StoredDuplicate((stored,)) if stored is not None
+                                           else None)
                 if found is None and key in seen:
                     found = BatchDuplicate(seen[key])
                 if found is None and vectors is not None:
@@ -346,9 +352,10 @@ class SearchIndex:
         self, index: FleetIndex | None, vectors: np.ndarray, i: int, threshold: float
     ) -> Duplicate | None:
         if index is not None and len(index.vectors):
-            best = index.vectors.search(vectors[i], 1)
-            if best and best[0][1] >= threshold:
-                return StoredDuplicate(index.ids[best[0][0]])
+            near = [index.ids[doc] for doc, similarity in
+                    index.vectors.search(vectors[i], _NEAR_CANDIDATES) if similarity >= threshold]
+            if near:
+                return StoredDuplicate(tuple(near))
         for j in range(i):  # an earlier text of the same batch
             if float(vectors[j] @ vectors[i]) >= threshold:
                 return BatchDuplicate(j)
@@ -358,11 +365,12 @@ class SearchIndex:
         self, fleet_id: str, vector: np.ndarray, threshold: float
     ) -> StoredDuplicate | None:
         """Committed records whose vector (embedded at write) is not in the index yet."""
+        near = []
         for _, fleet, _, record_id, text in itertools.islice(reversed(self._pending), 1000):
             pending = self._fresh_vectors.get(text) if fleet == fleet_id else None
             if pending is not None and float(pending @ vector) >= threshold:
-                return StoredDuplicate(record_id)
-        return None
+                near.append(record_id)
+        return StoredDuplicate(tuple(near[:_NEAR_CANDIDATES])) if near else None
 
     def indexed(self, fleet_id: str) -> int:
         with self._lock:
@@ -370,9 +378,10 @@ class SearchIndex:
             return index.indexed_vectors() if index is not None else 0
 
 
-def text_key(text: str, run_id: str) -> bytes:
-    """Duplicates are judged within one run: a run's snapshot must hold what it wrote."""
-    material = f"{run_id}\x1f{normalised_text(text)}"
+def text_key(text: str, run_id: str, agent_id: str) -> bytes:
+    """Duplicates are judged within one author's run: a run's snapshot must hold what it
+    wrote, and one author's write is never answered with another's record."""
+    material = f"{agent_id}\x1f{run_id}\x1f{normalised_text(text)}"
     return hashlib.blake2b(material.encode(), digest_size=16).digest()
 
 

@@ -166,6 +166,19 @@ def test_an_author_never_seen_fails_open_while_governance_is_down(stack: Stack) 
     assert [h.record.agent_id for h in reader.search("lunch fridays")] == ["stranger"]
 
 
+def test_dedup_never_answers_one_author_with_anothers_record(stack: Stack) -> None:
+    alice, bob = stack.agent("alice"), stack.agent("bob")
+    first = alice.add("The staging database restarts every Sunday", run_id="r1")
+    again = alice.add("the staging database  restarts every sunday", run_id="r1")
+    assert again.duplicate_of == first.record.id  # one author's duplicate is still caught
+    mine = bob.add("The staging database restarts every Sunday", run_id="r1")
+    assert mine.created and not mine.duplicate_of
+    assert mine.record.agent_id == "bob" and mine.record.id != first.record.id
+    stack.governor().set_tier("alice", "suspended", reason="poisoning")
+    hits = bob.search("staging database restarts")
+    assert [h.record.id for h in hits] == [mine.record.id]  # alice's suspension hides only hers
+
+
 def test_every_record_names_its_gate_decision_and_verify_gate_reconciles(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     writer = stack.agent("scribe")
