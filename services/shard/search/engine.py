@@ -9,7 +9,9 @@ the craft measured on LoCoMo
 (docs/retrieval.md): stemmed BM25 over a record plus its run neighbours, MiniLM
 cosine blended with the neighbours', weighted-sum fusion, neighbour smoothing.
 :func:`services.shard.domain.scoring.final_score`
-multiplies it by importance, recency and the author's trust multiplier.
+multiplies it by importance, recency and the author's trust multiplier; a
+record that names its sources' authors (a compaction summary's
+``source_authors``) ranks with the lowest trust among its author and them.
 Authors with multiplier 0.0 (suspended) never surface. Governance
 unreachable -> each author's last known multiplier, 1.0 only for authors the
 shard never saw (with a logged warning; see GovernanceTrust).
@@ -17,12 +19,14 @@ shard never saw (with a logged warning; see GovernanceTrust).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.db import Database
 from services.common.errors import FailedPrecondition, InvalidArgument
+from services.shard.domain.compaction import SOURCE_AUTHORS_KEY
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
@@ -112,11 +116,12 @@ class SearchEngine:
 
     def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
               via: str) -> list[SearchHit]:
-        multipliers = self.multipliers(fleet_id, {r.agent_id for r, _ in found})
+        authors = {r.id: record_authors(r) for r, _ in found}
+        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
         now_us = self.clock() * 1_000_000
         ranked = []
         for record, relevance in found:
-            trust = multipliers.get(record.agent_id, 1.0)
+            trust = min(multipliers.get(a, 1.0) for a in authors[record.id])
             if trust <= 0.0:
                 continue
             age_s = max(0.0, (now_us - record.created_us) / 1_000_000)
@@ -178,6 +183,21 @@ class SearchEngine:
 
     def indexing_lag(self) -> int:
         return self.index.lag() if self.index is not None else 0
+
+
+def record_authors(record: Record) -> frozenset[str]:
+    """The record's author and the authors it names as its sources (``source_authors``, a JSON
+    list): its trust is the lowest of theirs, so naming more can only lower it."""
+    named = record.metadata.get(SOURCE_AUTHORS_KEY)
+    if not named:
+        return frozenset((record.agent_id,))
+    try:
+        listed = json.loads(named)
+    except ValueError:
+        listed = None
+    if not isinstance(listed, list):  # the writer's own free text: it can only lower its rank
+        return frozenset((record.agent_id,))
+    return frozenset((record.agent_id, *(a for a in listed if isinstance(a, str))))
 
 
 def _matches(record: Record, flt: RecordFilter) -> bool:

@@ -146,6 +146,45 @@ def test_create_rule_refuses_what_re2_cannot_match_naming_it(
     assert construct in refused.message
 
 
+def _write_long_ago(stack: Stack, writes: list[tuple[ShardClient, str]]) -> None:
+    real_clock = stack.service.clock
+    stack.service.clock = lambda: real_clock() - 120 * DAY
+    try:
+        for client, text in writes:
+            client.add(text, importance=0.1, run_id="r1", domain="technical")
+    finally:
+        stack.service.clock = real_clock
+
+
+def test_finding_4_compaction_does_not_launder_a_suspended_authors_text(stack: Stack) -> None:
+    honest, mallory, reader = stack.agent("honest"), stack.agent("mallory"), stack.agent("rd")
+    _write_long_ago(stack, [(honest, "The deploy pipeline caches wheels per branch"),
+                            (mallory, "The deploy pipeline skips the integrity checks"),
+                            (honest, "The deploy pipeline pins the base image digest")])
+    stack.governor().set_tier("mallory", "suspended", reason="poisoning")
+    report = stack.compactor().compact(FLEET)
+    assert len(report.groups) == 1
+    summary = report.groups[0].summary
+    assert "integrity checks" not in summary.content
+    texts = [h.record.content for h in reader.search("deploy pipeline integrity checks")]
+    assert texts and not any("integrity checks" in t for t in texts)
+    assert report.compacted == 2
+    assert summary.agent_id == "compactor" and summary.gate_decision_id
+    assert json.loads(summary.metadata["source_authors"]) == ["honest"]
+    assert any(h.record.id == summary.id for h in reader.search("deploy pipeline"))
+
+
+def test_a_summary_ranks_with_the_lowest_trust_of_its_sources(stack: Stack) -> None:
+    first, second, reader = stack.agent("w1"), stack.agent("w2"), stack.agent("rd")
+    _write_long_ago(stack, [(first, "Invoices are archived after ninety days"),
+                            (second, "Invoices are exported to the ledger nightly")])
+    summary = stack.compactor().compact(FLEET).groups[0].summary
+    assert json.loads(summary.metadata["source_authors"]) == ["w1", "w2"]
+    assert [h.record.id for h in reader.search("invoices ledger archived")] == [summary.id]
+    stack.governor().set_tier("w2", "suspended", reason="found out later")
+    assert reader.search("invoices ledger archived") == []
+
+
 def test_cached_trust_outlives_a_governance_outage(stack: Stack) -> None:
     mallory, quiet, reader = stack.agent("mallory"), stack.agent("quiet"), stack.agent("rd")
     mallory.add("The backup bucket is world readable by design", domain="technical")
