@@ -200,9 +200,10 @@ class ShardService:
                 seen.add(record.id)
         duplicate_of = self._duplicates(fleet, agent, fresh)
         fresh = [r for r in fresh if r.id not in duplicate_of]
-        # The gate's idempotency key is the client's request_id only: a content digest would
-        # replay an old decision (say, before a suspension) for a later identical write.
-        fresh = self._gate(principal, fresh, request_id)
+        # The gate's idempotency key comes from the client's request_id (a content digest alone
+        # would replay an old decision, say before a suspension, for a later identical write),
+        # bound to the whole body: a decision is never replayed for metadata it did not judge.
+        fresh = self._gate(principal, fresh, _gate_key(request_id, digest))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
                         tuple(r.id for r in prepared))
         stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
@@ -444,6 +445,12 @@ def _digest(drafts: Sequence[RecordDraft]) -> str:
     body = [[d.content, d.run_id, d.domain, d.source, d.importance, list(d.tags),
              sorted(d.metadata.items())] for d in drafts]
     return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
+
+
+def _gate_key(request_id: str, digest: str) -> str:
+    """``request_id`` bound to the request's body (within governance's 128 characters); empty
+    without one (the gate then mints a fresh key)."""
+    return f"{request_id[:100]}~{digest[:24]}" if request_id else ""
 
 
 def _indexed(index: int, total: int, error: EngramError) -> EngramError:

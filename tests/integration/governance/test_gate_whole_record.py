@@ -270,3 +270,28 @@ def test_batch_get_decisions_is_for_governors_only(stack: Stack) -> None:
         stack.opened.append(client)
         refused = _refused(lambda c=client: c.decisions_by_id(["dec_x"]))
         assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_retry_with_another_body_is_judged_again_not_replayed(stack: Stack) -> None:
+    stack.governor().add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="password[:=]")))
+    writer, reader = stack.agent("retrier"), stack.agent("rd")
+    submit = stack.service._committer.submit
+    crashed: list[bool] = []
+
+    def crash_once(job: object) -> object:  # the shard dies after the gate allowed the write
+        if not crashed:
+            crashed.append(True)
+            raise ConnectionError("database went away")
+        return submit(job)  # type: ignore[arg-type]
+
+    stack.service._committer.submit = crash_once  # type: ignore[method-assign]
+    with pytest.raises(EngramRpcError):
+        writer.add("connection notes", request_id="req-1", metadata={"note": "none"})
+    # Same request_id and content, a secret in the metadata: the earlier "allowed" must not
+    # be replayed for a body the gate never saw.
+    refused = _refused(lambda: writer.add("connection notes", request_id="req-1",
+                                          metadata={"note": SECRET}))
+    assert refused.code == grpc.StatusCode.PERMISSION_DENIED
+    assert reader.search("connection notes") == []
+    retried = writer.add("connection notes", request_id="req-1", metadata={"note": "none"})
+    assert retried.created and retried.record.metadata["note"] == "none"
