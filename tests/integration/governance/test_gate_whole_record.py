@@ -63,8 +63,16 @@ class Stack:
         return client
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def shard_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shard.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
 @pytest.fixture
-def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> Iterator[Stack]:
+def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+          shard_url: str) -> Iterator[Stack]:
     governance = build_governance_server(GovernanceSettings(
         home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'governance.db'}"))
     governance.start()
@@ -74,8 +82,7 @@ def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> Iterat
     gate, trust = connect_governance(governance.address, token_file, gate_timeout=2.0,
                                      ttl_seconds=0.0)
     shard, service = build_shard_server(
-        ShardSettings(home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                      embedder="none"),
+        ShardSettings(home=engram_home, port=0, db_url=shard_url, embedder="none"),
         gate=gate, trust=trust)
     shard.start()
     built = Stack(governance, shard, service, make_token, [])
@@ -236,12 +243,12 @@ def test_every_record_names_its_gate_decision_and_verify_gate_reconciles(
 
 
 def test_verify_gate_names_records_stored_without_an_allowing_decision(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory, stack: Stack,
+        engram_home: Path, make_token: TokenFactory, stack: Stack, shard_url: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
     # An ungated shard on the same store (ENGRAM_SHARD_ALLOW_UNGATED) records no decision.
     ungated, _ = build_shard_server(ShardSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'shard.db'}", embedder="none",
-        allow_ungated=True, migrate=False))
+        home=engram_home, port=0, db_url=shard_url, embedder="none", allow_ungated=True,
+        migrate=False))
     ungated.start()
     try:
         sneaky = ShardClient(ungated.address, make_token("sneaky", FLEET, ("agent",)))
