@@ -54,6 +54,7 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("ListDecisions"): PEOPLE,
     _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
+    _m("BatchGetDecisions"): _GOVERNORS,
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
@@ -62,7 +63,7 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain")},
+        "VerifyChain", "BatchGetDecisions")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -167,6 +168,7 @@ def _candidate(message: pb.WriteCandidate) -> Candidate:
         source=message.source, importance=message.importance, tags=tuple(message.tags),
         neighbours=tuple(Neighbour(n.record_id, n.content, n.agent_id, n.score)
                          for n in message.neighbours),
+        metadata=tuple(sorted(message.metadata.items())),
     )
 
 
@@ -308,6 +310,15 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),
             problems=report.problems, extends_since=report.extends_since)
+
+    def BatchGetDecisions(self, request: pb.BatchGetDecisionsRequest,
+                          context: grpc.ServicerContext) -> pb.BatchGetDecisionsResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        if not 0 < len(request.decision_ids) <= MAX_CANDIDATES:
+            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} decision_ids, got "
+                                  f"{len(request.decision_ids)}", reason="INVALID_DECISION_IDS")
+        found = self._service.decisions_by_id(fleet_id, list(request.decision_ids))
+        return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:
