@@ -54,7 +54,7 @@ test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's
 	$(BIN)/python -m pytest -q
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
-BENCHES ?= shard gate artifacts compactor search
+BENCHES ?= shard gate artifacts compactor search gateway
 bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/
 	mkdir -p bench-results
 	for name in $(BENCHES); do \
