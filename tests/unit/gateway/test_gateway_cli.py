@@ -24,3 +24,14 @@ def test_without_the_extra_it_says_how_to_install_it(monkeypatch: pytest.MonkeyP
     result = CliRunner().invoke(app, ["gateway", "--port", "0"])
     assert result.exit_code == 1
     assert "engram[gateway]" in result.output
+
+
+def test_the_route_table_in_the_docs_is_generated_from_the_annotations() -> None:
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    result = subprocess.run([sys.executable, str(root / "tools" / "gen_gateway_routes.py"),
+                             "--check"], capture_output=True, text=True, check=False,
+                            cwd=root)
+    assert result.returncode == 0, result.stdout + result.stderr
