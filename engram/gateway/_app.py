@@ -16,6 +16,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route as StarletteRoute
+from starlette.types import Receive, Scope, Send
 
 from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
@@ -74,8 +75,8 @@ def error_response(status: Any, headers: Mapping[str, str] | None = None,
                         headers=dict(headers or {}))
 
 
-def _grpc_error(error: grpc.aio.AioRpcError) -> JSONResponse:
-    return error_response(status_from_rpc_error(error))
+def _grpc_error(error: grpc.aio.AioRpcError, route: Route) -> JSONResponse:
+    return error_response(status_from_rpc_error(error, route.backend))
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
@@ -91,6 +92,7 @@ class Gateway:
         self.routes = list(routes if routes is not None else load_routes())
         self.openapi = build_openapi(self.routes, title=config.title)
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._callables: dict[tuple[str, str], Any] = {}
 
     def channel(self, backend: str) -> grpc.aio.Channel:
         # Opened on first use, inside the server's event loop (grpc.aio binds to it).
@@ -98,10 +100,21 @@ class Gateway:
             self._channels[backend] = self.config.open_channel(backend)
         return self._channels[backend]
 
+    def callable(self, route: Route, kind: str) -> Any:
+        """The channel's multicallable for a route (``unary_unary``, ``unary_stream``,
+        ``stream_unary``), made once."""
+        key = (route.grpc_path, kind)
+        if key not in self._callables:
+            self._callables[key] = getattr(self.channel(route.backend), kind)(
+                route.grpc_path, request_serializer=_serialize,
+                response_deserializer=route.response_class.FromString)
+        return self._callables[key]
+
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close(None)
         self._channels.clear()
+        self._callables.clear()
 
     def app(self) -> Starlette:
         @asynccontextmanager
@@ -117,12 +130,18 @@ class Gateway:
         async def healthz(_request: Request) -> Response:
             return JSONResponse({"status": "SERVING"})
 
-        methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
-        return Starlette(routes=[
+        async def transcode(scope: Scope, receive: Receive, send: Send) -> None:
+            response = await self.dispatch(Request(scope, receive))
+            await response(scope, receive, send)
+
+        app = Starlette(routes=[
             StarletteRoute("/openapi.json", openapi, methods=["GET"]),
             StarletteRoute("/healthz", healthz, methods=["GET"]),
-            StarletteRoute("/{path:path}", self.dispatch, methods=methods),
         ], lifespan=lifespan)
+        # Every other path is matched against the annotations' templates, not by Starlette's
+        # router (whose patterns stop at a newline and speak text/plain).
+        app.router.default = transcode
+        return app
 
     async def dispatch(self, request: Request) -> Response:
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
@@ -165,26 +184,21 @@ class Gateway:
         message = build_request(route, params, query, body)
         if route.server_streaming:
             return await self.server_stream(route, message, request)
-        call = self.channel(route.backend).unary_unary(
-            route.grpc_path, request_serializer=_serialize,
-            response_deserializer=route.response_class.FromString)
+        call = self.callable(route, "unary_unary")
         try:
             response = await call(message, metadata=_metadata(request),
                                   timeout=self.config.timeout_seconds)
         except grpc.aio.AioRpcError as error:
-            return _grpc_error(error)
+            return _grpc_error(error, route)
         return JSONResponse(to_json(response))
 
     async def server_stream(self, route: Route, message: Message,
                             request: Request) -> Response:
-        call = self.channel(route.backend).unary_stream(
-            route.grpc_path, request_serializer=_serialize,
-            response_deserializer=route.response_class.FromString)(
-                message, metadata=_metadata(request))
+        call = self.callable(route, "unary_stream")(message, metadata=_metadata(request))
         try:
             first = await call.read()
         except grpc.aio.AioRpcError as error:
-            return _grpc_error(error)
+            return _grpc_error(error, route)
         if "chunk" in route.response_class.DESCRIPTOR.fields_by_name:
             return _download(call, first)
         return StreamingResponse(_ndjson(call, first), media_type=NDJSON)
@@ -212,13 +226,11 @@ class Gateway:
             yield artifacts_pb.CreateArtifactRequest(trailer=artifacts_pb.ArtifactTrailer(
                 size_bytes=size, sha256=digest.hexdigest()))
 
-        call = self.channel(route.backend).stream_unary(
-            route.grpc_path, request_serializer=_serialize,
-            response_deserializer=route.response_class.FromString)
+        call = self.callable(route, "stream_unary")
         try:
             response = await call(parts(), metadata=_metadata(request))
         except grpc.aio.AioRpcError as error:
-            return _grpc_error(error)
+            return _grpc_error(error, route)
         return JSONResponse(to_json(response), status_code=200)
 
 

@@ -45,9 +45,11 @@ def status_of(code: grpc.StatusCode, message: str, reason: str = "",
     return status
 
 
-def status_from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError) -> status_pb2.Status:
+def status_from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError,
+                          backend: str = "") -> status_pb2.Status:
     """The Status the service attached (its ErrorInfo included), else one from the code and
-    message alone."""
+    message alone. A failure the channel made itself (the service down or slow) says which
+    service, not the channel's text, which names internal addresses."""
     if not isinstance(error, grpc.aio.AioRpcError | grpc.Call):
         return status_of(grpc.StatusCode.UNKNOWN, "the call failed")
     code = error.code()
@@ -60,7 +62,17 @@ def status_from_rpc_error(error: grpc.aio.AioRpcError | grpc.RpcError) -> status
                 break
             if status.code == code.value[0]:
                 return status
+    if code in _CHANNEL_FAILURES and backend:
+        reason, text = _CHANNEL_FAILURES[code]
+        return status_of(code, f"the {backend} service {text}", reason,
+                         {"service": backend})
     return status_of(code, error.details() or code.name)
+
+
+_CHANNEL_FAILURES = {
+    grpc.StatusCode.UNAVAILABLE: ("SERVICE_UNAVAILABLE", "is unavailable; retry later"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: ("DEADLINE_EXCEEDED", "did not answer in time"),
+}
 
 
 def http_status(status: status_pb2.Status) -> int:

@@ -65,7 +65,7 @@ class PathTemplate:
             variables.append(field)
             position = match.end()
         pattern += re.escape(template[position:])
-        return cls(template, re.compile(f"^{pattern}$"), tuple(variables))
+        return cls(template, re.compile(pattern, re.DOTALL), tuple(variables))
 
     @property
     def has_verb(self) -> bool:
@@ -75,7 +75,7 @@ class PathTemplate:
         return ":" in _VARIABLE.sub("", last)
 
     def match(self, path: str) -> dict[str, str] | None:
-        found = self.regex.match(path)
+        found = self.regex.fullmatch(path)
         if found is None:
             return None
         return {field: found.group(f"v{i}") for i, field in enumerate(self.variables)}

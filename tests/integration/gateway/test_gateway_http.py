@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 
 import pytest
 import requests
@@ -89,6 +90,9 @@ def test_a_wrong_query_type_is_400_and_an_unknown_route_404(stack: Stack,
     assert nowhere.json()["details"][0]["reason"] == "ROUTE_NOT_FOUND"
     wrong_verb = requests.delete(f"{gateway_url}/v1/records", headers=_auth(stack), timeout=10)
     assert wrong_verb.status_code == 405 and "GET" in wrong_verb.headers["allow"]
+    # A newline in a path variable (found by the fuzzer) is still answered as Status JSON.
+    odd = requests.get(f"{gateway_url}/v1/records/%0Ax", headers=_auth(stack), timeout=10)
+    assert odd.headers["content-type"] == "application/json" and odd.json()["code"] in (3, 5)
 
 
 def test_no_token_is_401_from_the_service(gateway_url: str) -> None:
@@ -182,3 +186,22 @@ def test_compactor_and_governance_through_the_gateway(stack: Stack, gateway_url:
     checkpoint = requests.get(f"{gateway_url}/v1/chain/checkpoint",
                               headers=_auth(stack, "gov", ("governor",)), timeout=10)
     assert checkpoint.status_code == 200, checkpoint.text
+
+
+def test_a_service_down_is_503_naming_the_service_not_its_address(stack: Stack) -> None:
+    from engram.gateway import Gateway, GatewayConfig
+    from tests.integration.gateway.conftest import GatewayThread
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{sock.getsockname()[1]}"
+    addresses = {**stack.addresses, "compactor": closed}
+    with GatewayThread(Gateway(GatewayConfig(addresses, timeout_seconds=5.0))) as url:
+        answer = requests.get(f"{url}/v1/runs/r/iterations", headers=_auth(stack), timeout=10)
+        assert answer.status_code == 503, answer.text
+        status = answer.json()
+        assert status["code"] == 14 and closed not in answer.text
+        assert status["details"][0]["reason"] == "SERVICE_UNAVAILABLE"
+        assert status["details"][0]["metadata"] == {"service": "compactor"}
+        # The other services are unaffected.
+        assert requests.get(f"{url}/v1/status", headers=_auth(stack), timeout=10).ok
