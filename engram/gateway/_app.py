@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+import queue
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +32,10 @@ from engram.gateway._transcode import TranscodeError, build_request, parse_body,
 NDJSON = "application/x-ndjson"
 UPLOAD_CHUNK = 256 * 1024
 """Bytes per gRPC message on upload: the HTTP body is re-cut to this, never held whole."""
+UPLOAD_THREADS = 32
+"""Uploads at once; more wait for a thread."""
+UPLOAD_QUEUE = 8
+"""Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
 _UPLOAD_METHOD = "engram.artifacts.v1.ArtifactsService.CreateArtifact"
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
@@ -61,6 +69,13 @@ class GatewayConfig:
             tls_ca=read(settings.tls_ca), tls_cert=read(settings.tls_cert),
             tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds)
 
+    def open_blocking_channel(self, backend: str) -> grpc.Channel:
+        target = self.addresses[backend]
+        if self.tls_ca is None:
+            return grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        credentials = grpc.ssl_channel_credentials(self.tls_ca, self.tls_key, self.tls_cert)
+        return grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+
     def open_channel(self, backend: str) -> grpc.aio.Channel:
         target = self.addresses[backend]
         if self.tls_ca is None:
@@ -93,6 +108,10 @@ class Gateway:
         self.openapi = build_openapi(self.routes, title=config.title)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._callables: dict[tuple[str, str], Any] = {}
+        self._blocking_channels: list[grpc.Channel] = []
+        # Uploads block a thread each for their whole length: their own pool, not asyncio's.
+        self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
+                                                  thread_name_prefix="engram-gateway-upload")
 
     def channel(self, backend: str) -> grpc.aio.Channel:
         # Opened on first use, inside the server's event loop (grpc.aio binds to it).
@@ -115,6 +134,10 @@ class Gateway:
             await channel.close(None)
         self._channels.clear()
         self._callables.clear()
+        for blocking in self._blocking_channels:
+            blocking.close()
+        self._blocking_channels.clear()
+        self._upload_threads.shutdown(wait=False, cancel_futures=True)
 
     def app(self) -> Starlette:
         @asynccontextmanager
@@ -226,12 +249,75 @@ class Gateway:
             yield artifacts_pb.CreateArtifactRequest(trailer=artifacts_pb.ArtifactTrailer(
                 size_bytes=size, sha256=digest.hexdigest()))
 
-        call = self.callable(route, "stream_unary")
+        # grpc.aio replaces the service's status with INTERNAL when the service answers while
+        # the client is still writing (a refused header, bytes still coming), so uploads run
+        # on a blocking channel in a worker thread, fed through a small bounded queue.
+        feed: queue.Queue[artifacts_pb.CreateArtifactRequest | None] = queue.Queue(UPLOAD_QUEUE)
+        stub = self.blocking_callable(route)
+        metadata = _metadata(request)
+
+        def requests() -> Iterator[artifacts_pb.CreateArtifactRequest]:
+            while (part := feed.get()) is not None:
+                yield part
+
+        loop = asyncio.get_running_loop()
+        finished = loop.run_in_executor(self._upload_threads, functools.partial(
+            _blocking_call, stub, requests(), metadata))
         try:
-            response = await call(parts(), metadata=_metadata(request))
-        except grpc.aio.AioRpcError as error:
-            return _grpc_error(error, route)
-        return JSONResponse(to_json(response), status_code=200)
+            async for part in parts():
+                while not finished.done():
+                    try:
+                        feed.put_nowait(part)
+                        break
+                    except queue.Full:
+                        await asyncio.sleep(0.002)
+                if finished.done():
+                    break  # the service has answered: the rest of the body is not needed
+            await _put_end(feed, finished)
+            outcome = await finished
+        finally:
+            _drain_and_end(feed)
+        if isinstance(outcome, grpc.RpcError):
+            return error_response(status_from_rpc_error(outcome, route.backend))
+        return JSONResponse(to_json(outcome), status_code=200)
+
+    def blocking_callable(self, route: Route) -> Any:
+        key = (route.grpc_path, "blocking")
+        if key not in self._callables:
+            channel = self.config.open_blocking_channel(route.backend)
+            self._blocking_channels.append(channel)
+            self._callables[key] = channel.stream_unary(
+                route.grpc_path, request_serializer=_serialize,
+                response_deserializer=route.response_class.FromString)
+        return self._callables[key]
+
+
+def _blocking_call(stub: Any, parts: Iterator[Message],
+                   metadata: tuple[tuple[str, str], ...]) -> Message | grpc.RpcError:
+    try:
+        response: Message = stub(parts, metadata=metadata)
+    except grpc.RpcError as error:
+        return error
+    return response
+
+
+async def _put_end(feed: queue.Queue[Any], finished: asyncio.Future[Any]) -> None:
+    while not finished.done():
+        try:
+            feed.put_nowait(None)
+            return
+        except queue.Full:
+            await asyncio.sleep(0.002)
+
+
+def _drain_and_end(feed: queue.Queue[Any]) -> None:
+    """Unblock the request iterator whatever happened (it may wait on an empty queue)."""
+    while True:
+        try:
+            feed.get_nowait()
+        except queue.Empty:
+            break
+    feed.put_nowait(None)
 
 
 def _serialize(message: Message) -> bytes:

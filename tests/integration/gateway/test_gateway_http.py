@@ -142,6 +142,11 @@ def test_upload_then_download_an_artifact_streamed(stack: Stack, gateway_url: st
         params={"step_id": "plan", "name": "bad.bin"}, data=b"other bytes", timeout=10)
     assert 400 <= wrong_hash.status_code < 500, wrong_hash.text
     assert wrong_hash.json()["details"][0]["reason"]
+    # A header the service refuses at once, with bytes still coming: its own 400, not a 500.
+    for _ in range(5):
+        no_name = requests.post(f"{gateway_url}/v1/runs/run-blob/artifacts", headers=auth,
+                                params={"step_id": "plan"}, data=pieces(), timeout=30)
+        assert no_name.status_code == 400, no_name.text
 
 
 def test_snapshot_and_replay_are_ndjson(stack: Stack, gateway_url: str) -> None:
