@@ -160,7 +160,7 @@ def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) ->
     assert "PRIVATE KEY" not in result.stdout, "the signing key never leaves its directory"
 
 
-def _tls_dir(tmp_path: Path, services: tuple[str, ...] = SERVICES) -> Path:
+def _tls_dir(tmp_path: Path, services: tuple[str, ...] = (*SERVICES, "gateway")) -> Path:
     directory = tmp_path / "tls"
     directory.mkdir()
     ca_cert, ca_key = issue("engram-ca", x509.Name([]), None, ca=True)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ def test_secrets_script_writes_the_tls_secrets_of_the_tls_overlay(tmp_path: Path
     required, optional = _referenced_secrets(kustomize("prod-tls"))
     assert set(secrets) == required | optional
     version = kubernetes_validate.latest_version()
-    for service in SERVICES:
+    for service in (*SERVICES, "gateway"):
         secret = secrets[f"engram-{service}-tls"]
         kubernetes_validate.validate(secret, version, strict=True)
         assert secret["type"] == "kubernetes.io/tls"
