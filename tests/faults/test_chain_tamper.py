@@ -175,7 +175,7 @@ def test_every_chain_tampering_is_found_at_start_and_by_verify(stack: Stack) -> 
         with GovernanceClient(stack.address("governance"),
                               stack.token("admin", roles=ADMIN)) as gov:
             report = gov.verify_chain()
-        cli = _cli_verify(stack) if i <= len(TAMPERS) else None
+        cli = _cli_verify(stack) if i in (0, 1, 4) else None  # 0: untouched
         stack.stop("governance")
         if not i:
             assert (status, report.ok, list(report.problems), cli) == (1, True, [], 0)

@@ -99,7 +99,7 @@ def test_sigterm_drains_without_failing_accepted_calls(stack: Stack, name: str) 
     threads += [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(CALLERS)]
     for thread in threads:
         thread.start()
-    time.sleep(scale(2, 20))
+    time.sleep(scale(1, 20))
     sigterm_at = time.monotonic()
     stack.popen(name).terminate()
     exit_code = stack.popen(name).wait(timeout=60)
