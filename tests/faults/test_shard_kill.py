@@ -115,7 +115,7 @@ def test_acknowledged_writes_survive_shard_sigkill(stack: Stack) -> None:
 
     acked = [ack for w in writers for ack in w.acked]
     missing, changed = [], []
-    with shard_client(stack, "auditor", timeout=60) as auditor:
+    with shard_client(stack, "auditor", timeout=600) as auditor:
         for record_id, request_id, content in acked:
             try:
                 record = auditor.get(record_id)
