@@ -58,11 +58,17 @@ class Probe:
     stop: threading.Event
     seen: list[tuple[float, int | None]] = field(default_factory=list)
     not_serving_at: float | None = None
+    sigterm_sent: bool = False
+    slow: int = 0
+    """Probes unanswered in 2 s before SIGTERM (a starved service), counted, not a stop."""
 
     def loop(self) -> None:
         while not self.stop.is_set():
-            status = health(self.address, timeout=0.5)
+            status = health(self.address, timeout=2.0)
             now = time.monotonic()
+            if status is None and not self.sigterm_sent:
+                self.slow += 1
+                continue
             if not self.seen or self.seen[-1][1] != status:
                 self.seen.append((now, status))
             if status != 1 and self.not_serving_at is None:
@@ -101,6 +107,7 @@ def test_sigterm_drains_without_failing_accepted_calls(stack: Stack, name: str) 
         thread.start()
     time.sleep(scale(1, 20))
     sigterm_at = time.monotonic()
+    probe.sigterm_sent = True
     stack.popen(name).terminate()
     exit_code = stack.popen(name).wait(timeout=60)
     stop.set()
@@ -115,7 +122,8 @@ def test_sigterm_drains_without_failing_accepted_calls(stack: Stack, name: str) 
     first_down = probe.not_serving_at - sigterm_at
     print(f"{name}: {len(accepted)} calls accepted, {len(in_flight)} in flight at SIGTERM, "
           f"{len(failed)} failed; health {statuses} (NOT_SERVING {first_down * 1000:.0f} ms "
-          f"after SIGTERM); exit code {exit_code}")
+          f"after SIGTERM); {probe.slow} health probes unanswered in 2 s under load; "
+          f"exit code {exit_code}")
     assert statuses[:3] == [1, 2, None], f"health went {statuses}, not SERVING -> NOT_SERVING"
     assert in_flight, "no call was in flight at SIGTERM: the drain was not exercised"
     assert not failed, f"{len(failed)} accepted calls failed: {failed[:5]}"
