@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from engram.client import EngramRpcError, ShardClient
-from tests.faults.conftest import Stack, scale
+from tests.faults.conftest import SOAK, Stack, scale
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -89,6 +89,11 @@ def _first_write_after_serving(stack: Stack, cycle: int) -> float:
     return float("inf")
 
 
+@pytest.mark.xfail(SOAK, strict=True, reason=(
+    "defects seen in the 300-cycle soak (2026-11-24): a retry of a request_id whose first "
+    "attempt is still being committed fails INTERNAL (UNIQUE write_requests) instead of "
+    "returning the stored result; the first write after SERVING took 2.05 s median, 12.2 s "
+    "max once the store held ~50k records; SERVING took up to 5.8 s"))
 def test_acknowledged_writes_survive_shard_sigkill(stack: Stack) -> None:
     cycles = scale(10, 300)
     rng = random.Random(1601)
