@@ -54,6 +54,9 @@ test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's
 	$(BIN)/python -m pytest -q
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
+soak: $(STAMP) ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)
+	ENGRAM_SOAK=1 $(BIN)/python -m pytest -q -rA -s -m faults -o timeout=7200 tests/faults
+
 BENCHES ?= shard gate artifacts compactor search gateway
 bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/
 	mkdir -p bench-results
@@ -64,4 +67,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock compare-setup protos lint breaking up test bench clean
+.PHONY: help setup lock compare-setup protos lint breaking up test soak bench clean
