@@ -227,7 +227,10 @@ describe("artifacts", () => {
     });
     assert.equal(artifact.hash, sha256(data));
     assert.equal(artifact.sizeBytes, data.length);
-    assert.equal(artifact.path, `runs/${runId}/plan/out/blob.bin`);
+    assert.equal(
+      artifact.path,
+      `fleets/${FLEET}/runs/${runId}/plan/${artifact.artifactId}/out/blob.bin`,
+    );
 
     const download = await engram.artifacts.download(artifact.artifactId, { chunkSize: 64 * 1024 });
     assert.equal(download.artifact.hash, artifact.hash);
@@ -242,7 +245,10 @@ describe("artifacts", () => {
     const source = join(scratch, "notes.txt");
     writeFileSync(source, "tool output\n");
     const fromFile = await engram.artifacts.uploadFile(source, { runId, stepId: "act" });
-    assert.equal(fromFile.path, `runs/${runId}/act/notes.txt`);
+    assert.equal(
+      fromFile.path,
+      `fleets/${FLEET}/runs/${runId}/act/${fromFile.artifactId}/notes.txt`,
+    );
     assert.equal(
       (await engram.artifacts.readAll(fromFile.artifactId)).data.toString(),
       "tool output\n",
