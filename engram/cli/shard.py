@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -49,17 +51,22 @@ _BEFORE = typer.Option(None, "--before", help="created before this RFC 3339 time
 _MIN_IMPORTANCE = typer.Option(None, "--min-importance", help="importance at least this (0..1)")
 
 
-def _filter(meta: list[str], tag_any: str, tag_all: str, author: str, after: str | None,
-            before: str | None, min_importance: float | None) -> pb.RecordFilter | None:
-    """The filter options as one RecordFilter (None: none given); bad input exits 2."""
-    if not (meta or tag_any or tag_all or author or after or before
-            or min_importance is not None):
-        return None
+def _filter(meta: list[str], tag_any: str, tag_all: str, after: str | None,
+             before: str | None, min_importance: float | None) -> dict[str, Any]:
+    """The filter options as ``ShardClient.search`` / ``list`` arguments; bad input exits 2
+    before anything is sent."""
+    where: dict[str, Any] = {
+        "metadata": dict(parse_condition(m) for m in meta) if meta else None,
+        "tags_any": _tags(tag_any), "tags": _tags(tag_all), "created_after": after,
+        "created_before": before, "min_importance": min_importance,
+    }
+    record_filter(**{k: v for k, v in where.items() if k != "tags"})  # checks; ValueError
+    return where
+
+
+def _checked(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     try:
-        return record_filter(
-            metadata=dict(parse_condition(m) for m in meta), tags_any=_tags(tag_any),
-            tags_all=_tags(tag_all), author=author, created_after=after, created_before=before,
-            min_importance=min_importance)
+        return build()
     except ValueError as error:
         raise fail(str(error), code=2) from None
 
@@ -157,10 +164,10 @@ def query(
     """Search memories across all domains of your fleet; filters apply before ranking."""
     if mode not in ("lexical", "semantic", "hybrid"):
         raise fail("--mode must be lexical, semantic or hybrid")
-    where = _filter(meta, tag_any, tag_all, author, after, before, min_importance)
+    where = _checked(lambda: _filter(meta, tag_any, tag_all, after, before, min_importance))
     with rpc_errors(as_json), _client() as client:
         hits = client.search(text, limit=limit, cross=cross, run_id=run, mode=mode,
-                             domain=domain, where=where)
+                             domain=domain, author=author, **where)
     _print_hits(hits, as_json)
 
 
@@ -235,11 +242,14 @@ def list_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """List memories of your fleet, newest first."""
-    where = _filter(meta, tag_any, tag_all, author, after, before, min_importance)
+    where = _checked(lambda: _filter(meta, tag_any, tag_all, after, before, min_importance))
+    where["tags"] = sorted(set(where["tags"]) | set(_tags(tags)))
+    if agent and author and agent != author:
+        raise fail("--agent and --author name different authors", code=2)
     found: list[pb.Record] = []
     with rpc_errors(as_json), _client() as client:
-        for record in client.list(run_id=run, tags=_tags(tags), domain=domain, agent_id=agent,
-                                  page_size=min(limit, 1000), where=where):
+        for record in client.list(run_id=run, domain=domain, agent_id=author or agent,
+                                  page_size=min(limit, 1000), **where):
             found.append(record)
             if len(found) >= limit:
                 break

@@ -175,13 +175,20 @@ class ShardClient(BaseClient):
         domain: str = "",
         agent_id: str = "",
         page_size: int = 0,
-        where: pb.RecordFilter | None = None,
+        tags_any: Sequence[str] = (),
+        metadata: Mapping[str, str] | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        min_importance: float | None = None,
     ) -> Iterator[pb.Record]:
-        """Every matching record, newest first, following page tokens; ``where`` (see
-        :func:`record_filter`) adds conditions."""
+        """Every matching record, newest first, following page tokens. ``tags``: all of
+        them; ``tags_any``: one at least; ``metadata``: every key = value; times are RFC 3339
+        (see :func:`record_filter`)."""
         request = pb.ListRecordsRequest(
             tags=string_list("tags", tags), domain=domain, agent_id=agent_id, page_size=page_size,
-            filter=where,
+            filter=record_filter(metadata=metadata, tags_any=tags_any,
+                                 created_after=created_after, created_before=created_before,
+                                 min_importance=min_importance),
         )
         if run_id is not None:
             request.run_id = run_id
@@ -197,11 +204,17 @@ class ShardClient(BaseClient):
         cross: bool = False,
         mode: str = "hybrid",
         tags: Sequence[str] = (),
-        where: pb.RecordFilter | None = None,
+        tags_any: Sequence[str] = (),
+        metadata: Mapping[str, str] | None = None,
+        author: str = "",
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        min_importance: float | None = None,
     ) -> builtins.list[pb.SearchHit]:
         """The best ``limit`` records for ``query``; ``mode`` is lexical, semantic or hybrid.
-        ``where`` (see :func:`record_filter`) applies before ranking: the best ``limit`` among
-        the matching records."""
+        The filters (``tags``: all of them; ``tags_any``; ``metadata`` key = value pairs;
+        ``author``; RFC 3339 ``created_after`` / ``created_before``; ``min_importance``) apply
+        before ranking: the hits are the best ``limit`` among the matching records."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         request = pb.SearchRecordsRequest(
@@ -211,7 +224,9 @@ class ShardClient(BaseClient):
             cross=cross,
             mode=MODES[mode],
             tags=string_list("tags", tags),
-            filter=where,
+            filter=record_filter(metadata=metadata, tags_any=tags_any, author=author,
+                                 created_after=created_after, created_before=created_before,
+                                 min_importance=min_importance),
         )
         if run_id is not None:
             request.run_id = run_id
