@@ -151,7 +151,7 @@ _MAX_TIME_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 def _time_us(ts: Timestamp, name: str) -> int:
     if not 0 <= ts.nanos < 1_000_000_000:
         raise InvalidArgument(f"{name} has nanos out of range", reason="INVALID_TIMESTAMP")
-    us = ts.ToMicroseconds()
+    us = ts.seconds * 1_000_000 + ts.nanos // 1000  # ToMicroseconds raises out of range
     if not _MIN_TIME_US <= us <= _MAX_TIME_US:
         raise InvalidArgument(f"{name} is outside 0001..9999", reason="INVALID_TIMESTAMP")
     return us
