@@ -86,7 +86,7 @@ def searches(
     ``filtered``, hybrid again restricted to the SELECTED records."""
     queries = [" ".join(CORPUS.words(4)) for _ in range(count)]
     out: dict[str, float] = {}
-    runs = [(mode, mode, ()) for mode in modes]
+    runs: list[tuple[str, str, tuple[str, ...]]] = [(mode, mode, ()) for mode in modes]
     if filtered:
         runs.append(("hybrid_filtered", "hybrid", (SELECTED,)))
     for name, mode, tags in runs:
