@@ -9,6 +9,9 @@ writes, one at a time (each waits for its own durable commit) and 64 in flight
 indexed; hybrid and lexical search p50/p95 at each size
 (hybrid includes the query embedding); indexing lag sampled while writing 200
 records/s for 10 s; the shard's RSS with the model loaded, at each size and at the end.
+With ``filter_fraction`` (``--filter-fraction 0.01``) every 1/fraction-th record carries the
+tag ``bench-selected`` and the same queries are also timed filtered to it (filters apply
+before ranking, so the filtered p95 should be no worse than the unfiltered one).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from services.common.tokens import TokenSigner, ensure_keypair
 
 CORPUS = Corpus(english_words(), seed=5)
 SINGLE_WRITE_SERIAL = 50_000_000  # serials of the one-at-a-time writes (Chroma's too)
+SELECTED = "bench-selected"
 
 
 def wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
@@ -42,15 +46,17 @@ def wait_indexed(client: ShardClient, timeout_s: float = 3600.0) -> None:
         time.sleep(0.1)
 
 
-def ingest(client: ShardClient, start: int, target: int) -> float:
-    """Batch-write up to ``target`` records; returns records/s until all are indexed."""
+def ingest(client: ShardClient, start: int, target: int, every: int = 0) -> float:
+    """Batch-write up to ``target`` records (every ``every``-th tagged SELECTED); returns
+    records/s until all are indexed."""
     began = time.perf_counter()
     written = start
     while written < target:
         count = min(100, target - written)
         client.add_many(
             [
-                record_input(CORPUS.sentence(written + j), run_id=f"run-{written // 50}")
+                record_input(CORPUS.sentence(written + j), run_id=f"run-{written // 50}",
+                             tags=[SELECTED] if every and (written + j) % every == 0 else [])
                 for j in range(count)
             ]
         )
@@ -73,18 +79,23 @@ def acknowledged_writes(client: ShardClient, single: int) -> dict[str, float]:
 
 
 def searches(
-    client: ShardClient, count: int, modes: tuple[str, ...] = ("lexical", "hybrid")
+    client: ShardClient, count: int, modes: tuple[str, ...] = ("lexical", "hybrid"),
+    filtered: bool = False,
 ) -> dict[str, float]:
-    """p50/p95 of ``count`` queries in each mode (the same queries for every mode)."""
+    """p50/p95 of ``count`` queries in each mode (the same queries for every mode); with
+    ``filtered``, hybrid again restricted to the SELECTED records."""
     queries = [" ".join(CORPUS.words(4)) for _ in range(count)]
     out: dict[str, float] = {}
-    for mode in modes:
+    runs: list[tuple[str, str, tuple[str, ...]]] = [(mode, mode, ()) for mode in modes]
+    if filtered:
+        runs.append(("hybrid_filtered", "hybrid", (SELECTED,)))
+    for name, mode, tags in runs:
 
-        def ask(i: int, mode: str = mode) -> object:
-            return client.search(queries[i % count], mode=mode)
+        def ask(i: int, mode: str = mode, tags: tuple[str, ...] = tags) -> object:
+            return client.search(queries[i % count], mode=mode, tags_any=tags)
 
         latency = sequential(ask, count)
-        out[f"{mode}_p50_ms"], out[f"{mode}_p95_ms"] = latency.p50_ms, latency.p95_ms
+        out[f"{name}_p50_ms"], out[f"{name}_p95_ms"] = latency.p50_ms, latency.p95_ms
     return out
 
 
@@ -109,7 +120,8 @@ def lag_under_load(client: ShardClient, rate: int, seconds: float) -> dict[str, 
     }
 
 
-def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
+def run(scale: float = 1.0, progress: bool = True,
+        filter_fraction: float | None = None) -> dict[str, object]:
     sizes = [max(1000, int(10_000 * scale)), max(2000, int(100_000 * scale))]
     single = max(200, int(1000 * scale))
     asked = max(100, int(500 * scale))
@@ -131,11 +143,12 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
             done = int(client.status().total_records)
             for size in sizes:
                 bar.update(task, description=f"ingest + index to {size}")
-                rate = ingest(client, done, size)
+                every = round(1 / filter_fraction) if filter_fraction else 0
+                rate = ingest(client, done, size, every)
                 done = size
                 figures[f"indexed_records_per_s_to_{size}"] = round(rate, 1)
                 bar.update(task, description=f"search at {size}")
-                for name, value in searches(client, asked).items():
+                for name, value in searches(client, asked, filtered=bool(every)).items():
                     figures[f"{name}_at_{size}"] = value
                 figures[f"rss_mb_at_{size}"] = rss_mb(shard.pid)
             bar.update(task, description="lag at 200 writes/s")
@@ -151,6 +164,11 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
     figures["hybrid_vs_lexical_p95_at_max"] = round(
         num(f"hybrid_p95_ms_at_{big}") / max(num(f"lexical_p95_ms_at_{big}"), 1e-6), 2
     )
+    if filter_fraction:
+        figures["filter_fraction"] = filter_fraction
+        figures["hybrid_filtered_vs_unfiltered_p95_at_max"] = round(
+            num(f"hybrid_filtered_p95_ms_at_{big}") / max(num(f"hybrid_p95_ms_at_{big}"), 1e-6), 2
+        )
     figures["write_p50_vs_echo"] = round(num("write_p50_ms") / num("echo_p50_ms"), 2)
     figures["targets"] = {
         f"hybrid p95 <= 15 ms at {big}": num(f"hybrid_p95_ms_at_{big}") <= 15.0,

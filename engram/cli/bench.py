@@ -39,6 +39,10 @@ def bench(
         1.0, help="multiply record/iteration counts (0.1 for a quick run); not for fleet"),
     out: Path | None = typer.Option(None, "--out", help="also write the JSON figures here"),
     as_json: bool = JSON_OPTION,
+    filter_fraction: float | None = typer.Option(
+        None, "--filter-fraction", min=0.0001, max=1.0,
+        help="search: tag this share of the records (e.g. 0.01) and also time the same "
+        "queries filtered to them (hybrid_filtered_p95_ms_at_N)"),
     agents: int | None = typer.Option(
         None, "--agents", min=1, rich_help_panel=FLEET,
         help="simulated agents, each a thread with its own token doing one operation after "
@@ -112,6 +116,8 @@ def bench(
         raise fail(f"{', '.join(sorted({*given, *given_ratios}))}: only for `engram bench fleet`")
     if name == "fleet" and scale != 1.0:
         raise fail("fleet takes --agents and --duration, not --scale")
+    if filter_fraction is not None and name != "search":
+        raise fail("--filter-fraction: only for `engram bench search`")
     with server_extra("bench"):
         from engram.bench._harness import BenchUnavailable
 
@@ -119,6 +125,8 @@ def bench(
     kwargs: dict[str, Any] = {}
     if name == "fleet":
         kwargs["params"] = _fleet_params(module, given, given_ratios)
+    if filter_fraction is not None:
+        kwargs["filter_fraction"] = filter_fraction
     try:
         figures = module.run(scale=scale, progress=not as_json, **kwargs)
     except BenchUnavailable as error:

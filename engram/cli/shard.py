@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -20,9 +22,10 @@ from engram.cli._output import (
     rpc_errors,
     with_client,
 )
-from engram.client import ShardClient, record_input
+from engram.client import ShardClient, record_filter, record_input
 from engram.client.gate_audit import GateAudit, audit_records
 from engram.client.governance import GovernanceClient
+from engram.client.shard import parse_condition
 from engram.shard.v1 import shard_service_pb2 as pb
 
 IMPORT_BATCH = 200
@@ -36,6 +39,36 @@ def _client() -> ShardClient:
 
 def _tags(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
+
+
+_META = typer.Option([], "--meta", help="only records whose metadata has key=value (repeatable; "
+                     "all must match)")
+_TAG_ANY = typer.Option("", "--tag-any", help="only records carrying any of these (comma-sep.)")
+_TAG_ALL = typer.Option("", "--tag-all", help="only records carrying all of these (comma-sep.)")
+_AUTHOR = typer.Option("", "--author", help="only this author's (agent id's) records")
+_AFTER = typer.Option(None, "--after", help="created after this RFC 3339 time")
+_BEFORE = typer.Option(None, "--before", help="created before this RFC 3339 time")
+_MIN_IMPORTANCE = typer.Option(None, "--min-importance", help="importance at least this (0..1)")
+
+
+def _filter(meta: list[str], tag_any: str, tag_all: str, after: str | None,
+             before: str | None, min_importance: float | None) -> dict[str, Any]:
+    """The filter options as ``ShardClient.search`` / ``list`` arguments; bad input exits 2
+    before anything is sent."""
+    where: dict[str, Any] = {
+        "metadata": dict(parse_condition(m) for m in meta) if meta else None,
+        "tags_any": _tags(tag_any), "tags": _tags(tag_all), "created_after": after,
+        "created_before": before, "min_importance": min_importance,
+    }
+    record_filter(**{k: v for k, v in where.items() if k != "tags"})  # checks; ValueError
+    return where
+
+
+def _checked(build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return build()
+    except ValueError as error:
+        raise fail(str(error), code=2) from None
 
 
 def add(
@@ -118,13 +151,23 @@ def query(
     cross: bool = typer.Option(False, "--cross", help="also follow cross-reference links"),
     run: str | None = typer.Option(None, "--run", help="only this run ('' = legacy records)"),
     mode: str = typer.Option("hybrid", help="lexical, semantic or hybrid"),
+    domain: str = typer.Option("", help="only this domain"),
+    meta: list[str] = _META,
+    tag_any: str = _TAG_ANY,
+    tag_all: str = _TAG_ALL,
+    author: str = _AUTHOR,
+    after: str | None = _AFTER,
+    before: str | None = _BEFORE,
+    min_importance: float | None = _MIN_IMPORTANCE,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Search memories across all domains of your fleet."""
+    """Search memories across all domains of your fleet; filters apply before ranking."""
     if mode not in ("lexical", "semantic", "hybrid"):
         raise fail("--mode must be lexical, semantic or hybrid")
+    where = _checked(lambda: _filter(meta, tag_any, tag_all, after, before, min_importance))
     with rpc_errors(as_json), _client() as client:
-        hits = client.search(text, limit=limit, cross=cross, run_id=run, mode=mode)
+        hits = client.search(text, limit=limit, cross=cross, run_id=run, mode=mode,
+                             domain=domain, author=author, **where)
     _print_hits(hits, as_json)
 
 
@@ -189,13 +232,24 @@ def list_(
     domain: str = typer.Option("", help="only this domain"),
     agent: str = typer.Option("", "--agent", help="only this author's records"),
     limit: int = typer.Option(50, help="newest N records"),
+    meta: list[str] = _META,
+    tag_any: str = _TAG_ANY,
+    tag_all: str = _TAG_ALL,
+    author: str = _AUTHOR,
+    after: str | None = _AFTER,
+    before: str | None = _BEFORE,
+    min_importance: float | None = _MIN_IMPORTANCE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """List memories of your fleet, newest first."""
+    where = _checked(lambda: _filter(meta, tag_any, tag_all, after, before, min_importance))
+    where["tags"] = sorted(set(where["tags"]) | set(_tags(tags)))
+    if agent and author and agent != author:
+        raise fail("--agent and --author name different authors", code=2)
     found: list[pb.Record] = []
     with rpc_errors(as_json), _client() as client:
-        for record in client.list(run_id=run, tags=_tags(tags), domain=domain, agent_id=agent,
-                                  page_size=min(limit, 1000)):
+        for record in client.list(run_id=run, domain=domain, agent_id=author or agent,
+                                  page_size=min(limit, 1000), **where):
             found.append(record)
             if len(found) >= limit:
                 break

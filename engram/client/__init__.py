@@ -12,7 +12,7 @@ from engram.client._settings import ClientSettings, TlsFiles
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
-from engram.client.shard import ShardClient, record_input
+from engram.client.shard import ShardClient, record_filter, record_input
 
 __all__ = [
     "ArtifactsClient",
@@ -24,5 +24,6 @@ __all__ = [
     "ShardClient",
     "TlsFiles",
     "open_channel",
+    "record_filter",
     "record_input",
 ]

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.client._channel import BaseClient, string_list
 from engram.shard.v1 import shard_service_pb2 as pb
@@ -16,6 +20,84 @@ MODES = {
     "semantic": pb.SEARCH_MODE_SEMANTIC,
     "hybrid": pb.SEARCH_MODE_HYBRID,
 }
+
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
+)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CONDITION = re.compile(r"([^=!<>~]*)(==|!=|<=|>=|=~|=|<|>|~)(.*)", re.DOTALL)
+
+
+def parse_time(value: str | datetime, name: str = "time") -> Timestamp:
+    """An RFC 3339 instant ("2026-05-01T12:00:00Z", an offset, not a bare date) or an aware
+    datetime, as a Timestamp; anything else is a ValueError naming ``name``."""
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        text = str(value).strip()
+        if not _RFC3339.fullmatch(text):
+            raise ValueError(f"{name}: {value!r} is not an RFC 3339 time "
+                             "(e.g. 2026-05-01T12:00:00Z)")
+        fraction = re.search(r"\.(\d+)", text)
+        if fraction:  # Python reads at most microseconds
+            text = text.replace(fraction.group(0), "." + fraction.group(1)[:6].ljust(6, "0"))
+        try:
+            moment = datetime.fromisoformat(text.replace("z", "Z").replace("t", "T"))
+        except ValueError as error:
+            raise ValueError(f"{name}: {value!r} is not an RFC 3339 time ({error})") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{name}: {value!r} has no time zone offset")
+    stamp = Timestamp()
+    stamp.FromMicroseconds((moment - _EPOCH) // timedelta(microseconds=1))
+    return stamp
+
+
+def parse_condition(text: str) -> tuple[str, str]:
+    """``key=value`` (the only operator) -> (key, value); another operator is a ValueError."""
+    found = _CONDITION.fullmatch(text)
+    if found is None:
+        raise ValueError(f"metadata condition {text!r} must read key=value")
+    key, operator, value = found.groups()
+    if operator != "=":
+        raise ValueError(f"unknown operator {operator!r} in {text!r}; only key=value is supported")
+    if not key.strip():
+        raise ValueError(f"metadata condition {text!r} names no key")
+    return key.strip(), value
+
+
+def record_filter(
+    *,
+    metadata: Mapping[str, str] | None = None,
+    tags_any: Sequence[str] = (),
+    tags_all: Sequence[str] = (),
+    author: str = "",
+    created_after: str | datetime | None = None,
+    created_before: str | datetime | None = None,
+    min_importance: float | None = None,
+    run_id: str | None = None,
+    domain: str = "",
+) -> pb.RecordFilter:
+    """Conditions for :meth:`ShardClient.search` and :meth:`ShardClient.list`, all of which
+    must hold. Times are RFC 3339 strings or aware datetimes; a malformed one, or an
+    importance outside 0..1, is a ValueError raised before anything is sent."""
+    flt = pb.RecordFilter(
+        metadata=dict(metadata or {}),
+        tags_any=string_list("tags_any", tags_any),
+        tags_all=string_list("tags_all", tags_all),
+        agent_id=author,
+        domain=domain,
+    )
+    if created_after is not None:
+        flt.created_after.CopyFrom(parse_time(created_after, "created_after"))
+    if created_before is not None:
+        flt.created_before.CopyFrom(parse_time(created_before, "created_before"))
+    if min_importance is not None:
+        if not 0.0 <= min_importance <= 1.0:
+            raise ValueError(f"min_importance must be 0..1, got {min_importance}")
+        flt.min_importance = min_importance
+    if run_id is not None:
+        flt.run_id = run_id
+    return flt
 
 
 def record_input(
@@ -93,10 +175,20 @@ class ShardClient(BaseClient):
         domain: str = "",
         agent_id: str = "",
         page_size: int = 0,
+        tags_any: Sequence[str] = (),
+        metadata: Mapping[str, str] | None = None,
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        min_importance: float | None = None,
     ) -> Iterator[pb.Record]:
-        """Every matching record, newest first, following page tokens."""
+        """Every matching record, newest first, following page tokens. ``tags``: all of
+        them; ``tags_any``: one at least; ``metadata``: every key = value; times are RFC 3339
+        (see :func:`record_filter`)."""
         request = pb.ListRecordsRequest(
-            tags=string_list("tags", tags), domain=domain, agent_id=agent_id, page_size=page_size
+            tags=string_list("tags", tags), domain=domain, agent_id=agent_id, page_size=page_size,
+            filter=record_filter(metadata=metadata, tags_any=tags_any,
+                                 created_after=created_after, created_before=created_before,
+                                 min_importance=min_importance),
         )
         if run_id is not None:
             request.run_id = run_id
@@ -112,8 +204,17 @@ class ShardClient(BaseClient):
         cross: bool = False,
         mode: str = "hybrid",
         tags: Sequence[str] = (),
+        tags_any: Sequence[str] = (),
+        metadata: Mapping[str, str] | None = None,
+        author: str = "",
+        created_after: str | datetime | None = None,
+        created_before: str | datetime | None = None,
+        min_importance: float | None = None,
     ) -> builtins.list[pb.SearchHit]:
-        """The best ``limit`` records for ``query``; ``mode`` is lexical, semantic or hybrid."""
+        """The best ``limit`` records for ``query``; ``mode`` is lexical, semantic or hybrid.
+        The filters (``tags``: all of them; ``tags_any``; ``metadata`` key = value pairs;
+        ``author``; RFC 3339 ``created_after`` / ``created_before``; ``min_importance``) apply
+        before ranking: the hits are the best ``limit`` among the matching records."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         request = pb.SearchRecordsRequest(
@@ -123,6 +224,9 @@ class ShardClient(BaseClient):
             cross=cross,
             mode=MODES[mode],
             tags=string_list("tags", tags),
+            filter=record_filter(metadata=metadata, tags_any=tags_any, author=author,
+                                 created_after=created_after, created_before=created_before,
+                                 min_importance=min_importance),
         )
         if run_id is not None:
             request.run_id = run_id

@@ -59,6 +59,20 @@ class RecallFilters(BaseModel):
 
     tags: list[str] = Field(default_factory=list,
                             description="Only memories carrying all of these tags.")
+    tags_any: list[str] = Field(default_factory=list,
+                                description="Only memories carrying at least one of these tags.")
+    metadata: dict[str, str] = Field(
+        default_factory=dict, description="Only memories whose metadata has every one of these "
+        "key = value pairs.")
+    author: str = Field(default="", description="Only memories written by this agent id.")
+    created_after: str | None = Field(
+        default=None, description="Only memories created after this RFC 3339 time, e.g. "
+        "2026-05-01T12:00:00Z.")
+    created_before: str | None = Field(
+        default=None, description="Only memories created before this RFC 3339 time.")
+    min_importance: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="Only memories of at least this importance (0..1).")
 
     def search_kwargs(self) -> dict[str, Any]:
         return self.model_dump(exclude_defaults=True)
@@ -86,6 +100,8 @@ def _tool_errors() -> Iterator[None]:
         yield
     except EngramRpcError as error:
         raise ToolError(error_text(error)) from None
+    except ValueError as error:  # refused by the SDK before sending (a malformed time)
+        raise ToolError(f"INVALID_ARGUMENT: {error} [INVALID_FILTER]") from None
 
 
 def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:

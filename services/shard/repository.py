@@ -14,6 +14,7 @@ from typing import NamedTuple
 from sqlalchemy import (
     and_,
     bindparam,
+    cast,
     column,
     delete,
     func,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -57,7 +59,39 @@ class RecordFilter:
     domain: str = ""
     agent_id: str = ""
     tags: tuple[str, ...] = ()
+    """A record must carry all of these."""
     exclude_compacted: bool = False
+    tags_any: tuple[str, ...] = ()
+    """A record must carry at least one of these."""
+    metadata: tuple[tuple[str, str], ...] = ()
+    """Key = value pairs a record must all carry."""
+    created_after_us: int | None = None
+    """Exclusive."""
+    created_before_us: int | None = None
+    """Exclusive."""
+    min_importance: float | None = None
+
+    def matches(self, record: Record) -> bool:
+        """The same conditions as the SQL and the search index, on one loaded record."""
+        if record.fleet_id != self.fleet_id:
+            return False
+        if self.run_id is not None and record.run_id != self.run_id:
+            return False
+        if self.domain and record.domain != self.domain:
+            return False
+        if self.agent_id and record.agent_id != self.agent_id:
+            return False
+        if not all(tag in record.tags for tag in self.tags):
+            return False
+        if self.tags_any and not any(tag in record.tags for tag in self.tags_any):
+            return False
+        if any(record.metadata.get(k) != v for k, v in self.metadata):
+            return False
+        if self.created_after_us is not None and record.created_us <= self.created_after_us:
+            return False
+        if self.created_before_us is not None and record.created_us >= self.created_before_us:
+            return False
+        return self.min_importance is None or record.importance >= self.min_importance
 
 
 class RecordText(NamedTuple):
@@ -71,6 +105,9 @@ class RecordText(NamedTuple):
     metadata: dict[str, str]
     created_us: int
     agent_id: str = ""
+    tags: tuple[str, ...] = ()
+    importance: float = 0.5
+    domain: str = ""
 
 
 class StoredVector(NamedTuple):
@@ -106,6 +143,9 @@ _RECORD_TEXTS = select(
     RECORDS.c.metadata_json,
     RECORDS.c.created_us,
     RECORDS.c.agent_id,
+    RECORDS.c.tags_json,
+    RECORDS.c.importance,
+    RECORDS.c.domain,
 )
 _AFTER = RECORDS.c.seq > bindparam("position")
 # The search index's catch-up runs before every search and every write's duplicate check.
@@ -295,9 +335,35 @@ class ShardRepository:
                     )
                 )
             )
+        if flt.tags_any:
+            clauses.append(
+                RecordRow.id.in_(
+                    select(RecordTagRow.record_id).where(
+                        RecordTagRow.fleet_id == flt.fleet_id,
+                        RecordTagRow.tag.in_(list(flt.tags_any)),
+                    )
+                )
+            )
+        for key, value in flt.metadata:
+            clauses.append(self._metadata_value(key) == value)
+        if flt.created_after_us is not None:
+            clauses.append(RecordRow.created_us > flt.created_after_us)
+        if flt.created_before_us is not None:
+            clauses.append(RecordRow.created_us < flt.created_before_us)
+        if flt.min_importance is not None:
+            clauses.append(RecordRow.importance >= flt.min_importance)
         if flt.exclude_compacted:
             clauses.append(~RecordRow.id.in_(select(CompactionRow.original_id)))
         return and_(*clauses)
+
+    def _metadata_value(self, key: str):  # type: ignore[no-untyped-def]
+        """The text of one metadata key (a bound parameter on Postgres; on SQLite a JSON path
+        whose key the edge has checked holds no quote or backslash)."""
+        if self.dialect == "postgresql":
+            return func.jsonb_extract_path_text(cast(RecordRow.metadata_json, JSONB),
+                                                bindparam(None, key, unique=True))
+        return func.json_extract(RecordRow.metadata_json,
+                                 bindparam(None, f'$."{key}"', unique=True))
 
     def page(
         self, session: Session, flt: RecordFilter, before_seq: int | None, limit: int
@@ -468,7 +534,9 @@ class ShardRepository:
             rows = session.execute(_TEXTS_AFTER, params)
         return [
             RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
-                       json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id)
+                       json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id,
+                       tuple(json.loads(row.tags_json or "[]")), float(row.importance),
+                       row.domain or "")
             for row in rows
         ]
 

@@ -15,7 +15,14 @@ from services.shard.retrieval.embedding import (
 )
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
-from services.shard.servicer import KINDS, POLICY, SERVICE_NAME, ShardServicer, add_to_server
+from services.shard.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    FilterLimits,
+    ShardServicer,
+    add_to_server,
+)
 from services.shard.settings import ShardSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -77,7 +84,8 @@ def build_shard_server(
             provider.close()  # the embedder's child process, if it runs in one
         database.dispose()
 
-    servicer = ShardServicer(service, MemoryCompactor(service))
+    servicer = ShardServicer(service, MemoryCompactor(service), FilterLimits(
+        settings.filter_max_metadata, settings.filter_max_tags))
     spec = ServiceSpec(
         name="shard",
         full_names=[SERVICE_NAME],

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -19,6 +20,7 @@ from services.common.auth import (
     is_caller,
     target_fleet,
 )
+from services.common.errors import InvalidArgument
 from services.common.pagination import paginate
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
@@ -134,10 +136,82 @@ def _fleet_acted_on(principal: Principal, requested: str) -> str:
     return target_fleet(principal, requested, cross_fleet=compactor, name_required=compactor)
 
 
+@dataclass(frozen=True)
+class FilterLimits:
+    """Bounds on one RecordFilter (ENGRAM_SHARD_FILTER_MAX_METADATA, _FILTER_MAX_TAGS)."""
+
+    max_metadata: int = 16
+    max_tags: int = 32
+
+
+_MIN_TIME_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z, RFC 3339's first instant
+_MAX_TIME_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+
+
+def _time_us(ts: Timestamp, name: str) -> int:
+    if not 0 <= ts.nanos < 1_000_000_000:
+        raise InvalidArgument(f"{name} has nanos out of range", reason="INVALID_TIMESTAMP")
+    us = ts.seconds * 1_000_000 + ts.nanos // 1000  # ToMicroseconds raises out of range
+    if not _MIN_TIME_US <= us <= _MAX_TIME_US:
+        raise InvalidArgument(f"{name} is outside 0001..9999", reason="INVALID_TIMESTAMP")
+    return us
+
+
+def _one(legacy: str | None, filtered: str | None, name: str) -> str | None:
+    """A condition given both as a request field and in ``filter``: they must agree."""
+    if legacy is not None and filtered is not None and legacy != filtered:
+        raise InvalidArgument(f"{name} differs between the request and its filter",
+                              reason="CONFLICTING_FILTER")
+    return legacy if legacy is not None else filtered
+
+
+def record_filter(fleet_id: str, flt: pb.RecordFilter, limits: FilterLimits, *,
+                  run_id: str | None, domain: str, agent_id: str,
+                  tags: Sequence[str], exclude_compacted: bool = False) -> RecordFilter:
+    """The request's conditions (its own fields and ``filter``), checked; never the fleet's
+    choice: ``fleet_id`` is the caller's."""
+    if len(flt.metadata) > limits.max_metadata:
+        raise InvalidArgument(
+            f"filter has {len(flt.metadata)} metadata pairs; at most {limits.max_metadata}",
+            reason="FILTER_TOO_LARGE", metadata={"limit": str(limits.max_metadata)})
+    all_tags = sorted(set(tags) | set(flt.tags_all))
+    any_tags = sorted(set(flt.tags_any))
+    if len(all_tags) + len(any_tags) > limits.max_tags:
+        raise InvalidArgument(
+            f"filter has {len(all_tags) + len(any_tags)} tags; at most {limits.max_tags}",
+            reason="FILTER_TOO_LARGE", metadata={"limit": str(limits.max_tags)})
+    for key in flt.metadata:
+        if not key or '"' in key or "\\" in key:
+            raise InvalidArgument(f"metadata key {key!r} cannot be filtered on",
+                                  reason="INVALID_METADATA_KEY")
+    minimum: float | None = None
+    if flt.HasField("min_importance"):
+        minimum = flt.min_importance
+        if not 0.0 <= minimum <= 1.0:  # NaN fails too
+            raise InvalidArgument(f"min_importance must be 0..1, got {minimum}",
+                                  reason="INVALID_IMPORTANCE")
+    after = _time_us(flt.created_after, "created_after") if flt.HasField("created_after") else None
+    before = (_time_us(flt.created_before, "created_before")
+              if flt.HasField("created_before") else None)
+    if after is not None and before is not None and after >= before:
+        raise InvalidArgument("created_after must be earlier than created_before",
+                              reason="INVALID_TIME_RANGE")
+    run = _one(run_id, flt.run_id if flt.HasField("run_id") else None, "run_id")
+    dom = _one(domain or None, flt.domain.strip().lower() or None, "domain") or ""
+    author = _one(agent_id or None, flt.agent_id or None, "agent_id") or ""
+    return RecordFilter(
+        fleet_id, run_id=run, domain=dom, agent_id=author, tags=tuple(all_tags),
+        exclude_compacted=exclude_compacted, tags_any=tuple(any_tags),
+        metadata=tuple(sorted(flt.metadata.items())), created_after_us=after,
+        created_before_us=before, min_importance=minimum)
+
+
 class ShardServicer(pb_grpc.ShardServiceServicer):
-    def __init__(self, service: ShardService, compactor: MemoryCompactor) -> None:
+    def __init__(self, service: ShardService, compactor: MemoryCompactor,
+                 filter_limits: FilterLimits | None = None) -> None:
         self.service = service
         self.compactor = compactor
+        self.filter_limits = filter_limits or FilterLimits()
 
     def CreateRecord(
         self, request: pb.CreateRecordRequest, context: Any
@@ -162,19 +236,25 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
 
     def ListRecords(self, request: pb.ListRecordsRequest, context: Any) -> pb.ListRecordsResponse:
         principal = current_principal()
-        flt = RecordFilter(
-            principal.fleet_id,
+        flt = record_filter(
+            principal.fleet_id, request.filter, self.filter_limits,
             run_id=request.run_id if request.HasField("run_id") else None,
             domain=request.domain.strip().lower(),
             agent_id=request.agent_id,
-            tags=tuple(sorted(set(request.tags))),
+            tags=request.tags,
         )
+        # The page token binds every condition: reusing it with another filter is refused.
         filters = {
             "run": flt.run_id,
             "domain": flt.domain,
             "agent": flt.agent_id,
             "tags": list(flt.tags),
             "fleet": flt.fleet_id,
+            "tags_any": list(flt.tags_any),
+            "metadata": [list(pair) for pair in flt.metadata],
+            "after": flt.created_after_us,
+            "before": flt.created_before_us,
+            "min_importance": flt.min_importance,
         }
         rows, next_token = paginate(
             request.page_token, request.page_size, filters,
@@ -189,16 +269,27 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def SearchRecords(
         self, request: pb.SearchRecordsRequest, context: Any
     ) -> pb.SearchRecordsResponse:
+        flt = record_filter(
+            current_principal().fleet_id, request.filter, self.filter_limits,
+            run_id=request.run_id if request.HasField("run_id") else None,
+            domain=request.domain.strip().lower(), agent_id="", tags=request.tags,
+        )
         hits = self.service.search(
             SearchQuery(
-                fleet_id=current_principal().fleet_id,
+                fleet_id=flt.fleet_id,
                 text=request.query,
                 limit=request.limit or 10,
-                run_id=request.run_id if request.HasField("run_id") else None,
-                domain=request.domain.strip().lower(),
+                run_id=flt.run_id,
+                domain=flt.domain,
                 cross=request.cross,
                 mode=_MODES.get(request.mode, "hybrid"),
-                tags=tuple(request.tags),
+                tags=flt.tags,
+                tags_any=flt.tags_any,
+                metadata=flt.metadata,
+                agent_id=flt.agent_id,
+                created_after_us=flt.created_after_us,
+                created_before_us=flt.created_before_us,
+                min_importance=flt.min_importance,
             )
         )
         return pb.SearchRecordsResponse(

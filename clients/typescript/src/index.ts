@@ -34,6 +34,8 @@ export { settingsFromEnv } from "./settings.js";
 export { isRetried } from "./retry.js";
 export type { Page } from "./paging.js";
 export {
+  type FilterConditions,
+  filterMessage,
   type MemoryRecord,
   type NewRecord,
   type RecordFilter,

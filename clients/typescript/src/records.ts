@@ -8,6 +8,7 @@ import {
   type GetStatusResponse,
   ListRecordsRequest,
   type Record as MemoryRecord,
+  RecordFilter as RecordFilterMessage,
   RecordInput,
   SearchMode,
   type SearchHit,
@@ -32,7 +33,21 @@ export interface NewRecord {
   metadata?: { [key: string]: string };
 }
 
-export interface RecordFilter {
+/** Conditions a record must all meet (search applies them before ranking). */
+export interface FilterConditions {
+  /** Records carrying at least one of these tags. */
+  tagsAny?: string[];
+  /** Metadata key = value pairs; a record must carry every one. */
+  metadata?: { [key: string]: string };
+  /** Created strictly after: a Date or an RFC 3339 string ("2026-05-01T12:00:00Z"). */
+  createdAfter?: Date | string;
+  /** Created strictly before: a Date or an RFC 3339 string. */
+  createdBefore?: Date | string;
+  /** 0..1. */
+  minImportance?: number;
+}
+
+export interface RecordFilter extends FilterConditions {
   /** Absent: every run; "" for legacy records only. */
   runId?: string;
   /** Records must carry all of these tags. */
@@ -40,6 +55,37 @@ export interface RecordFilter {
   domain?: string;
   agentId?: string;
   pageSize?: number;
+}
+
+const RFC3339 = /^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$/;
+
+function instant(value: Date | string | undefined, name: string): Date | undefined {
+  if (value === undefined) return undefined;
+  const date = typeof value === "string" && RFC3339.test(value) ? new Date(value) : value;
+  if (!(date instanceof Date) || Number.isNaN(date.getTime())) {
+    throw new RangeError(
+      `${name}: ${String(value)} is not an RFC 3339 time (e.g. 2026-05-01T12:00:00Z)`,
+    );
+  }
+  return date;
+}
+
+/** The conditions as the RecordFilter message; bad input throws before anything is sent. */
+export function filterMessage(
+  conditions: FilterConditions & { author?: string },
+): RecordFilterMessage {
+  const { tagsAny, metadata, createdAfter, createdBefore, minImportance, author } = conditions;
+  if (minImportance !== undefined && !(minImportance >= 0 && minImportance <= 1)) {
+    throw new RangeError(`minImportance must be 0..1, got ${minImportance}`);
+  }
+  return RecordFilterMessage.fromPartial({
+    tagsAny,
+    metadata,
+    agentId: author,
+    createdAfter: instant(createdAfter, "createdAfter"),
+    createdBefore: instant(createdBefore, "createdBefore"),
+    minImportance,
+  });
 }
 
 export type SearchModeName = "lexical" | "semantic" | "hybrid";
@@ -53,7 +99,10 @@ export interface SearchOptions extends CallOptions {
   cross?: boolean;
   /** Default: the service's (hybrid). */
   mode?: SearchModeName;
+  /** Records must carry all of these tags. */
   tags?: string[];
+  /** Tags any, metadata, created window, minimum importance: the best `limit` among matches. */
+  filter?: FilterConditions & { author?: string };
 }
 
 const SEARCH_MODES: Readonly<Record<SearchModeName, SearchMode>> = {
@@ -117,9 +166,11 @@ export class Records {
     filter: RecordFilter & { pageToken?: string },
     options: CallOptions = {},
   ): Promise<Page<MemoryRecord>> {
+    const { tagsAny, metadata, createdAfter, createdBefore, minImportance, ...fields } = filter;
+    const conditions = { tagsAny, metadata, createdAfter, createdBefore, minImportance };
     const response = await this.shard().unary(
       Shard.listRecords,
-      ListRecordsRequest.fromPartial(filter),
+      ListRecordsRequest.fromPartial({ ...fields, filter: filterMessage(conditions) }),
       options,
     );
     return { items: response.records, nextPageToken: response.nextPageToken };
@@ -127,7 +178,7 @@ export class Records {
 
   /** Hits, best first, scored by relevance x importance x recency x trust. */
   async search(query: string, options: SearchOptions = {}): Promise<SearchHit[]> {
-    const { limit, runId, domain, cross, mode, tags } = options;
+    const { limit, runId, domain, cross, mode, tags, filter } = options;
     const request = SearchRecordsRequest.fromPartial({
       query,
       limit,
@@ -135,6 +186,7 @@ export class Records {
       domain,
       cross,
       tags,
+      filter: filterMessage(filter ?? {}),
       mode: mode === undefined ? SearchMode.SEARCH_MODE_UNSPECIFIED : SEARCH_MODES[mode],
     });
     return (await this.shard().unary(Shard.searchRecords, request, options)).hits;

@@ -121,6 +121,54 @@ describe("records", () => {
     assert.equal(snapshot.length, 3);
   });
 
+  test("search and list filters: tags any, metadata, author, created window, importance", async () => {
+    const strong = await engram.records.createMany(
+      Array.from({ length: 12 }, (_, i) => ({
+        content: `filtered rollout checklist rollout checklist ${i}`,
+        importance: 0.9,
+      })),
+    );
+    const weak = await engram.records.createMany(
+      [0, 1].map((i) => ({
+        content: `a long aside on lunch and travel, then the rollout checklist once ${i}`,
+        tags: ["rare-ts"],
+        metadata: { team: "blue" },
+        importance: 0.3,
+      })),
+    );
+    const weakIds = new Set(weak.map((result) => result.record!.id));
+    const top = await engram.records.search("rollout checklist", { limit: 2, mode: "lexical" });
+    assert.ok(top.every((hit) => !weakIds.has(hit.record!.id)));
+    // Filters apply before ranking: the low-ranked matches are the top 2 among matching.
+    const filtered = await engram.records.search("rollout checklist", {
+      limit: 2,
+      mode: "lexical",
+      filter: {
+        tagsAny: ["rare-ts"],
+        metadata: { team: "blue" },
+        author: AGENT,
+        minImportance: 0.2,
+      },
+    });
+    assert.deepEqual(new Set(filtered.map((hit) => hit.record!.id)), weakIds);
+    const first = strong[0]!.record!.createTime!;
+    const listed = await collect(
+      engram.records.list({ tagsAny: ["rare-ts"], createdAfter: first.toISOString(), pageSize: 1 }),
+    );
+    assert.deepEqual(new Set(listed.map((record) => record.id)), weakIds);
+    const none = await collect(engram.records.list({ tagsAny: ["rare-ts"], createdBefore: first }));
+    assert.equal(none.length, 0);
+    await assert.rejects(
+      engram.records.search("x", { filter: { createdAfter: "yesterday" } }),
+      RangeError,
+    );
+    const error = await rejection(
+      engram.records.search("x", { filter: { metadata: { 'a"b': "v" } } }),
+    );
+    assert.equal(error.codeName, "INVALID_ARGUMENT");
+    assert.equal(error.reason, "INVALID_METADATA_KEY");
+  });
+
   test("a write without a token is UNAUTHENTICATED", async () => {
     const anonymous = new EngramClient({ endpoints: stack.endpoints });
     try {

@@ -133,20 +133,22 @@ class GetRecordResponse(_message.Message):
     def __init__(self, record: _Optional[_Union[Record, _Mapping]] = ...) -> None: ...
 
 class ListRecordsRequest(_message.Message):
-    __slots__ = ("run_id", "tags", "domain", "agent_id", "page_size", "page_token")
+    __slots__ = ("run_id", "tags", "domain", "agent_id", "page_size", "page_token", "filter")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     DOMAIN_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tags: _containers.RepeatedScalarFieldContainer[str]
     domain: str
     agent_id: str
     page_size: int
     page_token: str
-    def __init__(self, run_id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    filter: RecordFilter
+    def __init__(self, run_id: _Optional[str] = ..., tags: _Optional[_Iterable[str]] = ..., domain: _Optional[str] = ..., agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ...) -> None: ...
 
 class ListRecordsResponse(_message.Message):
     __slots__ = ("records", "next_page_token")
@@ -156,8 +158,37 @@ class ListRecordsResponse(_message.Message):
     next_page_token: str
     def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
+class RecordFilter(_message.Message):
+    __slots__ = ("metadata", "tags_any", "tags_all", "agent_id", "created_after", "created_before", "min_importance", "run_id", "domain")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    TAGS_ANY_FIELD_NUMBER: _ClassVar[int]
+    TAGS_ALL_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    MIN_IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    metadata: _containers.ScalarMap[str, str]
+    tags_any: _containers.RepeatedScalarFieldContainer[str]
+    tags_all: _containers.RepeatedScalarFieldContainer[str]
+    agent_id: str
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    min_importance: float
+    run_id: str
+    domain: str
+    def __init__(self, metadata: _Optional[_Mapping[str, str]] = ..., tags_any: _Optional[_Iterable[str]] = ..., tags_all: _Optional[_Iterable[str]] = ..., agent_id: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., min_importance: _Optional[float] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ...) -> None: ...
+
 class SearchRecordsRequest(_message.Message):
-    __slots__ = ("query", "limit", "run_id", "domain", "cross", "mode", "tags")
+    __slots__ = ("query", "limit", "run_id", "domain", "cross", "mode", "tags", "filter")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +196,7 @@ class SearchRecordsRequest(_message.Message):
     CROSS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     query: str
     limit: int
     run_id: str
@@ -172,7 +204,8 @@ class SearchRecordsRequest(_message.Message):
     cross: bool
     mode: SearchMode
     tags: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., cross: _Optional[bool] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+    filter: RecordFilter
+    def __init__(self, query: _Optional[str] = ..., limit: _Optional[int] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., cross: _Optional[bool] = ..., mode: _Optional[_Union[SearchMode, str]] = ..., tags: _Optional[_Iterable[str]] = ..., filter: _Optional[_Union[RecordFilter, _Mapping]] = ...) -> None: ...
 
 class SearchHit(_message.Message):
     __slots__ = ("record", "score", "via")

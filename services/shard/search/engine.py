@@ -19,6 +19,7 @@ shard never saw (with a logged warning; see GovernanceTrust).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
+from services.shard.search.fleet_index import DocFilter
 from services.shard.search.index import Duplicate, SearchIndex
 
 MAX_LIMIT = 100
@@ -50,6 +52,21 @@ class SearchQuery:
     cross: bool = False
     mode: str = "hybrid"
     tags: tuple[str, ...] = ()
+    tags_any: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
+    agent_id: str = ""
+    created_after_us: int | None = None
+    created_before_us: int | None = None
+    min_importance: float | None = None
+
+    def record_filter(self) -> RecordFilter:
+        """The query's conditions; originals a compaction summary covers leave search to it."""
+        return RecordFilter(self.fleet_id, run_id=self.run_id, domain=self.domain,
+                            agent_id=self.agent_id, tags=self.tags, exclude_compacted=True,
+                            tags_any=self.tags_any, metadata=self.metadata,
+                            created_after_us=self.created_after_us,
+                            created_before_us=self.created_before_us,
+                            min_importance=self.min_importance)
 
 
 @dataclass(frozen=True)
@@ -82,9 +99,7 @@ class SearchEngine:
             raise FailedPrecondition(
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
-        # Originals covered by a compaction summary stay stored but leave search to the summary.
-        flt = RecordFilter(query.fleet_id, run_id=query.run_id, domain=query.domain,
-                           tags=query.tags, exclude_compacted=True)
+        flt = query.record_filter()
         with self.db.session() as session:
             found = self._relevance(session, query, flt)
             hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
@@ -96,10 +111,12 @@ class SearchEngine:
                    flt: RecordFilter) -> list[tuple[Record, float]]:
         if self.index is None:  # no in-memory index: the store's full-text search
             return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
-        found = self.index.search(query.fleet_id, query.text, query.mode, run_id=query.run_id)
+        found = self.index.search(query.fleet_id, query.text, query.mode,
+                                  doc_filter=_doc_filter(flt))
         want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
-        # Domain/tag filters and compaction apply to the ranked candidates, a chunk at a time.
+        # The index filtered before ranking; compaction (and a re-check of the filter against
+        # the stored record) apply to the ranked candidates, a chunk at a time.
         chunk = max(want, _MIN_CHUNK)
         for start in range(0, len(found), chunk):
             part = found[start : start + chunk]
@@ -107,7 +124,7 @@ class SearchEngine:
             records = self.repo.by_ids(session, query.fleet_id, ids, exclude_compacted=True)
             for rid, relevance in part:
                 record = records.get(rid)
-                if record is None or not _matches(record, flt):
+                if record is None or not flt.matches(record):
                     continue
                 out.append((record, max(relevance, 1e-9)))
             if len(out) >= want:
@@ -143,11 +160,10 @@ class SearchEngine:
         linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen),
                                   exclude_compacted=True)
         extra: list[tuple[Record, float]] = [
-            (record, base) for record in linked.values() if _matches(record, flt)
+            (record, base) for record in linked.values() if flt.matches(record)
         ]
         for ref in {r for r in refs if r.kind == "domain"}:
-            in_domain = RecordFilter(flt.fleet_id, run_id=flt.run_id, domain=ref.target,
-                                     tags=flt.tags, exclude_compacted=True)
+            in_domain = dataclasses.replace(flt, domain=ref.target)
             for record, relevance in self.repo.lexical(session, in_domain, query.text,
                                                        query.limit):
                 if record.id not in seen:
@@ -200,14 +216,12 @@ def record_authors(record: Record) -> frozenset[str]:
     return frozenset((record.agent_id, *(a for a in listed if isinstance(a, str))))
 
 
-def _matches(record: Record, flt: RecordFilter) -> bool:
-    if flt.run_id is not None and record.run_id != flt.run_id:
-        return False
-    if flt.domain and record.domain != flt.domain:
-        return False
-    if flt.agent_id and record.agent_id != flt.agent_id:
-        return False
-    return all(tag in record.tags for tag in flt.tags)
+def _doc_filter(flt: RecordFilter) -> DocFilter:
+    return DocFilter(run_id=flt.run_id, domain=flt.domain, agent_id=flt.agent_id,
+                     tags_all=flt.tags, tags_any=flt.tags_any, metadata=flt.metadata,
+                     created_after_us=flt.created_after_us,
+                     created_before_us=flt.created_before_us,
+                     min_importance=flt.min_importance)
 
 
 __all__ = ["CrossRef", "SearchEngine", "SearchHit", "SearchQuery"]

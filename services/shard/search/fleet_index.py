@@ -23,6 +23,11 @@ general method:
   gains 0.1 (a question asks, the answer informs) and every record 0.02 x log(1 + its
   words) (a longer record says more; BM25's length normalisation favours short ones).
 
+Filters (author, tags, metadata key = value, created time, importance, run, domain)
+apply before ranking: :meth:`FleetIndex.mask` builds the candidate set from per-document
+arrays and inverted maps, then only those documents are scored (BM25 over them; cosine
+exactly over their rows when they are few, else the vector index widened and post-filtered).
+
 Only records with a lexical match (own or neighbours' terms) or a cosine above
 ``min_similarity`` are candidates, so an unrelated query returns nothing.
 """
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
 import numpy as np
@@ -49,6 +54,37 @@ from services.shard.retrieval.vector_index import TieredVectorIndex
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
+Mask = npt.NDArray[np.bool_]
+
+EXACT_FILTERED = 8192
+"""A filter matching at most this many vectors is searched exactly over their rows."""
+
+
+@dataclass(frozen=True)
+class DocFacts:
+    """What a filter can ask of a record, kept per document."""
+
+    agent_id: str = ""
+    domain: str = ""
+    tags: tuple[str, ...] = ()
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_us: int = 0
+    importance: float = 0.5
+
+
+@dataclass(frozen=True)
+class DocFilter:
+    """Conditions on documents, all of which must hold (see RecordFilter)."""
+
+    run_id: str | None = None
+    domain: str = ""
+    agent_id: str = ""
+    tags_all: tuple[str, ...] = ()
+    tags_any: tuple[str, ...] = ()
+    metadata: tuple[tuple[str, str], ...] = ()
+    created_after_us: int | None = None
+    created_before_us: int | None = None
+    min_importance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,14 @@ class FleetIndex:
         self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
         self._last_of_run: dict[str, int] = {}
         self.text_keys: dict[bytes, str] = {}  # hash of normalised text -> first record id
+        self._agent_of = np.full(1024, -1, dtype=np.int32)
+        self._domain_of = np.full(1024, -1, dtype=np.int32)
+        self._created = np.zeros(1024, dtype=np.int64)
+        self._importance = np.zeros(1024, dtype=np.float32)
+        self._agent_numbers: dict[str, int] = {}
+        self._domain_numbers: dict[str, int] = {}
+        self._by_tag: dict[str, list[int]] = {}
+        self._by_metadata: dict[tuple[str, str], list[int]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -123,7 +167,13 @@ class FleetIndex:
     # -- growing ------------------------------------------------------------
 
     def add(
-        self, record_id: str, run_id: str, text: str, text_key: bytes = b"", day: date | None = None
+        self,
+        record_id: str,
+        run_id: str,
+        text: str,
+        text_key: bytes = b"",
+        day: date | None = None,
+        facts: DocFacts | None = None,
     ) -> int:
         """Add one record (in ``seq`` order, ``day`` its date if known); returns its number."""
         if record_id in self.doc_of:
@@ -134,6 +184,7 @@ class FleetIndex:
         own = _term_counts(tokens)
         doc = len(self.ids)
         self._grow(doc + 1)
+        self._add_facts(doc, facts or DocFacts())
         if day is not None:
             self._dates[doc] = (day.year, day.month, day.day)
         cfg = self.settings
@@ -165,6 +216,56 @@ class FleetIndex:
         self.doc_of[record_id] = doc
         return doc
 
+    def _add_facts(self, doc: int, facts: DocFacts) -> None:
+        self._agent_of[doc] = self._agent_numbers.setdefault(facts.agent_id,
+                                                             len(self._agent_numbers))
+        self._domain_of[doc] = self._domain_numbers.setdefault(facts.domain,
+                                                               len(self._domain_numbers))
+        self._created[doc] = facts.created_us
+        self._importance[doc] = facts.importance
+        for tag in set(facts.tags):
+            self._by_tag.setdefault(tag, []).append(doc)
+        for pair in facts.metadata.items():
+            self._by_metadata.setdefault(pair, []).append(doc)
+
+    def mask(self, flt: DocFilter) -> Mask | None:
+        """The documents matching every condition of ``flt`` (None: it has none)."""
+        n = len(self.ids)
+        mask: Mask | None = None
+
+        def narrow(more: Mask) -> None:
+            nonlocal mask
+            mask = more if mask is None else mask & more
+
+        if flt.run_id is not None:
+            narrow(self.run_mask(flt.run_id))
+        if flt.domain:
+            narrow(self._domain_of[:n] == self._domain_numbers.get(flt.domain, -2))
+        if flt.agent_id:
+            narrow(self._agent_of[:n] == self._agent_numbers.get(flt.agent_id, -2))
+        for tag in flt.tags_all:
+            narrow(self._docs(self._by_tag.get(tag, ()), n))
+        if flt.tags_any:
+            docs = [d for tag in flt.tags_any for d in self._by_tag.get(tag, ())]
+            narrow(self._docs(docs, n))
+        for pair in flt.metadata:
+            narrow(self._docs(self._by_metadata.get(pair, ()), n))
+        if flt.created_after_us is not None:
+            narrow(self._created[:n] > flt.created_after_us)
+        if flt.created_before_us is not None:
+            narrow(self._created[:n] < flt.created_before_us)
+        if flt.min_importance is not None:
+            # float32 holds importance: compare at that precision so 0.3 >= 0.3 stays true
+            narrow(self._importance[:n] >= np.float32(flt.min_importance))
+        return mask
+
+    @staticmethod
+    def _docs(docs: list[int] | tuple[()], n: int) -> Mask:
+        out = np.zeros(n, dtype=bool)
+        if docs:
+            out[np.asarray(docs, dtype=np.int64)] = True
+        return out
+
     def _tail(self, run_id: str) -> list[tuple[int, dict[str, float]]]:
         return list(self._run_tail.get(run_id, []))
 
@@ -178,6 +279,10 @@ class FleetIndex:
         self._run_of = np.concatenate([self._run_of, np.full(extra, -1, dtype=np.int64)])
         self._dates = np.concatenate([self._dates, np.zeros((extra, 3), dtype=np.int16)])
         self._prior = np.concatenate([self._prior, np.zeros(extra, dtype=np.float32)])
+        self._agent_of = np.concatenate([self._agent_of, np.full(extra, -1, dtype=np.int32)])
+        self._domain_of = np.concatenate([self._domain_of, np.full(extra, -1, dtype=np.int32)])
+        self._created = np.concatenate([self._created, np.zeros(extra, dtype=np.int64)])
+        self._importance = np.concatenate([self._importance, np.zeros(extra, dtype=np.float32)])
 
     def add_vectors(self, docs: list[int], vectors: Floats) -> None:
         fresh = [i for i, d in enumerate(docs) if not self._has_vector[d]]
@@ -237,11 +342,8 @@ class FleetIndex:
         if callable(query_vector):
             query_vector = query_vector()
         if query_vector is not None and len(self.vectors):
-            width = cfg.depth if allowed is None else cfg.depth * 4
             seeds += [
-                d
-                for d, sim in self.vectors.search(query_vector, width)
-                if sim >= cfg.min_similarity and (allowed is None or allowed[d])
+                d for d, sim in self._dense(query_vector, allowed) if sim >= cfg.min_similarity
             ]
         if not seeds:
             return []
@@ -278,6 +380,28 @@ class FleetIndex:
             fused = fused / float(fused[chosen].max()) + self._prior[pool]
         chosen = chosen[np.argsort(-fused[chosen], kind="stable")]
         return list(zip(pool[chosen].tolist(), fused[chosen].tolist(), strict=True))
+
+    def _dense(self, query_vector: Floats, allowed: Mask | None) -> list[tuple[int, float]]:
+        """The ``depth`` nearest documents among ``allowed``: exact cosine over their rows when
+        they are few; else the vector index, widened until enough of its hits are allowed."""
+        depth = self.settings.depth
+        if allowed is None:
+            return self.vectors.search(query_vector, depth)
+        n = len(self.ids)
+        docs = np.flatnonzero(allowed[:n] & self._has_vector[:n])
+        if not len(docs):
+            return []
+        if len(docs) <= EXACT_FILTERED:
+            sims = self.vectors.vectors(docs) @ query_vector
+            best = _top(sims, depth)
+            return list(zip(docs[best].tolist(), sims[best].tolist(), strict=True))
+        total = len(self.vectors)
+        width = min(total, int(depth * 2 * total / len(docs)) + depth)
+        while True:
+            found = [(d, sim) for d, sim in self.vectors.search(query_vector, width) if allowed[d]]
+            if len(found) >= depth or width >= total:
+                return found[:depth]
+            width = min(total, width * 2)
 
     def _lexical(
         self, query: str, allowed: npt.NDArray[np.bool_] | None

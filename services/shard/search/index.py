@@ -42,7 +42,13 @@ from services.common.priority import lower_this_thread
 from services.shard.repository import ShardRepository, StoredVector
 from services.shard.retrieval.embedding import EmbeddingProvider
 from services.shard.search.cursor import SeqCursor
-from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
+from services.shard.search.fleet_index import (
+    ContextSettings,
+    DocFacts,
+    DocFilter,
+    FleetIndex,
+    metadata_day,
+)
 
 log = logging.getLogger("engram.shard.index")
 
@@ -200,7 +206,9 @@ class SearchIndex:
                     slot = touched[row.fleet_id] = self._slot(row.fleet_id)
                     key = text_key(row.content, row.run_id, row.agent_id)
                     day = metadata_day(row.metadata, row.created_us)
-                    slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day))
+                    facts = DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
+                                     row.created_us, row.importance)
+                    slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day, facts))
                     self._pending.append((row.seq, row.fleet_id, row.id, row.content))
                 self._cursor.advance(row.seq for row in rows)
             for slot in touched.values():
@@ -312,9 +320,11 @@ class SearchIndex:
         *,
         run_id: str | None = None,
         query_vector: np.ndarray | None = None,
+        doc_filter: DocFilter | None = None,
     ) -> list[tuple[str, float]]:
         """(record id, relevance) candidates of one fleet, best first (lexical | semantic |
-        hybrid); without an embedding provider every mode is lexical.
+        hybrid); without an embedding provider every mode is lexical. ``doc_filter`` (or
+        ``run_id`` alone) restricts the candidates before they are scored.
 
         The query is embedded on a pool thread while this one catches up and scores BM25
         (ONNX Runtime releases the GIL), so hybrid pays max(embed, lexical), not the sum.
@@ -332,7 +342,10 @@ class SearchIndex:
         with self._fleet(fleet_id) as index:
             if index is None:
                 return []
-            allowed = index.run_mask(run_id) if run_id is not None else None
+            flt = doc_filter if doc_filter is not None else DocFilter(run_id=run_id)
+            allowed = index.mask(flt)
+            if allowed is not None and not allowed.any():
+                return []
             found = index.search(text, vector, mode, allowed)
             return [(index.ids[doc], score) for doc, score in found]
 
@@ -424,9 +437,10 @@ class SearchIndex:
             return index.indexed_vectors() if index is not None else 0
 
 
-def _adder(record_id: str, run_id: str, text: str, key: bytes, day: date | None) -> FleetChange:
+def _adder(record_id: str, run_id: str, text: str, key: bytes, day: date | None,
+           facts: DocFacts) -> FleetChange:
     def add(index: FleetIndex) -> None:
-        index.add(record_id, run_id, text, key, day)
+        index.add(record_id, run_id, text, key, day, facts)
 
     return add
 

@@ -126,6 +126,27 @@ def test_recall_passes_its_arguments_and_filters_to_the_sdk() -> None:
     assert unknown.is_error and "colour" in text(unknown)
 
 
+def test_recall_passes_every_filter_kind_to_the_sdk() -> None:
+    backends = FakeBackends()
+    filters = {"tags": ["a"], "tags_any": ["b", "c"], "metadata": {"project": "x", "env": "p"},
+               "author": "agent-7", "created_after": "2026-01-01T00:00:00Z",
+               "created_before": "2026-02-01T00:00:00+01:00", "min_importance": 0.4}
+    result = call(backends, FixedToken("tok"), "recall", {"query": "q", "filters": filters})
+    assert not result.is_error, text(result)
+    assert backends.calls == [("tok", "search", {
+        "query": "q", "limit": 10, "run_id": None, "domain": "", "cross": False,
+        "mode": "hybrid", **filters})]
+
+
+@pytest.mark.parametrize("bad", [{"min_importance": 1.5}, {"min_importance": -0.1},
+                                 {"metadata": {"k": 1}}, {"tags_any": "a"}])
+def test_recall_refuses_bad_filters_before_calling(bad: dict[str, Any]) -> None:
+    backends = FakeBackends()
+    result = call(backends, FixedToken("tok"), "recall", {"query": "q", "filters": bad})
+    assert result.is_error
+    assert backends.calls == []
+
+
 def test_verify_run_reports_every_tampered_record() -> None:
     clean = call(FakeBackends(), FixedToken("tok"), "verify_run", {"run": "run-1"})
     assert clean.structured_content == {"run_id": "run-1", "checked": 2, "ok": True,

@@ -167,11 +167,45 @@ export interface ListRecordsRequest {
   agentId: string;
   pageSize: number;
   pageToken: string;
+  /** Further conditions, all of which must hold (with the fields above). */
+  filter: RecordFilter | undefined;
 }
 
 export interface ListRecordsResponse {
   records: Record[];
   nextPageToken: string;
+}
+
+/** Conditions on a record, all of which must hold; an empty filter matches every record. */
+export interface RecordFilter {
+  /** Metadata key = value pairs; a record must carry every pair. */
+  metadata: { [key: string]: string };
+  /** A record must carry at least one of these tags. */
+  tagsAny: string[];
+  /** A record must carry all of these tags. */
+  tagsAll: string[];
+  /** The author (agent id). */
+  agentId: string;
+  /** Created strictly after this time. */
+  createdAfter:
+    | Date
+    | undefined;
+  /** Created strictly before this time. */
+  createdBefore:
+    | Date
+    | undefined;
+  /** 0..1: records of at least this importance. */
+  minImportance?:
+    | number
+    | undefined;
+  /** Unset: every run. Set to "" for legacy records only. */
+  runId?: string | undefined;
+  domain: string;
+}
+
+export interface RecordFilter_MetadataEntry {
+  key: string;
+  value: string;
 }
 
 export interface SearchRecordsRequest {
@@ -187,6 +221,8 @@ export interface SearchRecordsRequest {
   cross: boolean;
   mode: SearchMode;
   tags: string[];
+  /** Applied before ranking: the hits are the best `limit` among matching records. */
+  filter: RecordFilter | undefined;
 }
 
 export interface SearchHit {
@@ -1567,7 +1603,7 @@ export const GetRecordResponse: MessageFns<GetRecordResponse> = {
 };
 
 function createBaseListRecordsRequest(): ListRecordsRequest {
-  return { runId: undefined, tags: [], domain: "", agentId: "", pageSize: 0, pageToken: "" };
+  return { runId: undefined, tags: [], domain: "", agentId: "", pageSize: 0, pageToken: "", filter: undefined };
 }
 
 export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
@@ -1589,6 +1625,9 @@ export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
     }
     if (message.pageToken !== "") {
       writer.uint32(50).string(message.pageToken);
+    }
+    if (message.filter !== undefined) {
+      RecordFilter.encode(message.filter, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -1654,6 +1693,14 @@ export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
             message.pageToken = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.filter = RecordFilter.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1690,6 +1737,7 @@ export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
         : isSet(object.page_token)
         ? globalThis.String(object.page_token)
         : "",
+      filter: isSet(object.filter) ? RecordFilter.fromJSON(object.filter) : undefined,
     };
   },
 
@@ -1713,6 +1761,9 @@ export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
     if (message.pageToken !== "") {
       obj.pageToken = message.pageToken;
     }
+    if (message.filter !== undefined) {
+      obj.filter = RecordFilter.toJSON(message.filter);
+    }
     return obj;
   },
 
@@ -1727,6 +1778,9 @@ export const ListRecordsRequest: MessageFns<ListRecordsRequest> = {
     message.agentId = object.agentId ?? "";
     message.pageSize = object.pageSize ?? 0;
     message.pageToken = object.pageToken ?? "";
+    message.filter = (object.filter !== undefined && object.filter !== null)
+      ? RecordFilter.fromPartial(object.filter)
+      : undefined;
     return message;
   },
 };
@@ -1820,8 +1874,358 @@ export const ListRecordsResponse: MessageFns<ListRecordsResponse> = {
   },
 };
 
+function createBaseRecordFilter(): RecordFilter {
+  return {
+    metadata: {},
+    tagsAny: [],
+    tagsAll: [],
+    agentId: "",
+    createdAfter: undefined,
+    createdBefore: undefined,
+    minImportance: undefined,
+    runId: undefined,
+    domain: "",
+  };
+}
+
+export const RecordFilter: MessageFns<RecordFilter> = {
+  encode(message: RecordFilter, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
+      RecordFilter_MetadataEntry.encode({ key: key as any, value }, writer.uint32(10).fork()).join();
+    });
+    for (const v of message.tagsAny) {
+      writer.uint32(18).string(v!);
+    }
+    for (const v of message.tagsAll) {
+      writer.uint32(26).string(v!);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(34).string(message.agentId);
+    }
+    if (message.createdAfter !== undefined) {
+      Timestamp.encode(toTimestamp(message.createdAfter), writer.uint32(42).fork()).join();
+    }
+    if (message.createdBefore !== undefined) {
+      Timestamp.encode(toTimestamp(message.createdBefore), writer.uint32(50).fork()).join();
+    }
+    if (message.minImportance !== undefined) {
+      writer.uint32(57).double(message.minImportance);
+    }
+    if (message.runId !== undefined) {
+      writer.uint32(66).string(message.runId);
+    }
+    if (message.domain !== "") {
+      writer.uint32(74).string(message.domain);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordFilter {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordFilter();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            const entry1 = RecordFilter_MetadataEntry.decode(reader, reader.uint32());
+            if (entry1.value !== undefined) {
+              message.metadata[entry1.key] = entry1.value;
+            }
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.tagsAny.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.tagsAll.push(reader.string());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.createdAfter = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.createdBefore = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 7: {
+            if (tag !== 57) {
+              break;
+            }
+
+            message.minImportance = reader.double();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.domain = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordFilter {
+    return {
+      metadata: isObject(object.metadata)
+        ? (globalThis.Object.entries(object.metadata) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      tagsAny: globalThis.Array.isArray(object?.tagsAny)
+        ? object.tagsAny.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.tags_any)
+        ? object.tags_any.map((e: any) => globalThis.String(e))
+        : [],
+      tagsAll: globalThis.Array.isArray(object?.tagsAll)
+        ? object.tagsAll.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.tags_all)
+        ? object.tags_all.map((e: any) => globalThis.String(e))
+        : [],
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      createdAfter: isSet(object.createdAfter)
+        ? fromJsonTimestamp(object.createdAfter)
+        : isSet(object.created_after)
+        ? fromJsonTimestamp(object.created_after)
+        : undefined,
+      createdBefore: isSet(object.createdBefore)
+        ? fromJsonTimestamp(object.createdBefore)
+        : isSet(object.created_before)
+        ? fromJsonTimestamp(object.created_before)
+        : undefined,
+      minImportance: isSet(object.minImportance)
+        ? globalThis.Number(object.minImportance)
+        : isSet(object.min_importance)
+        ? globalThis.Number(object.min_importance)
+        : undefined,
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : undefined,
+      domain: isSet(object.domain) ? globalThis.String(object.domain) : "",
+    };
+  },
+
+  toJSON(message: RecordFilter): unknown {
+    const obj: any = {};
+    if (message.metadata) {
+      const entries = globalThis.Object.entries(message.metadata) as [string, string][];
+      if (entries.length > 0) {
+        obj.metadata = {};
+        entries.forEach(([k, v]) => {
+          obj.metadata[k] = v;
+        });
+      }
+    }
+    if (message.tagsAny?.length) {
+      obj.tagsAny = message.tagsAny;
+    }
+    if (message.tagsAll?.length) {
+      obj.tagsAll = message.tagsAll;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.createdAfter !== undefined) {
+      obj.createdAfter = message.createdAfter.toISOString();
+    }
+    if (message.createdBefore !== undefined) {
+      obj.createdBefore = message.createdBefore.toISOString();
+    }
+    if (message.minImportance !== undefined) {
+      obj.minImportance = floatToJson(message.minImportance);
+    }
+    if (message.runId !== undefined) {
+      obj.runId = message.runId;
+    }
+    if (message.domain !== "") {
+      obj.domain = message.domain;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordFilter>, I>>(base?: I): RecordFilter {
+    return RecordFilter.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordFilter>, I>>(object: I): RecordFilter {
+    const message = createBaseRecordFilter();
+    message.metadata = (globalThis.Object.entries(object.metadata ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.tagsAny = object.tagsAny?.map((e) => e) || [];
+    message.tagsAll = object.tagsAll?.map((e) => e) || [];
+    message.agentId = object.agentId ?? "";
+    message.createdAfter = object.createdAfter ?? undefined;
+    message.createdBefore = object.createdBefore ?? undefined;
+    message.minImportance = object.minImportance ?? undefined;
+    message.runId = object.runId ?? undefined;
+    message.domain = object.domain ?? "";
+    return message;
+  },
+};
+
+function createBaseRecordFilter_MetadataEntry(): RecordFilter_MetadataEntry {
+  return { key: "", value: "" };
+}
+
+export const RecordFilter_MetadataEntry: MessageFns<RecordFilter_MetadataEntry> = {
+  encode(message: RecordFilter_MetadataEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordFilter_MetadataEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordFilter_MetadataEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordFilter_MetadataEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: RecordFilter_MetadataEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordFilter_MetadataEntry>, I>>(base?: I): RecordFilter_MetadataEntry {
+    return RecordFilter_MetadataEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordFilter_MetadataEntry>, I>>(object: I): RecordFilter_MetadataEntry {
+    const message = createBaseRecordFilter_MetadataEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
 function createBaseSearchRecordsRequest(): SearchRecordsRequest {
-  return { query: "", limit: 0, runId: undefined, domain: "", cross: false, mode: 0, tags: [] };
+  return { query: "", limit: 0, runId: undefined, domain: "", cross: false, mode: 0, tags: [], filter: undefined };
 }
 
 export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
@@ -1846,6 +2250,9 @@ export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
     }
     for (const v of message.tags) {
       writer.uint32(58).string(v!);
+    }
+    if (message.filter !== undefined) {
+      RecordFilter.encode(message.filter, writer.uint32(66).fork()).join();
     }
     return writer;
   },
@@ -1919,6 +2326,14 @@ export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
             message.tags.push(reader.string());
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.filter = RecordFilter.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1944,6 +2359,7 @@ export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
       cross: isSet(object.cross) ? globalThis.Boolean(object.cross) : false,
       mode: isSet(object.mode) ? searchModeFromJSON(object.mode) : 0,
       tags: globalThis.Array.isArray(object?.tags) ? object.tags.map((e: any) => globalThis.String(e)) : [],
+      filter: isSet(object.filter) ? RecordFilter.fromJSON(object.filter) : undefined,
     };
   },
 
@@ -1970,6 +2386,9 @@ export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
     if (message.tags?.length) {
       obj.tags = message.tags;
     }
+    if (message.filter !== undefined) {
+      obj.filter = RecordFilter.toJSON(message.filter);
+    }
     return obj;
   },
 
@@ -1985,6 +2404,9 @@ export const SearchRecordsRequest: MessageFns<SearchRecordsRequest> = {
     message.cross = object.cross ?? false;
     message.mode = object.mode ?? 0;
     message.tags = object.tags?.map((e) => e) || [];
+    message.filter = (object.filter !== undefined && object.filter !== null)
+      ? RecordFilter.fromPartial(object.filter)
+      : undefined;
     return message;
   },
 };
