@@ -253,9 +253,7 @@ class ShardService:
                 return None
             recorded_digest, ids = found
             if recorded_digest != digest:
-                raise InvalidArgument(
-                    f"request_id {request_id!r} was already used for different records; "
-                    "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+                raise _request_id_reused(request_id)
             stored = self.repo.by_ids(session, fleet, ids)
         return [WriteResult(stored[i], created=False) for i in ids if i in stored]
 
@@ -328,16 +326,19 @@ class ShardService:
             inserted: set[str] = set()
             usage: dict[tuple[str, str], int] = {}
             for job in jobs:
+                if job.request_id:
+                    # Claimed before the records go in: a refused reuse stores nothing.
+                    recorded = self.repo.claim_request(
+                        session, job.fleet_id, job.agent_id, job.request_id, job.digest,
+                        list(job.request_ids or [r.id for r in job.records]),
+                        int(now * 1_000_000))
+                    if recorded is not None and recorded != job.digest:
+                        raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
                 self.repo.insert(session, fresh)
                 inserted.update(r.id for r in fresh)
                 for r in fresh:
                     usage[(job.fleet_id, r.domain)] = usage.get((job.fleet_id, r.domain), 0) + 1
-                if job.request_id:
-                    self.repo.save_request(session, job.fleet_id, job.agent_id, job.request_id,
-                                           job.digest,
-                                           list(job.request_ids or [r.id for r in job.records]),
-                                           int(now * 1_000_000))
                 results.append([
                     WriteResult(already.get(r.id, r), created=r.id not in already)
                     for r in job.records
@@ -439,6 +440,11 @@ def _digest(drafts: Sequence[RecordDraft]) -> str:
     body = [[d.content, d.run_id, d.domain, d.source, d.importance, list(d.tags),
              sorted(d.metadata.items())] for d in drafts]
     return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
+
+
+def _request_id_reused(request_id: str) -> InvalidArgument:
+    return InvalidArgument(f"request_id {request_id!r} was already used for different records; "
+                           "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
 
 
 def _indexed(index: int, total: int, error: EngramError) -> EngramError:
