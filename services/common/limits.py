@@ -22,12 +22,18 @@ class LimitExceeded(InvalidArgument):
     default_reason = "LIMIT_EXCEEDED"
 
 
-def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "") -> None:
-    """Refuse ``value`` over ``limit``: ``what`` names the thing, ``setting`` the knob."""
+def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "", *,
+                reason: str | None = None) -> None:
+    """Refuse ``value`` over ``limit``: ``what`` names the thing, ``setting`` the knob.
+
+    ``reason`` keeps a reason clients already match on (``CONTENT_TOO_LARGE``); the default
+    is ``LIMIT_EXCEEDED``.
+    """
     if value > limit:
         suffix = f" {unit}" if unit else ""
         raise LimitExceeded(f"{what} is {value}{suffix}, over the limit of {limit}{suffix} "
-                            f"({setting})", metadata={"limit": str(limit), "setting": setting})
+                            f"({setting})", reason=reason,
+                            metadata={"limit": str(limit), "setting": setting})
 
 
 def json_depth(text: str) -> int:

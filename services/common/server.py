@@ -1,10 +1,11 @@
 """One function assembles a service's gRPC server, so tests start what production runs.
 
 ``build_server(settings, spec)`` wires interceptors (metrics, logging, errors,
-auth), the standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS,
-an optional plaintext health-only port (``health_port``: probes that cannot speak
-TLS) and the ``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to
-NOT_SERVING before draining in-flight calls for ``grace_seconds``.
+auth, NUL-free text), explicit message size limits (``ENGRAM_LIMITS_GRPC_*``), the
+standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS, an optional
+plaintext health-only port (``health_port``: probes that cannot speak TLS) and the
+``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to NOT_SERVING before
+draining in-flight calls for ``grace_seconds``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from services.common.interceptors import (
     ErrorInterceptor,
     LoggingInterceptor,
     MetricsInterceptor,
+    TextInterceptor,
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
@@ -167,6 +169,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         LoggingInterceptor(),
         ErrorInterceptor(),
         AuthInterceptor(Authorizer(verifier, spec.policy)),
+        TextInterceptor(),
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(
@@ -174,7 +177,8 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         ),
         interceptors=interceptors,
         options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", settings.limits.grpc_receive_bytes),
+            ("grpc.max_send_message_length", settings.limits.grpc_send_bytes),
             ("grpc.so_reuseport", 0),
         ],
     )

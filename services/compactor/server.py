@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.common.startup import StartupError
 from services.compactor.repository import CompactorRepository
@@ -37,7 +38,8 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
                                 endpoint_url=settings.blob_endpoint_url,
                                 region_name=settings.blob_region)
     repository = CompactorRepository(database)
-    iteration_log = IterationLog(repository, blobs, settings.tier_config())
+    iteration_log = IterationLog(repository, blobs, settings.tier_config(),
+                                 limits=settings.limits)
     recovered = iteration_log.recover()
     if recovered:
         log.info("finished interrupted tier work", extra={"runs": recovered})
@@ -48,7 +50,8 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
                                   settings.memory_compaction_interval_seconds,
                                   settings.memory_importance_below,
                                   settings.memory_older_than_days)
-    servicer = CompactorServicer(iteration_log, policies)
+    servicer = CompactorServicer(iteration_log, policies,
+                                 PageTokens.for_service(settings, "compactor"))
 
     def stop() -> None:
         schedule.stop()

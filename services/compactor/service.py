@@ -38,6 +38,7 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.group_commit import GroupCommit
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.memory_policy import (
     DEFAULT_IMPORTANCE_BELOW,
@@ -92,8 +93,10 @@ class IterationLog:
     """Records, reads, pins and verifies iteration logs across the hot, warm and cold tiers."""
 
     def __init__(self, repository: CompactorRepository, blobs: BlobStore,
-                 config: TierConfig | None = None, hook: StepHook = no_step_hook) -> None:
+                 config: TierConfig | None = None, hook: StepHook = no_step_hook,
+                 limits: LimitsSettings = LIMIT_DEFAULTS) -> None:
         self.repo = repository
+        self.limits = limits
         self.config = config or TierConfig()
         if self.config.hot_size < 1 or self.config.snapshot_every < 1:
             raise ValueError("hot_size and snapshot_every must be >= 1")
@@ -112,7 +115,7 @@ class IterationLog:
     def record(self, fleet_id: str, run_id: str, item: IterationInput,
                request_id: str = "") -> RecordResult:
         """Append ``item``; a retry with the same ``request_id`` returns what the first recorded."""
-        item = item.validated()
+        item = item.validated(self.limits)
         if len(request_id) > _MAX_REQUEST_ID:
             raise InvalidArgument(f"request_id must be at most {_MAX_REQUEST_ID} characters",
                                   reason="INVALID_REQUEST_ID")

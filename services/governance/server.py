@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
 from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
@@ -37,7 +38,9 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids())
+    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids(),
+                                  pages=PageTokens.for_service(settings, "governance"),
+                                  limits=settings.limits)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],

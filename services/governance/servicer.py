@@ -11,7 +11,9 @@ from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 from services.common.auth import MethodPolicy, current_principal, target_fleet
 from services.common.errors import InvalidArgument, PermissionDenied
-from services.common.pagination import paginate
+from services.common.limits import check_limit
+from services.common.pagination import PageTokens
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.governance.domain.decisions import Decision
 from services.governance.domain.rules import (
@@ -30,7 +32,6 @@ _GOVERNORS = frozenset({"governor", "admin"})
 _PEOPLE = frozenset({"agent", "governor", "admin"})
 """Every role but ``service``: a service token may call only the gate RPCs."""
 DEFAULT_GATE_CALLERS = frozenset({"svc-shard"})
-MAX_CANDIDATES = 1000
 MAX_NEIGHBOURS = 50
 
 
@@ -143,10 +144,17 @@ def rule_kind_and_params(message: pb.Rule) -> tuple[RuleKind, dict[str, Any]]:
     return kind, validate_params(kind, raw)
 
 
-def _candidate(message: pb.WriteCandidate) -> Candidate:
+def _candidate(message: pb.WriteCandidate, limits: LimitsSettings) -> Candidate:
     if not message.record_id or not message.content_hash:
         raise InvalidArgument("every candidate needs record_id and content_hash",
                               reason="INVALID_CANDIDATE")
+    validate_identifier("record_id", message.record_id)
+    if message.run_id:
+        validate_identifier("run_id", message.run_id)
+    check_limit("a candidate's content", len(message.content.encode()), limits.content_bytes,
+                "ENGRAM_LIMITS_CONTENT_BYTES", "bytes")
+    check_limit("a candidate's tags", len(message.tags), limits.tags_per_record,
+                "ENGRAM_LIMITS_TAGS_PER_RECORD", "tags")
     if len(message.neighbours) > MAX_NEIGHBOURS:
         raise InvalidArgument(f"at most {MAX_NEIGHBOURS} neighbours per candidate")
     return Candidate(
@@ -177,8 +185,12 @@ def _is_plain_agent(principal: Principal) -> bool:
 
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def __init__(self, service: GovernanceService, *,
-                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS) -> None:
+                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS,
+                 pages: PageTokens | None = None,
+                 limits: LimitsSettings = LIMIT_DEFAULTS) -> None:
         self._service = service
+        self._pages = pages or PageTokens.ephemeral(limits)
+        self._limits = limits
         self._gate_callers = gate_callers
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
@@ -190,10 +202,11 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument("request_id is required (1..128 characters) so a retry "
                                   "does not record a second decision", reason="REQUEST_ID_REQUIRED")
-        if not 0 < len(request.candidates) <= MAX_CANDIDATES:
-            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} candidates, got "
-                                  f"{len(request.candidates)}")
-        candidates = [_candidate(c) for c in request.candidates]
+        if not request.candidates:
+            raise InvalidArgument("send at least one candidate", reason="INVALID_CANDIDATE")
+        check_limit("candidates", len(request.candidates), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        candidates = [_candidate(c, self._limits) for c in request.candidates]
         if request.neighbours_omitted and any(c.neighbours for c in candidates):
             raise InvalidArgument("neighbours_omitted is set but candidates carry neighbours; "
                                   "send all of them with neighbours_omitted false",
@@ -224,9 +237,10 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         if not gate and not principal.has_any(_GOVERNORS):
             require_gate_caller(principal, self._gate_callers)
         fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=gate)
-        if len(request.agent_ids) > MAX_CANDIDATES:
-            raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
-        trusts = self._service.trust_of(fleet_id, [a for a in request.agent_ids if a])
+        check_limit("agent_ids", len(request.agent_ids), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        agent_ids = [validate_identifier("agent_id", a) for a in request.agent_ids if a]
+        trusts = self._service.trust_of(fleet_id, agent_ids)
         return pb.BatchGetTrustResponse(trusts=[trust_to_proto(t) for t in trusts.values()])
 
     def SetTier(self, request: pb.SetTierRequest,
@@ -259,7 +273,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def ListRules(self, request: pb.ListRulesRequest,
                   context: grpc.ServicerContext) -> pb.ListRulesResponse:
         fleet_id = target_fleet(current_principal(), request.fleet_id)
-        rules, token = paginate(
+        rules, token = self._pages.paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id},
             lambda after, limit: self._service.list_rules(
                 fleet_id, str(after[0]) if after else None, limit),
@@ -272,8 +286,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         self._service.require_writable()
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
-        if not request.rule_id:
-            raise InvalidArgument("rule_id is required")
+        validate_identifier("rule_id", request.rule_id)
         self._service.delete_rule(fleet_id, request.rule_id, principal.agent_id)
         return pb.DeleteRuleResponse(rule_id=request.rule_id)
 
@@ -287,7 +300,9 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 raise PermissionDenied("agents may list only their own decisions",
                                        reason="NOT_OWN_DECISIONS")
             agent_id = principal.agent_id
-        decisions, token = paginate(
+        if agent_id:
+            validate_identifier("agent_id", agent_id)
+        decisions, token = self._pages.paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id, "agent_id": agent_id},
             lambda before, limit: self._service.list_decisions(
                 fleet_id, agent_id or None, int(before[0]) if before else None, limit),

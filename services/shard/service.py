@@ -20,7 +20,9 @@ from typing import TypeVar
 from services.common.db import Database
 from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
 from services.common.group_commit import GroupCommit
-from services.common.tokens import Principal
+from services.common.limits import check_limit
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
 from services.shard.domain.domains import (
     DEFAULT_DOMAINS,
@@ -38,7 +40,6 @@ from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDupli
 
 log = logging.getLogger("engram.shard")
 
-MAX_BATCH = 1000
 T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
@@ -91,8 +92,10 @@ class ShardService:
         clock: Callable[[], float] = time.time,
         dedup: str = "off",
         dedup_similarity: float = 0.97,
+        limits: LimitsSettings = LIMIT_DEFAULTS,
     ) -> None:
         self.db = database
+        self.limits = limits
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
         self.gate = gate
@@ -148,15 +151,15 @@ class ShardService:
               request_id: str = "") -> list[WriteResult]:
         if not drafts:
             raise InvalidArgument("no records to write", reason="EMPTY_BATCH")
-        if len(drafts) > MAX_BATCH:
-            raise InvalidArgument(f"a batch holds at most {MAX_BATCH} records, got {len(drafts)}",
-                                  reason="BATCH_TOO_LARGE")
+        check_limit("a batch", len(drafts), self.limits.batch_items, "ENGRAM_LIMITS_BATCH_ITEMS",
+                    "records", reason="BATCH_TOO_LARGE")
         if len(request_id) > 128:
             raise InvalidArgument("request_id is longer than 128 characters",
                                   reason="INVALID_REQUEST_ID")
         fleet, agent = principal.fleet_id, principal.agent_id
-        normalized = [_at_index(i, len(drafts), records.normalize_draft, d)
-                      for i, d in enumerate(drafts)]
+        normalized = [_at_index(i, len(drafts),
+                                lambda d: records.normalize_draft(d, self.limits), draft)
+                      for i, draft in enumerate(drafts)]
         digest = _digest(normalized)
         if request_id:
             replay = self._replay(fleet, agent, request_id, digest)
@@ -355,19 +358,33 @@ class ShardService:
     # -- reads --------------------------------------------------------------
 
     def get(self, principal: Principal, record_id: str) -> Record:
+        record_id = validate_identifier("id", record_id.strip())
         with self.db.session() as session:
-            found = self.repo.get(session, principal.fleet_id, record_id.strip())
+            found = self.repo.get(session, principal.fleet_id, record_id)
         if found is None:
             raise NotFound(f"no record {record_id!r} in fleet {principal.fleet_id}",
                            reason="RECORD_NOT_FOUND", metadata={"record_id": record_id})
         return found
 
+    def check_filter(self, run_id: str | None, agent_id: str, tags: Sequence[str]) -> None:
+        """A list or search filter's ids are identifiers, and its tags within the limits."""
+        if run_id:
+            records.validate_run_id(run_id)
+        if agent_id:
+            validate_identifier("agent_id", agent_id)
+        records.check_tags("the filter's tags", tuple(tags), self.limits.tags_per_filter,
+                           "ENGRAM_LIMITS_TAGS_PER_FILTER", self.limits)
+
     def list_records(self, flt: RecordFilter, before_seq: int | None,
              limit: int) -> list[tuple[int, Record]]:
+        self.check_filter(flt.run_id, flt.agent_id, flt.tags)
         with self.db.session() as session:
             return self.repo.page(session, flt, before_seq, limit)
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
+        check_limit("the query", len(query.text.encode()), self.limits.query_bytes,
+                    "ENGRAM_LIMITS_QUERY_BYTES", "bytes")
+        self.check_filter(query.run_id, "", query.tags)
         return self.search_engine.search(query)
 
     # -- integrity ----------------------------------------------------------
@@ -376,6 +393,10 @@ class ShardService:
         if not ids and not everything:
             raise InvalidArgument("name record ids to verify, or ask for all",
                                   reason="NOTHING_TO_VERIFY")
+        check_limit("ids to verify", len(ids), self.limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", "ids")
+        for record_id in ids:
+            validate_identifier("id", record_id)
         failures: list[EngramError] = []
         checked = 0
         with self.db.session() as session:
@@ -398,6 +419,8 @@ class ShardService:
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
         """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS."""
+        if run_id:
+            records.validate_run_id(run_id)
         with self.db.session() as session:
             for record in self.repo.scan(session, RecordFilter(principal.fleet_id, run_id=run_id)):
                 if verify:

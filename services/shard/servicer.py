@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
 from services.common.auth import MethodPolicy, current_principal, target_fleet
-from services.common.pagination import paginate
+from services.common.pagination import PageTokens
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
@@ -118,9 +118,11 @@ def _fleet_acted_on(principal: Principal, requested: str) -> str:
 
 
 class ShardServicer(pb_grpc.ShardServiceServicer):
-    def __init__(self, service: ShardService, compactor: MemoryCompactor) -> None:
+    def __init__(self, service: ShardService, compactor: MemoryCompactor,
+                 pages: PageTokens | None = None) -> None:
         self.service = service
         self.compactor = compactor
+        self.pages = pages or PageTokens.ephemeral()
 
     def CreateRecord(
         self, request: pb.CreateRecordRequest, context: Any
@@ -159,7 +161,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             "tags": list(flt.tags),
             "fleet": flt.fleet_id,
         }
-        rows, next_token = paginate(
+        rows, next_token = self.pages.paginate(
             request.page_token, request.page_size, filters,
             lambda after, limit: self.service.list_records(
                 flt, int(after[0]) if after else None, limit),
@@ -196,7 +198,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         status = self.service.status(principal)
         incoming = status.incoming
         domains = sorted(status.domains, key=lambda d: d.name)
-        page, next_token = paginate(
+        page, next_token = self.pages.paginate(
             request.page_token, request.page_size, {"fleet": principal.fleet_id},
             lambda after, limit: [d for d in domains
                                   if after is None or d.name > str(after[0])][:limit],
