@@ -68,8 +68,10 @@ class BaseClient:
         tls_key: Path | None = None,
         timeout: float = 30.0,
         channel: grpc.Channel | None = None,
+        max_send_bytes: int = MAX_SEND_BYTES,
     ) -> None:
-        self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                               max_send_bytes=max_send_bytes)
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
 

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.tokens import validate_identifier
 
 DEFAULT_JSON_DEPTH = 64
 
@@ -34,6 +35,14 @@ def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "",
         raise LimitExceeded(f"{what} is {value}{suffix}, over the limit of {limit}{suffix} "
                             f"({setting})", reason=reason,
                             metadata={"limit": str(limit), "setting": setting})
+
+
+def validate_request_id(request_id: str) -> str:
+    """An idempotency key is an identifier too (it is stored and compared as a key)."""
+    try:
+        return validate_identifier("request_id", request_id)
+    except InvalidArgument as error:
+        raise InvalidArgument(error.message, reason="INVALID_REQUEST_ID") from None
 
 
 def json_depth(text: str) -> int:

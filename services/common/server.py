@@ -177,7 +177,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         ),
         interceptors=interceptors,
         options=[
-            ("grpc.max_receive_message_length", settings.limits.grpc_receive_bytes),
+            ("grpc.max_receive_message_length", settings.receive_limit()),
             ("grpc.max_send_message_length", settings.limits.grpc_send_bytes),
             ("grpc.so_reuseport", 0),
         ],

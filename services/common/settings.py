@@ -104,11 +104,19 @@ class ServerSettings(BaseSettings):
         "one service must share it, or a page token from one fails on another",
     )
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    max_receive_bytes: int | None = Field(
+        default=None, gt=0,
+        description="this service's largest request message; default "
+        "ENGRAM_LIMITS_GRPC_RECEIVE_BYTES (governance: 64 MiB, for the shard's gate calls)",
+    )
     health_port: int | None = Field(
         default=None,
         description="a plaintext port that serves only grpc.health.v1, for probes that cannot "
         "speak TLS (Kubernetes' native gRPC probes); unset: health is on the main port only",
     )
+
+    def receive_limit(self) -> int:
+        return self.max_receive_bytes or self.limits.grpc_receive_bytes
 
     def public_key_path(self) -> Path:
         return self.auth_public_key or self.home / "auth" / "signing.pub"

@@ -38,6 +38,7 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.group_commit import GroupCommit
+from services.common.limits import validate_request_id
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.memory_policy import (
@@ -78,7 +79,6 @@ from services.compactor.tiers.warm import WarmArchive
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
-_MAX_REQUEST_ID = 128
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -116,9 +116,8 @@ class IterationLog:
                request_id: str = "") -> RecordResult:
         """Append ``item``; a retry with the same ``request_id`` returns what the first recorded."""
         item = item.validated(self.limits)
-        if len(request_id) > _MAX_REQUEST_ID:
-            raise InvalidArgument(f"request_id must be at most {_MAX_REQUEST_ID} characters",
-                                  reason="INVALID_REQUEST_ID")
+        if request_id:
+            validate_request_id(request_id)
         request = AppendRequest(fleet_id, run_id, item,
                                 canonical_detail_digest(item.detail_json, item.guardrails_json),
                                 request_id)

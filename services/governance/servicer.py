@@ -11,7 +11,7 @@ from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 from services.common.auth import MethodPolicy, current_principal, target_fleet
 from services.common.errors import InvalidArgument, PermissionDenied
-from services.common.limits import check_limit
+from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
@@ -202,6 +202,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument("request_id is required (1..128 characters) so a retry "
                                   "does not record a second decision", reason="REQUEST_ID_REQUIRED")
+        validate_request_id(request.request_id)
         if not request.candidates:
             raise InvalidArgument("send at least one candidate", reason="INVALID_CANDIDATE")
         check_limit("candidates", len(request.candidates), self._limits.batch_items,
@@ -260,6 +261,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         principal = current_principal()
         fleet_id = target_fleet(principal, request.rule.fleet_id)
         kind, params = rule_kind_and_params(request.rule)
+        if request.request_id:
+            validate_request_id(request.request_id)
         rule = Rule(
             rule_id=self._service.allocate_rule_id(fleet_id, request.request_id),
             fleet_id=fleet_id, kind=kind, params=params,

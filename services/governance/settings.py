@@ -16,6 +16,9 @@ class GovernanceSettings(ServerSettings):
     db_url: str | None = None
     """Default: sqlite under $ENGRAM_HOME/governance/governance.db."""
     migrate: bool = True
+    max_receive_bytes: int | None = 64 * 1024 * 1024
+    """A gate call carries a whole write batch and, for contradiction rules, each record's
+    neighbours: more than one client request may hold (4 MiB by default)."""
     gate_callers: str = "svc-shard"
     """Comma-separated agent ids of the service principals allowed to call DecideWrites and
     BatchGetTrust on any fleet (``engram up`` gives the shard's token the id svc-shard)."""

@@ -20,7 +20,7 @@ from typing import TypeVar
 from services.common.db import Database
 from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
 from services.common.group_commit import GroupCommit
-from services.common.limits import check_limit
+from services.common.limits import check_limit, validate_request_id
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
@@ -153,9 +153,8 @@ class ShardService:
             raise InvalidArgument("no records to write", reason="EMPTY_BATCH")
         check_limit("a batch", len(drafts), self.limits.batch_items, "ENGRAM_LIMITS_BATCH_ITEMS",
                     "records", reason="BATCH_TOO_LARGE")
-        if len(request_id) > 128:
-            raise InvalidArgument("request_id is longer than 128 characters",
-                                  reason="INVALID_REQUEST_ID")
+        if request_id:
+            validate_request_id(request_id)
         fleet, agent = principal.fleet_id, principal.agent_id
         normalized = [_at_index(i, len(drafts),
                                 lambda d: records.normalize_draft(d, self.limits), draft)

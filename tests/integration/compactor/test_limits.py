@@ -42,6 +42,8 @@ def test_nul_bytes_and_dot_run_ids_are_refused(compactor_for: CompactorFactory) 
     bad = iteration(1)
     bad.detail_json = '{"note": "a\\u0000b"}'  # JSON's escaped NUL is data, not a NUL byte
     assert client.record("run-nul", bad).created
+    _refused(lambda: client.record("run-nul", iteration(2), request_id="a\x01"),
+             "INVALID_REQUEST_ID")
     for run_id in ("..", ".", "run\x01", "run/1"):
         with pytest.raises(EngramRpcError) as caught:
             client.record(run_id, iteration(1))

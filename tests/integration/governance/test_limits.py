@@ -12,6 +12,9 @@ import pytest
 from engram.client._errors import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
+from services.common.server import EngramServer
+from services.shard.governance_gate import GATE_SEND_BYTES
+from tests.conftest import TokenFactory
 from tests.integration.governance.conftest import GovClientFactory
 from tests.integration.governance.test_contract import candidate
 
@@ -47,6 +50,10 @@ def test_ids_and_batches_are_checked(
         "LIMIT_EXCEEDED")
     assert "ENGRAM_LIMITS_BATCH_ITEMS" in error.message
     _refused(lambda: governor.trusts("fleet-a", ["..", "agent-1"]), "INVALID_IDENTIFIER")
+    _refused(lambda: shard_service.decide("fleet-a", "agent-1", "..", [candidate("fine")]),
+             "INVALID_REQUEST_ID")
+    _refused(lambda: governor.add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="x")),
+                                       request_id="a b"), "INVALID_REQUEST_ID")
     _refused(lambda: governor.remove_rule(".."), "INVALID_IDENTIFIER")
     _refused(lambda: list(governor.decisions(agent_id="a\x01")), "INVALID_IDENTIFIER")
 
@@ -68,3 +75,14 @@ def test_forged_and_other_callers_page_tokens_are_refused(gov_for: GovClientFact
     token = page(alice, "").next_page_token
     assert len(page(alice, token).rules) == 1
     _refused(lambda: page(bob, token), "INVALID_PAGE_TOKEN")
+
+
+def test_a_gate_call_may_carry_more_than_a_client_request(
+        governance: EngramServer, make_token: TokenFactory) -> None:
+    """A batch with its neighbours outgrows 4 MiB; governance takes up to 64 MiB from the gate."""
+    big = [candidate(f"record {i}", neighbours=tuple((f"n{i}-{j}", "word " * 20_000)
+                                                     for j in range(5))) for i in range(10)]
+    with GovernanceClient(governance.address, make_token("svc-shard", "system", ("service",)),
+                          max_send_bytes=GATE_SEND_BYTES) as gate:
+        reply = gate.decide("fleet-a", "agent-1", "req-big", big)
+    assert len(reply.decisions) == 10

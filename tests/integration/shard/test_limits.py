@@ -120,6 +120,9 @@ def test_record_ids_and_run_ids_are_identifiers(client: ShardClient) -> None:
             client.get(record_id)
         assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     _refused(lambda: list(client.list(agent_id="..")), reason="INVALID_IDENTIFIER")
+    for request_id in ("..", "a b", "k\x1b", "r" * 129):
+        _refused(lambda request_id=request_id: client.add("x", request_id=request_id),
+                 reason="INVALID_REQUEST_ID")
     assert list(client.list()) == []
 
 
