@@ -12,6 +12,7 @@ from typing import TypeVar
 import pytest
 
 from engram.client import BaseClient
+from services.common.auth import service_principal
 from services.common.tokens import TokenSigner, ensure_keypair
 
 
@@ -71,6 +72,17 @@ def make_token(engram_home: Path) -> TokenFactory:
         agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
     ) -> str:
         return signer.issue(agent, fleet, set(roles))
+
+    return issue
+
+
+@pytest.fixture(scope="session")
+def make_service_token(engram_home: Path) -> Callable[[str], str]:
+    """The token service ``name`` presents to the others (``engram up`` mints the same)."""
+    signer = TokenSigner.load(engram_home / "auth" / "signing.key")
+
+    def issue(name: str) -> str:
+        return signer.issue(*service_principal(name))
 
     return issue
 

@@ -6,7 +6,13 @@ import logging
 from pathlib import Path
 
 from services.artifacts.service import ArtifactsService
-from services.artifacts.servicer import POLICY, SERVICE_NAME, ArtifactsServicer, add_to_server
+from services.artifacts.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    ArtifactsServicer,
+    add_to_server,
+)
 from services.artifacts.settings import ArtifactsSettings
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
@@ -24,6 +30,7 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
     service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds,
+                               limits=settings.artifact_limits(),
                                pages=PageTokens.for_service(settings, "artifacts"))
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
@@ -38,6 +45,7 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_stop=stop,
     )
     return build_server(settings, spec), service

@@ -10,7 +10,13 @@ from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
-from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
+from services.governance.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    GovernanceServicer,
+    add_to_server,
+)
 from services.governance.settings import GovernanceSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -38,14 +44,14 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids(),
-                                  pages=PageTokens.for_service(settings, "governance"),
+    servicer = GovernanceServicer(service, pages=PageTokens.for_service(settings, "governance"),
                                   limits=settings.limits)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
     )

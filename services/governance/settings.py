@@ -19,12 +19,6 @@ class GovernanceSettings(ServerSettings):
     max_receive_bytes: int | None = 64 * 1024 * 1024
     """A gate call carries a whole write batch and, for contradiction rules, each record's
     neighbours: more than one client request may hold (4 MiB by default)."""
-    gate_callers: str = "svc-shard"
-    """Comma-separated agent ids of the service principals allowed to call DecideWrites and
-    BatchGetTrust on any fleet (``engram up`` gives the shard's token the id svc-shard)."""
-
-    def gate_caller_ids(self) -> frozenset[str]:
-        return frozenset(part.strip() for part in self.gate_callers.split(",") if part.strip())
 
     def database_url(self) -> str:
         default = (self.data_dir("governance") / "governance.db").resolve()

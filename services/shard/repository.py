@@ -318,23 +318,28 @@ class ShardRepository:
         rows = session.scalars(query.order_by(RecordRow.seq.desc()).limit(limit))
         return [(row.seq, row.to_entity()) for row in rows]
 
+    def oldest_after(
+        self, session: Session, flt: RecordFilter, after_seq: int, limit: int
+    ) -> list[tuple[int, Record]]:
+        """Oldest first, from just past ``after_seq`` (a keyset page)."""
+        rows = session.scalars(
+            select(RecordRow)
+            .where(self._filtered(flt), RecordRow.seq > after_seq)
+            .order_by(RecordRow.seq)
+            .limit(limit)
+        )
+        return [(row.seq, row.to_entity()) for row in rows]
+
     def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
         """Oldest first, in batches, without holding the whole set in memory."""
         after = 0
         while True:
-            rows = list(
-                session.scalars(
-                    select(RecordRow)
-                    .where(self._filtered(flt), RecordRow.seq > after)
-                    .order_by(RecordRow.seq)
-                    .limit(batch)
-                )
-            )
-            if not rows:
+            page = self.oldest_after(session, flt, after, batch)
+            if not page:
                 return
-            for row in rows:
-                yield row.to_entity()
-            after = rows[-1].seq
+            for _seq, record in page:
+                yield record
+            after = page[-1][0]
 
     def lexical(
         self, session: Session, flt: RecordFilter, query: str, limit: int

@@ -40,6 +40,8 @@ from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDupli
 
 log = logging.getLogger("engram.shard")
 
+SNAPSHOT_PAGE = 100
+"""Records a SnapshotForRun stream reads per session (at most ~3 MB at 32 KB each)."""
 T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
@@ -417,14 +419,24 @@ class ShardService:
         return VerifyReport(checked, failures)
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
-        """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS."""
+        """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS.
+
+        One short session a page, closed before the page is yielded: a slow reader holds no
+        database connection, so slow readers cannot drain the pool and stall every write.
+        """
         if run_id:
             records.validate_run_id(run_id)
-        with self.db.session() as session:
-            for record in self.repo.scan(session, RecordFilter(principal.fleet_id, run_id=run_id)):
+        flt, after = RecordFilter(principal.fleet_id, run_id=run_id), 0
+        while True:
+            with self.db.session() as session:
+                page = self.repo.oldest_after(session, flt, after, SNAPSHOT_PAGE)
+            for _seq, record in page:
                 if verify:
                     records.verify(record)
                 yield record
+            if len(page) < SNAPSHOT_PAGE:
+                return
+            after = page[-1][0]
 
     # -- status -------------------------------------------------------------
 

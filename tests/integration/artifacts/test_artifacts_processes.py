@@ -100,7 +100,8 @@ def test_cli_against_service_process_with_s3_blobs(
         stored = cli("artifacts", "put", str(source), "--run", "cli-run", "--step", "s1",
                      "--meta", '{"k": 1}')
         assert isinstance(stored, dict)
-        assert stored["path"] == "runs/cli-run/s1/data.bin"
+        artifact_id = stored["artifact_id"]
+        assert stored["path"] == f"fleets/fleet-cli/runs/cli-run/s1/{artifact_id}/data.bin"
         out = tmp_path / "back.bin"
         cli("artifacts", "get", str(stored["artifact_id"]), "-o", str(out))
         assert out.read_bytes() == source.read_bytes()
@@ -109,12 +110,14 @@ def test_cli_against_service_process_with_s3_blobs(
         manifest = cli("manifests", "put", '{"window": ["c1"]}', "--run", "cli-run")
         event = cli("events", "append", "cli-run", "tool.called", '{"tool": "search"}',
                     "--manifest", str(manifest["manifest_id"]))
-        assert event["seq"] == "1"  # int64 renders as a string in proto JSON
-        cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
-            str(stored["artifact_id"]))
+        assert event["seq"] == 1  # int64 as a number, not proto JSON's string
+        snapshot = cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                       str(stored["artifact_id"]), "--request-id", "snap-1")
+        assert cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                   str(stored["artifact_id"]), "--request-id", "snap-1") == snapshot
         cli("events", "append", "cli-run", "tool.done", "{}")
         view = cli("rehydrate", "cli-run")
-        assert [e["seq"] for e in view["events"]] == ["2"]  # type: ignore[index]
+        assert [e["seq"] for e in view["events"]] == [2]  # type: ignore[index]
         assert cli("events", "ls", "cli-run")[0]["type"] == "tool.called"  # type: ignore[index]
         assert cli("events", "verify", "cli-run")["intact"] is True
         evidence = cli("evidence", "add", "corp", "idx", "chunk-1", "0", "10")
