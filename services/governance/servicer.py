@@ -55,6 +55,7 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("ListDecisions"): PEOPLE,
     _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
+    _m("BatchGetDecisions"): _GOVERNORS,
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
@@ -63,7 +64,7 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain")},
+        "VerifyChain", "BatchGetDecisions")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -175,6 +176,7 @@ def _candidate(message: pb.WriteCandidate, limits: LimitsSettings) -> Candidate:
         source=message.source, importance=message.importance, tags=tuple(message.tags),
         neighbours=tuple(Neighbour(n.record_id, n.content, n.agent_id, n.score)
                          for n in message.neighbours),
+        metadata=tuple(sorted(message.metadata.items())),
     )
 
 
@@ -325,6 +327,17 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),
             problems=report.problems, extends_since=report.extends_since)
+
+    def BatchGetDecisions(self, request: pb.BatchGetDecisionsRequest,
+                          context: grpc.ServicerContext) -> pb.BatchGetDecisionsResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        if not request.decision_ids:
+            raise InvalidArgument("send at least one decision_id", reason="INVALID_DECISION_IDS")
+        check_limit("decision_ids", len(request.decision_ids), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        decision_ids = [validate_identifier("decision_id", d) for d in request.decision_ids]
+        found = self._service.decisions_by_id(fleet_id, decision_ids)
+        return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

@@ -72,6 +72,7 @@ class RecordText(NamedTuple):
     content: str
     metadata: dict[str, str]
     created_us: int
+    agent_id: str = ""
 
 
 class StoredVector(NamedTuple):
@@ -106,6 +107,7 @@ _RECORD_TEXTS = select(
     RECORDS.c.content,
     RECORDS.c.metadata_json,
     RECORDS.c.created_us,
+    RECORDS.c.agent_id,
 )
 _AFTER = RECORDS.c.seq > bindparam("position")
 # The search index's catch-up runs before every search and every write's duplicate check.
@@ -477,7 +479,7 @@ class ShardRepository:
             rows = session.execute(_TEXTS_AFTER, params)
         return [
             RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
-                       json.loads(row.metadata_json or "{}"), row.created_us)
+                       json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id)
             for row in rows
         ]
 
