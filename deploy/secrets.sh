@@ -55,6 +55,11 @@ for svc in shard compactor; do
   engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service > "$WORK/$svc.token"
   secret "engram-$svc-service-token" --from-file=token="$WORK/$svc.token"
 done
+# One page-token secret per service, shared by its replicas (a token from one works on all).
+for svc in $SERVICES; do
+  python -c 'import secrets; print(secrets.token_hex(32))' > "$WORK/$svc.page-token"
+  secret "engram-$svc-page-token" --from-file=key="$WORK/$svc.page-token"
+done
 secret engram-shard-db --from-literal=url="$ENGRAM_SHARD_DB_URL"
 secret engram-governance-db --from-literal=url="$ENGRAM_GOVERNANCE_DB_URL"
 secret engram-artifacts-db --from-literal=url="$ENGRAM_ARTIFACTS_DB_URL"

@@ -29,6 +29,8 @@ from engram.client.shard import parse_condition
 from engram.shard.v1 import shard_service_pb2 as pb
 
 IMPORT_BATCH = 200
+IMPORT_BATCH_BYTES = 3 * 1024 * 1024
+"""A batch call's records stay under this, below the servers' 4 MiB request limit."""
 
 
 def _client() -> ShardClient:
@@ -406,12 +408,12 @@ def import_(
         ) as progress,
     ):
         task = progress.add_task("import", total=len(inputs))
-        for start in range(0, len(inputs), batch):
-            chunk = inputs[start : start + batch]
+        for start, end in _batches(inputs, batch, IMPORT_BATCH_BYTES):
+            chunk = inputs[start:end]
             # Derived from the lines themselves: re-running an import retries, never duplicates.
             key = (
                 "import:"
-                + hashlib.sha256("\n".join(keys[start : start + batch]).encode()).hexdigest()[:40]
+                + hashlib.sha256("\n".join(keys[start:end]).encode()).hexdigest()[:40]
             )
             for result in client.add_many(chunk, request_id=key).results:
                 created += result.created
@@ -480,3 +482,18 @@ def register(app: typer.Typer) -> None:
     app.command("verify")(verify)
     app.command("import")(import_)
     app.add_typer(domains_app, name="domains")
+
+
+def _batches(inputs: list[pb.RecordInput], most: int, most_bytes: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of each batch: at most ``most`` records and ``most_bytes`` (or one)."""
+    bounds: list[tuple[int, int]] = []
+    start = size = 0
+    for index, message in enumerate(inputs):
+        grows = message.ByteSize() + 8  # the field's tag and length
+        if index > start and (index - start >= most or size + grows > most_bytes):
+            bounds.append((start, index))
+            start, size = index, 0
+        size += grows
+    if start < len(inputs):
+        bounds.append((start, len(inputs)))
+    return bounds

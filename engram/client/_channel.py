@@ -56,16 +56,24 @@ class _ClientTimeout:
 
 
 _CLIENT_TIMEOUT = _ClientTimeout()
+MAX_SEND_BYTES = 4 * 1024 * 1024
+"""The servers' default request limit (ENGRAM_LIMITS_GRPC_RECEIVE_BYTES): a larger request
+fails here, RESOURCE_EXHAUSTED, before it is sent."""
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+"""The servers' default response limit (ENGRAM_LIMITS_GRPC_SEND_BYTES)."""
 
 
 def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | None = None,
-                 tls_key: Path | None = None) -> grpc.Channel:
+                 tls_key: Path | None = None, max_send_bytes: int = MAX_SEND_BYTES,
+                 max_receive_bytes: int = MAX_RECEIVE_BYTES) -> grpc.Channel:
     """Plaintext without ``tls_ca``; TLS with it; mutual TLS with a client cert and key too.
 
     A certificate without its key (or the other way round), or a client certificate without
     the CA that checks the server, is a ``ValueError`` that names the settings to fix.
+    Messages are limited both ways (a server configured for more: raise them to match).
     """
-    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    options = [("grpc.max_send_message_length", max_send_bytes),
+               ("grpc.max_receive_message_length", max_receive_bytes)]
     if (tls_cert is None) != (tls_key is None):
         raise ValueError(
             "a client certificate needs its private key and a key needs its certificate: "
@@ -106,8 +114,10 @@ class BaseClient:
         tls_key: Path | None = None,
         timeout: float = 30.0,
         channel: grpc.Channel | None = None,
+        max_send_bytes: int = MAX_SEND_BYTES,
     ) -> None:
-        self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                                               max_send_bytes=max_send_bytes)
         self.metadata: CallMetadata = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
 

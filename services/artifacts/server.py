@@ -16,6 +16,7 @@ from services.artifacts.servicer import (
 from services.artifacts.settings import ArtifactsSettings
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 
 log = logging.getLogger("engram.artifacts")
@@ -29,7 +30,8 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
     service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds,
-                               limits=settings.limits())
+                               limits=settings.artifact_limits(),
+                               pages=PageTokens.for_service(settings, "artifacts"))
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
     servicer = ArtifactsServicer(service)

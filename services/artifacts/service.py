@@ -71,7 +71,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
 )
-from services.common.pagination import paginate
+from services.common.pagination import PageTokens
 
 log = logging.getLogger("engram.artifacts")
 
@@ -102,8 +102,10 @@ class Rehydration:
 
 class ArtifactsService:
     def __init__(self, database: Database, blobs: BlobStore, retry_delay_s: float = 0.05,
-                 limits: check.ArtifactLimits | None = None) -> None:
+                 limits: check.ArtifactLimits | None = None,
+                 pages: PageTokens | None = None) -> None:
         self.db = database
+        self.pages = pages or PageTokens.ephemeral()
         self.repository = ArtifactsRepository(database.dialect)
         self.blobs = blobs
         self.retry_delay_s = retry_delay_s
@@ -183,7 +185,7 @@ class ArtifactsService:
                                 check.identifier("run_id", run_id))
 
     def list_runs(self, fleet_id: str, page_token: str, page_size: int) -> tuple[list[Run], str]:
-        return paginate(page_token, page_size, {"fleet": fleet_id},
+        return self.pages.paginate(page_token, page_size, {"fleet": fleet_id},
                         lambda after, limit: self._in_session(
                             self.repository.list_runs, fleet_id, after, limit),
                         lambda run: [run.created_us, run.run_id])
@@ -280,7 +282,7 @@ class ArtifactsService:
 
     def list_artifacts(self, fleet_id: str, run_id: str, step_id: str, page_token: str,
                        page_size: int) -> tuple[list[Artifact], str]:
-        return paginate(page_token, page_size,
+        return self.pages.paginate(page_token, page_size,
                         {"fleet": fleet_id, "run": run_id, "step": step_id},
                         lambda after, limit: self._in_run(
                             fleet_id, run_id, self.repository.list_artifacts, fleet_id, run_id,
@@ -369,7 +371,7 @@ class ArtifactsService:
             return self._in_run(fleet_id, checked, self.repository.events_after, fleet_id,
                                 checked, start, limit)
 
-        return paginate(page_token, page_size,
+        return self.pages.paginate(page_token, page_size,
                         {"fleet": fleet_id, "run": run_id, "after": after_seq}, fetch,
                         lambda event: [event.seq])
 
@@ -443,7 +445,7 @@ class ArtifactsService:
 
     def list_snapshots(self, fleet_id: str, run_id: str, page_token: str,
                        page_size: int) -> tuple[list[Snapshot], str]:
-        return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
+        return self.pages.paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
                         lambda after, limit: self._in_run(
                             fleet_id, run_id, self.repository.list_snapshots, fleet_id, run_id,
                             after, limit),
@@ -520,7 +522,7 @@ class ArtifactsService:
 
     def list_evidence(self, fleet_id: str, corpus_id: str, index_id: str, page_token: str,
                       page_size: int) -> tuple[list[Evidence], str]:
-        return paginate(page_token, page_size,
+        return self.pages.paginate(page_token, page_size,
                         {"fleet": fleet_id, "corpus": corpus_id, "index": index_id},
                         lambda after, limit: self._in_session(
                             self.repository.list_evidence, fleet_id, corpus_id, index_id, after,
@@ -560,7 +562,7 @@ class ArtifactsService:
                        page_size: int) -> tuple[list[Manifest], str]:
         if run_id:
             check.identifier("run_id", run_id)
-        return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
+        return self.pages.paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
                         lambda after, limit: self._in_session(
                             self.repository.list_manifests, fleet_id, run_id, after, limit),
                         lambda manifest: [manifest.manifest_id])

@@ -51,7 +51,7 @@ class ArtifactsSettings(ServerSettings):
                             validation_alias=AliasChoices("ENGRAM_LIMITS_JSON_DEPTH"))
     """How deep any JSON document may nest (shared by every service)."""
 
-    def limits(self) -> ArtifactLimits:
+    def artifact_limits(self) -> ArtifactLimits:
         return ArtifactLimits(document_bytes=self.max_document_bytes,
                               metadata_bytes=self.max_metadata_bytes,
                               json_depth=self.json_depth, upload_bytes=self.max_upload_bytes)

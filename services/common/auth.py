@@ -84,6 +84,11 @@ def current_principal() -> Principal:
     return principal
 
 
+def optional_principal() -> Principal | None:
+    """The authenticated caller, or ``None`` outside an authenticated RPC (a public method)."""
+    return _principal.get()
+
+
 def bind_principal(principal: Principal | None) -> contextvars.Token[Principal | None]:
     return _principal.set(principal)
 

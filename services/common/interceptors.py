@@ -1,4 +1,4 @@
-"""Server interceptors: metrics, logging, errors, concurrency, auth, rate, outermost first.
+"""Server interceptors: metrics, logging, errors, concurrency, auth, rate, text, outermost first.
 
 Each wraps the method handler's behaviour function, so one helper
 (:func:`_wrap_handler`) serves the four RPC shapes. Streaming responses are
@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -27,7 +29,7 @@ from services.common.auth import (
     current_principal,
     unbind_principal,
 )
-from services.common.errors import ERROR_DOMAIN, EngramError
+from services.common.errors import ERROR_DOMAIN, EngramError, InvalidArgument
 from services.common.metrics import GrpcMetrics
 
 log = logging.getLogger("engram.rpc")
@@ -324,3 +326,69 @@ class RateLimitInterceptor(_BehaviorInterceptor):
             return behavior(request, context)
 
         return unary
+
+
+def _strings(field: FieldDescriptor, value: Any) -> list[tuple[str, Any]]:
+    """(path suffix, value) of each element of a field: one, a list, or a map's entries."""
+    if field.message_type is not None and field.message_type.GetOptions().map_entry:
+        return [(f"[{key!r}]", item) for key, item in value.items()] + [
+            (f"[{key!r}] (key)", key) for key in value]
+    if field.is_repeated:
+        return [(f"[{i}]", item) for i, item in enumerate(value)]
+    return [("", value)]
+
+
+def nul_field(message: Message) -> str | None:
+    """The path of the first string field of ``message`` (nested too) holding a NUL."""
+    stack: list[tuple[Message, str]] = [(message, "")]
+    while stack:
+        current, prefix = stack.pop()
+        for field, value in current.ListFields():
+            for suffix, item in _strings(field, value):
+                path = f"{prefix}{field.name}{suffix}"
+                if isinstance(item, str):
+                    if "\x00" in item:
+                        return path
+                elif isinstance(item, Message):
+                    stack.append((item, f"{path}."))
+    return None
+
+
+def refuse_nul(message: Any) -> None:
+    path = nul_field(message) if isinstance(message, Message) else None
+    if path is not None:
+        raise InvalidArgument(f"{path} contains a NUL character; text fields may not hold one",
+                              reason="NUL_CHARACTER", metadata={"field": path})
+
+
+class TextInterceptor(_BehaviorInterceptor):
+    """Refuses a NUL character in any string field of any request, before any store sees it.
+
+    Postgres cannot store one in text (an INTERNAL error deep in a write) and SQLite would
+    store what Postgres refuses: one rule for both keeps the contract the same.
+    """
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        def checked(request: Any) -> Any:
+            if isinstance(request, Message):
+                refuse_nul(request)
+                return request
+            return _checked_stream(request)
+
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                yield from behavior(checked(request), context)
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            return behavior(checked(request), context)
+
+        return unary
+
+
+def _checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
+    for request in requests:
+        refuse_nul(request)
+        yield request

@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from services.common.errors import InvalidArgument
+from services.common.tokens import validate_identifier
 
 DEFAULT_JSON_DEPTH = 64
 
@@ -22,12 +23,26 @@ class LimitExceeded(InvalidArgument):
     default_reason = "LIMIT_EXCEEDED"
 
 
-def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "") -> None:
-    """Refuse ``value`` over ``limit``: ``what`` names the thing, ``setting`` the knob."""
+def check_limit(what: str, value: int, limit: int, setting: str, unit: str = "", *,
+                reason: str | None = None) -> None:
+    """Refuse ``value`` over ``limit``: ``what`` names the thing, ``setting`` the knob.
+
+    ``reason`` keeps a reason clients already match on (``CONTENT_TOO_LARGE``); the default
+    is ``LIMIT_EXCEEDED``.
+    """
     if value > limit:
         suffix = f" {unit}" if unit else ""
         raise LimitExceeded(f"{what} is {value}{suffix}, over the limit of {limit}{suffix} "
-                            f"({setting})", metadata={"limit": str(limit), "setting": setting})
+                            f"({setting})", reason=reason,
+                            metadata={"limit": str(limit), "setting": setting})
+
+
+def validate_request_id(request_id: str) -> str:
+    """An idempotency key is an identifier too (it is stored and compared as a key)."""
+    try:
+        return validate_identifier("request_id", request_id)
+    except InvalidArgument as error:
+        raise InvalidArgument(error.message, reason="INVALID_REQUEST_ID") from None
 
 
 def json_depth(text: str) -> int:

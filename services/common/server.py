@@ -1,10 +1,11 @@
 """One function assembles a service's gRPC server, so tests start what production runs.
 
-``build_server(settings, spec)`` wires interceptors (metrics, logging, errors,
-auth), the standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS,
-an optional plaintext health-only port (``health_port``: probes that cannot speak
-TLS) and the ``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to
-NOT_SERVING before draining in-flight calls for ``grace_seconds``.
+``build_server(settings, spec)`` wires interceptors (metrics, logging, errors, concurrency,
+auth, rate, NUL-free text), explicit message size limits (``ENGRAM_LIMITS_GRPC_*``), the
+standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS, an optional
+plaintext health-only port (``health_port``: probes that cannot speak TLS) and the
+``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to NOT_SERVING before
+draining in-flight calls for ``grace_seconds``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from services.common.interceptors import (
     LoggingInterceptor,
     MetricsInterceptor,
     RateLimitInterceptor,
+    TextInterceptor,
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
@@ -246,6 +248,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
                                authorizer.is_public),
         AuthInterceptor(authorizer),
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
+        TextInterceptor(),
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
@@ -254,7 +257,8 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         ),
         interceptors=interceptors,
         options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_receive_message_length", settings.receive_limit()),
+            ("grpc.max_send_message_length", settings.limits.grpc_send_bytes),
             ("grpc.so_reuseport", 0),
         ],
     )

@@ -3,13 +3,15 @@
 Each service subclasses :class:`ServerSettings` with its own ``env_prefix``
 (``ENGRAM_SHARD_``, ``ENGRAM_GOVERNANCE_`` …) for its own fields; the fields
 here that every service shares (``ENGRAM_HOME``, ``ENGRAM_LOG_LEVEL``,
-``ENGRAM_AUTH_PUBLIC_KEY``) keep one name across services. Settings are parsed
+``ENGRAM_AUTH_PUBLIC_KEY``) keep one name across services, and so do the limits on what a
+request may carry (:class:`LimitsSettings`, ``ENGRAM_LIMITS_*``). Settings are parsed
 once in ``main`` and passed down; nothing else reads the environment.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +19,52 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 def _shared(name: str) -> AliasChoices:
     return AliasChoices(name)
+
+
+def _limit(name: str, default: int, description: str) -> Any:
+    return Field(default=default, gt=0, validation_alias=_shared(f"ENGRAM_LIMITS_{name}"),
+                 description=description)
+
+
+_MIB = 1024 * 1024
+
+
+class LimitsSettings(BaseSettings):
+    """What one request may carry, the same in every service (``ENGRAM_LIMITS_*``).
+
+    Over a limit is INVALID_ARGUMENT, reason LIMIT_EXCEEDED, naming the limit and its
+    setting; a message over ``grpc_receive_bytes`` is refused by gRPC (RESOURCE_EXHAUSTED)
+    before it is parsed.
+    """
+
+    model_config = SettingsConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+    grpc_receive_bytes: int = _limit(
+        "GRPC_RECEIVE_BYTES", 4 * _MIB, "largest request message a server accepts")
+    grpc_send_bytes: int = _limit(
+        "GRPC_SEND_BYTES", 64 * _MIB, "largest response message a server sends (a full page "
+        "of records at their largest; the SDK accepts up to this much)")
+    query_bytes: int = _limit("QUERY_BYTES", 8 * 1024, "a search query, UTF-8 bytes")
+    content_bytes: int = _limit("CONTENT_BYTES", 32 * 1024, "a record's content, UTF-8 bytes")
+    metadata_entries: int = _limit("METADATA_ENTRIES", 32, "metadata keys of one record")
+    metadata_bytes: int = _limit(
+        "METADATA_BYTES", 8 * 1024, "a record's metadata, keys and values together, UTF-8 bytes")
+    tags_per_record: int = _limit("TAGS_PER_RECORD", 32, "tags on one record")
+    tag_chars: int = _limit("TAG_CHARS", 64, "characters in one tag")
+    tags_per_filter: int = _limit("TAGS_PER_FILTER", 32, "tags in one list or search filter")
+    json_depth: int = _limit("JSON_DEPTH", 64, "nesting of arrays and objects in a JSON field")
+    json_bytes: int = _limit("JSON_BYTES", 4 * _MIB, "one JSON field, UTF-8 bytes")
+    batch_items: int = _limit(
+        "BATCH_ITEMS", 1000, "records in one batch write, candidates in one gate call, "
+        "agents in one trust lookup")
+    page_size: int = _limit(
+        "PAGE_SIZE", 1000, "the most items one page holds (a larger page_size is lowered "
+        "to it, as AIP-158 asks)")
+    page_token_chars: int = _limit("PAGE_TOKEN_CHARS", 1024, "characters in a page token")
+
+
+LIMIT_DEFAULTS = LimitsSettings.model_construct()
+"""Every limit at its default, read from no environment (domain code's default argument)."""
 
 
 class ServerSettings(BaseSettings):
@@ -66,11 +114,26 @@ class ServerSettings(BaseSettings):
     tls_client_ca: Path | None = Field(
         default=None, description="CA bundle; when set, clients must present a certificate (mTLS)"
     )
+    page_token_key_file: Path | None = Field(
+        default=None,
+        description="the secret (32+ random bytes) that signs this service's page tokens; "
+        "default $ENGRAM_HOME/<service>/page-token.key, created on first start. Replicas of "
+        "one service must share it, or a page token from one fails on another",
+    )
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    max_receive_bytes: int | None = Field(
+        default=None, gt=0,
+        description="this service's largest request message; default "
+        "ENGRAM_LIMITS_GRPC_RECEIVE_BYTES (governance: 64 MiB, for the shard's gate calls)",
+    )
     health_port: int | None = Field(
         default=None,
         description="a plaintext port that serves only grpc.health.v1, for probes that cannot "
         "speak TLS (Kubernetes' native gRPC probes); unset: health is on the main port only",
     )
+
+    def receive_limit(self) -> int:
+        return self.max_receive_bytes or self.limits.grpc_receive_bytes
 
     def public_key_path(self) -> Path:
         return self.auth_public_key or self.home / "auth" / "signing.pub"

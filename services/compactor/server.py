@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.common.startup import StartupError
 from services.compactor.domain.repairs import RepairBackoff
@@ -85,7 +86,8 @@ def _build(settings: CompactorSettings, database: Database,
                                 region_name=settings.blob_region)
     repository = CompactorRepository(database)
     # Interrupted tier work is finished in the background: one failing run delays no start.
-    iteration_log = IterationLog(repository, blobs, settings.tier_config(), repairs=repairs)
+    iteration_log = IterationLog(repository, blobs, settings.tier_config(), repairs=repairs,
+                                 limits=settings.limits)
     repair_loop = TierRepairLoop(iteration_log, settings.tier_repair_interval_seconds)
     gateway = ShardCompactionGateway(settings.shard_addr, _service_token(settings),
                                      settings.shard_timeout_seconds, settings.shard_tls())
@@ -94,7 +96,8 @@ def _build(settings: CompactorSettings, database: Database,
                                   settings.memory_compaction_interval_seconds,
                                   settings.memory_importance_below,
                                   settings.memory_older_than_days)
-    servicer = CompactorServicer(iteration_log, policies)
+    servicer = CompactorServicer(iteration_log, policies,
+                                 PageTokens.for_service(settings, "compactor"))
 
     def start() -> None:
         repair_loop.start()

@@ -40,6 +40,8 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.group_commit import GroupCommit
+from services.common.limits import validate_request_id
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.memory_policy import (
     DEFAULT_IMPORTANCE_BELOW,
@@ -80,7 +82,6 @@ from services.compactor.tiers.warm import WarmArchive
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
-_MAX_REQUEST_ID = 128
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -97,8 +98,10 @@ class IterationLog:
     def __init__(self, repository: CompactorRepository, blobs: BlobStore,
                  config: TierConfig | None = None, hook: StepHook = no_step_hook,
                  repairs: RepairBackoff | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 limits: LimitsSettings = LIMIT_DEFAULTS) -> None:
         self.repo = repository
+        self.limits = limits
         self.repairs = repairs or RepairBackoff(1.0, 300.0)
         self._clock = clock
         self.config = config or TierConfig()
@@ -119,10 +122,9 @@ class IterationLog:
     def record(self, fleet_id: str, run_id: str, item: IterationInput,
                request_id: str = "") -> RecordResult:
         """Append ``item``; a retry with the same ``request_id`` returns what the first recorded."""
-        item = item.validated()
-        if len(request_id) > _MAX_REQUEST_ID:
-            raise InvalidArgument(f"request_id must be at most {_MAX_REQUEST_ID} characters",
-                                  reason="INVALID_REQUEST_ID")
+        item = item.validated(self.limits)
+        if request_id:
+            validate_request_id(request_id)
         request = AppendRequest(fleet_id, run_id, item,
                                 canonical_detail_digest(item.detail_json, item.guardrails_json),
                                 request_id)

@@ -11,7 +11,7 @@ from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
-from services.common.pagination import paginate
+from services.common.pagination import PageTokens
 from services.common.tokens import validate_identifier
 from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
@@ -128,9 +128,11 @@ def _policy_fleet(requested: str) -> str:
 
 
 class CompactorServicer(pb_grpc.CompactorServiceServicer):
-    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner) -> None:
+    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner,
+                 pages: PageTokens | None = None) -> None:
         self._log = log
         self._policies = policies
+        self._pages = pages or PageTokens.ephemeral()
 
     def RecordIteration(self, request: pb.RecordIterationRequest,
                         context: grpc.ServicerContext) -> pb.RecordIterationResponse:
@@ -150,7 +152,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
                              context: grpc.ServicerContext) -> pb.ListRecentIterationsResponse:
         fleet = current_principal().fleet_id
         run_id = _run_id(request.run_id)
-        rows, token = paginate(
+        rows, token = self._pages.paginate(
             request.page_token, request.page_size, {"run": run_id, "fleet": fleet},
             lambda below, limit: self._log.recent(fleet, run_id,
                                                   int(below[0]) if below else None, limit),
@@ -171,7 +173,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
             end = min(first + limit - 1, last_iter)
             return self._log.summaries(fleet, run_id, first, end) if first <= end else []
 
-        lines, token = paginate(
+        lines, token = self._pages.paginate(
             request.page_token, request.page_size,
             {"run": run_id, "fleet": fleet, "start": request.start_iteration},
             fetch, lambda line: [line.iteration])
@@ -224,7 +226,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
     def ListPolicyRuns(self, request: pb.ListPolicyRunsRequest,
                        context: grpc.ServicerContext) -> pb.ListPolicyRunsResponse:
         fleet = _policy_fleet(request.fleet_id)
-        runs, token = paginate(
+        runs, token = self._pages.paginate(
             request.page_token, request.page_size, {"fleet": fleet},
             lambda after, limit: self._policies.runs(
                 fleet, (int(after[0]), str(after[1])) if after else None, limit),

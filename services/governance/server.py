@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
 from services.governance.servicer import (
@@ -43,7 +44,8 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(service)
+    servicer = GovernanceServicer(service, pages=PageTokens.for_service(settings, "governance"),
+                                  limits=settings.limits)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],

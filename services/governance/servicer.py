@@ -19,7 +19,9 @@ from services.common.auth import (
     target_fleet,
 )
 from services.common.errors import InvalidArgument, PermissionDenied
-from services.common.pagination import paginate
+from services.common.limits import check_limit, validate_request_id
+from services.common.pagination import PageTokens
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.governance.domain.decisions import Decision
 from services.governance.domain.rules import (
@@ -35,7 +37,6 @@ from services.governance.service import GovernanceService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
-MAX_CANDIDATES = 1000
 MAX_NEIGHBOURS = 50
 
 
@@ -156,10 +157,17 @@ def rule_kind_and_params(message: pb.Rule) -> tuple[RuleKind, dict[str, Any]]:
     return kind, validate_params(kind, raw)
 
 
-def _candidate(message: pb.WriteCandidate) -> Candidate:
+def _candidate(message: pb.WriteCandidate, limits: LimitsSettings) -> Candidate:
     if not message.record_id or not message.content_hash:
         raise InvalidArgument("every candidate needs record_id and content_hash",
                               reason="INVALID_CANDIDATE")
+    validate_identifier("record_id", message.record_id)
+    if message.run_id:
+        validate_identifier("run_id", message.run_id)
+    check_limit("a candidate's content", len(message.content.encode()), limits.content_bytes,
+                "ENGRAM_LIMITS_CONTENT_BYTES", "bytes")
+    check_limit("a candidate's tags", len(message.tags), limits.tags_per_record,
+                "ENGRAM_LIMITS_TAGS_PER_RECORD", "tags")
     if len(message.neighbours) > MAX_NEIGHBOURS:
         raise InvalidArgument(f"at most {MAX_NEIGHBOURS} neighbours per candidate")
     return Candidate(
@@ -182,8 +190,11 @@ def _is_plain_agent(principal: Principal) -> bool:
 
 
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
-    def __init__(self, service: GovernanceService) -> None:
+    def __init__(self, service: GovernanceService, *, pages: PageTokens | None = None,
+                 limits: LimitsSettings = LIMIT_DEFAULTS) -> None:
         self._service = service
+        self._pages = pages or PageTokens.ephemeral(limits)
+        self._limits = limits
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
@@ -193,10 +204,12 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         if not request.request_id or len(request.request_id) > 128:
             raise InvalidArgument("request_id is required (1..128 characters) so a retry "
                                   "does not record a second decision", reason="REQUEST_ID_REQUIRED")
-        if not 0 < len(request.candidates) <= MAX_CANDIDATES:
-            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} candidates, got "
-                                  f"{len(request.candidates)}")
-        candidates = [_candidate(c) for c in request.candidates]
+        validate_request_id(request.request_id)
+        if not request.candidates:
+            raise InvalidArgument("send at least one candidate", reason="INVALID_CANDIDATE")
+        check_limit("candidates", len(request.candidates), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        candidates = [_candidate(c, self._limits) for c in request.candidates]
         if request.neighbours_omitted and any(c.neighbours for c in candidates):
             raise InvalidArgument("neighbours_omitted is set but candidates carry neighbours; "
                                   "send all of them with neighbours_omitted false",
@@ -224,9 +237,10 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                       context: grpc.ServicerContext) -> pb.BatchGetTrustResponse:
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=is_gate_caller(principal))
-        if len(request.agent_ids) > MAX_CANDIDATES:
-            raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
-        trusts = self._service.trust_of(fleet_id, [a for a in request.agent_ids if a])
+        check_limit("agent_ids", len(request.agent_ids), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        agent_ids = [validate_identifier("agent_id", a) for a in request.agent_ids if a]
+        trusts = self._service.trust_of(fleet_id, agent_ids)
         return pb.BatchGetTrustResponse(trusts=[trust_to_proto(t) for t in trusts.values()])
 
     def SetTier(self, request: pb.SetTierRequest,
@@ -246,6 +260,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         principal = current_principal()
         fleet_id = target_fleet(principal, request.rule.fleet_id)
         kind, params = rule_kind_and_params(request.rule)
+        if request.request_id:
+            validate_request_id(request.request_id)
         rule = Rule(
             rule_id=self._service.allocate_rule_id(fleet_id, request.request_id),
             fleet_id=fleet_id, kind=kind, params=params,
@@ -259,7 +275,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def ListRules(self, request: pb.ListRulesRequest,
                   context: grpc.ServicerContext) -> pb.ListRulesResponse:
         fleet_id = target_fleet(current_principal(), request.fleet_id)
-        rules, token = paginate(
+        rules, token = self._pages.paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id},
             lambda after, limit: self._service.list_rules(
                 fleet_id, str(after[0]) if after else None, limit),
@@ -272,8 +288,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         self._service.require_writable()
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
-        if not request.rule_id:
-            raise InvalidArgument("rule_id is required")
+        validate_identifier("rule_id", request.rule_id)
         self._service.delete_rule(fleet_id, request.rule_id, principal.agent_id)
         return pb.DeleteRuleResponse(rule_id=request.rule_id)
 
@@ -287,7 +302,9 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 raise PermissionDenied("agents may list only their own decisions",
                                        reason="NOT_OWN_DECISIONS")
             agent_id = principal.agent_id
-        decisions, token = paginate(
+        if agent_id:
+            validate_identifier("agent_id", agent_id)
+        decisions, token = self._pages.paginate(
             request.page_token, request.page_size, {"fleet_id": fleet_id, "agent_id": agent_id},
             lambda before, limit: self._service.list_decisions(
                 fleet_id, agent_id or None, int(before[0]) if before else None, limit),
@@ -314,10 +331,12 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def BatchGetDecisions(self, request: pb.BatchGetDecisionsRequest,
                           context: grpc.ServicerContext) -> pb.BatchGetDecisionsResponse:
         fleet_id = target_fleet(current_principal(), request.fleet_id)
-        if not 0 < len(request.decision_ids) <= MAX_CANDIDATES:
-            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} decision_ids, got "
-                                  f"{len(request.decision_ids)}", reason="INVALID_DECISION_IDS")
-        found = self._service.decisions_by_id(fleet_id, list(request.decision_ids))
+        if not request.decision_ids:
+            raise InvalidArgument("send at least one decision_id", reason="INVALID_DECISION_IDS")
+        check_limit("decision_ids", len(request.decision_ids), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS")
+        decision_ids = [validate_identifier("decision_id", d) for d in request.decision_ids]
+        found = self._service.decisions_by_id(fleet_id, decision_ids)
         return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
 
 

@@ -16,6 +16,10 @@ class GovernanceSettings(ServerSettings):
     db_url: str | None = None
     """Default: sqlite under $ENGRAM_HOME/governance/governance.db."""
     migrate: bool = True
+    max_receive_bytes: int | None = 64 * 1024 * 1024
+    """A gate call carries a whole write batch and, for contradiction rules, each record's
+    neighbours: more than one client request may hold (4 MiB by default)."""
+
     def database_url(self) -> str:
         default = (self.data_dir("governance") / "governance.db").resolve()
         return self.db_url or f"sqlite:///{default}"

@@ -37,6 +37,7 @@ log = logging.getLogger("engram.shard.trust")
 DEFAULT_TTL_SECONDS = 1.5
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
+GATE_SEND_BYTES = 64 * 1024 * 1024
 _UNNAMED = "(address not given)"
 _TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
@@ -181,7 +182,9 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     ``tls``: plaintext when absent or without a CA; TLS, or mutual TLS with a cert and key."""
     token = token_file.read_text().strip()
     files = tls or TlsFiles()
-    gate_client = GovernanceClient(address, token, timeout=gate_timeout, **files)
+    # A batch with its neighbours can outgrow a client request (governance takes 64 MiB).
+    gate_client = GovernanceClient(address, token, timeout=gate_timeout,
+                                   max_send_bytes=GATE_SEND_BYTES, **files)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
     return (GovernanceGate(gate_client, address=address),

@@ -27,6 +27,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -170,6 +172,11 @@ _RECORD_USAGE = (
 class ShardRepository:
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
+        dialect_insert = pg_insert if dialect == "postgresql" else sqlite_insert
+        # A request_id claimed concurrently (same group, or another replica): no error, and
+        # RETURNING says whether this claim is the one stored.
+        self._claim_request = (dialect_insert(WriteRequestRow).on_conflict_do_nothing()
+                               .returning(WriteRequestRow.digest))
 
     # -- writes -------------------------------------------------------------
 
@@ -233,7 +240,7 @@ class ShardRepository:
             return None
         return row.digest, list(json.loads(row.record_ids_json))
 
-    def save_request(
+    def claim_request(
         self,
         session: Session,
         fleet_id: str,
@@ -242,17 +249,21 @@ class ShardRepository:
         digest: str,
         record_ids: Sequence[str],
         now_us: int,
-    ) -> None:
-        session.add(
-            WriteRequestRow(
-                fleet_id=fleet_id,
-                agent_id=agent_id,
-                request_id=request_id,
-                digest=digest,
-                record_ids_json=json.dumps(list(record_ids)),
-                created_us=now_us,
-            )
-        )
+    ) -> str | None:
+        """Record a request_id; ``None`` if this call stored it, else the digest stored first.
+
+        On Postgres a claim racing an uncommitted one waits for it, then reads what it stored.
+        """
+        stored = session.execute(self._claim_request, {
+            "fleet_id": fleet_id, "agent_id": agent_id, "request_id": request_id,
+            "digest": digest, "record_ids_json": json.dumps(list(record_ids)),
+            "created_us": now_us,
+        }).first()
+        if stored is not None:
+            return None
+        found = self.find_request(session, fleet_id, agent_id, request_id)
+        assert found is not None, "a conflicting request row must be visible after the wait"
+        return found[0]
 
     # -- domains ------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.common.db import Database
+from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
 from services.shard.ports import TrustSource, WriteGate
@@ -76,7 +77,8 @@ def build_shard_server(
     # The in-memory index serves every search mode; without a provider it is lexical only.
     index = SearchIndex(database, provider, niceness=settings.index_niceness)
     service = ShardService(database, gate=gate, trust=trust, index=index,
-                           dedup=settings.dedup, dedup_similarity=settings.dedup_similarity)
+                           dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,
+                           limits=settings.limits)
 
     def stop() -> None:
         index.stop()
@@ -84,8 +86,9 @@ def build_shard_server(
             provider.close()  # the embedder's child process, if it runs in one
         database.dispose()
 
-    servicer = ShardServicer(service, MemoryCompactor(service), FilterLimits(
-        settings.filter_max_metadata, settings.filter_max_tags))
+    servicer = ShardServicer(service, MemoryCompactor(service),
+                             PageTokens.for_service(settings, "shard"),
+                             FilterLimits(settings.filter_max_metadata, settings.filter_max_tags))
     spec = ServiceSpec(
         name="shard",
         full_names=[SERVICE_NAME],

@@ -20,7 +20,9 @@ from typing import TypeVar
 from services.common.db import Database
 from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
 from services.common.group_commit import GroupCommit
-from services.common.tokens import Principal
+from services.common.limits import check_limit, validate_request_id
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
 from services.shard.domain.domains import (
     DEFAULT_DOMAINS,
@@ -38,7 +40,6 @@ from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDupli
 
 log = logging.getLogger("engram.shard")
 
-MAX_BATCH = 1000
 SNAPSHOT_PAGE = 100
 """Records a SnapshotForRun stream reads per session (at most ~3 MB at 32 KB each)."""
 T = TypeVar("T")
@@ -93,8 +94,10 @@ class ShardService:
         clock: Callable[[], float] = time.time,
         dedup: str = "off",
         dedup_similarity: float = 0.97,
+        limits: LimitsSettings = LIMIT_DEFAULTS,
     ) -> None:
         self.db = database
+        self.limits = limits
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
         self.gate = gate
@@ -150,15 +153,14 @@ class ShardService:
               request_id: str = "") -> list[WriteResult]:
         if not drafts:
             raise InvalidArgument("no records to write", reason="EMPTY_BATCH")
-        if len(drafts) > MAX_BATCH:
-            raise InvalidArgument(f"a batch holds at most {MAX_BATCH} records, got {len(drafts)}",
-                                  reason="BATCH_TOO_LARGE")
-        if len(request_id) > 128:
-            raise InvalidArgument("request_id is longer than 128 characters",
-                                  reason="INVALID_REQUEST_ID")
+        check_limit("a batch", len(drafts), self.limits.batch_items, "ENGRAM_LIMITS_BATCH_ITEMS",
+                    "records", reason="BATCH_TOO_LARGE")
+        if request_id:
+            validate_request_id(request_id)
         fleet, agent = principal.fleet_id, principal.agent_id
-        normalized = [_at_index(i, len(drafts), records.normalize_draft, d)
-                      for i, d in enumerate(drafts)]
+        normalized = [_at_index(i, len(drafts),
+                                lambda d: records.normalize_draft(d, self.limits), draft)
+                      for i, draft in enumerate(drafts)]
         digest = _digest(normalized)
         if request_id:
             replay = self._replay(fleet, agent, request_id, digest)
@@ -260,9 +262,7 @@ class ShardService:
                 return None
             recorded_digest, ids = found
             if recorded_digest != digest:
-                raise InvalidArgument(
-                    f"request_id {request_id!r} was already used for different records; "
-                    "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+                raise _request_id_reused(request_id)
             stored = self.repo.by_ids(session, fleet, ids)
         return [WriteResult(stored[i], created=False) for i in ids if i in stored]
 
@@ -336,16 +336,19 @@ class ShardService:
             inserted: set[str] = set()
             usage: dict[tuple[str, str], int] = {}
             for job in jobs:
+                if job.request_id:
+                    # Claimed before the records go in: a refused reuse stores nothing.
+                    recorded = self.repo.claim_request(
+                        session, job.fleet_id, job.agent_id, job.request_id, job.digest,
+                        list(job.request_ids or [r.id for r in job.records]),
+                        int(now * 1_000_000))
+                    if recorded is not None and recorded != job.digest:
+                        raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
                 self.repo.insert(session, fresh)
                 inserted.update(r.id for r in fresh)
                 for r in fresh:
                     usage[(job.fleet_id, r.domain)] = usage.get((job.fleet_id, r.domain), 0) + 1
-                if job.request_id:
-                    self.repo.save_request(session, job.fleet_id, job.agent_id, job.request_id,
-                                           job.digest,
-                                           list(job.request_ids or [r.id for r in job.records]),
-                                           int(now * 1_000_000))
                 results.append([
                     WriteResult(already.get(r.id, r), created=r.id not in already)
                     for r in job.records
@@ -362,19 +365,33 @@ class ShardService:
     # -- reads --------------------------------------------------------------
 
     def get(self, principal: Principal, record_id: str) -> Record:
+        record_id = validate_identifier("id", record_id.strip())
         with self.db.session() as session:
-            found = self.repo.get(session, principal.fleet_id, record_id.strip())
+            found = self.repo.get(session, principal.fleet_id, record_id)
         if found is None:
             raise NotFound(f"no record {record_id!r} in fleet {principal.fleet_id}",
                            reason="RECORD_NOT_FOUND", metadata={"record_id": record_id})
         return found
 
+    def check_filter(self, run_id: str | None, agent_id: str, tags: Sequence[str]) -> None:
+        """A list or search filter's ids are identifiers, and its tags within the limits."""
+        if run_id:
+            records.validate_run_id(run_id)
+        if agent_id:
+            validate_identifier("agent_id", agent_id)
+        records.check_tags("the filter's tags", tuple(tags), self.limits.tags_per_filter,
+                           "ENGRAM_LIMITS_TAGS_PER_FILTER", self.limits)
+
     def list_records(self, flt: RecordFilter, before_seq: int | None,
              limit: int) -> list[tuple[int, Record]]:
+        self.check_filter(flt.run_id, flt.agent_id, flt.tags)
         with self.db.session() as session:
             return self.repo.page(session, flt, before_seq, limit)
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
+        check_limit("the query", len(query.text.encode()), self.limits.query_bytes,
+                    "ENGRAM_LIMITS_QUERY_BYTES", "bytes")
+        self.check_filter(query.run_id, "", query.tags)
         return self.search_engine.search(query)
 
     # -- integrity ----------------------------------------------------------
@@ -383,6 +400,10 @@ class ShardService:
         if not ids and not everything:
             raise InvalidArgument("name record ids to verify, or ask for all",
                                   reason="NOTHING_TO_VERIFY")
+        check_limit("ids to verify", len(ids), self.limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", "ids")
+        for record_id in ids:
+            validate_identifier("id", record_id)
         failures: list[EngramError] = []
         checked = 0
         with self.db.session() as session:
@@ -409,6 +430,8 @@ class ShardService:
         One short session a page, closed before the page is yielded: a slow reader holds no
         database connection, so slow readers cannot drain the pool and stall every write.
         """
+        if run_id:
+            records.validate_run_id(run_id)
         flt, after = RecordFilter(principal.fleet_id, run_id=run_id), 0
         while True:
             with self.db.session() as session:
@@ -459,10 +482,15 @@ def _digest(drafts: Sequence[RecordDraft]) -> str:
     return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
 
 
+def _request_id_reused(request_id: str) -> InvalidArgument:
+    return InvalidArgument(f"request_id {request_id!r} was already used for different records; "
+                           "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+
+
 def _gate_key(request_id: str, digest: str) -> str:
-    """``request_id`` bound to the request's body (within governance's 128 characters); empty
-    without one (the gate then mints a fresh key)."""
-    return f"{request_id[:100]}~{digest[:24]}" if request_id else ""
+    """``request_id`` bound to the request's body (an identifier within governance's 128
+    characters: ``:`` joins them); empty without one (the gate then mints a fresh key)."""
+    return f"{request_id[:100]}:{digest[:24]}" if request_id else ""
 
 
 def _indexed(index: int, total: int, error: EngramError) -> EngramError:

@@ -21,7 +21,7 @@ from services.common.auth import (
     target_fleet,
 )
 from services.common.errors import InvalidArgument
-from services.common.pagination import paginate
+from services.common.pagination import PageTokens
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
@@ -208,9 +208,11 @@ def record_filter(fleet_id: str, flt: pb.RecordFilter, limits: FilterLimits, *,
 
 class ShardServicer(pb_grpc.ShardServiceServicer):
     def __init__(self, service: ShardService, compactor: MemoryCompactor,
+                 pages: PageTokens | None = None,
                  filter_limits: FilterLimits | None = None) -> None:
         self.service = service
         self.compactor = compactor
+        self.pages = pages or PageTokens.ephemeral()
         self.filter_limits = filter_limits or FilterLimits()
 
     def CreateRecord(
@@ -256,7 +258,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             "before": flt.created_before_us,
             "min_importance": flt.min_importance,
         }
-        rows, next_token = paginate(
+        rows, next_token = self.pages.paginate(
             request.page_token, request.page_size, filters,
             lambda after, limit: self.service.list_records(
                 flt, int(after[0]) if after else None, limit),
@@ -304,7 +306,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         status = self.service.status(principal)
         incoming = status.incoming
         domains = sorted(status.domains, key=lambda d: d.name)
-        page, next_token = paginate(
+        page, next_token = self.pages.paginate(
             request.page_token, request.page_size, {"fleet": principal.fleet_id},
             lambda after, limit: [d for d in domains
                                   if after is None or d.name > str(after[0])][:limit],

@@ -17,8 +17,9 @@ from typing import Any
 
 from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
+from services.common.limits import parse_json
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 
-MAX_DETAIL_BYTES = 16 * 1024 * 1024
 _MAX_TEXT = 256
 
 
@@ -41,14 +42,11 @@ def canonical_detail_digest(detail_json: str, guardrails_json: str) -> str:
     return sha256_hex(f'{{"detail":{detail_json},"guardrails":{guardrails_json}}}')
 
 
-def canonical_value(text: str, what: str) -> str:
-    """Parse a JSON value and return its canonical text; refuse what is not JSON."""
-    if len(text.encode()) > MAX_DETAIL_BYTES:
-        raise InvalidArgument(f"{what} is larger than {MAX_DETAIL_BYTES} bytes")
-    try:
-        return canonical_json(json.loads(text or "null"))
-    except ValueError as exc:
-        raise InvalidArgument(f"{what} is not valid JSON: {exc}", reason="INVALID_JSON") from None
+def canonical_value(text: str, what: str, limits: LimitsSettings = LIMIT_DEFAULTS) -> str:
+    """Parse a JSON value within the size and depth limits and return its canonical text."""
+    return canonical_json(parse_json(text or "null", what, max_bytes=limits.json_bytes,
+                                     setting="ENGRAM_LIMITS_JSON_BYTES",
+                                     max_depth=limits.json_depth))
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class IterationInput:
     detail_json: str
     guardrails_json: str
 
-    def validated(self) -> IterationInput:
+    def validated(self, limits: LimitsSettings = LIMIT_DEFAULTS) -> IterationInput:
         """A copy with canonical JSON detail; raises ``InvalidArgument`` on bad input."""
         if self.iteration < 0:
             raise InvalidArgument(f"iteration must be >= 1 (0 = next), got {self.iteration}")
@@ -83,8 +81,9 @@ class IterationInput:
             raise InvalidArgument("risk_score must be a finite number")
         return IterationInput(
             **{**self.__dict__,
-               "detail_json": canonical_value(self.detail_json, "detail_json"),
-               "guardrails_json": canonical_value(self.guardrails_json, "guardrails_json")}
+               "detail_json": canonical_value(self.detail_json, "detail_json", limits),
+               "guardrails_json": canonical_value(self.guardrails_json, "guardrails_json",
+                                                  limits)}
         )
 
 

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field, replace
 
 from services.common.canonical import canonical_bytes
 from services.common.errors import IntegrityError, InvalidArgument
+from services.common.limits import check_limit
+from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.tokens import validate_identifier
 
-MAX_CONTENT_BYTES = 32 * 1024
-MAX_TAGS = 32
-MAX_TAG_LEN = 64
+MAX_CONTENT_BYTES = LIMIT_DEFAULTS.content_bytes
+"""The default content limit; a compaction summary is cut to it."""
 MAX_SOURCE_LEN = 64
-MAX_METADATA_ENTRIES = 32
-MAX_METADATA_BYTES = 8 * 1024
-MAX_RUN_ID_LEN = 128
 DEFAULT_IMPORTANCE = 0.5
 ID_HEX_LEN = 32
 
@@ -129,46 +128,36 @@ def verify(record: Record) -> None:
         )
 
 
-def normalize_draft(draft: RecordDraft) -> RecordDraft:
+def normalize_draft(draft: RecordDraft, limits: LimitsSettings = LIMIT_DEFAULTS) -> RecordDraft:
     """Validate a draft; return it normalised (NFC content, sorted unique tags)."""
     content = unicodedata.normalize("NFC", draft.content)
     if not content.strip():
         raise InvalidArgument("content is empty; a memory needs some text", reason="EMPTY_CONTENT")
-    size = len(content.encode("utf-8"))
-    if size > MAX_CONTENT_BYTES:
-        raise InvalidArgument(
-            f"content is {size} bytes; the limit is {MAX_CONTENT_BYTES} bytes "
-            "(store large payloads as artifacts and reference them)",
-            reason="CONTENT_TOO_LARGE",
-        )
+    check_limit("content (store large payloads as artifacts and reference them)",
+                len(content.encode("utf-8")), limits.content_bytes, "ENGRAM_LIMITS_CONTENT_BYTES",
+                "bytes", reason="CONTENT_TOO_LARGE")
     importance = float(draft.importance)
     if math.isnan(importance) or not 0.0 <= importance <= 1.0:
         raise InvalidArgument(
             f"importance must be between 0 and 1, got {draft.importance}",
             reason="IMPORTANCE_OUT_OF_RANGE",
         )
-    if len(draft.run_id) > MAX_RUN_ID_LEN or any(c.isspace() for c in draft.run_id):
-        raise InvalidArgument(
-            f"run_id must be at most {MAX_RUN_ID_LEN} characters without spaces",
-            reason="INVALID_RUN_ID",
-        )
+    if draft.run_id:
+        validate_run_id(draft.run_id)
     tags = tuple(sorted({t.strip() for t in draft.tags if t.strip()}))
-    if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG_LEN for t in tags):
-        raise InvalidArgument(
-            f"at most {MAX_TAGS} tags of at most {MAX_TAG_LEN} characters each",
-            reason="INVALID_TAGS",
-        )
+    check_tags("tags", tags, limits.tags_per_record, "ENGRAM_LIMITS_TAGS_PER_RECORD", limits,
+               reason="INVALID_TAGS")
     source = draft.source.strip() or "manual"
     if len(source) > MAX_SOURCE_LEN:
         raise InvalidArgument(
             f"source is longer than {MAX_SOURCE_LEN} characters", reason="INVALID_SOURCE"
         )
-    metadata_size = sum(len(k) + len(v) for k, v in draft.metadata.items())
-    if len(draft.metadata) > MAX_METADATA_ENTRIES or metadata_size > MAX_METADATA_BYTES:
-        raise InvalidArgument(
-            f"metadata is limited to {MAX_METADATA_ENTRIES} entries and {MAX_METADATA_BYTES} bytes",
-            reason="METADATA_TOO_LARGE",
-        )
+    check_limit("metadata", len(draft.metadata), limits.metadata_entries,
+                "ENGRAM_LIMITS_METADATA_ENTRIES", "entries", reason="METADATA_TOO_LARGE")
+    check_limit("metadata (keys and values)",
+                sum(len(k.encode()) + len(v.encode()) for k, v in draft.metadata.items()),
+                limits.metadata_bytes, "ENGRAM_LIMITS_METADATA_BYTES", "bytes",
+                reason="METADATA_TOO_LARGE")
     return replace(
         draft,
         content=content,
@@ -177,3 +166,20 @@ def normalize_draft(draft: RecordDraft) -> RecordDraft:
         source=source,
         domain=draft.domain.strip().lower(),
     )
+
+
+def validate_run_id(run_id: str) -> str:
+    """A run id is an identifier (no spaces, no control characters, not ``..``)."""
+    try:
+        return validate_identifier("run_id", run_id)
+    except InvalidArgument as error:
+        raise InvalidArgument(error.message, reason="INVALID_RUN_ID") from None
+
+
+def check_tags(what: str, tags: tuple[str, ...], most: int, setting: str,
+               limits: LimitsSettings, *, reason: str | None = None) -> None:
+    """At most ``most`` tags, each at most ``limits.tag_chars`` characters."""
+    check_limit(what, len(tags), most, setting, "tags", reason=reason)
+    longest = max((len(t) for t in tags), default=0)
+    check_limit(f"a tag in {what}", longest, limits.tag_chars, "ENGRAM_LIMITS_TAG_CHARS",
+                "characters", reason=reason)

@@ -82,7 +82,9 @@ def test_bad_ids_are_invalid_argument(artifacts_server: RunningArtifacts, bad: s
                  lambda: client.create_snapshot("run-1", {}, request_id=bad),
                  lambda: client.upload(iter([b"x"]), run_id="run-1", step_id=bad, name="a"),
                  lambda: client.create_evidence(bad, "i", "k", 0, 1)):
-        assert _refused(call).reason in ("INVALID_IDENTIFIER", "INVALID_ARGUMENT")
+        # a NUL is refused at the edge (NUL_CHARACTER) before any id check runs
+        assert _refused(call).reason in ("INVALID_IDENTIFIER", "INVALID_ARGUMENT",
+                                         "NUL_CHARACTER")
     assert _count(artifacts_server, RunRow) == 1
     assert list(artifacts_server.service.blobs.list()) == []
 

@@ -7,7 +7,11 @@ from typing import Any
 import pytest
 
 from services.common.errors import InvalidArgument
-from services.common.pagination import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, paginate
+from services.common.pagination import DEFAULT_PAGE_SIZE, PageTokens
+from services.common.settings import LimitsSettings
+
+MAX_PAGE_SIZE = LimitsSettings().page_size
+paginate = PageTokens.ephemeral().paginate
 
 ROWS = [(ts, f"id-{ts}") for ts in range(1, 11)]
 

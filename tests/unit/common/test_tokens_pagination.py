@@ -6,7 +6,7 @@ import pytest
 
 from services.common.auth import PUBLIC, Authorizer
 from services.common.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from services.common.pagination import decode_token, encode_token, page_size
+from services.common.pagination import PageTokens
 from services.common.tokens import TokenSigner, TokenVerifier, ensure_keypair
 
 
@@ -60,13 +60,75 @@ def test_authorizer_fails_closed(tmp_path: Path) -> None:
 
 
 def test_page_tokens_are_bound_to_their_query() -> None:
-    token = encode_token([42], {"run": "r1"})
-    assert decode_token(token, {"run": "r1"}) == [42]
-    assert decode_token("", {"run": "r1"}) is None
+    pages = PageTokens.ephemeral()
+    token = pages.encode([42], {"run": "r1"})
+    assert pages.decode(token, {"run": "r1"}) == [42]
+    assert pages.decode("", {"run": "r1"}) is None
     for bad, filters in ((token, {"run": "r2"}), ("%%%", {"run": "r1"}), ("e30", {})):
         with pytest.raises(InvalidArgument) as caught:
-            decode_token(bad, filters)
+            pages.decode(bad, filters)
         assert caught.value.reason == "INVALID_PAGE_TOKEN"
-    assert page_size(0) == 50 and page_size(5000) == 1000
+    assert pages.page_size(0) == 50 and pages.page_size(5000) == 1000
     with pytest.raises(InvalidArgument):
-        page_size(-1)
+        pages.page_size(-1)
+
+
+def _refused(pages: PageTokens, token: str, filters: dict[str, str]) -> str:
+    with pytest.raises(InvalidArgument) as caught:
+        pages.decode(token, filters)
+    assert caught.value.reason == "INVALID_PAGE_TOKEN"
+    return caught.value.message
+
+
+def test_page_tokens_are_signed_and_bound_to_the_caller() -> None:
+    import base64
+    import hashlib
+    import json
+
+    from services.common.auth import bind_principal, unbind_principal
+    from services.common.tokens import Principal
+
+    pages = PageTokens.ephemeral()
+    filters = {"fleet": "f1"}
+    bound = bind_principal(Principal("a1", "f1", frozenset({"agent"})))
+    try:
+        token = pages.encode([7], filters)
+        assert pages.decode(token, filters) == [7]
+        # The old format, forged: the filter digest is a plain hash anyone can compute.
+        digest = hashlib.sha256(json.dumps(filters, sort_keys=True, separators=(",", ":"))
+                                .encode()).hexdigest()[:16]
+        forged = base64.urlsafe_b64encode(json.dumps({"k": [10**9], "f": digest}).encode())
+        assert "not a token this service issued" in _refused(pages, forged.decode(), filters)
+        body, signature = token.split(".")
+        altered = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        altered["k"] = [10**9]
+        altered_body = base64.urlsafe_b64encode(json.dumps(altered).encode()).decode()
+        _refused(pages, f"{altered_body.rstrip('=')}.{signature}", filters)
+        _refused(PageTokens.ephemeral(), token, filters)  # another service's (or replica's) key
+    finally:
+        unbind_principal(bound)
+    other = bind_principal(Principal("a2", "f1", frozenset({"agent"})))
+    try:
+        assert "another caller" in _refused(pages, token, filters)
+    finally:
+        unbind_principal(other)
+
+
+def test_the_page_token_secret_is_made_once_private_or_read_from_the_setting(
+        tmp_path: Path) -> None:
+    from services.common.settings import ServerSettings
+
+    settings = ServerSettings(home=tmp_path)
+    first = PageTokens.for_service(settings, "shard")
+    secret = tmp_path / "shard" / "page-token.key"
+    assert oct(secret.stat().st_mode & 0o777) == "0o600"
+    token = first.encode([1], {})
+    assert PageTokens.for_service(settings, "shard").decode(token, {}) == [1]
+    shared = tmp_path / "shared.key"
+    shared.write_text("s" * 40)
+    replica = ServerSettings(home=tmp_path / "elsewhere", page_token_key_file=shared)
+    one, two = PageTokens.for_service(replica, "shard"), PageTokens.for_service(replica, "shard")
+    assert two.decode(one.encode([3], {}), {}) == [3]
+    shared.write_text("short")
+    with pytest.raises(ValueError, match="page_token_key_file"):
+        PageTokens.for_service(replica, "shard")

@@ -1,0 +1,61 @@
+"""A write retried concurrently with one request_id: every caller gets the first answer."""
+
+from __future__ import annotations
+
+import grpc
+
+from engram.client import EngramRpcError, ShardClient
+from engram.client.shard import record_input
+from engram.shard.v1 import shard_service_pb2 as pb
+from tests.integration.races import at_once
+from tests.integration.shard.conftest import ClientFactory
+
+
+def test_concurrent_create_with_one_request_id_all_get_the_first_answer(
+        client_for: ClientFactory) -> None:
+    clients = [client_for() for _ in range(4)]
+    calls = iter(range(10**6))
+
+    def create() -> pb.CreateRecordResponse:
+        client: ShardClient = clients[next(calls) % len(clients)]
+        return client.add("Retries race; the first answer wins", run_id="run-r",
+                          request_id="req-race")
+
+    results = at_once(create)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    ids = {r.record.id for r in results if isinstance(r, pb.CreateRecordResponse)}
+    assert len(ids) == 1
+    assert len(list(clients[0].list(run_id="run-r"))) == 1
+
+
+def test_concurrent_batch_with_one_request_id_all_get_the_first_answer(
+        client_for: ClientFactory) -> None:
+    client = client_for()
+    records = [record_input(f"batch memory {n} about retries", run_id="run-b") for n in range(5)]
+
+    results = at_once(lambda: client.add_many(records, request_id="req-batch"))
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    answers = {tuple(x.record.id for x in r.results) for r in results
+               if isinstance(r, pb.BatchCreateRecordsResponse)}
+    assert len(answers) == 1 and len(next(iter(answers))) == 5
+    assert len(list(client.list(run_id="run-b"))) == 5
+
+
+def test_concurrent_reuse_of_a_request_id_for_other_records_is_refused_not_internal(
+        client_for: ClientFactory) -> None:
+    client = client_for()
+    calls = iter(range(10**6))
+
+    def create() -> pb.CreateRecordResponse:
+        return client.add(f"different memory number {next(calls)}", run_id="run-u",
+                          request_id="req-reused")
+
+    results = at_once(create)
+    answers = [r for r in results if isinstance(r, pb.CreateRecordResponse)]
+    refused = [r for r in results if isinstance(r, EngramRpcError)]
+    assert len(answers) == 1 and len(refused) == len(results) - 1
+    assert {(e.code, e.reason) for e in refused} == {
+        (grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED")}
+    assert [r.id for r in client.list(run_id="run-u")] == [answers[0].record.id]
