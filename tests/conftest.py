@@ -12,7 +12,12 @@ from typing import TypeVar
 import pytest
 
 from engram.client import BaseClient
-from services.common.tokens import TokenSigner, ensure_keypair
+from services.common.tokens import (
+    AUDIENCES,
+    DEFAULT_AGENT_TTL_SECONDS,
+    TokenSigner,
+    ensure_keypair,
+)
 
 
 def require(available: bool, what: str) -> None:
@@ -68,9 +73,10 @@ def make_token(engram_home: Path) -> TokenFactory:
     signer = TokenSigner.load(engram_home / "auth" / "signing.key")
 
     def issue(
-        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
+        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",),
+        *, ttl_seconds: int = DEFAULT_AGENT_TTL_SECONDS, audience: tuple[str, ...] = AUDIENCES,
     ) -> str:
-        return signer.issue(agent, fleet, set(roles))
+        return signer.issue(agent, fleet, set(roles), ttl_seconds=ttl_seconds, audience=audience)
 
     return issue
 

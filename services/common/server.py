@@ -33,7 +33,7 @@ from services.common.interceptors import (
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
-from services.common.tokens import TokenVerifier
+from services.common.tokens import TokenVerifier, load_public_keys
 
 log = logging.getLogger("engram.server")
 
@@ -154,14 +154,22 @@ def _credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(pair)
 
 
-def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
-    key_path = settings.public_key_path()
-    if not key_path.exists():
+def token_verifier(settings: ServerSettings, audience: str) -> TokenVerifier:
+    """Every verification key the settings name; tokens must name ``audience`` in ``aud``."""
+    try:
+        keys = load_public_keys(settings.public_key_sources())
+    except FileNotFoundError as error:
         raise FileNotFoundError(
-            f"no token public key at {key_path}: run `engram up` once to create the "
-            "deployment's keys, or set ENGRAM_AUTH_PUBLIC_KEY"
-        )
-    verifier = TokenVerifier.load(key_path)
+            f"{error}: run `engram up` once to create the deployment's keys, or set "
+            "ENGRAM_AUTH_PUBLIC_KEY / ENGRAM_AUTH_PUBLIC_KEYS") from None
+    if not keys:
+        raise ValueError("no token public key found in "
+                         f"{[str(p) for p in settings.public_key_sources()]}")
+    return TokenVerifier(keys, audience=audience, leeway_seconds=settings.auth_leeway_seconds)
+
+
+def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
+    verifier = token_verifier(settings, spec.name)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),

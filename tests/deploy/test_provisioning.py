@@ -82,7 +82,8 @@ def test_compose_init_provisions_keys_tokens_and_buckets_once(
     assert admin.roles == {"admin", "governor"} and admin.fleet_id == "default"
     for service in ("shard", "compactor"):
         principal = _verify(run / service / "signing.pub", run / service / f"{service}.token")
-        assert principal == Principal(f"svc-{service}", "system", frozenset({"service"}))
+        assert (principal.agent_id, principal.fleet_id, principal.roles) == (
+            f"svc-{service}", "system", frozenset({"service"}))
     for service in SERVICES:
         files = {p.name for p in (run / service).iterdir()}
         expected = {"signing.pub", f"{service}.token"} if service in ("shard", "compactor") else {
