@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -98,3 +99,23 @@ class GovernanceClient(BaseClient):
 
     def verify_chain(self, since: pb.ChainCheckpoint | None = None) -> pb.VerifyChainResponse:
         return self.call(self.stub.VerifyChain, pb.VerifyChainRequest(since=since))
+
+    def revoke_token(self, jti: str, expire_time: datetime, *, fleet_id: str = "",
+                     agent_id: str = "", reason: str = "") -> pb.RevokeTokenResponse:
+        """Revoke one token (governor role); ``expire_time`` is the token's own exp."""
+        request = pb.RevokeTokenRequest(jti=jti, fleet_id=fleet_id, agent_id=agent_id,
+                                        reason=reason)
+        request.expire_time.FromDatetime(expire_time)
+        return self.call(self.stub.RevokeToken, request)
+
+    def revoke_agent_tokens(self, agent_id: str, *, fleet_id: str = "",
+                            reason: str = "") -> pb.RevokedAgent:
+        """Revoke every token of ``agent_id`` issued up to now (governor role)."""
+        request = pb.RevokeAgentTokensRequest(fleet_id=fleet_id, agent_id=agent_id,
+                                              reason=reason)
+        return self.call(self.stub.RevokeAgentTokens, request).revoked
+
+    def access_restrictions(self, since_version: int = 0) -> pb.ListAccessRestrictionsResponse:
+        """Revoked tokens and agents and suspended agents (service principals only)."""
+        return self.call(self.stub.ListAccessRestrictions,
+                         pb.ListAccessRestrictionsRequest(since_version=since_version))

@@ -8,6 +8,7 @@ from pathlib import Path
 from services.artifacts.service import ArtifactsService
 from services.artifacts.servicer import POLICY, SERVICE_NAME, ArtifactsServicer, add_to_server
 from services.artifacts.settings import ArtifactsSettings
+from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
@@ -26,6 +27,9 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
     servicer = ArtifactsServicer(service)
+    restrictions = governance_restrictions(
+        "artifacts", settings.governance_addr, settings.service_token_file,
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
     def stop() -> None:
         blobs.close()
@@ -37,5 +41,6 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
         on_stop=stop,
+        restrictions=restrictions,
     )
     return build_server(settings, spec), service

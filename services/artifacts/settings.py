@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic_settings import SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.common.settings import ServerSettings
 
 
@@ -32,6 +34,21 @@ class ArtifactsSettings(ServerSettings):
     resolve_retry_delay_seconds: float = 0.05
     """Pause before the one retry of a critical pointer (covers transient I/O)."""
     migrate: bool = True
+    governance_addr: str | None = None
+    """host:port of governance, polled for revoked tokens and suspended agents; unset: they
+    are not refused here (`engram up`, compose and the kustomize base set it)."""
+    service_token_file: Path | None = None
+    """Bearer token (role "service") this process presents to governance."""
+    governance_tls_ca: Path | None = None
+    """CA that signed governance's certificate; set, calls to governance use TLS."""
+    governance_tls_cert: Path | None = None
+    """This service's client certificate, for a governance that requires mutual TLS."""
+    governance_tls_key: Path | None = None
+    """The private key of ``governance_tls_cert``."""
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         default = (self.data_dir("artifacts") / "artifacts.db").resolve()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Mapping
 
+from services.common.access import AccessRestrictions
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.tokens import Principal, TokenVerifier, validate_identifier
 
@@ -47,9 +48,11 @@ def unbind_principal(token: contextvars.Token[Principal | None]) -> None:
 
 
 class Authorizer:
-    def __init__(self, verifier: TokenVerifier, policy: MethodPolicy) -> None:
+    def __init__(self, verifier: TokenVerifier, policy: MethodPolicy,
+                 restrictions: AccessRestrictions | None = None) -> None:
         self._verifier = verifier
         self._policy = dict(policy)
+        self._restrictions = restrictions
 
     def is_public(self, method: str) -> bool:
         return method.startswith(PUBLIC_PREFIXES) or self._policy.get(method) == PUBLIC
@@ -73,6 +76,8 @@ class Authorizer:
                 reason="TOKEN_MISSING",
             )
         principal = self._verifier.verify(token.strip())
+        if self._restrictions is not None:
+            self._restrictions.check(principal, method)
         if not principal.has_any(allowed):
             raise PermissionDenied(
                 f"{method} needs one of the roles {sorted(allowed)}; "

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from services.common.access import AccessRestrictions
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
     AuthInterceptor,
@@ -54,6 +55,8 @@ class ServiceSpec:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ready: Callable[[], bool] = lambda: True
     """Checked at start; a service that is not ready stays NOT_SERVING (e.g. broken chain)."""
+    restrictions: AccessRestrictions | None = None
+    """Revoked tokens and suspended agents, refused on every call; None: not enforced."""
 
 
 class EngramServer:
@@ -80,6 +83,8 @@ class EngramServer:
         return f"{self.settings.host}:{self.port}"
 
     def start(self) -> EngramServer:
+        if self.spec.restrictions is not None:
+            self.spec.restrictions.start()
         self._server.start()
         self.spec.on_start()
         if self._health_server is not None:
@@ -121,6 +126,8 @@ class EngramServer:
         self._server.stop(grace).wait()
         if self._health_server is not None:  # probes saw NOT_SERVING throughout the drain
             self._health_server.stop(0).wait()
+        if self.spec.restrictions is not None:
+            self.spec.restrictions.stop()
         self.spec.on_stop()
         log.info("stopped", extra={"address": self.address})
 
@@ -174,7 +181,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         ErrorInterceptor(),
-        AuthInterceptor(Authorizer(verifier, spec.policy)),
+        AuthInterceptor(Authorizer(verifier, spec.policy, spec.restrictions)),
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(

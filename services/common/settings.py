@@ -44,6 +44,12 @@ class ServerSettings(BaseSettings):
         default=30.0, ge=0, le=600, validation_alias=_shared("ENGRAM_AUTH_LEEWAY_SECONDS"),
         description="clock skew tolerated when checking a token's exp and iat",
     )
+    auth_restrictions_refresh_seconds: float = Field(
+        default=2.0, gt=0, le=300,
+        validation_alias=_shared("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS"),
+        description="how often a service asks governance for revoked tokens and suspended "
+        "agents: a revocation or suspension is enforced everywhere within this plus one call",
+    )
     host: str = "127.0.0.1"
     port: int = 0
     metrics_port: int | None = Field(

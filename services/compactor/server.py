@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
@@ -20,8 +21,12 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 log = logging.getLogger("engram.compactor")
 
 
+def _service_token_file(settings: CompactorSettings) -> Path:
+    return settings.service_token_file or settings.home / "auth" / "compactor.token"
+
+
 def _service_token(settings: CompactorSettings) -> str:
-    path = settings.service_token_file or settings.home / "auth" / "compactor.token"
+    path = _service_token_file(settings)
     if not path.exists():
         raise StartupError(
             f"no service token at {path}: set ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE to a token "
@@ -49,6 +54,9 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
                                   settings.memory_importance_below,
                                   settings.memory_older_than_days)
     servicer = CompactorServicer(iteration_log, policies)
+    restrictions = governance_restrictions(
+        "compactor", settings.governance_addr, _service_token_file(settings),
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
     def stop() -> None:
         schedule.stop()
@@ -62,5 +70,6 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
         policy=POLICY,
         on_start=schedule.start,
         on_stop=stop,
+        restrictions=restrictions,
     )
     return build_server(settings, spec)

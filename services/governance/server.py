@@ -6,10 +6,17 @@ import logging
 import time
 from pathlib import Path
 
+from services.common.access import AccessRestrictions
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
-from services.governance.servicer import POLICY, SERVICE_NAME, GovernanceServicer, add_to_server
+from services.governance.servicer import (
+    POLICY,
+    SERVICE_NAME,
+    SUSPENDED_MAY_CALL,
+    GovernanceServicer,
+    add_to_server,
+)
 from services.governance.settings import GovernanceSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -37,7 +44,14 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
-    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids())
+    # Governance enforces revocations and suspensions from its own store, polled like the
+    # other services poll it (so every replica sees the others' changes within the interval).
+    restrictions = AccessRestrictions(service.access_restrictions,
+                                      refresh_seconds=settings.auth_restrictions_refresh_seconds,
+                                      suspended_may_call=SUSPENDED_MAY_CALL,
+                                      origin="the governance store")
+    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids(),
+                                  restrictions=restrictions)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
@@ -45,5 +59,6 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
         policy=POLICY,
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
+        restrictions=restrictions,
     )
     return build_server(settings, spec)

@@ -9,11 +9,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
+from services.common.access import AccessRestrictions
 from services.common.auth import MethodPolicy, current_principal, target_fleet
 from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.pagination import paginate
-from services.common.tokens import Principal, validate_identifier
+from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
 from services.governance.domain.decisions import Decision
+from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import (
     Candidate,
     Neighbour,
@@ -49,7 +51,12 @@ POLICY: MethodPolicy = {
     _m("ListDecisions"): _PEOPLE,
     _m("GetChainCheckpoint"): _PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
+    _m("RevokeToken"): _GOVERNORS,
+    _m("RevokeAgentTokens"): _GOVERNORS,
+    _m("ListAccessRestrictions"): frozenset({"service"}),
 }
+SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
+"""A suspended agent may still read its own tier (and nothing else, anywhere)."""
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
 }
@@ -175,11 +182,29 @@ def _is_plain_agent(principal: Principal) -> bool:
     return not principal.has_any(frozenset({"governor", "admin", "service"}))
 
 
+def revoked_token_to_proto(revocation: TokenRevocation) -> pb.RevokedToken:
+    return pb.RevokedToken(
+        jti=revocation.jti, expire_time=_timestamp(revocation.expires_ms),
+        fleet_id=revocation.fleet_id, agent_id=revocation.agent_id,
+        revoke_time=_timestamp(revocation.revoked_ms), revoked_by=revocation.revoked_by,
+        reason=revocation.reason)
+
+
+def revoked_agent_to_proto(revocation: AgentRevocation) -> pb.RevokedAgent:
+    return pb.RevokedAgent(
+        fleet_id=revocation.fleet_id, agent_id=revocation.agent_id,
+        issued_before=_timestamp(revocation.issued_before_s * 1000),
+        revoke_time=_timestamp(revocation.revoked_ms), revoked_by=revocation.revoked_by,
+        reason=revocation.reason)
+
+
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def __init__(self, service: GovernanceService, *,
-                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS) -> None:
+                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS,
+                 restrictions: AccessRestrictions | None = None) -> None:
         self._service = service
         self._gate_callers = gate_callers
+        self._restrictions = restrictions
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
@@ -211,8 +236,11 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
         agent_id = request.agent_id or principal.agent_id
+        own = agent_id == principal.agent_id and fleet_id == principal.fleet_id
         if _is_plain_agent(principal) and agent_id != principal.agent_id:
             raise PermissionDenied("agents may read only their own trust", reason="NOT_OWN_TRUST")
+        if not own and self._restrictions is not None:
+            self._restrictions.check(principal, "")  # suspended: only its own tier
         validate_identifier("agent_id", agent_id)
         trust = self._service.trust_of(fleet_id, [agent_id])[agent_id]
         return pb.GetTrustResponse(trust=trust_to_proto(trust))
@@ -310,6 +338,51 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),
             problems=report.problems, extends_since=report.extends_since)
+
+    def RevokeToken(self, request: pb.RevokeTokenRequest,
+                    context: grpc.ServicerContext) -> pb.RevokeTokenResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        jti = validate_identifier("jti", request.jti)
+        if request.agent_id:
+            validate_identifier("agent_id", request.agent_id)
+        if not request.HasField("expire_time"):
+            raise InvalidArgument("expire_time is required: the token's exp claim, so the "
+                                  "revocation is kept exactly as long as the token could be "
+                                  "used", reason="EXPIRE_TIME_REQUIRED")
+        now_ms = self._service.now_ms()
+        expires_ms = request.expire_time.ToMilliseconds()
+        if expires_ms > now_ms + MAX_TTL_SECONDS * 1000:
+            raise InvalidArgument(f"expire_time is more than {MAX_TTL_SECONDS // 86400} days "
+                                  "ahead; no token lives that long", reason="INVALID_EXPIRE_TIME")
+        stored, created = self._service.revoke_token(TokenRevocation(
+            jti=jti, fleet_id=fleet_id, agent_id=request.agent_id, expires_ms=expires_ms,
+            revoked_ms=now_ms, revoked_by=principal.agent_id, reason=request.reason[:1000]))
+        return pb.RevokeTokenResponse(revoked=revoked_token_to_proto(stored), created=created)
+
+    def RevokeAgentTokens(self, request: pb.RevokeAgentTokensRequest,
+                          context: grpc.ServicerContext) -> pb.RevokeAgentTokensResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        agent_id = validate_identifier("agent_id", request.agent_id)
+        revocation = self._service.revoke_agent_tokens(fleet_id, agent_id, principal.agent_id,
+                                                       request.reason[:1000])
+        return pb.RevokeAgentTokensResponse(revoked=revoked_agent_to_proto(revocation))
+
+    def ListAccessRestrictions(self, request: pb.ListAccessRestrictionsRequest,
+                               context: grpc.ServicerContext
+                               ) -> pb.ListAccessRestrictionsResponse:
+        snapshot = self._service.access_snapshot(request.since_version)
+        if snapshot is None:
+            return pb.ListAccessRestrictionsResponse(version=request.since_version,
+                                                     changed=False)
+        return pb.ListAccessRestrictionsResponse(
+            version=snapshot.version, changed=True,
+            revoked_tokens=[revoked_token_to_proto(t) for t in snapshot.tokens],
+            revoked_agents=[revoked_agent_to_proto(a) for a in snapshot.agents],
+            suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

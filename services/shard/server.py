@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.common.access import governance_restrictions
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
@@ -78,6 +79,9 @@ def build_shard_server(
         database.dispose()
 
     servicer = ShardServicer(service, MemoryCompactor(service))
+    restrictions = governance_restrictions(
+        "shard", settings.governance_addr, settings.service_token_file,
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
     spec = ServiceSpec(
         name="shard",
         full_names=[SERVICE_NAME],
@@ -85,5 +89,6 @@ def build_shard_server(
         policy=POLICY,
         on_start=index.start,
         on_stop=stop,
+        restrictions=restrictions,
     )
     return build_server(settings, spec), service
