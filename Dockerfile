@@ -13,8 +13,9 @@ WORKDIR /src
 # Dependencies first, in their own layer: it is rebuilt only when the lockfile changes.
 COPY pyproject.toml requirements.lock ./
 # The lockfile pins every version; -c keeps those pins while installing only the runtime
-# dependencies (the lockfile also holds the dev tools, which the image does not need).
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > runtime.txt \
+# dependencies, the client's and the server extra's (the lockfile also holds the dev tools,
+# which the image does not need).
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" > runtime.txt \
  && /opt/engram/bin/pip install -c requirements.lock -r runtime.txt
 COPY engram ./engram
 COPY services ./services

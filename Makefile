@@ -11,6 +11,7 @@ export ENGRAM_HOME ?= $(CURDIR)/.engram
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
+# requirements.lock pins engram[server,dev]; the checkout itself goes in without re-resolving.
 $(STAMP): pyproject.toml requirements.lock requirements-model.txt
 	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
 		"Engram needs Python 3.11 (found " + sys.version.split()[0] + "); set PY=/path/to/python3.11")'
@@ -20,24 +21,27 @@ $(STAMP): pyproject.toml requirements.lock requirements-model.txt
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install everything from the lockfile
+setup: $(STAMP) ## create .venv and install engram[server,dev] from the lockfile
 
 lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pyproject.toml
-	$(BIN)/uv pip compile pyproject.toml --extra dev --python $(BIN)/python \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --python $(BIN)/python \
 		--index-strategy unsafe-best-match -o requirements.lock
-	$(BIN)/uv pip compile pyproject.toml --extra dev --extra compare -c requirements.lock \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra compare \
+		-c requirements.lock \
 		--python $(BIN)/python --index-strategy unsafe-best-match -o requirements-compare.lock
 
 compare-setup: $(STAMP) ## add Chroma to .venv for `engram bench chroma` (optional)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-compare.lock
 
-protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/
+protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/ (Python and TypeScript)
 	$(BIN)/python tools/gen_protos.py
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run generate
 
 lint: $(STAMP) ## ruff, mypy and buf lint
 	$(BIN)/ruff check services engram tests tools
 	$(BIN)/mypy
 	cd protos && ../$(BIN)/buf lint
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run lint
 
 BREAKING_AGAINST ?= main
 breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (default main)
@@ -46,8 +50,9 @@ breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (defa
 up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
 	$(BIN)/engram up
 
-test: $(STAMP) ## run the whole test suite
+test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's against real services)
 	$(BIN)/python -m pytest -q
+	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
 BENCHES ?= shard gate artifacts compactor search
 bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/

@@ -137,8 +137,8 @@ def _measure(figures: dict[str, object], bar: Progress, task: object, gov_addr: 
         trust.multipliers("bench", _AUTHORS)
         samples.append(time.perf_counter() - start_t)
     figures["cached_multipliers_p95_us"] = round(Latency.of(samples).p95_ms * 1000, 2)
-    for client in (writer, plain_writer, gov, reader_gated, reader_plain):
-        client.close()
+    for opened in (writer, plain_writer, gov, reader_gated, reader_plain):
+        opened.close()
 
 
 def _ratios(f: dict[str, object]) -> None:

@@ -9,7 +9,12 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
+from rich.markup import escape
 
 from engram.client._errors import EngramRpcError
 from engram.client._settings import ClientSettings
@@ -18,7 +23,15 @@ console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
 
-JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+JSON_OPTION = typer.Option(
+    False,
+    "--json",
+    help="Print machine-readable JSON instead of tables: numbers as numbers, each *_json field "
+    "as the JSON it holds under its name without the suffix (metadata_json -> metadata), "
+    "times in RFC 3339 and absent when never set.",
+)
+SERVER_EXTRA = "pip install 'engram[server]'"
+_INT64 = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
 
 _settings: ClientSettings | None = None
 
@@ -35,9 +48,70 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str, ensure_ascii=False) + "\n")
 
 
+def message_dict(message: Message) -> dict[str, Any]:
+    """A message as ``--json`` prints it: proto field names, every field without presence
+    (defaults included), 64-bit integers as numbers (proto JSON makes them strings), each
+    ``<name>_json`` string parsed under ``<name>``, and no time that was never set."""
+    document = MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _plain(message, document)
+
+
+def _plain(message: Message, document: dict[str, Any]) -> dict[str, Any]:
+    plain: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        name = field.name
+        if name not in document:
+            continue
+        value, nested = document[name], field.message_type
+        if nested is not None and nested.full_name == Timestamp.DESCRIPTOR.full_name:
+            if when(getattr(message, name)):
+                plain[name] = value
+        elif name.endswith("_json") and field.type == FieldDescriptor.TYPE_STRING:
+            plain[name.removesuffix("_json")] = _parsed(value)
+        elif field.cpp_type in _INT64:
+            plain[name] = [int(v) for v in value] if field.is_repeated else int(value)
+        elif nested is not None and not nested.GetOptions().map_entry:
+            proto = getattr(message, name)
+            plain[name] = ([_plain(m, d) for m, d in zip(proto, value, strict=True)]
+                           if field.is_repeated else _plain(proto, value))
+        else:
+            plain[name] = value
+    return plain
+
+
+def _parsed(text: str) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def when(stamp: Timestamp) -> str:
+    """RFC 3339, or "" for a time never set (the epoch is what an unset one reads as)."""
+    return stamp.ToJsonString() if stamp.seconds or stamp.nanos else ""
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}")
+    """Print one error line (never wrapped, brackets shown as written); the Exit to raise."""
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+@contextmanager
+def server_extra(command: str) -> Iterator[None]:
+    """Runs a command that needs the services' dependencies; without them installed, one
+    line naming the extra to install and exit 1."""
+    try:
+        yield
+    except ModuleNotFoundError as error:
+        raise fail(
+            f"`engram {command}` needs the server extra: {SERVER_EXTRA} "
+            f"(module {error.name!r} is not installed)"
+        ) from None
 
 
 @contextmanager

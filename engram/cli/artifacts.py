@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import typer
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -26,7 +25,15 @@ from rich.progress import (
 from rich.table import Table
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    message_dict,
+    rpc_errors,
+    with_client,
+)
 from engram.client.artifacts import STOP_STATUSES, ArtifactsClient, file_chunks
 
 artifacts_app = typer.Typer(help="Store and fetch run-scoped artifacts (blobs with hashes).",
@@ -50,11 +57,6 @@ def _client() -> ArtifactsClient:
     )
 
 
-def _dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
-
-
 def _document(value: str) -> str:
     """Inline JSON, or ``@file`` holding it; checked here so mistakes fail before any call."""
     text = Path(value[1:]).read_text() if value.startswith("@") else value
@@ -67,11 +69,12 @@ def _document(value: str) -> str:
 
 def _show(message: Message, as_json: bool, title: str = "") -> None:
     if as_json:
-        emit_json(_dict(message))
+        emit_json(message_dict(message))
         return
     table = Table(title=title or None, show_header=False)
-    for key, value in _dict(message).items():
-        table.add_row(key, json.dumps(value) if isinstance(value, dict | list) else str(value))
+    for key, value in message_dict(message).items():
+        text = "" if value is None else value if isinstance(value, str) else json.dumps(value)
+        table.add_row(key, escape(text))
     console.print(table)
 
 
@@ -107,7 +110,7 @@ def put(
                                  mime_type=mime_type, metadata=_document(meta) if meta else None,
                                  size_bytes=size)
     if as_json:
-        emit_json(_dict(artifact))
+        emit_json(message_dict(artifact))
         return
     console.print(f"stored [bold]{artifact.artifact_id}[/bold] at {artifact.path} "
                   f"({artifact.size_bytes} bytes, sha256 {artifact.hash[:16]}…)")
@@ -131,7 +134,7 @@ def get(
 
         artifact = client.download(artifact_id, output, progress=advance)
     if as_json:
-        emit_json({**_dict(artifact), "output": str(output)})
+        emit_json({**message_dict(artifact), "output": str(output)})
         return
     console.print(f"wrote {artifact.size_bytes} bytes to {output} (sha256 verified)")
 
@@ -154,7 +157,7 @@ def ls(
     with rpc_errors(as_json), _client() as client:
         found = list(client.list_artifacts(run, step))
     if as_json:
-        emit_json([_dict(a) for a in found])
+        emit_json([message_dict(a) for a in found])
         return
     table = Table()
     for column in ("artifact_id", "step", "path", "size", "sha256"):
@@ -173,7 +176,7 @@ def verify(
     with rpc_errors(as_json), _client() as client:
         report = client.verify(run)
     if as_json:
-        emit_json(_dict(report))
+        emit_json(message_dict(report))
     else:
         console.print(f"checked {report.checked} artifacts, {len(report.problems)} problems")
         for p in report.problems:
@@ -194,7 +197,7 @@ def run_start(
     with rpc_errors(as_json), _client() as client:
         reply = client.start_run(run_id, _document(meta) if meta else None)
     if as_json:
-        emit_json({**_dict(reply.run), "created": reply.created})
+        emit_json({**message_dict(reply.run), "created": reply.created})
         return
     console.print(f"{'started' if reply.created else 'already running'} "
                   f"[bold]{reply.run.run_id}[/bold]")
@@ -229,13 +232,13 @@ def run_ls(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         runs = list(client.list_runs())
     if as_json:
-        emit_json([_dict(r) for r in runs])
+        emit_json([message_dict(r) for r in runs])
         return
     table = Table()
     for column in ("run_id", "status", "events", "latest snapshot"):
         table.add_column(column)
     for r in runs:
-        table.add_row(r.run_id, _dict(r)["status"], str(r.event_count), r.latest_snapshot_id)
+        table.add_row(r.run_id, message_dict(r)["status"], str(r.event_count), r.latest_snapshot_id)
     console.print(table)
 
 
@@ -273,7 +276,7 @@ def event_append(
         reply = client.append_event(run_id, type, _document(payload), manifest_id=manifest,
                                     artifact_ids=artifact, request_id=request_id)
     if as_json:
-        emit_json({**_dict(reply.event), "created": reply.created})
+        emit_json({**message_dict(reply.event), "created": reply.created})
         return
     console.print(f"event {reply.event.seq} hash {reply.event.hash[:16]}…"
                   + ("" if reply.created else " (already appended)"))
@@ -289,7 +292,7 @@ def event_ls(
     with rpc_errors(as_json), _client() as client:
         events = list(client.list_events(run_id, after))
     if as_json:
-        emit_json([_dict(e) for e in events])
+        emit_json([message_dict(e) for e in events])
         return
     table = Table()
     for column in ("seq", "type", "payload", "hash"):
@@ -345,7 +348,7 @@ def rehydrate(
     with rpc_errors(as_json), _client() as client:
         view = client.rehydrate(run_id, max_events)
     if as_json:
-        emit_json(_dict(view))
+        emit_json(message_dict(view))
         return
     snap = view.snapshot
     console.print(f"run {view.run.run_id}: {view.run.event_count} events; "
@@ -373,7 +376,7 @@ def evidence_add(
                                        artifact_id=artifact,
                                        metadata=_document(meta) if meta else None)
     if as_json:
-        emit_json({**_dict(reply.evidence), "created": reply.created})
+        emit_json({**message_dict(reply.evidence), "created": reply.created})
         return
     console.print(f"{'recorded' if reply.created else 'already recorded'} "
                   f"[bold]{reply.evidence.evidence_id}[/bold]")
@@ -397,7 +400,7 @@ def manifest_put(
     with rpc_errors(as_json), _client() as client:
         reply = client.create_manifest(_document(content), run)
     if as_json:
-        emit_json({**_dict(reply.manifest), "created": reply.created})
+        emit_json({**message_dict(reply.manifest), "created": reply.created})
         return
     console.print(f"{'stored' if reply.created else 'already stored'} "
                   f"[bold]{reply.manifest.manifest_id}[/bold]")

@@ -1,4 +1,5 @@
-"""`engram bench NAME`: run a benchmark and print its figures.
+"""`engram bench NAME`: run a benchmark and print its figures (needs the server extra: it
+starts the services itself).
 
 Each benchmark lives in ``engram.bench.<name>`` and exposes
 ``run(scale: float, progress: bool) -> dict``; figures are reported beside a
@@ -13,8 +14,7 @@ from pathlib import Path
 
 import typer
 
-from engram.bench._harness import BenchUnavailable
-from engram.cli._output import JSON_OPTION, console, emit_json, fail
+from engram.cli._output import JSON_OPTION, console, emit_json, fail, server_extra
 
 BENCHMARKS = {
     "shard": "writes, batch ingest, lexical search and RSS of the shard service",
@@ -35,7 +35,10 @@ def bench(
     """Run one benchmark against services it starts itself on 127.0.0.1."""
     if name not in BENCHMARKS:
         raise fail(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
-    module = importlib.import_module(f"engram.bench.{name}")
+    with server_extra("bench"):
+        from engram.bench._harness import BenchUnavailable
+
+        module = importlib.import_module(f"engram.bench.{name}")
     try:
         figures = module.run(scale=scale, progress=not as_json)
     except BenchUnavailable as error:

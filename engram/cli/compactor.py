@@ -9,12 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    message_dict,
+    rpc_errors,
+    when,
+    with_client,
+)
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 
@@ -33,13 +40,8 @@ def _client() -> CompactorClient:
     )
 
 
-def _dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
-
-
 def _summary_row(s: pb.IterationSummary) -> list[str]:
-    return [str(s.iteration), s.status, s.start_time.ToJsonString(), str(s.files_touched),
+    return [str(s.iteration), s.status, when(s.start_time) or "-", str(s.files_touched),
             f"+{s.net_add}/-{s.net_del}", f"{s.risk_score:.2f}", s.plan_digest[:16],
             s.hash[:12]]
 
@@ -71,7 +73,7 @@ def _load_iterations(path: Path) -> list[dict[str, Any]]:
 def record(
     run: str = typer.Argument(..., help="run id"),
     detail_file: Path = typer.Option(
-        ..., "--detail-file", help="JSON object (or JSONL, one per line) with the seed's fields "
+        ..., "--detail-file", help="JSON object (or JSONL, one per line) with the fields "
         "iter, planDigest, parentDigest, startTs, endTs, filesTouched, netAdd, netDel, "
         "riskScore, status, plus 'detail' and 'guardrails'; iter omitted = next"),
     request_id: str = typer.Option(
@@ -95,7 +97,7 @@ def record(
             results.append(client.record(run, message, request_id=key))
             progress.advance(task)
     if as_json:
-        emit_json([{"created": r.created, "summary": _dict(r.summary)} for r in results])
+        emit_json([{"created": r.created, "summary": message_dict(r.summary)} for r in results])
         return
     for result in results:
         state = "recorded" if result.created else "already recorded"
@@ -109,8 +111,7 @@ def recent(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
     with rpc_errors(as_json), _client() as client:
         rows = list(client.recent(run))
     if as_json:
-        emit_json([{"summary": _dict(h.summary), "detail": json.loads(h.detail_json),
-                    "guardrails": json.loads(h.guardrails_json)} for h in rows])
+        emit_json([message_dict(h) for h in rows])
         return
     console.print(_summary_table([h.summary for h in rows], f"hot ring of {run}"))
 
@@ -130,7 +131,7 @@ def summaries(
             if limit and len(rows) >= limit:
                 break
     if as_json:
-        emit_json([_dict(s) for s in rows])
+        emit_json([message_dict(s) for s in rows])
         return
     console.print(_summary_table(rows, f"warm log of {run}"))
 
@@ -145,13 +146,8 @@ def reconstruct(
     snapshot plus the warm summaries since."""
     with rpc_errors(as_json), _client() as client:
         view = client.reconstruct(run, iteration)
-    document = {
-        "summary": _dict(view.summary),
+    document = message_dict(view) | {
         "source": pb.DetailSource.Name(view.source).removeprefix("DETAIL_SOURCE_").lower(),
-        "base_iteration": view.base_iteration,
-        "detail": json.loads(view.detail_json) if view.detail_json else None,
-        "guardrails": json.loads(view.guardrails_json) if view.guardrails_json else None,
-        "trail": [_dict(s) for s in view.trail],
     }
     if as_json:
         emit_json(document)
@@ -179,7 +175,7 @@ def pin(
     with rpc_errors(as_json), _client() as client:
         marker = client.pin(run, iteration, reason)
     if as_json:
-        emit_json(_dict(marker))
+        emit_json(message_dict(marker))
         return
     kept = (f"keeps the snapshot of iteration {marker.snapshot_iteration}"
             if marker.snapshot_iteration else "no snapshot was left to keep")
@@ -194,7 +190,7 @@ def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
     with rpc_errors(as_json), _client() as client, spinner:
         report = client.verify(run)
     if as_json:
-        emit_json(_dict(report))
+        emit_json(message_dict(report))
     elif report.ok:
         console.print(f"[green]ok[/green]: {report.lines_checked} lines in "
                       f"{report.segments_checked} sealed segments + active, "
@@ -209,7 +205,7 @@ def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
 
 def _print_policy_run(run: pb.PolicyRun, as_json: bool) -> None:
     if as_json:
-        emit_json(_dict(run))
+        emit_json(message_dict(run))
         return
     kind = pb.PolicyKind.Name(run.kind).removeprefix("POLICY_KIND_").lower()
     mode = " (dry run)" if run.dry_run else ""
@@ -268,7 +264,7 @@ def policy_runs(
             if len(rows) >= limit:
                 break
     if as_json:
-        emit_json([_dict(r) for r in rows])
+        emit_json([message_dict(r) for r in rows])
         return
     for run in rows:
         _print_policy_run(run, False)

@@ -1,10 +1,11 @@
 """`engram eval locomo`: evidence recall of search on LoCoMo conversations, through the services.
 
 Each conversation becomes one fleet (a token minted with the deployment's
-signing key), each session one run, each turn one memory ``"{speaker}: {text}"``
-with its session date as metadata, written in batches through the running
-shard (and its governance gate). Then every question with evidence is asked
-and the share of its evidence turns in the top k is averaged.
+signing key, hence the server extra), each session one run, each turn one
+memory ``"{speaker}: {text}"`` with its session date as metadata, written in
+batches through the running shard (and its governance gate). Then every
+question with evidence is asked and the share of its evidence turns in the top
+k is averaged.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from engram.cli._output import (
     emit_json,
     fail,
     rpc_errors,
+    server_extra,
     settings,
     with_client,
 )
@@ -30,7 +32,6 @@ from engram.client._errors import EngramRpcError
 from engram.client.shard import record_input
 from engram.eval.locomo import Conversation, RecallReport, load_conversation
 from engram.shard.v1 import shard_service_pb2 as pb
-from services.common.tokens import TokenSigner, key_paths
 
 app = typer.Typer(help="Evaluate retrieval quality against public benchmarks.",
                   no_args_is_help=True)
@@ -38,8 +39,7 @@ app = typer.Typer(help="Evaluate retrieval quality against public benchmarks.",
 _BATCH = 100
 
 
-def _client_for(fleet: str, key: Path) -> ShardClient:
-    token = TokenSigner.load(key).issue("locomo-loader", fleet, {"agent"})
+def _client_for(token: str) -> ShardClient:
     return with_client(
         lambda s: ShardClient(s.shard_addr, token, **s.tls(), timeout=s.timeout_seconds)
     )
@@ -115,9 +115,12 @@ def locomo(
         raise fail(f"--k must be comma-separated integers, got {k!r}") from None
     if not ks or ks[0] < 1 or ks[-1] > 100:
         raise fail("--k values must be within 1..100")
+    with server_extra("eval locomo"):
+        from services.common.tokens import TokenSigner, key_paths
     key_path = key or key_paths(settings().home).private
     if not key_path.exists():
         raise fail(f"no signing key at {key_path}: run `engram up` once, or pass --key")
+    signer = TokenSigner.load(key_path)
     try:
         convs = [load_conversation(path) for path in files]
     except (OSError, ValueError, KeyError) as error:
@@ -130,7 +133,7 @@ def locomo(
         task = progress.add_task("loading", total=len(convs) * 2)
         loaded = []
         for conv in convs:
-            client = _client_for(prefix + conv.name, key_path)
+            client = _client_for(signer.issue("locomo-loader", prefix + conv.name, {"agent"}))
             dia_of, refused = _load(client, conv)
             denied += refused
             loaded.append((client, conv, dia_of))

@@ -6,14 +6,19 @@ admin token `engram up` writes has both.
 
 from __future__ import annotations
 
-from typing import Any
-
 import typer
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    message_dict,
+    rpc_errors,
+    with_client,
+)
 from engram.client.governance import TIER_NAMES, TIERS, GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 
@@ -34,14 +39,9 @@ def _client() -> GovernanceClient:
                                                   **s.tls(), timeout=s.timeout_seconds))
 
 
-def _dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
-
-
 def _show_trust(trust: pb.AgentTrust, as_json: bool) -> None:
     if as_json:
-        emit_json(_dict(trust) | {"tier": TIER_NAMES[trust.tier]})
+        emit_json(message_dict(trust) | {"tier": TIER_NAMES[trust.tier]})
         return
     pinned = " (set by an operator)" if trust.pinned else ""
     console.print(f"{trust.agent_id} in {trust.fleet_id}: [bold]{TIER_NAMES[trust.tier]}"
@@ -84,7 +84,7 @@ def suspend(
 
 def _rule_params(rule: pb.Rule) -> str:
     kind = rule.WhichOneof("kind")
-    return f"{kind} " + ", ".join(f"{k}={v}" for k, v in _dict(getattr(rule, kind)).items())
+    return f"{kind} " + ", ".join(f"{k}={v}" for k, v in message_dict(getattr(rule, kind)).items())
 
 
 @rules_app.command("add")
@@ -135,7 +135,7 @@ def rules_add(
     with rpc_errors(as_json), _client() as client:
         reply = client.add_rule(rule, request_id=request_id)
     if as_json:
-        emit_json({"rule": _dict(reply.rule), "created": reply.created})
+        emit_json({"rule": message_dict(reply.rule), "created": reply.created})
         return
     verb = "added" if reply.created else "already existed:"
     console.print(f"{verb} {reply.rule.rule_id}  {_rule_params(reply.rule)}")
@@ -147,7 +147,7 @@ def rules_list(fleet: str = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         rules = list(client.rules(fleet_id=fleet))
     if as_json:
-        emit_json([_dict(r) for r in rules])
+        emit_json([message_dict(r) for r in rules])
         return
     table = Table(title=f"{len(rules)} rules")
     for column in ("rule", "kind and parameters", "tiers", "description"):
@@ -186,7 +186,7 @@ def decisions(
             if len(found) >= limit:
                 break
     if as_json:
-        emit_json([_dict(d) for d in found])
+        emit_json([message_dict(d) for d in found])
         return
     table = Table(title=f"{len(found)} decisions")
     for column in ("decision", "agent", "record", "allowed", "rules", "reason"):
@@ -209,7 +209,7 @@ def chain_verify(
     with rpc_errors(as_json), _client() as client:
         report = client.verify_chain(since)
     if as_json:
-        emit_json(_dict(report) | {"ok": report.ok})
+        emit_json(message_dict(report) | {"ok": report.ok})
     elif report.ok:
         console.print(f"[green]chain intact[/green]: {report.checkpoint.length} entries, "
                       f"head {report.checkpoint.head}")

@@ -1,4 +1,4 @@
-"""Memory commands: add, query, search, status, snapshot, verify, import, domains."""
+"""Memory commands: add, query, search, get, list, status, snapshot, verify, import, domains."""
 
 from __future__ import annotations
 
@@ -7,11 +7,19 @@ import json
 from pathlib import Path
 
 import typer
-from google.protobuf.json_format import MessageToDict
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from engram.cli._output import JSON_OPTION, console, emit_json, fail, rpc_errors, with_client
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    fail,
+    message_dict,
+    rpc_errors,
+    with_client,
+)
 from engram.client import ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
 
@@ -26,12 +34,6 @@ def _client() -> ShardClient:
 
 def _tags(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
-
-
-def _record_dict(record: pb.Record) -> dict[str, object]:
-    return MessageToDict(
-        record, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
 
 
 def add(
@@ -130,7 +132,7 @@ def search(
     limit: int = typer.Option(10, help="how many results (1..100)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Search within one domain (the seed's per-shard search)."""
+    """Search the memories of one domain only."""
     name = domain.removeprefix("shard_")
     with rpc_errors(as_json), _client() as client:
         hits = client.search(text, limit=limit, domain=name)
@@ -142,11 +144,7 @@ def status(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         reply = client.status()
     if as_json:
-        emit_json(
-            MessageToDict(
-                reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-            )
-        )
+        emit_json(message_dict(reply))
         return
     table = Table(title=f"fleet {reply.fleet_id}")
     for column in ("domain", "records", "importance", "incoming links", "keywords"):
@@ -167,6 +165,49 @@ def status(as_json: bool = JSON_OPTION) -> None:
     )
 
 
+def get(
+    record_id: str = typer.Argument(..., help="record id (from add, query or list)"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show one memory with every stored field."""
+    with rpc_errors(as_json), _client() as client:
+        record = client.get(record_id)
+    if as_json:
+        emit_json(message_dict(record))
+        return
+    table = Table(title=record.id, show_header=False)
+    for key, value in message_dict(record).items():
+        table.add_row(key, escape(value if isinstance(value, str) else json.dumps(value)))
+    console.print(table)
+
+
+def list_(
+    run: str | None = typer.Option(None, "--run", help="only this run ('' = legacy records)"),
+    tags: str = typer.Option("", help="only records carrying all of these (comma-separated)"),
+    domain: str = typer.Option("", help="only this domain"),
+    agent: str = typer.Option("", "--agent", help="only this author's records"),
+    limit: int = typer.Option(50, help="newest N records"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List memories of your fleet, newest first."""
+    found: list[pb.Record] = []
+    with rpc_errors(as_json), _client() as client:
+        for record in client.list(run_id=run, tags=_tags(tags), domain=domain, agent_id=agent,
+                                  page_size=min(limit, 1000)):
+            found.append(record)
+            if len(found) >= limit:
+                break
+    if as_json:
+        emit_json([message_dict(r) for r in found])
+        return
+    table = Table(title=f"{len(found)} records")
+    for column in ("id", "domain", "run", "author", "content"):
+        table.add_column(column)
+    for r in found:
+        table.add_row(r.id[:12], r.domain, r.run_id, r.agent_id, escape(r.content))
+    console.print(table)
+
+
 def snapshot(
     run: str = typer.Argument(..., help="run id ('' for legacy records)"),
     no_verify: bool = typer.Option(False, "--no-verify", help="skip re-hashing each record"),
@@ -176,7 +217,7 @@ def snapshot(
     records: list[dict[str, object]] = []
     with rpc_errors(as_json), _client() as client:
         for record in client.snapshot(run, verify=not no_verify):
-            records.append(_record_dict(record))
+            records.append(message_dict(record))
     if as_json:
         emit_json(
             {"run_id": run, "verified": not no_verify, "count": len(records), "records": records}
@@ -307,7 +348,7 @@ def domains_list(as_json: bool = JSON_OPTION) -> None:
     with rpc_errors(as_json), _client() as client:
         found = client.domains()
     if as_json:
-        emit_json([MessageToDict(d, preserving_proto_field_name=True) for d in found])
+        emit_json([message_dict(d) for d in found])
         return
     for d in found:
         console.print(f"[cyan]{d.name}[/cyan] ({d.display_name}): {', '.join(d.keywords)}")
@@ -330,7 +371,7 @@ def domains_upsert(
         emit_json(
             {
                 "created": reply.created,
-                "domain": MessageToDict(reply.domain, preserving_proto_field_name=True),
+                "domain": message_dict(reply.domain),
             }
         )
         return
@@ -341,6 +382,8 @@ def register(app: typer.Typer) -> None:
     app.command("add")(add)
     app.command("query")(query)
     app.command("search")(search)
+    app.command("get")(get)
+    app.command("list")(list_)
     app.command("status")(status)
     app.command("snapshot")(snapshot)
     app.command("verify")(verify)

@@ -1,4 +1,8 @@
-"""`engram token create`: mint a bearer token with the deployment's signing key."""
+"""`engram token create`: mint a bearer token with the deployment's signing key.
+
+Minting is the server side's (``services.common.tokens``), so the command needs the server
+extra; it imports it only when it runs.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,7 @@ from pathlib import Path
 
 import typer
 
-from engram.cli._output import JSON_OPTION, emit_json, fail, settings
-from services.common.errors import InvalidArgument
-from services.common.tokens import TokenSigner, key_paths
+from engram.cli._output import JSON_OPTION, emit_json, fail, server_extra, settings
 
 app = typer.Typer(
     help="Issue bearer tokens (needs the signing key under $ENGRAM_HOME/auth).",
@@ -27,6 +29,9 @@ def create(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Print a new token; use it with `ENGRAM_TOKEN=... engram ...`."""
+    with server_extra("token create"):
+        from services.common.errors import InvalidArgument
+        from services.common.tokens import TokenSigner, key_paths
     key_path = key or key_paths(settings().home).private
     if not key_path.exists():
         raise fail(f"no signing key at {key_path}: run `engram up` once, or pass --key")

@@ -4,7 +4,8 @@ Creates the deployment's signing key and tokens under ``$ENGRAM_HOME/auth`` on
 first use, starts each service as its own process (its own store, its own
 environment: a service never sees another service's ``ENGRAM_<SVC>_*``
 variables), waits until each reports SERVING, and stops them all cleanly on
-Ctrl-C / SIGTERM or when any of them dies.
+Ctrl-C / SIGTERM or when any of them dies. Needs the server extra; the services'
+dependencies are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from pathlib import Path
 
 import grpc
 import typer
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rich.table import Table
 
-from engram.cli._output import console, err_console, settings
+from engram.cli._output import console, err_console, server_extra, settings
 from engram.client._settings import DEFAULT_PORTS
-from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
 
 ADMIN_AGENT = "admin"
 DEFAULT_FLEET = "default"
@@ -60,6 +59,8 @@ SERVICES = (
 
 def prepare_home(home: Path) -> dict[str, Path]:
     """Key pair, the operator's admin token and one service token per service."""
+    from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
+
     keys = ensure_keypair(home)
     signer = TokenSigner.load(keys.private)
     tokens = {"admin": home / "auth" / "admin.token"}
@@ -120,6 +121,8 @@ def service_env(
 
 
 def wait_serving(address: str, process: subprocess.Popen[bytes], deadline: float) -> bool:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
@@ -148,6 +151,12 @@ def up(
     ),
 ) -> None:
     """Run all services in the foreground; Ctrl-C or SIGTERM stops them cleanly."""
+    with server_extra("up"):
+        _run_services(host, startup_timeout, only, base_port)
+
+
+def _run_services(host: str, startup_timeout: float, only: list[str],
+                  base_port: int | None) -> None:
     home = settings().home.resolve()
     tokens = prepare_home(home)
     launches = with_ports(base_port)
@@ -208,9 +217,9 @@ def up(
             time.sleep(0.5)
     except RuntimeError as error:
         err_console.print(f"[red]error:[/red] {error}")
-        _terminate(processes)
         raise typer.Exit(1) from None
-    _terminate(processes)
+    finally:
+        _terminate(processes)
     console.print("all services stopped")
 
 

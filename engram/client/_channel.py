@@ -8,15 +8,52 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Protocol, Self, TypeVar
 
 import grpc
 
 from engram.client._errors import EngramRpcError
 
+Request = TypeVar("Request")
 Response = TypeVar("Response")
-_CLIENT_TIMEOUT: Any = object()
-"""Marks "use the client's timeout"; ``None`` means no deadline (long streams)."""
+Item = TypeVar("Item")
+_Request_contra = TypeVar("_Request_contra", contravariant=True)
+_Response_co = TypeVar("_Response_co", covariant=True)
+CallMetadata = tuple[tuple[str, str], ...]
+
+
+class UnaryCall(Protocol[_Request_contra, _Response_co]):
+    """A stub method that answers once (unary-unary, or stream-unary with an iterator)."""
+
+    def __call__(self, request: _Request_contra, /, timeout: float | None = None,
+                 metadata: CallMetadata | None = None) -> _Response_co: ...
+
+
+class StreamCall(Protocol[_Request_contra, _Response_co]):
+    """A stub method that answers with a stream (unary-stream)."""
+
+    def __call__(self, request: _Request_contra, /, timeout: float | None = None,
+                 metadata: CallMetadata | None = None) -> Iterable[_Response_co]: ...
+
+
+class PageRequest(Protocol):
+    page_token: str
+
+
+class PageReply(Protocol):
+    @property
+    def next_page_token(self) -> str: ...
+
+
+PagedRequest = TypeVar("PagedRequest", bound=PageRequest)
+PagedReply = TypeVar("PagedReply", bound=PageReply)
+
+
+class _ClientTimeout:
+    """Marks "use the client's timeout"; ``None`` means no deadline (long streams)."""
+
+
+_CLIENT_TIMEOUT = _ClientTimeout()
 
 
 def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | None = None,
@@ -62,32 +99,49 @@ class BaseClient:
         channel: grpc.Channel | None = None,
     ) -> None:
         self.channel = channel or open_channel(target, tls_ca, tls_cert=tls_cert, tls_key=tls_key)
-        self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),)
+        self.metadata: CallMetadata = (("authorization", f"Bearer {token}"),)
         self.timeout = timeout
 
-    def call(self, method: Callable[..., Response], request: Any, *,
-             timeout: float | None = _CLIENT_TIMEOUT) -> Response:
-        if timeout is _CLIENT_TIMEOUT:
-            timeout = self.timeout
+    def call(self, method: UnaryCall[Request, Response], request: Request, *,
+             timeout: float | _ClientTimeout | None = _CLIENT_TIMEOUT) -> Response:
         try:
-            return method(request, metadata=self.metadata, timeout=timeout)
+            return method(request, metadata=self.metadata, timeout=self._deadline(timeout))
         except grpc.RpcError as error:
             raise EngramRpcError.from_rpc_error(error) from None
 
-    def stream(self, method: Callable[..., Iterable[Response]], request: Any, *,
-               timeout: float | None = _CLIENT_TIMEOUT) -> Iterator[Response]:
-        if timeout is _CLIENT_TIMEOUT:
-            timeout = self.timeout
+    def stream(self, method: StreamCall[Request, Response], request: Request, *,
+               timeout: float | _ClientTimeout | None = _CLIENT_TIMEOUT) -> Iterator[Response]:
         try:
-            yield from method(request, metadata=self.metadata, timeout=timeout)
+            yield from method(request, metadata=self.metadata, timeout=self._deadline(timeout))
         except grpc.RpcError as error:
             raise EngramRpcError.from_rpc_error(error) from None
+
+    def paginate(self, method: UnaryCall[PagedRequest, PagedReply], request: PagedRequest,
+                 items: Callable[[PagedReply], Iterable[Item]]) -> Iterator[Item]:
+        """Every item of a List call, asking for the next page until a reply has no token."""
+        while True:
+            reply = self.call(method, request)
+            yield from items(reply)
+            if not reply.next_page_token:
+                return
+            request.page_token = reply.next_page_token
+
+    def _deadline(self, timeout: float | _ClientTimeout | None) -> float | None:
+        return self.timeout if isinstance(timeout, _ClientTimeout) else timeout
 
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self: Any) -> Any:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def string_list(name: str, values: Iterable[str]) -> list[str]:
+    """``values`` as a list; a bare string (a slip for a list of one) is a TypeError, not a
+    list of its characters."""
+    if isinstance(values, str):
+        raise TypeError(f"{name} must be a list of strings, not the string {values!r}")
+    return list(values)

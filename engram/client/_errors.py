@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+
+_STATUS_DETAILS_KEY = "grpc-status-details-bin"
+"""Trailer holding the serialized google.rpc.Status (what grpcio-status reads, decoded here)."""
 
 
 class EngramRpcError(Exception):
@@ -23,14 +26,28 @@ class EngramRpcError(Exception):
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> EngramRpcError:
-        code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
-        message = error.details() if isinstance(error, grpc.Call) else str(error)
+        if not isinstance(error, grpc.Call):
+            return cls(grpc.StatusCode.UNKNOWN, str(error))
         reason, metadata = "", dict[str, str]()
-        status = rpc_status.from_call(error) if isinstance(error, grpc.Call) else None
+        status = _status(error)
         if status is not None:
             for detail in status.details:
                 if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
                     info = error_details_pb2.ErrorInfo()
                     detail.Unpack(info)
                     reason, metadata = info.reason, dict(info.metadata)
-        return cls(code, message or "", reason, metadata)
+        return cls(error.code(), error.details() or "", reason, metadata)
+
+
+def _status(call: grpc.Call) -> status_pb2.Status | None:
+    """The google.rpc.Status a service attached to a failed call, if any and if its code is
+    the call's."""
+    for key, value in call.trailing_metadata() or ():
+        if key != _STATUS_DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:
+            return None
+        return status if status.code == call.code().value[0] else None
+    return None

@@ -1,13 +1,25 @@
-"""Client settings, parsed once from ``ENGRAM_*`` variables by the caller's ``main``."""
+"""Client settings, parsed once from ``ENGRAM_*`` variables by the caller's ``main``.
+
+Plain environment parsing (no pydantic): the client installs with grpcio, protobuf,
+typer and rich alone.
+
+| variable | field | default |
+|---|---|---|
+| ``ENGRAM_HOME`` | ``home`` | ``.engram`` |
+| ``ENGRAM_TOKEN`` | ``token`` | the admin token ``engram up`` writes |
+| ``ENGRAM_<SVC>_ADDR`` or ``_TARGET`` | ``<svc>_addr`` | ``$ENGRAM_HOME/endpoints.json``, 5005x |
+| ``ENGRAM_TLS_CA``, ``_TLS_CERT``, ``_TLS_KEY`` | ``tls_ca``, ``tls_cert``, ``tls_key`` | none |
+| ``ENGRAM_TIMEOUT_SECONDS`` | ``timeout_seconds`` | 30 |
+"""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
-
-from pydantic import AliasChoices, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class TlsFiles(TypedDict, total=False):
@@ -22,51 +34,41 @@ class TlsFiles(TypedDict, total=False):
 DEFAULT_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
 
 
-class ClientSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ENGRAM_", frozen=True, extra="ignore")
+@dataclass(frozen=True, init=False)
+class ClientSettings:
+    """``ClientSettings()`` reads the process environment; ``ClientSettings(environ)`` reads
+    the mapping given (names are matched case-insensitively; an empty value counts as unset)."""
 
-    home: Path = Path(".engram")
-    token: str | None = Field(default=None, description="bearer token; default: the admin token")
-    shard_addr: str = Field(
-        default=f"127.0.0.1:{DEFAULT_PORTS['shard']}",
-        validation_alias=AliasChoices("ENGRAM_SHARD_ADDR", "ENGRAM_SHARD_TARGET"),
-    )
-    governance_addr: str = Field(
-        default=f"127.0.0.1:{DEFAULT_PORTS['governance']}",
-        validation_alias=AliasChoices("ENGRAM_GOVERNANCE_ADDR", "ENGRAM_GOVERNANCE_TARGET"),
-    )
-    artifacts_addr: str = Field(
-        default=f"127.0.0.1:{DEFAULT_PORTS['artifacts']}",
-        validation_alias=AliasChoices("ENGRAM_ARTIFACTS_ADDR", "ENGRAM_ARTIFACTS_TARGET"),
-    )
-    compactor_addr: str = Field(
-        default=f"127.0.0.1:{DEFAULT_PORTS['compactor']}",
-        validation_alias=AliasChoices("ENGRAM_COMPACTOR_ADDR", "ENGRAM_COMPACTOR_TARGET"),
-    )
-    tls_ca: Path | None = Field(
-        default=None, description="CA that signed the services' certificates; set, calls use TLS"
-    )
-    tls_cert: Path | None = Field(
-        default=None, description="client certificate, for services that require mutual TLS"
-    )
-    tls_key: Path | None = Field(default=None, description="the client certificate's private key")
-    timeout_seconds: float = 30.0
+    home: Path
+    token: str | None
+    shard_addr: str
+    governance_addr: str
+    artifacts_addr: str
+    compactor_addr: str
+    tls_ca: Path | None
+    tls_cert: Path | None
+    tls_key: Path | None
+    timeout_seconds: float
 
-    @model_validator(mode="after")
-    def _local_endpoints(self) -> ClientSettings:
-        """Addresses not set in the environment come from `engram up`'s endpoints.json."""
-        path = self.home / "endpoints.json"
-        if not path.exists():
-            return self
-        try:
-            endpoints = json.loads(path.read_text())
-        except ValueError:
-            return self
-        for name, address in endpoints.items():
-            field = f"{name}_addr"
-            if field in type(self).model_fields and field not in self.model_fields_set:
-                object.__setattr__(self, field, str(address))  # frozen model, set once here
-        return self
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = {key.upper(): value for key, value in (os.environ if environ is None
+                                                      else environ).items() if value}
+        home = Path(env.get("ENGRAM_HOME", ".engram"))
+        endpoints = _endpoints(home)
+        fields: dict[str, object] = {
+            "home": home,
+            "token": env.get("ENGRAM_TOKEN"),
+            "tls_ca": _path(env.get("ENGRAM_TLS_CA")),
+            "tls_cert": _path(env.get("ENGRAM_TLS_CERT")),
+            "tls_key": _path(env.get("ENGRAM_TLS_KEY")),
+            "timeout_seconds": _seconds(env.get("ENGRAM_TIMEOUT_SECONDS", "30")),
+        }
+        for service, port in DEFAULT_PORTS.items():
+            prefix = f"ENGRAM_{service.upper()}_"
+            fields[f"{service}_addr"] = (env.get(f"{prefix}ADDR") or env.get(f"{prefix}TARGET")
+                                         or endpoints.get(service) or f"127.0.0.1:{port}")
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)  # frozen: each field is set once, here
 
     def tls(self) -> TlsFiles:
         """The TLS keyword arguments every client takes (``tls_ca``, ``tls_cert``, ``tls_key``)."""
@@ -82,3 +84,26 @@ class ClientSettings(BaseSettings):
         if path.exists():
             return path.read_text().strip()
         raise FileNotFoundError(f"no token: set ENGRAM_TOKEN or run `engram up` (it writes {path})")
+
+
+def _endpoints(home: Path) -> dict[str, str]:
+    """Where `engram up` said each service listens ($ENGRAM_HOME/endpoints.json), if it ran."""
+    try:
+        endpoints = json.loads((home / "endpoints.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(endpoints, dict):
+        return {}
+    return {str(name): str(address) for name, address in endpoints.items()}
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value else None
+
+
+def _seconds(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"ENGRAM_TIMEOUT_SECONDS must be a number of seconds, "
+                         f"got {value!r}") from None

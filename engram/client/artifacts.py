@@ -1,5 +1,3 @@
-# mypy: disable-error-code="no-any-return"
-# (the generated gRPC stubs are untyped; every reply is the proto type named in the signature)
 """Python SDK for the artifacts service: runs, streamed artifacts, events, snapshots, evidence.
 
     with ArtifactsClient(settings.artifacts_addr, settings.resolve_token()) as artifacts:
@@ -13,16 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
-from engram.client._channel import BaseClient
+from engram.client._channel import BaseClient, string_list
 from engram.client._errors import EngramRpcError
 
 CHUNK_SIZE = 1 << 20
@@ -40,7 +37,13 @@ POINTER_TYPES = {
 }
 
 
-def _json(value: Any) -> str:
+JsonDocument = Mapping[str, object] | Sequence[object] | str | float | bool | None
+"""A value sent as JSON; a ``str`` is taken as JSON text already encoded (``'{"k": 1}'``)."""
+JsonObject = Mapping[str, object] | str
+"""A JSON object, or its JSON text."""
+
+
+def _json(value: JsonDocument) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -71,7 +74,8 @@ class ArtifactsClient(BaseClient):
 
     # -- runs ---------------------------------------------------------------
 
-    def start_run(self, run_id: str = "", metadata: Any = None) -> pb.StartRunResponse:
+    def start_run(self, run_id: str = "",
+                  metadata: JsonObject | None = None) -> pb.StartRunResponse:
         request = pb.StartRunRequest(run_id=run_id,
                                      metadata_json=_json(metadata) if metadata else "")
         return self.call(self.stub.StartRun, request)
@@ -80,14 +84,9 @@ class ArtifactsClient(BaseClient):
         return self.call(self.stub.GetRun, pb.GetRunRequest(run_id=run_id)).run
 
     def list_runs(self, page_size: int = 0) -> Iterator[pb.Run]:
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListRuns,
-                              pb.ListRunsRequest(page_size=page_size, page_token=token))
-            yield from reply.runs
-            token = reply.next_page_token
-            if not token:
-                return
+        """The fleet's runs, newest first, following page tokens."""
+        return self.paginate(self.stub.ListRuns, pb.ListRunsRequest(page_size=page_size),
+                             lambda reply: reply.runs)
 
     def stop_run(self, run_id: str, status: str = "succeeded", reason: str = "") -> pb.Run:
         request = pb.StopRunRequest(run_id=run_id, status=STOP_STATUSES[status], reason=reason)
@@ -96,7 +95,8 @@ class ArtifactsClient(BaseClient):
     # -- artifacts ----------------------------------------------------------
 
     def upload(self, chunks: Iterable[bytes], *, run_id: str, step_id: str, name: str,
-               mime_type: str = "", metadata: Any = None, size_bytes: int | None = None,
+               mime_type: str = "", metadata: JsonObject | None = None,
+               size_bytes: int | None = None,
                sha256: str = "") -> pb.Artifact:
         header = pb.ArtifactHeader(run_id=run_id, step_id=step_id, name=name,
                                    mime_type=mime_type,
@@ -120,7 +120,7 @@ class ArtifactsClient(BaseClient):
                          timeout=self.stream_timeout).artifact
 
     def upload_file(self, path: Path, *, run_id: str, step_id: str, name: str = "",
-                    mime_type: str = "", metadata: Any = None,
+                    mime_type: str = "", metadata: JsonObject | None = None,
                     chunk_size: int = CHUNK_SIZE) -> pb.Artifact:
         """Streams a file; its size travels with it so a cut-off upload is refused."""
         return self.upload(file_chunks(path, chunk_size), run_id=run_id, step_id=step_id,
@@ -171,14 +171,9 @@ class ArtifactsClient(BaseClient):
 
     def list_artifacts(self, run_id: str, step_id: str = "",
                        page_size: int = 0) -> Iterator[pb.Artifact]:
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListArtifacts, pb.ListArtifactsRequest(
-                run_id=run_id, step_id=step_id, page_size=page_size, page_token=token))
-            yield from reply.artifacts
-            token = reply.next_page_token
-            if not token:
-                return
+        """A run's artifacts (of one step, if given), oldest first, following page tokens."""
+        request = pb.ListArtifactsRequest(run_id=run_id, step_id=step_id, page_size=page_size)
+        return self.paginate(self.stub.ListArtifacts, request, lambda reply: reply.artifacts)
 
     def verify(self, run_id: str = "") -> pb.VerifyArtifactsResponse:
         return self.call(self.stub.VerifyArtifacts, pb.VerifyArtifactsRequest(run_id=run_id),
@@ -186,36 +181,33 @@ class ArtifactsClient(BaseClient):
 
     # -- events and snapshots -----------------------------------------------
 
-    def append_event(self, run_id: str, type: str, payload: Any = None, *,
+    def append_event(self, run_id: str, type: str, payload: JsonDocument = None, *,
                      manifest_id: str = "", artifact_ids: Sequence[str] = (),
                      request_id: str = "") -> pb.AppendEventResponse:
         request = pb.AppendEventRequest(run_id=run_id, type=type,
                                         payload_json=_json(payload) if payload is not None
                                         else "", manifest_id=manifest_id,
-                                        artifact_ids=list(artifact_ids), request_id=request_id)
+                                        artifact_ids=string_list("artifact_ids", artifact_ids),
+                                        request_id=request_id)
         return self.call(self.stub.AppendEvent, request)
 
     def list_events(self, run_id: str, after_seq: int = 0,
                     page_size: int = 0) -> Iterator[pb.Event]:
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListEvents, pb.ListEventsRequest(
-                run_id=run_id, after_seq=after_seq, page_size=page_size, page_token=token))
-            yield from reply.events
-            token = reply.next_page_token
-            if not token:
-                return
+        """A run's events after ``after_seq``, in order, following page tokens."""
+        request = pb.ListEventsRequest(run_id=run_id, after_seq=after_seq, page_size=page_size)
+        return self.paginate(self.stub.ListEvents, request, lambda reply: reply.events)
 
     def replay(self, run_id: str) -> Iterator[pb.Event]:
         for reply in self.stream(self.stub.ReplayEvents, pb.ReplayEventsRequest(run_id=run_id),
                                  timeout=self.stream_timeout):
             yield reply.event
 
-    def create_snapshot(self, run_id: str, state: Any, *, seq: int = 0, manifest_id: str = "",
+    def create_snapshot(self, run_id: str, state: JsonDocument, *, seq: int = 0,
+                        manifest_id: str = "",
                         artifact_ids: Sequence[str] = ()) -> pb.Snapshot:
         request = pb.CreateSnapshotRequest(run_id=run_id, state_json=_json(state), seq=seq,
                                            manifest_id=manifest_id,
-                                           artifact_ids=list(artifact_ids))
+                                           artifact_ids=string_list("artifact_ids", artifact_ids))
         return self.call(self.stub.CreateSnapshot, request).snapshot
 
     def latest_snapshot(self, run_id: str) -> pb.Snapshot:
@@ -223,14 +215,9 @@ class ArtifactsClient(BaseClient):
                          pb.GetLatestSnapshotRequest(run_id=run_id)).snapshot
 
     def list_snapshots(self, run_id: str, page_size: int = 0) -> Iterator[pb.Snapshot]:
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListSnapshots, pb.ListSnapshotsRequest(
-                run_id=run_id, page_size=page_size, page_token=token))
-            yield from reply.snapshots
-            token = reply.next_page_token
-            if not token:
-                return
+        """A run's snapshots, following page tokens."""
+        request = pb.ListSnapshotsRequest(run_id=run_id, page_size=page_size)
+        return self.paginate(self.stub.ListSnapshots, request, lambda reply: reply.snapshots)
 
     def rehydrate(self, run_id: str, max_events: int = 0) -> pb.RehydrateResponse:
         return self.call(self.stub.Rehydrate,
@@ -240,7 +227,7 @@ class ArtifactsClient(BaseClient):
 
     def create_evidence(self, corpus_id: str, index_id: str, chunk_id: str, start: int,
                         end: int, *, artifact_id: str = "",
-                        metadata: Any = None) -> pb.CreateEvidenceResponse:
+                        metadata: JsonObject | None = None) -> pb.CreateEvidenceResponse:
         request = pb.CreateEvidenceRequest(
             corpus_id=corpus_id, index_id=index_id, chunk_id=chunk_id,
             span=pb.Span(start=start, end=end), artifact_id=artifact_id,
@@ -251,7 +238,8 @@ class ArtifactsClient(BaseClient):
         return self.call(self.stub.GetEvidence,
                          pb.GetEvidenceRequest(evidence_id=evidence_id)).evidence
 
-    def create_manifest(self, content: Any, run_id: str = "") -> pb.CreateManifestResponse:
+    def create_manifest(self, content: JsonDocument,
+                        run_id: str = "") -> pb.CreateManifestResponse:
         return self.call(self.stub.CreateManifest,
                          pb.CreateManifestRequest(content_json=_json(content), run_id=run_id))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from functools import cached_property
-from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -27,7 +26,7 @@ _SUMMARY_FIELDS = {
 }
 
 
-def _timestamp(value: Any, name: str) -> Timestamp:
+def _timestamp(value: object, name: str) -> Timestamp:
     stamp = Timestamp()
     try:
         if isinstance(value, int | float):
@@ -40,9 +39,10 @@ def _timestamp(value: Any, name: str) -> Timestamp:
     return stamp
 
 
-def iteration_from_json(document: Mapping[str, Any]) -> pb.IterationInput:
-    """Build an iteration from the seed's JSON shape: the summary fields (camelCase), plus
-    ``detail`` (the full detail) and ``guardrails`` (guardrail stage outputs)."""
+def iteration_from_json(document: Mapping[str, object]) -> pb.IterationInput:
+    """Build an iteration from its JSON document: the summary fields in camelCase (iter,
+    planDigest, parentDigest, startTs, endTs, filesTouched, netAdd, netDel, riskScore,
+    status), plus ``detail`` (the full detail) and ``guardrails`` (guardrail stage outputs)."""
     message = pb.IterationInput()
     for key, field in _SUMMARY_FIELDS.items():
         if key in document:
@@ -72,27 +72,16 @@ class CompactorClient(BaseClient):
 
     def recent(self, run_id: str, page_size: int = 0) -> Iterator[pb.HotIteration]:
         """The hot ring, newest first."""
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListRecentIterations, pb.ListRecentIterationsRequest(
-                run_id=run_id, page_size=page_size, page_token=token))
-            yield from reply.iterations
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.ListRecentIterationsRequest(run_id=run_id, page_size=page_size)
+        return self.paginate(self.stub.ListRecentIterations, request,
+                             lambda reply: reply.iterations)
 
     def summaries(self, run_id: str, start_iteration: int = 0,
                   page_size: int = 0) -> Iterator[pb.IterationSummary]:
         """Every warm summary from ``start_iteration`` on, following page tokens."""
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListSummaries, pb.ListSummariesRequest(
-                run_id=run_id, start_iteration=start_iteration, page_size=page_size,
-                page_token=token))
-            yield from reply.summaries
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.ListSummariesRequest(run_id=run_id, start_iteration=start_iteration,
+                                          page_size=page_size)
+        return self.paginate(self.stub.ListSummaries, request, lambda reply: reply.summaries)
 
     def reconstruct(self, run_id: str, iteration: int) -> pb.ReconstructIterationResponse:
         reply: pb.ReconstructIterationResponse = self.call(
@@ -129,11 +118,6 @@ class CompactorClient(BaseClient):
         return reply.run
 
     def policy_runs(self, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.PolicyRun]:
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListPolicyRuns, pb.ListPolicyRunsRequest(
-                fleet_id=fleet_id, page_size=page_size, page_token=token))
-            yield from reply.runs
-            token = reply.next_page_token
-            if not token:
-                return
+        """Memory compaction and retention runs, newest first, following page tokens."""
+        request = pb.ListPolicyRunsRequest(fleet_id=fleet_id, page_size=page_size)
+        return self.paginate(self.stub.ListPolicyRuns, request, lambda reply: reply.runs)

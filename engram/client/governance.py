@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any
 
-from engram.client._channel import BaseClient
+from engram.client._channel import BaseClient, string_list
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 
@@ -26,7 +25,7 @@ TIERS = {
 TIER_NAMES = {value: name for name, value in TIERS.items()}
 
 
-def tier_value(name: str) -> Any:
+def tier_value(name: str) -> pb.TrustTier:
     try:
         return TIERS[name.strip().lower()]
     except KeyError:
@@ -54,7 +53,8 @@ class GovernanceClient(BaseClient):
         return self.call(self.stub.GetTrust, request).trust
 
     def trusts(self, fleet_id: str, agent_ids: Sequence[str]) -> list[pb.AgentTrust]:
-        request = pb.BatchGetTrustRequest(fleet_id=fleet_id, agent_ids=list(agent_ids))
+        request = pb.BatchGetTrustRequest(fleet_id=fleet_id,
+                                          agent_ids=string_list("agent_ids", agent_ids))
         return list(self.call(self.stub.BatchGetTrust, request).trusts)
 
     def set_tier(self, agent_id: str, tier: str, *, reason: str = "",
@@ -69,14 +69,8 @@ class GovernanceClient(BaseClient):
 
     def rules(self, *, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.Rule]:
         """Every rule of the fleet, following page tokens."""
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListRules, pb.ListRulesRequest(
-                fleet_id=fleet_id, page_size=page_size, page_token=token))
-            yield from reply.rules
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.ListRulesRequest(fleet_id=fleet_id, page_size=page_size)
+        return self.paginate(self.stub.ListRules, request, lambda reply: reply.rules)
 
     def remove_rule(self, rule_id: str, *, fleet_id: str = "") -> None:
         self.call(self.stub.DeleteRule, pb.DeleteRuleRequest(rule_id=rule_id, fleet_id=fleet_id))
@@ -84,14 +78,9 @@ class GovernanceClient(BaseClient):
     def decisions(self, *, agent_id: str = "", fleet_id: str = "",
                   page_size: int = 0) -> Iterator[pb.GateDecision]:
         """Recorded gate decisions, newest first, following page tokens."""
-        token = ""
-        while True:
-            reply = self.call(self.stub.ListDecisions, pb.ListDecisionsRequest(
-                fleet_id=fleet_id, agent_id=agent_id, page_size=page_size, page_token=token))
-            yield from reply.decisions
-            token = reply.next_page_token
-            if not token:
-                return
+        request = pb.ListDecisionsRequest(fleet_id=fleet_id, agent_id=agent_id,
+                                          page_size=page_size)
+        return self.paginate(self.stub.ListDecisions, request, lambda reply: reply.decisions)
 
     def checkpoint(self) -> pb.ChainCheckpoint:
         return self.call(self.stub.GetChainCheckpoint,

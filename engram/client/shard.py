@@ -5,8 +5,9 @@ from __future__ import annotations
 import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
+from typing import Any
 
-from engram.client._channel import BaseClient
+from engram.client._channel import BaseClient, string_list
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
 
@@ -27,17 +28,27 @@ def record_input(
     tags: Sequence[str] = (),
     metadata: Mapping[str, str] | None = None,
 ) -> pb.RecordInput:
-    message = pb.RecordInput(
-        content=content,
-        run_id=run_id,
-        domain=domain,
-        source=source,
-        tags=list(tags),
-        metadata=dict(metadata or {}),
-    )
+    """One record to store. A value of the wrong type is a TypeError naming its parameter,
+    raised before anything is sent."""
+    fields: dict[str, Any] = {
+        "content": content,
+        "run_id": run_id,
+        "domain": domain,
+        "source": source,
+        "tags": string_list("tags", tags),
+        "metadata": metadata or {},
+    }
     if importance is not None:
-        message.importance = importance
-    return message
+        fields["importance"] = importance
+    try:
+        return pb.RecordInput(**fields)
+    except (TypeError, ValueError):
+        for name, value in fields.items():
+            try:
+                pb.RecordInput(**{name: value})
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"{name}={value!r} is not accepted: {error}") from None
+        raise
 
 
 class ShardClient(BaseClient):
@@ -48,12 +59,21 @@ class ShardClient(BaseClient):
         return pb_grpc.ShardServiceStub(self.channel)
 
     def add(
-        self, content: str, *, request_id: str = "", **fields: object
+        self,
+        content: str,
+        *,
+        run_id: str = "",
+        domain: str = "",
+        source: str = "",
+        importance: float | None = None,
+        tags: Sequence[str] = (),
+        metadata: Mapping[str, str] | None = None,
+        request_id: str = "",
     ) -> pb.CreateRecordResponse:
-        request = pb.CreateRecordRequest(
-            record=record_input(content, **fields),  # type: ignore[arg-type]
-            request_id=request_id,
-        )
+        """Store one record; ``request_id`` makes a retry return the first result."""
+        record = record_input(content, run_id=run_id, domain=domain, source=source,
+                              importance=importance, tags=tags, metadata=metadata)
+        request = pb.CreateRecordRequest(record=record, request_id=request_id)
         return self.call(self.stub.CreateRecord, request)
 
     def add_many(
@@ -75,22 +95,12 @@ class ShardClient(BaseClient):
         page_size: int = 0,
     ) -> Iterator[pb.Record]:
         """Every matching record, newest first, following page tokens."""
-        token = ""
-        while True:
-            request = pb.ListRecordsRequest(
-                tags=list(tags),
-                domain=domain,
-                agent_id=agent_id,
-                page_size=page_size,
-                page_token=token,
-            )
-            if run_id is not None:
-                request.run_id = run_id
-            response = self.call(self.stub.ListRecords, request)
-            yield from response.records
-            token = response.next_page_token
-            if not token:
-                return
+        request = pb.ListRecordsRequest(
+            tags=string_list("tags", tags), domain=domain, agent_id=agent_id, page_size=page_size
+        )
+        if run_id is not None:
+            request.run_id = run_id
+        return self.paginate(self.stub.ListRecords, request, lambda reply: reply.records)
 
     def search(
         self,
@@ -103,15 +113,25 @@ class ShardClient(BaseClient):
         mode: str = "hybrid",
         tags: Sequence[str] = (),
     ) -> builtins.list[pb.SearchHit]:
+        """The best ``limit`` records for ``query``; ``mode`` is lexical, semantic or hybrid."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         request = pb.SearchRecordsRequest(
-            query=query, limit=limit, domain=domain, cross=cross, mode=MODES[mode], tags=list(tags)
+            query=query,
+            limit=limit,
+            domain=domain,
+            cross=cross,
+            mode=MODES[mode],
+            tags=string_list("tags", tags),
         )
         if run_id is not None:
             request.run_id = run_id
         return list(self.call(self.stub.SearchRecords, request).hits)
 
     def domains(self) -> builtins.list[pb.Domain]:
-        return list(self.call(self.stub.ListDomains, pb.ListDomainsRequest(page_size=1000)).domains)
+        """Every domain of the caller's fleet."""
+        request = pb.ListDomainsRequest(page_size=1000)
+        return list(self.paginate(self.stub.ListDomains, request, lambda reply: reply.domains))
 
     def upsert_domain(
         self,
@@ -127,7 +147,7 @@ class ShardClient(BaseClient):
                 name=name,
                 display_name=display_name,
                 description=description,
-                keywords=list(keywords),
+                keywords=string_list("keywords", keywords),
             ),
         )
 
@@ -135,7 +155,8 @@ class ShardClient(BaseClient):
         self, ids: Sequence[str] = (), *, all_records: bool = False
     ) -> pb.VerifyRecordsResponse:
         return self.call(
-            self.stub.VerifyRecords, pb.VerifyRecordsRequest(ids=list(ids), all=all_records)
+            self.stub.VerifyRecords,
+            pb.VerifyRecordsRequest(ids=string_list("ids", ids), all=all_records),
         )
 
     def snapshot(self, run_id: str, *, verify: bool = True) -> Iterator[pb.Record]:

@@ -109,12 +109,12 @@ def test_cli_against_service_process_with_s3_blobs(
         manifest = cli("manifests", "put", '{"window": ["c1"]}', "--run", "cli-run")
         event = cli("events", "append", "cli-run", "tool.called", '{"tool": "search"}',
                     "--manifest", str(manifest["manifest_id"]))
-        assert event["seq"] == "1"  # int64 renders as a string in proto JSON
+        assert event["seq"] == 1  # int64 as a number, not proto JSON's string
         cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
             str(stored["artifact_id"]))
         cli("events", "append", "cli-run", "tool.done", "{}")
         view = cli("rehydrate", "cli-run")
-        assert [e["seq"] for e in view["events"]] == ["2"]  # type: ignore[index]
+        assert [e["seq"] for e in view["events"]] == [2]  # type: ignore[index]
         assert cli("events", "ls", "cli-run")[0]["type"] == "tool.called"  # type: ignore[index]
         assert cli("events", "verify", "cli-run")["intact"] is True
         evidence = cli("evidence", "add", "corp", "idx", "chunk-1", "0", "10")

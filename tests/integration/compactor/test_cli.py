@@ -40,10 +40,10 @@ def test_record_reconstruct_pin_verify_and_policies(cli: CliRunner, tmp_path: Pa
         "netAdd": 5, "netDel": 1, "riskScore": 0.5, "status": "success",
         "detail": {"n": n}, "guardrails": {"lint": "ok"}}) + "\n" for n in range(1, 13)))
     recorded = _json(cli, "record", "cli-run", "--detail-file", str(path))
-    assert [r["summary"]["iteration"] for r in recorded] == [str(n) for n in range(1, 13)]
+    assert [r["summary"]["iteration"] for r in recorded] == list(range(1, 13))
     view = _json(cli, "reconstruct", "cli-run", "5")
     assert view["source"] == "cold_snapshot" and view["detail"] == {"n": 5}
-    assert _json(cli, "pin", "cli-run", "7", "--reason", "odd diff")["snapshot_iteration"] == "5"
+    assert _json(cli, "pin", "cli-run", "7", "--reason", "odd diff")["snapshot_iteration"] == 5
     assert len(_json(cli, "recent", "cli-run")) == 4
     assert len(_json(cli, "summaries", "cli-run", "--start", "10")) == 3
     assert _json(cli, "verify", "cli-run")["ok"] is True
