@@ -12,7 +12,8 @@
 # ENGRAM_TLS_DIR (for overlays with components/tls, e.g. prod-tls) holds ca.crt and, per service,
 # <service>.crt and <service>.key; each service gets them as engram-<service>-tls.
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
-# cluster only ever gets the public key and the two service tokens (shard, compactor).
+# cluster only ever gets the public key and the service tokens (shard, artifacts, compactor; 30
+# days, each naming only the services it calls: run this again to renew them).
 # Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
 set -eu
 
@@ -48,8 +49,14 @@ secret() {  # secret <name> <kubectl create secret generic arguments>...
 }
 
 secret engram-auth-public-key --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
-for svc in shard compactor; do
-  engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service > "$WORK/$svc.token"
+for svc in shard artifacts compactor; do
+  case "$svc" in
+    compactor) audiences="--audience shard --audience artifacts --audience governance" ;;
+    *) audiences="--audience governance" ;;
+  esac
+  # shellcheck disable=SC2086 # audiences is a list of words by design
+  engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service --ttl 30d \
+    $audiences > "$WORK/$svc.token"
   secret "engram-$svc-service-token" --from-file=token="$WORK/$svc.token"
 done
 secret engram-shard-db --from-literal=url="$ENGRAM_SHARD_DB_URL"

@@ -187,6 +187,9 @@ class TokenVerifier:
     def key_ids(self) -> frozenset[str]:
         return frozenset(self._keys)
 
+    def now(self) -> float:
+        return self._clock()
+
     def verify(self, token: str) -> Principal:
         principal = self._verified.get(token)
         if principal is None:
@@ -260,6 +263,17 @@ def _principal(claims: Mapping[str, Any]) -> Principal:
         raise _unauthenticated(f"malformed bearer token: roles must be a non-empty subset of "
                                f"{sorted(ROLES)} and jti non-empty", "TOKEN_MALFORMED")
     return principal
+
+
+def needs_renewal(token: str, current: TokenVerifier, *, min_remaining: float = 1 / 3) -> bool:
+    """True when ``token`` no longer verifies with ``current`` (expired, malformed, signed by
+    an earlier key) or has less than ``min_remaining`` of its lifetime left."""
+    try:
+        principal = current.verify(token)
+    except Unauthenticated:
+        return True
+    lifetime = principal.expires_at - principal.issued_at
+    return principal.expires_at - current.now() < lifetime * min_remaining
 
 
 def inspect_token(token: str) -> dict[str, Any]:

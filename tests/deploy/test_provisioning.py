@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from services.common.tokens import Principal, TokenVerifier
+from services.common.tokens import Principal, TokenVerifier, inspect_token
 from tests.conftest import require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
 from tests.pki import issue, write_pair
@@ -80,13 +80,17 @@ def test_compose_init_provisions_keys_tokens_and_buckets_once(
     public = signing / "signing.pub"
     admin = _verify(public, signing / "admin.token")
     assert admin.roles == {"admin", "governor"} and admin.fleet_id == "default"
-    for service in ("shard", "compactor"):
+    callers = ("shard", "artifacts", "compactor")
+    for service in callers:
         principal = _verify(run / service / "signing.pub", run / service / f"{service}.token")
         assert (principal.agent_id, principal.fleet_id, principal.roles) == (
             f"svc-{service}", "system", frozenset({"service"}))
+        assert principal.expires_at - principal.issued_at == 30 * 86400
+    audience = inspect_token((run / "compactor" / "compactor.token").read_text().strip())
+    assert audience["claims"]["aud"] == ["artifacts", "governance", "shard"]
     for service in SERVICES:
         files = {p.name for p in (run / service).iterdir()}
-        expected = {"signing.pub", f"{service}.token"} if service in ("shard", "compactor") else {
+        expected = {"signing.pub", f"{service}.token"} if service in callers else {
             "signing.pub"}
         assert files == expected, f"{service} gets {files}"
         if os.geteuid() == 0:
@@ -154,7 +158,7 @@ def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) ->
     assert value("engram-shard-db", "url").endswith("/engram_shard")
     public = tmp_path / "signing.pub"
     public.write_text(value("engram-auth-public-key", "signing.pub"))
-    for service in ("shard", "compactor"):
+    for service in ("shard", "artifacts", "compactor"):
         token = tmp_path / f"{service}.token"
         token.write_text(value(f"engram-{service}-service-token", "token"))
         assert _verify(public, token).roles == {"service"}
