@@ -48,7 +48,13 @@ secret() {  # secret <name> <kubectl create secret generic arguments>...
     --dry-run=client -o yaml
 }
 
-secret engram-auth-public-key --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
+# The current public key and every retired one still in $ENGRAM_SIGNING_HOME/auth/keys (a key
+# rotation: tokens of the old key keep working until it is deleted there; docs/security.md).
+set -- --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
+for retired in "$ENGRAM_SIGNING_HOME"/auth/keys/*.pub; do
+  [ -f "$retired" ] && set -- "$@" --from-file="$(basename "$retired")=$retired"
+done
+secret engram-auth-public-key "$@"
 for svc in shard artifacts compactor; do
   case "$svc" in
     compactor) audiences="--audience shard --audience artifacts --audience governance" ;;

@@ -270,8 +270,14 @@ def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
             volume = mounts.get(str(path.parent))
             assert volume is not None, f"{service}: {name}={value} is not on a mounted volume"
             items = {item["path"] for source in volume["projected"]["sources"]
-                     for item in source["secret"]["items"]}
-            assert path.name in items, f"{service}: {name}={value} is not a projected item"
+                     for item in source["secret"].get("items", [])}
+            whole = {source["secret"]["name"] for source in volume["projected"]["sources"]
+                     if "items" not in source["secret"]}
+            # A Secret projected whole is the public keys (signing.pub and retired ones).
+            assert path.name in items or whole == {"engram-auth-public-key"}, (
+                f"{service}: {name}={value} is not a projected item")
+        # Every verification key: the directory the public-key Secret is projected into.
+        assert mounts.get(plain["ENGRAM_AUTH_PUBLIC_KEYS"]) is not None, service
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:

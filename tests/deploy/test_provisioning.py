@@ -19,7 +19,12 @@ import pytest
 import yaml
 from cryptography import x509
 
-from services.common.tokens import Principal, TokenVerifier, inspect_token
+from services.common.tokens import (
+    Principal,
+    TokenVerifier,
+    inspect_token,
+    rotate_signing_key,
+)
 from tests.conftest import require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
 from tests.pki import issue, write_pair
@@ -163,6 +168,26 @@ def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) ->
         token.write_text(value(f"engram-{service}-service-token", "token"))
         assert _verify(public, token).roles == {"service"}
     assert "PRIVATE KEY" not in result.stdout, "the signing key never leaves its directory"
+
+
+def test_secrets_script_publishes_retired_keys_during_a_rotation(tmp_path: Path) -> None:
+    env = _secrets_env(tmp_path)
+    first = _run_secrets(env)
+    assert first.returncode == 0, first.stderr
+    old_kid, new_kid = rotate_signing_key(tmp_path / "signing")
+    rotated = _run_secrets(env)
+    assert rotated.returncode == 0, rotated.stderr
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rotated.stdout) if d}
+    keys = secrets["engram-auth-public-key"]["data"]
+    assert set(keys) == {"signing.pub", f"{old_kid}.pub"}
+    for name in keys:
+        (tmp_path / "mounted").mkdir(exist_ok=True)
+        (tmp_path / "mounted" / name).write_bytes(base64.b64decode(keys[name]))
+    verifier = TokenVerifier.load(tmp_path / "mounted")
+    assert verifier.key_ids == {old_kid, new_kid}
+    token = base64.b64decode(secrets["engram-shard-service-token"]["data"]["token"]).decode()
+    token = token.strip()
+    assert inspect_token(token)["header"]["kid"] == new_kid, "new tokens use the new key"
 
 
 def _tls_dir(tmp_path: Path, services: tuple[str, ...] = SERVICES) -> Path:
