@@ -7,8 +7,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import jwt
 import pytest
 
 from engram.client import BaseClient
@@ -79,6 +80,12 @@ def make_token(engram_home: Path) -> TokenFactory:
         return signer.issue(agent, fleet, set(roles), ttl_seconds=ttl_seconds, audience=audience)
 
     return issue
+
+
+def inspect_token(token: str) -> dict[str, Any]:
+    """A token's header and claims, its signature not checked (tests read what was minted)."""
+    return {"header": jwt.get_unverified_header(token),
+            "claims": jwt.decode(token, options={"verify_signature": False})}
 
 
 def _postgres_available() -> bool:

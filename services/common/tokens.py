@@ -276,16 +276,6 @@ def needs_renewal(token: str, current: TokenVerifier, *, min_remaining: float = 
     return principal.expires_at - current.now() < lifetime * min_remaining
 
 
-def inspect_token(token: str) -> dict[str, Any]:
-    """Header and claims of ``token`` WITHOUT checking its signature (for display only)."""
-    try:
-        header = jwt.get_unverified_header(token)
-        claims = jwt.decode(token, options={"verify_signature": False})
-    except jwt.PyJWTError as error:
-        raise InvalidArgument(f"not a JWT: {error}", reason="TOKEN_MALFORMED") from None
-    return {"header": header, "claims": claims}
-
-
 @dataclass(frozen=True)
 class KeyPaths:
     private: Path

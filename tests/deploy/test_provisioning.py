@@ -22,10 +22,9 @@ from cryptography import x509
 from services.common.tokens import (
     Principal,
     TokenVerifier,
-    inspect_token,
     rotate_signing_key,
 )
-from tests.conftest import require
+from tests.conftest import inspect_token, require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
 from tests.pki import issue, write_pair
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import sqlalchemy
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.client import EngramRpcError
@@ -17,8 +18,7 @@ from engram.client.governance import GovernanceClient
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
-from services.common.tokens import inspect_token
-from tests.conftest import TokenFactory
+from tests.conftest import TokenFactory, inspect_token
 from tests.integration.common.stack import SERVICES, Outcome, Stack, running_stack
 
 OK = (grpc.StatusCode.OK, "")
@@ -203,3 +203,22 @@ def test_revocations_are_in_the_witness_chain(stack: Stack, governor: Governance
     governor.revoke_agent_tokens("agent-3")
     assert governor.checkpoint().length == before + 2
     assert governor.verify_chain().ok
+
+
+def test_a_revocation_deleted_behind_governances_back_is_found(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory,
+        tmp_path: Path) -> None:
+    claims = inspect_token(make_token("agent-1", "fleet-a"))["claims"]
+    governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC))
+    governor.revoke_agent_tokens("agent-3")
+    assert governor.verify_chain().ok
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'governance.db'}")
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text("DELETE FROM revoked_tokens"))
+        conn.execute(sqlalchemy.text("UPDATE revoked_agents SET revoked_ms = 0"))
+    engine.dispose()
+    report = governor.verify_chain()
+    assert not report.ok
+    assert any(f"token {claims['jti']}" in p and "missing from the store" in p
+               for p in report.problems), report.problems
+    assert any("agent fleet-a/agent-3" in p and "differs" in p for p in report.problems)

@@ -20,13 +20,12 @@ from services.common.tokens import (
     DEFAULT_SERVICE_TTL_SECONDS,
     TokenSigner,
     TokenVerifier,
-    inspect_token,
     local_public_keys,
     write_token_file,
 )
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
-from tests.conftest import TokenFactory
+from tests.conftest import TokenFactory, inspect_token
 
 
 @pytest.fixture
@@ -63,10 +62,11 @@ def test_engram_up_writes_expiring_least_audience_tokens_and_renews_them(home: P
     key = TokenSigner.load(home / "auth" / "signing.key")
     write_token_file(tokens["shard"], TokenSigner(key._key, clock=lambda: time.time() - 25 * 86400)
                      .issue("svc-shard", "system", {"service"}, ttl_seconds=30 * 86400))
-    renewed = prepare_home(home)["shard"].read_text().strip()
+    after = prepare_home(home)
+    renewed = after["shard"].read_text().strip()
     assert renewed != before["shard"].strip()
     assert verifier.verify(renewed).issued_at >= time.time() - 60, "renewed: 5 of 30 days left"
-    assert renewed["admin"].read_text() == before["admin"]
+    assert after["admin"].read_text() == before["admin"]
 
     rotated = _json("token", "rotate-key")
     after = prepare_home(home)
