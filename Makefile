@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml requirements.lock requirements-model.txt
 setup: $(STAMP) ## create .venv and install engram[server,dev] from the lockfile
 
 lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pyproject.toml
-	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --python $(BIN)/python \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --python $(BIN)/python \
 		--index-strategy unsafe-best-match -o requirements.lock
-	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra compare \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --extra compare \
 		-c requirements.lock \
 		--python $(BIN)/python --index-strategy unsafe-best-match -o requirements-compare.lock
 

@@ -13,6 +13,7 @@ import jwt
 import pytest
 
 from engram.client import BaseClient
+from services.common.auth import service_principal
 from services.common.tokens import (
     AUDIENCES,
     DEFAULT_AGENT_TTL_SECONDS,
@@ -86,6 +87,17 @@ def inspect_token(token: str) -> dict[str, Any]:
     """A token's header and claims, its signature not checked (tests read what was minted)."""
     return {"header": jwt.get_unverified_header(token),
             "claims": jwt.decode(token, options={"verify_signature": False})}
+
+
+@pytest.fixture(scope="session")
+def make_service_token(engram_home: Path) -> Callable[[str], str]:
+    """The token service ``name`` presents to the others (``engram up`` mints the same)."""
+    signer = TokenSigner.load(engram_home / "auth" / "signing.key")
+
+    def issue(name: str) -> str:
+        return signer.issue(*service_principal(name))
+
+    return issue
 
 
 def _postgres_available() -> bool:

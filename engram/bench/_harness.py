@@ -135,6 +135,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+UNTHROTTLED = {f"ENGRAM_{service}_RATE_LIMIT_{kind}": "0"
+               for service in ("SHARD", "GOVERNANCE", "ARTIFACTS", "COMPACTOR")
+               for kind in ("READS", "WRITES")}
+"""A benchmark measures capacity, not one agent's allowance: per-agent rate limits off."""
+
+
 class ServerProcess:
     """A server in a child process on a free loopback port; waits for grpc.health SERVING."""
 
@@ -145,31 +151,45 @@ class ServerProcess:
         port: int | None = None,
         port_env: str = "ENGRAM_BENCH_ECHO_PORT",
         timeout: float = 60.0,
+        log_path: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self._argv = argv
-        self._env = {**os.environ, **env, port_env: str(self.port)}
+        self._env = {**UNTHROTTLED, **os.environ, **env, port_env: str(self.port)}
         self._timeout = timeout
+        self._log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> ServerProcess:
-        self.process = subprocess.Popen(
-            self._argv, env=self._env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        # A service under minutes of load may log more than a pipe holds: give it a file then.
+        log = self._log_path.open("ab") if self._log_path else None
+        try:
+            self.process = subprocess.Popen(
+                self._argv, env=self._env, stdout=subprocess.DEVNULL,
+                stderr=log if log else subprocess.PIPE,
+            )
+        finally:
+            if log:
+                log.close()
         deadline = time.monotonic() + self._timeout
         with grpc.insecure_channel(self.address) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
-                    err = self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
-                    raise RuntimeError(f"{self._argv} exited early: {err}")
+                    raise RuntimeError(f"{self._argv} exited early: {self._stderr_tail()}")
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
                         return self
                 except grpc.RpcError:
                     time.sleep(0.1)
         raise RuntimeError(f"{self._argv} did not become SERVING in {self._timeout}s")
+
+    def _stderr_tail(self) -> str:
+        if self._log_path is not None:
+            return self._log_path.read_text(errors="replace")[-2000:]
+        assert self.process is not None
+        return self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
 
     def __exit__(self, *_exc: object) -> None:
         if self.process and self.process.poll() is None:
@@ -178,6 +198,9 @@ class ServerProcess:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self.process and self.process.stderr:
+            self.process.stderr.close()
 
     @property
     def pid(self) -> int:

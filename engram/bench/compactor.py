@@ -32,6 +32,7 @@ from engram.bench._harness import (
 )
 from engram.client.compactor import CompactorClient
 from engram.compactor.v1 import compactor_service_pb2 as pb
+from services.common.auth import service_principal
 from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
 
 ROTATE_BYTES = 1024 * 1024
@@ -124,7 +125,7 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
         home = Path(tmp)
         signer = TokenSigner.load(ensure_keypair(home).private)
         write_token_file(home / "auth" / "compactor.token",
-                         signer.issue("svc-compactor", "system", {"service"}))
+                         signer.issue(*service_principal("compactor")))
         token = signer.issue("bench-agent", "bench", {"agent"})
         with _compactor_process(home) as server, CompactorClient(server.address, token) as client:
             task = bar.add_task("durable records", total=None)

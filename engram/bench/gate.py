@@ -25,6 +25,7 @@ from engram.bench._harness import Latency, ServerProcess, concurrent, echo_basel
 from engram.client import ShardClient, record_input
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
+from services.common.auth import service_principal
 from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
 from services.shard.governance_gate import connect_governance
 
@@ -54,7 +55,7 @@ def run(scale: float = 1.0, progress: bool = True) -> dict[str, object]:
         home = Path(tmp)
         signer = TokenSigner.load(ensure_keypair(home).private)
         service_token = home / "shard-service.token"
-        write_token_file(service_token, signer.issue("svc-shard", "system", {"service"}))
+        write_token_file(service_token, signer.issue(*service_principal("shard")))
         tokens = {a: signer.issue(a, "bench", {"agent"}) for a in _AUTHORS}
         base = {"ENGRAM_HOME": str(home), "ENGRAM_LOG_LEVEL": "WARNING",
                 # Searches here are lexical; background embedding would only add noise.

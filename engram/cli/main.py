@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from engram.cli import artifacts, bench, compactor, evals, gov, shard, token, up
+from engram.cli import artifacts, bench, compactor, evals, gov, mcp, shard, token, up
 
 app = typer.Typer(
     help="Engram: durable, verifiable memory for fleets of AI agents.",
@@ -19,6 +19,7 @@ app.add_typer(compactor.app, name="compactor")
 app.add_typer(token.app, name="token")
 app.command("bench")(bench.bench)
 app.add_typer(evals.app, name="eval")
+app.command("mcp")(mcp.mcp)
 
 
 def main() -> None:

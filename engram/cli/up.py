@@ -62,6 +62,7 @@ SERVICES = (
 def prepare_home(home: Path) -> dict[str, Path]:
     """Key pair, the operator's admin token and one service token per service, each written
     again when missing, near its expiry or signed by an earlier signing key."""
+    from services.common.auth import service_principal
     from services.common.tokens import (
         AUDIENCES,
         DEFAULT_SERVICE_TTL_SECONDS,
@@ -76,7 +77,7 @@ def prepare_home(home: Path) -> dict[str, Path]:
     signer = TokenSigner.load(keys.private)
     current = TokenVerifier.load(keys.public)
 
-    def keep_fresh(path: Path, agent: str, fleet: str, roles: set[str],
+    def keep_fresh(path: Path, agent: str, fleet: str, roles: frozenset[str],
                    audience: tuple[str, ...]) -> Path:
         if not path.exists() or needs_renewal(path.read_text().strip(), current):
             write_token_file(path, signer.issue(agent, fleet, roles, audience=audience,
@@ -84,10 +85,10 @@ def prepare_home(home: Path) -> dict[str, Path]:
         return path
 
     tokens = {"admin": keep_fresh(home / "auth" / "admin.token", ADMIN_AGENT, DEFAULT_FLEET,
-                                  {"admin", "governor"}, AUDIENCES)}
+                                  frozenset({"admin", "governor"}), AUDIENCES)}
     for launch in SERVICES:
         tokens[launch.name] = keep_fresh(home / "auth" / f"{launch.name}.token",
-                                         f"svc-{launch.name}", "system", {"service"},
+                                         *service_principal(launch.name),
                                          launch.needs or (launch.name,))
     return tokens
 

@@ -6,11 +6,13 @@ interceptor: it would add a Python hop to each call on the hot path).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol, Self, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from engram.client._errors import EngramRpcError
 
@@ -85,7 +87,14 @@ def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | No
 
 
 class BaseClient:
-    """Holds a channel and the caller's token; turns RpcError into EngramRpcError."""
+    """Holds a channel and the caller's token; turns RpcError into EngramRpcError.
+
+    A unary call refused ``RESOURCE_EXHAUSTED`` with a ``RetryInfo`` delay (a server's
+    concurrency or rate limit: nothing was done) is retried after that delay, up to
+    ``max_retries`` times and never past the call's deadline.
+    """
+
+    max_retries = 3
 
     def __init__(
         self,
@@ -104,10 +113,22 @@ class BaseClient:
 
     def call(self, method: UnaryCall[Request, Response], request: Request, *,
              timeout: float | _ClientTimeout | None = _CLIENT_TIMEOUT) -> Response:
-        try:
-            return method(request, metadata=self.metadata, timeout=self._deadline(timeout))
-        except grpc.RpcError as error:
-            raise EngramRpcError.from_rpc_error(error) from None
+        budget = self._deadline(timeout)
+        deadline = None if budget is None else time.monotonic() + budget
+        retries = self.max_retries if isinstance(request, Message) else 0  # not a used stream
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return method(request, metadata=self.metadata, timeout=remaining)
+            except grpc.RpcError as error:
+                failure = EngramRpcError.from_rpc_error(error)
+            delay = failure.retry_delay
+            if (retries <= 0 or failure.code != grpc.StatusCode.RESOURCE_EXHAUSTED
+                    or delay is None
+                    or (deadline is not None and time.monotonic() + delay >= deadline)):
+                raise failure
+            retries -= 1
+            time.sleep(delay)
 
     def stream(self, method: StreamCall[Request, Response], request: Request, *,
                timeout: float | _ClientTimeout | None = _CLIENT_TIMEOUT) -> Iterator[Response]:

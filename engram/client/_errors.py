@@ -17,18 +17,22 @@ class EngramRpcError(Exception):
         message: str,
         reason: str = "",
         metadata: dict[str, str] | None = None,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(f"{code.name}: {message}" + (f" [{reason}]" if reason else ""))
         self.code = code
         self.message = message
         self.reason = reason
         self.metadata = metadata or {}
+        self.retry_delay = retry_delay
+        """Seconds the server asked the caller to wait before a retry (``RetryInfo``)."""
 
     @classmethod
     def from_rpc_error(cls, error: grpc.RpcError) -> EngramRpcError:
         if not isinstance(error, grpc.Call):
             return cls(grpc.StatusCode.UNKNOWN, str(error))
         reason, metadata = "", dict[str, str]()
+        retry_delay: float | None = None
         status = _status(error)
         if status is not None:
             for detail in status.details:
@@ -36,7 +40,11 @@ class EngramRpcError(Exception):
                     info = error_details_pb2.ErrorInfo()
                     detail.Unpack(info)
                     reason, metadata = info.reason, dict(info.metadata)
-        return cls(error.code(), error.details() or "", reason, metadata)
+                elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+                    retry = error_details_pb2.RetryInfo()
+                    detail.Unpack(retry)
+                    retry_delay = retry.retry_delay.ToNanoseconds() / 1e9
+        return cls(error.code(), error.details() or "", reason, metadata, retry_delay)
 
 
 def _status(call: grpc.Call) -> status_pb2.Status | None:

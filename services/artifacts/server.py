@@ -6,7 +6,13 @@ import logging
 from pathlib import Path
 
 from services.artifacts.service import ArtifactsService
-from services.artifacts.servicer import POLICY, SERVICE_NAME, ArtifactsServicer, add_to_server
+from services.artifacts.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    ArtifactsServicer,
+    add_to_server,
+)
 from services.artifacts.settings import ArtifactsSettings
 from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
@@ -40,6 +46,7 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_stop=stop,
         restrictions=restrictions,
     )

@@ -23,12 +23,13 @@ from services.artifacts.domain.entities import (
 )
 from services.artifacts.domain.integrity import ArtifactUpload, UploadEnd
 from services.artifacts.service import ArtifactsService
+from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
-_USERS = frozenset({"agent", "admin", "service"})
-_READERS = frozenset({"agent", "admin", "service", "governor"})
+_USERS = frozenset({"agent", "admin"})  # no service calls artifacts
+_READERS = frozenset({"agent", "admin", "governor"})
 MAX_CHUNK_SIZE = 4 * 1024 * 1024
 
 
@@ -48,6 +49,16 @@ POLICY: MethodPolicy = {
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["ArtifactsService"].methods
 }
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in (  # ResolvePointer and Rehydrate may stop a run
+        "StartRun", "StopRun", "CreateArtifact", "AppendEvent", "CreateSnapshot",
+        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate")},
+    **{_m(name): READ for name in (
+        "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
+        "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
+        "ListEvidence", "GetManifest", "ListManifests")},
+}
+assert set(KINDS) == set(POLICY)
 
 _STATUS_TO_PB = {
     RunStatus.RUNNING: pb.RUN_STATUS_RUNNING,

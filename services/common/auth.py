@@ -1,8 +1,14 @@
 """Authentication and per-method authorization.
 
 Every RPC a service exposes has an explicit entry in its :data:`MethodPolicy`:
-the roles allowed to call it. A method with no entry is refused (fail closed),
-so adding an RPC without deciding who may call it cannot open a hole.
+the caller kinds allowed to call it. A method with no entry is refused (fail
+closed), so adding an RPC without deciding who may call it cannot open a hole.
+
+A caller's kinds are its token's roles (``agent``, ``governor``, ``admin``,
+``service``) plus, for a service principal, its identity: the token of role
+``service`` whose agent id is ``svc-<name>`` is also ``service:<name>``
+(``service:shard``, ``service:compactor`` ...). A table names an identity to let
+only that service in, or ``service`` to let any service principal in.
 """
 
 from __future__ import annotations
@@ -14,7 +20,24 @@ from services.common.access import AccessRestrictions
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.tokens import Principal, TokenVerifier, validate_identifier
 
-ANY_ROLE = frozenset({"agent", "governor", "admin", "service"})
+SERVICE_ROLE = "service"
+SERVICE_AGENT_PREFIX = "svc-"
+SERVICE_FLEET = "system"
+SERVICE_NAMES = ("shard", "governance", "artifacts", "compactor")
+
+
+def service_identity(name: str) -> str:
+    """The caller kind an access table names to admit one service (``service:shard``)."""
+    return f"{SERVICE_ROLE}:{name}"
+
+
+SHARD_SERVICE = service_identity("shard")
+GOVERNANCE_SERVICE = service_identity("governance")
+ARTIFACTS_SERVICE = service_identity("artifacts")
+COMPACTOR_SERVICE = service_identity("compactor")
+SERVICE_IDENTITIES = frozenset(service_identity(name) for name in SERVICE_NAMES)
+PEOPLE = frozenset({"agent", "governor", "admin"})
+"""Every role but ``service``: what a person or an agent may hold."""
 PUBLIC: frozenset[str] = frozenset()
 """Marks a method callable without a token (health, reflection)."""
 
@@ -29,6 +52,29 @@ PUBLIC_PREFIXES = (
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "engram_principal", default=None
 )
+
+
+def service_principal(name: str) -> tuple[str, str, frozenset[str]]:
+    """(agent id, fleet, roles) of the token service ``name`` presents to the others."""
+    if name not in SERVICE_NAMES:
+        raise ValueError(f"unknown service {name!r}; one of {', '.join(SERVICE_NAMES)}")
+    return f"{SERVICE_AGENT_PREFIX}{name}", SERVICE_FLEET, frozenset({SERVICE_ROLE})
+
+
+def caller_kinds(principal: Principal) -> frozenset[str]:
+    """The kinds an access table can name for this caller: its roles and, for a service
+    principal, its identity (``service:<name>`` from the agent id ``svc-<name>``)."""
+    if SERVICE_ROLE not in principal.roles:
+        return principal.roles
+    name = principal.agent_id.removeprefix(SERVICE_AGENT_PREFIX)
+    if principal.agent_id == f"{SERVICE_AGENT_PREFIX}{name}" and name in SERVICE_NAMES:
+        return principal.roles | {service_identity(name)}
+    return principal.roles
+
+
+def is_caller(principal: Principal, kind: str) -> bool:
+    """Whether this caller is of ``kind`` (a role or a service identity)."""
+    return kind in caller_kinds(principal)
 
 
 def current_principal() -> Principal:
@@ -78,10 +124,11 @@ class Authorizer:
         principal = self._verifier.verify(token.strip())
         if self._restrictions is not None:
             self._restrictions.check(principal, method)
-        if not principal.has_any(allowed):
+        kinds = caller_kinds(principal)
+        if not kinds & allowed:
             raise PermissionDenied(
-                f"{method} needs one of the roles {sorted(allowed)}; "
-                f"caller {principal.agent_id} has {sorted(principal.roles)}",
+                f"{method} may be called only by {', '.join(sorted(allowed))}; "
+                f"caller {principal.agent_id} is {', '.join(sorted(kinds))}",
                 reason="ROLE_REQUIRED",
                 metadata={"required_roles": ",".join(sorted(allowed))},
             )

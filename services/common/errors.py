@@ -27,7 +27,8 @@ ERROR_DOMAIN = "engram.dev"
 
 
 class EngramError(Exception):
-    """Base class. ``code`` is the name of a ``grpc.StatusCode`` member."""
+    """Base class. ``code`` is the name of a ``grpc.StatusCode`` member; ``retry_delay``
+    (seconds), when set, travels as ``google.rpc.RetryInfo``: when a retry may succeed."""
 
     code = "UNKNOWN"
     default_reason = "ENGRAM_ERROR"
@@ -38,11 +39,13 @@ class EngramError(Exception):
         *,
         reason: str | None = None,
         metadata: Mapping[str, str] | None = None,
+        retry_delay: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.retry_delay = retry_delay
 
 
 class InvalidArgument(EngramError):

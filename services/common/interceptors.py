@@ -1,4 +1,4 @@
-"""Server interceptors: metrics, logging, errors and auth, outermost first.
+"""Server interceptors: metrics, logging, errors, concurrency, auth, rate, outermost first.
 
 Each wraps the method handler's behaviour function, so one helper
 (:func:`_wrap_handler`) serves the four RPC shapes. Streaming responses are
@@ -15,11 +15,18 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from services.common.auth import Authorizer, bind_principal, unbind_principal
+from services.common.admission import ConcurrencyLimit, MethodKinds, RateLimiter
+from services.common.auth import (
+    SERVICE_ROLE,
+    Authorizer,
+    bind_principal,
+    current_principal,
+    unbind_principal,
+)
 from services.common.errors import ERROR_DOMAIN, EngramError
 from services.common.metrics import GrpcMetrics
 
@@ -94,8 +101,15 @@ def _status_for(error: EngramError) -> status_pb2.Status:
     )
     detail = any_pb2.Any()
     detail.Pack(info)
+    details = [detail]
+    if error.retry_delay is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(max(0, round(error.retry_delay * 1e9)))
+        retry = any_pb2.Any()
+        retry.Pack(error_details_pb2.RetryInfo(retry_delay=delay))
+        details.append(retry)
     code = grpc.StatusCode[error.code]
-    return status_pb2.Status(code=code.value[0], message=error.message, details=[detail])
+    return status_pb2.Status(code=code.value[0], message=error.message, details=details)
 
 
 class ErrorInterceptor(_BehaviorInterceptor):
@@ -238,5 +252,75 @@ class LoggingInterceptor(_BehaviorInterceptor):
                     )
                 elif log.isEnabledFor(logging.DEBUG):
                     log.debug("rpc", extra={"method": method, "elapsed_ms": elapsed_ms})
+
+        return unary
+
+
+class ConcurrencyInterceptor(_BehaviorInterceptor):
+    """Refuses a call past the service's in-flight limit before it runs (health excepted);
+    a stream holds its slot until it ends."""
+
+    def __init__(self, limit: ConcurrencyLimit, is_public: Callable[[str], bool]) -> None:
+        super().__init__()
+        self._limit = limit
+        self._is_public = is_public
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        if self._is_public(method):
+            return behavior
+        limit = self._limit
+
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                limit.enter()
+                try:
+                    yield from behavior(request, context)
+                finally:
+                    limit.leave()
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            limit.enter()
+            try:
+                return behavior(request, context)
+            finally:
+                limit.leave()
+
+        return unary
+
+
+class RateLimitInterceptor(_BehaviorInterceptor):
+    """Takes a token from the caller's bucket for the method's kind (read or write) before it
+    runs; service principals and public methods pass (runs inside :class:`AuthInterceptor`)."""
+
+    def __init__(self, limiter: RateLimiter, kinds: MethodKinds) -> None:
+        super().__init__()
+        self._limiter = limiter
+        self._kinds = kinds
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        kind = self._kinds.get(method)
+        if kind is None:  # public (health, reflection); every RPC of a service has a kind
+            return behavior
+        limiter = self._limiter
+
+        def admit() -> None:
+            principal = current_principal()
+            if SERVICE_ROLE not in principal.roles:
+                limiter.admit(principal.fleet_id, principal.agent_id, kind)
+
+        if streaming:
+
+            def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                admit()
+                yield from behavior(request, context)
+
+            return stream
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            admit()
+            return behavior(request, context)
 
         return unary

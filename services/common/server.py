@@ -16,27 +16,37 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
 from services.common.access import AccessRestrictions
+from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
     AuthInterceptor,
+    ConcurrencyInterceptor,
     ErrorInterceptor,
     LoggingInterceptor,
     MetricsInterceptor,
+    RateLimitInterceptor,
 )
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
+from services.common.startup import StartupError
 from services.common.tokens import TokenVerifier, load_public_keys
 
 log = logging.getLogger("engram.server")
+
+SPARE_WORKERS = 8
+"""Threads beyond ``max_concurrent_rpcs``: a call past the limit gets a thread to be refused."""
 
 
 @dataclass
@@ -49,6 +59,8 @@ class ServiceSpec:
     """Fully-qualified gRPC service names (``engram.shard.v1.ShardService``)."""
     register: Callable[[grpc.Server], None]
     policy: MethodPolicy
+    kinds: MethodKinds
+    """Whether each RPC reads or writes (declared beside ``policy``), for the rate limits."""
     on_start: Callable[[], None] = lambda: None
     """Background work the service runs while it serves (a scheduler); started by ``start()``."""
     on_stop: Callable[[], None] = lambda: None
@@ -148,14 +160,56 @@ class EngramServer:
         self.stop()
 
 
+def _rate_limiter(settings: ServerSettings) -> RateLimiter:
+    return RateLimiter(
+        {READ: (settings.rate_limit_reads, settings.rate_limit_read_burst),
+         WRITE: (settings.rate_limit_writes, settings.rate_limit_write_burst)},
+        {READ: f"{_setting(settings, 'rate_limit_reads')}, "
+               f"{_setting(settings, 'rate_limit_read_burst')}",
+         WRITE: f"{_setting(settings, 'rate_limit_writes')}, "
+                f"{_setting(settings, 'rate_limit_write_burst')}"})
+
+
+def _setting(settings: ServerSettings, field_name: str) -> str:
+    """The environment variable an operator sets for ``field_name`` (ENGRAM_SHARD_TLS_KEY)."""
+    return f"{settings.model_config.get('env_prefix', 'ENGRAM_')}{field_name}".upper()
+
+
+def _read_pem(settings: ServerSettings, field_name: str, path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise StartupError(f"{_setting(settings, field_name)}: cannot read {path}: "
+                           f"{error.strerror or error}") from None
+    if b"-----BEGIN " not in data:
+        raise StartupError(f"{_setting(settings, field_name)}: {path} holds no PEM block")
+    return data
+
+
 def _credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None or settings.tls_key is None:
+    """TLS when a certificate and its key are both set, plaintext when none of the three TLS
+    settings is; anything in between refuses to start rather than serve in plaintext."""
+    cert_name, key_name, ca_name = (_setting(settings, f) for f in
+                                    ("tls_cert", "tls_key", "tls_client_ca"))
+    if settings.tls_cert is None and settings.tls_key is None:
+        if settings.tls_client_ca is not None:
+            raise StartupError(f"{ca_name} is set but {cert_name} and {key_name} are not: "
+                               "client certificates need a TLS server; set all three or none")
         return None
-    pair = [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())]
+    if settings.tls_key is None:
+        raise StartupError(f"{cert_name} is set but {key_name} is not: "
+                           "a TLS certificate needs its private key")
+    if settings.tls_cert is None:
+        raise StartupError(f"{key_name} is set but {cert_name} is not: "
+                           "a TLS private key needs its certificate")
+    certificate = _read_pem(settings, "tls_cert", settings.tls_cert)
+    key = _read_pem(settings, "tls_key", settings.tls_key)
+    _check_pair(certificate, key, cert_name, key_name)
+    pair = [(key, certificate)]
     if settings.tls_client_ca is not None:
         return grpc.ssl_server_credentials(
             pair,
-            root_certificates=settings.tls_client_ca.read_bytes(),
+            root_certificates=_read_pem(settings, "tls_client_ca", settings.tls_client_ca),
             require_client_auth=True,
         )
     return grpc.ssl_server_credentials(pair)
@@ -175,17 +229,43 @@ def token_verifier(settings: ServerSettings, audience: str) -> TokenVerifier:
     return TokenVerifier(keys, audience=audience, leeway_seconds=settings.auth_leeway_seconds)
 
 
+def _check_pair(certificate: bytes, key: bytes, cert_name: str, key_name: str) -> None:
+    """gRPC would only fail at the first handshake; say at start which file is wrong."""
+    try:
+        public = x509.load_pem_x509_certificate(certificate).public_key()
+    except ValueError:
+        raise StartupError(f"{cert_name}: not a PEM X.509 certificate") from None
+    try:
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):
+        raise StartupError(f"{key_name}: not an unencrypted PEM private key") from None
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if (public.public_bytes(serialization.Encoding.DER, spki)
+            != private.public_key().public_bytes(serialization.Encoding.DER, spki)):
+        raise StartupError(f"{key_name} is not the private key of the certificate in {cert_name}")
+
+
 def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     verifier = token_verifier(settings, spec.name)
+    credentials = _credentials(settings)
+    if set(spec.kinds) != set(spec.policy):
+        raise StartupError(f"{spec.name}: every RPC needs both an access entry and a read/write "
+                           f"kind; differ: {sorted(set(spec.kinds) ^ set(spec.policy))}")
+    authorizer = Authorizer(verifier, spec.policy, spec.restrictions)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         ErrorInterceptor(),
-        AuthInterceptor(Authorizer(verifier, spec.policy, spec.restrictions)),
+        ConcurrencyInterceptor(ConcurrencyLimit(settings.max_concurrent_rpcs,
+                                                _setting(settings, "max_concurrent_rpcs")),
+                               authorizer.is_public),
+        AuthInterceptor(authorizer),
+        RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
     ]
     server = grpc.server(
-        futures.ThreadPoolExecutor(
-            max_workers=settings.max_workers, thread_name_prefix=f"{spec.name}-rpc"
+        futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
+            max_workers=settings.max_concurrent_rpcs + SPARE_WORKERS,
+            thread_name_prefix=f"{spec.name}-rpc",
         ),
         interceptors=interceptors,
         options=[
@@ -200,7 +280,6 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         (*spec.full_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     target = f"{settings.host}:{settings.port}"
-    credentials = _credentials(settings)
     if credentials is None:
         port = server.add_insecure_port(target)
     else:

@@ -55,7 +55,24 @@ class ServerSettings(BaseSettings):
     metrics_port: int | None = Field(
         default=None, description="Prometheus /metrics port; unset disables the endpoint"
     )
-    max_workers: int = 32
+    max_concurrent_rpcs: int = Field(
+        default=128, ge=1,
+        description="calls this process runs at once; one more is answered RESOURCE_EXHAUSTED "
+        "(CONCURRENCY_LIMIT, with RetryInfo) at once instead of queueing behind them",
+    )
+    rate_limit_reads: float = Field(
+        default=200.0, ge=0,
+        description="read calls a second one agent may make to this service (token bucket); "
+        "0 turns the limit off; over it: RESOURCE_EXHAUSTED (RATE_LIMITED, with RetryInfo)",
+    )
+    rate_limit_read_burst: int = Field(default=400, ge=1,
+                                       description="read calls one agent may make at once")
+    rate_limit_writes: float = Field(
+        default=100.0, ge=0,
+        description="write calls a second one agent may make to this service; 0: off",
+    )
+    rate_limit_write_burst: int = Field(default=200, ge=1,
+                                        description="write calls one agent may make at once")
     grace_seconds: float = 5.0
     drain_delay_seconds: float = Field(
         default=1.0,

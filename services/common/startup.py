@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 from pydantic import ValidationError
 
 from services.common.logging_setup import configure_logging
-from services.common.server import EngramServer
 from services.common.settings import ServerSettings
+
+if TYPE_CHECKING:  # server.py raises StartupError, so it cannot be imported from here at run time
+    from services.common.server import EngramServer
 
 log = logging.getLogger("engram.startup")
 

@@ -13,7 +13,13 @@ from services.common.startup import StartupError
 from services.compactor.repository import CompactorRepository
 from services.compactor.scheduler import CompactionSchedule
 from services.compactor.service import IterationLog, MemoryPolicyRunner
-from services.compactor.servicer import POLICY, SERVICE_NAME, CompactorServicer, add_to_server
+from services.compactor.servicer import (
+    KINDS,
+    POLICY,
+    SERVICE_NAME,
+    CompactorServicer,
+    add_to_server,
+)
 from services.compactor.settings import CompactorSettings
 from services.compactor.shard_gateway import ShardCompactionGateway
 
@@ -36,6 +42,14 @@ def _service_token(settings: CompactorSettings) -> str:
 
 def build_compactor_server(settings: CompactorSettings) -> EngramServer:
     database = Database(settings.database_url())
+    try:
+        return _build(settings, database)
+    except BaseException:
+        database.dispose()  # a failed start leaves no connection open behind it
+        raise
+
+
+def _build(settings: CompactorSettings, database: Database) -> EngramServer:
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(),
@@ -68,6 +82,7 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_start=schedule.start,
         on_stop=stop,
         restrictions=restrictions,

@@ -9,7 +9,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
-from services.common.auth import ANY_ROLE, MethodPolicy, current_principal, target_fleet
+from services.common.admission import READ, WRITE, MethodKinds
+from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
 from services.common.pagination import paginate
 from services.common.tokens import validate_identifier
 from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
@@ -18,8 +19,8 @@ from services.compactor.domain.warm_chain import IterationInput, WarmLine
 from services.compactor.service import IterationLog, MemoryPolicyRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
-_WRITERS = frozenset({"agent", "admin", "service"})
-_OPERATORS = frozenset({"admin", "service"})
+_WRITERS = frozenset({"agent", "admin"})  # no service calls the compactor
+_OPERATORS = frozenset({"admin"})
 
 
 def _m(name: str) -> str:
@@ -29,17 +30,25 @@ def _m(name: str) -> str:
 POLICY: MethodPolicy = {
     _m("RecordIteration"): _WRITERS,
     _m("PinIteration"): _WRITERS,
-    _m("ListRecentIterations"): ANY_ROLE,
-    _m("ListSummaries"): ANY_ROLE,
-    _m("ReconstructIteration"): ANY_ROLE,
-    _m("VerifyRun"): ANY_ROLE,
+    _m("ListRecentIterations"): PEOPLE,
+    _m("ListSummaries"): PEOPLE,
+    _m("ReconstructIteration"): PEOPLE,
+    _m("VerifyRun"): PEOPLE,
     _m("CompactMemory"): _OPERATORS,
     _m("ApplyMemoryRetention"): _OPERATORS,
-    _m("ListPolicyRuns"): frozenset({"admin", "governor", "service"}),
+    _m("ListPolicyRuns"): frozenset({"admin", "governor"}),
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["CompactorService"].methods
 }
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in (
+        "RecordIteration", "PinIteration", "CompactMemory", "ApplyMemoryRetention")},
+    **{_m(name): READ for name in (
+        "ListRecentIterations", "ListSummaries", "ReconstructIteration", "VerifyRun",
+        "ListPolicyRuns")},
+}
+assert set(KINDS) == set(POLICY)
 
 _SOURCES = {
     DetailSource.HOT: pb.DETAIL_SOURCE_HOT,
@@ -114,9 +123,8 @@ def _run_id(run_id: str) -> str:
 
 
 def _policy_fleet(requested: str) -> str:
-    """The caller's fleet; only service principals run memory policies for another fleet."""
-    principal = current_principal()
-    return target_fleet(principal, requested, cross_fleet="service" in principal.roles)
+    """The caller's own fleet: no principal runs memory policies for another fleet here."""
+    return target_fleet(current_principal(), requested)
 
 
 class CompactorServicer(pb_grpc.CompactorServiceServicer):

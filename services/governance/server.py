@@ -11,6 +11,7 @@ from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.governance.service import GovernanceService
 from services.governance.servicer import (
+    KINDS,
     POLICY,
     SERVICE_NAME,
     SUSPENDED_MAY_CALL,
@@ -50,13 +51,13 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
                                       refresh_seconds=settings.auth_restrictions_refresh_seconds,
                                       suspended_may_call=SUSPENDED_MAY_CALL,
                                       origin="the governance store")
-    servicer = GovernanceServicer(service, gate_callers=settings.gate_caller_ids(),
-                                  restrictions=restrictions)
+    servicer = GovernanceServicer(service, restrictions=restrictions)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
         restrictions=restrictions,

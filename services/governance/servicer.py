@@ -10,7 +10,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 from services.common.access import AccessRestrictions
-from services.common.auth import MethodPolicy, current_principal, target_fleet
+from services.common.admission import READ, WRITE, MethodKinds
+from services.common.auth import (
+    PEOPLE,
+    SERVICE_ROLE,
+    SHARD_SERVICE,
+    MethodPolicy,
+    current_principal,
+    is_caller,
+    target_fleet,
+)
 from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.pagination import paginate
 from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
@@ -29,9 +38,6 @@ from services.governance.service import GovernanceService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
-_PEOPLE = frozenset({"agent", "governor", "admin"})
-"""Every role but ``service``: a service token may call only the gate RPCs."""
-DEFAULT_GATE_CALLERS = frozenset({"svc-shard"})
 MAX_CANDIDATES = 1000
 MAX_NEIGHBOURS = 50
 
@@ -40,26 +46,34 @@ def _m(name: str) -> str:
     return f"/{SERVICE_NAME}/{name}"
 
 
-POLICY: MethodPolicy = {
-    _m("DecideWrites"): frozenset({"service"}),
-    _m("GetTrust"): _PEOPLE,
-    _m("BatchGetTrust"): frozenset({"service", "governor", "admin"}),
+POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and only the shard's
+    _m("DecideWrites"): frozenset({SHARD_SERVICE}),
+    _m("GetTrust"): PEOPLE,
+    _m("BatchGetTrust"): frozenset({SHARD_SERVICE, "governor", "admin"}),
     _m("SetTier"): _GOVERNORS,
     _m("CreateRule"): _GOVERNORS,
-    _m("ListRules"): _PEOPLE,
+    _m("ListRules"): PEOPLE,
     _m("DeleteRule"): _GOVERNORS,
-    _m("ListDecisions"): _PEOPLE,
-    _m("GetChainCheckpoint"): _PEOPLE,
+    _m("ListDecisions"): PEOPLE,
+    _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
     _m("RevokeToken"): _GOVERNORS,
     _m("RevokeAgentTokens"): _GOVERNORS,
-    _m("ListAccessRestrictions"): frozenset({"service"}),
+    _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
 }
 SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
 """A suspended agent may still read its own tier (and nothing else, anywhere)."""
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
 }
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
+                                    "RevokeToken", "RevokeAgentTokens")},
+    **{_m(name): READ for name in (
+        "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
+        "VerifyChain", "ListAccessRestrictions")},
+}
+assert set(KINDS) == set(POLICY)
 
 _TIERS: dict[TrustTier, Any] = {
     TrustTier.TRUSTED: pb.TRUST_TIER_TRUSTED,
@@ -165,17 +179,9 @@ def _candidate(message: pb.WriteCandidate) -> Candidate:
     )
 
 
-def is_gate_caller(principal: Principal, gate_callers: frozenset[str]) -> bool:
-    """A service principal named in ENGRAM_GOVERNANCE_GATE_CALLERS (the shard's)."""
-    return "service" in principal.roles and principal.agent_id in gate_callers
-
-
-def require_gate_caller(principal: Principal, gate_callers: frozenset[str]) -> None:
-    if not is_gate_caller(principal, gate_callers):
-        raise PermissionDenied(
-            f"{principal.agent_id} may not call the write gate: only the service principals "
-            f"named in ENGRAM_GOVERNANCE_GATE_CALLERS ({', '.join(sorted(gate_callers))}) may",
-            reason="GATE_CALLER_REQUIRED")
+def is_gate_caller(principal: Principal) -> bool:
+    """The shard's service principal: it gates writes and reads trust for every fleet."""
+    return is_caller(principal, SHARD_SERVICE)
 
 
 def _is_plain_agent(principal: Principal) -> bool:
@@ -200,15 +206,12 @@ def revoked_agent_to_proto(revocation: AgentRevocation) -> pb.RevokedAgent:
 
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def __init__(self, service: GovernanceService, *,
-                 gate_callers: frozenset[str] = DEFAULT_GATE_CALLERS,
                  restrictions: AccessRestrictions | None = None) -> None:
         self._service = service
-        self._gate_callers = gate_callers
         self._restrictions = restrictions
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
-        require_gate_caller(current_principal(), self._gate_callers)
         self._service.require_writable()
         fleet_id = validate_identifier("fleet_id", request.fleet_id)
         agent_id = validate_identifier("agent_id", request.agent_id)
@@ -248,10 +251,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def BatchGetTrust(self, request: pb.BatchGetTrustRequest,
                       context: grpc.ServicerContext) -> pb.BatchGetTrustResponse:
         principal = current_principal()
-        gate = is_gate_caller(principal, self._gate_callers)
-        if not gate and not principal.has_any(_GOVERNORS):
-            require_gate_caller(principal, self._gate_callers)
-        fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=gate)
+        fleet_id = target_fleet(principal, request.fleet_id, cross_fleet=is_gate_caller(principal))
         if len(request.agent_ids) > MAX_CANDIDATES:
             raise InvalidArgument(f"at most {MAX_CANDIDATES} agent_ids per call")
         trusts = self._service.trust_of(fleet_id, [a for a in request.agent_ids if a])

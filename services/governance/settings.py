@@ -16,13 +16,6 @@ class GovernanceSettings(ServerSettings):
     db_url: str | None = None
     """Default: sqlite under $ENGRAM_HOME/governance/governance.db."""
     migrate: bool = True
-    gate_callers: str = "svc-shard"
-    """Comma-separated agent ids of the service principals allowed to call DecideWrites and
-    BatchGetTrust on any fleet (``engram up`` gives the shard's token the id svc-shard)."""
-
-    def gate_caller_ids(self) -> frozenset[str]:
-        return frozenset(part.strip() for part in self.gate_callers.split(",") if part.strip())
-
     def database_url(self) -> str:
         default = (self.data_dir("governance") / "governance.db").resolve()
         return self.db_url or f"sqlite:///{default}"

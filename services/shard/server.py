@@ -16,7 +16,7 @@ from services.shard.retrieval.embedding import (
 )
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
-from services.shard.servicer import POLICY, SERVICE_NAME, ShardServicer, add_to_server
+from services.shard.servicer import KINDS, POLICY, SERVICE_NAME, ShardServicer, add_to_server
 from services.shard.settings import ShardSettings
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -87,6 +87,7 @@ def build_shard_server(
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
+        kinds=KINDS,
         on_start=index.start,
         on_stop=stop,
         restrictions=restrictions,

@@ -11,7 +11,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
-from services.common.auth import MethodPolicy, current_principal, target_fleet
+from services.common.admission import READ, WRITE, MethodKinds
+from services.common.auth import (
+    COMPACTOR_SERVICE,
+    MethodPolicy,
+    current_principal,
+    is_caller,
+    target_fleet,
+)
 from services.common.pagination import paginate
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
@@ -42,10 +49,19 @@ POLICY: MethodPolicy = {
     _m("SnapshotForRun"): _READERS,
     _m("GetStatus"): _READERS,
     _m("ExportSummary"): _READERS,
-    _m("CompactRecords"): frozenset({"service", "admin"}),
-    _m("ApplyRetention"): frozenset({"service", "admin"}),
+    # the compactor runs them for the fleets whose memory policy asked; an admin for its own
+    _m("CompactRecords"): frozenset({COMPACTOR_SERVICE, "admin"}),
+    _m("ApplyRetention"): frozenset({COMPACTOR_SERVICE, "admin"}),
 }
 assert set(POLICY) == {_m(m.name) for m in pb.DESCRIPTOR.services_by_name["ShardService"].methods}
+KINDS: MethodKinds = {  # which rate limit each RPC counts against
+    **{_m(name): WRITE for name in (
+        "CreateRecord", "BatchCreateRecords", "UpsertDomain", "CompactRecords", "ApplyRetention")},
+    **{_m(name): READ for name in (
+        "GetRecord", "ListRecords", "SearchRecords", "ListDomains", "VerifyRecords",
+        "SnapshotForRun", "GetStatus", "ExportSummary")},
+}
+assert set(KINDS) == set(POLICY)
 
 _MODES = {
     pb.SEARCH_MODE_UNSPECIFIED: "hybrid",
@@ -112,9 +128,9 @@ def _result(result: WriteResult) -> pb.CreateRecordResponse:
 
 
 def _fleet_acted_on(principal: Principal, requested: str) -> str:
-    """A service principal (the compactor) names the fleet it acts on; others act on their own."""
-    is_service = "service" in principal.roles
-    return target_fleet(principal, requested, cross_fleet=is_service, name_required=is_service)
+    """The compactor's principal names the fleet it acts on; others act on their own."""
+    compactor = is_caller(principal, COMPACTOR_SERVICE)
+    return target_fleet(principal, requested, cross_fleet=compactor, name_required=compactor)
 
 
 class ShardServicer(pb_grpc.ShardServiceServicer):

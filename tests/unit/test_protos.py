@@ -13,13 +13,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _stubs(root: Path) -> list[Path]:
+    """Generated sources under ``root`` (``.py`` and ``.pyi``; bytecode caches are not stubs)."""
+    return sorted(p.relative_to(root) for p in root.rglob("*_pb2*.py*")
+                  if p.suffix in {".py", ".pyi"})
+
+
 def test_generated_stubs_do_not_drift(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "tools" / "gen_protos.py"), "--out", str(tmp_path)],
         check=True,
         capture_output=True,
     )
-    generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2*.py*"))
+    generated = _stubs(tmp_path)
     assert generated, "no stubs generated"
     drifted = [
         str(rel)
@@ -27,7 +33,7 @@ def test_generated_stubs_do_not_drift(tmp_path: Path) -> None:
         if not (ROOT / rel).exists() or not filecmp.cmp(tmp_path / rel, ROOT / rel, shallow=False)
     ]
     assert not drifted, f"stubs differ from protos/: run `make protos` ({drifted})"
-    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "engram").rglob("*_pb2*.py*"))
+    committed = [Path("engram") / p for p in _stubs(ROOT / "engram")]
     assert committed == generated, "stale stubs without a .proto"
 
 

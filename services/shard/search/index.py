@@ -13,6 +13,12 @@ Everything starts from zero in a new process, so the index is rebuilt from the
 database after a restart; a write only wakes the indexer (writes never wait
 for the model). ``lag()`` is the number of committed records without a vector
 in the index yet.
+
+Locks: each fleet's index has its own, held while that fleet is searched (scoring) or
+checked for duplicates; the shared lock guards only the cursor and queues, never while
+scoring. New records and vectors are handed to a fleet through its inbox, applied by
+whoever next holds that fleet's lock, so a long search in one fleet delays no other
+fleet's write or search.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import date
 
 import numpy as np
 
@@ -54,6 +62,23 @@ class BatchDuplicate:
 
 
 Duplicate = StoredDuplicate | BatchDuplicate
+Pending = tuple[int, str, str, str]  # seq, fleet, record id, text
+FleetChange = Callable[[FleetIndex], None]
+
+
+@dataclass
+class _FleetSlot:
+    """One fleet's index, the lock its readers and writers hold, and the changes other
+    threads handed it while it was busy (applied in order by the next holder)."""
+
+    index: FleetIndex
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    inbox: deque[FleetChange] = field(default_factory=deque)
+
+    def apply_inbox(self) -> None:
+        """Under ``lock``: apply what was handed over, oldest first."""
+        while self.inbox:
+            self.inbox.popleft()(self.index)
 
 
 def _lexical_if_unavailable(
@@ -94,12 +119,12 @@ class SearchIndex:
         self.debounce_s = debounce_s
         self.hnsw_threshold = hnsw_threshold
         self.context = context or ContextSettings()
-        self._fleets: dict[str, FleetIndex] = {}
-        self._cursor = SeqCursor()  # records added to the fleet indexes (late commits too)
+        self._fleets: dict[str, _FleetSlot] = {}
+        self._cursor = SeqCursor()  # records handed to the fleet indexes (late commits too)
         self._in_flight = 0  # taken from _pending, vectors not in the index yet
-        self._pending: deque[tuple[int, str, int, str, str]] = deque()  # seq, fleet, doc, id, text
+        self._pending: deque[Pending] = deque()
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # cursor, queues, the fleet table; never held to score
         self._sync_lock = threading.Lock()
         self._query_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embed")
         self._ticks = itertools.count()  # orders sync() arrivals and reads
@@ -164,24 +189,41 @@ class SearchIndex:
                 rows = self.repo.texts_after(session, self._cursor.position, gaps, chunk)
             if not rows:
                 return
+            touched: dict[str, _FleetSlot] = {}
             with self._lock:
                 for row in rows:
-                    fleet = self._fleet(row.fleet_id)
+                    slot = touched[row.fleet_id] = self._slot(row.fleet_id)
                     key = text_key(row.content, row.run_id)
                     day = metadata_day(row.metadata, row.created_us)
-                    doc = fleet.add(row.id, row.run_id, row.content, key, day)
-                    self._pending.append((row.seq, row.fleet_id, doc, row.id, row.content))
+                    slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day))
+                    self._pending.append((row.seq, row.fleet_id, row.id, row.content))
                 self._cursor.advance(row.seq for row in rows)
+            for slot in touched.values():
+                _apply_if_idle(slot)
             if len(rows) < chunk:
                 return
 
-    def _fleet(self, fleet_id: str) -> FleetIndex:
-        index = self._fleets.get(fleet_id)
-        if index is None:
+    def _slot(self, fleet_id: str) -> _FleetSlot:
+        """Under ``_lock``: the fleet's slot, created empty on first sight."""
+        slot = self._fleets.get(fleet_id)
+        if slot is None:
             dimension = self.embedder.dimension if self.embedder is not None else 0
-            index = FleetIndex(dimension, self.context, hnsw_threshold=self.hnsw_threshold)
-            self._fleets[fleet_id] = index
-        return index
+            slot = _FleetSlot(FleetIndex(dimension, self.context,
+                                         hnsw_threshold=self.hnsw_threshold))
+            self._fleets[fleet_id] = slot
+        return slot
+
+    @contextmanager
+    def _fleet(self, fleet_id: str) -> Iterator[FleetIndex | None]:
+        """The fleet's index, up to date and held for this thread alone (None: no records)."""
+        with self._lock:
+            slot = self._fleets.get(fleet_id)
+        if slot is None:
+            yield None
+            return
+        with slot.lock:
+            slot.apply_inbox()
+            yield slot.index
 
     def catch_up(self) -> int:
         """Vectors for the next batch of records (stored ones reused); returns how many."""
@@ -206,36 +248,38 @@ class SearchIndex:
                 self._in_flight = 0
         return len(work)
 
-    def _index_vectors(self, work: list[tuple[int, str, int, str, str]]) -> None:
+    def _index_vectors(self, work: list[Pending]) -> None:
         """Stored vectors are reused; the rest are embedded (outside any transaction), stored
         and added to their fleets' indexes."""
         assert self.embedder is not None
         with self.db.session() as session:
-            stored = self.repo.stored_vectors(session, [item[3] for item in work],
+            stored = self.repo.stored_vectors(session, [item[2] for item in work],
                                               self.embedder.name)
-        missing = [item for item in work if item[3] not in stored]
+        missing = [item for item in work if item[2] not in stored]
         if missing:
             with self._lock:
-                ready = {item[3]: self._fresh_vectors.pop(item[4], None) for item in missing}
-            to_embed = [item for item in missing if ready[item[3]] is None]
-            vectors = self.embedder.embed_background([item[4] for item in to_embed])
+                ready = {item[2]: self._fresh_vectors.pop(item[3], None) for item in missing}
+            to_embed = [item for item in missing if ready[item[2]] is None]
+            vectors = self.embedder.embed_background([item[3] for item in to_embed])
             for item, vector in zip(to_embed, vectors, strict=True):
-                ready[item[3]] = vector
+                ready[item[2]] = vector
             for item in missing:
-                stored[item[3]] = np.asarray(ready[item[3]]).astype("<f4").tobytes()
+                stored[item[2]] = np.asarray(ready[item[2]]).astype("<f4").tobytes()
             with self.db.session() as session:
                 self.repo.replace_vectors(session, self.embedder.name, [
                     StoredVector(record_id, fleet_id, seq, stored[record_id])
-                    for seq, fleet_id, _, record_id, _ in missing
+                    for seq, fleet_id, record_id, _ in missing
                 ])
-        by_fleet: dict[str, tuple[list[int], list[np.ndarray]]] = {}
-        for _, fleet_id, doc, record_id, _ in work:
-            docs, rows = by_fleet.setdefault(fleet_id, ([], []))
-            docs.append(doc)
+        by_fleet: dict[str, tuple[list[str], list[np.ndarray]]] = {}
+        for _, fleet_id, record_id, _ in work:
+            ids, rows = by_fleet.setdefault(fleet_id, ([], []))
+            ids.append(record_id)
             rows.append(np.frombuffer(stored[record_id], dtype="<f4"))
-        with self._lock:
-            for fleet_id, (docs, rows) in by_fleet.items():
-                self._fleets[fleet_id].add_vectors(docs, np.stack(rows).astype(np.float32))
+        for fleet_id, (ids, rows) in by_fleet.items():
+            with self._lock:
+                slot = self._fleets[fleet_id]
+                slot.inbox.append(_vector_adder(ids, np.stack(rows).astype(np.float32)))
+            _apply_if_idle(slot)
 
     def lag(self) -> int:
         """Committed records not yet in the vector index (0 when caught up or lexical only)."""
@@ -280,8 +324,7 @@ class SearchIndex:
                 pending = self._query_pool.submit(self.embed_query, text).result
                 vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
         self.sync()
-        with self._lock:
-            index = self._fleets.get(fleet_id)
+        with self._fleet(fleet_id) as index:
             if index is None:
                 return []
             allowed = index.run_mask(run_id) if run_id is not None else None
@@ -293,8 +336,7 @@ class SearchIndex:
         return self.nearest_vector(fleet_id, self.embed_query(text), k)
 
     def nearest_vector(self, fleet_id: str, vector: np.ndarray, k: int) -> list[tuple[str, float]]:
-        with self._lock:
-            index = self._fleets.get(fleet_id)
+        with self._fleet(fleet_id) as index:
             if index is None:
                 return []
             return [(index.ids[d], sim) for d, sim in index.vectors.search(vector, k)]
@@ -321,8 +363,7 @@ class SearchIndex:
         keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None
         out: list[Duplicate | None] = []
-        with self._lock:
-            index = self._fleets.get(fleet_id)
+        with self._fleet(fleet_id) as index:
             seen: dict[bytes, int] = {}
             for i, key in enumerate(keys):
                 stored = index.text_keys.get(key) if index is not None else None
@@ -336,10 +377,11 @@ class SearchIndex:
                 seen.setdefault(key, i)
                 out.append(found)
         if vectors is not None:
-            for text, vector in zip(texts, vectors, strict=True):
-                self._fresh_vectors[text] = vector
-            while len(self._fresh_vectors) > 10_000:
-                self._fresh_vectors.pop(next(iter(self._fresh_vectors)))
+            with self._lock:
+                for text, vector in zip(texts, vectors, strict=True):
+                    self._fresh_vectors[text] = vector
+                while len(self._fresh_vectors) > 10_000:
+                    self._fresh_vectors.pop(next(iter(self._fresh_vectors)))
         return out
 
     def _near(
@@ -358,16 +400,41 @@ class SearchIndex:
         self, fleet_id: str, vector: np.ndarray, threshold: float
     ) -> StoredDuplicate | None:
         """Committed records whose vector (embedded at write) is not in the index yet."""
-        for _, fleet, _, record_id, text in itertools.islice(reversed(self._pending), 1000):
-            pending = self._fresh_vectors.get(text) if fleet == fleet_id else None
+        with self._lock:
+            recent = list(itertools.islice(reversed(self._pending), 1000))
+            fresh = [self._fresh_vectors.get(text) if fleet == fleet_id else None
+                     for _, fleet, _, text in recent]
+        for (_, _, record_id, _), pending in zip(recent, fresh, strict=True):
             if pending is not None and float(pending @ vector) >= threshold:
                 return StoredDuplicate(record_id)
         return None
 
     def indexed(self, fleet_id: str) -> int:
-        with self._lock:
-            index = self._fleets.get(fleet_id)
+        with self._fleet(fleet_id) as index:
             return index.indexed_vectors() if index is not None else 0
+
+
+def _adder(record_id: str, run_id: str, text: str, key: bytes, day: date | None) -> FleetChange:
+    def add(index: FleetIndex) -> None:
+        index.add(record_id, run_id, text, key, day)
+
+    return add
+
+
+def _vector_adder(record_ids: list[str], vectors: np.ndarray) -> FleetChange:
+    def add(index: FleetIndex) -> None:
+        index.add_vectors([index.doc_of[r] for r in record_ids], vectors)
+
+    return add
+
+
+def _apply_if_idle(slot: _FleetSlot) -> None:
+    """Apply a fleet's inbox now unless someone holds it (they apply it): never wait."""
+    if slot.lock.acquire(blocking=False):
+        try:
+            slot.apply_inbox()
+        finally:
+            slot.lock.release()
 
 
 def text_key(text: str, run_id: str) -> bytes:

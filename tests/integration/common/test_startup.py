@@ -54,3 +54,58 @@ def test_a_port_taken_is_named(service: str, tmp_path: Path, engram_home: Path,
             f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
             "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}))
     assert str(port) in str(error["msg"])
+
+
+@pytest.fixture(scope="module")
+def server_pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from cryptography import x509
+
+    from tests.pki import issue, write_pair
+
+    directory = tmp_path_factory.mktemp("pki")
+    ca_cert, ca_key = issue("engram-test-ca", x509.Name([]), None, ca=True)  # type: ignore[arg-type]
+    cert, key = issue("svc", ca_cert.subject, ca_key, ca=False, server=True)
+    ca_path, _ = write_pair(directory, "ca", ca_cert, ca_key)
+    cert_path, key_path = write_pair(directory, "server", cert, key)
+    return {"TLS_CERT": cert_path, "TLS_KEY": key_path, "TLS_CLIENT_CA": ca_path,
+            "WRONG_KEY": directory / "ca.key"}
+
+
+INCOMPLETE_TLS = {
+    "cert without key": (("TLS_CERT",), "TLS_KEY"),
+    "key without cert": (("TLS_KEY",), "TLS_CERT"),
+    "client CA alone": (("TLS_CLIENT_CA",), "TLS_CLIENT_CA"),
+    "client CA and cert without key": (("TLS_CLIENT_CA", "TLS_CERT"), "TLS_KEY"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INCOMPLETE_TLS))
+@pytest.mark.parametrize("service", SERVICES)
+def test_incomplete_tls_refuses_to_start(service: str, case: str, tmp_path: Path,
+                                         engram_home: Path, make_token: TokenFactory,
+                                         server_pair: dict[str, Path]) -> None:
+    """Finding 5: a certificate without its key (or a client CA alone) served plaintext."""
+    given, named = INCOMPLETE_TLS[case]
+    prefix = f"ENGRAM_{service.upper()}_"
+    error = _one_error_line(_start(service, engram_home, **_bootable(service, tmp_path, make_token),
+                                   **{prefix + part: str(server_pair[part]) for part in given}))
+    assert prefix + named in str(error["msg"])
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_key_that_is_not_the_certificates_is_named(service: str, tmp_path: Path,
+                                                     engram_home: Path, make_token: TokenFactory,
+                                                     server_pair: dict[str, Path]) -> None:
+    prefix = f"ENGRAM_{service.upper()}_"
+    error = _one_error_line(_start(service, engram_home, **_bootable(service, tmp_path, make_token),
+                                   **{prefix + "TLS_CERT": str(server_pair["TLS_CERT"]),
+                                      prefix + "TLS_KEY": str(server_pair["WRONG_KEY"])}))
+    assert prefix + "TLS_KEY" in str(error["msg"])
+
+
+def _bootable(service: str, tmp_path: Path, make_token: TokenFactory) -> dict[str, str]:
+    """Everything else a service needs to start, so only its TLS settings can stop it."""
+    token = tmp_path / "service.token"
+    token.write_text(make_token("svc-compactor", "system", ("service",)))
+    return {f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "ENGRAM_SHARD_EMBEDDER": "none", "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}

@@ -157,13 +157,16 @@ def test_a_shard_outage_is_unavailable_and_recorded(
     assert failed.outcome == "failed" and "UNAVAILABLE" in failed.error
 
 
-def test_other_fleets_need_a_service_token(compactor_for: CompactorFactory) -> None:
+def test_no_caller_runs_another_fleets_memory_policy(compactor_for: CompactorFactory) -> None:
     admin = compactor_for(agent="ops", roles=("admin",))
     with pytest.raises(EngramRpcError) as caught:
         admin.compact_memory("fleet-b", dry_run=True)
     assert caught.value.reason == "FLEET_MISMATCH"
-    service = compactor_for(agent="svc-x", fleet="system", roles=("service",))
-    assert service.compact_memory("fleet-b", dry_run=True, older_than_days=0).fleet_id == "fleet-b"
+    for name in ("svc-x", "svc-artifacts", "svc-compactor"):  # finding 6: no service either
+        service = compactor_for(agent=name, fleet="system", roles=("service",))
+        with pytest.raises(EngramRpcError) as caught:
+            service.compact_memory("fleet-b", dry_run=True, older_than_days=0)
+        assert caught.value.reason == "ROLE_REQUIRED"
 
 
 def test_a_shard_refusal_keeps_its_code_and_reason(

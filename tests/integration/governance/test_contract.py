@@ -220,7 +220,7 @@ def test_only_the_named_gate_caller_may_gate_or_read_trust_across_fleets(
             with pytest.raises(EngramRpcError) as refused:
                 attempt(other_service)
             assert (refused.value.code, refused.value.reason) == (
-                grpc.StatusCode.PERMISSION_DENIED, "GATE_CALLER_REQUIRED")
+                grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED")
         people_calls = [
             lambda c: c.trust("agent-1", fleet_id="fleet-a"),
             lambda c: list(c.decisions(fleet_id="fleet-a")),

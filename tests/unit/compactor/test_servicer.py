@@ -115,6 +115,13 @@ def test_memory_policy_fleet_rules_and_recorded_runs(servicer: CompactorServicer
     assert (done.fleet_id, done.examined, done.compacted, done.dry_run) == ("fleet-a", 5, 2, True)
     assert list(done.groups[0].replaced_hashes) == ["h1", "h2"]
     token = bind_principal(Principal("svc-compactor", "system", frozenset({"service"})))
+    try:  # no service principal runs a fleet's memory policy here (finding 6)
+        with pytest.raises(PermissionDenied):
+            servicer.ApplyMemoryRetention(
+                pb.ApplyMemoryRetentionRequest(fleet_id="fleet-a", older_than_days=60), CONTEXT)
+    finally:
+        unbind_principal(token)
+    token = bind_principal(Principal("agent-1", "fleet-a", frozenset({"admin"})))
     try:
         removed = servicer.ApplyMemoryRetention(
             pb.ApplyMemoryRetentionRequest(fleet_id="fleet-a", older_than_days=60), CONTEXT).run

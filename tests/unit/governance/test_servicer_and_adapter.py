@@ -9,16 +9,10 @@ import pytest
 
 from engram.client._errors import EngramRpcError
 from engram.governance.v1 import governance_service_pb2 as pb
-from services.common.auth import target_fleet
+from services.common.auth import SHARD_SERVICE, Authorizer, target_fleet
 from services.common.errors import PermissionDenied, Unavailable
 from services.common.tokens import Principal
-from services.governance.servicer import (
-    POLICY,
-    SERVICE_NAME,
-    is_gate_caller,
-    require_gate_caller,
-)
-from services.governance.settings import GovernanceSettings
+from services.governance.servicer import POLICY, SERVICE_NAME, is_gate_caller
 from services.shard.governance_gate import GovernanceGate, GovernanceTrust
 from services.shard.ports import GateCandidate, Neighbour
 
@@ -29,9 +23,9 @@ def test_every_method_has_a_policy_entry() -> None:
     writes = ("SetTier", "CreateRule", "DeleteRule", "RevokeToken", "RevokeAgentTokens")
     for name in writes:
         assert POLICY[f"/{SERVICE_NAME}/{name}"] == frozenset({"governor", "admin"})
-    assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({"service"})
-    service_methods = {name.rsplit("/", 1)[1] for name, roles in POLICY.items()
-                       if "service" in roles}
+    assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({SHARD_SERVICE})
+    service_methods = {name.rsplit("/", 1)[1] for name, kinds in POLICY.items()
+                       if any(kind.startswith("service") for kind in kinds)}
     assert service_methods == {"DecideWrites", "BatchGetTrust", "ListAccessRestrictions"}
 
 
@@ -49,17 +43,21 @@ def test_target_fleet_is_the_callers_own_unless_a_gate_caller() -> None:
         target_fleet(service, "fleet-b")
 
 
-def test_gate_callers_are_named_service_principals() -> None:
-    callers = GovernanceSettings(gate_callers=" svc-shard, svc-shard-2 ,").gate_caller_ids()
-    assert callers == frozenset({"svc-shard", "svc-shard-2"})
-    assert GovernanceSettings().gate_caller_ids() == frozenset({"svc-shard"})
-    assert is_gate_caller(Principal("svc-shard", "system", frozenset({"service"})), callers)
-    assert not is_gate_caller(Principal("svc-shard", "system", frozenset({"agent"})), callers)
+def test_the_gate_caller_is_the_shards_service_principal() -> None:
+    assert is_gate_caller(Principal("svc-shard", "system", frozenset({"service"})))
+    assert not is_gate_caller(Principal("svc-shard", "system", frozenset({"agent"})))
     compactor = Principal("svc-compactor", "system", frozenset({"service"}))
-    assert not is_gate_caller(compactor, callers)
+    assert not is_gate_caller(compactor)
+    assert not is_gate_caller(Principal("svc-shard-2", "system", frozenset({"service"})))
+
+    class _Verifier:
+        def verify(self, _token: str) -> Principal:
+            return compactor
+
+    authorizer = Authorizer(_Verifier(), POLICY)  # type: ignore[arg-type]
     with pytest.raises(PermissionDenied) as refused:
-        require_gate_caller(compactor, callers)
-    assert refused.value.reason == "GATE_CALLER_REQUIRED"
+        authorizer.authorize(f"/{SERVICE_NAME}/DecideWrites", {"authorization": "Bearer x"})
+    assert refused.value.reason == "ROLE_REQUIRED"
 
 
 class _FakeGovernance:

@@ -1,0 +1,138 @@
+"""Admission: how much work a service takes at once, and how fast one agent may call it.
+
+Two limits, both answered ``RESOURCE_EXHAUSTED`` with ``google.rpc.RetryInfo`` before the
+method runs (nothing done, so a retry is always safe):
+
+- :class:`ConcurrencyLimit`: calls in flight per service process
+  (``ENGRAM_<SVC>_MAX_CONCURRENT_RPCS``); one more is refused at once with reason
+  ``CONCURRENCY_LIMIT`` rather than queued behind the others.
+- :class:`RateLimiter`: a token bucket per agent (fleet and agent id) and per kind of call,
+  reads and writes apart (``ENGRAM_<SVC>_RATE_LIMIT_READS`` / ``_READ_BURST``,
+  ``_RATE_LIMIT_WRITES`` / ``_WRITE_BURST``); an empty bucket is refused with reason
+  ``RATE_LIMITED`` and the time until it holds a token again. Service principals are not
+  rate limited per agent: their calls carry many agents' work (the shard's gate calls).
+
+Which methods are reads and which writes is declared by each service beside its access
+table (:data:`MethodKinds`), never guessed from a name.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+
+from services.common.errors import ResourceExhausted
+
+
+class CallKind(StrEnum):
+    READ = "read"
+    WRITE = "write"
+
+
+READ = CallKind.READ
+WRITE = CallKind.WRITE
+
+MethodKinds = Mapping[str, CallKind]
+"""Full method name -> whether it reads or writes, for every RPC of a service."""
+
+CONCURRENCY_RETRY_SECONDS = 0.05
+"""What a refused caller is told to wait: calls free their slot in milliseconds."""
+
+
+class ConcurrencyLimit:
+    """At most ``limit`` calls in flight; :meth:`enter` refuses the next one at once."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        self._limit = limit
+        self._setting = setting
+        self._in_flight = 0
+        self._lock = threading.Lock()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def enter(self) -> None:
+        with self._lock:
+            if self._in_flight >= self._limit:
+                raise ResourceExhausted(
+                    f"this service is handling {self._limit} calls at once, its limit "
+                    f"({self._setting}); retry after the delay in RetryInfo",
+                    reason="CONCURRENCY_LIMIT",
+                    metadata={"limit": str(self._limit), "setting": self._setting},
+                    retry_delay=CONCURRENCY_RETRY_SECONDS)
+            self._in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+
+class TokenBucket:
+    """``rate`` tokens a second up to ``burst``; starts full."""
+
+    __slots__ = ("burst", "rate", "tokens", "updated")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.updated = now
+
+    def take(self, now: float) -> float:
+        """Take a token: 0.0 when there was one, else the seconds until there is."""
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+    def full(self, now: float) -> bool:
+        return self.tokens + (now - self.updated) * self.rate >= self.burst
+
+
+class RateLimiter:
+    """One :class:`TokenBucket` per (fleet, agent, kind); a rate of 0 turns a kind off."""
+
+    MAX_BUCKETS = 100_000
+    """Past this many agents, buckets that refilled are dropped (they start full anyway)."""
+
+    def __init__(self, limits: Mapping[CallKind, tuple[float, int]],
+                 settings: Mapping[CallKind, str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._limits = {kind: limit for kind, limit in limits.items() if limit[0] > 0}
+        self._settings = settings
+        self._clock = clock
+        self._buckets: dict[tuple[str, str, CallKind], TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, fleet_id: str, agent_id: str, kind: CallKind) -> None:
+        limit = self._limits.get(kind)
+        if limit is None:
+            return
+        rate, burst = limit
+        key = (fleet_id, agent_id, kind)
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= self.MAX_BUCKETS:
+                    self._forget_full(now)
+                bucket = self._buckets[key] = TokenBucket(rate, burst, now)
+            wait = bucket.take(now)
+        if wait > 0:
+            raise ResourceExhausted(
+                f"agent {agent_id} of fleet {fleet_id} is over its {kind.value} rate "
+                f"({rate:g} calls a second, bursts of {burst}: {self._settings[kind]}); "
+                f"retry in {wait:.3f} s",
+                reason="RATE_LIMITED",
+                metadata={"kind": kind.value, "rate_per_second": f"{rate:g}",
+                          "burst": str(burst), "setting": self._settings[kind]},
+                retry_delay=wait)
+
+    def _forget_full(self, now: float) -> None:
+        for key in [k for k, b in self._buckets.items() if b.full(now)]:
+            del self._buckets[key]

@@ -1,0 +1,144 @@
+"""Load that cannot starve others: in-flight and per-agent rate limits on a real server.
+
+Both refusals are RESOURCE_EXHAUSTED with an ErrorInfo reason and a google.rpc.RetryInfo
+delay, answered before the method runs; the SDK waits that delay and retries.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engram.client import EngramRpcError, ShardClient
+from engram.shard.v1 import shard_service_pb2 as pb
+from services.common.server import EngramServer
+from services.shard.server import build_shard_server
+from services.shard.servicer import ShardServicer
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+def _shard(engram_home: Path, tmp_path: Path, **limits: Any) -> EngramServer:
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, embedder="none", **limits)
+    server, _service = build_shard_server(settings)
+    return server.start()
+
+
+class HeldStatus:
+    """GetStatus calls wait for ``release``; ``entered`` counts the ones waiting."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> HeldStatus:
+    hold = HeldStatus()
+    status = ShardServicer.GetStatus
+
+    def slow_status(self: ShardServicer, request: Any, context: Any) -> Any:
+        hold.entered.release()
+        hold.release.wait(30)
+        return status(self, request, context)
+
+    monkeypatch.setattr(ShardServicer, "GetStatus", slow_status)  # before the server binds it
+    return hold
+
+
+@pytest.fixture
+def small_shard(engram_home: Path, tmp_path: Path, held: HeldStatus) -> Iterator[EngramServer]:
+    server = _shard(engram_home, tmp_path, max_concurrent_rpcs=2)
+    yield server
+    held.release.set()
+    server.stop(0)
+
+
+@pytest.fixture
+def throttled_shard(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
+    server = _shard(engram_home, tmp_path, rate_limit_writes=2.0, rate_limit_write_burst=3,
+                    rate_limit_reads=50.0, rate_limit_read_burst=50)
+    yield server
+    server.stop(0)
+
+
+def _refusal(call: Any) -> EngramRpcError:
+    with pytest.raises(EngramRpcError) as refused:
+        call()
+    return refused.value
+
+
+def test_a_call_past_the_in_flight_limit_is_refused_at_once(
+        small_shard: EngramServer, held: HeldStatus, make_token: TokenFactory) -> None:
+    entered, release = held.entered, held.release
+    busy = [ShardClient(small_shard.address, make_token(f"agent-{i}")) for i in range(2)]
+    other = ShardClient(small_shard.address, make_token("agent-9", "fleet-b"))
+    other.max_retries = 0
+    holders = [threading.Thread(target=client.status) for client in busy]
+    for holder in holders:
+        holder.start()
+    try:
+        assert entered.acquire(timeout=10) and entered.acquire(timeout=10)
+        started = time.monotonic()
+        refused = _refusal(lambda: other.call(other.stub.ListDomains, pb.ListDomainsRequest(),
+                                              timeout=5))
+        assert time.monotonic() - started < 1.0, "the refusal must not wait for a slot"
+        assert (refused.code, refused.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  "CONCURRENCY_LIMIT")
+        assert refused.retry_delay is not None and refused.retry_delay > 0
+        assert "ENGRAM_SHARD_MAX_CONCURRENT_RPCS" in refused.message
+        with grpc.insecure_channel(small_shard.address) as channel:  # probes still answered
+            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                                timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        release.set()
+        for holder in holders:
+            holder.join(30)
+    assert other.call(other.stub.ListDomains, pb.ListDomainsRequest(), timeout=5) is not None
+    for client in (*busy, other):
+        client.close()
+
+
+def test_one_agent_over_its_write_rate_is_refused_and_others_are_not(
+        throttled_shard: EngramServer, make_token: TokenFactory) -> None:
+    noisy = ShardClient(throttled_shard.address, make_token("noisy", "fleet-a"))
+    noisy.max_retries = 0
+    quiet = ShardClient(throttled_shard.address, make_token("quiet", "fleet-a"))
+    with noisy, quiet:
+        for i in range(3):  # the burst
+            noisy.add(f"noisy memory number {i}")
+        refused = _refusal(lambda: noisy.add("one write too many"))
+        assert (refused.code, refused.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  "RATE_LIMITED")
+        assert refused.retry_delay is not None and 0 < refused.retry_delay <= 0.5
+        assert refused.metadata["kind"] == "write"
+        assert "ENGRAM_SHARD_RATE_LIMIT_WRITES" in refused.message
+        assert noisy.status() is not None, "reads have their own bucket"
+        assert quiet.add("another agent still writes").created
+
+
+def test_the_sdk_waits_out_retry_info_and_retries(
+        throttled_shard: EngramServer, make_token: TokenFactory) -> None:
+    with ShardClient(throttled_shard.address, make_token("patient", "fleet-a")) as client:
+        for i in range(3):
+            client.add(f"patient memory number {i}")
+        started = time.monotonic()
+        assert client.add("written once the bucket refills").created
+        assert time.monotonic() - started >= 0.3
+
+
+def test_service_principals_are_not_rate_limited_per_agent(
+        throttled_shard: EngramServer, make_service_token: Any) -> None:
+    with ShardClient(throttled_shard.address, make_service_token("compactor")) as compactor:
+        compactor.max_retries = 0
+        for _ in range(6):
+            compactor.compact("fleet-a", importance_below=0.1, older_than_days=0, dry_run=True)

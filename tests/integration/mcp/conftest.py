@@ -1,0 +1,111 @@
+"""Governance, a gated shard and artifacts as real servers on 127.0.0.1:0, and `engram mcp`
+in front of them as a subprocess, driven by the mcp SDK's own client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from services.artifacts.server import build_artifacts_server
+from services.artifacts.settings import ArtifactsSettings
+from services.common.tokens import write_token_file
+from services.governance.server import build_governance_server
+from services.governance.settings import GovernanceSettings
+from services.shard.governance_gate import connect_governance
+from services.shard.server import build_shard_server
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class Stack:
+    governance_addr: str
+    shard_addr: str
+    artifacts_addr: str
+    home: Path
+    tokens: TokenFactory
+
+    def env(self, token: str | None = None) -> dict[str, str]:
+        """What `engram mcp` needs: where the services are, and for stdio its token."""
+        env = {"PYTHONPATH": str(ROOT), "ENGRAM_HOME": str(self.home),
+               "ENGRAM_SHARD_ADDR": self.shard_addr, "ENGRAM_ARTIFACTS_ADDR": self.artifacts_addr}
+        if token is not None:
+            env["ENGRAM_TOKEN"] = token
+        return env
+
+
+@pytest.fixture(scope="package")
+def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
+          make_token: TokenFactory) -> Iterator[Stack]:
+    data = tmp_path_factory.mktemp("mcp-stack")
+    governance = build_governance_server(GovernanceSettings(
+        home=engram_home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
+    governance.start()
+    token_file = data / "shard-service.token"
+    write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
+    gate, trust = connect_governance(governance.address, token_file, gate_timeout=5.0,
+                                     ttl_seconds=0.0)
+    shard, _ = build_shard_server(ShardSettings(
+        home=engram_home, port=0, db_url=f"sqlite:///{data / 'shard.db'}", embedder="none"),
+        gate=gate, trust=trust)
+    shard.start()
+    artifacts, _ = build_artifacts_server(ArtifactsSettings(
+        home=engram_home, port=0, db_url=f"sqlite:///{data / 'artifacts.db'}",
+        blob_url=(data / "blobs").as_uri()))
+    artifacts.start()
+    # An empty home: the MCP server must not find an admin token or endpoints there.
+    home = data / "mcp-home"
+    home.mkdir()
+    try:
+        yield Stack(governance.address, shard.address, artifacts.address, home, make_token)
+    finally:
+        artifacts.stop(0)
+        shard.stop(0)
+        governance.stop(0)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="package")
+def http_url(stack: Stack) -> Iterator[str]:
+    """`engram mcp --transport http`, started with a valid token of its own in ENGRAM_TOKEN:
+    requests without a bearer token must still fail (no fallback to the server's token)."""
+    port = _free_port()
+    env = {**os.environ, **stack.env(stack.tokens("server-owner", "fleet-a", ("governor",)))}
+    log = stack.home / "mcp-http.log"  # a file, not a pipe nobody drains while tests run
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "engram.cli.main", "mcp", "--transport", "http", "--port",
+             str(port)], env=env, cwd=stack.home, stdout=subprocess.DEVNULL, stderr=sink)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"did not listen: {log.read_text()}"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

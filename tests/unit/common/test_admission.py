@@ -1,0 +1,70 @@
+"""Token buckets, the rate limiter and the in-flight limit, on a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.admission import READ, WRITE, ConcurrencyLimit, RateLimiter
+from services.common.auth import caller_kinds, service_principal
+from services.common.errors import ResourceExhausted
+from services.common.tokens import Principal
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_bucket_refills_at_its_rate_and_says_when() -> None:
+    clock = Clock()
+    limiter = RateLimiter({READ: (0.0, 1), WRITE: (2.0, 2)},
+                          {READ: "READS", WRITE: "WRITES"}, clock)
+    limiter.admit("f", "a", WRITE)
+    limiter.admit("f", "a", WRITE)
+    with pytest.raises(ResourceExhausted) as refused:
+        limiter.admit("f", "a", WRITE)
+    assert refused.value.reason == "RATE_LIMITED"
+    assert refused.value.retry_delay == pytest.approx(0.5)
+    limiter.admit("f", "b", WRITE)  # another agent has its own bucket
+    limiter.admit("g", "a", WRITE)  # and the same id in another fleet too
+    clock.now += 0.5
+    limiter.admit("f", "a", WRITE)
+    for _ in range(1000):  # a rate of 0 turns the kind off
+        limiter.admit("f", "a", READ)
+
+
+def test_full_buckets_are_forgotten_past_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(RateLimiter, "MAX_BUCKETS", 3)
+    limiter = RateLimiter({WRITE: (1.0, 1)}, {WRITE: "WRITES"}, clock)
+    for agent in ("a", "b", "c"):
+        limiter.admit("f", agent, WRITE)
+    clock.now += 5  # all three refilled: dropping them changes nothing
+    limiter.admit("f", "d", WRITE)
+    assert len(limiter._buckets) == 1
+    limiter.admit("f", "a", WRITE)
+
+
+def test_the_in_flight_limit_refuses_one_more_and_frees_on_leave() -> None:
+    limit = ConcurrencyLimit(2, "ENGRAM_X_MAX_CONCURRENT_RPCS")
+    limit.enter()
+    limit.enter()
+    with pytest.raises(ResourceExhausted) as refused:
+        limit.enter()
+    assert refused.value.reason == "CONCURRENCY_LIMIT"
+    assert refused.value.retry_delay is not None
+    limit.leave()
+    limit.enter()
+    assert limit.in_flight == 2
+
+
+def test_a_service_identity_comes_from_the_service_role_and_its_agent_id() -> None:
+    assert caller_kinds(Principal(*service_principal("shard"))) == {"service", "service:shard"}
+    assert caller_kinds(Principal("svc-shard", "system", frozenset({"agent"}))) == {"agent"}
+    assert caller_kinds(Principal("svc-nope", "system", frozenset({"service"}))) == {"service"}
+    assert caller_kinds(Principal("shard", "system", frozenset({"service"}))) == {"service"}
+    with pytest.raises(ValueError):
+        service_principal("nope")
