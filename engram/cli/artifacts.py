@@ -322,12 +322,14 @@ def snapshot_put(
     seq: int = typer.Option(0, help="last event the state includes (0 = current head)"),
     manifest: str = typer.Option("", "--manifest", help="manifest id"),
     artifact: list[str] = typer.Option([], "--artifact", help="required artifact id"),
+    request_id: str = typer.Option("", help="idempotency key for safe retries"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Store a snapshot of the run's state and move its latest pointer."""
     with rpc_errors(as_json), _client() as client:
         snapshot = client.create_snapshot(run_id, _document(state), seq=seq,
-                                          manifest_id=manifest, artifact_ids=artifact)
+                                          manifest_id=manifest, artifact_ids=artifact,
+                                          request_id=request_id)
     _show(snapshot, as_json, snapshot.snapshot_id)
 
 

@@ -21,6 +21,8 @@ from engram.cli._output import (
     with_client,
 )
 from engram.client import ShardClient, record_input
+from engram.client.gate_audit import GateAudit, audit_records
+from engram.client.governance import GovernanceClient
 from engram.shard.v1 import shard_service_pb2 as pb
 
 IMPORT_BATCH = 200
@@ -231,12 +233,47 @@ def snapshot(
     )
 
 
+def _gate_audit(record_id: str | None, as_json: bool) -> GateAudit:
+    """Reconcile the fleet's records (or one) against governance's gate decisions."""
+    with rpc_errors(as_json), _client() as client, _governance_client() as governance:
+        records = [client.get(record_id)] if record_id else client.list()
+        return audit_records(records, governance)
+
+
+def _governance_client() -> GovernanceClient:
+    return with_client(lambda s: GovernanceClient(s.governance_addr, s.resolve_token(),
+                                                  **s.tls(), timeout=s.timeout_seconds))
+
+
+def _report_gate(audit: GateAudit, as_json: bool) -> None:
+    if as_json:
+        emit_json({"checked": audit.checked, "ok": audit.ok, "problems": [
+            {"id": p.record_id, "decision_id": p.decision_id, "detail": p.detail}
+            for p in audit.problems]})
+        return
+    for problem in audit.problems:
+        console.print(f"[red]NO GATE[/red] {problem.detail}")
+    console.print(f"reconciled {audit.checked} records with governance's gate decisions: "
+                  + ("[green]every one allowed[/green]" if audit.ok
+                     else f"[red]{len(audit.problems)} without an allowing decision[/red]"))
+
+
 def verify(
     record_id: str | None = typer.Argument(None, help="record id to verify"),
     all_records: bool = typer.Option(False, "--all", help="verify every record of your fleet"),
+    gate: bool = typer.Option(
+        False, "--gate", help="reconcile records (every one, or the id given) against "
+        "governance's gate decisions instead of re-hashing them (governor or admin token)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-hash records; exit code 1 when any record fails its integrity check."""
+    """Re-hash records, or reconcile them with gate decisions (--gate); exit code 1 on any
+    failure."""
+    if gate:
+        audit = _gate_audit(record_id, as_json)
+        _report_gate(audit, as_json)
+        if not audit.ok:
+            raise typer.Exit(1)
+        return
     if not record_id and not all_records:
         raise fail("give a record id or --all")
     with rpc_errors(as_json), _client() as client:

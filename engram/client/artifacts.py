@@ -203,11 +203,13 @@ class ArtifactsClient(BaseClient):
             yield reply.event
 
     def create_snapshot(self, run_id: str, state: JsonDocument, *, seq: int = 0,
-                        manifest_id: str = "",
-                        artifact_ids: Sequence[str] = ()) -> pb.Snapshot:
+                        manifest_id: str = "", artifact_ids: Sequence[str] = (),
+                        request_id: str = "") -> pb.Snapshot:
+        """A retry with the same ``request_id`` returns the snapshot the first call made."""
         request = pb.CreateSnapshotRequest(run_id=run_id, state_json=_json(state), seq=seq,
                                            manifest_id=manifest_id,
-                                           artifact_ids=string_list("artifact_ids", artifact_ids))
+                                           artifact_ids=string_list("artifact_ids", artifact_ids),
+                                           request_id=request_id)
         return self.call(self.stub.CreateSnapshot, request).snapshot
 
     def latest_snapshot(self, run_id: str) -> pb.Snapshot:

@@ -82,6 +82,12 @@ class GovernanceClient(BaseClient):
                                           page_size=page_size)
         return self.paginate(self.stub.ListDecisions, request, lambda reply: reply.decisions)
 
+    def decisions_by_id(self, decision_ids: Sequence[str], *,
+                        fleet_id: str = "") -> list[pb.GateDecision]:
+        """Recorded decisions by id (governors); unknown ids are left out."""
+        request = pb.BatchGetDecisionsRequest(fleet_id=fleet_id, decision_ids=list(decision_ids))
+        return list(self.call(self.stub.BatchGetDecisions, request).decisions)
+
     def checkpoint(self) -> pb.ChainCheckpoint:
         return self.call(self.stub.GetChainCheckpoint,
                          pb.GetChainCheckpointRequest()).checkpoint

@@ -39,10 +39,8 @@ from services.common.errors import NotFound
 R = TypeVar("R", bound=tuple[Any, ...])
 E = TypeVar("E", covariant=True)
 
-_ARTIFACTS, _RUNS = ArtifactRow.__table__, RunRow.__table__
-_ARTIFACT_BY_ID = select(*_ARTIFACTS.c, _RUNS.c.fleet_id).join_from(
-    _ARTIFACTS, _RUNS, _ARTIFACTS.c.run_id == _RUNS.c.run_id).where(
-    _ARTIFACTS.c.artifact_id == bindparam("artifact_id"))
+_ARTIFACTS = ArtifactRow.__table__
+_ARTIFACT_BY_ID = select(_ARTIFACTS).where(_ARTIFACTS.c.artifact_id == bindparam("artifact_id"))
 
 
 class _Row(Protocol[E]):
@@ -81,11 +79,11 @@ class ArtifactsRepository:
     def get_run(self, session: Session, fleet_id: str, run_id: str, *,
                 lock: bool = False) -> Run:
         """The run; ``lock`` holds its row until the transaction ends (appends to the run)."""
-        query = select(RunRow).where(RunRow.run_id == run_id)
+        query = select(RunRow).where(RunRow.fleet_id == fleet_id, RunRow.run_id == run_id)
         if lock and self.dialect == "postgresql":
             query = query.with_for_update()
         row = session.scalars(query).first()
-        if row is None or row.fleet_id != fleet_id:
+        if row is None:
             raise NotFound(f"run {run_id!r} not found in this fleet", reason="RUN_NOT_FOUND",
                            metadata={"run_id": run_id})
         return row.to_entity()
@@ -107,9 +105,9 @@ class ArtifactsRepository:
         query = query.order_by(RunRow.created_us.desc(), RunRow.run_id.desc()).limit(limit)
         return [row.to_entity() for row in session.scalars(query)]
 
-    def mark_stopped(self, session: Session, run_id: str, status: RunStatus, reason: str,
-                     stopped_us: int) -> Run:
-        row = session.get_one(RunRow, run_id)
+    def mark_stopped(self, session: Session, fleet_id: str, run_id: str, status: RunStatus,
+                     reason: str, stopped_us: int) -> Run:
+        row = session.get_one(RunRow, (fleet_id, run_id))
         row.status = status.value
         row.stop_reason = reason
         row.stopped_us = stopped_us
@@ -118,42 +116,47 @@ class ArtifactsRepository:
 
     # -- events -------------------------------------------------------------
 
-    def add_event(self, session: Session, event: Event, request_id: str) -> None:
+    def add_event(self, session: Session, fleet_id: str, event: Event, request_id: str) -> None:
         """Store ``event`` and make it its run's head."""
         session.add(EventRow(
-            run_id=event.run_id, seq=event.seq, type=event.type,
+            fleet_id=fleet_id, run_id=event.run_id, seq=event.seq, type=event.type,
             payload_json=event.payload_json, manifest_id=event.manifest_id,
             artifact_ids_json=json.dumps(list(event.artifact_ids)), created_us=event.created_us,
             agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
             request_id=request_id or None))
-        run = session.get_one(RunRow, event.run_id)
+        run = session.get_one(RunRow, (fleet_id, event.run_id))
         run.event_count = event.seq
         run.head_hash = event.hash
 
-    def event_for_request(self, session: Session, run_id: str, request_id: str) -> Event | None:
+    def event_for_request(self, session: Session, fleet_id: str, run_id: str,
+                          request_id: str) -> Event | None:
         return _entity(session.scalars(select(EventRow).where(
-            EventRow.run_id == run_id, EventRow.request_id == request_id)).first())
+            EventRow.fleet_id == fleet_id, EventRow.run_id == run_id,
+            EventRow.request_id == request_id)).first())
 
-    def events_after(self, session: Session, run_id: str, after_seq: int,
+    def events_after(self, session: Session, fleet_id: str, run_id: str, after_seq: int,
                      limit: int) -> list[Event]:
         rows = session.scalars(select(EventRow).where(
-            EventRow.run_id == run_id, EventRow.seq > after_seq
+            EventRow.fleet_id == fleet_id, EventRow.run_id == run_id, EventRow.seq > after_seq
         ).order_by(EventRow.seq).limit(limit))
         return [row.to_entity() for row in rows]
 
     # -- artifacts ----------------------------------------------------------
 
-    def add_artifact(self, session: Session, artifact: Artifact) -> None:
+    def add_artifact(self, session: Session, fleet_id: str, artifact: Artifact,
+                     name: str) -> None:
         session.add(ArtifactRow(
-            artifact_id=artifact.artifact_id, run_id=artifact.run_id,
-            step_id=artifact.step_id, path=artifact.path, hash=artifact.hash,
+            artifact_id=artifact.artifact_id, fleet_id=fleet_id, run_id=artifact.run_id,
+            step_id=artifact.step_id, name=name, path=artifact.path, hash=artifact.hash,
             mime_type=artifact.mime_type, size_bytes=artifact.size_bytes,
             created_at=from_us(artifact.created_us),
             metadata_=json.loads(artifact.metadata_json)))
 
-    def artifact_at(self, session: Session, path: str) -> Artifact | None:
-        return _entity(session.scalars(
-            select(ArtifactRow).where(ArtifactRow.path == path)).first())
+    def artifact_named(self, session: Session, fleet_id: str, run_id: str, step_id: str,
+                       name: str) -> Artifact | None:
+        return _entity(session.scalars(select(ArtifactRow).where(
+            ArtifactRow.fleet_id == fleet_id, ArtifactRow.run_id == run_id,
+            ArtifactRow.step_id == step_id, ArtifactRow.name == name)).first())
 
     def get_artifact(self, session: Session, fleet_id: str, artifact_id: str) -> Artifact:
         # The hottest read: one prebuilt Core statement, no ORM entity loading.
@@ -170,13 +173,13 @@ class ArtifactsRepository:
     def artifact_ids_in_fleet(self, session: Session, fleet_id: str,
                               artifact_ids: tuple[str, ...]) -> set[str]:
         """Which of ``artifact_ids`` name artifacts of this fleet."""
-        return set(session.scalars(select(ArtifactRow.artifact_id).join(
-            RunRow, RunRow.run_id == ArtifactRow.run_id).where(
-            ArtifactRow.artifact_id.in_(artifact_ids), RunRow.fleet_id == fleet_id)))
+        return set(session.scalars(select(ArtifactRow.artifact_id).where(
+            ArtifactRow.artifact_id.in_(artifact_ids), ArtifactRow.fleet_id == fleet_id)))
 
-    def list_artifacts(self, session: Session, run_id: str, step_id: str,
+    def list_artifacts(self, session: Session, fleet_id: str, run_id: str, step_id: str,
                        after: list[object] | None, limit: int) -> list[Artifact]:
-        query = select(ArtifactRow).where(ArtifactRow.run_id == run_id)
+        query = select(ArtifactRow).where(ArtifactRow.fleet_id == fleet_id,
+                                          ArtifactRow.run_id == run_id)
         if step_id:
             query = query.where(ArtifactRow.step_id == step_id)
         query = _oldest_first(query, ArtifactRow.created_at, ArtifactRow.artifact_id, after,
@@ -186,8 +189,8 @@ class ArtifactsRepository:
     def fleet_artifacts(self, session: Session, fleet_id: str, run_id: str, after: str,
                         limit: int) -> list[Artifact]:
         """The fleet's artifacts (one run's when ``run_id`` is set) in id order past ``after``."""
-        query = select(ArtifactRow).join(RunRow, RunRow.run_id == ArtifactRow.run_id).where(
-            RunRow.fleet_id == fleet_id, ArtifactRow.artifact_id > after)
+        query = select(ArtifactRow).where(ArtifactRow.fleet_id == fleet_id,
+                                          ArtifactRow.artifact_id > after)
         if run_id:
             query = query.where(ArtifactRow.run_id == run_id)
         return [row.to_entity() for row in session.scalars(
@@ -195,22 +198,33 @@ class ArtifactsRepository:
 
     # -- snapshots ----------------------------------------------------------
 
-    def add_snapshot(self, session: Session, snapshot: Snapshot) -> None:
+    def add_snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot,
+                     request_id: str) -> None:
         """Store ``snapshot`` and make it its run's latest."""
         session.add(SnapshotRow(
-            snapshot_id=snapshot.snapshot_id, run_id=snapshot.run_id, seq=snapshot.seq,
+            snapshot_id=snapshot.snapshot_id, fleet_id=fleet_id, run_id=snapshot.run_id,
+            seq=snapshot.seq, request_id=request_id or None,
             state_json=snapshot.state_json, state_hash=snapshot.state_hash,
             manifest_id=snapshot.manifest_id,
             artifact_ids_json=json.dumps(list(snapshot.artifact_ids)),
             created_us=snapshot.created_us))
-        session.get_one(RunRow, snapshot.run_id).latest_snapshot_id = snapshot.snapshot_id
+        run = session.get_one(RunRow, (fleet_id, snapshot.run_id))
+        run.latest_snapshot_id = snapshot.snapshot_id
 
-    def get_snapshot(self, session: Session, snapshot_id: str) -> Snapshot | None:
-        return _entity(session.get(SnapshotRow, snapshot_id))
+    def snapshot_for_request(self, session: Session, fleet_id: str, run_id: str,
+                             request_id: str) -> Snapshot | None:
+        return _entity(session.scalars(select(SnapshotRow).where(
+            SnapshotRow.fleet_id == fleet_id, SnapshotRow.run_id == run_id,
+            SnapshotRow.request_id == request_id)).first())
 
-    def list_snapshots(self, session: Session, run_id: str, after: list[object] | None,
-                       limit: int) -> list[Snapshot]:
-        query = _oldest_first(select(SnapshotRow).where(SnapshotRow.run_id == run_id),
+    def get_snapshot(self, session: Session, fleet_id: str, snapshot_id: str) -> Snapshot | None:
+        row = session.get(SnapshotRow, snapshot_id)
+        return None if row is None or row.fleet_id != fleet_id else row.to_entity()
+
+    def list_snapshots(self, session: Session, fleet_id: str, run_id: str,
+                       after: list[object] | None, limit: int) -> list[Snapshot]:
+        query = _oldest_first(select(SnapshotRow).where(SnapshotRow.fleet_id == fleet_id,
+                                                        SnapshotRow.run_id == run_id),
                               SnapshotRow.created_us, SnapshotRow.snapshot_id, after, limit)
         return [row.to_entity() for row in session.scalars(query)]
 

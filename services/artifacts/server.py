@@ -29,7 +29,8 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
-    service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds)
+    service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds,
+                               limits=settings.limits())
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
     servicer = ArtifactsServicer(service)

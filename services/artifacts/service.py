@@ -64,6 +64,7 @@ from services.common.blobstore import BlobStore
 from services.common.canonical import canonical_json
 from services.common.db import Database
 from services.common.errors import (
+    Aborted,
     AlreadyExists,
     FailedPrecondition,
     IntegrityError,
@@ -100,12 +101,13 @@ class Rehydration:
 
 
 class ArtifactsService:
-    def __init__(self, database: Database, blobs: BlobStore,
-                 retry_delay_s: float = 0.05) -> None:
+    def __init__(self, database: Database, blobs: BlobStore, retry_delay_s: float = 0.05,
+                 limits: check.ArtifactLimits | None = None) -> None:
         self.db = database
         self.repository = ArtifactsRepository(database.dialect)
         self.blobs = blobs
         self.retry_delay_s = retry_delay_s
+        self.limits = limits or check.ArtifactLimits()
         self._writer: AbstractContextManager[object] = (
             threading.Lock() if database.dialect == "sqlite" else contextlib.nullcontext())
 
@@ -120,6 +122,7 @@ class ArtifactsService:
     def _in_run(self, fleet_id: str, run_id: str, query: Callable[Concatenate[Session, P], R],
                 *args: P.args, **kwargs: P.kwargs) -> R:
         """``query`` in a session of its own, once the run is known to be this fleet's."""
+        check.identifier("run_id", run_id)
         with self.db.session() as session:
             self.repository.get_run(session, fleet_id, run_id)
             return query(session, *args, **kwargs)
@@ -129,6 +132,20 @@ class ArtifactsService:
         """The session of a checked write (appends, first-writer-wins): one at a time on SQLite."""
         with self._writer, self.db.session() as session:
             yield session
+
+    def _first_answer(self, write: Callable[[Session], tuple[R, bool]],
+                      find: Callable[[Session], R | None]) -> tuple[R, bool]:
+        """``write``'s answer, or, when a concurrent call with the same key committed first
+        (its insert hit a unique key), that call's answer as ``find`` reads it back."""
+        try:
+            with self._writing() as session:
+                return write(session)
+        except DbIntegrityError:
+            prior = self._in_session(find)
+            if prior is None:
+                raise Aborted("a concurrent write of the same key conflicted with this one; "
+                              "nothing was stored, retry", reason="CONCURRENT_WRITE") from None
+            return prior, False
 
     def _in_batches(self, fetch: Callable[[Session, K, int], list[R]], start: K,
                     key_of: Callable[[R], K], batch: int) -> Iterator[R]:
@@ -149,7 +166,7 @@ class ArtifactsService:
                   fleet_id=fleet_id, agent_id=agent_id, status=RunStatus.RUNNING,
                   stop_reason="", created_us=now_us(), stopped_us=0, event_count=0,
                   head_hash="", latest_snapshot_id="",
-                  metadata_json=check.metadata_object(metadata_json))
+                  metadata_json=self.limits.metadata(metadata_json))
         try:
             self._in_session(self.repository.add_run, run)
             return run, True
@@ -162,7 +179,8 @@ class ArtifactsService:
             return existing, False
 
     def get_run(self, fleet_id: str, run_id: str) -> Run:
-        return self._in_session(self.repository.get_run, fleet_id, run_id)
+        return self._in_session(self.repository.get_run, fleet_id,
+                                check.identifier("run_id", run_id))
 
     def list_runs(self, fleet_id: str, page_token: str, page_size: int) -> tuple[list[Run], str]:
         return paginate(page_token, page_size, {"fleet": fleet_id},
@@ -181,7 +199,7 @@ class ArtifactsService:
 
     def _append(self, session: Session, run: Run, draft: EventDraft, created_us: int) -> Event:
         event = next_event(run, draft, created_us)
-        self.repository.add_event(session, event, draft.request_id)
+        self.repository.add_event(session, run.fleet_id, event, draft.request_id)
         return event
 
     def stop_run(self, fleet_id: str, agent_id: str, run_id: str, status: RunStatus,
@@ -201,50 +219,50 @@ class ArtifactsService:
         with self._writing() as session:
             run = self._running_run(session, fleet_id, run_id, lock=True)
             self._append(session, run, event, stopped_us)
-            return self.repository.mark_stopped(session, run_id, status, reason, stopped_us)
+            return self.repository.mark_stopped(session, fleet_id, run_id, status, reason,
+                                                stopped_us)
 
     # -- artifacts ----------------------------------------------------------
 
     def upload(self, fleet_id: str, upload: ArtifactUpload,
                parts: Iterable[bytes | UploadEnd]) -> Artifact:
         """Store the chunks of ``parts``; only a stream closed by an ``UploadEnd`` is complete."""
-        path = check.artifact_path(upload.run_id, upload.step_id, upload.name)
+        artifact_id = new_id("art")
+        path = check.artifact_path(fleet_id, upload.run_id, upload.step_id, artifact_id,
+                                   upload.name)
         mime_type = check.short_text("mime_type", upload.mime_type or
                                      "application/octet-stream", check.MAX_MIME_LEN)
-        metadata_json = check.metadata_object(upload.metadata_json)
+        metadata_json = self.limits.metadata(upload.metadata_json)
         if upload.expected_hash and len(upload.expected_hash) != 64:
             raise InvalidArgument("expected_hash must be a SHA-256 hex digest (64 characters)")
+        received = CheckedUpload(upload, self.limits.check_upload)
         run = self.get_run(fleet_id, upload.run_id)
         if run.status is not RunStatus.RUNNING:
             raise FailedPrecondition(f"run {run.run_id!r} is stopped ({run.status.value}); "
                                      "it takes no more artifacts", reason="RUN_STOPPED")
-        prior = self._in_session(self.repository.artifact_at, path)
+        prior = self._in_session(self.repository.artifact_named, fleet_id, upload.run_id,
+                                 upload.step_id, upload.name)
         if prior is not None:
-            raise AlreadyExists(f"artifact {prior.artifact_id} already holds {path!r}",
-                                reason="ARTIFACT_EXISTS",
-                                metadata={"artifact_id": prior.artifact_id, "path": path})
-        received = CheckedUpload(upload)
+            raise _artifact_exists(prior.artifact_id, upload)
         info = self.blobs.put(path, received.chunks(parts), before_commit=received.check_hash)
-        artifact = Artifact(artifact_id=new_id("art"), run_id=upload.run_id,
+        artifact = Artifact(artifact_id=artifact_id, run_id=upload.run_id,
                             step_id=upload.step_id, path=path, hash=info.sha256,
                             mime_type=mime_type, size_bytes=info.size_bytes,
                             created_us=now_us(), metadata_json=metadata_json)
         try:
-            self._add_artifact(fleet_id, artifact)
+            self._add_artifact(fleet_id, artifact, upload)
         except BaseException:
             self.blobs.delete(path)  # no row, so no blob: never an orphan from a failed insert
             raise
         return artifact
 
-    def _add_artifact(self, fleet_id: str, artifact: Artifact) -> None:
+    def _add_artifact(self, fleet_id: str, artifact: Artifact, upload: ArtifactUpload) -> None:
         try:
             with self.db.session() as session:
                 self._running_run(session, fleet_id, artifact.run_id)
-                self.repository.add_artifact(session, artifact)
+                self.repository.add_artifact(session, fleet_id, artifact, upload.name)
         except DbIntegrityError:
-            raise AlreadyExists(f"an artifact already exists at {artifact.path!r}",
-                                reason="ARTIFACT_EXISTS",
-                                metadata={"path": artifact.path}) from None
+            raise _artifact_exists("", upload) from None
 
     def get_artifact(self, fleet_id: str, artifact_id: str) -> Artifact:
         return self._in_session(self.repository.get_artifact, fleet_id,
@@ -265,8 +283,8 @@ class ArtifactsService:
         return paginate(page_token, page_size,
                         {"fleet": fleet_id, "run": run_id, "step": step_id},
                         lambda after, limit: self._in_run(
-                            fleet_id, run_id, self.repository.list_artifacts, run_id, step_id,
-                            after, limit),
+                            fleet_id, run_id, self.repository.list_artifacts, fleet_id, run_id,
+                            step_id, after, limit),
                         lambda artifact: [artifact.created_us, artifact.artifact_id])
 
     def verify(self, fleet_id: str, run_id: str = "") -> tuple[int, list[ArtifactProblem]]:
@@ -304,20 +322,29 @@ class ArtifactsService:
             raise InvalidArgument(f"event types starting with {RESERVED_EVENT_PREFIX!r} are "
                                   "written by the service", reason="RESERVED_EVENT_TYPE")
         draft = EventDraft(
-            type=type, payload_json=check.json_document("payload_json", payload_json),
+            type=type, payload_json=self.limits.document("payload_json", payload_json),
             manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
             artifact_ids=check.references("artifact_id", artifact_ids), agent_id=agent_id,
             request_id=check.identifier("request_id", request_id) if request_id else "")
         run_id, created_us = check.identifier("run_id", run_id), now_us()
-        with self._writing() as session:
-            if draft.request_id:
-                prior = self.repository.event_for_request(session, run_id, draft.request_id)
-                if prior is not None:
-                    self.repository.get_run(session, fleet_id, run_id)
-                    return prior, False
-            run = self._running_run(session, fleet_id, run_id, lock=True)
+
+        def append(session: Session) -> tuple[Event, bool]:
+            # The run's lock first: a concurrent call with this request_id has committed by then.
+            self.repository.get_run(session, fleet_id, run_id, lock=True)
+            prior = find(session)
+            if prior is not None:
+                return prior, False
+            run = self._running_run(session, fleet_id, run_id)
             self._check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
             return self._append(session, run, draft, created_us), True
+
+        def find(session: Session) -> Event | None:
+            if not draft.request_id:
+                return None
+            return self.repository.event_for_request(session, fleet_id, run_id,
+                                                     draft.request_id)
+
+        return self._first_answer(append, find)
 
     def _check_references(self, session: Session, fleet_id: str, manifest_id: str,
                           artifact_ids: tuple[str, ...]) -> None:
@@ -339,8 +366,8 @@ class ArtifactsService:
             if start < 0:
                 raise InvalidArgument("after_seq must be >= 0")
             checked = check.identifier("run_id", run_id)
-            return self._in_run(fleet_id, checked, self.repository.events_after, checked, start,
-                                limit)
+            return self._in_run(fleet_id, checked, self.repository.events_after, fleet_id,
+                                checked, start, limit)
 
         return paginate(page_token, page_size,
                         {"fleet": fleet_id, "run": run_id, "after": after_seq}, fetch,
@@ -352,7 +379,7 @@ class ArtifactsService:
         verifier = ChainVerifier(run.run_id)
         events = self._in_batches(
             lambda session, after, limit: self.repository.events_after(
-                session, run.run_id, after, limit),
+                session, fleet_id, run.run_id, after, limit),
             0, lambda event: event.seq, EVENT_BATCH)
         for event in events:
             yield verifier.check(event)
@@ -363,34 +390,49 @@ class ArtifactsService:
                 metadata={"run_id": run.run_id})
 
     def create_snapshot(self, fleet_id: str, run_id: str, state_json: str, seq: int = 0,
-                        manifest_id: str = "", artifact_ids: tuple[str, ...] = ()) -> Snapshot:
+                        manifest_id: str = "", artifact_ids: tuple[str, ...] = (),
+                        request_id: str = "") -> tuple[Snapshot, bool]:
+        """The new snapshot; a retry with the same ``request_id`` gets the first one back."""
         if seq < 0:
             raise InvalidArgument("seq must be >= 0 (0 means the run's current head)")
-        state = check.json_document("state_json", state_json)
-        snapshot = Snapshot(
+        state = self.limits.document("state_json", state_json)
+        draft = Snapshot(
             snapshot_id=new_id("snap"), run_id=check.identifier("run_id", run_id), seq=seq,
             state_json=state, state_hash=sha256_text(state),
             manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
             artifact_ids=check.references("artifact_id", artifact_ids), created_us=now_us())
-        with self._writing() as session:
-            run = self._running_run(session, fleet_id, snapshot.run_id, lock=True)
-            seq = snapshot.seq or run.event_count
+        request_id = check.identifier("request_id", request_id) if request_id else ""
+
+        def create(session: Session) -> tuple[Snapshot, bool]:
+            self.repository.get_run(session, fleet_id, draft.run_id, lock=True)
+            prior = find(session)
+            if prior is not None:
+                return prior, False
+            run = self._running_run(session, fleet_id, draft.run_id)
+            seq = draft.seq or run.event_count
             if seq > run.event_count or seq < 0:
                 raise FailedPrecondition(
                     f"snapshot seq {seq} is past the run's last event ({run.event_count})",
                     reason="SNAPSHOT_AHEAD_OF_LOG")
-            self._check_references(session, fleet_id, snapshot.manifest_id,
-                                   snapshot.artifact_ids)
-            snapshot = replace(snapshot, seq=seq)
-            self.repository.add_snapshot(session, snapshot)
-        return snapshot
+            self._check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
+            snapshot = replace(draft, seq=seq)
+            self.repository.add_snapshot(session, fleet_id, snapshot, request_id)
+            return snapshot, True
+
+        def find(session: Session) -> Snapshot | None:
+            if not request_id:
+                return None
+            return self.repository.snapshot_for_request(session, fleet_id, draft.run_id,
+                                                        request_id)
+
+        return self._first_answer(create, find)
 
     def _latest_snapshot(self, session: Session, fleet_id: str,
                          run_id: str) -> tuple[Run, Snapshot | None]:
         run = self.repository.get_run(session, fleet_id, run_id)
         if not run.latest_snapshot_id:
             return run, None
-        return run, self.repository.get_snapshot(session, run.latest_snapshot_id)
+        return run, self.repository.get_snapshot(session, fleet_id, run.latest_snapshot_id)
 
     def latest_snapshot(self, fleet_id: str, run_id: str) -> Snapshot:
         _run, snapshot = self._in_session(self._latest_snapshot, fleet_id,
@@ -403,8 +445,8 @@ class ArtifactsService:
                        page_size: int) -> tuple[list[Snapshot], str]:
         return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
                         lambda after, limit: self._in_run(
-                            fleet_id, run_id, self.repository.list_snapshots, run_id, after,
-                            limit),
+                            fleet_id, run_id, self.repository.list_snapshots, fleet_id, run_id,
+                            after, limit),
                         lambda snapshot: [snapshot.created_us, snapshot.snapshot_id])
 
     def rehydrate(self, fleet_id: str, agent_id: str, run_id: str,
@@ -417,7 +459,8 @@ class ArtifactsService:
             run, snapshot = self._latest_snapshot(session, fleet_id,
                                                   check.identifier("run_id", run_id))
             events = self.repository.events_after(
-                session, run.run_id, snapshot.seq if snapshot is not None else 0, limit + 1)
+                session, fleet_id, run.run_id, snapshot.seq if snapshot is not None else 0,
+                limit + 1)
         manifest = None
         if snapshot is not None:
             if snapshot.manifest_id:
@@ -448,15 +491,21 @@ class ArtifactsService:
             corpus_id=corpus_id, index_id=index_id, chunk_id=chunk_id, span_start=span_start,
             span_end=span_end,
             artifact_id=check.identifier("artifact_id", artifact_id) if artifact_id else "",
-            metadata_json=check.metadata_object(metadata_json), created_us=now_us())
-        with self._writing() as session:
-            prior = self.repository.get_evidence(session, fleet_id, evidence.evidence_id)
+            metadata_json=self.limits.metadata(metadata_json), created_us=now_us())
+
+        def create(session: Session) -> tuple[Evidence, bool]:
+            prior = find(session)
             if prior is not None:
                 return prior, False
             if evidence.artifact_id:
                 self._check_references(session, fleet_id, "", (evidence.artifact_id,))
             self.repository.add_evidence(session, evidence)
-        return evidence, True
+            return evidence, True
+
+        def find(session: Session) -> Evidence | None:
+            return self.repository.get_evidence(session, fleet_id, evidence.evidence_id)
+
+        return self._first_answer(create, find)
 
     def _get(self, query: Callable[[Session, str, str], R | None], fleet_id: str, kind: str,
              id_: str) -> R:
@@ -480,19 +529,25 @@ class ArtifactsService:
 
     def create_manifest(self, fleet_id: str, content_json: str,
                         run_id: str = "") -> tuple[Manifest, bool]:
-        content = check.json_document("content_json", content_json, default="")
+        content = self.limits.document("content_json", content_json, default="")
         manifest = Manifest(fleet_id=fleet_id, manifest_id=manifest_id(content),
                             run_id=check.identifier("run_id", run_id) if run_id else "",
                             content_json=content, content_hash=sha256_text(content),
                             created_us=now_us())
-        with self._writing() as session:
-            prior = self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
+
+        def create(session: Session) -> tuple[Manifest, bool]:
+            prior = find(session)
             if prior is not None:
                 return prior, False
             if manifest.run_id:
                 self.repository.get_run(session, fleet_id, manifest.run_id)
             self.repository.add_manifest(session, manifest)
-        return manifest, True
+            return manifest, True
+
+        def find(session: Session) -> Manifest | None:
+            return self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
+
+        return self._first_answer(create, find)
 
     def get_manifest(self, fleet_id: str, manifest_id_: str) -> Manifest:
         found = self._get(self.repository.get_manifest, fleet_id, "manifest", manifest_id_)
@@ -503,6 +558,8 @@ class ArtifactsService:
 
     def list_manifests(self, fleet_id: str, run_id: str, page_token: str,
                        page_size: int) -> tuple[list[Manifest], str]:
+        if run_id:
+            check.identifier("run_id", run_id)
         return paginate(page_token, page_size, {"fleet": fleet_id, "run": run_id},
                         lambda after, limit: self._in_session(
                             self.repository.list_manifests, fleet_id, run_id, after, limit),
@@ -559,3 +616,12 @@ class ArtifactsService:
             f"{outcome.attempts} attempts; run {run.run_id} is {status.value}",
             reason="CRITICAL_POINTER_UNRESOLVED",
             metadata={**diagnostics, "run_status": status.value})
+
+
+def _artifact_exists(artifact_id: str, upload: ArtifactUpload) -> AlreadyExists:
+    holder = f"artifact {artifact_id}" if artifact_id else "an artifact"
+    return AlreadyExists(
+        f"{holder} already holds {upload.name!r} in step {upload.step_id!r} of run "
+        f"{upload.run_id!r}", reason="ARTIFACT_EXISTS",
+        metadata={"artifact_id": artifact_id, "run_id": upload.run_id,
+                  "step_id": upload.step_id, "name": upload.name})

@@ -260,10 +260,10 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def CreateSnapshot(self, request: pb.CreateSnapshotRequest,
                        context: grpc.ServicerContext) -> pb.CreateSnapshotResponse:
-        snapshot = self.service.create_snapshot(
+        snapshot, created = self.service.create_snapshot(
             current_principal().fleet_id, request.run_id, request.state_json, request.seq,
-            request.manifest_id, tuple(request.artifact_ids))
-        return pb.CreateSnapshotResponse(snapshot=snapshot_to_proto(snapshot))
+            request.manifest_id, tuple(request.artifact_ids), request.request_id)
+        return pb.CreateSnapshotResponse(snapshot=snapshot_to_proto(snapshot), created=created)
 
     def GetLatestSnapshot(self, request: pb.GetLatestSnapshotRequest,
                           context: grpc.ServicerContext) -> pb.GetLatestSnapshotResponse:

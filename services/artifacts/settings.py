@@ -1,13 +1,22 @@
-"""Artifacts settings (``ENGRAM_ARTIFACTS_*``): where its database and blobs live."""
+"""Artifacts settings (``ENGRAM_ARTIFACTS_*``): where its database and blobs live, and the
+limits on what a request may carry."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
+from services.artifacts.domain.validation import (
+    DEFAULT_MAX_UPLOAD_BYTES,
+    MAX_DOCUMENT_BYTES,
+    MAX_METADATA_BYTES,
+    ArtifactLimits,
+)
+from services.common.limits import DEFAULT_JSON_DEPTH
 from services.common.settings import ServerSettings
 
 
@@ -34,6 +43,15 @@ class ArtifactsSettings(ServerSettings):
     resolve_retry_delay_seconds: float = 0.05
     """Pause before the one retry of a critical pointer (covers transient I/O)."""
     migrate: bool = True
+    max_upload_bytes: int = Field(default=DEFAULT_MAX_UPLOAD_BYTES, gt=0)
+    """The largest artifact an upload may carry; a larger one is refused, nothing stored."""
+    max_document_bytes: int = Field(default=MAX_DOCUMENT_BYTES, gt=0)
+    """Event payloads, snapshot states and manifests (canonical JSON bytes)."""
+    max_metadata_bytes: int = Field(default=MAX_METADATA_BYTES, gt=0)
+    """Run and artifact metadata and evidence metadata (canonical JSON bytes)."""
+    json_depth: int = Field(default=DEFAULT_JSON_DEPTH, gt=0,
+                            validation_alias=AliasChoices("ENGRAM_LIMITS_JSON_DEPTH"))
+    """How deep any JSON document may nest (shared by every service)."""
     governance_addr: str | None = None
     """host:port of governance, polled for revoked tokens and suspended agents; unset: they
     are not refused here (`engram up`, compose and the kustomize base set it)."""
@@ -45,6 +63,11 @@ class ArtifactsSettings(ServerSettings):
     """This service's client certificate, for a governance that requires mutual TLS."""
     governance_tls_key: Path | None = None
     """The private key of ``governance_tls_cert``."""
+
+    def limits(self) -> ArtifactLimits:
+        return ArtifactLimits(document_bytes=self.max_document_bytes,
+                              metadata_bytes=self.max_metadata_bytes,
+                              json_depth=self.json_depth, upload_bytes=self.max_upload_bytes)
 
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,

@@ -1,7 +1,8 @@
 """SQLAlchemy tables of the artifacts store; rows convert to domain objects with ``to_entity``.
 
 ``artifacts`` is the seed's single table (pointers only, indexes on
-``(run_id, step_id)`` and ``hash``); blobs live in the blob store.
+``(fleet_id, run_id, step_id)`` and ``hash``); blobs live in the blob store. A run is
+known by its fleet and its id: every table that names a run carries both.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Index, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Index, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -45,8 +46,8 @@ def from_us(micros: int) -> datetime:
 class RunRow(Base):
     __tablename__ = "runs"
 
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    fleet_id: Mapped[str] = mapped_column(String(128))
     agent_id: Mapped[str] = mapped_column(String(128))
     status: Mapped[str] = mapped_column(String(16))
     stop_reason: Mapped[str] = mapped_column(Text, default="")
@@ -71,9 +72,11 @@ class ArtifactRow(Base):
     __tablename__ = "artifacts"
 
     artifact_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
     run_id: Mapped[str] = mapped_column(String(128))
     step_id: Mapped[str] = mapped_column(String(128))
-    path: Mapped[str] = mapped_column(String(1024), unique=True)
+    name: Mapped[str] = mapped_column(String(512))
+    path: Mapped[str] = mapped_column(String(1024))
     hash: Mapped[str] = mapped_column(String(64))
     mime_type: Mapped[str] = mapped_column(String(255))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
@@ -81,8 +84,10 @@ class ArtifactRow(Base):
     metadata_: Mapped[Any] = mapped_column("metadata", JsonType)
 
     __table_args__ = (
-        Index("ix_artifacts_run_step", "run_id", "step_id"),
+        Index("ix_artifacts_run_step", "fleet_id", "run_id", "step_id"),
         Index("ix_artifacts_hash", "hash"),
+        Index("uq_artifacts_path", "path", unique=True),
+        Index("uq_artifacts_name", "fleet_id", "run_id", "step_id", "name", unique=True),
     )
 
     def to_entity(self) -> Artifact:
@@ -95,6 +100,7 @@ class ArtifactRow(Base):
 class EventRow(Base):
     __tablename__ = "events"
 
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     type: Mapped[str] = mapped_column(String(128))
@@ -107,7 +113,9 @@ class EventRow(Base):
     hash: Mapped[str] = mapped_column(String(64))
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
-    __table_args__ = (UniqueConstraint("run_id", "request_id", name="uq_events_run_request"),)
+    __table_args__ = (
+        Index("uq_events_run_request", "fleet_id", "run_id", "request_id", unique=True),
+    )
 
     def to_entity(self) -> Event:
         return Event(run_id=self.run_id, seq=self.seq, type=self.type,
@@ -121,6 +129,7 @@ class SnapshotRow(Base):
     __tablename__ = "snapshots"
 
     snapshot_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
     run_id: Mapped[str] = mapped_column(String(128))
     seq: Mapped[int] = mapped_column(BigInteger)
     state_json: Mapped[str] = mapped_column(Text)
@@ -128,8 +137,12 @@ class SnapshotRow(Base):
     manifest_id: Mapped[str] = mapped_column(String(64), default="")
     artifact_ids_json: Mapped[str] = mapped_column(Text, default="[]")
     created_us: Mapped[int] = mapped_column(BigInteger)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
-    __table_args__ = (Index("ix_snapshots_run_created", "run_id", "created_us", "snapshot_id"),)
+    __table_args__ = (
+        Index("ix_snapshots_run_created", "fleet_id", "run_id", "created_us", "snapshot_id"),
+        Index("uq_snapshots_run_request", "fleet_id", "run_id", "request_id", unique=True),
+    )
 
     def to_entity(self) -> Snapshot:
         return Snapshot(snapshot_id=self.snapshot_id, run_id=self.run_id, seq=self.seq,

@@ -1,4 +1,5 @@
-"""Runs memory compaction for configured fleets on an interval (off when the interval is 0)."""
+"""Background work on an interval: memory compaction for configured fleets (off when the
+interval is 0) and the repair of interrupted tier work (always on)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import threading
 from collections.abc import Sequence
 
 from services.common.errors import EngramError
-from services.compactor.service import MemoryPolicyRunner
+from services.compactor.service import IterationLog, MemoryPolicyRunner
 
 log = logging.getLogger("engram.compactor.schedule")
 
@@ -47,6 +48,42 @@ class CompactionSchedule:
                             extra={"fleet": fleet, "error": error.message})
 
     def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.run_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+class TierRepairLoop:
+    """Finishes interrupted tier work from start-up on: a pass at once, then one every
+    ``interval_s``; runs that fail wait out their backoff (:class:`RepairBackoff`)."""
+
+    def __init__(self, iteration_log: IterationLog, interval_s: float) -> None:
+        self._log = iteration_log
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tier-repair", daemon=True)
+        self._thread.start()
+
+    def run_once(self) -> int:
+        try:
+            repaired = self._log.recover()
+        except Exception:
+            # e.g. the database is unreachable: the next pass tries again
+            log.exception("tier repair pass failed", extra={"retry_in_s": self._interval})
+            return 0
+        if repaired:
+            log.info("finished interrupted tier work", extra={"runs": repaired})
+        return repaired
+
+    def _loop(self) -> None:
+        self.run_once()
         while not self._stop.wait(self._interval):
             self.run_once()
 

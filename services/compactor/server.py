@@ -1,17 +1,22 @@
-"""Assemble the compactor server: store, tier recovery, shard gateway, schedule, servicer."""
+"""Assemble the compactor server: store, tier repair, shard gateway, schedule, servicer."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.common.startup import StartupError
+from services.compactor.domain.repairs import RepairBackoff
 from services.compactor.repository import CompactorRepository
-from services.compactor.scheduler import CompactionSchedule
+from services.compactor.scheduler import CompactionSchedule, TierRepairLoop
 from services.compactor.service import IterationLog, MemoryPolicyRunner
 from services.compactor.servicer import (
     KINDS,
@@ -40,26 +45,53 @@ def _service_token(settings: CompactorSettings) -> str:
     return path.read_text().strip()
 
 
+class TierRepairMetrics(Collector):
+    """The repair loop's state on /metrics: runs failing now, and failures since start."""
+
+    def __init__(self, repairs: RepairBackoff) -> None:
+        self._repairs = repairs
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "engram_compactor_tier_repair_failing_runs",
+            "Runs whose last attempt at their pending tier work (seal, snapshot) failed.",
+            value=self._repairs.failing())
+        yield CounterMetricFamily(
+            "engram_compactor_tier_repair_failures",
+            "Failed attempts at a run's pending tier work since start.",
+            value=self._repairs.total_failures)
+
+
+def _repair_backoff(settings: CompactorSettings) -> RepairBackoff:
+    if settings.tier_repair_backoff_max_seconds < settings.tier_repair_backoff_seconds:
+        raise StartupError(
+            "ENGRAM_COMPACTOR_TIER_REPAIR_BACKOFF_MAX_SECONDS must be at least "
+            "ENGRAM_COMPACTOR_TIER_REPAIR_BACKOFF_SECONDS")
+    return RepairBackoff(settings.tier_repair_backoff_seconds,
+                         settings.tier_repair_backoff_max_seconds)
+
+
 def build_compactor_server(settings: CompactorSettings) -> EngramServer:
+    repairs = _repair_backoff(settings)
     database = Database(settings.database_url())
     try:
-        return _build(settings, database)
+        return _build(settings, database, repairs)
     except BaseException:
         database.dispose()  # a failed start leaves no connection open behind it
         raise
 
 
-def _build(settings: CompactorSettings, database: Database) -> EngramServer:
+def _build(settings: CompactorSettings, database: Database,
+           repairs: RepairBackoff) -> EngramServer:
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     blobs = blob_store_from_url(settings.blob_store_url(),
                                 endpoint_url=settings.blob_endpoint_url,
                                 region_name=settings.blob_region)
     repository = CompactorRepository(database)
-    iteration_log = IterationLog(repository, blobs, settings.tier_config())
-    recovered = iteration_log.recover()
-    if recovered:
-        log.info("finished interrupted tier work", extra={"runs": recovered})
+    # Interrupted tier work is finished in the background: one failing run delays no start.
+    iteration_log = IterationLog(repository, blobs, settings.tier_config(), repairs=repairs)
+    repair_loop = TierRepairLoop(iteration_log, settings.tier_repair_interval_seconds)
     gateway = ShardCompactionGateway(settings.shard_addr, _service_token(settings),
                                      settings.shard_timeout_seconds, settings.shard_tls())
     policies = MemoryPolicyRunner(gateway, repository)
@@ -72,8 +104,13 @@ def _build(settings: CompactorSettings, database: Database) -> EngramServer:
         "compactor", settings.governance_addr, _service_token_file(settings),
         settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
+    def start() -> None:
+        repair_loop.start()
+        schedule.start()
+
     def stop() -> None:
         schedule.stop()
+        repair_loop.stop()
         gateway.close()
         database.dispose()
 
@@ -83,8 +120,9 @@ def _build(settings: CompactorSettings, database: Database) -> EngramServer:
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
         kinds=KINDS,
-        on_start=schedule.start,
+        on_start=start,
         on_stop=stop,
         restrictions=restrictions,
     )
+    spec.registry.register(TierRepairMetrics(repairs))
     return build_server(settings, spec)

@@ -7,7 +7,9 @@ transaction (group commit), so they share its fsync. The blob work that follows 
 full segment, write the index file, write a cold snapshot, retire old
 snapshots) is a sequence of idempotent steps whose outputs are pure functions
 of content, so a crash at any step is repaired by running the sequence again:
-on the next append to the run, and for every run at start-up (:meth:`IterationLog.recover`).
+on the next append to the run, and for every run by the repair loop from start-up on
+(:meth:`IterationLog.recover`). A run whose tier work keeps failing is logged, recorded
+(VerifyRun shows it, a metric counts it) and retried with backoff; it never blocks the others.
 
 ``hook(step)`` is called at each named step (:data:`~services.compactor.tiers.steps.STEPS`);
 tests make it raise to simulate a crash exactly there.
@@ -24,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,6 +63,7 @@ from services.compactor.domain.model import (
     VerifyReport,
     plan_append,
 )
+from services.compactor.domain.repairs import RepairBackoff
 from services.compactor.domain.warm_chain import (
     ChainWalker,
     IterationInput,
@@ -92,8 +95,12 @@ class IterationLog:
     """Records, reads, pins and verifies iteration logs across the hot, warm and cold tiers."""
 
     def __init__(self, repository: CompactorRepository, blobs: BlobStore,
-                 config: TierConfig | None = None, hook: StepHook = no_step_hook) -> None:
+                 config: TierConfig | None = None, hook: StepHook = no_step_hook,
+                 repairs: RepairBackoff | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.repo = repository
+        self.repairs = repairs or RepairBackoff(1.0, 300.0)
+        self._clock = clock
         self.config = config or TierConfig()
         if self.config.hot_size < 1 or self.config.snapshot_every < 1:
             raise ValueError("hot_size and snapshot_every must be >= 1")
@@ -140,12 +147,8 @@ class IterationLog:
 
     def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
         """The iteration is committed: a failed seal or snapshot is not a failed write."""
-        try:
-            self.finish_pending(fleet_id, run_id)
-        except Exception:
-            # the run keeps pending_work; the next append or recover() at start redoes the steps
-            log.exception("tier work after a committed iteration failed; left for repair",
-                          extra={"fleet_id": fleet_id, "run_id": run_id})
+        if self.repairs.due((fleet_id, run_id), self._clock()):
+            self.repair(fleet_id, run_id)
 
     def _append_group(self, requests: Sequence[AppendRequest]) -> list[AppendOutcome]:
         return self.repo.append_group(requests, self._plan)
@@ -174,11 +177,28 @@ class IterationLog:
     # -- the post-commit steps ------------------------------------------------
 
     def recover(self) -> int:
-        """Finish interrupted seals, snapshots and retention for every run; return how many."""
-        runs = self.repo.runs_with_pending_work()
-        for fleet_id, run_id in runs:
+        """Finish interrupted seals, snapshots and retention for every run not waiting out a
+        backoff; return how many runs were finished (a failing one is recorded, not raised)."""
+        now = self._clock()
+        due = [key for key in self.repo.runs_with_pending_work() if self.repairs.due(key, now)]
+        return sum(self.repair(fleet_id, run_id) for fleet_id, run_id in due)
+
+    def repair(self, fleet_id: str, run_id: str) -> bool:
+        """Finish the run's pending tier work; on failure log it, record it for a retry after
+        a backoff, and return False (the run keeps ``pending_work``)."""
+        key = (fleet_id, run_id)
+        try:
             self.finish_pending(fleet_id, run_id)
-        return len(runs)
+        except Exception as error:
+            failure = self.repairs.failed(key, _describe(error), self._clock())
+            log.warning("tier work failed; retrying after a backoff", exc_info=True,
+                        extra={"fleet_id": fleet_id, "run_id": run_id,
+                               "attempts": failure.attempts, "error": failure.error,
+                               "retry_in_s": round(failure.retry_at - self._clock(), 3)})
+            return False
+        if self.repairs.succeeded(key):
+            log.info("tier work repaired", extra={"fleet_id": fleet_id, "run_id": run_id})
+        return True
 
     def finish_pending(self, fleet_id: str, run_id: str) -> None:
         # One finisher per run at a time: two would race on the same puts and index version.
@@ -329,6 +349,10 @@ class IterationLog:
                                      f"log ends at {walker.expected_iter - 1} with another hash"))
         snapshots = self.repo.snapshots(fleet_id, run_id, SnapshotState.STORED)
         problems.extend(self._cold.check(snapshots, hashes))
+        failure = self.repairs.failure((fleet_id, run_id))
+        if failure is not None:
+            problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
+                                          f"time(s), last: {failure.error}; retried with backoff"))
         return VerifyReport(walker.checked, len(sealed), len(snapshots), head.last_iter,
                             head.head_hash, tuple(problems))
 
@@ -348,6 +372,12 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, EngramError):
+        return f"{error.code}: {error.message}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _now_us() -> int:

@@ -56,6 +56,14 @@ class CompactorSettings(ServerSettings):
         default="", description="comma-separated fleets the schedule compacts")
     memory_importance_below: float = Field(default=0.3, gt=0.0, le=1.0)
     memory_older_than_days: float = Field(default=30.0, ge=0.0)
+    tier_repair_interval_seconds: float = Field(
+        default=5.0, gt=0.0, description="how often runs with unfinished tier work (seals, "
+        "snapshots) are looked for and finished; the first pass runs at start")
+    tier_repair_backoff_seconds: float = Field(
+        default=1.0, gt=0.0, description="wait after a run's first failed repair; doubles "
+        "with each further failure")
+    tier_repair_backoff_max_seconds: float = Field(
+        default=300.0, gt=0.0, description="the longest wait between repairs of a failing run")
 
     def shard_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.shard_tls_ca, tls_cert=self.shard_tls_cert,

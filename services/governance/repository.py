@@ -211,6 +211,12 @@ class GovernanceRepository:
         rows = session.scalars(query.order_by(DecisionRow.chain_seq.desc()).limit(limit))
         return [row.to_entity() for row in rows]
 
+    def decisions_by_id(self, session: Session, fleet_id: str,
+                        decision_ids: Collection[str]) -> dict[str, Decision]:
+        rows = session.scalars(select(DecisionRow).where(
+            DecisionRow.fleet_id == fleet_id, DecisionRow.decision_id.in_(list(decision_ids))))
+        return {row.decision_id: row.to_entity() for row in rows}
+
     def stored_decisions(self, session: Session) -> Iterator[Decision]:
         """Every decision, streamed."""
         for row in session.scalars(select(DecisionRow).execution_options(yield_per=2000)):

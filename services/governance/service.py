@@ -309,6 +309,12 @@ class GovernanceService:
         with self._db.session() as session:
             return self._repo.decisions_page(session, fleet_id, agent_id, before_seq, limit)
 
+    def decisions_by_id(self, fleet_id: str, decision_ids: Sequence[str]) -> list[Decision]:
+        """The fleet's decisions among ``decision_ids``, as asked; unknown ones left out."""
+        with self._db.session() as session:
+            found = self._repo.decisions_by_id(session, fleet_id, set(decision_ids))
+        return [found[i] for i in dict.fromkeys(decision_ids) if i in found]
+
     # -- verification ---------------------------------------------------------------------
 
     def checkpoint(self) -> Checkpoint:

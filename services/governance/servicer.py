@@ -57,6 +57,7 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("ListDecisions"): PEOPLE,
     _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
+    _m("BatchGetDecisions"): _GOVERNORS,
     _m("RevokeToken"): _GOVERNORS,
     _m("RevokeAgentTokens"): _GOVERNORS,
     _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
@@ -71,7 +72,7 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
                                     "RevokeToken", "RevokeAgentTokens")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain", "ListAccessRestrictions")},
+        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -176,6 +177,7 @@ def _candidate(message: pb.WriteCandidate) -> Candidate:
         source=message.source, importance=message.importance, tags=tuple(message.tags),
         neighbours=tuple(Neighbour(n.record_id, n.content, n.agent_id, n.score)
                          for n in message.neighbours),
+        metadata=tuple(sorted(message.metadata.items())),
     )
 
 
@@ -338,6 +340,15 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),
             problems=report.problems, extends_since=report.extends_since)
+
+    def BatchGetDecisions(self, request: pb.BatchGetDecisionsRequest,
+                          context: grpc.ServicerContext) -> pb.BatchGetDecisionsResponse:
+        fleet_id = target_fleet(current_principal(), request.fleet_id)
+        if not 0 < len(request.decision_ids) <= MAX_CANDIDATES:
+            raise InvalidArgument(f"send 1..{MAX_CANDIDATES} decision_ids, got "
+                                  f"{len(request.decision_ids)}", reason="INVALID_DECISION_IDS")
+        found = self._service.decisions_by_id(fleet_id, list(request.decision_ids))
+        return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
 
     def RevokeToken(self, request: pb.RevokeTokenRequest,
                     context: grpc.ServicerContext) -> pb.RevokeTokenResponse:

@@ -4,6 +4,12 @@ Compaction writes each group's summary through the shard's own write path (the
 gate decides it like any write), then marks the originals it covers. Originals
 stay stored and verifiable; only :meth:`MemoryCompactor.apply_retention`, an
 explicit call, removes them.
+
+Trust counts as it does in search: a record whose author's multiplier is 0.0
+(suspended), or unknown because governance cannot be asked, is left out, so a
+suspended agent's text is never laundered into a summary written by the
+compactor; the summary names its sources' authors and ranks with the lowest
+of their trust.
 """
 
 from __future__ import annotations
@@ -45,7 +51,18 @@ class MemoryCompactor:
                 if record.id not in done and compactable(record, now, importance_below,
                                                          older_than_days):
                     groups[(record.run_id, record.domain)].append(record)
-        return examined, groups
+        trusted = self._trusted_authors(fleet_id, {r.agent_id for g in groups.values() for r in g})
+        kept = {key: [r for r in members if r.agent_id in trusted]
+                for key, members in groups.items()}
+        return examined, {key: members for key, members in kept.items() if members}
+
+    def _trusted_authors(self, fleet_id: str, authors: set[str]) -> set[str]:
+        """Authors whose records may be summarised: a known multiplier above 0."""
+        trust = self.service.search_engine.trust
+        if trust is None or not authors:  # an ungated shard has no trust to consult
+            return authors
+        multipliers = trust.multipliers(fleet_id, authors)
+        return {a for a in authors if multipliers.get(a, 0.0) > 0.0}
 
     def compact(
         self,

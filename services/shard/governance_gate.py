@@ -8,12 +8,15 @@ a few seconds and sends neighbours straight away. A write governance did
 not decide is never stored: a refusal (INVALID_ARGUMENT, PERMISSION_DENIED…)
 keeps its code, and no answer is ``Unavailable`` (GOVERNANCE_UNAVAILABLE).
 Trust multipliers are cached for ``ttl_seconds`` so ranking costs a dict
-lookup, and any failed lookup raises ``Unavailable`` so the shard can fall
-back to 1.0 with a warning.
+lookup. When a lookup fails, every agent seen before keeps its last known
+multiplier however old (a suspension stays in force while governance is
+down); only agents never seen are left out, which ranks them at 1.0, and a
+warning is logged (fail-open for them alone).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -28,6 +31,8 @@ from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.errors import EngramError, Unavailable
 from services.common.outbound import dependency_error
 from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
+
+log = logging.getLogger("engram.shard.trust")
 
 DEFAULT_TTL_SECONDS = 1.5
 NEIGHBOURS_HINT_SECONDS = 5.0
@@ -44,6 +49,7 @@ def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
         neighbours=[gpb.Neighbour(record_id=n.record_id, content=n.content,
                                   agent_id=n.agent_id, score=n.score)
                     for n in candidate.neighbours],
+        metadata=dict(candidate.metadata),
     )
 
 
@@ -126,6 +132,8 @@ class GovernanceTrust:
         self._lock = threading.Lock()
 
     def multipliers(self, fleet_id: str, agent_ids: Collection[str]) -> dict[str, float]:
+        """Each agent's multiplier; with governance unreachable, the last known one (however
+        old), and agents never seen are left out (the caller ranks them 1.0)."""
         now = self._clock()
         found: dict[str, float] = {}
         missing: list[str] = []
@@ -137,7 +145,16 @@ class GovernanceTrust:
             else:
                 missing.append(agent_id)
         if missing:
-            found.update(self._fetch(fleet_id, missing, now))
+            try:
+                found.update(self._fetch(fleet_id, missing, now))
+            except Unavailable as error:
+                stale = {a: hit[1] for a in missing
+                         if (hit := cache.get((fleet_id, a))) is not None}
+                found.update(stale)
+                unseen = len(missing) - len(stale)
+                log.warning("trust lookup failed; %d agent(s) keep their last known "
+                            "multiplier, %d never seen rank at 1.0", len(stale), unseen,
+                            extra={"error": error.message, "fleet_id": fleet_id})
         return found
 
     def _fetch(self, fleet_id: str, agent_ids: list[str], now: float) -> dict[str, float]:
@@ -150,8 +167,8 @@ class GovernanceTrust:
         fetched = {t.agent_id: t.multiplier for t in trusts}
         expires = now + self._ttl
         with self._lock:
-            if len(self._cache) > 100_000:
-                self._cache.clear()
+            if len(self._cache) > 100_000:  # suspensions stay: they must outlive an outage
+                self._cache = {k: v for k, v in self._cache.items() if v[1] <= 0.0}
             for agent_id, multiplier in fetched.items():
                 self._cache[(fleet_id, agent_id)] = (expires, multiplier)
         return fetched

@@ -33,6 +33,8 @@ class GateCandidate:
     importance: float
     tags: tuple[str, ...]
     neighbours: tuple[Neighbour, ...] = field(default_factory=tuple)
+    metadata: tuple[tuple[str, str], ...] = ()
+    """``(key, value)`` pairs: governance judges them like the content."""
 
 
 @dataclass(frozen=True)
@@ -63,5 +65,6 @@ class WriteGate(Protocol):
 
 class TrustSource(Protocol):
     def multipliers(self, fleet_id: str, agent_ids: Collection[str]) -> dict[str, float]:
-        """Trust multiplier per agent (suspended = 0.0). Raises ``Unavailable`` when down."""
+        """Trust multiplier per agent (suspended = 0.0). While governance is unreachable, the
+        last known multiplier of each agent however old; agents it never saw are left out."""
         ...

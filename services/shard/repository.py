@@ -70,6 +70,7 @@ class RecordText(NamedTuple):
     content: str
     metadata: dict[str, str]
     created_us: int
+    agent_id: str = ""
 
 
 class StoredVector(NamedTuple):
@@ -104,6 +105,7 @@ _RECORD_TEXTS = select(
     RECORDS.c.content,
     RECORDS.c.metadata_json,
     RECORDS.c.created_us,
+    RECORDS.c.agent_id,
 )
 _AFTER = RECORDS.c.seq > bindparam("position")
 # The search index's catch-up runs before every search and every write's duplicate check.
@@ -307,23 +309,28 @@ class ShardRepository:
         rows = session.scalars(query.order_by(RecordRow.seq.desc()).limit(limit))
         return [(row.seq, row.to_entity()) for row in rows]
 
+    def oldest_after(
+        self, session: Session, flt: RecordFilter, after_seq: int, limit: int
+    ) -> list[tuple[int, Record]]:
+        """Oldest first, from just past ``after_seq`` (a keyset page)."""
+        rows = session.scalars(
+            select(RecordRow)
+            .where(self._filtered(flt), RecordRow.seq > after_seq)
+            .order_by(RecordRow.seq)
+            .limit(limit)
+        )
+        return [(row.seq, row.to_entity()) for row in rows]
+
     def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
         """Oldest first, in batches, without holding the whole set in memory."""
         after = 0
         while True:
-            rows = list(
-                session.scalars(
-                    select(RecordRow)
-                    .where(self._filtered(flt), RecordRow.seq > after)
-                    .order_by(RecordRow.seq)
-                    .limit(batch)
-                )
-            )
-            if not rows:
+            page = self.oldest_after(session, flt, after, batch)
+            if not page:
                 return
-            for row in rows:
-                yield row.to_entity()
-            after = rows[-1].seq
+            for _seq, record in page:
+                yield record
+            after = page[-1][0]
 
     def lexical(
         self, session: Session, flt: RecordFilter, query: str, limit: int
@@ -461,7 +468,7 @@ class ShardRepository:
             rows = session.execute(_TEXTS_AFTER, params)
         return [
             RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
-                       json.loads(row.metadata_json or "{}"), row.created_us)
+                       json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id)
             for row in rows
         ]
 

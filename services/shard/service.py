@@ -39,6 +39,8 @@ from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDupli
 log = logging.getLogger("engram.shard")
 
 MAX_BATCH = 1000
+SNAPSHOT_PAGE = 100
+"""Records a SnapshotForRun stream reads per session (at most ~3 MB at 32 KB each)."""
 T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
@@ -198,11 +200,12 @@ class ShardService:
             if record.id not in existing and record.id not in seen:
                 fresh.append(record)
                 seen.add(record.id)
-        duplicate_of = self._duplicates(fleet, fresh)
+        duplicate_of = self._duplicates(fleet, agent, fresh)
         fresh = [r for r in fresh if r.id not in duplicate_of]
-        # The gate's idempotency key is the client's request_id only: a content digest would
-        # replay an old decision (say, before a suspension) for a later identical write.
-        fresh = self._gate(principal, fresh, request_id)
+        # The gate's idempotency key comes from the client's request_id (a content digest alone
+        # would replay an old decision, say before a suspension, for a later identical write),
+        # bound to the whole body: a decision is never replayed for metadata it did not judge.
+        fresh = self._gate(principal, fresh, _gate_key(request_id, digest))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
                         tuple(r.id for r in prepared))
         stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
@@ -222,17 +225,19 @@ class ShardService:
             reported.add(r.id)
         return results
 
-    def _duplicates(self, fleet: str, fresh: list[Record]) -> dict[str, Record | str]:
+    def _duplicates(self, fleet: str, agent: str, fresh: list[Record]) -> dict[str, Record | str]:
         """New record id -> the stored record it duplicates, or the id of an earlier record of
-        the same batch; only within the same run (a run's snapshot holds what it wrote)."""
-        found = self.search_engine.duplicates(fleet, [r.content for r in fresh],
+        the same batch; only the same author's, in the same run (a run's snapshot holds what
+        it wrote, and another author's record would vanish with that author's trust)."""
+        found = self.search_engine.duplicates(fleet, agent, [r.content for r in fresh],
                                               [r.run_id for r in fresh], mode=self.dedup,
                                               threshold=self.dedup_similarity)
         if not any(found):
             return {}
         with self.db.session() as session:
-            stored = self.repo.by_ids(session, fleet, [f.record_id for f in found
-                                                       if isinstance(f, StoredDuplicate)])
+            stored = self.repo.by_ids(session, fleet, [i for f in found
+                                                       if isinstance(f, StoredDuplicate)
+                                                       for i in f.record_ids])
         out: dict[str, Record | str] = {}
         for record, target in zip(fresh, found, strict=True):
             if isinstance(target, BatchDuplicate):
@@ -240,9 +245,11 @@ class ShardService:
                 if first.run_id == record.run_id:
                     earliest = out.get(first.id, first.id)
                     out[record.id] = earliest
-            elif (isinstance(target, StoredDuplicate) and target.record_id in stored
-                  and stored[target.record_id].run_id == record.run_id):
-                out[record.id] = stored[target.record_id]
+            elif isinstance(target, StoredDuplicate):
+                own = [stored[i] for i in target.record_ids if i in stored
+                       and stored[i].run_id == record.run_id and stored[i].agent_id == agent]
+                if own:
+                    out[record.id] = own[0]
         return out
 
     def _replay(self, fleet: str, agent: str, request_id: str,
@@ -298,6 +305,7 @@ class ShardService:
             GateCandidate(
                 record_id=r.id, content_hash=r.content_hash, content=r.content, run_id=r.run_id,
                 domain=r.domain, source=r.source, importance=r.importance, tags=r.tags,
+                metadata=tuple(sorted(r.metadata.items())),
             )
             for r in fresh
         ]
@@ -396,12 +404,22 @@ class ShardService:
         return VerifyReport(checked, failures)
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
-        """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS."""
-        with self.db.session() as session:
-            for record in self.repo.scan(session, RecordFilter(principal.fleet_id, run_id=run_id)):
+        """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS.
+
+        One short session a page, closed before the page is yielded: a slow reader holds no
+        database connection, so slow readers cannot drain the pool and stall every write.
+        """
+        flt, after = RecordFilter(principal.fleet_id, run_id=run_id), 0
+        while True:
+            with self.db.session() as session:
+                page = self.repo.oldest_after(session, flt, after, SNAPSHOT_PAGE)
+            for _seq, record in page:
                 if verify:
                     records.verify(record)
                 yield record
+            if len(page) < SNAPSHOT_PAGE:
+                return
+            after = page[-1][0]
 
     # -- status -------------------------------------------------------------
 
@@ -439,6 +457,12 @@ def _digest(drafts: Sequence[RecordDraft]) -> str:
     body = [[d.content, d.run_id, d.domain, d.source, d.importance, list(d.tags),
              sorted(d.metadata.items())] for d in drafts]
     return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode()).hexdigest()
+
+
+def _gate_key(request_id: str, digest: str) -> str:
+    """``request_id`` bound to the request's body (within governance's 128 characters); empty
+    without one (the gate then mints a fresh key)."""
+    return f"{request_id[:100]}~{digest[:24]}" if request_id else ""
 
 
 def _indexed(index: int, total: int, error: EngramError) -> EngramError:

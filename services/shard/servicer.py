@@ -89,6 +89,7 @@ def record_to_proto(record: Record) -> pb.Record:
         create_time=created,
         metadata=record.metadata,
         record_hash=record.record_hash,
+        gate_decision_id=record.gate_decision_id,
     )
 
 

@@ -79,6 +79,7 @@ def test_make_up_topology_and_readme_tour(tmp_path: Path) -> None:
         assert tour.returncode == 0, tour.stdout[-4000:] + tour.stderr[-4000:]
         out = tour.stdout
         assert "stored" in out and "checked" in out and "all intact" in out
+        assert "every one allowed" in out  # engram verify --gate
         assert "imported 2 records: 2 new" in out
         assert "chain intact" in out
         # the suspended agent's record no longer surfaces (the only place its text could appear)

@@ -367,24 +367,28 @@ class Snapshot(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state_json: _Optional[str] = ..., state_hash: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class CreateSnapshotRequest(_message.Message):
-    __slots__ = ("run_id", "state_json", "seq", "manifest_id", "artifact_ids")
+    __slots__ = ("run_id", "state_json", "seq", "manifest_id", "artifact_ids", "request_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_JSON_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_IDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     state_json: str
     seq: int
     manifest_id: str
     artifact_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., state_json: _Optional[str] = ..., seq: _Optional[int] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, run_id: _Optional[str] = ..., state_json: _Optional[str] = ..., seq: _Optional[int] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CreateSnapshotResponse(_message.Message):
-    __slots__ = ("snapshot",)
+    __slots__ = ("snapshot", "created")
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
     snapshot: Snapshot
-    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
+    created: bool
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetLatestSnapshotRequest(_message.Message):
     __slots__ = ("run_id",)

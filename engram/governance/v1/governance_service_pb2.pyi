@@ -63,7 +63,14 @@ class Neighbour(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., content: _Optional[str] = ..., agent_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class WriteCandidate(_message.Message):
-    __slots__ = ("record_id", "content_hash", "content", "run_id", "domain", "source", "importance", "tags", "neighbours")
+    __slots__ = ("record_id", "content_hash", "content", "run_id", "domain", "source", "importance", "tags", "neighbours", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +80,7 @@ class WriteCandidate(_message.Message):
     IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
     TAGS_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     record_id: str
     content_hash: str
     content: str
@@ -82,7 +90,8 @@ class WriteCandidate(_message.Message):
     importance: float
     tags: _containers.RepeatedScalarFieldContainer[str]
     neighbours: _containers.RepeatedCompositeFieldContainer[Neighbour]
-    def __init__(self, record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., content: _Optional[str] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., content: _Optional[str] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GateDecision(_message.Message):
     __slots__ = ("decision_id", "allowed", "rule_ids", "reason", "fleet_id", "agent_id", "request_id", "record_id", "content_hash", "create_time", "chain_seq")
@@ -351,6 +360,20 @@ class VerifyChainResponse(_message.Message):
     problems: _containers.RepeatedScalarFieldContainer[str]
     extends_since: bool
     def __init__(self, ok: _Optional[bool] = ..., checkpoint: _Optional[_Union[ChainCheckpoint, _Mapping]] = ..., problems: _Optional[_Iterable[str]] = ..., extends_since: _Optional[bool] = ...) -> None: ...
+
+class BatchGetDecisionsRequest(_message.Message):
+    __slots__ = ("fleet_id", "decision_ids")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_IDS_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    decision_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, fleet_id: _Optional[str] = ..., decision_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchGetDecisionsResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ...) -> None: ...
 
 class RevokedToken(_message.Message):
     __slots__ = ("jti", "expire_time", "fleet_id", "agent_id", "revoke_time", "revoked_by", "reason")

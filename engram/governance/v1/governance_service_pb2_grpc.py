@@ -88,6 +88,11 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainResponse.FromString,
                 _registered_method=True)
+        self.BatchGetDecisions = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/BatchGetDecisions',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
+                _registered_method=True)
         self.RevokeToken = channel.unary_unary(
                 '/engram.governance.v1.GovernanceService/RevokeToken',
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenRequest.SerializeToString,
@@ -185,6 +190,14 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchGetDecisions(self, request, context):
+        """Recorded gate decisions by id (to reconcile stored records against them);
+        governor and admin roles only. Ids not found are left out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RevokeToken(self, request, context):
         """Revokes one token by its jti until it expires; governor role only. Every
         service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -263,6 +276,11 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.VerifyChain,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainResponse.SerializeToString,
+            ),
+            'BatchGetDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchGetDecisions,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.SerializeToString,
             ),
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
@@ -554,6 +572,33 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/VerifyChain',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.VerifyChainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchGetDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/BatchGetDecisions',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -63,6 +63,10 @@ class GovernanceServiceStub:
     """Re-walks every link and checks the stored state against the chain;
     optionally checks that the chain extends an earlier checkpoint.
     """
+    BatchGetDecisions: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.BatchGetDecisionsRequest, _governance_service_pb2.BatchGetDecisionsResponse]
+    """Recorded gate decisions by id (to reconcile stored records against them);
+    governor and admin roles only. Ids not found are left out.
+    """
     RevokeToken: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]
     """Revokes one token by its jti until it expires; governor role only. Every
     service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -112,6 +116,10 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     VerifyChain: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.VerifyChainRequest, _governance_service_pb2.VerifyChainResponse]  # type: ignore[assignment]
     """Re-walks every link and checks the stored state against the chain;
     optionally checks that the chain extends an earlier checkpoint.
+    """
+    BatchGetDecisions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.BatchGetDecisionsRequest, _governance_service_pb2.BatchGetDecisionsResponse]  # type: ignore[assignment]
+    """Recorded gate decisions by id (to reconcile stored records against them);
+    governor and admin roles only. Ids not found are left out.
     """
     RevokeToken: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]  # type: ignore[assignment]
     """Revokes one token by its jti until it expires; governor role only. Every
@@ -219,6 +227,16 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governance_service_pb2.VerifyChainResponse, _abc.Awaitable[_governance_service_pb2.VerifyChainResponse]]:
         """Re-walks every link and checks the stored state against the chain;
         optionally checks that the chain extends an earlier checkpoint.
+        """
+
+    @_abc_1.abstractmethod
+    def BatchGetDecisions(
+        self,
+        request: _governance_service_pb2.BatchGetDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.BatchGetDecisionsResponse, _abc.Awaitable[_governance_service_pb2.BatchGetDecisionsResponse]]:
+        """Recorded gate decisions by id (to reconcile stored records against them);
+        governor and admin roles only. Ids not found are left out.
         """
 
     @_abc_1.abstractmethod

@@ -22,7 +22,7 @@ SEARCH_MODE_SEMANTIC: SearchMode
 SEARCH_MODE_HYBRID: SearchMode
 
 class Record(_message.Message):
-    __slots__ = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash", "domain", "source", "importance", "tags", "cross_refs", "create_time", "metadata", "record_hash")
+    __slots__ = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash", "domain", "source", "importance", "tags", "cross_refs", "create_time", "metadata", "record_hash", "gate_decision_id")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class Record(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
+    GATE_DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     fleet_id: str
     run_id: str
@@ -58,7 +59,8 @@ class Record(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     metadata: _containers.ScalarMap[str, str]
     record_hash: str
-    def __init__(self, id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., run_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., cross_refs: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., record_hash: _Optional[str] = ...) -> None: ...
+    gate_decision_id: str
+    def __init__(self, id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., run_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., cross_refs: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., record_hash: _Optional[str] = ..., gate_decision_id: _Optional[str] = ...) -> None: ...
 
 class RecordInput(_message.Message):
     __slots__ = ("content", "run_id", "domain", "source", "importance", "tags", "metadata")

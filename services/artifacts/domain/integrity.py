@@ -4,7 +4,7 @@ checked against the hash and size their row records."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from services.artifacts.domain.entities import Artifact, ArtifactProblem
@@ -35,9 +35,14 @@ class CheckedUpload:
     """Passes chunks through and refuses, before anything is committed, a stream that is
     cut short, longer than declared, or whose bytes differ from the declared hash."""
 
-    def __init__(self, upload: ArtifactUpload) -> None:
+    def __init__(self, upload: ArtifactUpload,
+                 check_size: Callable[[int], None] = lambda _size: None) -> None:
         self.upload = upload
         self.end: UploadEnd | None = None
+        self.check_size = check_size
+        """Raises once an upload of this many bytes is over the service's cap."""
+        if upload.expected_size_bytes is not None:
+            check_size(upload.expected_size_bytes)
 
     def chunks(self, parts: Iterable[bytes | UploadEnd]) -> Iterator[bytes]:
         declared, size = self.upload.expected_size_bytes, 0
@@ -49,6 +54,7 @@ class CheckedUpload:
                 self.end = part
                 continue
             size += len(part)
+            self.check_size(size)
             if declared is not None and size > declared:
                 raise InvalidArgument(f"upload exceeds its declared {declared} bytes",
                                       reason="UPLOAD_SIZE_MISMATCH")

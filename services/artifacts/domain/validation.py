@@ -1,14 +1,21 @@
-"""Input rules: identifiers, run-scoped names, JSON documents bounded to fit a row."""
+"""Input rules: identifiers, fleet- and run-scoped names, JSON documents bounded to fit a row.
+
+Every bound is a setting (:class:`ArtifactLimits` carries them from the settings to here);
+going over one is ``INVALID_ARGUMENT`` naming the setting.
+"""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from services.common.blobstore import validate_key
 from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
+from services.common.limits import DEFAULT_JSON_DEPTH, LimitExceeded, check_limit, json_depth
+from services.common.tokens import validate_identifier
 
-MAX_ID_LEN = 128
 MAX_NAME_LEN = 512
 MAX_TYPE_LEN = 128
 MAX_MIME_LEN = 255
@@ -16,17 +23,40 @@ MAX_METADATA_BYTES = 16 * 1024
 MAX_DOCUMENT_BYTES = 60 * 1024
 """Payloads, states and manifests; with the other columns a row stays under 64 KB."""
 MAX_REFERENCES = 256
-_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@")
+DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024**3
+DOCUMENT_SETTING = "ENGRAM_ARTIFACTS_MAX_DOCUMENT_BYTES"
+METADATA_SETTING = "ENGRAM_ARTIFACTS_MAX_METADATA_BYTES"
+UPLOAD_SETTING = "ENGRAM_ARTIFACTS_MAX_UPLOAD_BYTES"
+DEPTH_SETTING = "ENGRAM_LIMITS_JSON_DEPTH"
+
+
+@dataclass(frozen=True)
+class ArtifactLimits:
+    """The bounds on what one request may carry (each one a setting, named in refusals)."""
+
+    document_bytes: int = MAX_DOCUMENT_BYTES
+    metadata_bytes: int = MAX_METADATA_BYTES
+    json_depth: int = DEFAULT_JSON_DEPTH
+    upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+
+    def document(self, kind: str, text: str, default: str = "null") -> str:
+        return json_document(kind, text, limit=self.document_bytes, setting=DOCUMENT_SETTING,
+                             max_depth=self.json_depth, default=default)
+
+    def metadata(self, text: str) -> str:
+        return metadata_object(text, limit=self.metadata_bytes, max_depth=self.json_depth)
+
+    def check_upload(self, size_bytes: int) -> None:
+        check_limit("the upload", size_bytes, self.upload_bytes, UPLOAD_SETTING, "bytes")
 
 
 def identifier(kind: str, value: str) -> str:
-    if not value or len(value) > MAX_ID_LEN:
-        raise InvalidArgument(f"{kind} must be 1..{MAX_ID_LEN} characters, got {len(value)}",
-                              reason="INVALID_IDENTIFIER")
-    if not set(value) <= _ID_CHARS or value in (".", ".."):
-        raise InvalidArgument(f"{kind} {value!r} may hold only letters, digits and - _ . : @",
-                              reason="INVALID_IDENTIFIER")
-    return value
+    """An id: 1..128 letters, digits and - _ . : @, not only dots (no NUL, no control
+    characters, no ``/``): the rule every service applies, with this service's reason."""
+    try:
+        return validate_identifier(kind, value)
+    except InvalidArgument as error:
+        raise InvalidArgument(error.message, reason="INVALID_IDENTIFIER") from None
 
 
 def artifact_name(name: str) -> str:
@@ -41,18 +71,39 @@ def artifact_name(name: str) -> str:
                               f"{error.message}", reason="INVALID_ARTIFACT_NAME") from None
 
 
-def artifact_path(run_id: str, step_id: str, name: str) -> str:
-    """The run-scoped blob key: ``runs/<run_id>/<step_id>/<name>``."""
-    return f"runs/{identifier('run_id', run_id)}/{identifier('step_id', step_id)}/" \
-        f"{artifact_name(name)}"
+def artifact_path(fleet_id: str, run_id: str, step_id: str, artifact_id: str,
+                  name: str) -> str:
+    """The blob key: ``fleets/<fleet>/runs/<run>/<step>/<artifact_id>/<name>``.
+
+    The fleet keeps two fleets' runs of one id apart; the artifact id gives every upload a
+    key of its own, so a losing concurrent upload of one name never touches the winner's blob.
+    Rows stored before fleets scoped runs keep their ``runs/<run>/<step>/<name>`` keys.
+    """
+    return (f"fleets/{identifier('fleet_id', fleet_id)}/runs/{identifier('run_id', run_id)}/"
+            f"{identifier('step_id', step_id)}/{artifact_id}/{artifact_name(name)}")
+
+
+def _too_large(kind: str, size: int, limit: int, setting: str) -> LimitExceeded:
+    return LimitExceeded(
+        f"{kind} is {size} bytes, over the limit of {limit} bytes ({setting}); store larger "
+        "content as an artifact and reference its id", reason="DOCUMENT_TOO_LARGE",
+        metadata={"limit": str(limit), "setting": setting, "size_bytes": str(size)})
 
 
 def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
+                  setting: str = DOCUMENT_SETTING, max_depth: int = DEFAULT_JSON_DEPTH,
                   default: str = "null", require_object: bool = False) -> str:
-    """Parse, bound and canonicalise a JSON field; returns canonical text."""
+    """Parse, bound and canonicalise a JSON field; returns canonical text.
+
+    Size and depth are checked before parsing (a deep document would exhaust the parser's
+    recursion); NUL is refused anywhere in it (Postgres' JSON columns cannot hold it, and one
+    rule for every document is simpler to state).
+    """
     text = text.strip() or default
-    if len(text.encode()) > limit * 4:
-        raise InvalidArgument(f"{kind} is larger than {limit} bytes", reason="DOCUMENT_TOO_LARGE")
+    raw = len(text.encode())
+    if raw > limit * 4:
+        raise _too_large(kind, raw, limit, setting)
+    check_limit(f"{kind}'s nesting depth", json_depth(text), max_depth, DEPTH_SETTING)
     try:
         value = json.loads(text)
     except ValueError as error:
@@ -64,23 +115,42 @@ def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
     except ValueError:
         raise InvalidArgument(f"{kind} is not valid JSON: NaN and infinite numbers (NaN, "
                               "Infinity, 1e999) have no JSON form", reason="INVALID_JSON") from None
+    if _holds_nul(value):
+        raise InvalidArgument(f"{kind} holds a NUL character (\\u0000), which cannot be "
+                              "stored", reason="NUL_CHARACTER")
     size = len(canonical.encode())
     if size > limit:
-        raise InvalidArgument(
-            f"{kind} is {size} bytes; at most {limit} fit in a row (store larger content "
-            "as an artifact and reference its id)", reason="DOCUMENT_TOO_LARGE",
-            metadata={"limit_bytes": str(limit), "size_bytes": str(size)})
+        raise _too_large(kind, size, limit, setting)
     return canonical
 
 
-def metadata_object(text: str) -> str:
-    return json_document("metadata_json", text, limit=MAX_METADATA_BYTES, default="{}",
-                         require_object=True)
+def _holds_nul(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def metadata_object(text: str, *, limit: int = MAX_METADATA_BYTES,
+                    max_depth: int = DEFAULT_JSON_DEPTH) -> str:
+    return json_document("metadata_json", text, limit=limit, setting=METADATA_SETTING,
+                         max_depth=max_depth, default="{}", require_object=True)
 
 
 def short_text(kind: str, value: str, limit: int) -> str:
+    """Free text (a reason, a MIME type, an event type): bounded, and no NUL."""
     if len(value) > limit:
         raise InvalidArgument(f"{kind} is {len(value)} characters; at most {limit}")
+    if "\x00" in value:
+        raise InvalidArgument(f"{kind} holds a NUL character, which cannot be stored",
+                              reason="NUL_CHARACTER")
     return value
 
 

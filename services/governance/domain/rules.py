@@ -3,11 +3,16 @@
 A rule has a kind, kind-specific parameters (validated here, stored as JSON)
 and the tiers it applies to (empty: every tier). Suspended agents are always
 denied by the built-in rule ``builtin:suspended``; no rule can lift that.
+
+Rules that read text judge the whole record, not only its content: a deny
+pattern is searched in the content, each tag, the source and each metadata
+key and value, and a size limit counts all of them together, so a secret
+moved out of the content into a tag or a metadata value is refused the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -15,7 +20,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 from services.governance.domain.contradiction import DEFAULT_MIN_OVERLAP, first_contradiction
-from services.governance.domain.patterns import PatternError, SafePattern
+from services.governance.domain.patterns import DenyPattern, PatternError
 from services.governance.domain.tiers import AgentTrust, TrustTier
 
 SUSPENDED_RULE_ID = "builtin:suspended"
@@ -73,6 +78,22 @@ class Candidate:
     importance: float = 0.5
     tags: tuple[str, ...] = ()
     neighbours: tuple[Neighbour, ...] = field(default_factory=tuple)
+    metadata: tuple[tuple[str, str], ...] = ()
+    """``(key, value)`` pairs, sorted by key."""
+
+    def texts(self) -> Iterator[tuple[str, str]]:
+        """Every text of the record a rule reads, each with the name of its field."""
+        yield "content", self.content
+        for tag in self.tags:
+            yield "a tag", tag
+        yield "the source", self.source
+        for key, value in self.metadata:
+            yield "a metadata key", key
+            yield f"metadata value {key!r}", value
+
+    def size_bytes(self) -> int:
+        """UTF-8 bytes of everything :meth:`texts` yields."""
+        return sum(len(text.encode()) for _, text in self.texts())
 
 
 @dataclass(frozen=True)
@@ -129,8 +150,8 @@ def validate_params(kind: RuleKind, params: Mapping[str, Any]) -> dict[str, Any]
 
 
 @lru_cache(maxsize=1024)
-def compiled_pattern(pattern: str, case_sensitive: bool) -> SafePattern:
-    return SafePattern(pattern, case_sensitive=case_sensitive)
+def compiled_pattern(pattern: str, case_sensitive: bool) -> DenyPattern:
+    return DenyPattern(pattern, case_sensitive=case_sensitive)
 
 
 WritesWithin = Callable[[int], int]
@@ -160,12 +181,11 @@ def judge(candidate: Candidate, trust: AgentTrust, rules: Sequence[Rule],
 def _check(rule: Rule, candidate: Candidate, writes_within: WritesWithin) -> str | None:
     p = rule.params
     if rule.kind is RuleKind.SIZE_LIMIT:
-        size = len(candidate.content.encode())
-        return f"content is {size} bytes, over the {p['max_bytes']}-byte limit" \
-            if size > p["max_bytes"] else None
+        size = candidate.size_bytes()
+        return (f"the record (content, tags, source and metadata) is {size} bytes, over the "
+                f"{p['max_bytes']}-byte limit") if size > p["max_bytes"] else None
     if rule.kind is RuleKind.DENY_PATTERN:
-        hit = compiled_pattern(p["pattern"], p["case_sensitive"]).search(candidate.content)
-        return f"content matches the deny pattern {p['pattern']!r}" if hit else None
+        return _denied_text(p["pattern"], p["case_sensitive"], candidate)
     if rule.kind is RuleKind.REQUIRED_TAGS:
         missing = sorted(set(p["tags"]) - set(candidate.tags))
         return f"missing required tags: {', '.join(missing)}" if missing else None
@@ -181,3 +201,15 @@ def _check(rule: Rule, candidate: Candidate, writes_within: WritesWithin) -> str
     neighbours = ((n.record_id, n.content) for n in candidate.neighbours)
     clash = first_contradiction(candidate.content, neighbours, p["min_overlap"])
     return f"contradicts existing record {clash}" if clash else None
+
+
+def _denied_text(pattern: str, case_sensitive: bool, candidate: Candidate) -> str | None:
+    """Which field matches the deny pattern (named, never quoted), or None."""
+    try:
+        compiled = compiled_pattern(pattern, case_sensitive)
+    except PatternError as error:  # a rule stored before RE2 that RE2 refuses: fail closed
+        return f"the deny pattern no longer compiles ({error}); recreate the rule"
+    for field_name, text in candidate.texts():
+        if compiled.search(text):
+            return f"{field_name} matches the deny pattern {pattern!r}"
+    return None

@@ -4,8 +4,10 @@ Decayed importance = importance x 2^(-age / DECAY_HALF_LIFE_DAYS): a record
 loses half its weight every 90 days. Records of one fleet, older than the
 policy age and below the threshold, are grouped by (run, domain) and
 replaced in search by a summary record whose metadata keeps the ids and
-record hashes of what it covers. A summary's content is deterministic, so a
-retried compaction lands on the same summary id rather than a second summary.
+record hashes of what it covers and names their authors (``source_authors``),
+so search ranks the summary with the lowest trust among them. A summary's
+content is deterministic, so a retried compaction lands on the same summary id
+rather than a second summary.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ DECAY_HALF_LIFE_DAYS = 90.0
 MAX_GROUP = 40
 _SNIPPET_CHARS = 160
 SUMMARY_SOURCE = "compactor"
+SOURCE_AUTHORS_KEY = "source_authors"
 
 
 def decayed_importance(importance: float, age_days: float) -> float:
@@ -99,6 +102,8 @@ def summary_draft(domain: str, run_id: str, originals: list[Record]) -> RecordDr
             "replaces": json.dumps(
                 [{"id": r.id, "record_hash": r.record_hash} for r in originals],
                 separators=(",", ":"),
-            )
+            ),
+            SOURCE_AUTHORS_KEY: json.dumps(sorted({r.agent_id for r in originals}),
+                                           separators=(",", ":")),
         },
     )

@@ -9,28 +9,30 @@ the craft measured on LoCoMo
 (docs/retrieval.md): stemmed BM25 over a record plus its run neighbours, MiniLM
 cosine blended with the neighbours', weighted-sum fusion, neighbour smoothing.
 :func:`services.shard.domain.scoring.final_score`
-multiplies it by importance, recency and the author's trust multiplier.
-Authors with multiplier 0.0 (suspended) never surface. Trust unreachable ->
-1.0 for everyone and a logged warning (seed 002, Risks).
+multiplies it by importance, recency and the author's trust multiplier; a
+record that names its sources' authors (a compaction summary's
+``source_authors``) ranks with the lowest trust among its author and them.
+Authors with multiplier 0.0 (suspended) never surface. Governance
+unreachable -> each author's last known multiplier, 1.0 only for authors the
+shard never saw (with a logged warning; see GovernanceTrust).
 """
 
 from __future__ import annotations
 
-import logging
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.common.db import Database
-from services.common.errors import EngramError, FailedPrecondition, InvalidArgument
+from services.common.errors import FailedPrecondition, InvalidArgument
+from services.shard.domain.compaction import SOURCE_AUTHORS_KEY
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.records import Record
 from services.shard.domain.scoring import final_score
 from services.shard.ports import Neighbour, TrustSource
 from services.shard.repository import RecordFilter, ShardRepository
 from services.shard.search.index import Duplicate, SearchIndex
-
-log = logging.getLogger("engram.shard.search")
 
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
@@ -114,11 +116,12 @@ class SearchEngine:
 
     def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
               via: str) -> list[SearchHit]:
-        multipliers = self.multipliers(fleet_id, {r.agent_id for r, _ in found})
+        authors = {r.id: record_authors(r) for r, _ in found}
+        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
         now_us = self.clock() * 1_000_000
         ranked = []
         for record, relevance in found:
-            trust = multipliers.get(record.agent_id, 1.0)
+            trust = min(multipliers.get(a, 1.0) for a in authors[record.id])
             if trust <= 0.0:
                 continue
             age_s = max(0.0, (now_us - record.created_us) / 1_000_000)
@@ -156,12 +159,7 @@ class SearchEngine:
     def multipliers(self, fleet_id: str, agent_ids: set[str]) -> dict[str, float]:
         if self.trust is None or not agent_ids:
             return {}
-        try:
-            return self.trust.multipliers(fleet_id, agent_ids)
-        except EngramError as error:
-            log.warning("trust state unavailable; ranking with multiplier 1.0",
-                        extra={"error": error.message})
-            return {}
+        return self.trust.multipliers(fleet_id, agent_ids)
 
     def neighbours(self, fleet_id: str, content: str, limit: int = 5) -> list[Neighbour]:
         """Nearest existing records, sent to governance to judge contradictions."""
@@ -169,13 +167,14 @@ class SearchEngine:
             found = self.repo.lexical(session, RecordFilter(fleet_id), content, limit)
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
 
-    def duplicates(self, fleet_id: str, contents: list[str], run_ids: list[str], *, mode: str,
-                   threshold: float) -> list[Duplicate | None]:
-        """What each content duplicates (a stored record or an earlier content); None: new."""
+    def duplicates(self, fleet_id: str, agent_id: str, contents: list[str], run_ids: list[str],
+                   *, mode: str, threshold: float) -> list[Duplicate | None]:
+        """What each of the author's contents duplicates (stored records or an earlier
+        content); None: new."""
         if mode == "off" or self.index is None:
             return [None] * len(contents)
-        return self.index.duplicates(fleet_id, contents, run_ids,
-                                        semantic=mode == "semantic", threshold=threshold)
+        return self.index.duplicates(fleet_id, agent_id, contents, run_ids,
+                                     semantic=mode == "semantic", threshold=threshold)
 
     def notify_written(self, records: Sequence[Record]) -> None:
         """Called after each committed group: the full-text index is current, vectors follow."""
@@ -184,6 +183,21 @@ class SearchEngine:
 
     def indexing_lag(self) -> int:
         return self.index.lag() if self.index is not None else 0
+
+
+def record_authors(record: Record) -> frozenset[str]:
+    """The record's author and the authors it names as its sources (``source_authors``, a JSON
+    list): its trust is the lowest of theirs, so naming more can only lower it."""
+    named = record.metadata.get(SOURCE_AUTHORS_KEY)
+    if not named:
+        return frozenset((record.agent_id,))
+    try:
+        listed = json.loads(named)
+    except ValueError:
+        listed = None
+    if not isinstance(listed, list):  # the writer's own free text: it can only lower its rank
+        return frozenset((record.agent_id,))
+    return frozenset((record.agent_id, *(a for a in listed if isinstance(a, str))))
 
 
 def _matches(record: Record, flt: RecordFilter) -> bool:

@@ -49,9 +49,10 @@ log = logging.getLogger("engram.shard.index")
 
 @dataclass(frozen=True)
 class StoredDuplicate:
-    """A new text duplicates this stored record."""
+    """A new text duplicates one of these stored records (best first); the caller keeps the
+    first of the same author and run: semantic candidates may be anyone's."""
 
-    record_id: str
+    record_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,10 @@ class _FleetSlot:
         """Under ``lock``: apply what was handed over, oldest first."""
         while self.inbox:
             self.inbox.popleft()(self.index)
+
+
+_NEAR_CANDIDATES = 16
+"""Nearest stored records a semantic duplicate check considers (others' may come first)."""
 
 
 def _lexical_if_unavailable(
@@ -193,7 +198,7 @@ class SearchIndex:
             with self._lock:
                 for row in rows:
                     slot = touched[row.fleet_id] = self._slot(row.fleet_id)
-                    key = text_key(row.content, row.run_id)
+                    key = text_key(row.content, row.run_id, row.agent_id)
                     day = metadata_day(row.metadata, row.created_us)
                     slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day))
                     self._pending.append((row.seq, row.fleet_id, row.id, row.content))
@@ -344,30 +349,33 @@ class SearchIndex:
     def duplicates(
         self,
         fleet_id: str,
+        agent_id: str,
         texts: list[str],
         run_ids: list[str],
         *,
         semantic: bool,
         threshold: float,
     ) -> list[Duplicate | None]:
-        """For each text, what it duplicates: a stored record, an earlier text of the batch,
-        or nothing (None).
+        """For each of ``agent_id``'s texts, what it duplicates: stored records, an earlier
+        text of the batch, or nothing (None).
 
-        Exact: the same normalised text (case and spacing) in the same run of the fleet,
-        checked against every committed record (the lexical cursor is advanced first). Semantic:
-        additionally a cosine >= ``threshold`` to a record in the vector index; the new
-        texts are embedded here, once, and their vectors kept for the indexer. Earlier
-        texts of the same batch count as existing.
+        Exact: the same normalised text (case and spacing) by the same author in the same run
+        of the fleet, checked against every committed record (the lexical cursor is advanced
+        first). Semantic: additionally the records at cosine >= ``threshold`` among the
+        nearest in the vector index (any author's: the caller keeps its own); the new texts
+        are embedded here, once, and their vectors kept for the indexer. Earlier texts of
+        the same batch count as existing.
         """
         self.sync()
-        keys = [text_key(t, run) for t, run in zip(texts, run_ids, strict=True)]
+        keys = [text_key(t, run, agent_id) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None
         out: list[Duplicate | None] = []
         with self._fleet(fleet_id) as index:
             seen: dict[bytes, int] = {}
             for i, key in enumerate(keys):
                 stored = index.text_keys.get(key) if index is not None else None
-                found: Duplicate | None = StoredDuplicate(stored) if stored is not None else None
+                found: Duplicate | None = (StoredDuplicate((stored,)) if stored is not None
+                                           else None)
                 if found is None and key in seen:
                     found = BatchDuplicate(seen[key])
                 if found is None and vectors is not None:
@@ -388,9 +396,10 @@ class SearchIndex:
         self, index: FleetIndex | None, vectors: np.ndarray, i: int, threshold: float
     ) -> Duplicate | None:
         if index is not None and len(index.vectors):
-            best = index.vectors.search(vectors[i], 1)
-            if best and best[0][1] >= threshold:
-                return StoredDuplicate(index.ids[best[0][0]])
+            near = [index.ids[doc] for doc, similarity in
+                    index.vectors.search(vectors[i], _NEAR_CANDIDATES) if similarity >= threshold]
+            if near:
+                return StoredDuplicate(tuple(near))
         for j in range(i):  # an earlier text of the same batch
             if float(vectors[j] @ vectors[i]) >= threshold:
                 return BatchDuplicate(j)
@@ -404,10 +413,11 @@ class SearchIndex:
             recent = list(itertools.islice(reversed(self._pending), 1000))
             fresh = [self._fresh_vectors.get(text) if fleet == fleet_id else None
                      for _, fleet, _, text in recent]
+        near = []
         for (_, _, record_id, _), pending in zip(recent, fresh, strict=True):
             if pending is not None and float(pending @ vector) >= threshold:
-                return StoredDuplicate(record_id)
-        return None
+                near.append(record_id)
+        return StoredDuplicate(tuple(near[:_NEAR_CANDIDATES])) if near else None
 
     def indexed(self, fleet_id: str) -> int:
         with self._fleet(fleet_id) as index:
@@ -437,9 +447,10 @@ def _apply_if_idle(slot: _FleetSlot) -> None:
             slot.lock.release()
 
 
-def text_key(text: str, run_id: str) -> bytes:
-    """Duplicates are judged within one run: a run's snapshot must hold what it wrote."""
-    material = f"{run_id}\x1f{normalised_text(text)}"
+def text_key(text: str, run_id: str, agent_id: str) -> bytes:
+    """Duplicates are judged within one author's run: a run's snapshot must hold what it
+    wrote, and one author's write is never answered with another's record."""
+    material = f"{agent_id}\x1f{run_id}\x1f{normalised_text(text)}"
     return hashlib.blake2b(material.encode(), digest_size=16).digest()
 
 

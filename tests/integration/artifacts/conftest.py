@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,17 +29,14 @@ class RunningArtifacts:
         return self.client_for()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def artifacts_server(request: pytest.FixtureRequest, tmp_path: Path, engram_home: Path,
-                     make_token: Callable[..., str]) -> Iterator[RunningArtifacts]:
-    if request.param == "sqlite":
-        db_url = f"sqlite:///{tmp_path / 'artifacts.db'}"
-    else:
-        db_url = request.getfixturevalue("fresh_postgres_url")
-    blob_root = tmp_path / "blobs"
-    settings = ArtifactsSettings(home=engram_home, port=0, db_url=db_url,
-                                 blob_url=blob_root.as_uri(), resolve_retry_delay_seconds=0.01)
-    server, service = build_artifacts_server(settings)
+@contextmanager
+def running_artifacts(db_url: str, blob_root: Path, engram_home: Path,
+                      make_token: Callable[..., str],
+                      **settings: Any) -> Iterator[RunningArtifacts]:
+    """A started artifacts server; ``settings`` override ArtifactsSettings fields."""
+    server, service = build_artifacts_server(ArtifactsSettings(
+        home=engram_home, port=0, db_url=db_url, blob_url=blob_root.as_uri(),
+        resolve_retry_delay_seconds=0.01, **settings))
     server.start()
     clients: list[ArtifactsClient] = []
 
@@ -52,3 +51,18 @@ def artifacts_server(request: pytest.FixtureRequest, tmp_path: Path, engram_home
         for client in clients:
             client.close()
         server.stop(0)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def artifacts_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'artifacts.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest.fixture
+def artifacts_server(artifacts_db_url: str, tmp_path: Path, engram_home: Path,
+                     make_token: Callable[..., str]) -> Iterator[RunningArtifacts]:
+    with running_artifacts(artifacts_db_url, tmp_path / "blobs", engram_home,
+                           make_token) as running:
+        yield running

@@ -54,7 +54,7 @@ def test_store_artifact_metadata_hash_matches_and_db_holds_no_blob(
     expected = hashlib.sha256(data).hexdigest()
     assert stored.hash == expected
     assert stored.size_bytes == len(data)
-    assert stored.path == f"runs/{run_id}/step-1/report.bin"
+    assert stored.path == f"fleets/fleet-a/runs/{run_id}/step-1/{stored.artifact_id}/report.bin"
     fetched = env.client.get_artifact(stored.artifact_id)
     assert (fetched.hash, fetched.path, fetched.mime_type) == (expected, stored.path,
                                                                "application/pdf")
@@ -75,11 +75,11 @@ def test_schema_single_artifacts_table_with_seed_indexes(
         artifacts_server: RunningArtifacts) -> None:
     inspector = inspect(artifacts_server.service.db.engine)
     columns = {c["name"] for c in inspector.get_columns("artifacts")}
-    assert columns == {"artifact_id", "run_id", "step_id", "path", "hash", "mime_type",
-                       "size_bytes", "created_at", "metadata"}
+    assert columns == {"artifact_id", "fleet_id", "run_id", "step_id", "name", "path", "hash",
+                       "mime_type", "size_bytes", "created_at", "metadata"}
     assert inspector.get_pk_constraint("artifacts")["constrained_columns"] == ["artifact_id"]
     indexed = {tuple(i["column_names"]) for i in inspector.get_indexes("artifacts")}
-    assert ("run_id", "step_id") in indexed
+    assert ("fleet_id", "run_id", "step_id") in indexed
     assert ("hash",) in indexed
     tables = [t for t in inspector.get_table_names() if not t.startswith("alembic_version")]
     assert [t for t in tables if "artifact" in t] == ["artifacts"]

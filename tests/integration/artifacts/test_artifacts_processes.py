@@ -100,7 +100,8 @@ def test_cli_against_service_process_with_s3_blobs(
         stored = cli("artifacts", "put", str(source), "--run", "cli-run", "--step", "s1",
                      "--meta", '{"k": 1}')
         assert isinstance(stored, dict)
-        assert stored["path"] == "runs/cli-run/s1/data.bin"
+        artifact_id = stored["artifact_id"]
+        assert stored["path"] == f"fleets/fleet-cli/runs/cli-run/s1/{artifact_id}/data.bin"
         out = tmp_path / "back.bin"
         cli("artifacts", "get", str(stored["artifact_id"]), "-o", str(out))
         assert out.read_bytes() == source.read_bytes()
@@ -110,8 +111,10 @@ def test_cli_against_service_process_with_s3_blobs(
         event = cli("events", "append", "cli-run", "tool.called", '{"tool": "search"}',
                     "--manifest", str(manifest["manifest_id"]))
         assert event["seq"] == 1  # int64 as a number, not proto JSON's string
-        cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
-            str(stored["artifact_id"]))
+        snapshot = cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                       str(stored["artifact_id"]), "--request-id", "snap-1")
+        assert cli("snapshots", "put", "cli-run", '{"step": 1}', "--artifact",
+                   str(stored["artifact_id"]), "--request-id", "snap-1") == snapshot
         cli("events", "append", "cli-run", "tool.done", "{}")
         view = cli("rehydrate", "cli-run")
         assert [e["seq"] for e in view["events"]] == [2]  # type: ignore[index]

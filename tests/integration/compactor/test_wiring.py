@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 import sqlalchemy
 
 from services.compactor.server import build_compactor_server
@@ -17,13 +16,13 @@ def _schedule_threads() -> list[threading.Thread]:
 
 def test_without_migrate_the_schema_is_left_alone(compactor_settings: CompactorSettings) -> None:
     settings = compactor_settings.model_copy(update={"migrate": False})
-    with pytest.raises(sqlalchemy.exc.DBAPIError):  # an unmigrated store cannot serve
-        build_compactor_server(settings)
+    server = build_compactor_server(settings)
     engine = sqlalchemy.create_engine(settings.database_url())
     try:
         assert sqlalchemy.inspect(engine).get_table_names() == []
     finally:
         engine.dispose()
+        server.stop(0)
 
 
 def test_the_schedule_starts_with_the_server_not_when_built(

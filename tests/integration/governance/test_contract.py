@@ -45,7 +45,8 @@ def test_gate_allows_and_records_once_per_request_id(
 
 def test_rules_deny_with_rule_ids_and_reasons(
         shard_service: GovernanceClient, governor: GovernanceClient) -> None:
-    size = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=40))).rule
+    # The limit counts the whole record: 35 bytes of content + the 8-byte tag pass, 41 + 8 not.
+    size = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=45))).rule
     pattern = governor.add_rule(pb.Rule(
         deny_pattern=pb.DenyPattern(pattern=r"ignore (all )?previous instructions"))).rule
     tags = governor.add_rule(pb.Rule(required_tags=pb.RequiredTags(tags=["reviewed"]),
@@ -251,3 +252,38 @@ def test_decisions_page_newest_first_with_no_trailing_empty_page(
     assert first.next_page_token and not second.next_page_token
     seqs = [d.chain_seq for d in [*first.decisions, *second.decisions]]
     assert len(seqs) == 4 and seqs == sorted(seqs, reverse=True)
+
+
+def test_deny_patterns_judge_metadata_tags_and_source(
+        shard_service: GovernanceClient, governor: GovernanceClient) -> None:
+    rule = governor.add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="password[:=]"))).rule
+    secret = "db password=hunter2"
+    clean = candidate("connection notes")
+    variants = [pb.WriteCandidate(record_id=f"{clean.record_id}-{i}",
+                                  content_hash=clean.content_hash, content=clean.content)
+                for i in range(4)]
+    variants[0].metadata["note"] = secret
+    variants[1].metadata[secret] = "x"
+    variants[2].tags.append(secret)
+    variants[3].source = secret
+    reply = shard_service.decide("fleet-a", "agent-1", "req-whole", [clean, *variants])
+    assert [list(d.rule_ids) for d in reply.decisions] == [[], *[[rule.rule_id]] * 4]
+    assert all(secret not in d.reason for d in reply.decisions)
+
+
+def test_decisions_are_looked_up_by_id_within_the_fleet(
+        shard_service: GovernanceClient, gov_for: GovClientFactory) -> None:
+    made = shard_service.decide("fleet-a", "agent-1", "req-ids",
+                                [candidate("one fact"), candidate("another fact")]).decisions
+    other = shard_service.decide("fleet-b", "agent-1", "req-ids", [candidate("theirs")])
+    governor = gov_for("gov-1", "fleet-a", ("governor",))
+    wanted = [made[1].decision_id, "dec_unknown", other.decisions[0].decision_id,
+              made[0].decision_id]
+    assert governor.decisions_by_id(wanted) == [made[1], made[0]]  # own fleet, order asked
+    for ids in ([], [f"dec_{i}" for i in range(1001)]):
+        with pytest.raises(EngramRpcError) as bad:
+            governor.decisions_by_id(ids)
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(EngramRpcError) as foreign:
+        governor.decisions_by_id([made[0].decision_id], fleet_id="fleet-b")
+    assert foreign.value.code == grpc.StatusCode.PERMISSION_DENIED

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engram.client import ShardClient
 from engram.client.shard import record_input
 from services.shard.server import build_shard_server
@@ -62,3 +64,28 @@ def test_semantic_near_duplicate_is_not_stored_twice(
         assert distinct.created
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["exact", "semantic"])
+def test_one_authors_write_is_never_answered_with_anothers_record(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory, mode: str
+) -> None:
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, dedup=mode, embedder="hash",
+                             allow_test_embedder=True)
+    server, _ = build_shard_server(settings)
+    server.start()
+    alice = ShardClient(server.address, make_token("alice", "fleet-x"))
+    bob = ShardClient(server.address, make_token("bob", "fleet-x"))
+    try:
+        text = "The staging database restarts every Sunday at 04:00."
+        first = alice.add(text, run_id="r1")
+        theirs = bob.add(text, run_id="r1")
+        assert theirs.created and not theirs.duplicate_of
+        assert theirs.record.agent_id == "bob" and theirs.record.id != first.record.id
+        again = bob.add(text.upper(), run_id="r1")  # bob's own duplicate is still caught
+        assert not again.created and again.duplicate_of == theirs.record.id
+    finally:
+        alice.close()
+        bob.close()
+        server.stop(0)

@@ -73,7 +73,8 @@ def test_gate_key_is_the_client_request_id_never_the_content(
     client, gate = gated
     client.add("task: one", request_id="req-a")
     client.add("task: two")
-    assert gate.calls[0][3] == "req-a"
+    # The client's request_id, bound to the request's body (a digest of every field).
+    assert gate.calls[0][3].startswith("req-a~")
     assert gate.calls[1][3] == ""  # the governance adapter mints a fresh id for it
 
 

@@ -61,15 +61,15 @@ def test_manifest_id_follows_canonical_content() -> None:
 @pytest.mark.parametrize("name", ["../x", "a/../b", "/abs", "", "a//b", "./a", "a\\b"])
 def test_artifact_names_refuse_traversal(name: str) -> None:
     with pytest.raises(InvalidArgument):
-        check.artifact_path("run", "step", name)
+        check.artifact_path("fleet", "run", "step", "art_1", name)
 
 
-def test_artifact_path_is_run_scoped() -> None:
-    assert check.artifact_path("r-1", "s.2", "out/x.pdf") == "runs/r-1/s.2/out/x.pdf"
-    with pytest.raises(InvalidArgument):
-        check.artifact_path("r/1", "s", "x")
-    with pytest.raises(InvalidArgument):
-        check.artifact_path("..", "s", "x")
+def test_artifact_path_is_fleet_and_run_scoped() -> None:
+    assert (check.artifact_path("f-1", "r-1", "s.2", "art_1", "out/x.pdf")
+            == "fleets/f-1/runs/r-1/s.2/art_1/out/x.pdf")
+    for fleet, run in (("f", "r/1"), ("f", ".."), ("..", "r"), ("f/g", "r"), ("f", "r\x00")):
+        with pytest.raises(InvalidArgument):
+            check.artifact_path(fleet, run, "s", "art_1", "x")
 
 
 def test_documents_are_bounded_to_fit_a_row() -> None:

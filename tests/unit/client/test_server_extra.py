@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SERVER_ONLY = ("services", "sqlalchemy", "alembic", "psycopg", "boto3", "prometheus_client",
                "pydantic_settings", "numpy", "tokenizers", "safetensors", "scipy", "usearch",
                "onnx", "onnxruntime", "cryptography", "grpc_health", "grpc_reflection",
-               "grpc_status")
+               "grpc_status", "re2")
 # Runs the CLI with the server's modules made unimportable, as in an install without the extra.
 CLIENT_ONLY = f"""
 import importlib.abc, sys

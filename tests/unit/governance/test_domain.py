@@ -70,6 +70,29 @@ def test_judge_applies_rules_by_tier() -> None:
         [SUSPENDED_RULE_ID]
 
 
+@pytest.mark.parametrize(("field", "candidate"), [
+    ("content", Candidate("r", "h", "db password=hunter2")),
+    ("a tag", Candidate("r", "h", "notes", tags=("ok", "db password=hunter2"))),
+    ("the source", Candidate("r", "h", "notes", source="password:hunter2")),
+    ("a metadata key", Candidate("r", "h", "notes", metadata=(("password=x", "v"),))),
+    ("metadata value 'note'", Candidate("r", "h", "notes", metadata=(("note", "password=x"),))),
+])
+def test_a_deny_pattern_judges_every_text_of_the_record(field: str, candidate: Candidate) -> None:
+    rules = [_rule(RuleKind.DENY_PATTERN, pattern="password[:=]", case_sensitive=False)]
+    found = judge(candidate, AgentTrust("f", "a"), rules, lambda _w: 0)
+    assert [v.rule_id for v in found] == ["r-deny_pattern"]
+    assert found[0].message.startswith(f"{field} matches") and "hunter2" not in found[0].message
+
+
+def test_a_size_limit_counts_every_text_of_the_record() -> None:
+    rules = [_rule(RuleKind.SIZE_LIMIT, max_bytes=20)]
+    small = Candidate("r", "h", "0123456789", tags=("abcde",), source="src")
+    assert small.size_bytes() == 18 and not judge(small, AgentTrust("f", "a"), rules, lambda _w: 0)
+    big = replace(small, metadata=(("k", "vv"),))
+    assert [v.rule_id for v in judge(big, AgentTrust("f", "a"), rules, lambda _w: 0)] == [
+        "r-size_limit"]
+
+
 @pytest.mark.parametrize(("kind", "params"), [
     (RuleKind.SIZE_LIMIT, {"max_bytes": 0}),
     (RuleKind.DENY_PATTERN, {"pattern": "(?<=x)y"}),

@@ -1,4 +1,5 @@
-"""The safe deny-pattern matcher agrees with `re` on the supported subset and never backtracks."""
+"""Deny patterns (RE2) agree with `re` on the common syntax, never backtrack, and refuse
+backtracking constructs by name."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 import pytest
 
-from services.governance.domain.patterns import PatternError, SafePattern
+from services.governance.domain.patterns import DenyPattern, PatternError
 
 CASES = [
     ("ignore.*instructions", ["please ignore all prior instructions", "instructions ignore"]),
@@ -30,18 +31,34 @@ CASES = [
 @pytest.mark.parametrize(("pattern", "texts"), CASES)
 def test_agrees_with_re(pattern: str, texts: list[str]) -> None:
     for case_sensitive in (True, False):
-        compiled = SafePattern(pattern, case_sensitive=case_sensitive)
+        compiled = DenyPattern(pattern, case_sensitive=case_sensitive)
         flags = re.DOTALL | (0 if case_sensitive else re.IGNORECASE)
         for text in (*texts, *(t.upper() for t in texts)):
             assert compiled.search(text) == bool(re.search(pattern, text, flags)), (pattern, text)
 
 
-@pytest.mark.parametrize("pattern", [r"(a)\1", "(?=a)b", "(?!a)", "(?P<x>a)", "(?i)a",
-                                     r"\bword\b", "a**", "*a", "(a", "a)", "[z-a]", "a{5,2}",
-                                     "", "x" * 501, "(a{1000}){1000}"])
-def test_rejects_outside_the_safe_subset(pattern: str) -> None:
+@pytest.mark.parametrize("pattern", [r"(a)\1", "(?=a)b", "(?!a)", "a**", "*a", "(a", "a)",
+                                     "[z-a]", "a{5,2}", "", "x" * 501, "(a{1000}){1000}"])
+def test_rejects_what_re2_cannot_compile(pattern: str) -> None:
     with pytest.raises(PatternError):
-        SafePattern(pattern)
+        DenyPattern(pattern)
+
+
+@pytest.mark.parametrize(("pattern", "construct"), [
+    (r"(a)\1", r"backreference \\1"), (r"(?P<x>a)\k<x>", "named backreference"),
+    ("(?=a)b", "lookahead"), ("(?!a)b", "negative lookahead"), ("(?<=a)b", "lookbehind"),
+    ("(?<!a)b", "negative lookbehind"), ("(?>a)", "atomic group"),
+])
+def test_backtracking_constructs_are_named(pattern: str, construct: str) -> None:
+    with pytest.raises(PatternError, match=construct):
+        DenyPattern(pattern)
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    (r"\bword\b", "a word here"), ("(?i)SeCrEt", "secret"), ("(?P<x>ab)c", "abc"),
+])
+def test_re2_syntax_beyond_the_old_subset_is_accepted(pattern: str, text: str) -> None:
+    assert DenyPattern(pattern, case_sensitive=True).search(text)
 
 
 @pytest.mark.parametrize(("pattern", "expected"), [
@@ -50,5 +67,5 @@ def test_rejects_outside_the_safe_subset(pattern: str) -> None:
 ])
 def test_catastrophic_shapes_run_in_linear_time(pattern: str, expected: bool) -> None:
     # These take exponential or high-polynomial time in a backtracking engine.
-    hostile = "a" * 20000 + "!"
-    assert SafePattern(pattern).search(hostile) is expected
+    hostile = "a" * 65535 + "!"
+    assert DenyPattern(pattern).search(hostile) is expected

@@ -87,8 +87,12 @@ def test_trust_cache_and_failure() -> None:
     assert fake.calls == 1
     now[0] = 2.0
     fake.down = True
-    with pytest.raises(Unavailable):
-        trust.multipliers("f", ["good"])
+    # Governance down past the TTL: the last known multipliers stay in force (a suspension
+    # too); only an agent never seen is left out (ranked 1.0 by the caller).
+    assert trust.multipliers("f", ["good", "bad", "never-seen"]) == {"good": 1.25, "bad": 0.0}
+    fake.down = False
+    fake.tiers["bad"] = 1.0
+    assert trust.multipliers("f", ["bad"]) == {"bad": 1.0}  # back up: fresh answers again
 
 
 def test_gate_fails_closed() -> None:

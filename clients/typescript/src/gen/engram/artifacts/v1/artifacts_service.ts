@@ -369,10 +369,16 @@ export interface CreateSnapshotRequest {
   seq: number;
   manifestId: string;
   artifactIds: string[];
+  /** Optional; a retry with the same request_id returns the first call's snapshot. */
+  requestId: string;
 }
 
 export interface CreateSnapshotResponse {
-  snapshot: Snapshot | undefined;
+  snapshot:
+    | Snapshot
+    | undefined;
+  /** False when request_id named a snapshot already created. */
+  created: boolean;
 }
 
 export interface GetLatestSnapshotRequest {
@@ -4192,7 +4198,7 @@ export const Snapshot: MessageFns<Snapshot> = {
 };
 
 function createBaseCreateSnapshotRequest(): CreateSnapshotRequest {
-  return { runId: "", stateJson: "", seq: 0, manifestId: "", artifactIds: [] };
+  return { runId: "", stateJson: "", seq: 0, manifestId: "", artifactIds: [], requestId: "" };
 }
 
 export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
@@ -4211,6 +4217,9 @@ export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
     }
     for (const v of message.artifactIds) {
       writer.uint32(42).string(v!);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(50).string(message.requestId);
     }
     return writer;
   },
@@ -4268,6 +4277,14 @@ export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
             message.artifactIds.push(reader.string());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4303,6 +4320,11 @@ export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
         : globalThis.Array.isArray(object?.artifact_ids)
         ? object.artifact_ids.map((e: any) => globalThis.String(e))
         : [],
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
     };
   },
 
@@ -4323,6 +4345,9 @@ export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
     if (message.artifactIds?.length) {
       obj.artifactIds = message.artifactIds;
     }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
     return obj;
   },
 
@@ -4336,18 +4361,22 @@ export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
     message.seq = object.seq ?? 0;
     message.manifestId = object.manifestId ?? "";
     message.artifactIds = object.artifactIds?.map((e) => e) || [];
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };
 
 function createBaseCreateSnapshotResponse(): CreateSnapshotResponse {
-  return { snapshot: undefined };
+  return { snapshot: undefined, created: false };
 }
 
 export const CreateSnapshotResponse: MessageFns<CreateSnapshotResponse> = {
   encode(message: CreateSnapshotResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.snapshot !== undefined) {
       Snapshot.encode(message.snapshot, writer.uint32(10).fork()).join();
+    }
+    if (message.created !== false) {
+      writer.uint32(16).bool(message.created);
     }
     return writer;
   },
@@ -4373,6 +4402,14 @@ export const CreateSnapshotResponse: MessageFns<CreateSnapshotResponse> = {
             message.snapshot = Snapshot.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.created = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4386,13 +4423,19 @@ export const CreateSnapshotResponse: MessageFns<CreateSnapshotResponse> = {
   },
 
   fromJSON(object: any): CreateSnapshotResponse {
-    return { snapshot: isSet(object.snapshot) ? Snapshot.fromJSON(object.snapshot) : undefined };
+    return {
+      snapshot: isSet(object.snapshot) ? Snapshot.fromJSON(object.snapshot) : undefined,
+      created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+    };
   },
 
   toJSON(message: CreateSnapshotResponse): unknown {
     const obj: any = {};
     if (message.snapshot !== undefined) {
       obj.snapshot = Snapshot.toJSON(message.snapshot);
+    }
+    if (message.created !== false) {
+      obj.created = message.created;
     }
     return obj;
   },
@@ -4405,6 +4448,7 @@ export const CreateSnapshotResponse: MessageFns<CreateSnapshotResponse> = {
     message.snapshot = (object.snapshot !== undefined && object.snapshot !== null)
       ? Snapshot.fromPartial(object.snapshot)
       : undefined;
+    message.created = object.created ?? false;
     return message;
   },
 };

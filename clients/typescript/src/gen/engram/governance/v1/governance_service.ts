@@ -159,6 +159,16 @@ export interface WriteCandidate {
    * without reading the shard store.
    */
   neighbours: Neighbour[];
+  /**
+   * The record's metadata: judged like the content, tags and source by every
+   * rule that reads text (deny patterns, size limits).
+   */
+  metadata: { [key: string]: string };
+}
+
+export interface WriteCandidate_MetadataEntry {
+  key: string;
+  value: string;
 }
 
 export interface GateDecision {
@@ -237,14 +247,18 @@ export interface SetTierResponse {
 }
 
 export interface SizeLimit {
-  /** Largest UTF-8 content accepted, in bytes. */
+  /**
+   * Largest record accepted, in UTF-8 bytes of its content, tags, source and
+   * metadata keys and values together.
+   */
   maxBytes: number;
 }
 
 export interface DenyPattern {
   /**
-   * A regular expression from the safe subset (no backreferences or
-   * lookaround), matched in linear time anywhere in the content.
+   * An RE2 regular expression (no backreferences or lookaround), matched in
+   * linear time anywhere in the content, each tag, the source and each
+   * metadata key and value; "." matches newlines too.
    */
   pattern: string;
   caseSensitive: boolean;
@@ -367,6 +381,18 @@ export interface VerifyChainResponse {
   problems: string[];
   /** Set when `since` was given: the chain holds it as a prefix. */
   extendsSince: boolean;
+}
+
+export interface BatchGetDecisionsRequest {
+  /** Empty: the caller's fleet. */
+  fleetId: string;
+  /** 1..1000 decision ids. */
+  decisionIds: string[];
+}
+
+export interface BatchGetDecisionsResponse {
+  /** The decisions found, in the order asked; unknown ids are left out. */
+  decisions: GateDecision[];
 }
 
 export interface RevokedToken {
@@ -763,6 +789,7 @@ function createBaseWriteCandidate(): WriteCandidate {
     importance: 0,
     tags: [],
     neighbours: [],
+    metadata: {},
   };
 }
 
@@ -795,6 +822,9 @@ export const WriteCandidate: MessageFns<WriteCandidate> = {
     for (const v of message.neighbours) {
       Neighbour.encode(v!, writer.uint32(74).fork()).join();
     }
+    globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
+      WriteCandidate_MetadataEntry.encode({ key: key as any, value }, writer.uint32(82).fork()).join();
+    });
     return writer;
   },
 
@@ -883,6 +913,17 @@ export const WriteCandidate: MessageFns<WriteCandidate> = {
             message.neighbours.push(Neighbour.decode(reader, reader.uint32()));
             continue;
           }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            const entry10 = WriteCandidate_MetadataEntry.decode(reader, reader.uint32());
+            if (entry10.value !== undefined) {
+              message.metadata[entry10.key] = entry10.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -922,6 +963,20 @@ export const WriteCandidate: MessageFns<WriteCandidate> = {
       neighbours: globalThis.Array.isArray(object?.neighbours)
         ? object.neighbours.map((e: any) => Neighbour.fromJSON(e))
         : [],
+      metadata: isObject(object.metadata)
+        ? (globalThis.Object.entries(object.metadata) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -954,6 +1009,15 @@ export const WriteCandidate: MessageFns<WriteCandidate> = {
     if (message.neighbours?.length) {
       obj.neighbours = message.neighbours.map((e) => Neighbour.toJSON(e));
     }
+    if (message.metadata) {
+      const entries = globalThis.Object.entries(message.metadata) as [string, string][];
+      if (entries.length > 0) {
+        obj.metadata = {};
+        entries.forEach(([k, v]) => {
+          obj.metadata[k] = v;
+        });
+      }
+    }
     return obj;
   },
 
@@ -971,6 +1035,100 @@ export const WriteCandidate: MessageFns<WriteCandidate> = {
     message.importance = object.importance ?? 0;
     message.tags = object.tags?.map((e) => e) || [];
     message.neighbours = object.neighbours?.map((e) => Neighbour.fromPartial(e)) || [];
+    message.metadata = (globalThis.Object.entries(object.metadata ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    return message;
+  },
+};
+
+function createBaseWriteCandidate_MetadataEntry(): WriteCandidate_MetadataEntry {
+  return { key: "", value: "" };
+}
+
+export const WriteCandidate_MetadataEntry: MessageFns<WriteCandidate_MetadataEntry> = {
+  encode(message: WriteCandidate_MetadataEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WriteCandidate_MetadataEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWriteCandidate_MetadataEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WriteCandidate_MetadataEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: WriteCandidate_MetadataEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WriteCandidate_MetadataEntry>, I>>(base?: I): WriteCandidate_MetadataEntry {
+    return WriteCandidate_MetadataEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WriteCandidate_MetadataEntry>, I>>(object: I): WriteCandidate_MetadataEntry {
+    const message = createBaseWriteCandidate_MetadataEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
@@ -3977,6 +4135,170 @@ export const VerifyChainResponse: MessageFns<VerifyChainResponse> = {
   },
 };
 
+function createBaseBatchGetDecisionsRequest(): BatchGetDecisionsRequest {
+  return { fleetId: "", decisionIds: [] };
+}
+
+export const BatchGetDecisionsRequest: MessageFns<BatchGetDecisionsRequest> = {
+  encode(message: BatchGetDecisionsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fleetId !== "") {
+      writer.uint32(10).string(message.fleetId);
+    }
+    for (const v of message.decisionIds) {
+      writer.uint32(18).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BatchGetDecisionsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBatchGetDecisionsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.decisionIds.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BatchGetDecisionsRequest {
+    return {
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      decisionIds: globalThis.Array.isArray(object?.decisionIds)
+        ? object.decisionIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.decision_ids)
+        ? object.decision_ids.map((e: any) => globalThis.String(e))
+        : [],
+    };
+  },
+
+  toJSON(message: BatchGetDecisionsRequest): unknown {
+    const obj: any = {};
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.decisionIds?.length) {
+      obj.decisionIds = message.decisionIds;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BatchGetDecisionsRequest>, I>>(base?: I): BatchGetDecisionsRequest {
+    return BatchGetDecisionsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BatchGetDecisionsRequest>, I>>(object: I): BatchGetDecisionsRequest {
+    const message = createBaseBatchGetDecisionsRequest();
+    message.fleetId = object.fleetId ?? "";
+    message.decisionIds = object.decisionIds?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseBatchGetDecisionsResponse(): BatchGetDecisionsResponse {
+  return { decisions: [] };
+}
+
+export const BatchGetDecisionsResponse: MessageFns<BatchGetDecisionsResponse> = {
+  encode(message: BatchGetDecisionsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.decisions) {
+      GateDecision.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): BatchGetDecisionsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseBatchGetDecisionsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.decisions.push(GateDecision.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): BatchGetDecisionsResponse {
+    return {
+      decisions: globalThis.Array.isArray(object?.decisions)
+        ? object.decisions.map((e: any) => GateDecision.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: BatchGetDecisionsResponse): unknown {
+    const obj: any = {};
+    if (message.decisions?.length) {
+      obj.decisions = message.decisions.map((e) => GateDecision.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<BatchGetDecisionsResponse>, I>>(base?: I): BatchGetDecisionsResponse {
+    return BatchGetDecisionsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<BatchGetDecisionsResponse>, I>>(object: I): BatchGetDecisionsResponse {
+    const message = createBaseBatchGetDecisionsResponse();
+    message.decisions = object.decisions?.map((e) => GateDecision.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 function createBaseRevokedToken(): RevokedToken {
   return { jti: "", expireTime: undefined, fleetId: "", agentId: "", revokeTime: undefined, revokedBy: "", reason: "" };
 }
@@ -5179,6 +5501,21 @@ export const GovernanceServiceService = {
     responseDeserialize: (value: Buffer): VerifyChainResponse => VerifyChainResponse.decode(value),
   },
   /**
+   * Recorded gate decisions by id (to reconcile stored records against them);
+   * governor and admin roles only. Ids not found are left out.
+   */
+  batchGetDecisions: {
+    path: "/engram.governance.v1.GovernanceService/BatchGetDecisions" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: BatchGetDecisionsRequest): Buffer =>
+      Buffer.from(BatchGetDecisionsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): BatchGetDecisionsRequest => BatchGetDecisionsRequest.decode(value),
+    responseSerialize: (value: BatchGetDecisionsResponse): Buffer =>
+      Buffer.from(BatchGetDecisionsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): BatchGetDecisionsResponse => BatchGetDecisionsResponse.decode(value),
+  },
+  /**
    * Revokes one token by its jti until it expires; governor role only. Every
    * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
    * interval. Idempotent on jti. Recorded in the witness chain.
@@ -5256,6 +5593,11 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
    * optionally checks that the chain extends an earlier checkpoint.
    */
   verifyChain: handleUnaryCall<VerifyChainRequest, VerifyChainResponse>;
+  /**
+   * Recorded gate decisions by id (to reconcile stored records against them);
+   * governor and admin roles only. Ids not found are left out.
+   */
+  batchGetDecisions: handleUnaryCall<BatchGetDecisionsRequest, BatchGetDecisionsResponse>;
   /**
    * Revokes one token by its jti until it expires; governor role only. Every
    * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -5446,6 +5788,25 @@ export interface GovernanceServiceClient extends Client {
     callback: (error: ServiceError | null, response: VerifyChainResponse) => void,
   ): ClientUnaryCall;
   /**
+   * Recorded gate decisions by id (to reconcile stored records against them);
+   * governor and admin roles only. Ids not found are left out.
+   */
+  batchGetDecisions(
+    request: BatchGetDecisionsRequest,
+    callback: (error: ServiceError | null, response: BatchGetDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  batchGetDecisions(
+    request: BatchGetDecisionsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: BatchGetDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  batchGetDecisions(
+    request: BatchGetDecisionsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: BatchGetDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  /**
    * Revokes one token by its jti until it expires; governor role only. Every
    * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
    * interval. Idempotent on jti. Recorded in the witness chain.
@@ -5563,6 +5924,10 @@ function longToNumber(int64: { toString(): string }): number {
     throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
   }
   return num;
+}
+
+function isObject(value: any): boolean {
+  return typeof value === "object" && value !== null;
 }
 
 function isSet(value: any): boolean {

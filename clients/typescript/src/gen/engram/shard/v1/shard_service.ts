@@ -92,6 +92,11 @@ export interface Record {
   metadata: { [key: string]: string };
   /** SHA-256 (hex) over every immutable field above; verified with content_hash. */
   recordHash: string;
+  /**
+   * The governance gate decision that allowed this write (under record_hash
+   * too); empty when the shard ran ungated (ENGRAM_SHARD_ALLOW_UNGATED).
+   */
+  gateDecisionId: string;
 }
 
 export interface Record_MetadataEntry {
@@ -341,6 +346,7 @@ function createBaseRecord(): Record {
     createTime: undefined,
     metadata: {},
     recordHash: "",
+    gateDecisionId: "",
   };
 }
 
@@ -387,6 +393,9 @@ export const Record: MessageFns<Record> = {
     });
     if (message.recordHash !== "") {
       writer.uint32(114).string(message.recordHash);
+    }
+    if (message.gateDecisionId !== "") {
+      writer.uint32(122).string(message.gateDecisionId);
     }
     return writer;
   },
@@ -519,6 +528,14 @@ export const Record: MessageFns<Record> = {
             message.recordHash = reader.string();
             continue;
           }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.gateDecisionId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -590,6 +607,11 @@ export const Record: MessageFns<Record> = {
         : isSet(object.record_hash)
         ? globalThis.String(object.record_hash)
         : "",
+      gateDecisionId: isSet(object.gateDecisionId)
+        ? globalThis.String(object.gateDecisionId)
+        : isSet(object.gate_decision_id)
+        ? globalThis.String(object.gate_decision_id)
+        : "",
     };
   },
 
@@ -643,6 +665,9 @@ export const Record: MessageFns<Record> = {
     if (message.recordHash !== "") {
       obj.recordHash = message.recordHash;
     }
+    if (message.gateDecisionId !== "") {
+      obj.gateDecisionId = message.gateDecisionId;
+    }
     return obj;
   },
 
@@ -673,6 +698,7 @@ export const Record: MessageFns<Record> = {
       {},
     );
     message.recordHash = object.recordHash ?? "";
+    message.gateDecisionId = object.gateDecisionId ?? "";
     return message;
   },
 };
