@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # One image for the four Engram services; the command picks one:
 #   docker run engram python -m services.shard   (governance, artifacts, compactor alike)
-# The `engram` CLI is in the image too (the compose init container mints tokens with it).
+# The `engram` CLI is in the image too (the compose init container mints tokens with it), and
+# with it `engram gateway`, the HTTP/JSON gateway (the gateway extra).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -13,9 +14,9 @@ WORKDIR /src
 # Dependencies first, in their own layer: it is rebuilt only when the lockfile changes.
 COPY pyproject.toml requirements.lock ./
 # The lockfile pins every version; -c keeps those pins while installing only the runtime
-# dependencies, the client's and the server extra's (the lockfile also holds the dev tools,
+# dependencies, the client's, the server extra's and the gateway's (the lockfile also holds the dev tools,
 # which the image does not need).
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" > runtime.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server'] + p['optional-dependencies']['gateway']))" > runtime.txt \
  && /opt/engram/bin/pip install -c requirements.lock -r runtime.txt
 COPY engram ./engram
 COPY services ./services
@@ -40,6 +41,7 @@ ENV PATH=/opt/engram/bin:$PATH \
     ENGRAM_HOME=/var/lib/engram
 USER 10001:10001
 WORKDIR /var/lib/engram
-# gRPC ports: shard 50051, governance 50052, artifacts 50053, compactor 50054; metrics 9101-9104.
-EXPOSE 50051 50052 50053 50054 9101 9102 9103 9104
+# gRPC ports: shard 50051, governance 50052, artifacts 50053, compactor 50054; metrics 9101-9104;
+# the HTTP gateway 8080.
+EXPOSE 50051 50052 50053 50054 9101 9102 9103 9104 8080
 CMD ["python", "-m", "services.shard"]

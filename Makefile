@@ -24,9 +24,9 @@ $(STAMP): pyproject.toml requirements.lock requirements-model.txt
 setup: $(STAMP) ## create .venv and install engram[server,dev] from the lockfile
 
 lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pyproject.toml
-	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --python $(BIN)/python \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --extra gateway --python $(BIN)/python \
 		--index-strategy unsafe-best-match -o requirements.lock
-	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --extra compare \
+	$(BIN)/uv pip compile pyproject.toml --extra server --extra dev --extra mcp --extra gateway --extra compare \
 		-c requirements.lock \
 		--python $(BIN)/python --index-strategy unsafe-best-match -o requirements-compare.lock
 
@@ -54,7 +54,10 @@ test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's
 	$(BIN)/python -m pytest -q
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
-BENCHES ?= shard gate artifacts compactor search
+soak: $(STAMP) ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)
+	ENGRAM_SOAK=1 $(BIN)/python -m pytest -q -rA -s -m faults -o timeout=7200 tests/faults
+
+BENCHES ?= shard gate artifacts compactor search gateway
 bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-results/
 	mkdir -p bench-results
 	for name in $(BENCHES); do \
@@ -64,4 +67,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock compare-setup protos lint breaking up test bench clean
+.PHONY: help setup lock compare-setup protos lint breaking up test soak bench clean

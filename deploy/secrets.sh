@@ -10,7 +10,8 @@
 #   sh deploy/secrets.sh | kubectl apply -f -
 #
 # ENGRAM_TLS_DIR (for overlays with components/tls, e.g. prod-tls) holds ca.crt and, per service,
-# <service>.crt and <service>.key; each service gets them as engram-<service>-tls.
+# <service>.crt and <service>.key (and gateway.crt, gateway.key); each gets them as
+# engram-<service>-tls.
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
 # cluster only ever gets the public key and the service tokens (shard, artifacts, compactor; 30
 # days, each naming only the services it calls: run this again to renew them).
@@ -28,8 +29,10 @@ if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
   : "${ENGRAM_S3_SECRET_ACCESS_KEY:?set ENGRAM_S3_SECRET_ACCESS_KEY too}"
 fi
 SERVICES="shard governance artifacts compactor"
+# The gateway is a TLS client of all four, with its own certificate.
+TLS_HOLDERS="$SERVICES gateway"
 if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
-  for file in ca.crt $(for svc in $SERVICES; do echo "$svc.crt $svc.key"; done); do
+  for file in ca.crt $(for svc in $TLS_HOLDERS; do echo "$svc.crt $svc.key"; done); do
     [ -r "$ENGRAM_TLS_DIR/$file" ] || { echo "ENGRAM_TLS_DIR has no readable $file" >&2; exit 2; }
   done
 fi
@@ -76,7 +79,7 @@ if [ -n "${ENGRAM_S3_ACCESS_KEY_ID:-}" ]; then
   done
 fi
 if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
-  for svc in $SERVICES; do
+  for svc in $TLS_HOLDERS; do
     secret "engram-$svc-tls" --type=kubernetes.io/tls --from-file=tls.crt="$ENGRAM_TLS_DIR/$svc.crt" \
       --from-file=tls.key="$ENGRAM_TLS_DIR/$svc.key" --from-file=ca.crt="$ENGRAM_TLS_DIR/ca.crt"
   done

@@ -23,8 +23,12 @@ def proto_files() -> list[Path]:
 
 def generate(out: Path) -> list[Path]:
     import grpc_tools
+    from google.api import annotations_pb2 as google_api
 
     include = Path(grpc_tools.__file__).parent / "_proto"
+    # google/api/annotations.proto and http.proto (the HTTP mappings), as googleapis-common-protos
+    # ships them beside its generated modules.
+    googleapis = Path(google_api.__file__).resolve().parent.parent.parent
     # mypy-protobuf's plugin types the generated service stubs (*_pb2_grpc.pyi) for mypy --strict.
     grpc_plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
     files = proto_files()
@@ -32,6 +36,7 @@ def generate(out: Path) -> list[Path]:
         "protoc",
         f"-I{PROTOS}",
         f"-I{include}",
+        f"-I{googleapis}",
         f"--python_out={out}",
         f"--pyi_out={out}",
         f"--grpc_python_out={out}",

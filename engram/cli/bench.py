@@ -24,6 +24,7 @@ BENCHMARKS = {
     "gate": "gated writes and trust-ranked search (shard + governance)",
     "artifacts": "streaming upload/download, metadata lookup, rehydrate",
     "compactor": "iteration record, reconstruct, append cost vs run length",
+    "gateway": "the HTTP/JSON gateway's latency and throughput beside the SDK over gRPC",
     "search": "hybrid/semantic search, semantic indexing throughput and lag",
     "chroma": "Engram beside Chroma: as shipped and with the same embedder (`make compare-setup`)",
     "fleet": "load generator: N agents writing, searching, snapshotting, recording iterations "

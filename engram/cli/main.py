@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from engram.cli import artifacts, bench, compactor, evals, gov, mcp, shard, token, up
+from engram.cli import (
+    artifacts,
+    bench,
+    compactor,
+    evals,
+    gateway,
+    gov,
+    mcp,
+    shard,
+    token,
+    up,
+)
 
 app = typer.Typer(
     help="Engram: durable, verifiable memory for fleets of AI agents.",
@@ -20,6 +31,7 @@ app.add_typer(token.app, name="token")
 app.command("bench")(bench.bench)
 app.add_typer(evals.app, name="eval")
 app.command("mcp")(mcp.mcp)
+app.command("gateway")(gateway.gateway)
 
 
 def main() -> None:

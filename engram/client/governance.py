@@ -95,6 +95,22 @@ class GovernanceClient(BaseClient):
     def verify_chain(self, since: pb.ChainCheckpoint | None = None) -> pb.VerifyChainResponse:
         return self.call(self.stub.VerifyChain, pb.VerifyChainRequest(since=since))
 
+    def verify_extends(self, checkpoint: pb.ChainCheckpoint, later: pb.ChainCheckpoint) -> bool:
+        """Whether ``later`` extends the ``checkpoint`` this client holds (no history rewritten).
+
+        Both must be prefixes of a chain that verifies: a rolled-back or forked chain, or a
+        head the service cannot show as a prefix, is False.
+        """
+        if later.length < checkpoint.length:
+            return False
+        if later.length == checkpoint.length:
+            return later.head == checkpoint.head and self._holds(later)
+        return self._holds(checkpoint) and self._holds(later)
+
+    def _holds(self, checkpoint: pb.ChainCheckpoint) -> bool:
+        report = self.verify_chain(since=checkpoint)
+        return bool(report.ok and report.extends_since)
+
     def revoke_token(self, jti: str, expire_time: datetime, *, fleet_id: str = "",
                      agent_id: str = "", reason: str = "") -> pb.RevokeTokenResponse:
         """Revoke one token (governor role); ``expire_time`` is the token's own exp."""

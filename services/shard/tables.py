@@ -19,6 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from services.common.errors import IntegrityError
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import Record
 
@@ -62,7 +63,18 @@ class RecordRow(Base):
 
 
 def row_to_record(row: Mapping[Any, Any]) -> Record:
-    """A records row (ORM attributes or a Core mapping) as a domain record."""
+    """A records row (ORM attributes or a Core mapping) as a domain record; a JSON field that
+    no longer parses is DATA_LOSS naming the record (not INTERNAL)."""
+    try:
+        return _row_to_record(row)
+    except (ValueError, TypeError) as error:  # json.JSONDecodeError is a ValueError
+        raise IntegrityError(
+            f"record {row['id']}: a stored JSON field no longer parses ({error})",
+            reason="RECORD_FIELD_UNREADABLE", metadata={"record_id": str(row["id"])},
+        ) from None
+
+
+def _row_to_record(row: Mapping[Any, Any]) -> Record:
     return Record(
         id=row["id"],
         fleet_id=row["fleet_id"],

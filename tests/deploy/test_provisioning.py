@@ -190,6 +190,7 @@ def test_secrets_script_publishes_retired_keys_during_a_rotation(tmp_path: Path)
 
 
 def _tls_dir(tmp_path: Path, services: tuple[str, ...] = SERVICES) -> Path:
+def _tls_dir(tmp_path: Path, services: tuple[str, ...] = (*SERVICES, "gateway")) -> Path:
     directory = tmp_path / "tls"
     directory.mkdir()
     ca_cert, ca_key = issue("engram-ca", x509.Name([]), None, ca=True)  # type: ignore[arg-type]
@@ -210,7 +211,7 @@ def test_secrets_script_writes_the_tls_secrets_of_the_tls_overlay(tmp_path: Path
     required, optional = _referenced_secrets(kustomize("prod-tls"))
     assert set(secrets) == required | optional
     version = kubernetes_validate.latest_version()
-    for service in SERVICES:
+    for service in (*SERVICES, "gateway"):
         secret = secrets[f"engram-{service}-tls"]
         kubernetes_validate.validate(secret, version, strict=True)
         assert secret["type"] == "kubernetes.io/tls"

@@ -22,70 +22,89 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.api import annotations_pb2 as google_dot_api_dot_annotations__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+engram/compactor/v1/compactor_service.proto\x12\x13\x65ngram.compactor.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x02\n\x10IterationSummary\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rfiles_touched\x18\x06 \x01(\x03\x12\x0f\n\x07net_add\x18\x07 \x01(\x03\x12\x0f\n\x07net_del\x18\x08 \x01(\x03\x12\x12\n\nrisk_score\x18\t \x01(\x01\x12\x0e\n\x06status\x18\n \x01(\t\x12\x15\n\rdetail_digest\x18\x0b \x01(\t\x12\x11\n\tprev_hash\x18\x0c \x01(\t\x12\x0c\n\x04hash\x18\r \x01(\t\"\xb8\x02\n\x0eIterationInput\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rfiles_touched\x18\x06 \x01(\x03\x12\x0f\n\x07net_add\x18\x07 \x01(\x03\x12\x0f\n\x07net_del\x18\x08 \x01(\x03\x12\x12\n\nrisk_score\x18\t \x01(\x01\x12\x0e\n\x06status\x18\n \x01(\t\x12\x13\n\x0b\x64\x65tail_json\x18\x0b \x01(\t\x12\x17\n\x0fguardrails_json\x18\x0c \x01(\t\"t\n\x16RecordIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x36\n\titeration\x18\x02 \x01(\x0b\x32#.engram.compactor.v1.IterationInput\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"b\n\x17RecordIterationResponse\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"t\n\x0cHotIteration\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x13\n\x0b\x64\x65tail_json\x18\x02 \x01(\t\x12\x17\n\x0fguardrails_json\x18\x03 \x01(\t\"T\n\x1bListRecentIterationsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"n\n\x1cListRecentIterationsResponse\x12\x35\n\niterations\x18\x01 \x03(\x0b\x32!.engram.compactor.v1.HotIteration\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"f\n\x14ListSummariesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fstart_iteration\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"j\n\x15ListSummariesResponse\x12\x38\n\tsummaries\x18\x01 \x03(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"@\n\x1bReconstructIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\"\x85\x02\n\x1cReconstructIterationResponse\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x31\n\x06source\x18\x02 \x01(\x0e\x32!.engram.compactor.v1.DetailSource\x12\x13\n\x0b\x64\x65tail_json\x18\x03 \x01(\t\x12\x17\n\x0fguardrails_json\x18\x04 \x01(\t\x12\x16\n\x0e\x62\x61se_iteration\x18\x05 \x01(\x03\x12\x34\n\x05trail\x18\x06 \x03(\x0b\x32%.engram.compactor.v1.IterationSummary\"u\n\x03Pin\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1a\n\x12snapshot_iteration\x18\x03 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"H\n\x13PinIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"=\n\x14PinIterationResponse\x12%\n\x03pin\x18\x01 \x01(\x0b\x32\x18.engram.compactor.v1.Pin\"\"\n\x10VerifyRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"1\n\rVerifyProblem\x12\x10\n\x08location\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xcc\x01\n\x11VerifyRunResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x15\n\rlines_checked\x18\x02 \x01(\x03\x12\x18\n\x10segments_checked\x18\x03 \x01(\x03\x12\x19\n\x11snapshots_checked\x18\x04 \x01(\x03\x12\x16\n\x0elast_iteration\x18\x05 \x01(\x03\x12\x11\n\thead_hash\x18\x06 \x01(\t\x12\x34\n\x08problems\x18\x07 \x03(\x0b\x32\".engram.compactor.v1.VerifyProblem\"s\n\x0e\x43ompactedGroup\x12\x12\n\nsummary_id\x18\x01 \x01(\t\x12\x14\n\x0creplaced_ids\x18\x02 \x03(\t\x12\x17\n\x0freplaced_hashes\x18\x03 \x03(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\"\x9a\x03\n\tPolicyRun\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x02 \x01(\t\x12-\n\x04kind\x18\x03 \x01(\x0e\x32\x1f.engram.compactor.v1.PolicyKind\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x0f\n\x07trigger\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x10\n\x08\x65xamined\x18\x08 \x01(\x03\x12\x11\n\tcompacted\x18\t \x01(\x03\x12\x33\n\x06groups\x18\n \x03(\x0b\x32#.engram.compactor.v1.CompactedGroup\x12\x13\n\x0bremoved_ids\x18\x0b \x03(\t\x12\x18\n\x10importance_below\x18\x0c \x01(\x01\x12\x17\n\x0folder_than_days\x18\r \x01(\x01\x12.\n\nstart_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9f\x01\n\x14\x43ompactMemoryRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x1d\n\x10importance_below\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0folder_than_days\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_importance_belowB\x12\n\x10_older_than_days\"D\n\x15\x43ompactMemoryResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\"Y\n\x1b\x41pplyMemoryRetentionRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x17\n\x0folder_than_days\x18\x02 \x01(\x01\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"K\n\x1c\x41pplyMemoryRetentionResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\"P\n\x15ListPolicyRunsRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"_\n\x16ListPolicyRunsResponse\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa6\x01\n\x0c\x44\x65tailSource\x12\x1d\n\x19\x44\x45TAIL_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45TAIL_SOURCE_HOT\x10\x01\x12\x1f\n\x1b\x44\x45TAIL_SOURCE_COLD_SNAPSHOT\x10\x02\x12\x1f\n\x1b\x44\x45TAIL_SOURCE_BASE_SNAPSHOT\x10\x03\x12\x1e\n\x1a\x44\x45TAIL_SOURCE_SUMMARY_ONLY\x10\x04*]\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13POLICY_KIND_COMPACT\x10\x01\x12\x19\n\x15POLICY_KIND_RETENTION\x10\x02\x32\xf3\x07\n\x10\x43ompactorService\x12l\n\x0fRecordIteration\x12+.engram.compactor.v1.RecordIterationRequest\x1a,.engram.compactor.v1.RecordIterationResponse\x12{\n\x14ListRecentIterations\x12\x30.engram.compactor.v1.ListRecentIterationsRequest\x1a\x31.engram.compactor.v1.ListRecentIterationsResponse\x12\x66\n\rListSummaries\x12).engram.compactor.v1.ListSummariesRequest\x1a*.engram.compactor.v1.ListSummariesResponse\x12{\n\x14ReconstructIteration\x12\x30.engram.compactor.v1.ReconstructIterationRequest\x1a\x31.engram.compactor.v1.ReconstructIterationResponse\x12\x63\n\x0cPinIteration\x12(.engram.compactor.v1.PinIterationRequest\x1a).engram.compactor.v1.PinIterationResponse\x12Z\n\tVerifyRun\x12%.engram.compactor.v1.VerifyRunRequest\x1a&.engram.compactor.v1.VerifyRunResponse\x12\x66\n\rCompactMemory\x12).engram.compactor.v1.CompactMemoryRequest\x1a*.engram.compactor.v1.CompactMemoryResponse\x12{\n\x14\x41pplyMemoryRetention\x12\x30.engram.compactor.v1.ApplyMemoryRetentionRequest\x1a\x31.engram.compactor.v1.ApplyMemoryRetentionResponse\x12i\n\x0eListPolicyRuns\x12*.engram.compactor.v1.ListPolicyRunsRequest\x1a+.engram.compactor.v1.ListPolicyRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+engram/compactor/v1/compactor_service.proto\x12\x13\x65ngram.compactor.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc4\x02\n\x10IterationSummary\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rfiles_touched\x18\x06 \x01(\x03\x12\x0f\n\x07net_add\x18\x07 \x01(\x03\x12\x0f\n\x07net_del\x18\x08 \x01(\x03\x12\x12\n\nrisk_score\x18\t \x01(\x01\x12\x0e\n\x06status\x18\n \x01(\t\x12\x15\n\rdetail_digest\x18\x0b \x01(\t\x12\x11\n\tprev_hash\x18\x0c \x01(\t\x12\x0c\n\x04hash\x18\r \x01(\t\"\xb8\x02\n\x0eIterationInput\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x13\n\x0bplan_digest\x18\x02 \x01(\t\x12\x15\n\rparent_digest\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x15\n\rfiles_touched\x18\x06 \x01(\x03\x12\x0f\n\x07net_add\x18\x07 \x01(\x03\x12\x0f\n\x07net_del\x18\x08 \x01(\x03\x12\x12\n\nrisk_score\x18\t \x01(\x01\x12\x0e\n\x06status\x18\n \x01(\t\x12\x13\n\x0b\x64\x65tail_json\x18\x0b \x01(\t\x12\x17\n\x0fguardrails_json\x18\x0c \x01(\t\"t\n\x16RecordIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x36\n\titeration\x18\x02 \x01(\x0b\x32#.engram.compactor.v1.IterationInput\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"b\n\x17RecordIterationResponse\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"t\n\x0cHotIteration\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x13\n\x0b\x64\x65tail_json\x18\x02 \x01(\t\x12\x17\n\x0fguardrails_json\x18\x03 \x01(\t\"T\n\x1bListRecentIterationsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"n\n\x1cListRecentIterationsResponse\x12\x35\n\niterations\x18\x01 \x03(\x0b\x32!.engram.compactor.v1.HotIteration\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"f\n\x14ListSummariesRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x17\n\x0fstart_iteration\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x12\n\npage_token\x18\x04 \x01(\t\"j\n\x15ListSummariesResponse\x12\x38\n\tsummaries\x18\x01 \x03(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"@\n\x1bReconstructIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\"\x85\x02\n\x1cReconstructIterationResponse\x12\x36\n\x07summary\x18\x01 \x01(\x0b\x32%.engram.compactor.v1.IterationSummary\x12\x31\n\x06source\x18\x02 \x01(\x0e\x32!.engram.compactor.v1.DetailSource\x12\x13\n\x0b\x64\x65tail_json\x18\x03 \x01(\t\x12\x17\n\x0fguardrails_json\x18\x04 \x01(\t\x12\x16\n\x0e\x62\x61se_iteration\x18\x05 \x01(\x03\x12\x34\n\x05trail\x18\x06 \x03(\x0b\x32%.engram.compactor.v1.IterationSummary\"u\n\x03Pin\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1a\n\x12snapshot_iteration\x18\x03 \x01(\x03\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"H\n\x13PinIterationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\"=\n\x14PinIterationResponse\x12%\n\x03pin\x18\x01 \x01(\x0b\x32\x18.engram.compactor.v1.Pin\"\"\n\x10VerifyRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"1\n\rVerifyProblem\x12\x10\n\x08location\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"\xcc\x01\n\x11VerifyRunResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x15\n\rlines_checked\x18\x02 \x01(\x03\x12\x18\n\x10segments_checked\x18\x03 \x01(\x03\x12\x19\n\x11snapshots_checked\x18\x04 \x01(\x03\x12\x16\n\x0elast_iteration\x18\x05 \x01(\x03\x12\x11\n\thead_hash\x18\x06 \x01(\t\x12\x34\n\x08problems\x18\x07 \x03(\x0b\x32\".engram.compactor.v1.VerifyProblem\"s\n\x0e\x43ompactedGroup\x12\x12\n\nsummary_id\x18\x01 \x01(\t\x12\x14\n\x0creplaced_ids\x18\x02 \x03(\t\x12\x17\n\x0freplaced_hashes\x18\x03 \x03(\t\x12\x0e\n\x06\x64omain\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\"\x9a\x03\n\tPolicyRun\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08\x66leet_id\x18\x02 \x01(\t\x12-\n\x04kind\x18\x03 \x01(\x0e\x32\x1f.engram.compactor.v1.PolicyKind\x12\x0f\n\x07\x64ry_run\x18\x04 \x01(\x08\x12\x0f\n\x07trigger\x18\x05 \x01(\t\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x10\n\x08\x65xamined\x18\x08 \x01(\x03\x12\x11\n\tcompacted\x18\t \x01(\x03\x12\x33\n\x06groups\x18\n \x03(\x0b\x32#.engram.compactor.v1.CompactedGroup\x12\x13\n\x0bremoved_ids\x18\x0b \x03(\t\x12\x18\n\x10importance_below\x18\x0c \x01(\x01\x12\x17\n\x0folder_than_days\x18\r \x01(\x01\x12.\n\nstart_time\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x9f\x01\n\x14\x43ompactMemoryRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x12\x1d\n\x10importance_below\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0folder_than_days\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x13\n\x11_importance_belowB\x12\n\x10_older_than_days\"D\n\x15\x43ompactMemoryResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\"Y\n\x1b\x41pplyMemoryRetentionRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x17\n\x0folder_than_days\x18\x02 \x01(\x01\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"K\n\x1c\x41pplyMemoryRetentionResponse\x12+\n\x03run\x18\x01 \x01(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\"P\n\x15ListPolicyRunsRequest\x12\x10\n\x08\x66leet_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"_\n\x16ListPolicyRunsResponse\x12,\n\x04runs\x18\x01 \x03(\x0b\x32\x1e.engram.compactor.v1.PolicyRun\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa6\x01\n\x0c\x44\x65tailSource\x12\x1d\n\x19\x44\x45TAIL_SOURCE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45TAIL_SOURCE_HOT\x10\x01\x12\x1f\n\x1b\x44\x45TAIL_SOURCE_COLD_SNAPSHOT\x10\x02\x12\x1f\n\x1b\x44\x45TAIL_SOURCE_BASE_SNAPSHOT\x10\x03\x12\x1e\n\x1a\x44\x45TAIL_SOURCE_SUMMARY_ONLY\x10\x04*]\n\nPolicyKind\x12\x1b\n\x17POLICY_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13POLICY_KIND_COMPACT\x10\x01\x12\x19\n\x15POLICY_KIND_RETENTION\x10\x02\x32\x9e\x0b\n\x10\x43ompactorService\x12\x95\x01\n\x0fRecordIteration\x12+.engram.compactor.v1.RecordIterationRequest\x1a,.engram.compactor.v1.RecordIterationResponse\"\'\x82\xd3\xe4\x93\x02!\"\x1c/v1/runs/{run_id}/iterations:\x01*\x12\xa1\x01\n\x14ListRecentIterations\x12\x30.engram.compactor.v1.ListRecentIterationsRequest\x1a\x31.engram.compactor.v1.ListRecentIterationsResponse\"$\x82\xd3\xe4\x93\x02\x1e\x12\x1c/v1/runs/{run_id}/iterations\x12\x8b\x01\n\rListSummaries\x12).engram.compactor.v1.ListSummariesRequest\x1a*.engram.compactor.v1.ListSummariesResponse\"#\x82\xd3\xe4\x93\x02\x1d\x12\x1b/v1/runs/{run_id}/summaries\x12\xad\x01\n\x14ReconstructIteration\x12\x30.engram.compactor.v1.ReconstructIterationRequest\x1a\x31.engram.compactor.v1.ReconstructIterationResponse\"0\x82\xd3\xe4\x93\x02*\x12(/v1/runs/{run_id}/iterations/{iteration}\x12\x9c\x01\n\x0cPinIteration\x12(.engram.compactor.v1.PinIterationRequest\x1a).engram.compactor.v1.PinIterationResponse\"7\x82\xd3\xe4\x93\x02\x31\",/v1/runs/{run_id}/iterations/{iteration}:pin:\x01*\x12\x8a\x01\n\tVerifyRun\x12%.engram.compactor.v1.VerifyRunRequest\x1a&.engram.compactor.v1.VerifyRunResponse\".\x82\xd3\xe4\x93\x02(\"#/v1/runs/{run_id}/iterations:verify:\x01*\x12\x97\x01\n\rCompactMemory\x12).engram.compactor.v1.CompactMemoryRequest\x1a*.engram.compactor.v1.CompactMemoryResponse\"/\x82\xd3\xe4\x93\x02)\"$/v1/fleets/{fleet_id}/memory:compact:\x01*\x12\xb3\x01\n\x14\x41pplyMemoryRetention\x12\x30.engram.compactor.v1.ApplyMemoryRetentionRequest\x1a\x31.engram.compactor.v1.ApplyMemoryRetentionResponse\"6\x82\xd3\xe4\x93\x02\x30\"+/v1/fleets/{fleet_id}/memory:applyRetention:\x01*\x12\x93\x01\n\x0eListPolicyRuns\x12*.engram.compactor.v1.ListPolicyRunsRequest\x1a+.engram.compactor.v1.ListPolicyRunsResponse\"(\x82\xd3\xe4\x93\x02\"\x12 /v1/fleets/{fleet_id}/policyRunsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'engram.compactor.v1.compactor_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DETAILSOURCE']._serialized_start=3479
-  _globals['_DETAILSOURCE']._serialized_end=3645
-  _globals['_POLICYKIND']._serialized_start=3647
-  _globals['_POLICYKIND']._serialized_end=3740
-  _globals['_ITERATIONSUMMARY']._serialized_start=102
-  _globals['_ITERATIONSUMMARY']._serialized_end=426
-  _globals['_ITERATIONINPUT']._serialized_start=429
-  _globals['_ITERATIONINPUT']._serialized_end=741
-  _globals['_RECORDITERATIONREQUEST']._serialized_start=743
-  _globals['_RECORDITERATIONREQUEST']._serialized_end=859
-  _globals['_RECORDITERATIONRESPONSE']._serialized_start=861
-  _globals['_RECORDITERATIONRESPONSE']._serialized_end=959
-  _globals['_HOTITERATION']._serialized_start=961
-  _globals['_HOTITERATION']._serialized_end=1077
-  _globals['_LISTRECENTITERATIONSREQUEST']._serialized_start=1079
-  _globals['_LISTRECENTITERATIONSREQUEST']._serialized_end=1163
-  _globals['_LISTRECENTITERATIONSRESPONSE']._serialized_start=1165
-  _globals['_LISTRECENTITERATIONSRESPONSE']._serialized_end=1275
-  _globals['_LISTSUMMARIESREQUEST']._serialized_start=1277
-  _globals['_LISTSUMMARIESREQUEST']._serialized_end=1379
-  _globals['_LISTSUMMARIESRESPONSE']._serialized_start=1381
-  _globals['_LISTSUMMARIESRESPONSE']._serialized_end=1487
-  _globals['_RECONSTRUCTITERATIONREQUEST']._serialized_start=1489
-  _globals['_RECONSTRUCTITERATIONREQUEST']._serialized_end=1553
-  _globals['_RECONSTRUCTITERATIONRESPONSE']._serialized_start=1556
-  _globals['_RECONSTRUCTITERATIONRESPONSE']._serialized_end=1817
-  _globals['_PIN']._serialized_start=1819
-  _globals['_PIN']._serialized_end=1936
-  _globals['_PINITERATIONREQUEST']._serialized_start=1938
-  _globals['_PINITERATIONREQUEST']._serialized_end=2010
-  _globals['_PINITERATIONRESPONSE']._serialized_start=2012
-  _globals['_PINITERATIONRESPONSE']._serialized_end=2073
-  _globals['_VERIFYRUNREQUEST']._serialized_start=2075
-  _globals['_VERIFYRUNREQUEST']._serialized_end=2109
-  _globals['_VERIFYPROBLEM']._serialized_start=2111
-  _globals['_VERIFYPROBLEM']._serialized_end=2160
-  _globals['_VERIFYRUNRESPONSE']._serialized_start=2163
-  _globals['_VERIFYRUNRESPONSE']._serialized_end=2367
-  _globals['_COMPACTEDGROUP']._serialized_start=2369
-  _globals['_COMPACTEDGROUP']._serialized_end=2484
-  _globals['_POLICYRUN']._serialized_start=2487
-  _globals['_POLICYRUN']._serialized_end=2897
-  _globals['_COMPACTMEMORYREQUEST']._serialized_start=2900
-  _globals['_COMPACTMEMORYREQUEST']._serialized_end=3059
-  _globals['_COMPACTMEMORYRESPONSE']._serialized_start=3061
-  _globals['_COMPACTMEMORYRESPONSE']._serialized_end=3129
-  _globals['_APPLYMEMORYRETENTIONREQUEST']._serialized_start=3131
-  _globals['_APPLYMEMORYRETENTIONREQUEST']._serialized_end=3220
-  _globals['_APPLYMEMORYRETENTIONRESPONSE']._serialized_start=3222
-  _globals['_APPLYMEMORYRETENTIONRESPONSE']._serialized_end=3297
-  _globals['_LISTPOLICYRUNSREQUEST']._serialized_start=3299
-  _globals['_LISTPOLICYRUNSREQUEST']._serialized_end=3379
-  _globals['_LISTPOLICYRUNSRESPONSE']._serialized_start=3381
-  _globals['_LISTPOLICYRUNSRESPONSE']._serialized_end=3476
-  _globals['_COMPACTORSERVICE']._serialized_start=3743
-  _globals['_COMPACTORSERVICE']._serialized_end=4754
+  _globals['_COMPACTORSERVICE'].methods_by_name['RecordIteration']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['RecordIteration']._serialized_options = b'\202\323\344\223\002!\"\034/v1/runs/{run_id}/iterations:\001*'
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListRecentIterations']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListRecentIterations']._serialized_options = b'\202\323\344\223\002\036\022\034/v1/runs/{run_id}/iterations'
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListSummaries']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListSummaries']._serialized_options = b'\202\323\344\223\002\035\022\033/v1/runs/{run_id}/summaries'
+  _globals['_COMPACTORSERVICE'].methods_by_name['ReconstructIteration']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['ReconstructIteration']._serialized_options = b'\202\323\344\223\002*\022(/v1/runs/{run_id}/iterations/{iteration}'
+  _globals['_COMPACTORSERVICE'].methods_by_name['PinIteration']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['PinIteration']._serialized_options = b'\202\323\344\223\0021\",/v1/runs/{run_id}/iterations/{iteration}:pin:\001*'
+  _globals['_COMPACTORSERVICE'].methods_by_name['VerifyRun']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['VerifyRun']._serialized_options = b'\202\323\344\223\002(\"#/v1/runs/{run_id}/iterations:verify:\001*'
+  _globals['_COMPACTORSERVICE'].methods_by_name['CompactMemory']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['CompactMemory']._serialized_options = b'\202\323\344\223\002)\"$/v1/fleets/{fleet_id}/memory:compact:\001*'
+  _globals['_COMPACTORSERVICE'].methods_by_name['ApplyMemoryRetention']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['ApplyMemoryRetention']._serialized_options = b'\202\323\344\223\0020\"+/v1/fleets/{fleet_id}/memory:applyRetention:\001*'
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListPolicyRuns']._loaded_options = None
+  _globals['_COMPACTORSERVICE'].methods_by_name['ListPolicyRuns']._serialized_options = b'\202\323\344\223\002\"\022 /v1/fleets/{fleet_id}/policyRuns'
+  _globals['_DETAILSOURCE']._serialized_start=3509
+  _globals['_DETAILSOURCE']._serialized_end=3675
+  _globals['_POLICYKIND']._serialized_start=3677
+  _globals['_POLICYKIND']._serialized_end=3770
+  _globals['_ITERATIONSUMMARY']._serialized_start=132
+  _globals['_ITERATIONSUMMARY']._serialized_end=456
+  _globals['_ITERATIONINPUT']._serialized_start=459
+  _globals['_ITERATIONINPUT']._serialized_end=771
+  _globals['_RECORDITERATIONREQUEST']._serialized_start=773
+  _globals['_RECORDITERATIONREQUEST']._serialized_end=889
+  _globals['_RECORDITERATIONRESPONSE']._serialized_start=891
+  _globals['_RECORDITERATIONRESPONSE']._serialized_end=989
+  _globals['_HOTITERATION']._serialized_start=991
+  _globals['_HOTITERATION']._serialized_end=1107
+  _globals['_LISTRECENTITERATIONSREQUEST']._serialized_start=1109
+  _globals['_LISTRECENTITERATIONSREQUEST']._serialized_end=1193
+  _globals['_LISTRECENTITERATIONSRESPONSE']._serialized_start=1195
+  _globals['_LISTRECENTITERATIONSRESPONSE']._serialized_end=1305
+  _globals['_LISTSUMMARIESREQUEST']._serialized_start=1307
+  _globals['_LISTSUMMARIESREQUEST']._serialized_end=1409
+  _globals['_LISTSUMMARIESRESPONSE']._serialized_start=1411
+  _globals['_LISTSUMMARIESRESPONSE']._serialized_end=1517
+  _globals['_RECONSTRUCTITERATIONREQUEST']._serialized_start=1519
+  _globals['_RECONSTRUCTITERATIONREQUEST']._serialized_end=1583
+  _globals['_RECONSTRUCTITERATIONRESPONSE']._serialized_start=1586
+  _globals['_RECONSTRUCTITERATIONRESPONSE']._serialized_end=1847
+  _globals['_PIN']._serialized_start=1849
+  _globals['_PIN']._serialized_end=1966
+  _globals['_PINITERATIONREQUEST']._serialized_start=1968
+  _globals['_PINITERATIONREQUEST']._serialized_end=2040
+  _globals['_PINITERATIONRESPONSE']._serialized_start=2042
+  _globals['_PINITERATIONRESPONSE']._serialized_end=2103
+  _globals['_VERIFYRUNREQUEST']._serialized_start=2105
+  _globals['_VERIFYRUNREQUEST']._serialized_end=2139
+  _globals['_VERIFYPROBLEM']._serialized_start=2141
+  _globals['_VERIFYPROBLEM']._serialized_end=2190
+  _globals['_VERIFYRUNRESPONSE']._serialized_start=2193
+  _globals['_VERIFYRUNRESPONSE']._serialized_end=2397
+  _globals['_COMPACTEDGROUP']._serialized_start=2399
+  _globals['_COMPACTEDGROUP']._serialized_end=2514
+  _globals['_POLICYRUN']._serialized_start=2517
+  _globals['_POLICYRUN']._serialized_end=2927
+  _globals['_COMPACTMEMORYREQUEST']._serialized_start=2930
+  _globals['_COMPACTMEMORYREQUEST']._serialized_end=3089
+  _globals['_COMPACTMEMORYRESPONSE']._serialized_start=3091
+  _globals['_COMPACTMEMORYRESPONSE']._serialized_end=3159
+  _globals['_APPLYMEMORYRETENTIONREQUEST']._serialized_start=3161
+  _globals['_APPLYMEMORYRETENTIONREQUEST']._serialized_end=3250
+  _globals['_APPLYMEMORYRETENTIONRESPONSE']._serialized_start=3252
+  _globals['_APPLYMEMORYRETENTIONRESPONSE']._serialized_end=3327
+  _globals['_LISTPOLICYRUNSREQUEST']._serialized_start=3329
+  _globals['_LISTPOLICYRUNSREQUEST']._serialized_end=3409
+  _globals['_LISTPOLICYRUNSRESPONSE']._serialized_start=3411
+  _globals['_LISTPOLICYRUNSRESPONSE']._serialized_end=3506
+  _globals['_COMPACTORSERVICE']._serialized_start=3773
+  _globals['_COMPACTORSERVICE']._serialized_end=5211
 # @@protoc_insertion_point(module_scope)

@@ -33,30 +33,38 @@ class ChainReplay:
         self.rules: dict[str, Written] = {}
         self.decisions: dict[str, Written] = {}
         self.revocations: dict[str, Written] = {}
+        self.unreadable: list[str] = []
 
     def feed(self, entries: Iterable[ChainEntry]) -> Iterator[ChainEntry]:
         for entry in entries:
-            payload = entry.payload
-            agent = payload.get("agent")
-            if isinstance(agent, dict):
-                key = (agent["fleet_id"], agent["agent_id"])
-                self.agents[key] = (entry.seq, state_digest(agent))
-            if entry.kind == "gate.decision":
-                decision = payload["decision"]
-                self.decisions[decision["decision_id"]] = (entry.seq, state_digest(decision))
-            elif entry.kind == "rule.created":
-                self.rules[payload["rule"]["rule_id"]] = (entry.seq,
-                                                          state_digest(payload["rule"]))
-            elif entry.kind == "rule.deleted":
-                self.rules.pop(payload["rule_id"], None)
-            elif entry.kind == "token.revoked":
-                revoked = payload["revocation"]
-                self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
-            elif entry.kind == "agent.tokens_revoked":
-                revoked = payload["revocation"]
-                revoked_key = f"agent {revoked['fleet_id']}/{revoked['agent_id']}"
-                self.revocations[revoked_key] = (entry.seq, state_digest(revoked))
+            try:
+                self._gather(entry)
+            except (ValueError, KeyError, TypeError, AttributeError) as error:  # edited payload
+                self.unreadable.append(f"entry {entry.seq} ({entry.kind}): its payload does "
+                                       f"not read as a chain entry ({type(error).__name__})")
             yield entry
+
+    def _gather(self, entry: ChainEntry) -> None:
+        payload = entry.payload
+        agent = payload.get("agent")
+        if isinstance(agent, dict):
+            key = (agent["fleet_id"], agent["agent_id"])
+            self.agents[key] = (entry.seq, state_digest(agent))
+        if entry.kind == "gate.decision":
+            decision = payload["decision"]
+            self.decisions[decision["decision_id"]] = (entry.seq, state_digest(decision))
+        elif entry.kind == "rule.created":
+            self.rules[payload["rule"]["rule_id"]] = (entry.seq,
+                                                      state_digest(payload["rule"]))
+        elif entry.kind == "rule.deleted":
+            self.rules.pop(payload["rule_id"], None)
+        elif entry.kind == "token.revoked":
+            revoked = payload["revocation"]
+            self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
+        elif entry.kind == "agent.tokens_revoked":
+            revoked = payload["revocation"]
+            revoked_key = f"agent {revoked['fleet_id']}/{revoked['agent_id']}"
+            self.revocations[revoked_key] = (entry.seq, state_digest(revoked))
 
     def differences(self, agents: Iterable[tuple[AgentTrust, int]],
                     rules: Iterable[tuple[Rule, int]],
@@ -64,7 +72,7 @@ class ChainReplay:
         """Every stored state (with the seq of the entry that wrote it) the chain disagrees with."""
         seen_agents = {(a.fleet_id, a.agent_id): (seq, state_digest(a.state()))
                        for a, seq in agents}
-        problems = _differences("agent", self.agents, seen_agents)
+        problems = [*self.unreadable, *_differences("agent", self.agents, seen_agents)]
         seen_rules = {r.rule_id: (seq, state_digest(r.state())) for r, seq in rules}
         problems += _differences("rule", self.rules, seen_rules)
         seen_decisions = {d.decision_id: (d.chain_seq, state_digest(d.state()))

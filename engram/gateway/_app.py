@@ -1,0 +1,381 @@
+"""The gateway as an ASGI app: routes from the annotations, one gRPC channel per service."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import json
+import queue
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import grpc
+from google.protobuf.message import Message
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route as StarletteRoute
+from starlette.types import Receive, Scope, Send
+
+from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
+from engram.client import ClientSettings
+from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
+from engram.gateway._openapi import build_openapi
+from engram.gateway._routes import Route, load_routes
+from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
+
+NDJSON = "application/x-ndjson"
+UPLOAD_CHUNK = 256 * 1024
+"""Bytes per gRPC message on upload: the HTTP body is re-cut to this, never held whole."""
+UPLOAD_THREADS = 32
+"""Uploads at once; more wait for a thread."""
+UPLOAD_QUEUE = 8
+"""Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
+MAX_JSON_BODY = 8 * 1024 * 1024
+_UPLOAD_METHOD = "engram.artifacts.v1.ArtifactsService.CreateArtifact"
+EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Where each service listens, how to reach it (TLS files) and the unary deadline."""
+
+    addresses: Mapping[str, str]
+    tls_ca: bytes | None = None
+    tls_cert: bytes | None = None
+    tls_key: bytes | None = None
+    timeout_seconds: float = 30.0
+    title: str = "Engram HTTP/JSON gateway"
+    extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
+
+    @classmethod
+    def from_settings(cls, settings: ClientSettings) -> GatewayConfig:
+        def read(path: Any) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        if (settings.tls_cert is None) != (settings.tls_key is None):
+            raise ValueError("a client certificate needs its key: set both ENGRAM_TLS_CERT and "
+                             "ENGRAM_TLS_KEY")
+        return cls(
+            addresses={"shard": settings.shard_addr, "governance": settings.governance_addr,
+                       "artifacts": settings.artifacts_addr,
+                       "compactor": settings.compactor_addr},
+            tls_ca=read(settings.tls_ca), tls_cert=read(settings.tls_cert),
+            tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds)
+
+    def open_blocking_channel(self, backend: str) -> grpc.Channel:
+        target = self.addresses[backend]
+        if self.tls_ca is None:
+            return grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        credentials = grpc.ssl_channel_credentials(self.tls_ca, self.tls_key, self.tls_cert)
+        return grpc.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+
+    def open_channel(self, backend: str) -> grpc.aio.Channel:
+        target = self.addresses[backend]
+        if self.tls_ca is None:
+            return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        credentials = grpc.ssl_channel_credentials(self.tls_ca, self.tls_key, self.tls_cert)
+        return grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+
+
+def error_response(status: Any, headers: Mapping[str, str] | None = None,
+                   http: int | None = None) -> JSONResponse:
+    return JSONResponse(status_json(status), status_code=http or http_status(status),
+                        headers=dict(headers or {}))
+
+
+def _grpc_error(error: grpc.aio.AioRpcError, route: Route) -> JSONResponse:
+    return error_response(status_from_rpc_error(error, route.backend))
+
+
+def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
+    authorization = request.headers.get("authorization")
+    return (("authorization", authorization),) if authorization else ()
+
+
+class Gateway:
+    """Matches a request to a route, transcodes it, calls the service, transcodes back."""
+
+    def __init__(self, config: GatewayConfig, routes: Sequence[Route] | None = None) -> None:
+        self.config = config
+        self.routes = list(routes if routes is not None else load_routes())
+        self.openapi = build_openapi(self.routes, title=config.title)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._callables: dict[tuple[str, str], Any] = {}
+        self._blocking_channels: list[grpc.Channel] = []
+        # Uploads block a thread each for their whole length: their own pool, not asyncio's.
+        self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
+                                                  thread_name_prefix="engram-gateway-upload")
+
+    def channel(self, backend: str) -> grpc.aio.Channel:
+        # Opened on first use, inside the server's event loop (grpc.aio binds to it).
+        if backend not in self._channels:
+            self._channels[backend] = self.config.open_channel(backend)
+        return self._channels[backend]
+
+    def callable(self, route: Route, kind: str) -> Any:
+        """The channel's multicallable for a route (``unary_unary``, ``unary_stream``,
+        ``stream_unary``), made once."""
+        key = (route.grpc_path, kind)
+        if key not in self._callables:
+            self._callables[key] = getattr(self.channel(route.backend), kind)(
+                route.grpc_path, request_serializer=_serialize,
+                response_deserializer=route.response_class.FromString)
+        return self._callables[key]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close(None)
+        self._channels.clear()
+        self._callables.clear()
+        for blocking in self._blocking_channels:
+            blocking.close()
+        self._blocking_channels.clear()
+        self._upload_threads.shutdown(wait=False, cancel_futures=True)
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            try:
+                yield
+            finally:
+                await self.close()
+
+        async def openapi(_request: Request) -> Response:
+            return JSONResponse(self.openapi)
+
+        async def healthz(_request: Request) -> Response:
+            return JSONResponse({"status": "SERVING"})
+
+        async def transcode(scope: Scope, receive: Receive, send: Send) -> None:
+            response = await self.dispatch(Request(scope, receive))
+            await response(scope, receive, send)
+
+        app = Starlette(routes=[
+            StarletteRoute("/openapi.json", openapi, methods=["GET"]),
+            StarletteRoute("/healthz", healthz, methods=["GET"]),
+        ], lifespan=lifespan)
+        # Every other path is matched against the annotations' templates, not by Starlette's
+        # router (whose patterns stop at a newline and speak text/plain).
+        app.router.default = transcode
+        return app
+
+    async def dispatch(self, request: Request) -> Response:
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        path = raw_path.decode("latin-1").split("?", 1)[0]
+        allowed: list[str] = []
+        for route in self.routes:
+            params = route.path.match(path)
+            if params is None:
+                continue
+            if route.http_method != request.method:
+                allowed.append(route.http_method)
+                continue
+            decoded = {name: unquote(value) for name, value in params.items()}
+            try:
+                return await self.handle(route, decoded, request)
+            except TranscodeError as error:
+                return error_response(status_of(grpc.StatusCode.INVALID_ARGUMENT, str(error),
+                                                error.reason))
+            except ClientDisconnect:
+                return Response(status_code=499)
+        if allowed:
+            return error_response(
+                status_of(grpc.StatusCode.UNIMPLEMENTED, f"{request.method} is not served on "
+                          f"{path}; use {', '.join(sorted(set(allowed)))}", "METHOD_NOT_ALLOWED"),
+                headers={"allow": ", ".join(sorted(set(allowed)))}, http=405)
+        return error_response(status_of(grpc.StatusCode.NOT_FOUND, f"no route for {path}",
+                                        "ROUTE_NOT_FOUND"))
+
+    async def handle(self, route: Route, params: dict[str, str], request: Request) -> Response:
+        if route.client_streaming:
+            if route.method.full_name != _UPLOAD_METHOD:
+                return error_response(status_of(
+                    grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
+                    "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
+            return await self.upload(route, params, request)
+        body: Any = None
+        if route.body:
+            body = parse_body(await _read_limited(request))
+        query = request.query_params.multi_items() if route.body != "*" else []
+        message = build_request(route, params, query, body)
+        if route.server_streaming:
+            return await self.server_stream(route, message, request)
+        call = self.callable(route, "unary_unary")
+        try:
+            response = await call(message, metadata=_metadata(request),
+                                  timeout=self.config.timeout_seconds)
+        except grpc.aio.AioRpcError as error:
+            return _grpc_error(error, route)
+        return JSONResponse(to_json(response))
+
+    async def server_stream(self, route: Route, message: Message,
+                            request: Request) -> Response:
+        call = self.callable(route, "unary_stream")(message, metadata=_metadata(request))
+        try:
+            first = await call.read()
+        except grpc.aio.AioRpcError as error:
+            return _grpc_error(error, route)
+        if "chunk" in route.response_class.DESCRIPTOR.fields_by_name:
+            return _download(call, first)
+        return StreamingResponse(_ndjson(call, first), media_type=NDJSON)
+
+    async def upload(self, route: Route, params: dict[str, str], request: Request) -> Response:
+        """``POST /v1/runs/{run_id}/artifacts?step_id=..&name=..``: the body is the bytes."""
+        query = list(request.query_params.multi_items())
+        names = {name.removeprefix("header.") for name, _ in query}
+        if "mime_type" not in names and request.headers.get("content-type"):
+            query.append(("mime_type", request.headers["content-type"]))
+        if "expected_hash" not in names and request.headers.get("x-engram-sha256"):
+            query.append(("expected_hash", request.headers["x-engram-sha256"]))
+        first = build_request(route, params, query, None, query_prefix="header.")
+        assert isinstance(first, artifacts_pb.CreateArtifactRequest)
+
+        async def parts() -> AsyncIterator[artifacts_pb.CreateArtifactRequest]:
+            yield first
+            size, digest = 0, hashlib.sha256()
+            async for piece in request.stream():
+                for start in range(0, len(piece), UPLOAD_CHUNK):
+                    chunk = piece[start:start + UPLOAD_CHUNK]
+                    size += len(chunk)
+                    digest.update(chunk)
+                    yield artifacts_pb.CreateArtifactRequest(chunk=chunk)
+            yield artifacts_pb.CreateArtifactRequest(trailer=artifacts_pb.ArtifactTrailer(
+                size_bytes=size, sha256=digest.hexdigest()))
+
+        # grpc.aio replaces the service's status with INTERNAL when the service answers while
+        # the client is still writing (a refused header, bytes still coming), so uploads run
+        # on a blocking channel in a worker thread, fed through a small bounded queue.
+        feed: queue.Queue[artifacts_pb.CreateArtifactRequest | None] = queue.Queue(UPLOAD_QUEUE)
+        stub = self.blocking_callable(route)
+        metadata = _metadata(request)
+
+        def requests() -> Iterator[artifacts_pb.CreateArtifactRequest]:
+            while (part := feed.get()) is not None:
+                yield part
+
+        loop = asyncio.get_running_loop()
+        finished = loop.run_in_executor(self._upload_threads, functools.partial(
+            _blocking_call, stub, requests(), metadata))
+        try:
+            async for part in parts():
+                while not finished.done():
+                    try:
+                        feed.put_nowait(part)
+                        break
+                    except queue.Full:
+                        await asyncio.sleep(0.002)
+                if finished.done():
+                    break  # the service has answered: the rest of the body is not needed
+            await _put_end(feed, finished)
+            outcome = await finished
+        finally:
+            _drain_and_end(feed)
+        if isinstance(outcome, grpc.RpcError):
+            return error_response(status_from_rpc_error(outcome, route.backend))
+        return JSONResponse(to_json(outcome), status_code=200)
+
+    def blocking_callable(self, route: Route) -> Any:
+        key = (route.grpc_path, "blocking")
+        if key not in self._callables:
+            channel = self.config.open_blocking_channel(route.backend)
+            self._blocking_channels.append(channel)
+            self._callables[key] = channel.stream_unary(
+                route.grpc_path, request_serializer=_serialize,
+                response_deserializer=route.response_class.FromString)
+        return self._callables[key]
+
+
+def _blocking_call(stub: Any, parts: Iterator[Message],
+                   metadata: tuple[tuple[str, str], ...]) -> Message | grpc.RpcError:
+    try:
+        response: Message = stub(parts, metadata=metadata)
+    except grpc.RpcError as error:
+        return error
+    return response
+
+
+async def _put_end(feed: queue.Queue[Any], finished: asyncio.Future[Any]) -> None:
+    while not finished.done():
+        try:
+            feed.put_nowait(None)
+            return
+        except queue.Full:
+            await asyncio.sleep(0.002)
+
+
+def _drain_and_end(feed: queue.Queue[Any]) -> None:
+    """Unblock the request iterator whatever happened (it may wait on an empty queue)."""
+    while True:
+        try:
+            feed.get_nowait()
+        except queue.Empty:
+            break
+    feed.put_nowait(None)
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+async def _read_limited(request: Request) -> bytes:
+    received = bytearray()
+    async for piece in request.stream():
+        received += piece
+        if len(received) > MAX_JSON_BODY:
+            raise TranscodeError(f"a JSON body may be at most {MAX_JSON_BODY} bytes; "
+                                 "upload blobs as artifacts", reason="BODY_TOO_LARGE")
+    return bytes(received)
+
+
+async def _ndjson(call: Any, first: Any) -> AsyncIterator[bytes]:
+    """One response message per line; a failure after the first line is a last line
+    ``{"error": Status}`` (the HTTP status has already been sent)."""
+    try:
+        message = first
+        while message is not EOF:
+            yield json.dumps(to_json(message), separators=(",", ":")).encode() + b"\n"
+            message = await call.read()
+    except grpc.aio.AioRpcError as error:
+        yield json.dumps({"error": status_json(status_from_rpc_error(error))}).encode() + b"\n"
+    finally:
+        call.cancel()
+
+
+def _download(call: Any, first: Any) -> Response:
+    """The first message's metadata as headers, then the bytes as they come. A failure after
+    the headers (DATA_LOSS on a hash mismatch) cuts the connection short of Content-Length,
+    so no client takes a truncated body for the artifact."""
+    headers: dict[str, str] = {}
+    media_type = "application/octet-stream"
+    if first is not EOF and first.WhichOneof("part") != "chunk":
+        meta = getattr(first, first.WhichOneof("part") or "", None)
+        if meta is not None:
+            document = to_json(meta)
+            headers["x-engram-artifact"] = json.dumps(document, separators=(",", ":"))
+            media_type = document.get("mimeType") or media_type
+            if document.get("sizeBytes") is not None:
+                headers["content-length"] = str(document["sizeBytes"])
+            if document.get("hash"):
+                headers["etag"] = f'"{document["hash"]}"'
+                headers["x-engram-sha256"] = document["hash"]
+            if document.get("artifactId"):
+                headers["x-engram-artifact-id"] = document["artifactId"]
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            message = first
+            while message is not EOF:
+                if message.WhichOneof("part") == "chunk":
+                    yield message.chunk
+                message = await call.read()
+        finally:
+            call.cancel()
+
+    return StreamingResponse(body(), media_type=media_type, headers=headers)

@@ -1,0 +1,17 @@
+"""Running the gateway under uvicorn."""
+
+from __future__ import annotations
+
+from engram.client import ClientSettings
+from engram.gateway._app import Gateway, GatewayConfig
+
+
+def serve(settings: ClientSettings, *, host: str = "127.0.0.1", port: int = 8080,
+          log_level: str = "warning") -> None:
+    """Serve until interrupted; SIGTERM lets in-flight requests finish (uvicorn's graceful
+    shutdown)."""
+    import uvicorn
+
+    gateway = Gateway(GatewayConfig.from_settings(settings))
+    uvicorn.run(gateway.app(), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=10)

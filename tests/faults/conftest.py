@@ -1,0 +1,158 @@
+"""Fault tests: the real services, each its own process on 127.0.0.1, as `engram up` runs them.
+
+``ENGRAM_SOAK=1`` (``make soak``) selects the long variant of each test; the default is the
+short one that ``make test`` runs. Each test says its pass criterion in its docstring.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engram.bench._harness import ServerProcess, free_port
+from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
+
+SOAK = os.environ.get("ENGRAM_SOAK") == "1"
+SERVICES = ("governance", "artifacts", "shard", "compactor")
+
+
+def scale(short: int, long: int) -> int:
+    """``short`` in `make test`, ``long`` under ENGRAM_SOAK=1 (`make soak`)."""
+    return long if SOAK else short
+
+
+def health(address: str, timeout: float = 1.0) -> int | None:
+    """The health status (1 SERVING, 2 NOT_SERVING), or None when nothing answers."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return int(health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout).status)
+        except grpc.RpcError:
+            return None
+
+
+@dataclass
+class Stack:
+    """The four services under one home; each can be stopped, killed and started again on
+    the same port and store."""
+
+    home: Path
+    signer: TokenSigner
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, ServerProcess] = field(default_factory=dict)
+    extra: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def db_path(self, name: str) -> Path:
+        return self.home / name / f"{name}.db"
+
+    def env(self, name: str) -> dict[str, str]:
+        prefix = f"ENGRAM_{name.upper()}_"
+        env = {"ENGRAM_HOME": str(self.home), "ENGRAM_LOG_LEVEL": "WARNING",
+               "PYTHONUNBUFFERED": "1",
+               f"{prefix}DB_URL": f"sqlite:///{self.db_path(name)}",
+               f"{prefix}SERVICE_TOKEN_FILE": str(self.home / "auth" / f"{name}.token")}
+        if name == "artifacts":
+            env["ENGRAM_ARTIFACTS_BLOB_URL"] = (self.home / "artifacts" / "blobs").as_uri()
+        if name == "shard":
+            env["ENGRAM_SHARD_GOVERNANCE_ADDR"] = self.address("governance")
+            env["ENGRAM_SHARD_EMBEDDER"] = "none"
+        if name == "compactor":
+            env["ENGRAM_COMPACTOR_SHARD_ADDR"] = self.address("shard")
+            env["ENGRAM_COMPACTOR_BLOB_URL"] = (self.home / "compactor" / "blobs").as_uri()
+        env.update(self.extra.get(name, {}))
+        return env
+
+    def _process(self, name: str) -> ServerProcess:
+        (self.home / name).mkdir(exist_ok=True)
+        port = self.ports.setdefault(name, free_port())
+        process = ServerProcess([sys.executable, "-m", f"services.{name}"], self.env(name),
+                                port=port, port_env=f"ENGRAM_{name.upper()}_PORT", timeout=120,
+                                log_path=self.home / name / "service.log")
+        # A service never sees another service's ENGRAM_<SVC>_* variables (as `engram up`).
+        others = tuple(f"ENGRAM_{s.upper()}_" for s in SERVICES if s != name)
+        process._env = {k: v for k, v in process._env.items() if not k.startswith(others)}
+        return process
+
+    def start(self, name: str) -> float:
+        """Start ``name`` and wait for SERVING; the seconds that took."""
+        began = time.monotonic()
+        process = self._process(name)
+        process.__enter__()
+        self.processes[name] = process
+        return time.monotonic() - began
+
+    def spawn(self, name: str) -> subprocess.Popen[bytes]:
+        """Start ``name`` without waiting for SERVING (a service that may refuse to serve)."""
+        process = self._process(name)
+        log = (self.home / name / "service.log").open("ab")
+        try:
+            popen = subprocess.Popen(process._argv, env=process._env,
+                                     stdout=subprocess.DEVNULL, stderr=log)
+        finally:
+            log.close()
+        process.process = popen
+        self.processes[name] = process
+        return popen
+
+    def popen(self, name: str) -> subprocess.Popen[bytes]:
+        process = self.processes[name].process
+        assert process is not None
+        return process
+
+    def kill(self, name: str) -> None:
+        process = self.popen(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def stop(self, name: str) -> int:
+        """SIGTERM and wait; the exit code."""
+        process = self.popen(name)
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        return int(process.returncode)
+
+    def stop_all(self) -> None:
+        for name in reversed(SERVICES):
+            if name in self.processes:
+                self.stop(name)
+
+    def log(self, name: str) -> str:
+        path = self.home / name / "service.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def token(self, agent: str = "agent-1", fleet: str = "fleet-f",
+              roles: tuple[str, ...] = ("agent",)) -> str:
+        return self.signer.issue(agent, fleet, set(roles))
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    """An empty stack (nothing started); every service still running is stopped afterwards."""
+    keys = ensure_keypair(tmp_path)
+    signer = TokenSigner.load(keys.private)
+    for name in SERVICES:
+        write_token_file(tmp_path / "auth" / f"{name}.token",
+                         signer.issue(f"svc-{name}", "system", {"service"}))
+    built = Stack(tmp_path, signer)
+    try:
+        yield built
+    finally:
+        built.stop_all()

@@ -1,0 +1,212 @@
+"""The gateway over real HTTP in front of the real services: records, errors, auth,
+artifacts streamed both ways, snapshots as NDJSON."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+
+import pytest
+import requests
+
+from tests.integration.gateway.conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+
+def _auth(stack: Stack, agent: str = "agent-1", roles: tuple[str, ...] = ("agent",)
+          ) -> dict[str, str]:
+    return {"Authorization": f"Bearer {stack.tokens(agent, 'fleet-gw', roles)}"}
+
+
+def test_create_get_and_search_a_record(stack: Stack, gateway_url: str) -> None:
+    auth = _auth(stack)
+    created = requests.post(f"{gateway_url}/v1/records", headers=auth, timeout=10, json={
+        "record": {"content": "Lesson: transcoders map paths from annotations",
+                   "runId": "run-gw", "importance": 0.7, "tags": ["http"]},
+        "requestId": "gw-1"})
+    assert created.status_code == 200, created.text
+    record = created.json()["record"]
+    assert created.json()["created"] is True
+    assert record["agentId"] == "agent-1" and record["fleetId"] == "fleet-gw"
+
+    got = requests.get(f"{gateway_url}/v1/records/{record['id']}", headers=auth, timeout=10)
+    assert got.status_code == 200, got.text
+    assert got.json()["record"]["recordHash"] == record["recordHash"]
+
+    searched = requests.post(f"{gateway_url}/v1/records:search", headers=auth, timeout=10,
+                             json={"query": "transcoders annotations", "limit": 5})
+    assert searched.status_code == 200, searched.text
+    assert record["id"] in [hit["record"]["id"] for hit in searched.json()["hits"]]
+    # The GET binding of the same RPC, with query parameters (repeated and scalar).
+    by_query = requests.get(f"{gateway_url}/v1/records:search", headers=auth, timeout=10,
+                            params={"query": "transcoders", "limit": "3", "runId": "run-gw"})
+    assert by_query.status_code == 200, by_query.text
+    assert record["id"] in [hit["record"]["id"] for hit in by_query.json()["hits"]]
+    listed = requests.get(f"{gateway_url}/v1/records", headers=auth, timeout=10,
+                          params=[("tags", "http"), ("page_size", "10")])
+    assert [r["id"] for r in listed.json()["records"]] == [record["id"]]
+
+
+def test_a_service_error_is_status_json_with_its_http_code(stack: Stack,
+                                                           gateway_url: str) -> None:
+    answer = requests.post(f"{gateway_url}/v1/records", headers=_auth(stack), timeout=10,
+                           json={"record": {"content": "bad importance", "importance": 3.0}})
+    assert answer.status_code == 400
+    status = answer.json()
+    assert status["code"] == 3 and "importance" in status["message"]
+    info = status["details"][0]
+    assert info["@type"] == "type.googleapis.com/google.rpc.ErrorInfo"
+    assert info["reason"] == "IMPORTANCE_OUT_OF_RANGE" and info["domain"] == "engram.dev"
+
+    missing = requests.get(f"{gateway_url}/v1/records/{'0' * 64}", headers=_auth(stack),
+                           timeout=10)
+    assert missing.status_code == 404 and missing.json()["code"] == 5
+
+    denied = requests.put(f"{gateway_url}/v1/domains/ops", headers=_auth(stack), timeout=10,
+                          json={"description": "only admins may"})
+    assert denied.status_code == 403 and denied.json()["code"] == 7
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"record": {"importance": "high"}}',
+                                  b'{"record": {"nope": 1}}', b"[1, 2]"])
+def test_malformed_json_or_a_wrong_type_is_400(stack: Stack, gateway_url: str,
+                                               body: bytes) -> None:
+    answer = requests.post(f"{gateway_url}/v1/records", headers={
+        **_auth(stack), "Content-Type": "application/json"}, data=body, timeout=10)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == 3
+
+
+def test_a_wrong_query_type_is_400_and_an_unknown_route_404(stack: Stack,
+                                                            gateway_url: str) -> None:
+    answer = requests.get(f"{gateway_url}/v1/records", params={"page_size": "ten"},
+                          headers=_auth(stack), timeout=10)
+    assert answer.status_code == 400 and answer.json()["code"] == 3
+    nowhere = requests.get(f"{gateway_url}/v2/nothing", headers=_auth(stack), timeout=10)
+    assert nowhere.status_code == 404
+    assert nowhere.json()["details"][0]["reason"] == "ROUTE_NOT_FOUND"
+    wrong_verb = requests.delete(f"{gateway_url}/v1/records", headers=_auth(stack), timeout=10)
+    assert wrong_verb.status_code == 405 and "GET" in wrong_verb.headers["allow"]
+    # A newline in a path variable (found by the fuzzer) is still answered as Status JSON.
+    odd = requests.get(f"{gateway_url}/v1/records/%0Ax", headers=_auth(stack), timeout=10)
+    assert odd.headers["content-type"] == "application/json" and odd.json()["code"] in (3, 5)
+
+
+def test_no_token_is_401_from_the_service(gateway_url: str) -> None:
+    answer = requests.get(f"{gateway_url}/v1/status", timeout=10)
+    assert answer.status_code == 401
+    assert answer.json()["code"] == 16
+    forged = requests.get(f"{gateway_url}/v1/status", timeout=10,
+                          headers={"Authorization": "Bearer not-a-token"})
+    assert forged.status_code == 401
+
+
+def test_upload_then_download_an_artifact_streamed(stack: Stack, gateway_url: str) -> None:
+    auth = _auth(stack, "runner")
+    started = requests.post(f"{gateway_url}/v1/runs", headers=auth, json={"runId": "run-blob"},
+                            timeout=10)
+    assert started.status_code == 200, started.text
+    blob = os.urandom(3 * 1024 * 1024 + 17)
+
+    def pieces() -> object:  # a generator body: requests sends it chunked, never whole
+        for start in range(0, len(blob), 100_000):
+            yield blob[start:start + 100_000]
+
+    uploaded = requests.post(
+        f"{gateway_url}/v1/runs/run-blob/artifacts", headers={
+            **auth, "Content-Type": "application/x-test",
+            "X-Engram-Sha256": hashlib.sha256(blob).hexdigest()},
+        params={"step_id": "plan", "name": "out/blob.bin"}, data=pieces(), timeout=30)
+    assert uploaded.status_code == 200, uploaded.text
+    artifact = uploaded.json()["artifact"]
+    assert artifact["hash"] == hashlib.sha256(blob).hexdigest()
+    assert int(artifact["sizeBytes"]) == len(blob) and artifact["mimeType"] == "application/x-test"
+
+    with requests.get(f"{gateway_url}/v1/artifacts/{artifact['artifactId']}:read",
+                      headers=auth, stream=True, timeout=30) as download:
+        assert download.status_code == 200
+        assert download.headers["content-type"].startswith("application/x-test")
+        assert download.headers["x-engram-sha256"] == artifact["hash"]
+        assert int(download.headers["content-length"]) == len(blob)
+        assert json.loads(download.headers["x-engram-artifact"])["path"] == artifact["path"]
+        digest = hashlib.sha256()
+        for piece in download.iter_content(65536):
+            digest.update(piece)
+    assert digest.hexdigest() == artifact["hash"]
+
+    wrong_hash = requests.post(
+        f"{gateway_url}/v1/runs/run-blob/artifacts", headers={**auth, "X-Engram-Sha256": "0" * 64},
+        params={"step_id": "plan", "name": "bad.bin"}, data=b"other bytes", timeout=10)
+    assert 400 <= wrong_hash.status_code < 500, wrong_hash.text
+    assert wrong_hash.json()["details"][0]["reason"]
+    # A header the service refuses at once, with bytes still coming: its own 400, not a 500.
+    for _ in range(5):
+        no_name = requests.post(f"{gateway_url}/v1/runs/run-blob/artifacts", headers=auth,
+                                params={"step_id": "plan"}, data=pieces(), timeout=30)
+        assert no_name.status_code == 400, no_name.text
+
+
+def test_snapshot_and_replay_are_ndjson(stack: Stack, gateway_url: str) -> None:
+    auth = _auth(stack, "snapper")
+    ids = []
+    for n in range(3):
+        made = requests.post(f"{gateway_url}/v1/records", headers=auth, timeout=10, json={
+            "record": {"content": f"snapshot line {n}: distinct fact {n * 7}",
+                       "runId": "run-snap"}})
+        assert made.status_code == 200, made.text
+        ids.append(made.json()["record"]["id"])
+    with requests.get(f"{gateway_url}/v1/runs/run-snap/records:snapshot", headers=auth,
+                      params={"verify": "true"}, stream=True, timeout=10) as snapshot:
+        assert snapshot.status_code == 200
+        assert snapshot.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in snapshot.iter_lines() if line]
+    assert [line["record"]["id"] for line in lines] == ids
+
+    requests.post(f"{gateway_url}/v1/runs", headers=auth, json={"runId": "run-ev"}, timeout=10)
+    for kind in ("tool.called", "tool.returned"):
+        appended = requests.post(f"{gateway_url}/v1/runs/run-ev/events", headers=auth,
+                                 json={"type": kind, "payloadJson": "{\"n\": 1}"}, timeout=10)
+        assert appended.status_code == 200, appended.text
+    replay = requests.get(f"{gateway_url}/v1/runs/run-ev/events:replay", headers=auth,
+                          timeout=10)
+    events = [json.loads(line) for line in replay.text.splitlines()]
+    assert [e["event"]["type"] for e in events][-2:] == ["tool.called", "tool.returned"]
+    unknown = requests.get(f"{gateway_url}/v1/runs/no-such-run/events:replay", headers=auth,
+                           timeout=10)
+    assert unknown.status_code == 404, unknown.text
+
+
+def test_compactor_and_governance_through_the_gateway(stack: Stack, gateway_url: str) -> None:
+    auth = _auth(stack, "iter-agent")
+    recorded = requests.post(f"{gateway_url}/v1/runs/run-it/iterations", headers=auth,
+                             timeout=10, json={"iteration": {"planDigest": "p1",
+                                                             "status": "ok"}})
+    assert recorded.status_code == 200, recorded.text
+    rebuilt = requests.get(f"{gateway_url}/v1/runs/run-it/iterations/1", headers=auth,
+                           timeout=10)
+    assert rebuilt.status_code == 200, rebuilt.text
+    checkpoint = requests.get(f"{gateway_url}/v1/chain/checkpoint",
+                              headers=_auth(stack, "gov", ("governor",)), timeout=10)
+    assert checkpoint.status_code == 200, checkpoint.text
+
+
+def test_a_service_down_is_503_naming_the_service_not_its_address(stack: Stack) -> None:
+    from engram.gateway import Gateway, GatewayConfig
+    from tests.integration.gateway.conftest import GatewayThread
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{sock.getsockname()[1]}"
+    addresses = {**stack.addresses, "compactor": closed}
+    with GatewayThread(Gateway(GatewayConfig(addresses, timeout_seconds=5.0))) as url:
+        answer = requests.get(f"{url}/v1/runs/r/iterations", headers=_auth(stack), timeout=10)
+        assert answer.status_code == 503, answer.text
+        status = answer.json()
+        assert status["code"] == 14 and closed not in answer.text
+        assert status["details"][0]["reason"] == "SERVICE_UNAVAILABLE"
+        assert status["details"][0]["metadata"] == {"service": "compactor"}
+        # The other services are unaffected.
+        assert requests.get(f"{url}/v1/status", headers=_auth(stack), timeout=10).ok

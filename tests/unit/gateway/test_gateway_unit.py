@@ -1,0 +1,166 @@
+"""The gateway's pieces without a server: routes from the annotations, path templates,
+transcoding, error mapping and the OpenAPI document."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
+from engram.gateway import (
+    HTTP_STATUS,
+    PathTemplate,
+    Route,
+    TranscodeError,
+    build_openapi,
+    build_request,
+    http_status,
+    load_routes,
+    status_json,
+    to_json,
+)
+from engram.gateway._routes import SERVICE_MODULES
+from engram.shard.v1 import shard_service_pb2 as shard_pb
+
+UNMAPPED = {"engram.governance.v1.GovernanceService.DecideWrites"}
+"""Called only by the shard's service principal: no HTTP form."""
+
+
+@pytest.fixture(scope="module")
+def routes() -> list[Route]:
+    return load_routes()
+
+
+def _route(routes: list[Route], name: str, verb: str | None = None) -> Route:
+    return next(r for r in routes if r.method.name == name
+                and (verb is None or r.http_method == verb))
+
+
+def test_every_public_rpc_has_a_route(routes: list[Route]) -> None:
+    methods = {m.full_name for module in SERVICE_MODULES.values()
+               for s in module.DESCRIPTOR.services_by_name.values() for m in s.methods}
+    mapped = {r.method.full_name for r in routes}
+    assert mapped == methods - UNMAPPED
+
+
+def test_no_two_routes_answer_the_same_request(routes: list[Route]) -> None:
+    seen: dict[tuple[str, str], str] = {}
+    for route in routes:
+        sample = route.path.template
+        for variable in route.path.variables:
+            sample = sample.replace("{" + variable + "}", "x1")
+        first = next(r for r in routes if r.http_method == route.http_method
+                     and r.path.match(sample) is not None)
+        assert first is route, f"{sample} reaches {first.method.name}, not {route.method.name}"
+        seen[(route.http_method, sample)] = route.method.name
+    assert len(seen) == len(routes)
+
+
+def test_path_templates() -> None:
+    plain = PathTemplate.parse("/v1/runs/{run_id}")
+    custom = PathTemplate.parse("/v1/runs/{run_id}:rehydrate")
+    nested = PathTemplate.parse("/v1/runs/{header.run_id}/artifacts")
+    assert custom.has_verb and not plain.has_verb
+    assert custom.match("/v1/runs/r-1:rehydrate") == {"run_id": "r-1"}
+    assert plain.match("/v1/runs/r-1/x") is None
+    assert nested.match("/v1/runs/r-2/artifacts") == {"header.run_id": "r-2"}
+    assert nested.openapi_path() == "/v1/runs/{run_id}/artifacts"
+    assert PathTemplate.parse("/v1/{name=**}").match("/v1/a/b") == {"name": "a/b"}
+    with pytest.raises(ValueError, match="must start"):
+        PathTemplate.parse("v1/x")
+
+
+def test_body_query_and_path_make_one_request(routes: list[Route]) -> None:
+    get = _route(routes, "GetRecord")
+    assert build_request(get, {"id": "abc"}, [], None) == shard_pb.GetRecordRequest(id="abc")
+    listed = build_request(_route(routes, "ListRecords"), {},
+                           [("tags", "a"), ("tags", "b"), ("pageSize", "5"), ("run_id", "")],
+                           None)
+    assert listed == shard_pb.ListRecordsRequest(tags=["a", "b"], page_size=5, run_id="")
+    assert listed.HasField("run_id")
+    created = build_request(_route(routes, "CreateRecord"), {}, [],
+                            {"record": {"content": "x", "importance": 0.5}, "requestId": "r"})
+    assert created.record.content == "x" and created.request_id == "r"
+    snapshot = build_request(_route(routes, "SnapshotForRun"), {"run_id": "r"},
+                             [("verify", "false")], None)
+    assert snapshot == shard_pb.SnapshotForRunRequest(run_id="r", verify=False)
+
+
+def test_the_path_wins_over_the_body(routes: list[Route]) -> None:
+    event = build_request(_route(routes, "AppendEvent"), {"run_id": "from-path"}, [],
+                          {"runId": "from-body", "type": "t"})
+    assert event.run_id == "from-path" and event.type == "t"
+
+
+def test_upload_header_from_path_and_query(routes: list[Route]) -> None:
+    upload = _route(routes, "CreateArtifact")
+    first = build_request(upload, {"header.run_id": "r"},
+                          [("step_id", "s"), ("name", "a.txt"), ("expected_size_bytes", "3")],
+                          None, query_prefix="header.")
+    assert first == artifacts_pb.CreateArtifactRequest(header=artifacts_pb.ArtifactHeader(
+        run_id="r", step_id="s", name="a.txt", expected_size_bytes=3))
+    with pytest.raises(TranscodeError, match="bound by the body"):
+        build_request(upload, {"header.run_id": "r"}, [("chunk", "eA==")], None)
+
+
+@pytest.mark.parametrize(("name", "params", "query", "body", "match"), [
+    ("CreateRecord", {}, [], [1, 2], "JSON object"),
+    ("CreateRecord", {}, [], {"record": {"importance": "high"}}, "importance"),
+    ("CreateRecord", {}, [], {"record": {"nope": 1}}, "nope"),
+    ("CreateRecord", {}, [], {"record": "text"}, "record"),
+    ("ListRecords", {}, [("page_size", "ten")], None, "integer"),
+    ("ListRecords", {}, [("page_size", "99999999999")], None, "page_size|range|out of"),
+    ("ListRecords", {}, [("unknown", "1")], None, "unknown"),
+    ("SnapshotForRun", {"run_id": "r"}, [("verify", "yes")], None, "true or false"),
+    ("ReconstructIteration", {"run_id": "r", "iteration": "x"}, [], None, "integer"),
+])
+def test_wrong_input_is_a_transcode_error(routes: list[Route], name: str,
+                                          params: dict[str, str], query: list[tuple[str, str]],
+                                          body: object, match: str) -> None:
+    with pytest.raises(TranscodeError, match=match):
+        build_request(_route(routes, name), params, query, body)
+
+
+def test_responses_are_canonical_json() -> None:
+    reply = shard_pb.GetStatusResponse(fleet_id="f", total_records=3)
+    assert to_json(reply)["totalRecords"] == "3"  # 64-bit integers as strings
+    assert to_json(reply)["runs"] == "0"  # defaults printed
+
+
+def test_status_json_and_http_codes() -> None:
+    expected = {
+        grpc.StatusCode.INVALID_ARGUMENT: 400, grpc.StatusCode.UNAUTHENTICATED: 401,
+        grpc.StatusCode.PERMISSION_DENIED: 403, grpc.StatusCode.NOT_FOUND: 404,
+        grpc.StatusCode.ALREADY_EXISTS: 409, grpc.StatusCode.ABORTED: 409,
+        grpc.StatusCode.FAILED_PRECONDITION: 400, grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+        grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+        grpc.StatusCode.DATA_LOSS: 500, grpc.StatusCode.INTERNAL: 500,
+        grpc.StatusCode.UNKNOWN: 500, grpc.StatusCode.UNIMPLEMENTED: 501,
+    }
+    for code, http in expected.items():
+        assert HTTP_STATUS[code] == http
+        assert http_status(status_pb2.Status(code=code.value[0])) == http
+    status = status_pb2.Status(code=3, message="bad")
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason="R", domain="engram.dev"))
+    status.details.add().Pack(shard_pb.GetStatusRequest())  # not a known detail: left out
+    document = status_json(status)
+    assert document == {"code": 3, "message": "bad", "details": [
+        {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "R",
+         "domain": "engram.dev"}]}
+
+
+def test_the_openapi_document_is_valid(routes: list[Route]) -> None:
+    from openapi_spec_validator import validate
+
+    document = build_openapi(routes)
+    validate(document)  # type: ignore[arg-type]
+    operations = [op for item in document["paths"].values() for op in item.values()]
+    assert len(operations) == len(routes)
+    assert len({op["operationId"] for op in operations}) == len(operations)
+    record = document["components"]["schemas"]["engram.shard.v1.Record"]["properties"]
+    assert record["createTime"] == {"type": "string", "format": "date-time"}
+    upload = document["paths"]["/v1/runs/{run_id}/artifacts"]["post"]
+    assert "application/octet-stream" in upload["requestBody"]["content"]
+    snapshot = document["paths"]["/v1/runs/{run_id}/records:snapshot"]["get"]
+    assert "application/x-ndjson" in snapshot["responses"]["200"]["content"]
