@@ -189,7 +189,6 @@ def test_secrets_script_publishes_retired_keys_during_a_rotation(tmp_path: Path)
     assert inspect_token(token)["header"]["kid"] == new_kid, "new tokens use the new key"
 
 
-def _tls_dir(tmp_path: Path, services: tuple[str, ...] = SERVICES) -> Path:
 def _tls_dir(tmp_path: Path, services: tuple[str, ...] = (*SERVICES, "gateway")) -> Path:
     directory = tmp_path / "tls"
     directory.mkdir()
