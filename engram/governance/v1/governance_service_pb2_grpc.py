@@ -218,7 +218,7 @@ class GovernanceServiceServicer:
     def ListAccessRestrictions(self, request, context):
         """What every service enforces on every call: revoked tokens (until they
         expire), revoked agents with their cut-off, suspended agents. Service
-        principals only; services poll it.
+        principals only; services poll it (not on the HTTP gateway).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -79,7 +79,7 @@ class GovernanceServiceStub:
     ListAccessRestrictions: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.ListAccessRestrictionsRequest, _governance_service_pb2.ListAccessRestrictionsResponse]
     """What every service enforces on every call: revoked tokens (until they
     expire), revoked agents with their cut-off, suspended agents. Service
-    principals only; services poll it.
+    principals only; services poll it (not on the HTTP gateway).
     """
 
 @_typing.type_check_only
@@ -133,7 +133,7 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     ListAccessRestrictions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.ListAccessRestrictionsRequest, _governance_service_pb2.ListAccessRestrictionsResponse]  # type: ignore[assignment]
     """What every service enforces on every call: revoked tokens (until they
     expire), revoked agents with their cut-off, suspended agents. Service
-    principals only; services poll it.
+    principals only; services poll it (not on the HTTP gateway).
     """
 
 class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -268,7 +268,7 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governance_service_pb2.ListAccessRestrictionsResponse, _abc.Awaitable[_governance_service_pb2.ListAccessRestrictionsResponse]]:
         """What every service enforces on every call: revoked tokens (until they
         expire), revoked agents with their cut-off, suspended agents. Service
-        principals only; services poll it.
+        principals only; services poll it (not on the HTTP gateway).
         """
 
 def add_GovernanceServiceServicer_to_server(servicer: GovernanceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5547,7 +5547,7 @@ export const GovernanceServiceService = {
   /**
    * What every service enforces on every call: revoked tokens (until they
    * expire), revoked agents with their cut-off, suspended agents. Service
-   * principals only; services poll it.
+   * principals only; services poll it (not on the HTTP gateway).
    */
   listAccessRestrictions: {
     path: "/engram.governance.v1.GovernanceService/ListAccessRestrictions" as const,
@@ -5612,7 +5612,7 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
   /**
    * What every service enforces on every call: revoked tokens (until they
    * expire), revoked agents with their cut-off, suspended agents. Service
-   * principals only; services poll it.
+   * principals only; services poll it (not on the HTTP gateway).
    */
   listAccessRestrictions: handleUnaryCall<ListAccessRestrictionsRequest, ListAccessRestrictionsResponse>;
 }
@@ -5848,7 +5848,7 @@ export interface GovernanceServiceClient extends Client {
   /**
    * What every service enforces on every call: revoked tokens (until they
    * expire), revoked agents with their cut-off, suspended agents. Service
-   * principals only; services poll it.
+   * principals only; services poll it (not on the HTTP gateway).
    */
   listAccessRestrictions(
     request: ListAccessRestrictionsRequest,
