@@ -13,7 +13,8 @@
 # <service>.crt and <service>.key (and gateway.crt, gateway.key); each gets them as
 # engram-<service>-tls.
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
-# cluster only ever gets the public key and the two service tokens (shard, compactor).
+# cluster only ever gets the public key and the service tokens (shard, artifacts, compactor; 30
+# days, each naming only the services it calls: run this again to renew them).
 # Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
 set -eu
 
@@ -50,9 +51,21 @@ secret() {  # secret <name> <kubectl create secret generic arguments>...
     --dry-run=client -o yaml
 }
 
-secret engram-auth-public-key --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
-for svc in shard compactor; do
-  engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service > "$WORK/$svc.token"
+# The current public key and every retired one still in $ENGRAM_SIGNING_HOME/auth/keys (a key
+# rotation: tokens of the old key keep working until it is deleted there; docs/security.md).
+set -- --from-file=signing.pub="$ENGRAM_SIGNING_HOME/auth/signing.pub"
+for retired in "$ENGRAM_SIGNING_HOME"/auth/keys/*.pub; do
+  [ -f "$retired" ] && set -- "$@" --from-file="$(basename "$retired")=$retired"
+done
+secret engram-auth-public-key "$@"
+for svc in shard artifacts compactor; do
+  case "$svc" in
+    compactor) audiences="--audience shard --audience artifacts --audience governance" ;;
+    *) audiences="--audience governance" ;;
+  esac
+  # shellcheck disable=SC2086 # audiences is a list of words by design
+  engram token create --key "$KEY" --agent "svc-$svc" --fleet system --role service --ttl 30d \
+    $audiences > "$WORK/$svc.token"
   secret "engram-$svc-service-token" --from-file=token="$WORK/$svc.token"
 done
 # One page-token secret per service, shared by its replicas (a token from one works on all).

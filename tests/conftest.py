@@ -7,13 +7,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import jwt
 import pytest
 
 from engram.client import BaseClient
 from services.common.auth import service_principal
-from services.common.tokens import TokenSigner, ensure_keypair
+from services.common.tokens import (
+    AUDIENCES,
+    DEFAULT_AGENT_TTL_SECONDS,
+    TokenSigner,
+    ensure_keypair,
+)
 
 
 def require(available: bool, what: str) -> None:
@@ -69,11 +75,18 @@ def make_token(engram_home: Path) -> TokenFactory:
     signer = TokenSigner.load(engram_home / "auth" / "signing.key")
 
     def issue(
-        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",)
+        agent: str = "agent-1", fleet: str = "fleet-a", roles: tuple[str, ...] = ("agent",),
+        *, ttl_seconds: int = DEFAULT_AGENT_TTL_SECONDS, audience: tuple[str, ...] = AUDIENCES,
     ) -> str:
-        return signer.issue(agent, fleet, set(roles))
+        return signer.issue(agent, fleet, set(roles), ttl_seconds=ttl_seconds, audience=audience)
 
     return issue
+
+
+def inspect_token(token: str) -> dict[str, Any]:
+    """A token's header and claims, its signature not checked (tests read what was minted)."""
+    return {"header": jwt.get_unverified_header(token),
+            "claims": jwt.decode(token, options={"verify_signature": False})}
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,8 @@
 #   1. the deployment's Ed25519 signing key + the operator's admin token, kept in
 #      $ENGRAM_SIGNING_HOME, which no service mounts (services can check tokens, never mint them);
 #   2. per service, a directory $ENGRAM_AUTH_ROOT/<svc> with the public key, plus a service token
-#      for the services that call another one (shard -> governance, compactor -> shard);
+#      for the services that call another one (shard, artifacts -> governance; compactor -> shard,
+#      artifacts, governance), naming only those in its audience, valid 30 days;
 #   3. the S3 buckets the artifacts and compactor blob stores use.
 set -eu
 
@@ -17,26 +18,34 @@ umask 077
 python -c 'import sys; from pathlib import Path; from services.common.tokens import ensure_keypair; ensure_keypair(Path(sys.argv[1]))' "$SIGNING_HOME"
 KEY="$SIGNING_HOME/auth/signing.key"
 
-mint() {  # mint <file> <agent> <fleet> <role>...: write a token once, never replace it
-  file="$1" agent="$2" fleet="$3"
-  shift 3
-  [ -s "$file" ] && return 0
-  roles=""
-  for role in "$@"; do roles="$roles --role $role"; done
-  # shellcheck disable=SC2086 # roles is a list of words by design
-  engram token create --key "$KEY" --agent "$agent" --fleet "$fleet" $roles > "$file.tmp"
+fresh() {  # fresh <file>: the token there verifies with the current key and has a third of its life left
+  python -c 'import sys; from pathlib import Path
+from services.common.tokens import TokenVerifier, needs_renewal
+token = Path(sys.argv[1]).read_text().strip()
+sys.exit(needs_renewal(token, TokenVerifier.load(Path(sys.argv[2]))))' "$1" "$SIGNING_HOME/auth/signing.pub"
+}
+
+mint() {  # mint <file> <agent> <fleet> <audiences> <role>...: write a token, renewed when near expiry
+  file="$1" agent="$2" fleet="$3" audiences="$4"
+  shift 4
+  [ -s "$file" ] && fresh "$file" && return 0
+  flags=""
+  for role in "$@"; do flags="$flags --role $role"; done
+  for audience in $audiences; do flags="$flags --audience $audience"; done
+  # shellcheck disable=SC2086 # flags is a list of words by design
+  engram token create --key "$KEY" --agent "$agent" --fleet "$fleet" --ttl 30d $flags > "$file.tmp"
   mv "$file.tmp" "$file"
 }
 
-mint "$SIGNING_HOME/auth/admin.token" admin default admin governor
+mint "$SIGNING_HOME/auth/admin.token" admin default "shard governance artifacts compactor" admin governor
 
 for svc in governance artifacts shard compactor; do
   mkdir -p "$AUTH_ROOT/$svc"
   cp "$SIGNING_HOME/auth/signing.pub" "$AUTH_ROOT/$svc/signing.pub"
 done
-for svc in shard compactor; do
-  mint "$AUTH_ROOT/$svc/$svc.token" "svc-$svc" system service
-done
+mint "$AUTH_ROOT/shard/shard.token" svc-shard system governance service
+mint "$AUTH_ROOT/artifacts/artifacts.token" svc-artifacts system governance service
+mint "$AUTH_ROOT/compactor/compactor.token" svc-compactor system "shard artifacts governance" service
 
 # The services run as $SERVICE_UID; only root can hand the files over (compose volumes start root-owned).
 if [ "$(id -u)" = "0" ]; then

@@ -51,29 +51,45 @@ class ServiceLaunch:
 
 SERVICES = (
     ServiceLaunch("governance", DEFAULT_PORTS["governance"], 9102),
-    ServiceLaunch("artifacts", DEFAULT_PORTS["artifacts"], 9103),
+    # Every service polls governance for revoked tokens and suspended agents.
+    ServiceLaunch("artifacts", DEFAULT_PORTS["artifacts"], 9103, needs=("governance",)),
     ServiceLaunch("shard", DEFAULT_PORTS["shard"], 9101, needs=("governance",)),
-    ServiceLaunch("compactor", DEFAULT_PORTS["compactor"], 9104, needs=("shard", "artifacts")),
+    ServiceLaunch("compactor", DEFAULT_PORTS["compactor"], 9104,
+                  needs=("shard", "artifacts", "governance")),
 )
 
 
 def prepare_home(home: Path) -> dict[str, Path]:
-    """Key pair, the operator's admin token and one service token per service."""
+    """Key pair, the operator's admin token and one service token per service, each written
+    again when missing, near its expiry or signed by an earlier signing key."""
     from services.common.auth import service_principal
-    from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
+    from services.common.tokens import (
+        AUDIENCES,
+        DEFAULT_SERVICE_TTL_SECONDS,
+        TokenSigner,
+        TokenVerifier,
+        ensure_keypair,
+        needs_renewal,
+        write_token_file,
+    )
 
     keys = ensure_keypair(home)
     signer = TokenSigner.load(keys.private)
-    tokens = {"admin": home / "auth" / "admin.token"}
-    if not tokens["admin"].exists():
-        write_token_file(
-            tokens["admin"], signer.issue(ADMIN_AGENT, DEFAULT_FLEET, {"admin", "governor"})
-        )
+    current = TokenVerifier.load(keys.public)
+
+    def keep_fresh(path: Path, agent: str, fleet: str, roles: frozenset[str],
+                   audience: tuple[str, ...]) -> Path:
+        if not path.exists() or needs_renewal(path.read_text().strip(), current):
+            write_token_file(path, signer.issue(agent, fleet, roles, audience=audience,
+                                                ttl_seconds=DEFAULT_SERVICE_TTL_SECONDS))
+        return path
+
+    tokens = {"admin": keep_fresh(home / "auth" / "admin.token", ADMIN_AGENT, DEFAULT_FLEET,
+                                  frozenset({"admin", "governor"}), AUDIENCES)}
     for launch in SERVICES:
-        path = home / "auth" / f"{launch.name}.token"
-        if not path.exists():
-            write_token_file(path, signer.issue(*service_principal(launch.name)))
-        tokens[launch.name] = path
+        tokens[launch.name] = keep_fresh(home / "auth" / f"{launch.name}.token",
+                                         *service_principal(launch.name),
+                                         launch.needs or (launch.name,))
     return tokens
 
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
 from functools import cached_property
 
 from engram.client._channel import BaseClient, string_list
@@ -109,3 +110,23 @@ class GovernanceClient(BaseClient):
     def _holds(self, checkpoint: pb.ChainCheckpoint) -> bool:
         report = self.verify_chain(since=checkpoint)
         return bool(report.ok and report.extends_since)
+
+    def revoke_token(self, jti: str, expire_time: datetime, *, fleet_id: str = "",
+                     agent_id: str = "", reason: str = "") -> pb.RevokeTokenResponse:
+        """Revoke one token (governor role); ``expire_time`` is the token's own exp."""
+        request = pb.RevokeTokenRequest(jti=jti, fleet_id=fleet_id, agent_id=agent_id,
+                                        reason=reason)
+        request.expire_time.FromDatetime(expire_time)
+        return self.call(self.stub.RevokeToken, request)
+
+    def revoke_agent_tokens(self, agent_id: str, *, fleet_id: str = "",
+                            reason: str = "") -> pb.RevokedAgent:
+        """Revoke every token of ``agent_id`` issued up to now (governor role)."""
+        request = pb.RevokeAgentTokensRequest(fleet_id=fleet_id, agent_id=agent_id,
+                                              reason=reason)
+        return self.call(self.stub.RevokeAgentTokens, request).revoked
+
+    def access_restrictions(self, since_version: int = 0) -> pb.ListAccessRestrictionsResponse:
+        """Revoked tokens and agents and suspended agents (service principals only)."""
+        return self.call(self.stub.ListAccessRestrictions,
+                         pb.ListAccessRestrictionsRequest(since_version=since_version))

@@ -14,6 +14,7 @@ from services.artifacts.servicer import (
     add_to_server,
 )
 from services.artifacts.settings import ArtifactsSettings
+from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.pagination import PageTokens
@@ -35,6 +36,9 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
     servicer = ArtifactsServicer(service)
+    restrictions = governance_restrictions(
+        "artifacts", settings.governance_addr, settings.service_token_file,
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
     def stop() -> None:
         blobs.close()
@@ -47,5 +51,6 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         policy=POLICY,
         kinds=KINDS,
         on_stop=stop,
+        restrictions=restrictions,
     )
     return build_server(settings, spec), service

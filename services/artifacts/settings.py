@@ -3,11 +3,13 @@ limits on what a request may carry."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.artifacts.domain.validation import (
     DEFAULT_MAX_UPLOAD_BYTES,
     MAX_DOCUMENT_BYTES,
@@ -50,11 +52,26 @@ class ArtifactsSettings(ServerSettings):
     json_depth: int = Field(default=DEFAULT_JSON_DEPTH, gt=0,
                             validation_alias=AliasChoices("ENGRAM_LIMITS_JSON_DEPTH"))
     """How deep any JSON document may nest (shared by every service)."""
+    governance_addr: str | None = None
+    """host:port of governance, polled for revoked tokens and suspended agents; unset: they
+    are not refused here (`engram up`, compose and the kustomize base set it)."""
+    service_token_file: Path | None = None
+    """Bearer token (role "service") this process presents to governance."""
+    governance_tls_ca: Path | None = None
+    """CA that signed governance's certificate; set, calls to governance use TLS."""
+    governance_tls_cert: Path | None = None
+    """This service's client certificate, for a governance that requires mutual TLS."""
+    governance_tls_key: Path | None = None
+    """The private key of ``governance_tls_cert``."""
 
     def artifact_limits(self) -> ArtifactLimits:
         return ArtifactLimits(document_bytes=self.max_document_bytes,
                               metadata_bytes=self.max_metadata_bytes,
                               json_depth=self.json_depth, upload_bytes=self.max_upload_bytes)
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         default = (self.data_dir("artifacts") / "artifacts.db").resolve()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Mapping
 
+from services.common.access import AccessRestrictions
 from services.common.errors import PermissionDenied, Unauthenticated
 from services.common.tokens import Principal, TokenVerifier, validate_identifier
 
@@ -98,9 +99,11 @@ def unbind_principal(token: contextvars.Token[Principal | None]) -> None:
 
 
 class Authorizer:
-    def __init__(self, verifier: TokenVerifier, policy: MethodPolicy) -> None:
+    def __init__(self, verifier: TokenVerifier, policy: MethodPolicy,
+                 restrictions: AccessRestrictions | None = None) -> None:
         self._verifier = verifier
         self._policy = dict(policy)
+        self._restrictions = restrictions
 
     def is_public(self, method: str) -> bool:
         return method.startswith(PUBLIC_PREFIXES) or self._policy.get(method) == PUBLIC
@@ -124,6 +127,8 @@ class Authorizer:
                 reason="TOKEN_MISSING",
             )
         principal = self._verifier.verify(token.strip())
+        if self._restrictions is not None:
+            self._restrictions.check(principal, method)
         kinds = caller_kinds(principal)
         if not kinds & allowed:
             raise PermissionDenied(

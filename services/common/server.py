@@ -28,6 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
 
+from services.common.access import AccessRestrictions
 from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
@@ -42,7 +43,7 @@ from services.common.interceptors import (
 from services.common.metrics import GrpcMetrics, serve_metrics
 from services.common.settings import ServerSettings
 from services.common.startup import StartupError
-from services.common.tokens import TokenVerifier
+from services.common.tokens import TokenVerifier, load_public_keys
 
 log = logging.getLogger("engram.server")
 
@@ -68,6 +69,8 @@ class ServiceSpec:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ready: Callable[[], bool] = lambda: True
     """Checked at start; a service that is not ready stays NOT_SERVING (e.g. broken chain)."""
+    restrictions: AccessRestrictions | None = None
+    """Revoked tokens and suspended agents, refused on every call; None: not enforced."""
 
 
 class EngramServer:
@@ -94,6 +97,8 @@ class EngramServer:
         return f"{self.settings.host}:{self.port}"
 
     def start(self) -> EngramServer:
+        if self.spec.restrictions is not None:
+            self.spec.restrictions.start()
         self._server.start()
         self.spec.on_start()
         if self._health_server is not None:
@@ -135,6 +140,8 @@ class EngramServer:
         self._server.stop(grace).wait()
         if self._health_server is not None:  # probes saw NOT_SERVING throughout the drain
             self._health_server.stop(0).wait()
+        if self.spec.restrictions is not None:
+            self.spec.restrictions.stop()
         self.spec.on_stop()
         log.info("stopped", extra={"address": self.address})
 
@@ -210,6 +217,20 @@ def _credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials(pair)
 
 
+def token_verifier(settings: ServerSettings, audience: str) -> TokenVerifier:
+    """Every verification key the settings name; tokens must name ``audience`` in ``aud``."""
+    try:
+        keys = load_public_keys(settings.public_key_sources())
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"{error}: run `engram up` once to create the deployment's keys, or set "
+            "ENGRAM_AUTH_PUBLIC_KEY / ENGRAM_AUTH_PUBLIC_KEYS") from None
+    if not keys:
+        raise ValueError("no token public key found in "
+                         f"{[str(p) for p in settings.public_key_sources()]}")
+    return TokenVerifier(keys, audience=audience, leeway_seconds=settings.auth_leeway_seconds)
+
+
 def _check_pair(certificate: bytes, key: bytes, cert_name: str, key_name: str) -> None:
     """gRPC would only fail at the first handshake; say at start which file is wrong."""
     try:
@@ -227,18 +248,12 @@ def _check_pair(certificate: bytes, key: bytes, cert_name: str, key_name: str) -
 
 
 def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
-    key_path = settings.public_key_path()
-    if not key_path.exists():
-        raise FileNotFoundError(
-            f"no token public key at {key_path}: run `engram up` once to create the "
-            "deployment's keys, or set ENGRAM_AUTH_PUBLIC_KEY"
-        )
-    verifier = TokenVerifier.load(key_path)
+    verifier = token_verifier(settings, spec.name)
     credentials = _credentials(settings)
     if set(spec.kinds) != set(spec.policy):
         raise StartupError(f"{spec.name}: every RPC needs both an access entry and a read/write "
                            f"kind; differ: {sorted(set(spec.kinds) ^ set(spec.policy))}")
-    authorizer = Authorizer(verifier, spec.policy)
+    authorizer = Authorizer(verifier, spec.policy, spec.restrictions)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),

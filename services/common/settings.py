@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.tokens import local_public_keys
+
 
 def _shared(name: str) -> AliasChoices:
     return AliasChoices(name)
@@ -78,7 +80,23 @@ class ServerSettings(BaseSettings):
         default=None,
         validation_alias=_shared("ENGRAM_AUTH_PUBLIC_KEY"),
         description="Ed25519 public key (PEM) that verifies bearer tokens; "
-        "default $ENGRAM_HOME/auth/signing.pub",
+        "default $ENGRAM_HOME/auth/signing.pub plus every *.pub in $ENGRAM_HOME/auth/keys/",
+    )
+    auth_public_keys: str = Field(
+        default="",
+        validation_alias=_shared("ENGRAM_AUTH_PUBLIC_KEYS"),
+        description="more verification keys, comma-separated: each a PEM file or a directory "
+        "whose *.pub / *.pem files are all loaded (key rotation: old and new keys at once)",
+    )
+    auth_leeway_seconds: float = Field(
+        default=30.0, ge=0, le=600, validation_alias=_shared("ENGRAM_AUTH_LEEWAY_SECONDS"),
+        description="clock skew tolerated when checking a token's exp and iat",
+    )
+    auth_restrictions_refresh_seconds: float = Field(
+        default=2.0, gt=0, le=300,
+        validation_alias=_shared("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS"),
+        description="how often a service asks governance for revoked tokens and suspended "
+        "agents: a revocation or suspension is enforced everywhere within this plus one call",
     )
     host: str = "127.0.0.1"
     port: int = 0
@@ -135,8 +153,14 @@ class ServerSettings(BaseSettings):
     def receive_limit(self) -> int:
         return self.max_receive_bytes or self.limits.grpc_receive_bytes
 
-    def public_key_path(self) -> Path:
-        return self.auth_public_key or self.home / "auth" / "signing.pub"
+    def public_key_sources(self) -> list[Path]:
+        """Every file or directory to load verification keys from."""
+        extra = [Path(p.strip()) for p in self.auth_public_keys.split(",") if p.strip()]
+        if self.auth_public_key is not None:
+            return [self.auth_public_key, *extra]
+        if extra:
+            return extra
+        return local_public_keys(self.home)
 
     def data_dir(self, service: str) -> Path:
         return self.home / service

@@ -9,6 +9,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.common.pagination import PageTokens
@@ -32,8 +33,12 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 log = logging.getLogger("engram.compactor")
 
 
+def _service_token_file(settings: CompactorSettings) -> Path:
+    return settings.service_token_file or settings.home / "auth" / "compactor.token"
+
+
 def _service_token(settings: CompactorSettings) -> str:
-    path = settings.service_token_file or settings.home / "auth" / "compactor.token"
+    path = _service_token_file(settings)
     if not path.exists():
         raise StartupError(
             f"no service token at {path}: set ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE to a token "
@@ -98,6 +103,9 @@ def _build(settings: CompactorSettings, database: Database,
                                   settings.memory_older_than_days)
     servicer = CompactorServicer(iteration_log, policies,
                                  PageTokens.for_service(settings, "compactor"))
+    restrictions = governance_restrictions(
+        "compactor", settings.governance_addr, _service_token_file(settings),
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
     def start() -> None:
         repair_loop.start()
@@ -117,6 +125,7 @@ def _build(settings: CompactorSettings, database: Database,
         kinds=KINDS,
         on_start=start,
         on_stop=stop,
+        restrictions=restrictions,
     )
     spec.registry.register(TierRepairMetrics(repairs))
     return build_server(settings, spec)

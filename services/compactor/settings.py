@@ -35,6 +35,14 @@ class CompactorSettings(ServerSettings):
         default=None, description="client certificate, for a shard that requires mutual TLS")
     shard_tls_key: Path | None = Field(default=None, description="that certificate's key")
     migrate: bool = Field(default=True, description="apply the schema migrations at start")
+    governance_addr: str | None = Field(
+        default=None, description="governance, polled for revoked tokens and suspended agents "
+        "(with service_token_file); unset: they are not refused here")
+    governance_tls_ca: Path | None = Field(
+        default=None, description="CA that signed governance's certificate; set, calls use TLS")
+    governance_tls_cert: Path | None = Field(
+        default=None, description="client certificate, for a governance requiring mutual TLS")
+    governance_tls_key: Path | None = Field(default=None, description="that certificate's key")
 
     hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
     rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,
@@ -60,6 +68,10 @@ class CompactorSettings(ServerSettings):
     def shard_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.shard_tls_ca, tls_cert=self.shard_tls_cert,
                         tls_key=self.shard_tls_key)
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('compactor') / 'compactor.db')}"

@@ -16,15 +16,19 @@ from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, true,
 from sqlalchemy.orm import Session
 
 from services.governance.domain.decisions import Decision
+from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import Rule
-from services.governance.domain.tiers import AgentTrust
+from services.governance.domain.tiers import AgentTrust, TrustTier
 from services.governance.domain.witness import ChainEntry, HeadState
 from services.governance.tables import (
+    AccessHeadRow,
     AgentRow,
     Base,
     ChainHeadRow,
     ChainRow,
     DecisionRow,
+    RevokedAgentRow,
+    RevokedTokenRow,
     RuleRow,
     agent_entity,
     decision_entity,
@@ -40,6 +44,7 @@ _CHAIN = _TABLES[ChainRow.__tablename__]
 _DECISIONS = _TABLES[DecisionRow.__tablename__]
 _AGENTS = _TABLES[AgentRow.__tablename__]
 _RULES = _TABLES[RuleRow.__tablename__]
+_ACCESS_HEAD = _TABLES[AccessHeadRow.__tablename__]
 
 _READ_HEAD = select(_HEAD.c.length, _HEAD.c.head, _HEAD.c.rules_version).where(_HEAD.c.id == 1)
 _LOCK_HEAD = _READ_HEAD.with_for_update()
@@ -216,6 +221,59 @@ class GovernanceRepository:
         """Every decision, streamed."""
         for row in session.scalars(select(DecisionRow).execution_options(yield_per=2000)):
             yield row.to_entity()
+
+
+class AccessRepository:
+    """Revocations and the access restrictions' version; every method takes an open session."""
+
+    def version(self, session: Session) -> int:
+        version: int = session.execute(
+            select(_ACCESS_HEAD.c.version).where(_ACCESS_HEAD.c.id == 1)).scalar_one()
+        return version
+
+    def bump_version(self, session: Session) -> None:
+        session.execute(update(_ACCESS_HEAD).where(_ACCESS_HEAD.c.id == 1).values(
+            version=_ACCESS_HEAD.c.version + 1))
+
+    def revoked_token(self, session: Session, jti: str) -> TokenRevocation | None:
+        row = session.get(RevokedTokenRow, jti)
+        return row.to_entity() if row is not None else None
+
+    def insert_revoked_token(self, session: Session, revocation: TokenRevocation,
+                             chain_seq: int) -> None:
+        session.add(RevokedTokenRow(**revocation.state(), chain_seq=chain_seq))
+
+    def upsert_revoked_agent(self, session: Session, revocation: AgentRevocation,
+                             chain_seq: int) -> None:
+        row = session.get(RevokedAgentRow, (revocation.fleet_id, revocation.agent_id))
+        if row is None:
+            session.add(RevokedAgentRow(**revocation.state(), chain_seq=chain_seq))
+        else:
+            row.revoked_ms, row.revoked_by = revocation.revoked_ms, revocation.revoked_by
+            row.reason, row.chain_seq = revocation.reason, chain_seq
+
+    def live_revoked_tokens(self, session: Session, now_ms: int) -> list[TokenRevocation]:
+        """Revoked tokens not expired at ``now_ms``."""
+        rows = session.scalars(select(RevokedTokenRow).where(
+            RevokedTokenRow.expires_ms >= now_ms))
+        return [row.to_entity() for row in rows]
+
+    def revoked_agents(self, session: Session) -> list[AgentRevocation]:
+        return [row.to_entity() for row in session.scalars(select(RevokedAgentRow))]
+
+    def suspended_agents(self, session: Session) -> list[tuple[str, str]]:
+        rows = session.execute(select(AgentRow.fleet_id, AgentRow.agent_id).where(
+            AgentRow.tier == TrustTier.SUSPENDED.value))
+        return [(fleet, agent) for fleet, agent in rows]
+
+    def stored_revocations(self, session: Session) -> Iterator[tuple[str, dict[str, object],
+                                                                    int]]:
+        """Every revocation as ``(key, state, chain_seq)``, keyed as the chain replay keys it."""
+        for token in session.scalars(select(RevokedTokenRow)):
+            yield f"token {token.jti}", token.to_entity().state(), token.chain_seq
+        for agent in session.scalars(select(RevokedAgentRow)):
+            yield (f"agent {agent.fleet_id}/{agent.agent_id}", agent.to_entity().state(),
+                   agent.chain_seq)
 
 
 def _agent_values(trust: AgentTrust, chain_seq: int) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import logging
 import time
 from pathlib import Path
 
+from services.common.access import AccessRestrictions
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
@@ -14,6 +15,7 @@ from services.governance.servicer import (
     KINDS,
     POLICY,
     SERVICE_NAME,
+    SUSPENDED_MAY_CALL,
     GovernanceServicer,
     add_to_server,
 )
@@ -44,8 +46,14 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     else:
         log.info("witness chain verified",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
+    # Governance enforces revocations and suspensions from its own store, polled like the
+    # other services poll it (so every replica sees the others' changes within the interval).
+    restrictions = AccessRestrictions(service.access_restrictions,
+                                      refresh_seconds=settings.auth_restrictions_refresh_seconds,
+                                      suspended_may_call=SUSPENDED_MAY_CALL,
+                                      origin="the governance store")
     servicer = GovernanceServicer(service, pages=PageTokens.for_service(settings, "governance"),
-                                  limits=settings.limits)
+                                  limits=settings.limits, restrictions=restrictions)
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
@@ -54,5 +62,6 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
         kinds=KINDS,
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
+        restrictions=restrictions,
     )
     return build_server(settings, spec)

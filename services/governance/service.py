@@ -28,11 +28,17 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.orm import Session
 
+from services.common.access import Restrictions
 from services.common.db import Database
 from services.common.errors import IntegrityError, InvalidArgument, NotFound
 from services.common.group_commit import GroupCommit
 from services.governance.domain.decisions import Decision, check_same_request, decision_id
-from services.governance.domain.replay import ChainReplay
+from services.governance.domain.replay import ChainReplay, revocation_differences
+from services.governance.domain.revocation import (
+    AccessSnapshot,
+    AgentRevocation,
+    TokenRevocation,
+)
 from services.governance.domain.rules import Candidate, Rule, Violation, judge, needs_neighbours
 from services.governance.domain.tiers import AgentTrust, TrustAccumulator, TrustTier
 from services.governance.domain.witness import (
@@ -44,7 +50,7 @@ from services.governance.domain.witness import (
     verify_links,
 )
 from services.governance.gate_cache import AgentKey, GateCache
-from services.governance.repository import GovernanceRepository, RequestKey
+from services.governance.repository import AccessRepository, GovernanceRepository, RequestKey
 
 Clock = Callable[[], int]
 MAX_GATE_GROUP = 128
@@ -89,6 +95,7 @@ class GovernanceService:
     def __init__(self, database: Database, clock: Clock) -> None:
         self._db = database
         self._repo = GovernanceRepository(database.dialect)
+        self._access = AccessRepository()
         self._clock = clock
         self._append_lock = threading.Lock()
         self._accumulator = TrustAccumulator()
@@ -205,7 +212,56 @@ class GovernanceService:
                 self._repo.insert_agents(session, [(after, seq)])
             else:
                 self._repo.update_agents(session, [(after, seq)])
+            self._access.bump_version(session)  # suspension is part of the restrictions
             return after
+
+    # -- revocation and the access restrictions every service enforces --------------------
+
+    def revoke_token(self, revocation: TokenRevocation) -> tuple[TokenRevocation, bool]:
+        """Record it; ``(stored, created)``, the earlier one when the jti was revoked already."""
+        with self._state_change() as session:
+            existing = self._access.revoked_token(session, revocation.jti)
+            if existing is not None:
+                return existing, False
+            head = self._repo.lock_head(session)
+            seq = self._append(session, head, "token.revoked",
+                               {"revocation": revocation.state()}, revocation.revoked_ms)
+            self._access.insert_revoked_token(session, revocation, seq)
+            self._access.bump_version(session)
+            return revocation, True
+
+    def revoke_agent_tokens(self, fleet_id: str, agent_id: str, actor: str,
+                            reason: str) -> AgentRevocation:
+        """Every token of the agent issued up to now is refused from now on."""
+        with self._state_change() as session:
+            head = self._repo.lock_head(session)
+            revocation = AgentRevocation(fleet_id, agent_id, self._clock(), actor, reason)
+            seq = self._append(session, head, "agent.tokens_revoked",
+                               {"revocation": revocation.state()}, revocation.revoked_ms)
+            self._access.upsert_revoked_agent(session, revocation, seq)
+            self._access.bump_version(session)
+            return revocation
+
+    def access_snapshot(self, since_version: int) -> AccessSnapshot | None:
+        """Every restriction in force, or None when their version is still ``since_version``."""
+        with self._db.session() as session:
+            version = self._access.version(session)
+            if version == since_version:
+                return None
+            return AccessSnapshot(version, self._access.live_revoked_tokens(session, self._clock()),
+                                  self._access.revoked_agents(session),
+                                  self._access.suspended_agents(session))
+
+    def access_restrictions(self, since_version: int) -> Restrictions | None:
+        """:meth:`access_snapshot` as governance's own servers enforce it."""
+        snapshot = self.access_snapshot(since_version)
+        if snapshot is None:
+            return None
+        return Restrictions(
+            version=snapshot.version,
+            revoked_tokens={t.jti: t.expires_ms // 1000 for t in snapshot.tokens},
+            revoked_agents={(a.fleet_id, a.agent_id): a.issued_before_s for a in snapshot.agents},
+            suspended=frozenset(snapshot.suspended))
 
     # -- rules ----------------------------------------------------------------------------
 
@@ -277,6 +333,8 @@ class GovernanceService:
             problems.extend(replay.differences(self._repo.stored_agents(session),
                                                self._repo.stored_rules(session),
                                                self._repo.stored_decisions(session)))
+            problems.extend(revocation_differences(
+                replay, self._access.stored_revocations(session)))
         return reached, problems
 
     def verify_chain(self, since: Checkpoint | None) -> ChainReport:

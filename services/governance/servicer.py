@@ -9,9 +9,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
+from services.common.access import AccessRestrictions
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import (
     PEOPLE,
+    SERVICE_ROLE,
     SHARD_SERVICE,
     MethodPolicy,
     current_principal,
@@ -22,8 +24,9 @@ from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
-from services.common.tokens import Principal, validate_identifier
+from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
 from services.governance.domain.decisions import Decision
+from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import (
     Candidate,
     Neighbour,
@@ -56,15 +59,21 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
     _m("BatchGetDecisions"): _GOVERNORS,
+    _m("RevokeToken"): _GOVERNORS,
+    _m("RevokeAgentTokens"): _GOVERNORS,
+    _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
 }
+SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
+"""A suspended agent may still read its own tier (and nothing else, anywhere)."""
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
 }
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
-    **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule")},
+    **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
+                                    "RevokeToken", "RevokeAgentTokens")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain", "BatchGetDecisions")},
+        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -189,12 +198,30 @@ def _is_plain_agent(principal: Principal) -> bool:
     return not principal.has_any(frozenset({"governor", "admin", "service"}))
 
 
+def revoked_token_to_proto(revocation: TokenRevocation) -> pb.RevokedToken:
+    return pb.RevokedToken(
+        jti=revocation.jti, expire_time=_timestamp(revocation.expires_ms),
+        fleet_id=revocation.fleet_id, agent_id=revocation.agent_id,
+        revoke_time=_timestamp(revocation.revoked_ms), revoked_by=revocation.revoked_by,
+        reason=revocation.reason)
+
+
+def revoked_agent_to_proto(revocation: AgentRevocation) -> pb.RevokedAgent:
+    return pb.RevokedAgent(
+        fleet_id=revocation.fleet_id, agent_id=revocation.agent_id,
+        issued_before=_timestamp(revocation.issued_before_s * 1000),
+        revoke_time=_timestamp(revocation.revoked_ms), revoked_by=revocation.revoked_by,
+        reason=revocation.reason)
+
+
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def __init__(self, service: GovernanceService, *, pages: PageTokens | None = None,
-                 limits: LimitsSettings = LIMIT_DEFAULTS) -> None:
+                 limits: LimitsSettings = LIMIT_DEFAULTS,
+                 restrictions: AccessRestrictions | None = None) -> None:
         self._service = service
         self._pages = pages or PageTokens.ephemeral(limits)
         self._limits = limits
+        self._restrictions = restrictions
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
@@ -227,8 +254,11 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         principal = current_principal()
         fleet_id = target_fleet(principal, request.fleet_id)
         agent_id = request.agent_id or principal.agent_id
+        own = agent_id == principal.agent_id and fleet_id == principal.fleet_id
         if _is_plain_agent(principal) and agent_id != principal.agent_id:
             raise PermissionDenied("agents may read only their own trust", reason="NOT_OWN_TRUST")
+        if not own and self._restrictions is not None:
+            self._restrictions.check(principal, "")  # suspended: only its own tier
         validate_identifier("agent_id", agent_id)
         trust = self._service.trust_of(fleet_id, [agent_id])[agent_id]
         return pb.GetTrustResponse(trust=trust_to_proto(trust))
@@ -338,6 +368,51 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         decision_ids = [validate_identifier("decision_id", d) for d in request.decision_ids]
         found = self._service.decisions_by_id(fleet_id, decision_ids)
         return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
+
+    def RevokeToken(self, request: pb.RevokeTokenRequest,
+                    context: grpc.ServicerContext) -> pb.RevokeTokenResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        jti = validate_identifier("jti", request.jti)
+        if request.agent_id:
+            validate_identifier("agent_id", request.agent_id)
+        if not request.HasField("expire_time"):
+            raise InvalidArgument("expire_time is required: the token's exp claim, so the "
+                                  "revocation is kept exactly as long as the token could be "
+                                  "used", reason="EXPIRE_TIME_REQUIRED")
+        now_ms = self._service.now_ms()
+        expires_ms = request.expire_time.ToMilliseconds()
+        if expires_ms > now_ms + MAX_TTL_SECONDS * 1000:
+            raise InvalidArgument(f"expire_time is more than {MAX_TTL_SECONDS // 86400} days "
+                                  "ahead; no token lives that long", reason="INVALID_EXPIRE_TIME")
+        stored, created = self._service.revoke_token(TokenRevocation(
+            jti=jti, fleet_id=fleet_id, agent_id=request.agent_id, expires_ms=expires_ms,
+            revoked_ms=now_ms, revoked_by=principal.agent_id, reason=request.reason[:1000]))
+        return pb.RevokeTokenResponse(revoked=revoked_token_to_proto(stored), created=created)
+
+    def RevokeAgentTokens(self, request: pb.RevokeAgentTokensRequest,
+                          context: grpc.ServicerContext) -> pb.RevokeAgentTokensResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        agent_id = validate_identifier("agent_id", request.agent_id)
+        revocation = self._service.revoke_agent_tokens(fleet_id, agent_id, principal.agent_id,
+                                                       request.reason[:1000])
+        return pb.RevokeAgentTokensResponse(revoked=revoked_agent_to_proto(revocation))
+
+    def ListAccessRestrictions(self, request: pb.ListAccessRestrictionsRequest,
+                               context: grpc.ServicerContext
+                               ) -> pb.ListAccessRestrictionsResponse:
+        snapshot = self._service.access_snapshot(request.since_version)
+        if snapshot is None:
+            return pb.ListAccessRestrictionsResponse(version=request.since_version,
+                                                     changed=False)
+        return pb.ListAccessRestrictionsResponse(
+            version=snapshot.version, changed=True,
+            revoked_tokens=[revoked_token_to_proto(t) for t in snapshot.tokens],
+            revoked_agents=[revoked_agent_to_proto(a) for a in snapshot.agents],
+            suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

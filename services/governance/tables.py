@@ -13,6 +13,7 @@ from sqlalchemy import BigInteger, Boolean, Index, Integer, String, Text, Unique
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.governance.domain.decisions import Decision
+from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import Rule, RuleKind
 from services.governance.domain.tiers import AgentTrust, TrustTier
 
@@ -131,3 +132,48 @@ def decision_entity(row: Any) -> Decision:
         rule_ids=tuple(json.loads(row.rule_ids_json)), reason=row.reason,
         created_ms=row.created_ms, chain_seq=row.chain_seq,
     )
+
+
+class RevokedTokenRow(Base):
+    __tablename__ = "revoked_tokens"
+
+    jti: Mapped[str] = mapped_column(String(128), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    expires_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+    revoked_ms: Mapped[int] = mapped_column(BigInteger)
+    revoked_by: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    def to_entity(self) -> TokenRevocation:
+        return TokenRevocation(self.jti, self.fleet_id, self.agent_id, self.expires_ms,
+                               self.revoked_ms, self.revoked_by, self.reason)
+
+
+class RevokedAgentRow(Base):
+    __tablename__ = "revoked_agents"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    revoked_ms: Mapped[int] = mapped_column(BigInteger)
+    revoked_by: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    def to_entity(self) -> AgentRevocation:
+        return AgentRevocation(self.fleet_id, self.agent_id, self.revoked_ms, self.revoked_by,
+                               self.reason)
+
+
+class AccessHeadRow(Base):
+    """One row (id 1): the version of the access restrictions (revocations, suspensions).
+
+    Raised by every change that could alter them (in the change's transaction), so services
+    polling ``ListAccessRestrictions`` fetch the whole set only when it may have changed.
+    """
+
+    __tablename__ = "access_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.common.access import governance_restrictions
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
@@ -89,6 +90,9 @@ def build_shard_server(
     servicer = ShardServicer(service, MemoryCompactor(service),
                              PageTokens.for_service(settings, "shard"),
                              FilterLimits(settings.filter_max_metadata, settings.filter_max_tags))
+    restrictions = governance_restrictions(
+        "shard", settings.governance_addr, settings.service_token_file,
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
     spec = ServiceSpec(
         name="shard",
         full_names=[SERVICE_NAME],
@@ -97,5 +101,6 @@ def build_shard_server(
         kinds=KINDS,
         on_start=index.start,
         on_stop=stop,
+        restrictions=restrictions,
     )
     return build_server(settings, spec), service

@@ -26,7 +26,9 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "artifacts": ArtifactsSettings, "compactor": CompactorSettings,
 }
 # Who calls whom over gRPC (DESIGN.md section 1); nothing else may connect service to service.
-SERVICE_EDGES = {("shard", "governance"), ("compactor", "shard"), ("compactor", "artifacts")}
+SERVICE_EDGES = {("shard", "governance"), ("compactor", "shard"), ("compactor", "artifacts"),
+                 ("artifacts", "governance"), ("compactor", "governance")}
+"""Who calls whom: every service polls governance for revoked tokens and suspended agents."""
 # Read by boto3's default credential chain (the compactor's S3 client), not by Engram settings.
 BOTO_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
 

@@ -184,7 +184,9 @@ def test_tls_overlays_secure_every_server_and_every_call(
         assert None not in tls, f"{service}: mutual TLS needs a certificate, key and client CA"
         assert parsed.health_port == _port(_container(overlay, service), "health"), service
     if name.endswith("-tls"):
-        for client in (settings["shard"].governance_tls(), settings["compactor"].shard_tls()):
+        for client in (settings["shard"].governance_tls(), settings["compactor"].shard_tls(),
+                       settings["artifacts"].governance_tls(),
+                       settings["compactor"].governance_tls()):
             assert client.get("tls_ca") and client.get("tls_cert") and client.get("tls_key")
 
 
@@ -221,6 +223,9 @@ def test_dependency_addresses_name_the_callee_services(overlay: Rendered) -> Non
     assert shard["ENGRAM_SHARD_GOVERNANCE_ADDR"] == "engram-governance:50052"
     assert compactor["ENGRAM_COMPACTOR_SHARD_ADDR"] == "engram-shard:50051"
     artifacts, _ = _env(overlay, "artifacts")
+    for env, prefix in ((artifacts, "ENGRAM_ARTIFACTS_"), (compactor, "ENGRAM_COMPACTOR_")):
+        assert env[f"{prefix}GOVERNANCE_ADDR"] == "engram-governance:50052"
+        assert env[f"{prefix}SERVICE_TOKEN_FILE"].startswith("/run/engram/auth/")
     for url in (artifacts["ENGRAM_ARTIFACTS_BLOB_URL"], compactor["ENGRAM_COMPACTOR_BLOB_URL"]):
         assert url.startswith("s3://")
     assert artifacts["ENGRAM_ARTIFACTS_S3_ENDPOINT_URL"].startswith(("http://", "https://"))
@@ -265,8 +270,14 @@ def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
             volume = mounts.get(str(path.parent))
             assert volume is not None, f"{service}: {name}={value} is not on a mounted volume"
             items = {item["path"] for source in volume["projected"]["sources"]
-                     for item in source["secret"]["items"]}
-            assert path.name in items, f"{service}: {name}={value} is not a projected item"
+                     for item in source["secret"].get("items", [])}
+            whole = {source["secret"]["name"] for source in volume["projected"]["sources"]
+                     if "items" not in source["secret"]}
+            # A Secret projected whole is the public keys (signing.pub and retired ones).
+            assert path.name in items or whole == {"engram-auth-public-key"}, (
+                f"{service}: {name}={value} is not a projected item")
+        # Every verification key: the directory the public-key Secret is projected into.
+        assert mounts.get(plain["ENGRAM_AUTH_PUBLIC_KEYS"]) is not None, service
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -19,8 +19,12 @@ import pytest
 import yaml
 from cryptography import x509
 
-from services.common.tokens import Principal, TokenVerifier
-from tests.conftest import require
+from services.common.tokens import (
+    Principal,
+    TokenVerifier,
+    rotate_signing_key,
+)
+from tests.conftest import inspect_token, require
 from tests.deploy.conftest import ROOT, SERVICES, kustomize
 from tests.pki import issue, write_pair
 
@@ -80,12 +84,17 @@ def test_compose_init_provisions_keys_tokens_and_buckets_once(
     public = signing / "signing.pub"
     admin = _verify(public, signing / "admin.token")
     assert admin.roles == {"admin", "governor"} and admin.fleet_id == "default"
-    for service in ("shard", "compactor"):
+    callers = ("shard", "artifacts", "compactor")
+    for service in callers:
         principal = _verify(run / service / "signing.pub", run / service / f"{service}.token")
-        assert principal == Principal(f"svc-{service}", "system", frozenset({"service"}))
+        assert (principal.agent_id, principal.fleet_id, principal.roles) == (
+            f"svc-{service}", "system", frozenset({"service"}))
+        assert principal.expires_at - principal.issued_at == 30 * 86400
+    audience = inspect_token((run / "compactor" / "compactor.token").read_text().strip())
+    assert audience["claims"]["aud"] == ["artifacts", "governance", "shard"]
     for service in SERVICES:
         files = {p.name for p in (run / service).iterdir()}
-        expected = {"signing.pub", f"{service}.token"} if service in ("shard", "compactor") else {
+        expected = {"signing.pub", f"{service}.token"} if service in callers else {
             "signing.pub"}
         assert files == expected, f"{service} gets {files}"
         if os.geteuid() == 0:
@@ -153,11 +162,31 @@ def test_secrets_script_writes_every_secret_the_overlays_need(tmp_path: Path) ->
     assert value("engram-shard-db", "url").endswith("/engram_shard")
     public = tmp_path / "signing.pub"
     public.write_text(value("engram-auth-public-key", "signing.pub"))
-    for service in ("shard", "compactor"):
+    for service in ("shard", "artifacts", "compactor"):
         token = tmp_path / f"{service}.token"
         token.write_text(value(f"engram-{service}-service-token", "token"))
         assert _verify(public, token).roles == {"service"}
     assert "PRIVATE KEY" not in result.stdout, "the signing key never leaves its directory"
+
+
+def test_secrets_script_publishes_retired_keys_during_a_rotation(tmp_path: Path) -> None:
+    env = _secrets_env(tmp_path)
+    first = _run_secrets(env)
+    assert first.returncode == 0, first.stderr
+    old_kid, new_kid = rotate_signing_key(tmp_path / "signing")
+    rotated = _run_secrets(env)
+    assert rotated.returncode == 0, rotated.stderr
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(rotated.stdout) if d}
+    keys = secrets["engram-auth-public-key"]["data"]
+    assert set(keys) == {"signing.pub", f"{old_kid}.pub"}
+    for name in keys:
+        (tmp_path / "mounted").mkdir(exist_ok=True)
+        (tmp_path / "mounted" / name).write_bytes(base64.b64decode(keys[name]))
+    verifier = TokenVerifier.load(tmp_path / "mounted")
+    assert verifier.key_ids == {old_kid, new_kid}
+    token = base64.b64decode(secrets["engram-shard-service-token"]["data"]["token"]).decode()
+    token = token.strip()
+    assert inspect_token(token)["header"]["kid"] == new_kid, "new tokens use the new key"
 
 
 def _tls_dir(tmp_path: Path, services: tuple[str, ...] = (*SERVICES, "gateway")) -> Path:

@@ -375,3 +375,103 @@ class BatchGetDecisionsResponse(_message.Message):
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
     def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ...) -> None: ...
+
+class RevokedToken(_message.Message):
+    __slots__ = ("jti", "expire_time", "fleet_id", "agent_id", "revoke_time", "revoked_by", "reason")
+    JTI_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    jti: str
+    expire_time: _timestamp_pb2.Timestamp
+    fleet_id: str
+    agent_id: str
+    revoke_time: _timestamp_pb2.Timestamp
+    revoked_by: str
+    reason: str
+    def __init__(self, jti: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., revoke_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenRequest(_message.Message):
+    __slots__ = ("jti", "expire_time", "fleet_id", "agent_id", "reason")
+    JTI_FIELD_NUMBER: _ClassVar[int]
+    EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    jti: str
+    expire_time: _timestamp_pb2.Timestamp
+    fleet_id: str
+    agent_id: str
+    reason: str
+    def __init__(self, jti: _Optional[str] = ..., expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeTokenResponse(_message.Message):
+    __slots__ = ("revoked", "created")
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    revoked: RevokedToken
+    created: bool
+    def __init__(self, revoked: _Optional[_Union[RevokedToken, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class RevokedAgent(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "issued_before", "revoke_time", "revoked_by", "reason")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_TIME_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    issued_before: _timestamp_pb2.Timestamp
+    revoke_time: _timestamp_pb2.Timestamp
+    revoked_by: str
+    reason: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., issued_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoke_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revoked_by: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeAgentTokensRequest(_message.Message):
+    __slots__ = ("fleet_id", "agent_id", "reason")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    reason: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RevokeAgentTokensResponse(_message.Message):
+    __slots__ = ("revoked",)
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    revoked: RevokedAgent
+    def __init__(self, revoked: _Optional[_Union[RevokedAgent, _Mapping]] = ...) -> None: ...
+
+class AgentRef(_message.Message):
+    __slots__ = ("fleet_id", "agent_id")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    agent_id: str
+    def __init__(self, fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+
+class ListAccessRestrictionsRequest(_message.Message):
+    __slots__ = ("since_version",)
+    SINCE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    since_version: int
+    def __init__(self, since_version: _Optional[int] = ...) -> None: ...
+
+class ListAccessRestrictionsResponse(_message.Message):
+    __slots__ = ("version", "changed", "revoked_tokens", "revoked_agents", "suspended_agents")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    SUSPENDED_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    changed: bool
+    revoked_tokens: _containers.RepeatedCompositeFieldContainer[RevokedToken]
+    revoked_agents: _containers.RepeatedCompositeFieldContainer[RevokedAgent]
+    suspended_agents: _containers.RepeatedCompositeFieldContainer[AgentRef]
+    def __init__(self, version: _Optional[int] = ..., changed: _Optional[bool] = ..., revoked_tokens: _Optional[_Iterable[_Union[RevokedToken, _Mapping]]] = ..., revoked_agents: _Optional[_Iterable[_Union[RevokedAgent, _Mapping]]] = ..., suspended_agents: _Optional[_Iterable[_Union[AgentRef, _Mapping]]] = ...) -> None: ...

@@ -93,6 +93,21 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
                 _registered_method=True)
+        self.RevokeToken = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/RevokeToken',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenResponse.FromString,
+                _registered_method=True)
+        self.RevokeAgentTokens = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/RevokeAgentTokens',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensResponse.FromString,
+                _registered_method=True)
+        self.ListAccessRestrictions = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/ListAccessRestrictions',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.FromString,
+                _registered_method=True)
 
 
 class GovernanceServiceServicer:
@@ -183,6 +198,32 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RevokeToken(self, request, context):
+        """Revokes one token by its jti until it expires; governor role only. Every
+        service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+        interval. Idempotent on jti. Recorded in the witness chain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeAgentTokens(self, request, context):
+        """Revokes every token of one agent issued up to now (new tokens minted
+        later work); governor role only. Recorded in the witness chain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAccessRestrictions(self, request, context):
+        """What every service enforces on every call: revoked tokens (until they
+        expire), revoked agents with their cut-off, suspended agents. Service
+        principals only; services poll it (not on the HTTP gateway).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GovernanceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -240,6 +281,21 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.BatchGetDecisions,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.SerializeToString,
+            ),
+            'RevokeToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeToken,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenResponse.SerializeToString,
+            ),
+            'RevokeAgentTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeAgentTokens,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensResponse.SerializeToString,
+            ),
+            'ListAccessRestrictions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAccessRestrictions,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -543,6 +599,87 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/BatchGetDecisions',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/RevokeToken',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeAgentTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/RevokeAgentTokens',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeAgentTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAccessRestrictions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/ListAccessRestrictions',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -67,6 +67,20 @@ class GovernanceServiceStub:
     """Recorded gate decisions by id (to reconcile stored records against them);
     governor and admin roles only. Ids not found are left out.
     """
+    RevokeToken: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]
+    """Revokes one token by its jti until it expires; governor role only. Every
+    service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+    interval. Idempotent on jti. Recorded in the witness chain.
+    """
+    RevokeAgentTokens: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeAgentTokensRequest, _governance_service_pb2.RevokeAgentTokensResponse]
+    """Revokes every token of one agent issued up to now (new tokens minted
+    later work); governor role only. Recorded in the witness chain.
+    """
+    ListAccessRestrictions: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.ListAccessRestrictionsRequest, _governance_service_pb2.ListAccessRestrictionsResponse]
+    """What every service enforces on every call: revoked tokens (until they
+    expire), revoked agents with their cut-off, suspended agents. Service
+    principals only; services poll it (not on the HTTP gateway).
+    """
 
 @_typing.type_check_only
 class GovernanceServiceAsyncStub(GovernanceServiceStub):
@@ -106,6 +120,20 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     BatchGetDecisions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.BatchGetDecisionsRequest, _governance_service_pb2.BatchGetDecisionsResponse]  # type: ignore[assignment]
     """Recorded gate decisions by id (to reconcile stored records against them);
     governor and admin roles only. Ids not found are left out.
+    """
+    RevokeToken: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]  # type: ignore[assignment]
+    """Revokes one token by its jti until it expires; governor role only. Every
+    service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+    interval. Idempotent on jti. Recorded in the witness chain.
+    """
+    RevokeAgentTokens: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeAgentTokensRequest, _governance_service_pb2.RevokeAgentTokensResponse]  # type: ignore[assignment]
+    """Revokes every token of one agent issued up to now (new tokens minted
+    later work); governor role only. Recorded in the witness chain.
+    """
+    ListAccessRestrictions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.ListAccessRestrictionsRequest, _governance_service_pb2.ListAccessRestrictionsResponse]  # type: ignore[assignment]
+    """What every service enforces on every call: revoked tokens (until they
+    expire), revoked agents with their cut-off, suspended agents. Service
+    principals only; services poll it (not on the HTTP gateway).
     """
 
 class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -209,6 +237,38 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governance_service_pb2.BatchGetDecisionsResponse, _abc.Awaitable[_governance_service_pb2.BatchGetDecisionsResponse]]:
         """Recorded gate decisions by id (to reconcile stored records against them);
         governor and admin roles only. Ids not found are left out.
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeToken(
+        self,
+        request: _governance_service_pb2.RevokeTokenRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.RevokeTokenResponse, _abc.Awaitable[_governance_service_pb2.RevokeTokenResponse]]:
+        """Revokes one token by its jti until it expires; governor role only. Every
+        service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+        interval. Idempotent on jti. Recorded in the witness chain.
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeAgentTokens(
+        self,
+        request: _governance_service_pb2.RevokeAgentTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.RevokeAgentTokensResponse, _abc.Awaitable[_governance_service_pb2.RevokeAgentTokensResponse]]:
+        """Revokes every token of one agent issued up to now (new tokens minted
+        later work); governor role only. Recorded in the witness chain.
+        """
+
+    @_abc_1.abstractmethod
+    def ListAccessRestrictions(
+        self,
+        request: _governance_service_pb2.ListAccessRestrictionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.ListAccessRestrictionsResponse, _abc.Awaitable[_governance_service_pb2.ListAccessRestrictionsResponse]]:
+        """What every service enforces on every call: revoked tokens (until they
+        expire), revoked agents with their cut-off, suspended agents. Service
+        principals only; services poll it (not on the HTTP gateway).
         """
 
 def add_GovernanceServiceServicer_to_server(servicer: GovernanceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -32,6 +32,7 @@ class ChainReplay:
         self.agents: dict[tuple[str, str], Written] = {}
         self.rules: dict[str, Written] = {}
         self.decisions: dict[str, Written] = {}
+        self.revocations: dict[str, Written] = {}
         self.unreadable: list[str] = []
 
     def feed(self, entries: Iterable[ChainEntry]) -> Iterator[ChainEntry]:
@@ -57,6 +58,13 @@ class ChainReplay:
                                                       state_digest(payload["rule"]))
         elif entry.kind == "rule.deleted":
             self.rules.pop(payload["rule_id"], None)
+        elif entry.kind == "token.revoked":
+            revoked = payload["revocation"]
+            self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
+        elif entry.kind == "agent.tokens_revoked":
+            revoked = payload["revocation"]
+            revoked_key = f"agent {revoked['fleet_id']}/{revoked['agent_id']}"
+            self.revocations[revoked_key] = (entry.seq, state_digest(revoked))
 
     def differences(self, agents: Iterable[tuple[AgentTrust, int]],
                     rules: Iterable[tuple[Rule, int]],
@@ -71,6 +79,13 @@ class ChainReplay:
                           for d in decisions}
         problems += _differences("decision", self.decisions, seen_decisions)
         return problems
+
+
+def revocation_differences(replay: ChainReplay,
+                           stored: Iterable[tuple[str, dict[str, Any], int]]) -> list[str]:
+    """Every stored revocation ``(key, state, chain_seq)`` the chain disagrees with."""
+    seen = {key: (seq, state_digest(state)) for key, state, seq in stored}
+    return _differences("revocation", replay.revocations, seen)
 
 
 def _differences(kind: str, expected: dict[Any, Written],

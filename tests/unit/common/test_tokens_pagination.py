@@ -22,6 +22,11 @@ def test_tokens_round_trip_and_refuse_forgeries(tmp_path: Path) -> None:
     forged = TokenSigner.load(other.private).issue("a1", "f1", {"admin"})
     with pytest.raises(Unauthenticated) as caught:
         TokenVerifier.load(keys.public).verify(forged)
+    assert caught.value.reason == "TOKEN_KEY_UNKNOWN"
+    impostor = TokenSigner.load(other.private)
+    impostor.kid = TokenSigner.load(keys.private).kid  # claims our key id, signed with its own
+    with pytest.raises(Unauthenticated) as caught:
+        TokenVerifier.load(keys.public).verify(impostor.issue("a1", "f1", {"admin"}))
     assert caught.value.reason == "TOKEN_SIGNATURE_INVALID"
     head, body, sig = token.split(".")
     with pytest.raises(Unauthenticated):

@@ -23,7 +23,8 @@ from engram.gateway import (
 from engram.gateway._routes import SERVICE_MODULES
 from engram.shard.v1 import shard_service_pb2 as shard_pb
 
-UNMAPPED = {"engram.governance.v1.GovernanceService.DecideWrites"}
+UNMAPPED = {"engram.governance.v1.GovernanceService.DecideWrites",
+            "engram.governance.v1.GovernanceService.ListAccessRestrictions"}
 """Called only by the shard's service principal: no HTTP form."""
 
 

@@ -20,13 +20,13 @@ from services.shard.ports import GateCandidate, Neighbour
 def test_every_method_has_a_policy_entry() -> None:
     methods = pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
     assert {f"/{SERVICE_NAME}/{m.name}" for m in methods} == set(POLICY)
-    writes = ("SetTier", "CreateRule", "DeleteRule")
+    writes = ("SetTier", "CreateRule", "DeleteRule", "RevokeToken", "RevokeAgentTokens")
     for name in writes:
         assert POLICY[f"/{SERVICE_NAME}/{name}"] == frozenset({"governor", "admin"})
     assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({SHARD_SERVICE})
     service_methods = {name.rsplit("/", 1)[1] for name, kinds in POLICY.items()
                        if any(kind.startswith("service") for kind in kinds)}
-    assert service_methods == {"DecideWrites", "BatchGetTrust"}
+    assert service_methods == {"DecideWrites", "BatchGetTrust", "ListAccessRestrictions"}
 
 
 def test_target_fleet_is_the_callers_own_unless_a_gate_caller() -> None:

@@ -395,6 +395,87 @@ export interface BatchGetDecisionsResponse {
   decisions: GateDecision[];
 }
 
+export interface RevokedToken {
+  jti: string;
+  /** The token's own expiry; the revocation is listed until then. */
+  expireTime: Date | undefined;
+  fleetId: string;
+  agentId: string;
+  revokeTime: Date | undefined;
+  revokedBy: string;
+  reason: string;
+}
+
+export interface RevokeTokenRequest {
+  /** The token's jti claim (`engram token inspect` shows it). */
+  jti: string;
+  /** The token's exp claim; required, at most a year ahead. */
+  expireTime:
+    | Date
+    | undefined;
+  /**
+   * Empty: the caller's fleet. The fleet and agent the token speaks for, as
+   * recorded; the jti alone decides what is refused.
+   */
+  fleetId: string;
+  agentId: string;
+  reason: string;
+}
+
+export interface RevokeTokenResponse {
+  revoked:
+    | RevokedToken
+    | undefined;
+  /** False when the jti was revoked already (the earlier revocation is returned). */
+  created: boolean;
+}
+
+export interface RevokedAgent {
+  fleetId: string;
+  agentId: string;
+  /** Tokens of the agent issued at or before this second (iat) are refused. */
+  issuedBefore: Date | undefined;
+  revokeTime: Date | undefined;
+  revokedBy: string;
+  reason: string;
+}
+
+export interface RevokeAgentTokensRequest {
+  /** Empty: the caller's fleet. */
+  fleetId: string;
+  agentId: string;
+  reason: string;
+}
+
+export interface RevokeAgentTokensResponse {
+  revoked: RevokedAgent | undefined;
+}
+
+export interface AgentRef {
+  fleetId: string;
+  agentId: string;
+}
+
+export interface ListAccessRestrictionsRequest {
+  /** The version the caller holds; 0: none. */
+  sinceVersion: number;
+}
+
+export interface ListAccessRestrictionsResponse {
+  /** Goes up with every revocation and every tier change. */
+  version: number;
+  /**
+   * False: nothing changed since since_version, and the lists are empty;
+   * true: the lists are the whole current set.
+   */
+  changed: boolean;
+  /** Revoked tokens that have not expired yet. */
+  revokedTokens: RevokedToken[];
+  revokedAgents: RevokedAgent[];
+  /** Agents in the suspended tier. */
+  suspendedAgents: AgentRef[];
+}
+
 function createBaseAgentTrust(): AgentTrust {
   return { fleetId: "", agentId: "", tier: 0, multiplier: 0, score: 0, pinned: false, updateTime: undefined };
 }
@@ -4218,6 +4299,1085 @@ export const BatchGetDecisionsResponse: MessageFns<BatchGetDecisionsResponse> = 
   },
 };
 
+function createBaseRevokedToken(): RevokedToken {
+  return { jti: "", expireTime: undefined, fleetId: "", agentId: "", revokeTime: undefined, revokedBy: "", reason: "" };
+}
+
+export const RevokedToken: MessageFns<RevokedToken> = {
+  encode(message: RevokedToken, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.jti !== "") {
+      writer.uint32(10).string(message.jti);
+    }
+    if (message.expireTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.expireTime), writer.uint32(18).fork()).join();
+    }
+    if (message.fleetId !== "") {
+      writer.uint32(26).string(message.fleetId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(34).string(message.agentId);
+    }
+    if (message.revokeTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.revokeTime), writer.uint32(42).fork()).join();
+    }
+    if (message.revokedBy !== "") {
+      writer.uint32(50).string(message.revokedBy);
+    }
+    if (message.reason !== "") {
+      writer.uint32(58).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokedToken {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokedToken();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.jti = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.expireTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.revokeTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.revokedBy = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokedToken {
+    return {
+      jti: isSet(object.jti) ? globalThis.String(object.jti) : "",
+      expireTime: isSet(object.expireTime)
+        ? fromJsonTimestamp(object.expireTime)
+        : isSet(object.expire_time)
+        ? fromJsonTimestamp(object.expire_time)
+        : undefined,
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      revokeTime: isSet(object.revokeTime)
+        ? fromJsonTimestamp(object.revokeTime)
+        : isSet(object.revoke_time)
+        ? fromJsonTimestamp(object.revoke_time)
+        : undefined,
+      revokedBy: isSet(object.revokedBy)
+        ? globalThis.String(object.revokedBy)
+        : isSet(object.revoked_by)
+        ? globalThis.String(object.revoked_by)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: RevokedToken): unknown {
+    const obj: any = {};
+    if (message.jti !== "") {
+      obj.jti = message.jti;
+    }
+    if (message.expireTime !== undefined) {
+      obj.expireTime = message.expireTime.toISOString();
+    }
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.revokeTime !== undefined) {
+      obj.revokeTime = message.revokeTime.toISOString();
+    }
+    if (message.revokedBy !== "") {
+      obj.revokedBy = message.revokedBy;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokedToken>, I>>(base?: I): RevokedToken {
+    return RevokedToken.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokedToken>, I>>(object: I): RevokedToken {
+    const message = createBaseRevokedToken();
+    message.jti = object.jti ?? "";
+    message.expireTime = object.expireTime ?? undefined;
+    message.fleetId = object.fleetId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.revokeTime = object.revokeTime ?? undefined;
+    message.revokedBy = object.revokedBy ?? "";
+    message.reason = object.reason ?? "";
+    return message;
+  },
+};
+
+function createBaseRevokeTokenRequest(): RevokeTokenRequest {
+  return { jti: "", expireTime: undefined, fleetId: "", agentId: "", reason: "" };
+}
+
+export const RevokeTokenRequest: MessageFns<RevokeTokenRequest> = {
+  encode(message: RevokeTokenRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.jti !== "") {
+      writer.uint32(10).string(message.jti);
+    }
+    if (message.expireTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.expireTime), writer.uint32(18).fork()).join();
+    }
+    if (message.fleetId !== "") {
+      writer.uint32(26).string(message.fleetId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(34).string(message.agentId);
+    }
+    if (message.reason !== "") {
+      writer.uint32(42).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeTokenRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeTokenRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.jti = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.expireTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeTokenRequest {
+    return {
+      jti: isSet(object.jti) ? globalThis.String(object.jti) : "",
+      expireTime: isSet(object.expireTime)
+        ? fromJsonTimestamp(object.expireTime)
+        : isSet(object.expire_time)
+        ? fromJsonTimestamp(object.expire_time)
+        : undefined,
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: RevokeTokenRequest): unknown {
+    const obj: any = {};
+    if (message.jti !== "") {
+      obj.jti = message.jti;
+    }
+    if (message.expireTime !== undefined) {
+      obj.expireTime = message.expireTime.toISOString();
+    }
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeTokenRequest>, I>>(base?: I): RevokeTokenRequest {
+    return RevokeTokenRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeTokenRequest>, I>>(object: I): RevokeTokenRequest {
+    const message = createBaseRevokeTokenRequest();
+    message.jti = object.jti ?? "";
+    message.expireTime = object.expireTime ?? undefined;
+    message.fleetId = object.fleetId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.reason = object.reason ?? "";
+    return message;
+  },
+};
+
+function createBaseRevokeTokenResponse(): RevokeTokenResponse {
+  return { revoked: undefined, created: false };
+}
+
+export const RevokeTokenResponse: MessageFns<RevokeTokenResponse> = {
+  encode(message: RevokeTokenResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.revoked !== undefined) {
+      RevokedToken.encode(message.revoked, writer.uint32(10).fork()).join();
+    }
+    if (message.created !== false) {
+      writer.uint32(16).bool(message.created);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeTokenResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeTokenResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.revoked = RevokedToken.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.created = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeTokenResponse {
+    return {
+      revoked: isSet(object.revoked) ? RevokedToken.fromJSON(object.revoked) : undefined,
+      created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+    };
+  },
+
+  toJSON(message: RevokeTokenResponse): unknown {
+    const obj: any = {};
+    if (message.revoked !== undefined) {
+      obj.revoked = RevokedToken.toJSON(message.revoked);
+    }
+    if (message.created !== false) {
+      obj.created = message.created;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeTokenResponse>, I>>(base?: I): RevokeTokenResponse {
+    return RevokeTokenResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeTokenResponse>, I>>(object: I): RevokeTokenResponse {
+    const message = createBaseRevokeTokenResponse();
+    message.revoked = (object.revoked !== undefined && object.revoked !== null)
+      ? RevokedToken.fromPartial(object.revoked)
+      : undefined;
+    message.created = object.created ?? false;
+    return message;
+  },
+};
+
+function createBaseRevokedAgent(): RevokedAgent {
+  return { fleetId: "", agentId: "", issuedBefore: undefined, revokeTime: undefined, revokedBy: "", reason: "" };
+}
+
+export const RevokedAgent: MessageFns<RevokedAgent> = {
+  encode(message: RevokedAgent, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fleetId !== "") {
+      writer.uint32(10).string(message.fleetId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(18).string(message.agentId);
+    }
+    if (message.issuedBefore !== undefined) {
+      Timestamp.encode(toTimestamp(message.issuedBefore), writer.uint32(26).fork()).join();
+    }
+    if (message.revokeTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.revokeTime), writer.uint32(34).fork()).join();
+    }
+    if (message.revokedBy !== "") {
+      writer.uint32(42).string(message.revokedBy);
+    }
+    if (message.reason !== "") {
+      writer.uint32(50).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokedAgent {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokedAgent();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.issuedBefore = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.revokeTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.revokedBy = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokedAgent {
+    return {
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      issuedBefore: isSet(object.issuedBefore)
+        ? fromJsonTimestamp(object.issuedBefore)
+        : isSet(object.issued_before)
+        ? fromJsonTimestamp(object.issued_before)
+        : undefined,
+      revokeTime: isSet(object.revokeTime)
+        ? fromJsonTimestamp(object.revokeTime)
+        : isSet(object.revoke_time)
+        ? fromJsonTimestamp(object.revoke_time)
+        : undefined,
+      revokedBy: isSet(object.revokedBy)
+        ? globalThis.String(object.revokedBy)
+        : isSet(object.revoked_by)
+        ? globalThis.String(object.revoked_by)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: RevokedAgent): unknown {
+    const obj: any = {};
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.issuedBefore !== undefined) {
+      obj.issuedBefore = message.issuedBefore.toISOString();
+    }
+    if (message.revokeTime !== undefined) {
+      obj.revokeTime = message.revokeTime.toISOString();
+    }
+    if (message.revokedBy !== "") {
+      obj.revokedBy = message.revokedBy;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokedAgent>, I>>(base?: I): RevokedAgent {
+    return RevokedAgent.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokedAgent>, I>>(object: I): RevokedAgent {
+    const message = createBaseRevokedAgent();
+    message.fleetId = object.fleetId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.issuedBefore = object.issuedBefore ?? undefined;
+    message.revokeTime = object.revokeTime ?? undefined;
+    message.revokedBy = object.revokedBy ?? "";
+    message.reason = object.reason ?? "";
+    return message;
+  },
+};
+
+function createBaseRevokeAgentTokensRequest(): RevokeAgentTokensRequest {
+  return { fleetId: "", agentId: "", reason: "" };
+}
+
+export const RevokeAgentTokensRequest: MessageFns<RevokeAgentTokensRequest> = {
+  encode(message: RevokeAgentTokensRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fleetId !== "") {
+      writer.uint32(10).string(message.fleetId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(18).string(message.agentId);
+    }
+    if (message.reason !== "") {
+      writer.uint32(26).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeAgentTokensRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeAgentTokensRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeAgentTokensRequest {
+    return {
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: RevokeAgentTokensRequest): unknown {
+    const obj: any = {};
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeAgentTokensRequest>, I>>(base?: I): RevokeAgentTokensRequest {
+    return RevokeAgentTokensRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeAgentTokensRequest>, I>>(object: I): RevokeAgentTokensRequest {
+    const message = createBaseRevokeAgentTokensRequest();
+    message.fleetId = object.fleetId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.reason = object.reason ?? "";
+    return message;
+  },
+};
+
+function createBaseRevokeAgentTokensResponse(): RevokeAgentTokensResponse {
+  return { revoked: undefined };
+}
+
+export const RevokeAgentTokensResponse: MessageFns<RevokeAgentTokensResponse> = {
+  encode(message: RevokeAgentTokensResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.revoked !== undefined) {
+      RevokedAgent.encode(message.revoked, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RevokeAgentTokensResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRevokeAgentTokensResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.revoked = RevokedAgent.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RevokeAgentTokensResponse {
+    return { revoked: isSet(object.revoked) ? RevokedAgent.fromJSON(object.revoked) : undefined };
+  },
+
+  toJSON(message: RevokeAgentTokensResponse): unknown {
+    const obj: any = {};
+    if (message.revoked !== undefined) {
+      obj.revoked = RevokedAgent.toJSON(message.revoked);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RevokeAgentTokensResponse>, I>>(base?: I): RevokeAgentTokensResponse {
+    return RevokeAgentTokensResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RevokeAgentTokensResponse>, I>>(object: I): RevokeAgentTokensResponse {
+    const message = createBaseRevokeAgentTokensResponse();
+    message.revoked = (object.revoked !== undefined && object.revoked !== null)
+      ? RevokedAgent.fromPartial(object.revoked)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseAgentRef(): AgentRef {
+  return { fleetId: "", agentId: "" };
+}
+
+export const AgentRef: MessageFns<AgentRef> = {
+  encode(message: AgentRef, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fleetId !== "") {
+      writer.uint32(10).string(message.fleetId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(18).string(message.agentId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AgentRef {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAgentRef();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AgentRef {
+    return {
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+    };
+  },
+
+  toJSON(message: AgentRef): unknown {
+    const obj: any = {};
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AgentRef>, I>>(base?: I): AgentRef {
+    return AgentRef.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AgentRef>, I>>(object: I): AgentRef {
+    const message = createBaseAgentRef();
+    message.fleetId = object.fleetId ?? "";
+    message.agentId = object.agentId ?? "";
+    return message;
+  },
+};
+
+function createBaseListAccessRestrictionsRequest(): ListAccessRestrictionsRequest {
+  return { sinceVersion: 0 };
+}
+
+export const ListAccessRestrictionsRequest: MessageFns<ListAccessRestrictionsRequest> = {
+  encode(message: ListAccessRestrictionsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sinceVersion !== 0) {
+      writer.uint32(8).int64(message.sinceVersion);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListAccessRestrictionsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListAccessRestrictionsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.sinceVersion = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListAccessRestrictionsRequest {
+    return {
+      sinceVersion: isSet(object.sinceVersion)
+        ? globalThis.Number(object.sinceVersion)
+        : isSet(object.since_version)
+        ? globalThis.Number(object.since_version)
+        : 0,
+    };
+  },
+
+  toJSON(message: ListAccessRestrictionsRequest): unknown {
+    const obj: any = {};
+    if (message.sinceVersion !== 0) {
+      obj.sinceVersion = Math.round(message.sinceVersion);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListAccessRestrictionsRequest>, I>>(base?: I): ListAccessRestrictionsRequest {
+    return ListAccessRestrictionsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListAccessRestrictionsRequest>, I>>(
+    object: I,
+  ): ListAccessRestrictionsRequest {
+    const message = createBaseListAccessRestrictionsRequest();
+    message.sinceVersion = object.sinceVersion ?? 0;
+    return message;
+  },
+};
+
+function createBaseListAccessRestrictionsResponse(): ListAccessRestrictionsResponse {
+  return { version: 0, changed: false, revokedTokens: [], revokedAgents: [], suspendedAgents: [] };
+}
+
+export const ListAccessRestrictionsResponse: MessageFns<ListAccessRestrictionsResponse> = {
+  encode(message: ListAccessRestrictionsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.version !== 0) {
+      writer.uint32(8).int64(message.version);
+    }
+    if (message.changed !== false) {
+      writer.uint32(16).bool(message.changed);
+    }
+    for (const v of message.revokedTokens) {
+      RevokedToken.encode(v!, writer.uint32(26).fork()).join();
+    }
+    for (const v of message.revokedAgents) {
+      RevokedAgent.encode(v!, writer.uint32(34).fork()).join();
+    }
+    for (const v of message.suspendedAgents) {
+      AgentRef.encode(v!, writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListAccessRestrictionsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListAccessRestrictionsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.version = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.changed = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.revokedTokens.push(RevokedToken.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.revokedAgents.push(RevokedAgent.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.suspendedAgents.push(AgentRef.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListAccessRestrictionsResponse {
+    return {
+      version: isSet(object.version) ? globalThis.Number(object.version) : 0,
+      changed: isSet(object.changed) ? globalThis.Boolean(object.changed) : false,
+      revokedTokens: globalThis.Array.isArray(object?.revokedTokens)
+        ? object.revokedTokens.map((e: any) => RevokedToken.fromJSON(e))
+        : globalThis.Array.isArray(object?.revoked_tokens)
+        ? object.revoked_tokens.map((e: any) => RevokedToken.fromJSON(e))
+        : [],
+      revokedAgents: globalThis.Array.isArray(object?.revokedAgents)
+        ? object.revokedAgents.map((e: any) => RevokedAgent.fromJSON(e))
+        : globalThis.Array.isArray(object?.revoked_agents)
+        ? object.revoked_agents.map((e: any) => RevokedAgent.fromJSON(e))
+        : [],
+      suspendedAgents: globalThis.Array.isArray(object?.suspendedAgents)
+        ? object.suspendedAgents.map((e: any) => AgentRef.fromJSON(e))
+        : globalThis.Array.isArray(object?.suspended_agents)
+        ? object.suspended_agents.map((e: any) => AgentRef.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ListAccessRestrictionsResponse): unknown {
+    const obj: any = {};
+    if (message.version !== 0) {
+      obj.version = Math.round(message.version);
+    }
+    if (message.changed !== false) {
+      obj.changed = message.changed;
+    }
+    if (message.revokedTokens?.length) {
+      obj.revokedTokens = message.revokedTokens.map((e) => RevokedToken.toJSON(e));
+    }
+    if (message.revokedAgents?.length) {
+      obj.revokedAgents = message.revokedAgents.map((e) => RevokedAgent.toJSON(e));
+    }
+    if (message.suspendedAgents?.length) {
+      obj.suspendedAgents = message.suspendedAgents.map((e) => AgentRef.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListAccessRestrictionsResponse>, I>>(base?: I): ListAccessRestrictionsResponse {
+    return ListAccessRestrictionsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListAccessRestrictionsResponse>, I>>(
+    object: I,
+  ): ListAccessRestrictionsResponse {
+    const message = createBaseListAccessRestrictionsResponse();
+    message.version = object.version ?? 0;
+    message.changed = object.changed ?? false;
+    message.revokedTokens = object.revokedTokens?.map((e) => RevokedToken.fromPartial(e)) || [];
+    message.revokedAgents = object.revokedAgents?.map((e) => RevokedAgent.fromPartial(e)) || [];
+    message.suspendedAgents = object.suspendedAgents?.map((e) => AgentRef.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 /**
  * GovernanceService owns agents' trust tiers, the write rules, every gate
  * decision and the witness chain over all of them. It is the only writer of
@@ -4355,6 +5515,52 @@ export const GovernanceServiceService = {
       Buffer.from(BatchGetDecisionsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): BatchGetDecisionsResponse => BatchGetDecisionsResponse.decode(value),
   },
+  /**
+   * Revokes one token by its jti until it expires; governor role only. Every
+   * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+   * interval. Idempotent on jti. Recorded in the witness chain.
+   */
+  revokeToken: {
+    path: "/engram.governance.v1.GovernanceService/RevokeToken" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RevokeTokenRequest): Buffer => Buffer.from(RevokeTokenRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RevokeTokenRequest => RevokeTokenRequest.decode(value),
+    responseSerialize: (value: RevokeTokenResponse): Buffer => Buffer.from(RevokeTokenResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RevokeTokenResponse => RevokeTokenResponse.decode(value),
+  },
+  /**
+   * Revokes every token of one agent issued up to now (new tokens minted
+   * later work); governor role only. Recorded in the witness chain.
+   */
+  revokeAgentTokens: {
+    path: "/engram.governance.v1.GovernanceService/RevokeAgentTokens" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RevokeAgentTokensRequest): Buffer =>
+      Buffer.from(RevokeAgentTokensRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RevokeAgentTokensRequest => RevokeAgentTokensRequest.decode(value),
+    responseSerialize: (value: RevokeAgentTokensResponse): Buffer =>
+      Buffer.from(RevokeAgentTokensResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RevokeAgentTokensResponse => RevokeAgentTokensResponse.decode(value),
+  },
+  /**
+   * What every service enforces on every call: revoked tokens (until they
+   * expire), revoked agents with their cut-off, suspended agents. Service
+   * principals only; services poll it (not on the HTTP gateway).
+   */
+  listAccessRestrictions: {
+    path: "/engram.governance.v1.GovernanceService/ListAccessRestrictions" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListAccessRestrictionsRequest): Buffer =>
+      Buffer.from(ListAccessRestrictionsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListAccessRestrictionsRequest => ListAccessRestrictionsRequest.decode(value),
+    responseSerialize: (value: ListAccessRestrictionsResponse): Buffer =>
+      Buffer.from(ListAccessRestrictionsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListAccessRestrictionsResponse =>
+      ListAccessRestrictionsResponse.decode(value),
+  },
 } as const;
 
 export interface GovernanceServiceServer extends UntypedServiceImplementation {
@@ -4392,6 +5598,23 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
    * governor and admin roles only. Ids not found are left out.
    */
   batchGetDecisions: handleUnaryCall<BatchGetDecisionsRequest, BatchGetDecisionsResponse>;
+  /**
+   * Revokes one token by its jti until it expires; governor role only. Every
+   * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+   * interval. Idempotent on jti. Recorded in the witness chain.
+   */
+  revokeToken: handleUnaryCall<RevokeTokenRequest, RevokeTokenResponse>;
+  /**
+   * Revokes every token of one agent issued up to now (new tokens minted
+   * later work); governor role only. Recorded in the witness chain.
+   */
+  revokeAgentTokens: handleUnaryCall<RevokeAgentTokensRequest, RevokeAgentTokensResponse>;
+  /**
+   * What every service enforces on every call: revoked tokens (until they
+   * expire), revoked agents with their cut-off, suspended agents. Service
+   * principals only; services poll it (not on the HTTP gateway).
+   */
+  listAccessRestrictions: handleUnaryCall<ListAccessRestrictionsRequest, ListAccessRestrictionsResponse>;
 }
 
 export interface GovernanceServiceClient extends Client {
@@ -4582,6 +5805,65 @@ export interface GovernanceServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: BatchGetDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Revokes one token by its jti until it expires; governor role only. Every
+   * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
+   * interval. Idempotent on jti. Recorded in the witness chain.
+   */
+  revokeToken(
+    request: RevokeTokenRequest,
+    callback: (error: ServiceError | null, response: RevokeTokenResponse) => void,
+  ): ClientUnaryCall;
+  revokeToken(
+    request: RevokeTokenRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RevokeTokenResponse) => void,
+  ): ClientUnaryCall;
+  revokeToken(
+    request: RevokeTokenRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RevokeTokenResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Revokes every token of one agent issued up to now (new tokens minted
+   * later work); governor role only. Recorded in the witness chain.
+   */
+  revokeAgentTokens(
+    request: RevokeAgentTokensRequest,
+    callback: (error: ServiceError | null, response: RevokeAgentTokensResponse) => void,
+  ): ClientUnaryCall;
+  revokeAgentTokens(
+    request: RevokeAgentTokensRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RevokeAgentTokensResponse) => void,
+  ): ClientUnaryCall;
+  revokeAgentTokens(
+    request: RevokeAgentTokensRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RevokeAgentTokensResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * What every service enforces on every call: revoked tokens (until they
+   * expire), revoked agents with their cut-off, suspended agents. Service
+   * principals only; services poll it (not on the HTTP gateway).
+   */
+  listAccessRestrictions(
+    request: ListAccessRestrictionsRequest,
+    callback: (error: ServiceError | null, response: ListAccessRestrictionsResponse) => void,
+  ): ClientUnaryCall;
+  listAccessRestrictions(
+    request: ListAccessRestrictionsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListAccessRestrictionsResponse) => void,
+  ): ClientUnaryCall;
+  listAccessRestrictions(
+    request: ListAccessRestrictionsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListAccessRestrictionsResponse) => void,
   ): ClientUnaryCall;
 }
 

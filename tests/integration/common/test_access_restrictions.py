@@ -1,0 +1,224 @@
+"""Revocation and suspension, held by governance and honoured by every service (four real
+servers on loopback, wired as `engram up` wires them) within the stated bound."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy
+
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.client import EngramRpcError
+from engram.client.governance import GovernanceClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
+from engram.governance.v1 import governance_service_pb2 as gpb
+from engram.shard.v1 import shard_service_pb2 as spb
+from tests.conftest import TokenFactory, inspect_token
+from tests.integration.common.stack import SERVICES, Outcome, Stack, running_stack
+
+OK = (grpc.StatusCode.OK, "")
+REFRESH_SECONDS = 0.5
+BOUND = REFRESH_SECONDS + 1.0
+"""Refresh interval plus one call: what docs/security.md promises, plus a second of slack."""
+REVOKED = (grpc.StatusCode.UNAUTHENTICATED, "TOKEN_REVOKED")
+SUSPENDED = (grpc.StatusCode.PERMISSION_DENIED, "AGENT_SUSPENDED")
+
+
+@pytest.fixture
+def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> Iterator[Stack]:
+    refresh = {"auth_restrictions_refresh_seconds": REFRESH_SECONDS}
+    with running_stack(tmp_path, engram_home, make_token, settings=lambda _s: refresh) as running:
+        yield running
+
+
+@pytest.fixture
+def governor(stack: Stack, make_token: TokenFactory) -> Iterator[GovernanceClient]:
+    with GovernanceClient(stack.address("governance"),
+                          make_token("ops", "fleet-a", ("governor",))) as client:
+        yield client
+
+
+def _until(service: str, stack: Stack, token: str, expected: Outcome) -> float:
+    """Poll ``service`` with ``token`` until it answers ``expected``; the seconds it took."""
+    start = time.monotonic()
+    while True:
+        outcome = stack.probe(service, token)
+        elapsed = time.monotonic() - start
+        if outcome == expected:
+            return elapsed
+        assert elapsed <= BOUND, f"{service} still answers {outcome} after {elapsed:.1f}s"
+        time.sleep(0.05)
+
+
+def test_a_revoked_token_is_refused_by_every_service_within_the_bound(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    token, other = make_token("agent-1", "fleet-a"), make_token("agent-1", "fleet-a")
+    for service in SERVICES:
+        assert stack.probe(service, token) == OK, service
+    claims = inspect_token(token)["claims"]
+    reply = governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC),
+                                  agent_id="agent-1", reason="leaked in a log")
+    assert reply.created and reply.revoked.revoked_by == "ops"
+    assert not governor.revoke_token(claims["jti"],
+                                     datetime.fromtimestamp(claims["exp"], UTC)).created
+    for service in SERVICES:
+        _until(service, stack, token, REVOKED)
+        assert stack.probe(service, other) == OK, "only that one token is revoked"
+
+
+def test_revoking_an_agent_refuses_its_older_tokens_everywhere(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    token = make_token("agent-1", "fleet-a")
+    bystander = make_token("agent-2", "fleet-a")
+    for service in SERVICES:
+        assert stack.probe(service, token) == OK, service
+    revoked = governor.revoke_agent_tokens("agent-1", reason="compromised host")
+    assert revoked.issued_before.seconds >= inspect_token(token)["claims"]["iat"]
+    for service in SERVICES:
+        _until(service, stack, token, REVOKED)
+        assert stack.probe(service, bystander) == OK
+    time.sleep(1.05)  # tokens issued in the second of the revocation are refused too
+    fresh = make_token("agent-1", "fleet-a")
+    for service in SERVICES:
+        assert stack.probe(service, fresh) == OK, "a token minted after the revocation works"
+
+
+def test_a_suspended_agent_is_refused_by_every_rpc_but_reading_its_own_tier(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    token = make_token("mallory", "fleet-a")
+    other = make_token("honest", "fleet-a")
+    call = stack.call
+    created = stack.stub("shard").CreateRecord(
+        spb.CreateRecordRequest(record=spb.RecordInput(content="payments run nightly",
+                                                       run_id="run-1")),
+        metadata=[("authorization", f"Bearer {token}")])
+    record_id = created.record.id
+    assert call("artifacts", "StartRun", apb.StartRunRequest(run_id="run-1"), token) == OK
+    artifact = stack.stub("artifacts").CreateArtifact(iter([
+        apb.CreateArtifactRequest(header=apb.ArtifactHeader(run_id="run-1", step_id="s1",
+                                                            name="a.txt")),
+        apb.CreateArtifactRequest(chunk=b"hello"),
+        apb.CreateArtifactRequest(trailer=apb.ArtifactTrailer(size_bytes=5))]),
+        metadata=[("authorization", f"Bearer {token}")]).artifact
+    iteration = cpb.IterationInput(iteration=1, status="ok", detail_json="{}")
+    assert call("compactor", "RecordIteration",
+                cpb.RecordIterationRequest(run_id="run-1", iteration=iteration), token) == OK
+
+    calls = {
+        ("shard", "GetRecord"): spb.GetRecordRequest(id=record_id),
+        ("shard", "ListRecords"): spb.ListRecordsRequest(),
+        ("shard", "SnapshotForRun"): spb.SnapshotForRunRequest(run_id="run-1"),
+        ("shard", "GetStatus"): spb.GetStatusRequest(),
+        ("shard", "CreateRecord"): spb.CreateRecordRequest(
+            record=spb.RecordInput(content="more")),
+        ("artifacts", "ReadArtifact"): apb.ReadArtifactRequest(artifact_id=artifact.artifact_id),
+        ("artifacts", "AppendEvent"): apb.AppendEventRequest(run_id="run-1", type="step",
+                                                             payload_json="{}"),
+        ("artifacts", "StartRun"): apb.StartRunRequest(run_id="run-2"),
+        ("compactor", "ReconstructIteration"): cpb.ReconstructIterationRequest(
+            run_id="run-1", iteration=1),
+        ("compactor", "RecordIteration"): cpb.RecordIterationRequest(
+            run_id="run-1", iteration=cpb.IterationInput(iteration=2, status="ok",
+                                                         detail_json="{}")),
+        ("governance", "ListRules"): gpb.ListRulesRequest(),
+        ("governance", "ListDecisions"): gpb.ListDecisionsRequest(),
+    }
+    for (service, method), request in calls.items():
+        if method not in ("CreateRecord", "StartRun", "RecordIteration", "AppendEvent"):
+            assert call(service, method, request, token) == OK, (service, method)
+
+    governor.set_tier("mallory", "suspended", reason="poisoning")
+    _until("shard", stack, token, SUSPENDED)
+    time.sleep(BOUND)  # every service has refreshed by now
+    for (service, method), request in calls.items():
+        assert call(service, method, request, token) == SUSPENDED, (service, method)
+    upload = stack.stub("artifacts").CreateArtifact
+    with pytest.raises(grpc.RpcError) as refused:
+        upload(iter([apb.CreateArtifactRequest(header=apb.ArtifactHeader(
+            run_id="run-1", step_id="s2", name="b.txt"))]),
+            metadata=[("authorization", f"Bearer {token}")])
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # It may still read its own tier, and only its own.
+    own = stack.stub("governance").GetTrust(gpb.GetTrustRequest(),
+                                            metadata=[("authorization", f"Bearer {token}")])
+    assert own.trust.tier == gpb.TRUST_TIER_SUSPENDED
+    assert call("governance", "GetTrust", gpb.GetTrustRequest(agent_id="honest"),
+                token)[0] == grpc.StatusCode.PERMISSION_DENIED
+    for service in SERVICES:
+        assert stack.probe(service, other) == OK, "another agent is not affected"
+
+    governor.set_tier("mallory", "standard", reason="cleared")
+    _until("compactor", stack, token, OK)
+
+
+def test_restrictions_stay_in_force_while_governance_is_down(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    token = make_token("agent-1", "fleet-a")
+    governor.revoke_agent_tokens("agent-1")
+    for service in ("shard", "artifacts", "compactor"):
+        _until(service, stack, token, REVOKED)
+    stack.servers["governance"].stop(0)
+    time.sleep(BOUND)
+    for service in ("shard", "artifacts", "compactor"):
+        assert stack.probe(service, token) == REVOKED, service
+
+
+def test_only_governors_revoke_and_only_services_list(stack: Stack,
+                                                      make_token: TokenFactory) -> None:
+    agent = make_token("agent-1", "fleet-a")
+    service = make_token("svc-shard", "system", ("service",))
+    far = gpb.RevokeTokenRequest(jti="j1")
+    far.expire_time.FromSeconds(int(time.time()) + 60)
+    for request, method in ((far, "RevokeToken"),
+                            (gpb.RevokeAgentTokensRequest(agent_id="agent-2"),
+                             "RevokeAgentTokens")):
+        for token in (agent, service):
+            assert stack.call("governance", method, request, token) == (
+                grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED"), (method, token == agent)
+    for token in (agent, make_token("ops", "fleet-a", ("governor",))):
+        assert stack.call("governance", "ListAccessRestrictions",
+                          gpb.ListAccessRestrictionsRequest(), token) == (
+            grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED")
+    with GovernanceClient(stack.address("governance"), service) as client:
+        listed = client.access_restrictions(0)
+        assert listed.changed and listed.version >= 1
+        assert not client.access_restrictions(listed.version).changed
+    with GovernanceClient(stack.address("governance"),
+                          make_token("ops", "fleet-a", ("governor",))) as gov, \
+            pytest.raises(EngramRpcError) as bad:
+        gov.revoke_token("j1", datetime(2999, 1, 1, tzinfo=UTC))
+    assert bad.value.reason == "INVALID_EXPIRE_TIME"
+
+
+def test_revocations_are_in_the_witness_chain(stack: Stack, governor: GovernanceClient,
+                                              make_token: TokenFactory) -> None:
+    before = governor.checkpoint().length
+    claims = inspect_token(make_token("agent-1", "fleet-a"))["claims"]
+    governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC))
+    governor.revoke_agent_tokens("agent-3")
+    assert governor.checkpoint().length == before + 2
+    assert governor.verify_chain().ok
+
+
+def test_a_revocation_deleted_behind_governances_back_is_found(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory,
+        tmp_path: Path) -> None:
+    claims = inspect_token(make_token("agent-1", "fleet-a"))["claims"]
+    governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC))
+    governor.revoke_agent_tokens("agent-3")
+    assert governor.verify_chain().ok
+    engine = sqlalchemy.create_engine(f"sqlite:///{tmp_path / 'governance.db'}")
+    with engine.begin() as conn:
+        conn.execute(sqlalchemy.text("DELETE FROM revoked_tokens"))
+        conn.execute(sqlalchemy.text("UPDATE revoked_agents SET revoked_ms = 0"))
+    engine.dispose()
+    report = governor.verify_chain()
+    assert not report.ok
+    assert any(f"token {claims['jti']}" in p and "missing from the store" in p
+               for p in report.problems), report.problems
+    assert any("agent fleet-a/agent-3" in p and "differs" in p for p in report.problems)
