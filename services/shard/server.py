@@ -89,7 +89,7 @@ def build_shard_server(
 
     servicer = ShardServicer(service, MemoryCompactor(service),
                              PageTokens.for_service(settings, "shard"),
-                             FilterLimits(settings.filter_max_metadata, settings.filter_max_tags))
+                             FilterLimits(settings.filter_max_metadata))
     restrictions = governance_restrictions(
         "shard", settings.governance_addr, settings.service_token_file,
         settings.governance_tls(), settings.auth_restrictions_refresh_seconds)

@@ -384,14 +384,14 @@ class ShardService:
 
     def list_records(self, flt: RecordFilter, before_seq: int | None,
              limit: int) -> list[tuple[int, Record]]:
-        self.check_filter(flt.run_id, flt.agent_id, flt.tags)
+        self.check_filter(flt.run_id, flt.agent_id, flt.tags + flt.tags_any)
         with self.db.session() as session:
             return self.repo.page(session, flt, before_seq, limit)
 
     def search(self, query: SearchQuery) -> list[SearchHit]:
         check_limit("the query", len(query.text.encode()), self.limits.query_bytes,
                     "ENGRAM_LIMITS_QUERY_BYTES", "bytes")
-        self.check_filter(query.run_id, "", query.tags)
+        self.check_filter(query.run_id, "", query.tags + query.tags_any)
         return self.search_engine.search(query)
 
     # -- integrity ----------------------------------------------------------

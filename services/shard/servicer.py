@@ -138,10 +138,10 @@ def _fleet_acted_on(principal: Principal, requested: str) -> str:
 
 @dataclass(frozen=True)
 class FilterLimits:
-    """Bounds on one RecordFilter (ENGRAM_SHARD_FILTER_MAX_METADATA, _FILTER_MAX_TAGS)."""
+    """Bounds on one RecordFilter (ENGRAM_SHARD_FILTER_MAX_METADATA); its tags are bounded by
+    ENGRAM_LIMITS_TAGS_PER_FILTER with every other list's."""
 
     max_metadata: int = 16
-    max_tags: int = 32
 
 
 _MIN_TIME_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z, RFC 3339's first instant
@@ -174,12 +174,8 @@ def record_filter(fleet_id: str, flt: pb.RecordFilter, limits: FilterLimits, *,
         raise InvalidArgument(
             f"filter has {len(flt.metadata)} metadata pairs; at most {limits.max_metadata}",
             reason="FILTER_TOO_LARGE", metadata={"limit": str(limits.max_metadata)})
-    all_tags = sorted(set(tags) | set(flt.tags_all))
+    all_tags = sorted(set(tags) | set(flt.tags_all))  # counted by ENGRAM_LIMITS_TAGS_PER_FILTER
     any_tags = sorted(set(flt.tags_any))
-    if len(all_tags) + len(any_tags) > limits.max_tags:
-        raise InvalidArgument(
-            f"filter has {len(all_tags) + len(any_tags)} tags; at most {limits.max_tags}",
-            reason="FILTER_TOO_LARGE", metadata={"limit": str(limits.max_tags)})
     for key in flt.metadata:
         if not key or '"' in key or "\\" in key:
             raise InvalidArgument(f"metadata key {key!r} cannot be filtered on",

@@ -56,8 +56,6 @@ class ShardSettings(ServerSettings):
     dedup_similarity: float = 0.97
     filter_max_metadata: int = 16
     """Metadata key = value pairs one ListRecords / SearchRecords filter may name."""
-    filter_max_tags: int = 32
-    """Tags (any + all) one ListRecords / SearchRecords filter may name."""
 
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,

@@ -125,7 +125,7 @@ BAD = {
     "importance NaN": (_request_with(min_importance=float("nan")), "INVALID_IMPORTANCE"),
     "too many pairs": (_request_with(metadata={f"k{i}": "v" for i in range(17)}),
                        "FILTER_TOO_LARGE"),
-    "too many tags": (_request_with(tags_any=[f"t{i}" for i in range(33)]), "FILTER_TOO_LARGE"),
+    "too many tags": (_request_with(tags_any=[f"t{i}" for i in range(33)]), "LIMIT_EXCEEDED"),
     "quote in key": (_request_with(metadata={'a"b': "v"}), "INVALID_METADATA_KEY"),
     "empty window": (pb.RecordFilter(created_after={"seconds": 20}, created_before={"seconds": 10}),
                      "INVALID_TIME_RANGE"),
