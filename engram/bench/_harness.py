@@ -141,6 +141,18 @@ UNTHROTTLED = {f"ENGRAM_{service}_RATE_LIMIT_{kind}": "0"
 """A benchmark measures capacity, not one agent's allowance: per-agent rate limits off."""
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the service drains), then SIGKILL after 20 s; reaped either way."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class ServerProcess:
     """A server in a child process on a free loopback port; waits for grpc.health SERVING."""
 
@@ -192,13 +204,8 @@ class ServerProcess:
         return self.process.stderr.read().decode()[-2000:] if self.process.stderr else ""
 
     def __exit__(self, *_exc: object) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            stop_process(self.process)
         if self.process and self.process.stderr:
             self.process.stderr.close()
 

@@ -28,6 +28,7 @@ from engram.bench._harness import (
     free_port,
     rss_mb,
     shard_process,
+    stop_process,
 )
 from engram.client import ShardClient
 from services.common.tokens import TokenSigner, ensure_keypair
@@ -65,12 +66,8 @@ class GatewayProcess:
         raise RuntimeError(f"engram gateway did not answer in {self._timeout}s")
 
     def __exit__(self, *_exc: object) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.process:
+            stop_process(self.process)
 
 
 class HttpCaller:
