@@ -17,17 +17,11 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
 from engram.gateway import Gateway, GatewayConfig  # noqa: E402
-from services.artifacts.server import build_artifacts_server  # noqa: E402
-from services.artifacts.settings import ArtifactsSettings  # noqa: E402
 from services.common.tokens import write_token_file  # noqa: E402
 from services.compactor.server import build_compactor_server  # noqa: E402
 from services.compactor.settings import CompactorSettings  # noqa: E402
-from services.governance.server import build_governance_server  # noqa: E402
-from services.governance.settings import GovernanceSettings  # noqa: E402
-from services.shard.governance_gate import connect_governance  # noqa: E402
-from services.shard.server import build_shard_server  # noqa: E402
-from services.shard.settings import ShardSettings  # noqa: E402
 from tests.conftest import TokenFactory  # noqa: E402
+from tests.stack import gated_stack  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -40,35 +34,20 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
           make_token: TokenFactory) -> Iterator[Stack]:
     data = tmp_path_factory.mktemp("gateway-stack")
-    governance = build_governance_server(GovernanceSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
-    governance.start()
-    shard_token = data / "shard-service.token"
-    write_token_file(shard_token, make_token("svc-shard", "system", ("service",)))
-    gate, trust = connect_governance(governance.address, shard_token, gate_timeout=5.0,
-                                     ttl_seconds=0.0)
-    shard, _ = build_shard_server(ShardSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'shard.db'}", embedder="none"),
-        gate=gate, trust=trust)
-    shard.start()
-    artifacts, _ = build_artifacts_server(ArtifactsSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'artifacts.db'}",
-        blob_url=(data / "blobs").as_uri()))
-    artifacts.start()
-    compactor_token = data / "compactor.token"
-    write_token_file(compactor_token, make_token("svc-compactor", "system", ("service",)))
-    compactor = build_compactor_server(CompactorSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'compactor.db'}",
-        blob_url=(data / "cold").resolve().as_uri(), shard_addr=shard.address,
-        service_token_file=compactor_token)).start()
-    servers = (compactor, artifacts, shard, governance)
-    try:
-        yield Stack({"shard": shard.address, "governance": governance.address,
-                     "artifacts": artifacts.address, "compactor": compactor.address},
-                    make_token)
-    finally:
-        for server in servers:
-            server.stop(0)
+    with gated_stack(data, engram_home, make_token) as servers:
+        compactor_token = data / "compactor.token"
+        write_token_file(compactor_token, make_token("svc-compactor", "system", ("service",)))
+        compactor = build_compactor_server(CompactorSettings(
+            home=engram_home, port=0, db_url=f"sqlite:///{data / 'compactor.db'}",
+            blob_url=(data / "cold").resolve().as_uri(), shard_addr=servers.shard.address,
+            service_token_file=compactor_token)).start()
+        try:
+            yield Stack({"shard": servers.shard.address,
+                         "governance": servers.governance.address,
+                         "artifacts": servers.artifacts.address,
+                         "compactor": compactor.address}, make_token)
+        finally:
+            compactor.stop(0)
 
 
 class GatewayThread:

@@ -14,15 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.artifacts.server import build_artifacts_server
-from services.artifacts.settings import ArtifactsSettings
-from services.common.tokens import write_token_file
-from services.governance.server import build_governance_server
-from services.governance.settings import GovernanceSettings
-from services.shard.governance_gate import connect_governance
-from services.shard.server import build_shard_server
-from services.shard.settings import ShardSettings
 from tests.conftest import TokenFactory
+from tests.stack import gated_stack
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,30 +41,12 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
           make_token: TokenFactory) -> Iterator[Stack]:
     data = tmp_path_factory.mktemp("mcp-stack")
-    governance = build_governance_server(GovernanceSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
-    governance.start()
-    token_file = data / "shard-service.token"
-    write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
-    gate, trust = connect_governance(governance.address, token_file, gate_timeout=5.0,
-                                     ttl_seconds=0.0)
-    shard, _ = build_shard_server(ShardSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'shard.db'}", embedder="none"),
-        gate=gate, trust=trust)
-    shard.start()
-    artifacts, _ = build_artifacts_server(ArtifactsSettings(
-        home=engram_home, port=0, db_url=f"sqlite:///{data / 'artifacts.db'}",
-        blob_url=(data / "blobs").as_uri()))
-    artifacts.start()
     # An empty home: the MCP server must not find an admin token or endpoints there.
     home = data / "mcp-home"
     home.mkdir()
-    try:
-        yield Stack(governance.address, shard.address, artifacts.address, home, make_token)
-    finally:
-        artifacts.stop(0)
-        shard.stop(0)
-        governance.stop(0)
+    with gated_stack(data, engram_home, make_token) as servers:
+        yield Stack(servers.governance.address, servers.shard.address,
+                    servers.artifacts.address, home, make_token)
 
 
 def _free_port() -> int:

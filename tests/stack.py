@@ -1,0 +1,53 @@
+"""Governance, a shard it gates and artifacts as real servers on 127.0.0.1:0, in this process:
+the stack the client-side integration tests (MCP, gateway) put their front ends on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.artifacts.server import build_artifacts_server
+from services.artifacts.settings import ArtifactsSettings
+from services.common.server import EngramServer
+from services.common.tokens import write_token_file
+from services.governance.server import build_governance_server
+from services.governance.settings import GovernanceSettings
+from services.shard.governance_gate import connect_governance
+from services.shard.server import build_shard_server
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+
+
+@dataclass(frozen=True)
+class GatedStack:
+    governance: EngramServer
+    shard: EngramServer
+    artifacts: EngramServer
+
+
+@contextmanager
+def gated_stack(data: Path, home: Path, make_token: TokenFactory) -> Iterator[GatedStack]:
+    """The three servers, each with its SQLite store under ``data``; stopped on exit."""
+    governance = build_governance_server(GovernanceSettings(
+        home=home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
+    governance.start()
+    token_file = data / "shard-service.token"
+    write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
+    gate, trust = connect_governance(governance.address, token_file, gate_timeout=5.0,
+                                     ttl_seconds=0.0)
+    shard, _ = build_shard_server(ShardSettings(
+        home=home, port=0, db_url=f"sqlite:///{data / 'shard.db'}", embedder="none"),
+        gate=gate, trust=trust)
+    shard.start()
+    artifacts, _ = build_artifacts_server(ArtifactsSettings(
+        home=home, port=0, db_url=f"sqlite:///{data / 'artifacts.db'}",
+        blob_url=(data / "blobs").as_uri()))
+    artifacts.start()
+    try:
+        yield GatedStack(governance, shard, artifacts)
+    finally:
+        artifacts.stop(0)
+        shard.stop(0)
+        governance.stop(0)
