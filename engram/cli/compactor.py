@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -124,12 +125,9 @@ def summaries(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Warm summaries in iteration order, across every segment."""
-    rows: list[pb.IterationSummary] = []
     with rpc_errors(as_json), _client() as client:
-        for summary in client.summaries(run, start_iteration=start, page_size=500):
-            rows.append(summary)
-            if limit and len(rows) >= limit:
-                break
+        pages = client.summaries(run, start_iteration=start, page_size=500)
+        rows = list(islice(pages, limit) if limit else pages)
     if as_json:
         emit_json([message_dict(s) for s in rows])
         return
@@ -253,16 +251,12 @@ def retention(
 @app.command("policy-runs")
 def policy_runs(
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
-    limit: int = typer.Option(20, help="how many, newest first"),
+    limit: int = typer.Option(20, min=1, help="how many, newest first"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Past memory compaction and retention runs, scheduled or on demand."""
-    rows: list[pb.PolicyRun] = []
     with rpc_errors(as_json), _client() as client:
-        for run in client.policy_runs(fleet, page_size=min(limit, 100)):
-            rows.append(run)
-            if len(rows) >= limit:
-                break
+        rows = list(islice(client.policy_runs(fleet, page_size=min(limit, 100)), limit))
     if as_json:
         emit_json([message_dict(r) for r in rows])
         return

@@ -6,6 +6,8 @@ admin token `engram up` writes has both.
 
 from __future__ import annotations
 
+from itertools import islice
+
 import typer
 from google.protobuf.message import Message
 from rich.table import Table
@@ -173,18 +175,14 @@ def rules_rm(rule_id: str = typer.Argument(..., help="rule id from `engram gov r
 @app.command("decisions")
 def decisions(
     agent: str = typer.Option("", "--agent", help="only this agent's decisions"),
-    limit: int = typer.Option(50, "--limit", help="newest N decisions"),
+    limit: int = typer.Option(50, "--limit", min=1, help="newest N decisions"),
     fleet: str = FLEET_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Recorded gate decisions, newest first."""
     with rpc_errors(as_json), _client() as client:
-        found = []
-        for decision in client.decisions(agent_id=agent, fleet_id=fleet,
-                                         page_size=min(limit, 1000)):
-            found.append(decision)
-            if len(found) >= limit:
-                break
+        found = list(islice(client.decisions(agent_id=agent, fleet_id=fleet,
+                                             page_size=min(limit, 1000)), limit))
     if as_json:
         emit_json([message_dict(d) for d in found])
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -233,7 +234,7 @@ def list_(
     tags: str = typer.Option("", help="only records carrying all of these (comma-separated)"),
     domain: str = typer.Option("", help="only this domain"),
     agent: str = typer.Option("", "--agent", help="only this author's records"),
-    limit: int = typer.Option(50, help="newest N records"),
+    limit: int = typer.Option(50, min=1, help="newest N records"),
     meta: list[str] = _META,
     tag_any: str = _TAG_ANY,
     tag_all: str = _TAG_ALL,
@@ -248,13 +249,9 @@ def list_(
     where["tags"] = sorted(set(where["tags"]) | set(_tags(tags)))
     if agent and author and agent != author:
         raise fail("--agent and --author name different authors", code=2)
-    found: list[pb.Record] = []
     with rpc_errors(as_json), _client() as client:
-        for record in client.list(run_id=run, domain=domain, agent_id=author or agent,
-                                  page_size=min(limit, 1000), **where):
-            found.append(record)
-            if len(found) >= limit:
-                break
+        found = list(islice(client.list(run_id=run, domain=domain, agent_id=author or agent,
+                                        page_size=min(limit, 1000), **where), limit))
     if as_json:
         emit_json([message_dict(r) for r in found])
         return
