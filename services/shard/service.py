@@ -75,6 +75,8 @@ class FleetStatus:
     incoming: dict[str, int]
     """Links into each domain from records."""
     indexing_lag: int
+    embedding_model: str
+    """The embedder's identity (stored vectors are keyed by it); empty when lexical only."""
 
 
 @dataclass(frozen=True)
@@ -452,7 +454,8 @@ class ShardService:
             total, runs, links = self.repo.counts(session, principal.fleet_id)
             incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
         return FleetStatus(principal.fleet_id, total, runs, links, domains, incoming,
-                           self.search_engine.indexing_lag())
+                           self.search_engine.indexing_lag(),
+                           self.search_engine.embedding_model())
 
     def summary(self, principal: Principal) -> dict[str, object]:
         """The seed's global summary (section 2.4.3)."""

@@ -1,7 +1,11 @@
-"""all-MiniLM-L6-v2 on ONNX Runtime, its graph built at start-up from the packaged weights.
+"""A BERT-family sentence encoder on ONNX Runtime, its graph built at start-up from its weights.
+
+The default is the packaged all-MiniLM-L6-v2; any model directory that
+``model_dir.inspect_model_dir`` accepts (mean or CLS pooling) builds the same way, sized by
+its config.
 
 Why: indexing needs ~300 texts/s and a query a few ms on two shared cores; the numpy forward
-pass (``embedding.MiniLMEmbedder``, kept as the reference) gives ~50 texts/s and ~15 ms.
+pass (``embedding.BertEmbedder``, kept as the reference) gives ~50 texts/s and ~15 ms.
 The graph uses ONNX Runtime's fused CPU kernels from the ``com.microsoft`` domain
 (EmbedLayerNormalization, Attention, BiasGelu, SkipLayerNormalization); in float32 it is
 compute-bound at ~85 texts/s a core, so the default is its int8 dynamic quantization (VNNI
@@ -26,25 +30,23 @@ from services.common.memory import trim_heap
 from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import (
     Batch,
-    MiniLMTokenizer,
-    PooledMiniLM,
-    default_minilm_dir,
-    load_minilm_weights,
+    PooledEncoder,
+    minilm_spec,
     padded,
+    provider_name,
 )
+from services.shard.retrieval.model_dir import ModelSpec, load_bert_weights
 
 if TYPE_CHECKING:
     from onnx import ModelProto
 
-_HIDDEN, _HEADS, _LAYERS = 384, 12, 6
-_EPSILON = 1e-12  # BERT's layer-norm epsilon
 _IR_VERSION = 10  # readable by every onnxruntime >= 1.20
 _OPSET = 17
 
 
-def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
-    """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, mean-pooled (not
-    normalised) float32 rows out.
+def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> ModelProto:
+    """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, pooled (mean or
+    CLS token, as ``spec`` says; not normalised) float32 rows out.
 
     Token type 0 is folded into the position embeddings (a sentence encoder has one segment),
     so EmbedLayerNormalization needs no segment input. Attention takes the mask as per-row
@@ -58,7 +60,8 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
         [helper.make_opsetid("", _OPSET), helper.make_opsetid("com.microsoft", 1)]
     )
     graph = model.graph
-    graph.name = "all-MiniLM-L6-v2"
+    graph.name = spec.name
+    epsilon = spec.layer_norm_eps
 
     def const(name: str, array: npt.NDArray[Any]) -> str:
         graph.initializer.add().CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), name))
@@ -84,11 +87,11 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
             ],
             ["x0", "lengths"],
             domain="com.microsoft",
-            epsilon=_EPSILON,
+            epsilon=epsilon,
         )
     ]
     x = "x0"
-    for i in range(_LAYERS):
+    for i in range(spec.layers):
         p, n = f"encoder.layer.{i}.", f"l{i}_"
         qkv_w = np.concatenate(
             [w[p + f"attention.self.{k}.weight"].T for k in ("query", "key", "value")], axis=1
@@ -102,7 +105,7 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
                 [x, const(n + "qkv_w", qkv_w), const(n + "qkv_b", qkv_b), "lengths"],
                 [n + "context"],
                 domain="com.microsoft",
-                num_heads=_HEADS,
+                num_heads=spec.heads,
             ),
             helper.make_node(
                 "MatMul",
@@ -120,7 +123,7 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
                 ],
                 [n + "h"],
                 domain="com.microsoft",
-                epsilon=_EPSILON,
+                epsilon=epsilon,
             ),
             helper.make_node(
                 "MatMul",
@@ -150,21 +153,27 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
                 ],
                 [n + "out"],
                 domain="com.microsoft",
-                epsilon=_EPSILON,
+                epsilon=epsilon,
             ),
         ]
         x = n + "out"
-    # Mean pooling over the mask (padding rows carry values; they must not count).
-    nodes += [
-        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["mask_f", const("axis2", np.array([2]))], ["mask_3d"]),
-        helper.make_node("Mul", [x, "mask_3d"], ["masked"]),
-        helper.make_node(
-            "ReduceSum", ["masked", const("axis1", np.array([1]))], ["summed"], keepdims=0
-        ),
-        helper.make_node("ReduceSum", ["mask_f", "axis1"], ["counts"], keepdims=1),
-        helper.make_node("Div", ["summed", "counts"], ["pooled"]),
-    ]
+    if spec.pooling == "cls":
+        # A 0-d index drops the length axis (np.ascontiguousarray in const() would make it 1-d).
+        graph.initializer.add().CopyFrom(numpy_helper.from_array(np.array(0, np.int64), "first"))
+        nodes.append(helper.make_node("Gather", [x, "first"], ["pooled"], axis=1))
+    else:
+        # Mean pooling over the mask (padding rows carry values; they must not count).
+        nodes += [
+            helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask_f", const("axis2", np.array([2]))],
+                             ["mask_3d"]),
+            helper.make_node("Mul", [x, "mask_3d"], ["masked"]),
+            helper.make_node(
+                "ReduceSum", ["masked", const("axis1", np.array([1]))], ["summed"], keepdims=0
+            ),
+            helper.make_node("ReduceSum", ["mask_f", "axis1"], ["counts"], keepdims=1),
+            helper.make_node("Div", ["summed", "counts"], ["pooled"]),
+        ]
     for node in nodes:
         node.name = node.output[0]  # named, so quantization can include or exclude nodes
     batch_by_length = ["batch", "length"]
@@ -176,7 +185,7 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
         ]
     )
     graph.output.append(
-        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", _HIDDEN])
+        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", spec.hidden])
     )
     return model
 
@@ -218,8 +227,8 @@ class _QuantizerChatter(logging.Filter):
         return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
 
 
-class OnnxMiniLMEmbedder(PooledMiniLM):
-    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) on ONNX Runtime.
+class OnnxBertEmbedder(PooledEncoder):
+    """A BERT-family encoder (normalised rows) on ONNX Runtime; default all-MiniLM-L6-v2.
 
     ``threads`` is how many batches run at once, each on one ORT thread: the int8 model runs
     one text per batch, and a single short text does not split well across intra-op threads
@@ -230,26 +239,23 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
 
     def __init__(
         self,
-        model_dir: Path | None = None,
+        spec: ModelSpec | None = None,
         *,
         threads: int = 1,
         int8: bool = False,
-        max_tokens: int = 128,
         batch_size: int = 32,
         pool_niceness: int = 0,
     ) -> None:
         import onnx
         import onnxruntime as ort
 
-        directory = model_dir or default_minilm_dir()
-        self.name = "all-MiniLM-L6-v2" + ("-int8" if int8 else "")
+        spec = spec or minilm_spec()
         # Dynamic int8 quantization scales activations per tensor, i.e. per batch; one text
         # per run keeps a vector a function of its text alone, at the same throughput.
-        self._batch_size = 1 if int8 else batch_size
-        self._tokenizer = MiniLMTokenizer(directory, max_tokens)
+        self._configure(spec, provider_name(spec, int8=int8), 1 if int8 else batch_size)
         self._threads = max(1, threads)
         self._pool = (
-            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="minilm",
+            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="encoder",
                                initializer=lower_this_thread, initargs=(pool_niceness,))
             if self._threads > 1
             else None
@@ -261,9 +267,9 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
         # Activations are allocated per run: an arena would keep the largest batch's buffers.
         options.enable_cpu_mem_arena = False
         # Loaded from a file read once: a session made from bytes keeps them for its lifetime.
-        with tempfile.TemporaryDirectory(prefix="engram-minilm-") as scratch:
-            path = Path(scratch) / "minilm.onnx"
-            model = minilm_graph(load_minilm_weights(directory))
+        with tempfile.TemporaryDirectory(prefix="engram-encoder-") as scratch:
+            path = Path(scratch) / "encoder.onnx"
+            model = bert_graph(load_bert_weights(spec), spec)
             if int8:
                 quantize_int8(model, path)
             else:
