@@ -79,7 +79,7 @@ def write_chroma_minilm(download_path: Path, extracted_folder: str = "onnx") -> 
 
     from services.shard.retrieval.embedding import minilm_spec
     from services.shard.retrieval.embedding_onnx import bert_graph
-    from services.shard.retrieval.model_dir import load_bert_weights
+    from services.shard.retrieval.model_dir import load_encoder_weights
 
     spec = minilm_spec()
     source = spec.directory
@@ -87,5 +87,5 @@ def write_chroma_minilm(download_path: Path, extracted_folder: str = "onnx") -> 
     folder.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, folder / name)
-    onnx.save(chroma_interface(bert_graph(load_bert_weights(spec), spec)), folder / "model.onnx")
+    onnx.save(chroma_interface(bert_graph(load_encoder_weights(spec), spec)), folder / "model.onnx")
     return folder

@@ -17,6 +17,7 @@ from services.shard.retrieval.embedding import (
     require_production,
 )
 from services.shard.retrieval.model_dir import ModelSpec, inspect_model_dir
+from services.shard.retrieval.packaged_models import MPNET, mpnet_dir
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 from services.shard.servicer import (
@@ -32,7 +33,7 @@ from services.shard.settings import ShardSettings
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-_NAMED_EMBEDDERS = ("minilm", "minilm-fp32", "hash", "none")
+_NAMED_EMBEDDERS = ("minilm", "minilm-fp32", "mpnet", "hash", "none")
 
 
 def embedder_spec(settings: ShardSettings) -> tuple[ModelSpec, bool] | None:
@@ -43,6 +44,8 @@ def embedder_spec(settings: ShardSettings) -> tuple[ModelSpec, bool] | None:
         return None
     if settings.embedder in ("minilm", "minilm-fp32"):
         return minilm_spec(), settings.embedder == "minilm"
+    if settings.embedder == "mpnet":
+        return inspect_model_dir(mpnet_dir(settings.home), name=MPNET), settings.embed_int8
     if "/" in settings.embedder or settings.embedder.startswith("."):
         return inspect_model_dir(Path(settings.embedder)), settings.embed_int8
     raise ValueError(

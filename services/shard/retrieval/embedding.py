@@ -23,7 +23,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from services.shard.retrieval.model_dir import ModelSpec, inspect_model_dir, load_bert_weights
+from services.shard.retrieval.model_dir import (
+    RELATIVE_BIAS,
+    ModelSpec,
+    inspect_model_dir,
+    load_encoder_weights,
+    relative_position_bias,
+)
 
 Vectors = npt.NDArray[np.float32]
 
@@ -244,7 +250,8 @@ class PooledEncoder(InProcessProvider):
 
 
 class BertEmbedder(PooledEncoder):
-    """A BERT-family sentence encoder (mean or CLS pooling, normalised) as a numpy forward pass.
+    """A BERT-family (or MPNet) sentence encoder (mean or CLS pooling, normalised) as a numpy
+    forward pass.
 
     The reference implementation (all-MiniLM-L6-v2: identical to sentence-transformers to
     1e-6): the ONNX Runtime path (``embedding_onnx``), which the shard serves, is checked
@@ -253,7 +260,7 @@ class BertEmbedder(PooledEncoder):
 
     def __init__(self, spec: ModelSpec | None = None, *, batch_size: int = 32) -> None:
         spec = spec or minilm_spec()
-        w = load_bert_weights(spec)
+        w = load_encoder_weights(spec)
         self._configure(spec, provider_name(spec, int8=False), batch_size)
         self._heads = spec.heads
         self._pooling = spec.pooling
@@ -261,6 +268,8 @@ class BertEmbedder(PooledEncoder):
         self._word = w["embeddings.word_embeddings.weight"]
         self._position = w["embeddings.position_embeddings.weight"]
         self._token_type = w["embeddings.token_type_embeddings.weight"][0]
+        self._relative = (relative_position_bias(spec, w[RELATIVE_BIAS])
+                          if spec.relative_buckets else None)
         self._emb_ln = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         self._layers = []
         for i in range(spec.layers):
@@ -303,6 +312,8 @@ class BertEmbedder(PooledEncoder):
             qkv = qkv.reshape(n, length, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + attn_bias
+            if self._relative is not None:
+                scores += self._relative[None, :, :length, :length]
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)

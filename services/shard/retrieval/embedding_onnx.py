@@ -29,13 +29,20 @@ import numpy.typing as npt
 from services.common.memory import trim_heap
 from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import (
+    MINILM_NAME,
     Batch,
     PooledEncoder,
     minilm_spec,
     padded,
     provider_name,
 )
-from services.shard.retrieval.model_dir import ModelSpec, load_bert_weights
+from services.shard.retrieval.model_dir import (
+    RELATIVE_BIAS,
+    ModelDirError,
+    ModelSpec,
+    load_encoder_weights,
+    relative_position_bias,
+)
 
 if TYPE_CHECKING:
     from onnx import ModelProto
@@ -91,6 +98,21 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> 
         )
     ]
     x = "x0"
+    attention_bias = ""
+    if spec.relative_buckets:
+        # MPNet: every layer adds the same (1, heads, length, length) relative-position bias,
+        # cut from a table over max_tokens by the batch's length.
+        table = relative_position_bias(spec, w[RELATIVE_BIAS])[None]
+        nodes += [
+            helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+            helper.make_node("Slice", ["ids_shape", const("one", np.array([1])),
+                                       const("two", np.array([2]))], ["length"]),
+            helper.make_node("Concat", ["length", "length"], ["length2"], axis=0),
+            helper.make_node("Slice", [const("relative_table", table),
+                                       const("zeros2", np.array([0, 0])), "length2",
+                                       const("axes23", np.array([2, 3]))], ["relative_bias"]),
+        ]
+        attention_bias = "relative_bias"
     for i in range(spec.layers):
         p, n = f"encoder.layer.{i}.", f"l{i}_"
         qkv_w = np.concatenate(
@@ -99,14 +121,32 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> 
         qkv_b = np.concatenate(
             [w[p + f"attention.self.{k}.bias"] for k in ("query", "key", "value")]
         )
-        nodes += [
-            helper.make_node(
+        if attention_bias:
+            # The fused Attention op takes the bias, but its int8 form (QAttention) has no
+            # input for it: the projection is a MatMul the quantizer handles, the attention
+            # itself MultiHeadAttention (which adds the projection's bias).
+            nodes += [
+                helper.make_node("MatMul", [x, const(n + "qkv_w", qkv_w)], [n + "qkv"]),
+                helper.make_node("Split", [n + "qkv", const(n + "thirds", np.array(
+                    [spec.hidden] * 3))], [n + "q", n + "k", n + "v"], axis=2),
+                helper.make_node(
+                    "MultiHeadAttention",
+                    [n + "q", n + "k", n + "v", const(n + "qkv_b", qkv_b), "lengths",
+                     attention_bias],
+                    [n + "context"],
+                    domain="com.microsoft",
+                    num_heads=spec.heads,
+                ),
+            ]
+        else:
+            nodes.append(helper.make_node(
                 "Attention",
                 [x, const(n + "qkv_w", qkv_w), const(n + "qkv_b", qkv_b), "lengths"],
                 [n + "context"],
                 domain="com.microsoft",
                 num_heads=spec.heads,
-            ),
+            ))
+        nodes += [
             helper.make_node(
                 "MatMul",
                 [n + "context", const(n + "out_w", w[p + "attention.output.dense.weight"].T)],
@@ -190,14 +230,19 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> 
     return model
 
 
-def quantize_int8(model: ModelProto, out: Path) -> None:
+def quantize_int8(model: ModelProto, out: Path, spec: ModelSpec) -> None:
     """Int8 dynamic quantization of the Attention and MatMul weights, per output channel,
     written to ``out``.
 
-    Per-channel weights keep the mean cosine to the fp32 model at 0.993 (per-tensor: 0.955);
-    the embedding table stays fp32 (quantizing it saves memory, not time). Activations are
-    quantized at run time with one scale per tensor, so a text's vector depends on the
-    other rows of its batch: the int8 embedder runs one text at a time.
+    Per-channel weights keep MiniLM's mean cosine to the fp32 model at 0.993 (per-tensor:
+    0.955); the embedding table stays fp32 (quantizing it saves memory, not time).
+    Activations are quantized at run time with one scale per tensor, so a text's vector
+    depends on the other rows of its batch: the int8 embedder runs one text at a time.
+
+    MPNet's feed-forward outputs see activations of 55-100 where 99.9% stay under 3 (layers
+    6-10), and signed int8 weights saturate AVX2's 16-bit pair sums: quantized like MiniLM
+    its vectors are noise (cosine ~0 to fp32). Unsigned weights with the feed-forward
+    down-projections kept in fp32 give 0.992 at about half the fp32 cost.
     """
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -209,12 +254,15 @@ def quantize_int8(model: ModelProto, out: Path) -> None:
     chatter = _QuantizerChatter()
     root.addFilter(chatter)
     try:
+        relative = spec.relative_buckets > 0
         quantize_dynamic(
             model,
             out,
             op_types_to_quantize=["Attention", "MatMul"],
             per_channel=True,
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8 if relative else QuantType.QInt8,
+            nodes_to_exclude=[node.name for node in model.graph.node
+                              if relative and node.name.endswith("_down")],
             # ONNX shape inference knows no com.microsoft op, so it cannot type their outputs.
             extra_options={"DefaultTensorType": TensorProto.FLOAT},
         )
@@ -225,6 +273,17 @@ def quantize_int8(model: ModelProto, out: Path) -> None:
 class _QuantizerChatter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
+
+
+INT8_MIN_COSINE = 0.98
+INT8_CHECK_TEXTS = [
+    "Caroline: I went to a support group yesterday and it was so powerful.",
+    "The stock market fell sharply after the central bank raised interest rates.",
+    "Deploy the shard with two replicas behind the load balancer, then run the migrations.",
+    "ok",
+    "[shares a photo of a dog sitting on a wooden porch next to a red bicycle]",
+    "What did Melanie paint last summer, and who was it for?",
+]
 
 
 class OnnxBertEmbedder(PooledEncoder):
@@ -269,16 +328,37 @@ class OnnxBertEmbedder(PooledEncoder):
         # Loaded from a file read once: a session made from bytes keeps them for its lifetime.
         with tempfile.TemporaryDirectory(prefix="engram-encoder-") as scratch:
             path = Path(scratch) / "encoder.onnx"
-            model = bert_graph(load_bert_weights(spec), spec)
+            model = bert_graph(load_encoder_weights(spec), spec)
+            onnx.save(model, path)
             if int8:
-                quantize_int8(model, path)
-            else:
-                onnx.save(model, path)
+                reference = ort.InferenceSession(str(path), sess_options=options,
+                                                 providers=["CPUExecutionProvider"])
+                quantize_int8(model, path, spec)
             del model
             self._session = ort.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
+        if int8 and self.name != MINILM_NAME + "-int8":  # the packaged model's is tested
+            self._check_int8(reference, spec)
         trim_heap()  # the float graph and the quantizer's copies are gone: hand their pages back
+
+    def _check_int8(self, reference: Any, spec: ModelSpec) -> None:
+        """An operator's model quantized badly gives vectors that look fine and rank noise:
+        compare with float32 on a few sentences and refuse it below :data:`INT8_MIN_COSINE`."""
+        ids = self._tokenizer.encode(INT8_CHECK_TEXTS)
+        cosines = []
+        for row in ids:
+            token_ids, mask = padded([row], np.int32, np.int32)
+            feed = {"input_ids": token_ids, "mask": mask}
+            (exact,) = reference.run(["pooled"], feed)
+            (quantized,) = self._session.run(["pooled"], feed)
+            a, b = exact[0], quantized[0]
+            cosines.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12)))
+        mean = sum(cosines) / len(cosines)
+        if mean < INT8_MIN_COSINE:
+            raise ModelDirError(
+                f"{spec.directory}: int8 vectors are too far from float32 (mean cosine "
+                f"{mean:.3f} < {INT8_MIN_COSINE}); set ENGRAM_SHARD_EMBED_INT8=false")
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""

@@ -195,7 +195,7 @@ def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
     client, _service, server = _serve(second, token)
     try:
         status = client.status()
-        assert status.embedding_model.startswith("MiniLM-L6-H384-uncased@")
+        assert status.embedding_model.startswith("operator-model@")
         # Answers meanwhile, by its lexical half at least.
         assert client.search("dog on the beach", mode="hybrid")[0].record.id == target.id
         _caught_up(client)

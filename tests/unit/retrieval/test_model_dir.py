@@ -37,15 +37,21 @@ TEXTS = [
 ]
 
 
-def _tiny_bert(directory: Path, *, pooling: str = "cls", prefix: str = "") -> Path:
+def _tiny_bert(directory: Path, *, pooling: str = "cls", prefix: str = "",
+               mpnet: bool = False) -> Path:
     """A random 2-layer BERT (hidden 32) with MiniLM's tokenizer, saved as sentence-transformers
-    saves a model: small enough to build in a test, shaped like BGE (CLS pooling)."""
+    saves a model: small enough to build in a test, shaped like BGE (CLS pooling), or like
+    all-mpnet-base-v2 (MPNet's tensor names, relative-position bias, positions offset)."""
     directory.mkdir(parents=True)
     hidden, heads, layers, inter, vocab, positions = 32, 4, 2, 64, 30522, 64
-    config = {"model_type": "bert", "hidden_size": hidden, "num_attention_heads": heads,
+    config = {"model_type": "mpnet" if mpnet else "bert", "hidden_size": hidden,
+              "num_attention_heads": heads,
               "num_hidden_layers": layers, "intermediate_size": inter, "hidden_act": "gelu",
               "layer_norm_eps": 1e-12, "max_position_embeddings": positions,
               "vocab_size": vocab, "type_vocab_size": 2, "_name_or_path": "acme/tiny-bge"}
+    if mpnet:
+        config.update(relative_attention_num_buckets=32, pad_token_id=1,
+                      max_position_embeddings=positions + 2, layer_norm_eps=1e-5)
     (directory / "config.json").write_text(json.dumps(config))
     (directory / "1_Pooling").mkdir()
     (directory / "1_Pooling" / "config.json").write_text(json.dumps({
@@ -75,8 +81,30 @@ def _tiny_bert(directory: Path, *, pooling: str = "cls", prefix: str = "") -> Pa
         else:  # biases: the output size of their layer
             size = inter if "intermediate" in name else hidden
             tensors[name] = rng.normal(0, 0.05, size).astype(np.float32)
+    if mpnet:
+        tensors = _as_mpnet(tensors, rng, heads)
     save_file({prefix + k: v for k, v in tensors.items()}, str(directory / "model.safetensors"))
     return directory
+
+
+def _as_mpnet(tensors: dict[str, np.ndarray], rng: np.random.Generator,
+              heads: int) -> dict[str, np.ndarray]:
+    renames = {"attention.self.query": "attention.attn.q", "attention.self.key": "attention.attn.k",
+               "attention.self.value": "attention.attn.v",
+               "attention.output.dense": "attention.attn.o",
+               "attention.output.LayerNorm": "attention.LayerNorm"}
+    out = {}
+    for name, value in tensors.items():
+        for bert, mpnet in renames.items():
+            name = name.replace(bert, mpnet)
+        out[name] = value
+    del out["embeddings.token_type_embeddings.weight"]
+    positions = out["embeddings.position_embeddings.weight"]
+    out["embeddings.position_embeddings.weight"] = np.vstack(
+        [rng.normal(0, 0.2, (2, positions.shape[1])).astype(np.float32), positions])
+    out["encoder.relative_attention_bias.weight"] = rng.normal(0, 1.0, (32, heads)).astype(
+        np.float32)
+    return out
 
 
 @pytest.fixture
@@ -92,6 +120,18 @@ def test_a_cls_pooled_model_runs_the_same_on_onnx_as_on_the_numpy_reference(tiny
     assert onnx_vectors.shape == (len(TEXTS), 32)
     assert np.allclose(np.linalg.norm(onnx_vectors, axis=1), 1.0, atol=1e-5)
     assert np.allclose(onnx_vectors, reference, atol=1e-4)
+
+
+def test_an_mpnet_model_runs_the_same_on_onnx_as_on_the_numpy_reference(tmp_path: Path) -> None:
+    spec = inspect_model_dir(_tiny_bert(tmp_path / "tiny-mpnet", pooling="mean", mpnet=True))
+    assert (spec.architecture, spec.position_offset, spec.relative_buckets, spec.max_tokens) == \
+        ("mpnet", 2, 32, 64)
+    reference = BertEmbedder(spec).embed(TEXTS)
+    assert np.allclose(OnnxBertEmbedder(spec).embed(TEXTS), reference, atol=1e-4)
+    # The relative bias matters: without it the vectors differ.
+    flat = BertEmbedder(spec)
+    flat._relative = None
+    assert not np.allclose(flat.embed(TEXTS), reference, atol=1e-3)
 
 
 def test_mean_pooling_and_a_bert_prefixed_checkpoint_load_alike(tmp_path: Path) -> None:
@@ -112,7 +152,7 @@ def test_the_packaged_minilm_as_an_operator_directory_gives_minilm_vectors(
     copy = tmp_path / "minilm"
     shutil.copytree(default_minilm_dir(), copy)
     spec = inspect_model_dir(copy)
-    assert spec.name == "MiniLM-L6-H384-uncased" and spec.max_tokens == 256
+    assert spec.name == "minilm" and spec.max_tokens == 256
     short = TEXTS[:3]  # under 128 tokens, where the packaged model's truncation does not bite
     assert np.allclose(OnnxBertEmbedder(spec).embed(short),
                        OnnxBertEmbedder().embed(short), atol=1e-5)
@@ -123,10 +163,9 @@ def test_the_packaged_minilm_as_an_operator_directory_gives_minilm_vectors(
 
 
 def test_identity_fits_the_vector_table_and_follows_every_file(tiny: Path) -> None:
-    config = json.loads((tiny / "config.json").read_text())
-    config["_name_or_path"] = "acme/" + "x" * 200
-    (tiny / "config.json").write_text(json.dumps(config))
+    tiny = tiny.rename(tiny.parent / ("bge-" + "x" * 200))  # named by its directory
     first = inspect_model_dir(tiny)
+    assert first.name.startswith("bge-x")
     assert len(first.identity(int8=True)) <= IDENTITY_MAX
     assert first.identity(int8=True).endswith("-int8")
     assert first.identity(int8=True) != first.identity(int8=False)
@@ -184,3 +223,17 @@ def _edit(path: Path, **changes: object) -> None:
     value = json.loads(path.read_text())
     value.update(changes)
     path.write_text(json.dumps(value))
+
+
+def test_an_operator_model_quantized_too_far_from_float32_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.shard.retrieval import embedding_onnx
+
+    copy = tmp_path / "minilm"
+    shutil.copytree(default_minilm_dir(), copy)
+    spec = inspect_model_dir(copy)
+    OnnxBertEmbedder(spec, int8=True)  # MiniLM's int8 passes the check (mean cosine 0.99)
+    monkeypatch.setattr(embedding_onnx, "INT8_MIN_COSINE", 1.01)  # nothing can pass this
+    with pytest.raises(ModelDirError, match="ENGRAM_SHARD_EMBED_INT8=false"):
+        OnnxBertEmbedder(spec, int8=True)
