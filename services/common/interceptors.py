@@ -39,7 +39,8 @@ Behavior = Callable[[Any, grpc.ServicerContext], Any]
 Wrapper = Callable[[Behavior, str, bool], Behavior]
 
 
-def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], wrap: Wrapper, method: str) -> Any:
+def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], wrap: Wrapper, method: str,
+                  deserializer: Callable[[Any], Any] = lambda parse: parse) -> Any:
     kind: Any
     factory: Any
     if handler.request_streaming and handler.response_streaming:
@@ -52,7 +53,7 @@ def _wrap_handler(handler: grpc.RpcMethodHandler[Any, Any], wrap: Wrapper, metho
         kind, factory = handler.unary_unary, grpc.unary_unary_rpc_method_handler
     return factory(
         wrap(kind, method, bool(handler.response_streaming)),
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=deserializer(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
 
@@ -79,6 +80,10 @@ class _BehaviorInterceptor(_ServerInterceptor):
     def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
         raise NotImplementedError
 
+    def deserializer(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+        """The request parser this interceptor hands on (the same, unless it replaces it)."""
+        return parse
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
@@ -92,7 +97,7 @@ class _BehaviorInterceptor(_ServerInterceptor):
         hit = cache.get(method)
         if hit is not None and hit[0] is handler:
             return hit[1]  # type: ignore[no-any-return]
-        wrapped = _wrap_handler(handler, self.wrap, method)
+        wrapped = _wrap_handler(handler, self.wrap, method, self.deserializer)
         if len(cache) < 10_000:  # methods are few; unknown names never get here (None above)
             cache[method] = (handler, wrapped)
         return wrapped  # type: ignore[no-any-return]
@@ -366,15 +371,48 @@ def refuse_nul(message: Any) -> None:
                               reason="NUL_CHARACTER", metadata={"field": path})
 
 
-class TextInterceptor(_BehaviorInterceptor):
-    """Refuses a NUL character in any string field of any request, before any store sees it.
+class Undecodable:
+    """A request whose bytes are not the method's message (what the tolerant parser gives)."""
 
-    Postgres cannot store one in text (an INTERNAL error deep in a write) and SQLite would
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def refuse(self) -> None:
+        raise InvalidArgument(
+            "the request is not a valid protobuf message for this method "
+            f"({type(self.error).__name__})", reason="MALFORMED_REQUEST")
+
+
+def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """``parse``, but bytes it cannot parse become :class:`Undecodable`: gRPC itself would
+    answer INTERNAL ("Exception deserializing request!") before any interceptor ran."""
+    if parse is None:
+        return None
+
+    def tolerant(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception as error:  # DecodeError, or anything a parser raises on bad bytes
+            return Undecodable(error)
+
+    return tolerant
+
+
+class TextInterceptor(_BehaviorInterceptor):
+    """Refuses a request whose bytes do not parse (INVALID_ARGUMENT, not gRPC's INTERNAL) and a
+    NUL character in any string field of any request, before any store sees it.
+
+    Postgres cannot store a NUL in text (an INTERNAL error deep in a write) and SQLite would
     store what Postgres refuses: one rule for both keeps the contract the same.
     """
 
+    def deserializer(self, parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+        return _tolerant(parse)
+
     def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
         def checked(request: Any) -> Any:
+            if isinstance(request, Undecodable):
+                request.refuse()
             if isinstance(request, Message):
                 refuse_nul(request)
                 return request
@@ -395,5 +433,7 @@ class TextInterceptor(_BehaviorInterceptor):
 
 def _checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
     for request in requests:
+        if isinstance(request, Undecodable):
+            request.refuse()
         refuse_nul(request)
         yield request
