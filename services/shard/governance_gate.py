@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from engram.client._channel import open_channel
 from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
 from engram.client.governance import GovernanceClient
@@ -38,6 +39,9 @@ DEFAULT_TTL_SECONDS = 1.5
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
 GATE_SEND_BYTES = 64 * 1024 * 1024
+GATE_RECONNECT_MS = 150
+"""How often the gate channel tries a lost governance again: writes resume within a few
+hundred ms of governance's restart, not after gRPC's default backoff (1 s growing to 120 s)."""
 _UNNAMED = "(address not given)"
 _TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
@@ -183,8 +187,9 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     token = token_file.read_text().strip()
     files = tls or TlsFiles()
     # A batch with its neighbours can outgrow a client request (governance takes 64 MiB).
-    gate_client = GovernanceClient(address, token, timeout=gate_timeout,
-                                   max_send_bytes=GATE_SEND_BYTES, **files)
+    channel = open_channel(address, **files, max_send_bytes=GATE_SEND_BYTES,
+                           reconnect_backoff_ms=GATE_RECONNECT_MS)
+    gate_client = GovernanceClient(address, token, timeout=gate_timeout, channel=channel)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
     return (GovernanceGate(gate_client, address=address),
