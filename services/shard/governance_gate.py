@@ -24,6 +24,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
+
 from engram.client._channel import open_channel
 from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
@@ -100,6 +102,24 @@ class GovernanceGate:
         if reply.status == gpb.GATE_STATUS_NEEDS_NEIGHBOURS:
             raise _unavailable("governance asked for neighbours it was sent")
         return self._decisions(reply, candidates)
+
+    def wait_connected(self, stopping: threading.Event, log_after_s: float = 5.0) -> None:
+        """Return once the channel to governance is connected (a write can be decided), or
+        once ``stopping`` is set; says in the log when governance does not answer."""
+        ready = grpc.channel_ready_future(self._client.channel)
+        waited = 0.0
+        try:
+            while not stopping.is_set():
+                try:
+                    ready.result(timeout=0.5)
+                    return
+                except grpc.FutureTimeoutError:
+                    waited += 0.5
+                if waited == log_after_s:
+                    log.warning("governance at %s does not answer: NOT_SERVING until it does",
+                                self._address)
+        finally:
+            ready.cancel()
 
     def _call(self, fleet_id: str, agent_id: str, request_id: str,
               candidates: Sequence[GateCandidate], *, omitted: bool) -> gpb.DecideWritesResponse:

@@ -6,10 +6,10 @@ governance is SIGKILLed at a random moment of each cycle, left down a moment, an
 again on the same store and port. The shard is never restarted.
 
 Criterion: no write acknowledged without a decision (every acknowledged record's
-gate_decision_id is found in governance after the restarts, allowed, for that record); governance's chain
-verifies after the restarts (VerifyChain ok); in every cycle a write through the shard
-succeeds within 1 s of governance reporting SERVING (the shard's gate channel reconnects
-without waiting out gRPC's default backoff); no error other than UNAVAILABLE /
+gate_decision_id is found in governance after the restarts, allowed, for that record);
+governance's chain verifies after the restarts (VerifyChain ok); in every cycle a write through
+the shard succeeds within 1 s of governance reporting SERVING (the shard's gate channel
+reconnects without waiting out gRPC's default backoff); no error other than UNAVAILABLE /
 DEADLINE_EXCEEDED / CANCELLED. 5 cycles in `make test`, 100 in `make soak`.
 """
 
