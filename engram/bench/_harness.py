@@ -23,6 +23,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engram.client._channel import reconnect_options
+
 _ECHO_METHOD = "/engram.bench.Echo/Echo"
 
 
@@ -185,7 +187,8 @@ class ServerProcess:
             if log:
                 log.close()
         deadline = time.monotonic() + self._timeout
-        with grpc.insecure_channel(self.address) as channel:
+        # Without a short reconnect backoff the probe itself would see SERVING up to seconds late.
+        with grpc.insecure_channel(self.address, options=reconnect_options(50)) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:

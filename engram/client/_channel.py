@@ -63,17 +63,34 @@ MAX_RECEIVE_BYTES = 64 * 1024 * 1024
 """The servers' default response limit (ENGRAM_LIMITS_GRPC_SEND_BYTES)."""
 
 
+def reconnect_options(backoff_ms: int) -> list[tuple[str, int]]:
+    """Channel options that try a lost server again every ``backoff_ms`` (jittered by gRPC).
+
+    gRPC's default reconnect backoff starts at 1 s and grows 1.6 times per failed attempt up
+    to 120 s, so a channel that lived through a server's restart can keep failing calls
+    ("failed to connect to all addresses") for seconds to minutes after the server is back.
+    """
+    return [("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms)]
+
+
 def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | None = None,
                  tls_key: Path | None = None, max_send_bytes: int = MAX_SEND_BYTES,
-                 max_receive_bytes: int = MAX_RECEIVE_BYTES) -> grpc.Channel:
+                 max_receive_bytes: int = MAX_RECEIVE_BYTES,
+                 reconnect_backoff_ms: int | None = None) -> grpc.Channel:
     """Plaintext without ``tls_ca``; TLS with it; mutual TLS with a client cert and key too.
 
     A certificate without its key (or the other way round), or a client certificate without
     the CA that checks the server, is a ``ValueError`` that names the settings to fix.
     Messages are limited both ways (a server configured for more: raise them to match).
+    ``reconnect_backoff_ms``: a lost server is tried again at that pace instead of gRPC's
+    growing backoff (:func:`reconnect_options`; for a service's channel to another service).
     """
     options = [("grpc.max_send_message_length", max_send_bytes),
                ("grpc.max_receive_message_length", max_receive_bytes)]
+    if reconnect_backoff_ms is not None:
+        options += reconnect_options(reconnect_backoff_ms)
     if (tls_cert is None) != (tls_key is None):
         raise ValueError(
             "a client certificate needs its private key and a key needs its certificate: "

@@ -20,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engram.client import EngramRpcError, TlsFiles
+from engram.client._channel import open_channel
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.errors import PermissionDenied, Unauthenticated, Unavailable
 from services.common.tokens import Principal
+
+RECONNECT_MS = 150
 
 log = logging.getLogger("engram.access")
 
@@ -92,6 +95,14 @@ class AccessRestrictions:
                                         daemon=True)
         self._thread.start()
 
+    def wait_loaded(self, stopping: threading.Event, retry_seconds: float = 0.2) -> None:
+        """Return once a set is loaded (calls are refused UNAVAILABLE until then), or once
+        ``stopping`` is set; asks governance every ``retry_seconds`` meanwhile."""
+        while self._current is None and not stopping.is_set():
+            self.refresh()
+            if self._current is None:
+                stopping.wait(retry_seconds)
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -148,7 +159,9 @@ class GovernanceRestrictionSource:
                  timeout: float = 5.0) -> None:
         self.address = address
         token = token_file.read_text().strip()
-        self._client = GovernanceClient(address, token, timeout=timeout, **(tls or TlsFiles()))
+        # Governance back after a restart is asked again within RECONNECT_MS, not gRPC's 1-120 s.
+        channel = open_channel(address, **(tls or TlsFiles()), reconnect_backoff_ms=RECONNECT_MS)
+        self._client = GovernanceClient(address, token, timeout=timeout, channel=channel)
 
     def __call__(self, since_version: int) -> Restrictions | None:
         try:

@@ -4,8 +4,10 @@
 auth, rate, NUL-free text), explicit message size limits (``ENGRAM_LIMITS_GRPC_*``), the
 standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS, an optional
 plaintext health-only port (``health_port``: probes that cannot speak TLS) and the
-``/metrics`` endpoint. :meth:`EngramServer.stop` flips health to NOT_SERVING before
-draining in-flight calls for ``grace_seconds``.
+``/metrics`` endpoint. Health says SERVING only once a call can succeed: the service's
+``ready`` check passed, the access restrictions are loaded and its ``warm_up`` (an index
+loaded, a dependency connected) finished. :meth:`EngramServer.stop` flips health to
+NOT_SERVING before draining in-flight calls for ``grace_seconds``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ log = logging.getLogger("engram.server")
 
 SPARE_WORKERS = 8
 """Threads beyond ``max_concurrent_rpcs``: a call past the limit gets a thread to be refused."""
+WARM_UP_WAIT_SECONDS = 10.0
+"""How long ``start()`` waits for the warm-up before it returns (health NOT_SERVING) and lets
+the warm-up finish in the background (a dependency down at start)."""
 
 
 @dataclass
@@ -69,6 +74,9 @@ class ServiceSpec:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     ready: Callable[[], bool] = lambda: True
     """Checked at start; a service that is not ready stays NOT_SERVING (e.g. broken chain)."""
+    warm_up: Callable[[threading.Event], None] = lambda _stopping: None
+    """What must be done before a call can succeed (load an index, connect a dependency);
+    health says NOT_SERVING until it returns. It returns early once the event is set (stop)."""
     restrictions: AccessRestrictions | None = None
     """Revoked tokens and suspended agents, refused on every call; None: not enforced."""
 
@@ -107,11 +115,31 @@ class EngramServer:
             self.metrics_port = serve_metrics(
                 self.spec.registry, self.settings.host, self.settings.metrics_port
             )
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if self.spec.ready()
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if not self.spec.ready():
+            return self
+        warming = threading.Thread(target=self._serve_when_warm, name=f"{self.spec.name}-warm-up",
+                                   daemon=True)
+        warming.start()
+        warming.join(WARM_UP_WAIT_SECONDS)
+        if warming.is_alive():
+            log.warning("not ready yet: health stays NOT_SERVING until the warm-up finishes "
+                        "(a dependency unreachable?)", extra={"address": self.address})
+        return self
+
+    def _serve_when_warm(self) -> None:
+        """Health to SERVING once a call can succeed (unless a stop began meanwhile)."""
+        try:
+            if self.spec.restrictions is not None:
+                self.spec.restrictions.wait_loaded(self._stopped)
+            self.spec.warm_up(self._stopped)
+        except Exception:  # the service still serves; it says why it is not ready
+            log.exception("warm-up failed: health stays NOT_SERVING")
+            return
+        if not self._stopped.is_set():
+            self._set_health(health_pb2.HealthCheckResponse.SERVING)
+
+    def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in ("", *self.spec.full_names):
             self._health.set(name, status)
         log.info(
@@ -123,7 +151,6 @@ class EngramServer:
                 "health": health_pb2.HealthCheckResponse.ServingStatus.Name(status),
             },
         )
-        return self
 
     def stop(self, grace: float | None = None) -> None:
         """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.

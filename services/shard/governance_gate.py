@@ -24,6 +24,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
+
+from engram.client._channel import open_channel
 from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
 from engram.client.governance import GovernanceClient
@@ -38,6 +41,9 @@ DEFAULT_TTL_SECONDS = 1.5
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
 GATE_SEND_BYTES = 64 * 1024 * 1024
+GATE_RECONNECT_MS = 150
+"""How often the gate channel tries a lost governance again: writes resume within a few
+hundred ms of governance's restart, not after gRPC's default backoff (1 s growing to 120 s)."""
 _UNNAMED = "(address not given)"
 _TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
@@ -96,6 +102,24 @@ class GovernanceGate:
         if reply.status == gpb.GATE_STATUS_NEEDS_NEIGHBOURS:
             raise _unavailable("governance asked for neighbours it was sent")
         return self._decisions(reply, candidates)
+
+    def wait_connected(self, stopping: threading.Event, log_after_s: float = 5.0) -> None:
+        """Return once the channel to governance is connected (a write can be decided), or
+        once ``stopping`` is set; says in the log when governance does not answer."""
+        ready = grpc.channel_ready_future(self._client.channel)
+        waited = 0.0
+        try:
+            while not stopping.is_set():
+                try:
+                    ready.result(timeout=0.5)
+                    return
+                except grpc.FutureTimeoutError:
+                    waited += 0.5
+                if waited == log_after_s:
+                    log.warning("governance at %s does not answer: NOT_SERVING until it does",
+                                self._address)
+        finally:
+            ready.cancel()
 
     def _call(self, fleet_id: str, agent_id: str, request_id: str,
               candidates: Sequence[GateCandidate], *, omitted: bool) -> gpb.DecideWritesResponse:
@@ -183,8 +207,9 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     token = token_file.read_text().strip()
     files = tls or TlsFiles()
     # A batch with its neighbours can outgrow a client request (governance takes 64 MiB).
-    gate_client = GovernanceClient(address, token, timeout=gate_timeout,
-                                   max_send_bytes=GATE_SEND_BYTES, **files)
+    channel = open_channel(address, **files, max_send_bytes=GATE_SEND_BYTES,
+                           reconnect_backoff_ms=GATE_RECONNECT_MS)
+    gate_client = GovernanceClient(address, token, timeout=gate_timeout, channel=channel)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
     return (GovernanceGate(gate_client, address=address),

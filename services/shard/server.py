@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from services.common.access import governance_restrictions
@@ -9,6 +10,7 @@ from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
+from services.shard.governance_gate import GovernanceGate
 from services.shard.ports import TrustSource, WriteGate
 from services.shard.retrieval.embedding import (
     EmbeddingProvider,
@@ -102,6 +104,12 @@ def build_shard_server(
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,
                            limits=settings.limits)
 
+    def warm_up(stopping: threading.Event) -> None:
+        """A search finds every stored record, and a write reaches governance."""
+        index.sync()
+        if isinstance(gate, GovernanceGate):
+            gate.wait_connected(stopping)
+
     def stop() -> None:
         index.stop()
         if provider is not None:
@@ -121,6 +129,7 @@ def build_shard_server(
         policy=POLICY,
         kinds=KINDS,
         on_start=index.start,
+        warm_up=warm_up,
         on_stop=stop,
         restrictions=restrictions,
     )

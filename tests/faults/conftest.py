@@ -7,9 +7,11 @@ short one that ``make test`` runs. Each test says its pass criterion in its docs
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram.bench._harness import ServerProcess, free_port
+from engram.client import EngramRpcError, ShardClient
 from services.common.tokens import TokenSigner, ensure_keypair, write_token_file
 
 SOAK = os.environ.get("ENGRAM_SOAK") == "1"
@@ -156,3 +159,71 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield built
     finally:
         built.stop_all()
+
+
+# A client that saw the server die reconnects quickly (the default backoff grows to minutes).
+CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
+                   ("grpc.min_reconnect_backoff_ms", 100),
+                   ("grpc.max_reconnect_backoff_ms", 500)]
+
+
+def shard_client(stack: Stack, agent: str, timeout: float = 5.0) -> ShardClient:
+    channel = grpc.insecure_channel(stack.address("shard"), options=CHANNEL_OPTIONS)
+    return ShardClient(stack.address("shard"), stack.token(agent), timeout=timeout,
+                       channel=channel)
+
+
+@dataclass
+class Writer:
+    """Writes without pause into its own run, each write with its own request_id; a failed
+    write is retried with the same request_id until it is acknowledged."""
+
+    index: int
+    stack: Stack
+    stop: threading.Event
+    run_prefix: str
+    acked: list[tuple[str, str, str]] = field(default_factory=list)  # (id, request_id, content)
+    failures: int = 0
+    unexpected: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.run_prefix}-{self.index}"
+
+    def loop(self) -> None:
+        with shard_client(self.stack, f"writer-{self.index}") as client:
+            n = 0
+            while not self.stop.is_set():
+                n += 1
+                request_id = f"w{self.index}-{n}"
+                content = f"writer {self.index} fact {n}: the cache key is {random.random()}"
+                while not self.stop.is_set():
+                    try:
+                        reply = client.add(content, run_id=self.run_id, request_id=request_id)
+                    except EngramRpcError as error:
+                        self.failures += 1
+                        if error.code not in (grpc.StatusCode.UNAVAILABLE,
+                                              grpc.StatusCode.DEADLINE_EXCEEDED,
+                                              grpc.StatusCode.CANCELLED):
+                            self.unexpected.append(f"{error.code.name}: {error}")
+                        time.sleep(0.05)
+                        continue
+                    self.acked.append((reply.record.id, request_id, content))
+                    break
+
+
+def first_write_after_serving(stack: Stack, cycle: int) -> float:
+    """Seconds from now (a service just reported SERVING) to the first shard write that
+    succeeds, on a fresh channel."""
+    began = time.monotonic()
+    with shard_client(stack, "prober", timeout=2.0) as client:
+        attempt = 0
+        while time.monotonic() - began < 30:
+            attempt += 1
+            try:
+                client.add(f"probe {cycle}.{attempt}", run_id="probe",
+                           request_id=f"probe-{cycle}-{attempt}")
+                return time.monotonic() - began
+            except EngramRpcError:
+                time.sleep(0.02)
+    return float("inf")

@@ -15,78 +15,22 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass, field
 
-import grpc
 import pytest
 
-from engram.client import EngramRpcError, ShardClient
-from tests.faults.conftest import SOAK, Stack, scale
+from engram.client import EngramRpcError
+from tests.faults.conftest import (
+    SOAK,
+    Stack,
+    Writer,
+    first_write_after_serving,
+    scale,
+    shard_client,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 WRITERS = 4
-# A client that saw the server die reconnects quickly (the default backoff grows to minutes).
-CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100),
-                   ("grpc.min_reconnect_backoff_ms", 100),
-                   ("grpc.max_reconnect_backoff_ms", 500)]
-
-
-def shard_client(stack: Stack, agent: str, timeout: float = 5.0) -> ShardClient:
-    channel = grpc.insecure_channel(stack.address("shard"), options=CHANNEL_OPTIONS)
-    return ShardClient(stack.address("shard"), stack.token(agent), timeout=timeout,
-                       channel=channel)
-
-
-@dataclass
-class Writer:
-    index: int
-    stack: Stack
-    stop: threading.Event
-    acked: list[tuple[str, str, str]] = field(default_factory=list)  # (id, request_id, content)
-    failures: int = 0
-    unexpected: list[str] = field(default_factory=list)
-
-    @property
-    def run_id(self) -> str:
-        return f"kill-run-{self.index}"
-
-    def loop(self) -> None:
-        with shard_client(self.stack, f"writer-{self.index}") as client:
-            n = 0
-            while not self.stop.is_set():
-                n += 1
-                request_id = f"w{self.index}-{n}"
-                content = f"writer {self.index} fact {n}: the cache key is {random.random()}"
-                while not self.stop.is_set():
-                    try:
-                        reply = client.add(content, run_id=self.run_id, request_id=request_id)
-                    except EngramRpcError as error:
-                        self.failures += 1
-                        if error.code not in (grpc.StatusCode.UNAVAILABLE,
-                                              grpc.StatusCode.DEADLINE_EXCEEDED,
-                                              grpc.StatusCode.CANCELLED):
-                            self.unexpected.append(f"{error.code.name}: {error}")
-                        time.sleep(0.05)
-                        continue
-                    self.acked.append((reply.record.id, request_id, content))
-                    break
-
-
-def _first_write_after_serving(stack: Stack, cycle: int) -> float:
-    """Seconds from SERVING to the first write that succeeds, on a fresh channel."""
-    began = time.monotonic()
-    with shard_client(stack, "prober", timeout=2.0) as client:
-        attempt = 0
-        while time.monotonic() - began < 30:
-            attempt += 1
-            try:
-                client.add(f"probe {cycle}.{attempt}", run_id="probe",
-                           request_id=f"probe-{cycle}-{attempt}")
-                return time.monotonic() - began
-            except EngramRpcError:
-                time.sleep(0.02)
-    return float("inf")
 
 
 @pytest.mark.xfail(SOAK, strict=True, reason=(
@@ -100,7 +44,7 @@ def test_acknowledged_writes_survive_shard_sigkill(stack: Stack) -> None:
     stack.start("governance")
     stack.start("shard")
     stop = threading.Event()
-    writers = [Writer(i, stack, stop) for i in range(WRITERS)]
+    writers = [Writer(i, stack, stop, "kill-run") for i in range(WRITERS)]
     threads = [threading.Thread(target=w.loop, daemon=True) for w in writers]
     for thread in threads:
         thread.start()
@@ -111,7 +55,7 @@ def test_acknowledged_writes_survive_shard_sigkill(stack: Stack) -> None:
             time.sleep(rng.uniform(0.2, 1.5))
             stack.kill("shard")
             serving_s.append(stack.start("shard"))
-            write_after_s.append(_first_write_after_serving(stack, cycle))
+            write_after_s.append(first_write_after_serving(stack, cycle))
         time.sleep(1.0)  # the writers' last retries land
     finally:
         stop.set()
