@@ -52,5 +52,6 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         kinds=KINDS,
         on_stop=stop,
         restrictions=restrictions,
+        probe=database.ping,
     )
     return build_server(settings, spec), service

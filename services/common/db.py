@@ -70,7 +70,9 @@ class Database:
             else:
                 kwargs["pool_size"] = pool_size
         else:
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+            # A server that stops answering must not hang a probe or a call for minutes.
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+                          connect_args={"connect_timeout": 5})
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -105,6 +107,17 @@ class Database:
         with self.engine.begin() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+
+    def ping(self) -> bool:
+        """Whether the database answers a query now (readiness; never raises)."""
+        probe = "SELECT count(*) FROM sqlite_master" if self.dialect == "sqlite" else "SELECT 1"
+        try:
+            with self.engine.connect() as connection:
+                connection.exec_driver_sql(probe).one()
+            return True
+        except Exception as exc:  # unreachable, refused, unreadable: not ready
+            log.warning("database probe failed: %s", str(exc).splitlines()[0][:200])
+            return False
 
     def checkpoint(self) -> bool:
         """SQLite: move the WAL's pages into the database file and truncate the WAL (best
@@ -141,7 +154,9 @@ def _is_connection_error(exc: DBAPIError) -> bool:
     text = str(exc.orig).lower()
     return exc.connection_invalidated or any(
         marker in text
-        for marker in ("could not connect", "connection refused", "server closed", "terminating")
+        for marker in ("could not connect", "connection refused", "server closed", "terminating",
+                       "connection failed", "not currently accepting connections",
+                       "connection is closed", "consuming input failed")
     )
 
 

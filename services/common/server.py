@@ -54,6 +54,8 @@ SPARE_WORKERS = 8
 WARM_UP_WAIT_SECONDS = 10.0
 """How long ``start()`` waits for the warm-up before it returns (health NOT_SERVING) and lets
 the warm-up finish in the background (a dependency down at start)."""
+PROBE_INTERVAL_SECONDS = 1.0
+"""How often a serving service checks its database (``ServiceSpec.probe``)."""
 
 
 @dataclass
@@ -79,6 +81,9 @@ class ServiceSpec:
     health says NOT_SERVING until it returns. It returns early once the event is set (stop)."""
     restrictions: AccessRestrictions | None = None
     """Revoked tokens and suspended agents, refused on every call; None: not enforced."""
+    probe: Callable[[], bool] | None = None
+    """Checked every ``PROBE_INTERVAL_SECONDS`` while serving (the service's database
+    answers): False flips health to NOT_SERVING until it passes again, without a restart."""
 
 
 class EngramServer:
@@ -138,6 +143,29 @@ class EngramServer:
             return
         if not self._stopped.is_set():
             self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            if self.spec.probe is not None:
+                threading.Thread(target=self._watch, args=(self.spec.probe,),
+                                 name=f"{self.spec.name}-probe", daemon=True).start()
+
+    def _watch(self, probe: Callable[[], bool]) -> None:
+        """Readiness follows the probe while serving: NOT_SERVING when the database goes away,
+        SERVING again when it answers, until a stop begins."""
+        serving = True
+        while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
+            try:
+                ok = probe()
+            except Exception:  # a probe that fails is a probe that says no
+                ok = False
+            if ok == serving or self._stopped.is_set():
+                continue
+            serving = ok
+            if ok:
+                log.info("ready again: the probe passes")
+            else:
+                log.warning("not ready: the probe fails (database unreachable?); NOT_SERVING "
+                            "until it passes")
+            self._set_health(health_pb2.HealthCheckResponse.SERVING if ok
+                             else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in ("", *self.spec.full_names):

@@ -51,6 +51,12 @@ def storage_error(exc: BaseException) -> EngramError | None:
         sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
         if sqlstate == _PG_DISK_FULL:
             return _full("the database server is out of disk space")
+        if type(cause).__module__.startswith("psycopg") and (
+                type(cause).__name__ == "OperationalError"
+                or str(sqlstate or "").startswith(("08", "57P"))):
+            # The server went away, refuses connections or is shutting down: try again later.
+            return Unavailable("the service's database is unavailable; retry later",
+                               reason="DATABASE_UNAVAILABLE")
         if type(cause).__module__ == "sqlite3":
             text = str(cause).lower()
             if any(marker in text for marker in _SQLITE_FULL):

@@ -126,6 +126,7 @@ def _build(settings: CompactorSettings, database: Database,
         on_start=start,
         on_stop=stop,
         restrictions=restrictions,
+        probe=database.ping,
     )
     spec.registry.register(TierRepairMetrics(repairs))
     return build_server(settings, spec)

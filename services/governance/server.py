@@ -63,5 +63,6 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
         on_stop=database.dispose,
         ready=lambda: service.chain_intact,
         restrictions=restrictions,
+        probe=lambda: service.chain_intact and database.ping(),
     )
     return build_server(settings, spec)

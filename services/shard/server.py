@@ -132,5 +132,6 @@ def build_shard_server(
         warm_up=warm_up,
         on_stop=stop,
         restrictions=restrictions,
+        probe=database.ping,
     )
     return build_server(settings, spec), service
