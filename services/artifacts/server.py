@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from services.artifacts.metrics import ArtifactsMetrics
 from services.artifacts.service import ArtifactsService
 from services.artifacts.servicer import (
     KINDS,
@@ -54,4 +55,5 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
         restrictions=restrictions,
         probe=database.ping,
     )
+    spec.registry.register(ArtifactsMetrics(service))
     return build_server(settings, spec), service

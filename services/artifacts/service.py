@@ -72,6 +72,7 @@ from services.common.errors import (
     InvalidArgument,
     NotFound,
 )
+from services.common.metrics import Tally
 from services.common.pagination import PageTokens
 
 log = logging.getLogger("engram.artifacts")
@@ -111,6 +112,10 @@ class ArtifactsService:
         self.blobs = blobs
         self.retry_delay_s = retry_delay_s
         self.limits = limits or check.ArtifactLimits()
+        self.blob_bytes = Tally()
+        """Blob bytes stored (in) and served (out)."""
+        self.integrity_failures = Tally()
+        """Blobs and snapshots found altered or missing by a verify, by problem."""
         self._writer: AbstractContextManager[object] = (
             threading.Lock() if database.dialect == "sqlite" else contextlib.nullcontext())
 
@@ -257,6 +262,7 @@ class ArtifactsService:
         except BaseException:
             self.blobs.delete(path)  # no row, so no blob: never an orphan from a failed insert
             raise
+        self.blob_bytes.add("in", amount=info.size_bytes)
         return artifact
 
     def _add_artifact(self, fleet_id: str, artifact: Artifact, upload: ArtifactUpload) -> None:
@@ -279,7 +285,12 @@ class ArtifactsService:
             stream = self.blobs.open(artifact.path, chunk_size)
         except NotFound:
             raise blob_missing_error(artifact) from None
-        return artifact, verified_read(artifact, stream)
+        return artifact, self._counted(verified_read(artifact, stream))
+
+    def _counted(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self.blob_bytes.add("out", amount=len(chunk))
+            yield chunk
 
     def list_artifacts(self, fleet_id: str, run_id: str, step_id: str, page_token: str,
                        page_size: int) -> tuple[list[Artifact], str]:
@@ -303,6 +314,7 @@ class ArtifactsService:
             problem = self._check_blob(artifact)
             if problem is not None:
                 log.warning("artifact integrity problem", extra=problem.__dict__)
+                self.integrity_failures.add(problem.problem)
                 problems.append(problem)
         return checked, problems
 
@@ -320,6 +332,7 @@ class ArtifactsService:
             checked += 1
             if problem is not None:
                 log.warning("snapshot integrity problem", extra=problem.__dict__)
+                self.integrity_failures.add(problem.problem)
                 problems.append(problem)
         return checked, problems
 

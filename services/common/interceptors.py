@@ -30,7 +30,7 @@ from services.common.auth import (
     unbind_principal,
 )
 from services.common.errors import ERROR_DOMAIN, EngramError, InvalidArgument
-from services.common.metrics import GrpcMetrics
+from services.common.metrics import GrpcMetrics, Tally
 from services.common.storage_errors import storage_error
 
 log = logging.getLogger("engram.rpc")
@@ -121,15 +121,26 @@ def _status_for(error: EngramError) -> status_pb2.Status:
 
 
 class ErrorInterceptor(_BehaviorInterceptor):
-    """Maps :class:`EngramError` to its status; anything else to INTERNAL with a reference."""
+    """Maps :class:`EngramError` to its status; anything else to INTERNAL with a reference.
+
+    Every error it answers is counted in ``errors`` by code and reason (rate-limit and
+    concurrency refusals, a full disk, an unavailable database: the reasons are a fixed set).
+    """
+
+    def __init__(self, errors: Tally | None = None) -> None:
+        super().__init__()
+        self.errors = errors or Tally()
 
     def _abort(self, context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
         if isinstance(exc, EngramError):
+            self.errors.add(exc.code, exc.reason)
             context.abort_with_status(rpc_status.to_status(_status_for(exc)))
         storage = storage_error(exc)
         if storage is not None:  # a full or failing volume: the client can act on it
             log.warning("%s failed: %s (%s)", method, storage.message, storage.reason)
+            self.errors.add(storage.code, storage.reason)
             context.abort_with_status(rpc_status.to_status(_status_for(storage)))
+        self.errors.add("INTERNAL", "INTERNAL")
         ref = uuid.uuid4().hex[:12]
         log.exception("unhandled error in %s (ref %s)", method, ref, exc_info=exc)
         context.abort(grpc.StatusCode.INTERNAL, f"internal error; reference {ref} in server logs")

@@ -7,9 +7,12 @@ port when ``metrics_port`` is set.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -61,3 +64,35 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> int:
     """Start the ``/metrics`` HTTP endpoint; return the bound port."""
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)
+
+
+class Tally:
+    """Counts by label values, kept by domain code (which never imports prometheus) and read
+    by a collector at scrape time. Thread-safe; label values must be few (kinds, outcomes),
+    never ids."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, ...], float] = {}
+
+    def add(self, *labels: str, amount: float = 1.0) -> None:
+        if amount:
+            with self._lock:
+                self._counts[labels] = self._counts.get(labels, 0.0) + amount
+
+    def items(self) -> list[tuple[tuple[str, ...], float]]:
+        with self._lock:
+            return list(self._counts.items())
+
+
+def counter(name: str, documentation: str, labels: Iterable[str],
+            tally: Tally) -> CounterMetricFamily:
+    """A counter family (``name`` without ``_total``) from a tally."""
+    family = CounterMetricFamily(name, documentation, labels=list(labels))
+    for values, amount in tally.items():
+        family.add_metric(list(values), amount)
+    return family
+
+
+def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)

@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from services.common.access import AccessRestrictions
 from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
@@ -42,7 +44,7 @@ from services.common.interceptors import (
     RateLimitInterceptor,
     TextInterceptor,
 )
-from services.common.metrics import GrpcMetrics, serve_metrics
+from services.common.metrics import GrpcMetrics, Tally, serve_metrics
 from services.common.settings import ServerSettings
 from services.common.startup import StartupError
 from services.common.tokens import TokenVerifier, load_public_keys
@@ -217,6 +219,23 @@ class EngramServer:
         self.stop()
 
 
+class _ErrorCollector(Collector):
+    """``engram_rpc_errors_total{service, code, reason}``: every error answered, by its reason
+    (RATE_LIMITED and CONCURRENCY_LIMIT are the refusals under load; STORAGE_FULL, ...)."""
+
+    def __init__(self, service: str, errors: Tally) -> None:
+        self._service = service
+        self._errors = errors
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "engram_rpc_errors", "RPCs answered with an error, by gRPC code and Engram reason.",
+            labels=["service", "code", "reason"])
+        for (code, reason), amount in self._errors.items():
+            family.add_metric([self._service, code, reason], amount)
+        yield family
+
+
 def _rate_limiter(settings: ServerSettings) -> RateLimiter:
     return RateLimiter(
         {READ: (settings.rate_limit_reads, settings.rate_limit_read_burst),
@@ -309,10 +328,12 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         raise StartupError(f"{spec.name}: every RPC needs both an access entry and a read/write "
                            f"kind; differ: {sorted(set(spec.kinds) ^ set(spec.policy))}")
     authorizer = Authorizer(verifier, spec.policy, spec.restrictions)
+    errors = ErrorInterceptor()
+    spec.registry.register(_ErrorCollector(spec.name, errors.errors))
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
-        ErrorInterceptor(),
+        errors,
         ConcurrencyInterceptor(ConcurrencyLimit(settings.max_concurrent_rpcs,
                                                 _setting(settings, "max_concurrent_rpcs")),
                                authorizer.is_public),

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.metrics import counter
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.common.startup import StartupError
@@ -44,6 +45,32 @@ def _service_token(settings: CompactorSettings) -> str:
             f"no service token at {path}: set ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE to a token "
             "with role 'service' (`engram up` writes one)")
     return path.read_text().strip()
+
+
+class CompactorMetrics(Collector):
+    """Compaction and tiering work on /metrics (read at scrape time)."""
+
+    def __init__(self, log: IterationLog, policies: MemoryPolicyRunner) -> None:
+        self._log = log
+        self._policies = policies
+
+    def collect(self) -> Iterator[Metric]:
+        yield counter("engram_compactor_policy_runs",
+                      "Memory compaction and retention runs, by kind and outcome.",
+                      ["kind", "outcome"], self._policies.runs_done)
+        yield counter("engram_compactor_policy_records",
+                      "Records compacted into summaries or removed by retention (not dry runs).",
+                      ["action"], self._policies.records)
+        sealed = dict(self._log.sealed.items())
+        yield CounterMetricFamily("engram_compactor_sealed_segments",
+                                  "Warm-log segments sealed into the blob store.",
+                                  value=sealed.get(("segments",), 0.0))
+        yield CounterMetricFamily("engram_compactor_sealed_bytes",
+                                  "Bytes of the warm-log segments sealed into the blob store.",
+                                  value=sealed.get(("bytes",), 0.0))
+        yield counter("engram_integrity_failures",
+                      "Problems found by VerifyRun in the warm and cold tiers.", ["reason"],
+                      self._log.integrity_failures)
 
 
 class TierRepairMetrics(Collector):
@@ -129,4 +156,5 @@ def _build(settings: CompactorSettings, database: Database,
         probe=database.ping,
     )
     spec.registry.register(TierRepairMetrics(repairs))
+    spec.registry.register(CompactorMetrics(iteration_log, policies))
     return build_server(settings, spec)

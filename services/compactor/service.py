@@ -41,6 +41,7 @@ from services.common.errors import (
 )
 from services.common.group_commit import GroupCommit
 from services.common.limits import validate_request_id
+from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.memory_policy import (
@@ -116,6 +117,10 @@ class IterationLog:
         self._finish_locks = [threading.Lock() for _ in range(_FINISH_LOCKS)]
         self._segments: OrderedDict[str, list[WarmLine]] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self.sealed = Tally()
+        """Warm-log segments sealed (segments) and their bytes (bytes)."""
+        self.integrity_failures = Tally()
+        """Problems found by VerifyRun in the warm and cold tiers."""
 
     # -- recording ------------------------------------------------------------
 
@@ -234,6 +239,8 @@ class IterationLog:
         self._warm.write_index(fleet_id, run_id, version,
                                [*self.repo.sealed_segments(fleet_id, run_id), entry])
         self.repo.complete_seal(fleet_id, run_id, entry, version)
+        self.sealed.add("segments")
+        self.sealed.add("bytes", amount=entry.bytes)
         self._hook("seal:after_commit")
         self._warm.drop_indexes_before(fleet_id, run_id, version)
 
@@ -355,6 +362,7 @@ class IterationLog:
         if failure is not None:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
                                           f"time(s), last: {failure.error}; retried with backoff"))
+        self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(problems))
         return VerifyReport(walker.checked, len(sealed), len(snapshots), head.last_iter,
                             head.head_hash, tuple(problems))
 
@@ -392,6 +400,17 @@ class MemoryPolicyRunner:
     def __init__(self, port: MemoryCompactionPort, repository: CompactorRepository) -> None:
         self._port = port
         self._repo = repository
+        self.runs_done = Tally()
+        """Policy runs by kind (compact, retention) and outcome (succeeded, failed)."""
+        self.records = Tally()
+        """Records compacted into summaries (compacted) or removed by retention (removed)."""
+
+    def _save(self, run: PolicyRun) -> None:
+        self._repo.save_policy_run(run)
+        self.runs_done.add(run.kind, run.outcome)
+        if not run.dry_run:
+            self.records.add("compacted", amount=run.compacted)
+            self.records.add("removed", amount=len(run.removed_ids))
 
     def compact(self, fleet_id: str, trigger: str, *, dry_run: bool,
                 importance_below: float | None = None,
@@ -406,7 +425,7 @@ class MemoryPolicyRunner:
         try:
             outcome = self._port.compact(fleet_id, below, days, dry_run)
         except EngramError as error:
-            self._repo.save_policy_run(self._failed(KIND_COMPACT, fleet_id, trigger, dry_run,
+            self._save(self._failed(KIND_COMPACT, fleet_id, trigger, dry_run,
                                                     below, days, start, error))
             raise
         run = PolicyRun(
@@ -415,7 +434,7 @@ class MemoryPolicyRunner:
             compacted=outcome.compacted, groups=outcome.groups, removed_ids=(),
             importance_below=below, older_than_days=days, start_us=start, end_us=_now_us(),
         )
-        self._repo.save_policy_run(run)
+        self._save(run)
         return run
 
     def apply_retention(self, fleet_id: str, trigger: str, *, older_than_days: float,
@@ -428,7 +447,7 @@ class MemoryPolicyRunner:
         try:
             removed = tuple(self._port.apply_retention(fleet_id, older_than_days, dry_run))
         except EngramError as error:
-            self._repo.save_policy_run(self._failed(KIND_RETENTION, fleet_id, trigger, dry_run,
+            self._save(self._failed(KIND_RETENTION, fleet_id, trigger, dry_run,
                                                     0.0, older_than_days, start, error))
             raise
         run = PolicyRun(
@@ -437,7 +456,7 @@ class MemoryPolicyRunner:
             groups=(), removed_ids=removed, importance_below=0.0,
             older_than_days=older_than_days, start_us=start, end_us=_now_us(),
         )
-        self._repo.save_policy_run(run)
+        self._save(run)
         return run
 
     def runs(self, fleet_id: str, after: tuple[int, str] | None, limit: int) -> list[PolicyRun]:

@@ -10,6 +10,7 @@ from services.common.access import AccessRestrictions
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
+from services.governance.metrics import GovernanceMetrics
 from services.governance.service import GovernanceService
 from services.governance.servicer import (
     KINDS,
@@ -65,4 +66,5 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
         restrictions=restrictions,
         probe=lambda: service.chain_intact and database.ping(),
     )
+    spec.registry.register(GovernanceMetrics(service))
     return build_server(settings, spec)

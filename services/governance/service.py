@@ -32,6 +32,7 @@ from services.common.access import Restrictions
 from services.common.db import Database
 from services.common.errors import IntegrityError, InvalidArgument, NotFound
 from services.common.group_commit import GroupCommit
+from services.common.metrics import Tally
 from services.governance.domain.decisions import Decision, check_same_request, decision_id
 from services.governance.domain.replay import ChainReplay, revocation_differences
 from services.governance.domain.revocation import (
@@ -39,7 +40,14 @@ from services.governance.domain.revocation import (
     AgentRevocation,
     TokenRevocation,
 )
-from services.governance.domain.rules import Candidate, Rule, Violation, judge, needs_neighbours
+from services.governance.domain.rules import (
+    SUSPENDED_RULE_ID,
+    Candidate,
+    Rule,
+    Violation,
+    judge,
+    needs_neighbours,
+)
 from services.governance.domain.tiers import AgentTrust, TrustAccumulator, TrustTier
 from services.governance.domain.witness import (
     GENESIS,
@@ -100,6 +108,10 @@ class GovernanceService:
         self._append_lock = threading.Lock()
         self._accumulator = TrustAccumulator()
         self._cache = GateCache()
+        self.decisions = Tally()
+        """Gate decisions recorded, by outcome (allowed, denied) and, if denied, rule kind."""
+        self.integrity_failures = Tally()
+        """Problems found by chain verifications (at start, in the background, on demand)."""
         self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(
             self._decide_group, max_group=MAX_GATE_GROUP)
         self._chain_intact = True
@@ -164,6 +176,8 @@ class GovernanceService:
                 self._cache.forget()
                 raise
             self._cache.committed(after, group.agents_after)
+            for outcome, rule in group.tallied:  # counted once committed
+                self.decisions.add(outcome, rule)
             return outcomes
 
     # -- trust ----------------------------------------------------------------------------
@@ -335,6 +349,7 @@ class GovernanceService:
                                                self._repo.stored_decisions(session)))
             problems.extend(revocation_differences(
                 replay, self._access.stored_revocations(session)))
+        self.integrity_failures.add("CHAIN_PROBLEM", amount=len(problems))
         return reached, problems
 
     def verify_chain(self, since: Checkpoint | None) -> ChainReport:
@@ -378,6 +393,7 @@ class _GateGroup:
         self._agent_seq: dict[AgentKey, int] = {}
         self._accepted: dict[AgentKey, int] = {}
         self._window_counts: dict[tuple[AgentKey, int], int] = {}
+        self.tallied: list[tuple[str, str]] = []  # (outcome, rule kind) per new decision
 
     @property
     def agents_after(self) -> dict[AgentKey, AgentTrust]:
@@ -431,6 +447,12 @@ class _GateGroup:
             self._agent_seq[key] = seq
         self._trust[key] = trust
         self._recorded[request.key] = decisions
+        kinds = {rule.rule_id: rule.kind.value for rule in rules} | {SUSPENDED_RULE_ID: "suspended"}
+        for decision in decisions:
+            if decision.allowed:
+                self.tallied.append(("allowed", ""))
+            for rule_id in decision.rule_ids:
+                self.tallied.append(("denied", kinds.get(rule_id, "other")))
         return GateOutcome(decisions)
 
     def flush(self) -> HeadState:

@@ -573,6 +573,12 @@ class ShardRepository:
             for row in rows
         ]
 
+    def created_after(self, session: Session, position: int) -> int | None:
+        """The creation time (µs) of the first record committed past ``seq`` ``position``."""
+        value = session.scalar(select(RECORDS.c.created_us).where(RECORDS.c.seq > position)
+                               .order_by(RECORDS.c.seq).limit(1))
+        return int(value) if value is not None else None
+
     def count_after(self, session: Session, position: int) -> int:
         """Records committed past ``seq`` ``position`` (all fleets)."""
         count = session.scalar(select(func.count()).select_from(RECORDS)

@@ -11,6 +11,7 @@ from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
 from services.shard.governance_gate import GovernanceGate
+from services.shard.metrics import ShardMetrics
 from services.shard.ports import TrustSource, WriteGate
 from services.shard.retrieval.embedding import (
     EmbeddingProvider,
@@ -134,4 +135,5 @@ def build_shard_server(
         restrictions=restrictions,
         probe=database.ping,
     )
+    spec.registry.register(ShardMetrics(service, index))
     return build_server(settings, spec), service

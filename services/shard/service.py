@@ -27,6 +27,7 @@ from services.common.errors import (
 )
 from services.common.group_commit import GroupCommit
 from services.common.limits import check_limit, validate_request_id
+from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
@@ -108,6 +109,10 @@ class ShardService:
         self.limits = limits
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
+        self.written = Tally()
+        """Records stored by committed writes (not those a retry or a duplicate found)."""
+        self.integrity_failures = Tally()
+        """Records that failed verification (VerifyRecords, a verified snapshot), by reason."""
         self.gate = gate
         self.clock = clock
         self.search_engine = SearchEngine(
@@ -368,6 +373,7 @@ class ShardService:
                     for (f, name), count in usage.items() if f == fleet and name in current
                 ])
         self.search_engine.notify_written([r for job in jobs for r in job.records])
+        self.written.add(amount=len(inserted))
         return results
 
     # -- reads --------------------------------------------------------------
@@ -435,6 +441,8 @@ class ShardService:
                     records.verify(record)
                 except EngramError as failure:
                     failures.append(failure)
+        for found_bad in failures:
+            self.integrity_failures.add(found_bad.reason)
         return VerifyReport(checked, failures)
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
@@ -451,7 +459,11 @@ class ShardService:
                 page = self.repo.oldest_after(session, flt, after, SNAPSHOT_PAGE)
             for _seq, record in page:
                 if verify:
-                    records.verify(record)
+                    try:
+                        records.verify(record)
+                    except EngramError as failure:
+                        self.integrity_failures.add(failure.reason)
+                        raise
                 yield record
             if len(page) < SNAPSHOT_PAGE:
                 return

@@ -294,6 +294,21 @@ class SearchIndex:
                 slot.inbox.append(_vector_adder(ids, np.stack(rows).astype(np.float32)))
             _apply_if_idle(slot)
 
+    def embed_queue(self) -> int:
+        """Records handed to the embedder (or queued for it) and not yet embedded."""
+        with self._lock:
+            return len(self._pending) + self._in_flight if self.embedder is not None else 0
+
+    def lag_seconds(self, now_us: int) -> float:
+        """How old the oldest committed record without a vector is (0 when caught up)."""
+        if self.embedder is None:
+            return 0.0
+        with self._lock:  # the oldest waiting record: first in the queue, else past the cursor
+            position = self._pending[0][0] - 1 if self._pending else self._cursor.position
+        with self.db.session() as session:
+            oldest = self.repo.created_after(session, position)
+        return max(0.0, (now_us - oldest) / 1e6) if oldest is not None else 0.0
+
     def lag(self) -> int:
         """Committed records not yet in the vector index (0 when caught up or lexical only)."""
         if self.embedder is None:

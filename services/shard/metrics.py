@@ -1,0 +1,35 @@
+"""The shard's domain metrics on /metrics (read at scrape time; nothing counted twice)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from services.common.metrics import counter, gauge
+from services.shard.search.index import SearchIndex
+from services.shard.service import ShardService
+
+
+class ShardMetrics(Collector):
+    def __init__(self, service: ShardService, index: SearchIndex) -> None:
+        self._service = service
+        self._index = index
+
+    def collect(self) -> Iterator[Metric]:
+        yield counter("engram_shard_records_written",
+                      "Records stored by committed writes (not those a retry or a duplicate "
+                      "found already stored).", [], self._service.written)
+        yield counter("engram_integrity_failures",
+                      "Items found altered or unreadable by a verify or a verified read.",
+                      ["reason"], self._service.integrity_failures)
+        yield gauge("engram_shard_index_lag_records",
+                    "Committed records not yet in the vector index.", self._index.lag())
+        yield gauge("engram_shard_index_lag_seconds",
+                    "Age of the oldest committed record not yet in the vector index.",
+                    self._index.lag_seconds(int(time.time() * 1_000_000)))
+        yield gauge("engram_shard_embedder_queue_records",
+                    "Records queued for or in the embedder, not yet embedded.",
+                    self._index.embed_queue())
