@@ -15,6 +15,7 @@ import grpc
 from google.protobuf.message import Message
 
 from engram.client._errors import EngramRpcError
+from engram.client._tracing import traced
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
@@ -102,13 +103,13 @@ def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | No
             "certificate (ENGRAM_TLS_CA for the CLI)"
         )
     if tls_ca is None:
-        return grpc.insecure_channel(target, options=options)
+        return traced(grpc.insecure_channel(target, options=options))
     credentials = grpc.ssl_channel_credentials(
         root_certificates=tls_ca.read_bytes(),
         private_key=tls_key.read_bytes() if tls_key else None,
         certificate_chain=tls_cert.read_bytes() if tls_cert else None,
     )
-    return grpc.secure_channel(target, credentials, options=options)
+    return traced(grpc.secure_channel(target, credentials, options=options))
 
 
 class BaseClient:

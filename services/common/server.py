@@ -48,6 +48,7 @@ from services.common.metrics import GrpcMetrics, Tally, serve_metrics
 from services.common.settings import ServerSettings
 from services.common.startup import StartupError
 from services.common.tokens import TokenVerifier, load_public_keys
+from services.common.tracing import server_interceptors
 
 log = logging.getLogger("engram.server")
 
@@ -331,6 +332,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     errors = ErrorInterceptor()
     spec.registry.register(_ErrorCollector(spec.name, errors.errors))
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
+        *server_interceptors(),  # OpenTelemetry, outermost, when tracing is on
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         errors,

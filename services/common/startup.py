@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from services.common.logging_setup import configure_logging
 from services.common.settings import ServerSettings
+from services.common.tracing import configure_tracing
 
 if TYPE_CHECKING:  # server.py raises StartupError, so it cannot be imported from here at run time
     from services.common.server import EngramServer
@@ -56,6 +57,7 @@ def run_service(service: str, settings_type: type[S],
         configure_logging(service, "INFO")
         _fail(service, settings_error(settings_type, error))
     configure_logging(service, settings.log_level)
+    configure_tracing(service)
     try:
         server = build(settings).start()
     except (StartupError, OSError, ValueError, RuntimeError) as error:
