@@ -4,10 +4,11 @@ Starts governance and two shards, each its own process on 127.0.0.1 with its
 own SQLite store: one shard gated by governance (every write decided and
 recorded in the witness chain; search ranked by trust), one without
 governance, loaded with the same records. Figures: gated single-write latency
-(target p50 <= 3x echo p50), gated writes with 64 in flight (target >= 40% of
-echo calls/s), search p95 with and without trust ranking (target: at most
-0.5 ms apart), the bare DecideWrites RPC (sequential and 64 in flight, where
-group commit shares one transaction), and the cached multiplier lookup.
+(target p50 <= 6x echo p50), gated writes with 64 in flight (target >= 30% of
+echo calls/s; both issue 16's targets), search p95 with and without trust
+ranking (target: at most 0.5 ms apart), the bare DecideWrites RPC (sequential
+and 64 in flight, where group commit shares one transaction), and the cached
+multiplier lookup.
 """
 
 from __future__ import annotations
@@ -154,6 +155,6 @@ def _ratios(f: dict[str, object]) -> None:
         num("gated_write_calls_per_s") / num("echo_calls_per_s"), 3)
     f["search_trust_p95_overhead_ms"] = round(
         num("search_trust_p95_ms") - num("search_plain_p95_ms"), 3)
-    f["target_write_p50_le_3x_echo"] = f["gated_write_p50_over_echo_p50"] <= 3  # type: ignore[operator]
-    f["target_write_rate_ge_40pct_echo"] = f["gated_write_rate_over_echo_rate"] >= 0.4  # type: ignore[operator]
+    f["target_write_p50_le_6x_echo"] = f["gated_write_p50_over_echo_p50"] <= 6  # type: ignore[operator]
+    f["target_write_rate_ge_30pct_echo"] = f["gated_write_rate_over_echo_rate"] >= 0.3  # type: ignore[operator]
     f["target_trust_search_p95_within_0_5ms"] = f["search_trust_p95_overhead_ms"] <= 0.5  # type: ignore[operator]
