@@ -76,7 +76,12 @@ def build_shard_server(
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     # The in-memory index serves every search mode; without a provider it is lexical only.
-    index = SearchIndex(database, provider, niceness=settings.index_niceness)
+    snapshot = None
+    if settings.index_snapshot:
+        snapshot = settings.index_snapshot_path or (
+            settings.data_dir("shard") / "lexical-index.snapshot")
+    index = SearchIndex(database, provider, niceness=settings.index_niceness,
+                        snapshot_path=snapshot)
     service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,
                            limits=settings.limits)
@@ -101,6 +106,7 @@ def build_shard_server(
         kinds=KINDS,
         on_start=index.start,
         on_stop=stop,
+        ready=lambda: index.ready,
         restrictions=restrictions,
     )
     return build_server(settings, spec), service

@@ -115,6 +115,39 @@ class GrowingBM25:
     def __len__(self) -> int:
         return self._count
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Every term's postings packed into two arrays: a snapshot holds one object per term
+        otherwise (a million rare terms pickle in seconds; packed, in a fraction of one)."""
+        terms = list(self._postings)
+        lists = [self._postings[t] for t in terms]
+        sizes = np.fromiter((p.size for p in lists), dtype=np.int64, count=len(lists))
+        return {
+            "k1": self.k1, "b": self.b, "count": self._count, "total": self._total_length,
+            "lengths": self._lengths[: self._count].copy(), "terms": terms, "sizes": sizes,
+            "ascending": np.fromiter((p.ascending for p in lists), dtype=bool, count=len(lists)),
+            "doc_ids": np.concatenate([p.doc_ids[: p.size] for p in lists] or
+                                      [np.zeros(0, np.int32)]),
+            "freqs": np.concatenate([p.freqs[: p.size] for p in lists] or
+                                    [np.zeros(0, np.float32)]),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.k1, self.b = state["k1"], state["b"]
+        self._count, self._total_length = state["count"], state["total"]
+        self._lengths = np.zeros(max(1024, 2 * self._count), dtype=np.float32)
+        self._lengths[: self._count] = state["lengths"]
+        doc_ids, freqs = state["doc_ids"], state["freqs"]
+        ends = np.cumsum(state["sizes"]).tolist()
+        starts = [0, *ends[:-1]]
+        self._postings = {}
+        # Each list is a view sized exactly to its entries: its next append copies it out.
+        for term, start, end, ascending in zip(state["terms"], starts, ends,
+                                               state["ascending"].tolist(), strict=True):
+            postings = _Postings.__new__(_Postings)
+            postings.doc_ids, postings.freqs = doc_ids[start:end], freqs[start:end]
+            postings.size, postings.ascending = end - start, ascending
+            self._postings[term] = postings
+
     def add(self, bag: Mapping[str, float]) -> int:
         doc = self._count
         if doc == len(self._lengths):
