@@ -125,6 +125,13 @@ class EngramServer:
         )
         return self
 
+    def set_serving(self, serving: bool) -> None:
+        """Health for every name of this service (e.g. NOT_SERVING when a check fails later)."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *self.spec.full_names):
+            self._health.set(name, status)
+
     def stop(self, grace: float | None = None) -> None:
         """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.
 
