@@ -210,10 +210,12 @@ class FleetIndex:
         for step, (_, earlier) in zip(steps, tail, strict=True):
             for term, count in earlier.items():
                 bag[term] = bag.get(term, 0.0) + step * cfg.before_weight * count
-        self.lexical.add(bag)
+        # The earlier records first (oldest first), then this one: postings then grow in
+        # document order, and most extensions append or sum in place.
         for step, (earlier_doc, _) in zip(steps, tail, strict=True):
             weight = step * cfg.after_weight
             self.lexical.extend(earlier_doc, {t: weight * c for t, c in own.items()})
+        self.lexical.add(bag)
         if run_id:
             last = self._last_of_run.get(run_id)
             if last is not None:

@@ -31,7 +31,7 @@ from typing import Any
 log = logging.getLogger("engram.shard.index")
 
 MAGIC = b"ENGRAM-SHARD-LEXICAL-INDEX\n"
-FORMAT = 1
+FORMAT = 2
 """Raised whenever what the payload holds or how text is analysed changes."""
 
 
