@@ -218,7 +218,7 @@ class ServerProcess:
         return self.process.pid
 
 
-def shard_process(home: Path, *, embedder: str) -> ServerProcess:
+def shard_process(home: Path, *, embedder: str, timeout: float = 60.0) -> ServerProcess:
     """A shard alone (no governance: the gated figures are `engram bench gate`) on SQLite."""
     env = {
         "ENGRAM_HOME": str(home),
@@ -228,7 +228,8 @@ def shard_process(home: Path, *, embedder: str) -> ServerProcess:
         "ENGRAM_SHARD_EMBEDDER": embedder,
     }
     return ServerProcess(
-        [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT"
+        [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT",
+        timeout=timeout,
     )
 
 

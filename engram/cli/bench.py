@@ -26,6 +26,7 @@ BENCHMARKS = {
     "compactor": "iteration record, reconstruct, append cost vs run length",
     "gateway": "the HTTP/JSON gateway's latency and throughput beside the SDK over gRPC",
     "search": "hybrid/semantic search, semantic indexing throughput and lag",
+    "scale": "a lexical-only shard at 100k and --records records: search, RSS, restart time",
     "chroma": "Engram beside Chroma: as shipped and with the same embedder (`make compare-setup`)",
     "fleet": "load generator: N agents writing, searching, snapshotting, recording iterations "
     "and uploading artifacts at once, for --duration seconds",
@@ -43,6 +44,9 @@ def bench(
         None, "--filter-fraction", min=0.0001, max=1.0,
         help="search: tag this share of the records (e.g. 0.01) and also time the same "
         "queries filtered to them (hybrid_filtered_p95_ms_at_N)"),
+    records: int | None = typer.Option(
+        None, "--records", min=2000,
+        help="scale: records in the store (default: 1,000,000; with --scale, times it)"),
     agents: int | None = typer.Option(
         None, "--agents", min=1, rich_help_panel=FLEET,
         help="simulated agents, each a thread with its own token doing one operation after "
@@ -84,7 +88,8 @@ def bench(
         "its signing key); what the agents write stays in it"),
     home: Path | None = typer.Option(
         None, "--home", rich_help_panel=FLEET,
-        help="with --no-start: the ENGRAM_HOME of that stack (default: $ENGRAM_HOME)"),
+        help="with --no-start: the ENGRAM_HOME of that stack (default: $ENGRAM_HOME); scale: "
+        "keep the store there and reuse the records it already holds"),
     db: str | None = typer.Option(
         None, "--db", rich_help_panel=FLEET,
         help="with --start: sqlite, or postgres (a fresh database per service on "
@@ -110,6 +115,11 @@ def bench(
     }
     ratios = {"write": write_ratio, "search": search_ratio, "snapshot": snapshot_ratio,
               "iteration": iteration_ratio, "artifact": artifact_ratio}
+    scale_options = {"records": records, "home": home} if name == "scale" else {}
+    if name == "scale":
+        fleet_options.pop("home")
+    elif records is not None:
+        raise fail("--records: only for `engram bench scale`")
     given = {k: v for k, v in fleet_options.items() if v is not None}
     given_ratios = {k: v for k, v in ratios.items() if v is not None}
     if name != "fleet" and (given or given_ratios):
@@ -127,6 +137,7 @@ def bench(
         kwargs["params"] = _fleet_params(module, given, given_ratios)
     if filter_fraction is not None:
         kwargs["filter_fraction"] = filter_fraction
+    kwargs.update({k: v for k, v in scale_options.items() if v is not None})
     try:
         figures = module.run(scale=scale, progress=not as_json, **kwargs)
     except BenchUnavailable as error:

@@ -183,6 +183,13 @@ class EngramServer:
             },
         )
 
+    def set_serving(self, serving: bool) -> None:
+        """Health for every name of this service (e.g. NOT_SERVING when a check fails later)."""
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", *self.spec.full_names):
+            self._health.set(name, status)
+
     def stop(self, grace: float | None = None) -> None:
         """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.
 
@@ -357,6 +364,10 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     )
     spec.register(server)
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    # NOT_SERVING until start() has run on_start and checked ready() (the servicer says
+    # SERVING for "" from birth, and a shard warming its index answers no search yet).
+    for name in ("", *spec.full_names):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*spec.full_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server

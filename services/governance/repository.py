@@ -19,7 +19,7 @@ from services.governance.domain.decisions import Decision
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import Rule
 from services.governance.domain.tiers import AgentTrust, TrustTier
-from services.governance.domain.witness import ChainEntry, HeadState
+from services.governance.domain.witness import ChainEntry, Checkpoint, HeadState
 from services.governance.tables import (
     AccessHeadRow,
     AgentRow,
@@ -30,6 +30,7 @@ from services.governance.tables import (
     RevokedAgentRow,
     RevokedTokenRow,
     RuleRow,
+    VerifiedCheckpointRow,
     agent_entity,
     decision_entity,
     rule_entity,
@@ -45,6 +46,7 @@ _DECISIONS = _TABLES[DecisionRow.__tablename__]
 _AGENTS = _TABLES[AgentRow.__tablename__]
 _RULES = _TABLES[RuleRow.__tablename__]
 _ACCESS_HEAD = _TABLES[AccessHeadRow.__tablename__]
+_VERIFIED = _TABLES[VerifiedCheckpointRow.__tablename__]
 
 _READ_HEAD = select(_HEAD.c.length, _HEAD.c.head, _HEAD.c.rules_version).where(_HEAD.c.id == 1)
 _LOCK_HEAD = _READ_HEAD.with_for_update()
@@ -101,13 +103,25 @@ class GovernanceRepository:
     def link_at(self, session: Session, seq: int) -> str | None:
         return session.scalar(select(ChainRow.link).where(ChainRow.seq == seq))
 
-    def entries(self, session: Session) -> Iterator[ChainEntry]:
-        """Every chain entry in order, streamed."""
+    def entries(self, session: Session, from_seq: int = 0) -> Iterator[ChainEntry]:
+        """Every chain entry from ``from_seq`` on, in order, streamed."""
         rows = session.execute(
             select(ChainRow.seq, ChainRow.kind, ChainRow.payload_json, ChainRow.prev,
-                   ChainRow.link).order_by(ChainRow.seq).execution_options(yield_per=2000))
+                   ChainRow.link).where(ChainRow.seq >= from_seq).order_by(ChainRow.seq)
+            .execution_options(yield_per=2000))
         for seq, kind, payload_json, prev, link in rows:
             yield ChainEntry(seq, kind, payload_json, prev, link)
+
+    def verified_checkpoint(self, session: Session) -> Checkpoint | None:
+        row = session.execute(select(_VERIFIED.c.head, _VERIFIED.c.length)
+                              .where(_VERIFIED.c.id == 1)).first()
+        return Checkpoint(row.head, int(row.length)) if row is not None else None
+
+    def save_verified_checkpoint(self, session: Session, checkpoint: Checkpoint,
+                                 now_ms: int) -> None:
+        session.execute(delete(_VERIFIED).where(_VERIFIED.c.id == 1))
+        session.execute(insert(_VERIFIED).values(id=1, length=checkpoint.length,
+                                                 head=checkpoint.head, verified_ms=now_ms))
 
     # -- agents ---------------------------------------------------------------------------
 

@@ -45,7 +45,7 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
                    "chain_length": checkpoint.length},
         )
     else:
-        log.info("witness chain verified",
+        log.info("witness chain verified from the last verified checkpoint",
                  extra={"chain_length": checkpoint.length, "head": checkpoint.head})
     # Governance enforces revocations and suspensions from its own store, polled like the
     # other services poll it (so every replica sees the others' changes within the interval).
@@ -55,16 +55,23 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
                                       origin="the governance store")
     servicer = GovernanceServicer(service, pages=PageTokens.for_service(settings, "governance"),
                                   limits=settings.limits, restrictions=restrictions)
+    def stop() -> None:
+        service.stop_full_verification()  # before the store closes under it
+        database.dispose()
+
     spec = ServiceSpec(
         name="governance",
         full_names=[SERVICE_NAME],
         register=lambda server: add_to_server(servicer, server),
         policy=POLICY,
         kinds=KINDS,
-        on_stop=database.dispose,
+        on_start=lambda: service.start_full_verification(
+            on_broken=lambda _problems: server.set_serving(False)),
+        on_stop=stop,
         ready=lambda: service.chain_intact,
         restrictions=restrictions,
         probe=lambda: service.chain_intact and database.ping(),
     )
     spec.registry.register(GovernanceMetrics(service))
-    return build_server(settings, spec)
+    server = build_server(settings, spec)
+    return server

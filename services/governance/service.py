@@ -18,8 +18,10 @@ to the end first and then dropped (``needs_neighbours``), recording nothing.
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -51,6 +53,7 @@ from services.governance.domain.rules import (
 from services.governance.domain.tiers import AgentTrust, TrustAccumulator, TrustTier
 from services.governance.domain.witness import (
     GENESIS,
+    ChainEntry,
     Checkpoint,
     HeadState,
     NewEntries,
@@ -59,6 +62,8 @@ from services.governance.domain.witness import (
 )
 from services.governance.gate_cache import AgentKey, GateCache
 from services.governance.repository import AccessRepository, GovernanceRepository, RequestKey
+
+log = logging.getLogger("engram.governance")
 
 Clock = Callable[[], int]
 MAX_GATE_GROUP = 128
@@ -115,6 +120,8 @@ class GovernanceService:
         self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(
             self._decide_group, max_group=MAX_GATE_GROUP)
         self._chain_intact = True
+        self._full_verification: threading.Thread | None = None
+        self._stopping = threading.Event()  # ends a verification at shutdown
 
     def now_ms(self) -> int:
         return self._clock()
@@ -122,10 +129,72 @@ class GovernanceService:
     # -- the chain checked at start -------------------------------------------------------
 
     def verify_at_start(self) -> tuple[Checkpoint, list[str]]:
-        """Verify the chain; while it is broken, every change is refused."""
-        checkpoint, problems = self.verify()
+        """Verify the links appended since the last fully verified checkpoint (and that the
+        chain still extends it); while that fails, every change is refused. The full check
+        (every link, the replay against the state tables) is
+        :meth:`start_full_verification`'s, in the background."""
+        with self._db.session() as session:
+            verified = self._repo.verified_checkpoint(session) or Checkpoint(GENESIS, 0)
+            problems: list[str] = []
+            if verified.length and not extends(
+                    verified, self._repo.link_at(session, verified.length - 1)):
+                problems.append(f"the chain does not extend its last verified checkpoint at "
+                                f"length {verified.length}: history was rewritten")
+            reached, broken = verify_links(self._repo.entries(session, verified.length),
+                                           verified)
+            problems.extend(broken)
+            head = self._repo.head(session)
+            if (head.checkpoint if head is not None else Checkpoint(GENESIS, 0)) != reached:
+                problems.append("the stored chain head does not match the last chain entry")
         self._chain_intact = not problems
-        return checkpoint, problems
+        return reached, problems
+
+    def start_full_verification(self, on_broken: Callable[[list[str]], None]) -> None:
+        """Run :meth:`verify` on a thread: on success the verified checkpoint moves to where
+        it reached; on failure the service refuses changes and ``on_broken`` hears why."""
+        def run() -> None:
+            began = time.monotonic()
+            log.info("full witness chain verification started")
+            try:
+                reached, problems = self.verify()
+            except _VerificationStopped:
+                log.info("full witness chain verification stopped by shutdown")
+                return
+            except Exception:  # reported, and changes refused: an unverifiable chain is broken
+                log.exception("full witness chain verification failed to run")
+                reached, problems = Checkpoint(GENESIS, 0), ["the verification failed to run"]
+            seconds = round(time.monotonic() - began, 2)
+            if problems:
+                self._chain_intact = False
+                log.error(
+                    "WITNESS CHAIN BROKEN: governance state does not match its chain; refusing "
+                    "to record anything and reporting NOT_SERVING until it is restored",
+                    extra={"problems": problems[:20], "problem_count": len(problems),
+                           "chain_length": reached.length, "seconds": seconds})
+                on_broken(problems)
+            else:
+                log.info("full witness chain verification passed",
+                         extra={"chain_length": reached.length, "head": reached.head,
+                                "seconds": seconds})
+
+        self._full_verification = threading.Thread(target=run, name="chain-verify", daemon=True)
+        self._full_verification.start()
+
+    def wait_full_verification(self, timeout: float | None = None) -> None:
+        if self._full_verification is not None:
+            self._full_verification.join(timeout)
+
+    def stop_full_verification(self) -> None:
+        """At shutdown: end a running verification (it reports nothing) before the store
+        closes."""
+        self._stopping.set()
+        self.wait_full_verification()
+
+    def _until_stopped(self, entries: Iterator[ChainEntry]) -> Iterator[ChainEntry]:
+        for entry in entries:
+            if self._stopping.is_set():
+                raise _VerificationStopped
+            yield entry
 
     @property
     def chain_intact(self) -> bool:
@@ -337,10 +406,12 @@ class GovernanceService:
         return head.checkpoint if head is not None else Checkpoint(GENESIS, 0)
 
     def verify(self) -> tuple[Checkpoint, list[str]]:
-        """Re-walk every link, then check each state row against what the chain says."""
+        """Re-walk every link, then check each state row against what the chain says; when
+        all holds, what it reached becomes the verified checkpoint a start checks from."""
         with self._db.session() as session:
             replay = ChainReplay()
-            reached, problems = verify_links(replay.feed(self._repo.entries(session)))
+            reached, problems = verify_links(replay.feed(
+                self._until_stopped(self._repo.entries(session))))
             head = self._repo.head(session)
             if head is None or head.checkpoint != reached:
                 problems.append("the stored chain head does not match the last chain entry")
@@ -350,6 +421,12 @@ class GovernanceService:
             problems.extend(revocation_differences(
                 replay, self._access.stored_revocations(session)))
         self.integrity_failures.add("CHAIN_PROBLEM", amount=len(problems))
+        if not problems:
+            try:
+                with self._db.session() as session:
+                    self._repo.save_verified_checkpoint(session, reached, self.now_ms())
+            except SqlIntegrityError:  # another replica saved its own at the same moment
+                log.info("verified checkpoint saved by another replica meanwhile")
         return reached, problems
 
     def verify_chain(self, since: Checkpoint | None) -> ChainReport:
@@ -371,6 +448,10 @@ class GovernanceService:
     def _link_at(self, seq: int) -> str | None:
         with self._db.session() as session:
             return self._repo.link_at(session, seq)
+
+
+class _VerificationStopped(Exception):
+    """The service is stopping: a verification in progress ends without a verdict."""
 
 
 class _GateGroup:

@@ -108,6 +108,18 @@ class ChainHeadRow(Base):
     rules_version: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
+class VerifiedCheckpointRow(Base):
+    """One row (id 1): the longest prefix of the chain a full verification (every link and
+    the replay against the state tables) found intact. A start checks only what follows."""
+
+    __tablename__ = "witness_verified"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    length: Mapped[int] = mapped_column(BigInteger)
+    head: Mapped[str] = mapped_column(String(64))
+    verified_ms: Mapped[int] = mapped_column(BigInteger)
+
+
 # Row -> entity, for ORM rows and Core result rows alike (both expose columns as attributes).
 
 def agent_entity(row: Any) -> AgentTrust:

@@ -585,6 +585,18 @@ class ShardRepository:
                                .where(RECORDS.c.seq > position))
         return int(count or 0)
 
+    def count_through(self, session: Session, position: int, gaps: Sequence[int]) -> int:
+        """Records with ``seq <= position``, not counting those among ``gaps``."""
+        query = select(func.count()).select_from(RECORDS).where(RECORDS.c.seq <= position)
+        if gaps:
+            query = query.where(RECORDS.c.seq.not_in(list(gaps)))
+        return int(session.scalar(query) or 0)
+
+    def id_at(self, session: Session, seq: int) -> str | None:
+        """The id of the record at ``seq`` (None: no such record)."""
+        found = session.scalar(select(RECORDS.c.id).where(RECORDS.c.seq == seq))
+        return str(found) if found is not None else None
+
     def stored_vectors(self, session: Session, ids: Sequence[str], model: str) -> dict[str, bytes]:
         """Record id -> its stored vector from ``model``, for those of ``ids`` that have one."""
         rows = session.execute(

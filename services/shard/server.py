@@ -100,7 +100,12 @@ def build_shard_server(
     if settings.migrate:
         database.upgrade(MIGRATIONS)
     # The in-memory index serves every search mode; without a provider it is lexical only.
-    index = SearchIndex(database, provider, niceness=settings.index_niceness)
+    snapshot = None
+    if settings.index_snapshot:
+        snapshot = settings.index_snapshot_path or (
+            settings.data_dir("shard") / "lexical-index.snapshot")
+    index = SearchIndex(database, provider, niceness=settings.index_niceness,
+                        snapshot_path=snapshot)
     service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,
                            limits=settings.limits)
@@ -132,6 +137,7 @@ def build_shard_server(
         on_start=index.start,
         warm_up=warm_up,
         on_stop=stop,
+        ready=lambda: index.ready,
         restrictions=restrictions,
         probe=database.ping,
     )

@@ -56,6 +56,13 @@ class ShardSettings(ServerSettings):
     allow_test_embedder: bool = False
     """The hash embedder is meaningless; the shard refuses it unless this says it is a test."""
 
+    index_snapshot: bool = True
+    """Save the lexical search index to a file in the data directory (on stop, as it grows)
+    and load it at start, reading only the records committed since (a restart at 1M records
+    then takes seconds, not minutes). false: rebuild from the records at every start."""
+    index_snapshot_path: Path | None = None
+    """Default: $ENGRAM_HOME/shard/lexical-index.snapshot (one per replica: it is local)."""
+
     dedup: str = "exact"
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
     (also cosine >= dedup_similarity; embeds each write synchronously, ~2-3 ms a record)."""

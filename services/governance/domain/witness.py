@@ -84,10 +84,12 @@ class NewEntries:
         return entry.seq
 
 
-def verify_links(entries: Iterable[ChainEntry]) -> tuple[Checkpoint, list[str]]:
-    """Walk the entries in order; return the checkpoint they reach and every broken link."""
+def verify_links(entries: Iterable[ChainEntry], start: Checkpoint = Checkpoint(GENESIS, 0)
+                 ) -> tuple[Checkpoint, list[str]]:
+    """Walk the entries in order from ``start`` (the genesis by default); return the
+    checkpoint they reach and every broken link."""
     problems: list[str] = []
-    prev, expected_seq = GENESIS, 0
+    prev, expected_seq = start.head, start.length
     for entry in entries:
         if entry.seq != expected_seq:
             problems.append(f"entry {expected_seq} is missing (next stored entry is {entry.seq})")

@@ -42,6 +42,12 @@ class SeqCursor:
             self._gaps = {s: t for s, t in self._gaps.items() if t >= oldest_allowed}
         return sorted(self._gaps)
 
+    def restore(self, position: int, gaps: Iterable[int]) -> None:
+        """Continue from a saved position; its gaps are asked for again (from now on)."""
+        now = self._clock()
+        self.position = position
+        self._gaps = {seq: now for seq in gaps if seq < position}
+
     def advance(self, seen: Iterable[int]) -> None:
         """Record the seqs a read returned (gap fills and new rows, in any order)."""
         now = self._clock()

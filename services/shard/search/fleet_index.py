@@ -164,6 +164,19 @@ class FleetIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __getstate__(self) -> dict[str, object]:
+        """Everything but the vectors (an index snapshot: vectors are stored in the database)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("vectors", "_has_vector")}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.reset_vectors(0, 10_000)
+
+    def reset_vectors(self, dimension: int, hnsw_threshold: int) -> None:
+        """An empty vector index (after loading a snapshot: vectors come from the database)."""
+        self.vectors = TieredVectorIndex(dimension, threshold=hnsw_threshold)
+        self._has_vector = np.zeros(len(self._prev), dtype=bool)
+
     # -- growing ------------------------------------------------------------
 
     def add(
@@ -197,10 +210,12 @@ class FleetIndex:
         for step, (_, earlier) in zip(steps, tail, strict=True):
             for term, count in earlier.items():
                 bag[term] = bag.get(term, 0.0) + step * cfg.before_weight * count
-        self.lexical.add(bag)
+        # The earlier records first (oldest first), then this one: postings then grow in
+        # document order, and most extensions append or sum in place.
         for step, (earlier_doc, _) in zip(steps, tail, strict=True):
             weight = step * cfg.after_weight
             self.lexical.extend(earlier_doc, {t: weight * c for t, c in own.items()})
+        self.lexical.add(bag)
         if run_id:
             last = self._last_of_run.get(run_id)
             if last is not None:

@@ -9,10 +9,17 @@ transaction committed after a higher seq was read (the cursor re-reads the
 seqs it stepped over). The record then waits in a queue for the background
 indexer, which loads its stored vector (written by this or another replica) or
 embeds the content and stores it; a failed round puts its batch back.
-Everything starts from zero in a new process, so the index is rebuilt from the
-database after a restart; a write only wakes the indexer (writes never wait
-for the model). ``lag()`` is the number of committed records without a vector
-in the index yet.
+A write only wakes the indexer (writes never wait for the model). ``lag()`` is
+the number of committed records without a vector in the index yet.
+
+Restart: the lexical index is saved to a file (:mod:`snapshot`) when the shard
+stops, after a start that had to rebuild, and as it grows (every
+``snapshot_every`` records); :meth:`SearchIndex.warm_up` loads it, checks it
+against the store (records through its seq, the id at that seq) and reads only
+what was committed since; a missing, damaged or stale file means a rebuild from
+the records. Until warm-up ends, searches and duplicate checks fail fast with
+UNAVAILABLE (not a wait on the rebuild) and health stays NOT_SERVING; vectors of
+the snapshot's records are then loaded from the database by the indexer.
 
 Locks: each fleet's index has its own, held while that fleet is searched (scoring) or
 checked for duplicates; the shared lock guards only the cursor and queues, never while
@@ -27,12 +34,14 @@ import hashlib
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 
@@ -48,6 +57,13 @@ from services.shard.search.fleet_index import (
     DocFilter,
     FleetIndex,
     metadata_day,
+)
+from services.shard.search.snapshot import (
+    SnapshotRejected,
+    header_for,
+    payload_of,
+    read_snapshot,
+    write_snapshot,
 )
 
 log = logging.getLogger("engram.shard.index")
@@ -120,8 +136,12 @@ class SearchIndex:
         hnsw_threshold: int = 10_000,
         context: ContextSettings | None = None,
         niceness: int = 10,
+        snapshot_path: Path | None = None,
+        snapshot_every: int = 100_000,
     ) -> None:
         self.db = database
+        self.snapshot_path = snapshot_path
+        self.snapshot_every = snapshot_every
         self.repo = ShardRepository(database.dialect)
         self.niceness = niceness
         self.embedder = embedder
@@ -143,11 +163,19 @@ class SearchIndex:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ready = threading.Event()  # warmed up: searches and duplicate checks answered
+        self._last_id = ""  # id of the record at the cursor's position
+        self._saved_records = 0  # records in the last snapshot written or loaded
+        self._save_lock = threading.Lock()
+        self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
+        self.loaded_from_snapshot = False
 
     # -- lifecycle ----------------------------------------------------------
 
     def start(self) -> None:
+        """Warm up (load the snapshot, catch up), then index in the background."""
         if self._thread is None:
+            self.warm_up()
             self._thread = threading.Thread(target=self._run, name="search-indexer", daemon=True)
             self._thread.start()
 
@@ -157,6 +185,111 @@ class SearchIndex:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._query_pool.shutdown(wait=False, cancel_futures=True)
+        if self._ready.is_set() and self.records() != self._saved_records:
+            try:
+                self.save_snapshot()
+            except OSError:  # a full disk must not stop the shard from stopping
+                log.exception("index snapshot not saved; the next start catches up from "
+                              "the previous one or rebuilds")
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def require_ready(self) -> None:
+        if not self._ready.is_set():
+            raise Unavailable("the search index is loading after a start; retry shortly",
+                              reason="INDEX_LOADING")
+
+    def records(self) -> int:
+        """Records in the lexical index (every fleet)."""
+        with self._lock:
+            slots = list(self._fleets.values())
+        return sum(len(slot.index.ids) for slot in slots)
+
+    def warm_up(self) -> None:
+        """Load the saved index if it matches the store, then read what was committed since.
+        Searches are refused (UNAVAILABLE) until this returns."""
+        began = time.monotonic()
+        loaded = self.loaded_from_snapshot = self._load_snapshot()
+        with self._sync_lock:
+            self._read_new(5000)
+            self._synced_tick = next(self._ticks)
+        total = self.records()
+        log.info("search index ready", extra={
+            "records": total, "from_snapshot": loaded, "snapshot_records": self._saved_records,
+            "seconds": round(time.monotonic() - began, 2)})
+        self._ready.set()
+        if self.snapshot_path is not None and total - self._saved_records >= min(
+                self.snapshot_every, max(total // 10, 1)):
+            self._wake.set()  # the indexer saves a fresh snapshot (rebuilt or far behind)
+
+    def _load_snapshot(self) -> bool:
+        if self.snapshot_path is None or not self.snapshot_path.exists():
+            return False
+        try:
+            header, fleets = read_snapshot(self.snapshot_path, repr(self.context))
+            with self.db.session() as session:
+                held = self.repo.count_through(session, header.position, header.gaps)
+                last_id = self.repo.id_at(session, header.position) if header.position else ""
+            if held != header.records or (last_id or "") != header.last_id:
+                raise SnapshotRejected(
+                    f"the store holds {held} records through seq {header.position} "
+                    f"(last {last_id!r}); the snapshot holds {header.records} (last "
+                    f"{header.last_id!r})")
+            if sum(len(f.ids) for f in fleets.values()) != header.records:
+                raise SnapshotRejected("the payload's record count differs from its header")
+        except SnapshotRejected as why:
+            log.warning("index snapshot not used, rebuilding from the records: %s", why,
+                        extra={"path": str(self.snapshot_path)})
+            return False
+        dimension = self.embedder.dimension if self.embedder is not None else 0
+        with self._lock:
+            for fleet_id, index in fleets.items():
+                index.reset_vectors(dimension, self.hnsw_threshold)
+                self._fleets[fleet_id] = _FleetSlot(index)
+            self._cursor.restore(header.position, header.gaps)
+            self._last_id = header.last_id
+            if self.embedder is not None:
+                self._backfill = (0, header.position)
+        self._saved_records = header.records
+        return True
+
+    def save_snapshot(self) -> int:
+        """Write the lexical index to ``snapshot_path``; returns the records it holds. Searches
+        and writes wait while it is serialised (about 1 s per 300k records)."""
+        if self.snapshot_path is None:
+            return 0
+        with self._save_lock:
+            with self._sync_lock:
+                with self._lock:
+                    slots = dict(self._fleets)
+                    position, gaps = self._cursor.position, self._cursor.gaps()
+                    last_id = self._last_id
+                for slot in slots.values():
+                    slot.lock.acquire()
+                try:
+                    for slot in slots.values():
+                        slot.apply_inbox()
+                    fleets = {fleet: slot.index for fleet, slot in slots.items()}
+                    records = sum(len(index.ids) for index in fleets.values())
+                    payload = payload_of(fleets)
+                finally:
+                    for slot in slots.values():
+                        slot.lock.release()
+            header = header_for(payload, position=position, gaps=gaps, records=records,
+                                last_id=last_id, settings=repr(self.context))
+            write_snapshot(self.snapshot_path, header, payload)
+            self._saved_records = records
+        log.info("index snapshot saved", extra={"records": records, "bytes": len(payload)})
+        return records
+
+    def _save_if_grown(self) -> None:
+        if self.snapshot_path is None or not self._ready.is_set():
+            return
+        total = self.records()
+        if total - self._saved_records >= min(self.snapshot_every, max(total // 10, 1)):
+            self.save_snapshot()
 
     def notify(self) -> None:
         self._wake.set()
@@ -167,6 +300,7 @@ class SearchIndex:
             try:
                 while self.catch_up() and not self._stop.is_set():
                     pass
+                self._save_if_grown()
             except Exception:  # the loop must survive a transient database error
                 log.exception("search indexing failed; retrying")
             if self._wake.wait(self.poll_s):
@@ -211,6 +345,9 @@ class SearchIndex:
                     slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day, facts))
                     self._pending.append((row.seq, row.fleet_id, row.id, row.content))
                 self._cursor.advance(row.seq for row in rows)
+                last = max(rows, key=lambda row: row.seq)
+                if last.seq == self._cursor.position:
+                    self._last_id = last.id
             for slot in touched.values():
                 _apply_if_idle(slot)
             if len(rows) < chunk:
@@ -245,6 +382,7 @@ class SearchIndex:
             with self._lock:
                 self._pending.clear()
             return 0
+        self._queue_backfill()
         with self._lock:
             work = [self._pending.popleft() for _ in range(min(self.batch, len(self._pending)))]
             self._in_flight = len(work)
@@ -260,6 +398,20 @@ class SearchIndex:
             with self._lock:
                 self._in_flight = 0
         return len(work)
+
+    def _queue_backfill(self) -> None:
+        """Queue the next records a loaded snapshot holds without vectors (they are stored)."""
+        after, through = self._backfill
+        with self._lock:
+            if after >= through or len(self._pending) >= self.batch:
+                return
+        with self.db.session() as session:
+            rows = [row for row in self.repo.texts_after(session, after, [], self.batch * 4)
+                    if row.seq <= through]
+        with self._lock:
+            self._pending.extendleft(reversed(
+                [(row.seq, row.fleet_id, row.id, row.content) for row in rows]))
+            self._backfill = (rows[-1].seq if rows else through, through)
 
     def _index_vectors(self, work: list[Pending]) -> None:
         """Stored vectors are reused; the rest are embedded (outside any transaction), stored
@@ -316,8 +468,11 @@ class SearchIndex:
         with self._lock:
             waiting = len(self._pending) + self._in_flight
             position = self._cursor.position
+            after, through = self._backfill
         with self.db.session() as session:
-            return waiting + self.repo.count_after(session, position)
+            backfill = (self.repo.count_through(session, through, [])
+                        - self.repo.count_through(session, after, [])) if after < through else 0
+            return waiting + backfill + self.repo.count_after(session, position)
 
     # -- queries ------------------------------------------------------------
 
@@ -344,6 +499,7 @@ class SearchIndex:
         The query is embedded on a pool thread while this one catches up and scores BM25
         (ONNX Runtime releases the GIL), so hybrid pays max(embed, lexical), not the sum.
         """
+        self.require_ready()
         if self.embedder is None:
             mode = "lexical"
         vector: np.ndarray | Callable[[], np.ndarray | None] | None = None
@@ -394,6 +550,7 @@ class SearchIndex:
         are embedded here, once, and their vectors kept for the indexer. Earlier texts of
         the same batch count as existing.
         """
+        self.require_ready()
         self.sync()
         keys = [text_key(t, run, agent_id) for t, run in zip(texts, run_ids, strict=True)]
         vectors = self.embedder.embed(texts) if semantic and self.embedder is not None else None

@@ -39,6 +39,7 @@ def shard(tmp_path: Path) -> tuple[ShardService, _FlakyEmbedder]:
     database.upgrade(MIGRATIONS)
     embedder = _FlakyEmbedder()
     index = SearchIndex(database, embedder)
+    index.warm_up()
     service = ShardService(database, index=index)
     agent = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
     service.write(agent, [RecordDraft("the garden hose leaks at the tap"),

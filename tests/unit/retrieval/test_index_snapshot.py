@@ -1,0 +1,159 @@
+"""The lexical index saved to a file and loaded at start: the same answers as a rebuild, and a
+damaged, stale or forged file costs a rebuild, never a wrong answer."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from services.common.db import Database
+from services.common.errors import Unavailable
+from services.common.tokens import Principal
+from services.shard.domain.records import RecordDraft
+from services.shard.retrieval.embedding import HashEmbedder
+from services.shard.search.fleet_index import ContextSettings
+from services.shard.search.index import SearchIndex
+from services.shard.search.snapshot import (
+    MAGIC,
+    SnapshotRejected,
+    header_for,
+    read_snapshot,
+    write_snapshot,
+)
+from services.shard.server import MIGRATIONS
+from services.shard.service import ShardService
+
+AGENT = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
+OTHER = Principal(agent_id="b", fleet_id="g", roles=frozenset({"agent"}))
+FIRST = ["the garden hose leaks at the tap", "quarterly revenue grew twelve percent",
+         "the hose was replaced in spring", "revenue fell in the third quarter"]
+LATER = ["a new hose arrived today", "the garden needs water"]
+QUERIES = ["garden hose", "revenue quarter", "water", "spring"]
+
+
+def _store(path: Path) -> Database:
+    database = Database(f"sqlite:///{path}")
+    database.upgrade(MIGRATIONS)
+    return database
+
+
+def _write(database: Database, texts: list[str], who: Principal = AGENT) -> None:
+    ShardService(database).write(who, [RecordDraft(t, run_id="r1") for t in texts])
+
+
+def _answers(index: SearchIndex) -> list[list[tuple[str, float]]]:
+    return [index.search(fleet, q, "lexical") for fleet in ("f", "g") for q in QUERIES]
+
+
+def _rebuilt(database: Database) -> list[list[tuple[str, float]]]:
+    index = SearchIndex(database, None)
+    index.warm_up()
+    return _answers(index)
+
+
+def _saved(database: Database, path: Path) -> SearchIndex:
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    assert index.save_snapshot() == len(FIRST) + 1
+    return index
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Database:
+    database = _store(tmp_path / "shard.db")
+    _write(database, FIRST)
+    _write(database, ["garden party in another fleet"], OTHER)
+    return database
+
+
+def test_a_restart_loads_the_snapshot_and_reads_only_what_came_after(
+    database: Database, tmp_path: Path
+) -> None:
+    path = tmp_path / "index.snapshot"
+    _saved(database, path)
+    _write(database, LATER)
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert restarted.records() == len(FIRST) + 1 + len(LATER)
+    assert _answers(restarted) == _rebuilt(database)
+    assert any(restarted.search("f", "new hose arrived", "lexical"))
+
+
+def test_searches_are_refused_until_the_index_is_warm(database: Database) -> None:
+    index = SearchIndex(database, None)
+    with pytest.raises(Unavailable, match="loading"):
+        index.search("f", "garden", "lexical")
+    index.warm_up()
+    assert index.search("f", "garden", "lexical")
+
+
+def test_a_damaged_snapshot_is_rebuilt_from_the_records(
+    database: Database, tmp_path: Path
+) -> None:
+    path = tmp_path / "index.snapshot"
+    _saved(database, path)
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # one flipped bit in the payload
+    path.write_bytes(bytes(data))
+    _write(database, LATER)
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert not restarted.loaded_from_snapshot
+    assert _answers(restarted) == _rebuilt(database)
+
+
+def test_a_snapshot_of_another_store_is_not_used(database: Database, tmp_path: Path) -> None:
+    path = tmp_path / "index.snapshot"
+    _saved(database, path)
+    elsewhere = _store(tmp_path / "other.db")  # as many records, other texts (a restored backup)
+    _write(elsewhere, [f"unrelated note {i}" for i in range(len(FIRST))])
+    _write(elsewhere, ["garden"], OTHER)
+    restarted = SearchIndex(elsewhere, None, snapshot_path=path)
+    restarted.warm_up()
+    assert not restarted.loaded_from_snapshot
+    assert _answers(restarted) == _rebuilt(elsewhere)
+    assert restarted.search("f", "garden hose", "lexical") == []
+
+
+def test_a_payload_naming_other_code_is_refused_unrun(tmp_path: Path) -> None:
+    path = tmp_path / "index.snapshot"
+    marker = tmp_path / "ran"
+
+    class Forged:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, (f"touch {marker}",)
+
+    payload = pickle.dumps({"f": Forged()})
+    settings = repr(ContextSettings())
+    write_snapshot(path, header_for(payload, position=0, gaps=[], records=0, last_id="",
+                                    settings=settings), payload)
+    assert path.read_bytes().startswith(MAGIC)
+    with pytest.raises(SnapshotRejected, match="never holds"):
+        read_snapshot(path, settings)
+    assert not marker.exists()
+
+
+def test_vectors_of_the_snapshot_records_are_loaded_back_not_lost(
+    database: Database, tmp_path: Path
+) -> None:
+    path = tmp_path / "index.snapshot"
+    first = SearchIndex(database, HashEmbedder(), snapshot_path=path)
+    first.warm_up()
+    while first.catch_up():
+        pass
+    assert first.indexed("f") == len(FIRST)
+    first.save_snapshot()
+    restarted = SearchIndex(database, HashEmbedder(), snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert restarted.lag() == len(FIRST) + 1  # lexical at once; vectors still to load
+    while restarted.catch_up():
+        pass
+    assert restarted.lag() == 0
+    assert restarted.indexed("f") == len(FIRST)
+    assert restarted.search("f", FIRST[1], "semantic")[0] == first.search(
+        "f", FIRST[1], "semantic")[0]
