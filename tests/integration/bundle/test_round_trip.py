@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from engram.bundle import BundleReader
+from engram.bundle import BundleReader, importer
+from engram.bundle.export import Clients
+from engram.bundle.importer import Importer
 from engram.client import ShardClient
+from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient
+from engram.client.governance import GovernanceClient
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for, populate
 from tests.stack import FullStack, full_stack
@@ -95,3 +100,40 @@ def test_an_altered_bundle_is_refused_naming_it_and_nothing_is_written(
             run("import-bundle", str(bundle), "--expect", "0" * 64, code=1)
         with ShardClient(target.shard.address, admin) as shard:
             assert shard.status().total_records == 0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_import_resumes_when_run_again(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", "fleet-a", ADMIN)
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    bundle = tmp_path / "x.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        populate(origin, make_token)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(bundle))
+    monkeypatch.setattr(importer, "BATCH", 5)
+
+    def stop_after_first_batch(kind: str, rows: int, nbytes: int) -> None:
+        if kind == "records":
+            raise Interrupted
+
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        clients = Clients(*(client(target.addresses()[name], admin) for name, client in (
+            ("shard", ShardClient), ("governance", GovernanceClient),
+            ("artifacts", ArtifactsClient), ("compactor", CompactorClient))))
+        try:
+            with BundleReader(bundle) as reader, pytest.raises(Interrupted):
+                Importer(clients, stop_after_first_batch).run(reader)
+            assert clients.shard.status().total_records == 5
+            with BundleReader(bundle) as reader:
+                report = Importer(clients).run(reader)
+            assert (report.created["records"], report.already_present["records"]) == (8, 5)
+            assert clients.shard.status().total_records == 13
+        finally:
+            clients.close()
