@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+
 from services.common.db import Database
 from services.common.errors import (
     AlreadyExists,
@@ -389,6 +391,16 @@ class ShardService:
         total = len(imported)
         for index, record in enumerate(imported):
             _at_index(index, total, lambda r: self._check_import(r, fleet, known), record)
+        try:
+            fresh = self._store_imported(imported, fleet)
+        except DbIntegrityError:
+            # A concurrent import stored some of them first: look again, once.
+            fresh = self._store_imported(imported, fleet)
+        self.search_engine.notify_written(fresh)
+        return len(fresh), total - len(fresh)
+
+    def _store_imported(self, imported: Sequence[Record], fleet: str) -> list[Record]:
+        total = len(imported)
         with self.db.session() as session:
             stored = self.repo.existing(session, [r.id for r in imported])
             fresh: dict[str, Record] = {}
@@ -402,9 +414,9 @@ class ShardService:
                         f"{other.record_hash[:16]}…, the import has {record.record_hash[:16]}…)",
                         reason="RECORD_CONFLICT", metadata={"record_id": record.id}))
             # In creation order, so a run's snapshot (in storage order) reads as it did there.
-            self.repo.insert(session, sorted(fresh.values(), key=lambda r: (r.created_us, r.id)))
-        self.search_engine.notify_written(list(fresh.values()))
-        return len(fresh), total - len(fresh)
+            ordered = sorted(fresh.values(), key=lambda r: (r.created_us, r.id))
+            self.repo.insert(session, ordered)
+        return ordered
 
     def _check_import(self, record: Record, fleet: str, known: set[str]) -> None:
         if record.fleet_id != fleet:

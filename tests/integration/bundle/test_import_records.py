@@ -3,7 +3,9 @@ re-hashed, all or nothing, idempotent, admin of the same fleet only; bad input n
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -94,3 +96,22 @@ def test_a_different_record_under_a_stored_id_is_already_exists(
         error = refused(admin.import_records, [remote])
         assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, "RECORD_CONFLICT")
         assert remote.id in error.message
+
+
+def test_concurrent_imports_of_the_same_records_all_succeed(
+        stacks: tuple[GatedStack, GatedStack], make_token: TokenFactory) -> None:
+    with ShardClient(stacks[0].shard.address, make_token("scout-1", "fleet-d")) as shard:
+        shard.add_many([pb.RecordInput(content=f"shared fact {i}") for i in range(50)])
+        batch = list(shard.list())
+    start = threading.Barrier(6)
+
+    def load(_: int) -> tuple[int, int]:
+        with ShardClient(stacks[1].shard.address, make_token("op", "fleet-d", ADMIN)) as admin:
+            start.wait()
+            reply = admin.import_records(batch)
+            return reply.created, reply.already_present
+
+    with ThreadPoolExecutor(6) as pool:
+        replies = list(pool.map(load, range(6)))
+    assert sum(created for created, _ in replies) == 50
+    assert all(created + present == 50 for created, present in replies)

@@ -124,9 +124,11 @@ def test_an_interrupted_import_resumes_when_run_again(
             raise Interrupted
 
     with full_stack(tmp_path / "b", engram_home, make_token) as target:
-        clients = Clients(*(client(target.addresses()[name], admin) for name, client in (
-            ("shard", ShardClient), ("governance", GovernanceClient),
-            ("artifacts", ArtifactsClient), ("compactor", CompactorClient))))
+        where = target.addresses()
+        clients = Clients(ShardClient(where["shard"], admin),
+                          GovernanceClient(where["governance"], admin),
+                          ArtifactsClient(where["artifacts"], admin),
+                          CompactorClient(where["compactor"], admin))
         try:
             with BundleReader(bundle) as reader, pytest.raises(Interrupted):
                 Importer(clients, stop_after_first_batch).run(reader)
