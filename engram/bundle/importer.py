@@ -1,15 +1,19 @@
 """``engram import-bundle``: a verified bundle into another instance, through its public RPCs.
 
 Order: the whole bundle is verified first (every member's SHA-256 against the manifest, the
-manifest against its digest); nothing is sent before that passes. Then domains (UpsertDomain),
-then records (ImportRecords, in batches, each record re-hashed by the shard, all or nothing per
-batch). Every step is idempotent: an identical record already stored is left alone, so running
-the import again, or again after an interruption, finishes what is missing and changes nothing
-else. Parts this version does not import yet are reported by name and row count.
+manifest against its digest); nothing is sent before that passes. Then governance state: the
+fleet's rules (CreateRule with a request id derived from the original rule id, so a re-run
+finds them) and the tiers an operator pinned (SetTier, only where the target differs), so a
+suspended agent stays suspended; then domains (UpsertDomain), then records (ImportRecords, in
+batches, each record re-hashed by the shard, all or nothing per batch). Every step is
+idempotent: an identical record already stored is left alone, so running the import again, or
+again after an interruption, finishes what is missing and changes nothing else. Parts this
+version does not import yet are reported by name and row count.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +22,11 @@ from google.protobuf.json_format import ParseDict, ParseError
 
 from engram.bundle.export import KINDS, Clients, Progress
 from engram.bundle.format import BundleError, BundleReader, Manifest
+from engram.client.governance import TIER_NAMES
+from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
-IMPORTED = ("domains", "records")
+IMPORTED = ("rules", "trust", "domains", "records")
 """The parts an import writes; the others are named as not imported."""
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
@@ -53,11 +59,48 @@ class Importer:
                               f"belongs to fleet {fleet!r}; import with a token of fleet "
                               f"{manifest.fleet_id!r}; nothing was imported")
         report = ImportReport(manifest=manifest)
+        self._rules(reader, report, fleet)
+        self._trust(reader, report, fleet)
         self._domains(reader, report)
         self._records(reader, report)
         report.not_imported = {kind: manifest.rows(kind) for kind in KINDS
                                if kind not in IMPORTED and manifest.rows(kind)}
         return report
+
+    def _rules(self, reader: BundleReader, report: ImportReport, fleet: str) -> None:
+        """Each rule again, as the importer's act in this governance's witness chain (a new
+        rule id, author and time); the request id makes a re-run return the same rule."""
+        created = same = 0
+        for row in reader.rows("rules"):
+            rule = _parse(row, gpb.Rule(), "rules")
+            key = hashlib.sha256(f"{fleet}\x1f{rule.rule_id}".encode()).hexdigest()[:40]
+            for name in ("rule_id", "created_by", "create_time", "fleet_id"):
+                rule.ClearField(name)
+            reply = self.clients.governance.add_rule(rule, request_id=f"bundle-rule-{key}")
+            created += reply.created
+            same += not reply.created
+            self.progress("rules", 1, 0)
+        report.created["rules"], report.already_present["rules"] = created, same
+
+    def _trust(self, reader: BundleReader, report: ImportReport, fleet: str) -> None:
+        """Tiers an operator pinned (a suspension, a promotion) are set again; scores the
+        accumulator moved are not carried (they follow this instance's outcomes)."""
+        pinned = [row for row in reader.rows("trust") if row.get("pinned")]
+        changed = same = 0
+        for start in range(0, len(pinned), 100):
+            wanted = [_parse(row, gpb.AgentTrust(), "trust") for row in pinned[start:start + 100]]
+            current = {t.agent_id: t for t in self.clients.governance.trusts(
+                fleet, [t.agent_id for t in wanted])}
+            for trust in wanted:
+                now = current.get(trust.agent_id)
+                if now is not None and now.pinned and now.tier == trust.tier:
+                    same += 1
+                    continue
+                self.clients.governance.set_tier(trust.agent_id, TIER_NAMES[trust.tier],
+                                                 reason="pinned at the bundle's origin")
+                changed += 1
+                self.progress("trust", 1, 0)
+        report.created["trust"], report.already_present["trust"] = changed, same
 
     def _domains(self, reader: BundleReader, report: ImportReport) -> None:
         present = {d.name: d for d in self.clients.shard.domains()}

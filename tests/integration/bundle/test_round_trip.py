@@ -17,6 +17,7 @@ from engram.client import ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for, populate
 from tests.stack import FullStack, full_stack
@@ -56,13 +57,18 @@ def test_round_trip_sqlite_postgres_sqlite(
                     {"shard": fresh_postgres_url}) as postgres:
         with cli_for(postgres, admin, monkeypatch) as run:
             loaded = run("import-bundle", str(first), "--expect", digest)
-            assert loaded["created"] == {"domains": 0, "records": 13}
+            assert loaded["created"] == {"rules": 1, "trust": 1, "domains": 0, "records": 14}
             assert loaded["not_imported"]["events"] == 2
             again = run("import-bundle", str(first))
-            assert again["created"] == {"domains": 0, "records": 0}
-            assert again["already_present"]["records"] == 13
+            assert again["created"] == {"rules": 0, "trust": 0, "domains": 0, "records": 0}
+            assert again["already_present"] == {"rules": 1, "trust": 1, "domains": 5,
+                                                "records": 14}
+            assert [r["description"] for r in run("gov", "rules", "list")] == ["no secrets"]
             run("export", "--fleet", "fleet-a", "-o", str(second))
         assert observed(postgres, admin) == seen
+        with GovernanceClient(postgres.governance.address, admin) as gov:
+            rogue = gov.trust("rogue")
+            assert (rogue.tier, rogue.pinned) == (gpb.TRUST_TIER_SUSPENDED, True)
     with full_stack(tmp_path / "c", engram_home, make_token) as back:
         with cli_for(back, admin, monkeypatch) as run:
             run("import-bundle", str(second))
@@ -135,7 +141,7 @@ def test_an_interrupted_import_resumes_when_run_again(
             assert clients.shard.status().total_records == 5
             with BundleReader(bundle) as reader:
                 report = Importer(clients).run(reader)
-            assert (report.created["records"], report.already_present["records"]) == (8, 5)
-            assert clients.shard.status().total_records == 13
+            assert (report.created["records"], report.already_present["records"]) == (9, 5)
+            assert clients.shard.status().total_records == 14
         finally:
             clients.close()
