@@ -71,9 +71,13 @@ class Importer:
         """Each rule again, as the importer's act in this governance's witness chain (a new
         rule id, author and time); the request id makes a re-run return the same rule."""
         created = same = 0
+        present = {_rule_body(r) for r in self.clients.governance.rules(page_size=1000)}
         for row in reader.rows("rules"):
             rule = _parse(row, gpb.Rule(), "rules")
             key = hashlib.sha256(f"{fleet}\x1f{rule.rule_id}".encode()).hexdigest()[:40]
+            if _rule_body(rule) in present:  # the same rule is already in force here
+                same += 1
+                continue
             for name in ("rule_id", "created_by", "create_time", "fleet_id"):
                 rule.ClearField(name)
             reply = self.clients.governance.add_rule(rule, request_id=f"bundle-rule-{key}")
@@ -129,6 +133,15 @@ class Importer:
             present += reply.already_present
             self.progress("records", len(batch), sum(r.ByteSize() for r in batch))
         report.created["records"], report.already_present["records"] = created, present
+
+
+def _rule_body(rule: gpb.Rule) -> bytes:
+    """What a rule does, without who made it, when, or its id."""
+    body = gpb.Rule()
+    body.CopyFrom(rule)
+    for name in ("rule_id", "created_by", "create_time", "fleet_id"):
+        body.ClearField(name)
+    return body.SerializeToString(deterministic=True)
 
 
 def _parse(row: dict[str, Any], message: Any, kind: str) -> Any:

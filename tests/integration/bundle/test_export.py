@@ -27,6 +27,9 @@ def test_export_carries_every_kind_and_only_its_fleet(
                        "-o", str(tmp_path / "r.bundle"))
             run("export", "--fleet", "fleet-b", "-o", str(tmp_path / "x.bundle"), code=1)
             run("export", "--fleet", "fleet-a", "-o", str(tmp_path / "a.bundle"), code=2)
+            into_itself = run("import-bundle", str(tmp_path / "a.bundle"))
+            assert set(into_itself["created"].values()) == {0}
+            assert len(run("gov", "rules", "list")) == 1
     assert first["rows"] == {"domains": 5, "records": 14, "rules": 1, "trust": 2,
                              "decisions": 14, "runs": 1, "artifacts": 1, "events": 2,
                              "snapshots": 1, "evidence": 1, "manifests": 1, "iterations": 2}
