@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session
 
 from services.common.db import Database
 from services.common.errors import (
@@ -33,6 +34,7 @@ from services.common.limits import check_limit, validate_request_id
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
+from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.domain.domains import (
     DEFAULT_DOMAINS,
     Domain,
@@ -416,7 +418,29 @@ class ShardService:
             # In creation order, so a run's snapshot (in storage order) reads as it did there.
             ordered = sorted(fresh.values(), key=lambda r: (r.created_us, r.id))
             self.repo.insert(session, ordered)
+            self._import_compactions(session, fleet, ordered)
         return ordered
+
+    def _import_compactions(self, session: Session, fleet: str,
+                            imported: Sequence[Record]) -> None:
+        """A compaction summary (source ``compactor``) names, under its record_hash, the
+        originals it replaced: they leave search here as they did at the origin."""
+        for summary in imported:
+            if summary.source != SUMMARY_SOURCE or "replaces" not in summary.metadata:
+                continue
+            try:
+                replaced = {str(item["id"]): str(item["record_hash"])
+                            for item in json.loads(summary.metadata["replaces"])}
+            except (ValueError, TypeError, KeyError):
+                raise InvalidArgument(f"summary record {summary.id} has a replaces list that is "
+                                      "not [{id, record_hash}, ...]", reason="IMPORT_NOT_NORMAL",
+                                      metadata={"record_id": summary.id}) from None
+            done = self.repo.compacted_among(session, sorted(replaced))
+            originals = [replace(summary, id=rid, record_hash=digest)
+                         for rid, digest in sorted(replaced.items()) if rid not in done]
+            if originals:
+                self.repo.mark_compacted(session, fleet, summary.id, originals,
+                                         summary.created_us)
 
     def _check_import(self, record: Record, fleet: str, known: set[str]) -> None:
         if record.fleet_id != fleet:
