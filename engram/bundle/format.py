@@ -286,6 +286,10 @@ class BundleReader:
         self._index: dict[str, tarfile.TarInfo] = {}
         self.manifest: Manifest | None = None
 
+    def payload_bytes(self) -> int:
+        """The bytes :meth:`verify` will hash (every member but the manifest)."""
+        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and i.isreg())
+
     def verify(self, progress: Any = None) -> Manifest:
         """Hashes every member and compares it with the manifest; raises ``BundleError`` naming
         every altered, missing, added, repeated or outside member. ``progress(n_bytes)`` is

@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from engram.bundle.export import Exporter, open_clients
 from engram.bundle.format import BundleError, BundleReader
@@ -22,23 +30,26 @@ def _peak_rss_mb() -> float:
 
 
 class _Meter:
-    """Rows and bytes so far, on a rich progress line (stderr; hidden with --json)."""
+    """One progress bar per kind (rows, or bytes for blobs and verification), on stderr and
+    hidden with --json; a kind with a known total shows how far along it is."""
 
-    def __init__(self, progress: Progress, what: str) -> None:
-        self.progress, self.rows, self.bytes = progress, 0, 0
-        self.task = progress.add_task(what, total=None)
-        self.what = what
+    def __init__(self, progress: Progress, what: str, totals: dict[str, int] | None = None):
+        self.progress, self.what, self.totals = progress, what, dict(totals or {})
+        self.tasks: dict[str, TaskID] = {}
 
     def __call__(self, kind: str, rows: int, nbytes: int) -> None:
-        self.rows += rows
-        self.bytes += nbytes
-        self.progress.update(self.task, description=f"{self.what} {kind}: {self.rows} rows, "
-                             f"{self.bytes / 1e6:.1f} MB")
+        task = self.tasks.get(kind)
+        if task is None:
+            unit = "rows" if rows else "bytes"
+            task = self.tasks[kind] = self.progress.add_task(
+                f"{self.what} {kind} ({unit})", total=self.totals.get(kind))
+        self.progress.advance(task, rows or nbytes)
 
 
 def _progress(as_json: bool) -> Progress:
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                    console=err_console, disable=as_json, transient=True)
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                    disable=as_json, transient=True)
 
 
 def export(
@@ -63,7 +74,9 @@ def export(
     with rpc_errors(as_json), _progress(as_json) as progress:
         clients = open_clients(cli_settings())
         try:
-            report = Exporter(clients, _Meter(progress, "exporting")).export(out, fleet, run)
+            totals = {} if run else {"records": clients.shard.status().total_records}
+            meter = _Meter(progress, "exporting", totals)
+            report = Exporter(clients, meter).export(out, fleet, run)
         except BundleError as error:
             raise fail(str(error)) from None
         finally:
@@ -105,7 +118,8 @@ def import_bundle(
         clients = open_clients(cli_settings())
         try:
             with BundleReader(bundle) as reader:
-                report = Importer(clients, _Meter(progress, "importing")).run(reader, expect)
+                meter = _Meter(progress, "importing", {"verifying": reader.payload_bytes()})
+                report = Importer(clients, meter).run(reader, expect)
         except BundleError as error:
             if as_json:
                 emit_json({"error": {"message": str(error), "problems": error.problems}})
