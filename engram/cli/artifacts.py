@@ -172,16 +172,21 @@ def verify(
     run: str = typer.Option("", "--run", help="only this run (default: every run)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-hash every blob against its pointer; exits 1 when any is missing or altered."""
+    """Re-hash every blob against its pointer and every snapshot's state against its hash;
+    exits 1 when any is missing or altered."""
     with rpc_errors(as_json), _client() as client:
         report = client.verify(run)
     if as_json:
         emit_json(message_dict(report))
     else:
-        console.print(f"checked {report.checked} artifacts, {len(report.problems)} problems")
+        console.print(f"checked {report.checked} artifacts, {len(report.problems)} problems; "
+                      f"{report.snapshots_checked} snapshots, "
+                      f"{len(report.snapshot_problems)} problems")
         for p in report.problems:
             console.print(f"  [red]{p.problem}[/red] {p.artifact_id} {p.path}")
-    if report.problems:
+        for s in report.snapshot_problems:
+            console.print(f"  [red]{s.problem}[/red] snapshot {s.snapshot_id} of run {s.run_id}")
+    if report.problems or report.snapshot_problems:
         raise typer.Exit(1)
 
 

@@ -210,6 +210,7 @@ def status(as_json: bool = JSON_OPTION) -> None:
         f"total: {len(reply.domains)} domains, {reply.total_records} records, "
         f"{reply.runs} runs, {reply.total_links} links, "
         f"indexing lag {reply.indexing_lag}"
+        + (f" (model {reply.embedding_model})" if reply.embedding_model else " (lexical only)")
     )
 
 

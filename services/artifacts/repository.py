@@ -22,6 +22,7 @@ from services.artifacts.domain.entities import (
     Run,
     RunStatus,
     Snapshot,
+    SnapshotProblem,
 )
 from services.artifacts.tables import (
     ArtifactRow,
@@ -197,6 +198,17 @@ class ArtifactsRepository:
             query.order_by(ArtifactRow.artifact_id).limit(limit))]
 
     # -- snapshots ----------------------------------------------------------
+
+    def snapshot_problems(self, session: Session, fleet_id: str, run_id: str, after: str,
+                          limit: int) -> list[tuple[str, SnapshotProblem | None]]:
+        """The fleet's snapshots (one run's when ``run_id`` is set) in id order past ``after``,
+        each re-hashed: (snapshot id, its problem or None)."""
+        query = select(SnapshotRow).where(SnapshotRow.fleet_id == fleet_id,
+                                          SnapshotRow.snapshot_id > after)
+        if run_id:
+            query = query.where(SnapshotRow.run_id == run_id)
+        return [(row.snapshot_id, row.problem()) for row in session.scalars(
+            query.order_by(SnapshotRow.snapshot_id).limit(limit))]
 
     def add_snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot,
                      request_id: str) -> None:

@@ -43,6 +43,7 @@ from services.artifacts.domain.entities import (
     Run,
     RunStatus,
     Snapshot,
+    SnapshotProblem,
 )
 from services.artifacts.domain.integrity import (
     ArtifactUpload,
@@ -302,6 +303,23 @@ class ArtifactsService:
             problem = self._check_blob(artifact)
             if problem is not None:
                 log.warning("artifact integrity problem", extra=problem.__dict__)
+                problems.append(problem)
+        return checked, problems
+
+    def verify_snapshots(self, fleet_id: str,
+                         run_id: str = "") -> tuple[int, list[SnapshotProblem]]:
+        """Re-hash every stored snapshot's state (one run's when ``run_id`` is set)."""
+        if run_id:
+            self.get_run(fleet_id, run_id)
+        checked, problems = 0, []
+        snapshots = self._in_batches(
+            lambda session, after, limit: self.repository.snapshot_problems(
+                session, fleet_id, run_id, after, limit),
+            "", lambda found: found[0], ARTIFACT_BATCH)
+        for _snapshot_id, problem in snapshots:
+            checked += 1
+            if problem is not None:
+                log.warning("snapshot integrity problem", extra=problem.__dict__)
                 problems.append(problem)
         return checked, problems
 

@@ -230,9 +230,16 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def VerifyArtifacts(self, request: pb.VerifyArtifactsRequest,
                         context: grpc.ServicerContext) -> pb.VerifyArtifactsResponse:
-        checked, problems = self.service.verify(current_principal().fleet_id, request.run_id)
-        return pb.VerifyArtifactsResponse(checked=checked,
-                                          problems=[problem_to_proto(p) for p in problems])
+        fleet_id = current_principal().fleet_id
+        checked, problems = self.service.verify(fleet_id, request.run_id)
+        snapshots, snapshot_problems = self.service.verify_snapshots(fleet_id, request.run_id)
+        return pb.VerifyArtifactsResponse(
+            checked=checked, problems=[problem_to_proto(p) for p in problems],
+            snapshots_checked=snapshots,
+            snapshot_problems=[pb.SnapshotProblem(
+                snapshot_id=p.snapshot_id, run_id=p.run_id, problem=p.problem,
+                expected_hash=p.expected_hash, actual_hash=p.actual_hash)
+                for p in snapshot_problems])
 
     # -- events and snapshots -----------------------------------------------
 

@@ -15,6 +15,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Index, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from services.artifacts.domain.chain import sha256_text
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -23,8 +24,10 @@ from services.artifacts.domain.entities import (
     Run,
     RunStatus,
     Snapshot,
+    SnapshotProblem,
 )
 from services.common.canonical import canonical_json
+from services.common.errors import IntegrityError
 
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
@@ -144,7 +147,32 @@ class SnapshotRow(Base):
         Index("uq_snapshots_run_request", "fleet_id", "run_id", "request_id", unique=True),
     )
 
+    def problem(self) -> SnapshotProblem | None:
+        """What is wrong with this stored snapshot (its state re-hashed), or None."""
+        actual = sha256_text(self.state_json)
+        if actual != self.state_hash:
+            return SnapshotProblem(self.snapshot_id, self.run_id, "SNAPSHOT_HASH_MISMATCH",
+                                   self.state_hash, actual)
+        try:
+            ids = json.loads(self.artifact_ids_json)
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list):
+            return SnapshotProblem(self.snapshot_id, self.run_id, "SNAPSHOT_UNREADABLE",
+                                   self.state_hash, actual)
+        return None
+
     def to_entity(self) -> Snapshot:
+        """The snapshot, re-hashed: an altered one is DATA_LOSS naming it, on every read."""
+        problem = self.problem()
+        if problem is not None:
+            raise IntegrityError(
+                f"snapshot {self.snapshot_id} of run {self.run_id}: "
+                + ("its state no longer matches its hash" if problem.problem ==
+                   "SNAPSHOT_HASH_MISMATCH" else "a stored field no longer parses"),
+                reason=problem.problem,
+                metadata={"snapshot_id": self.snapshot_id, "run_id": self.run_id,
+                          "expected": problem.expected_hash, "actual": problem.actual_hash})
         return Snapshot(snapshot_id=self.snapshot_id, run_id=self.run_id, seq=self.seq,
                         state_json=self.state_json, state_hash=self.state_hash,
                         manifest_id=self.manifest_id,

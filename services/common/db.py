@@ -29,12 +29,22 @@ from services.common.errors import Unavailable
 log = logging.getLogger("engram.db")
 
 
+# A single-record commit writes ~41 KB of WAL (the record, its tags, its full-text rows and
+# their indexes). SQLite's default checkpoints at 1,000 pages (4 MB) and then keeps the file at
+# that size: on a small volume that fills, no later commit succeeds, so no checkpoint ever
+# runs, and the space never comes back. Checkpoint at 1 MB and truncate the file to 1 MB after.
+WAL_AUTOCHECKPOINT_PAGES = 256
+WAL_SIZE_LIMIT_BYTES = 1 << 20
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=FULL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+    cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
     cursor.close()
 
 
@@ -78,6 +88,8 @@ class Database:
                 raise Unavailable(
                     f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"
                 ) from exc
+            if self.dialect == "sqlite" and "disk is full" in str(exc.orig).lower():
+                self.checkpoint()  # fold the WAL back into the file: the space it held returns
             raise
         except BaseException:
             session.rollback()
@@ -93,6 +105,21 @@ class Database:
         with self.engine.begin() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+
+    def checkpoint(self) -> bool:
+        """SQLite: move the WAL's pages into the database file and truncate the WAL (best
+        effort; False if it could not, e.g. the file cannot grow either). Other databases:
+        nothing to do."""
+        if self.dialect != "sqlite":
+            return True
+        try:
+            with self.engine.connect() as connection:
+                busy, _, _ = connection.exec_driver_sql(
+                    "PRAGMA wal_checkpoint(TRUNCATE)").one()
+            return not busy
+        except DBAPIError as exc:
+            log.warning("WAL checkpoint failed: %s", _short(exc))
+            return False
 
     def dispose(self) -> None:
         self.engine.dispose()

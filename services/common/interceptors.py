@@ -31,6 +31,7 @@ from services.common.auth import (
 )
 from services.common.errors import ERROR_DOMAIN, EngramError, InvalidArgument
 from services.common.metrics import GrpcMetrics
+from services.common.storage_errors import storage_error
 
 log = logging.getLogger("engram.rpc")
 
@@ -120,6 +121,10 @@ class ErrorInterceptor(_BehaviorInterceptor):
     def _abort(self, context: grpc.ServicerContext, exc: BaseException, method: str) -> None:
         if isinstance(exc, EngramError):
             context.abort_with_status(rpc_status.to_status(_status_for(exc)))
+        storage = storage_error(exc)
+        if storage is not None:  # a full or failing volume: the client can act on it
+            log.warning("%s failed: %s (%s)", method, storage.message, storage.reason)
+            context.abort_with_status(rpc_status.to_status(_status_for(storage)))
         ref = uuid.uuid4().hex[:12]
         log.exception("unhandled error in %s (ref %s)", method, ref, exc_info=exc)
         context.abort(grpc.StatusCode.INTERNAL, f"internal error; reference {ref} in server logs")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     and_,
@@ -32,6 +32,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
+from services.common.errors import IntegrityError
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import Record
@@ -398,6 +399,27 @@ class ShardRepository:
         )
         return [(row.seq, row.to_entity()) for row in rows]
 
+    def scan_checked(self, session: Session, flt: RecordFilter,
+                     batch: int = 500) -> Iterator[Record | IntegrityError]:
+        """As :meth:`scan`, but a row that no longer parses comes out as its DATA_LOSS error
+        (naming the record) instead of ending the scan: a verify reports every bad row."""
+        after = 0
+        while True:
+            rows = list(session.scalars(
+                select(RecordRow).where(self._filtered(flt), RecordRow.seq > after)
+                .order_by(RecordRow.seq).limit(batch)))
+            if not rows:
+                return
+            for row in rows:
+                yield _checked(row)
+            after = rows[-1].seq
+
+    def by_ids_checked(self, session: Session, fleet_id: str,
+                       ids: Sequence[str]) -> dict[str, Record | IntegrityError]:
+        """As :meth:`by_ids`, with an unreadable row as its DATA_LOSS error."""
+        rows = session.execute(_EXISTING, {"ids": list(ids)}).mappings()
+        return {row["id"]: _checked(row) for row in rows if row["fleet_id"] == fleet_id}
+
     def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
         """Oldest first, in batches, without holding the whole set in memory."""
         after = 0
@@ -586,3 +608,11 @@ class ShardRepository:
              "model": model, "vector": v.vector}
             for v in vectors
         ])
+
+
+def _checked(row: Any) -> Record | IntegrityError:
+    """A records row (ORM or mapping) as a record, or the DATA_LOSS error it raises."""
+    try:
+        return row.to_entity() if isinstance(row, RecordRow) else row_to_record(row)
+    except IntegrityError as failure:
+        return failure

@@ -13,8 +13,11 @@ from services.shard.ports import TrustSource, WriteGate
 from services.shard.retrieval.embedding import (
     EmbeddingProvider,
     HashEmbedder,
+    minilm_spec,
     require_production,
 )
+from services.shard.retrieval.model_dir import ModelSpec, inspect_model_dir
+from services.shard.retrieval.packaged_models import MPNET, mpnet_dir
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 from services.shard.servicer import (
@@ -30,31 +33,49 @@ from services.shard.settings import ShardSettings
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
+_NAMED_EMBEDDERS = ("minilm", "minilm-fp32", "mpnet", "hash", "none")
+
+
+def embedder_spec(settings: ShardSettings) -> tuple[ModelSpec, bool] | None:
+    """The encoder ``settings.embedder`` names and whether it runs int8, or None for the
+    hash and no embedder. A directory is checked here, before anything starts:
+    :class:`ModelDirError` (exit 2) names what is missing or malformed."""
+    if settings.embedder in ("none", "hash"):
+        return None
+    if settings.embedder in ("minilm", "minilm-fp32"):
+        return minilm_spec(), settings.embedder == "minilm"
+    if settings.embedder == "mpnet":
+        return inspect_model_dir(mpnet_dir(settings.home), name=MPNET), settings.embed_int8
+    if "/" in settings.embedder or settings.embedder.startswith("."):
+        return inspect_model_dir(Path(settings.embedder)), settings.embed_int8
+    raise ValueError(
+        f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: one of "
+        f"{', '.join(_NAMED_EMBEDDERS)}, or the path of a sentence-transformers model directory"
+    )
+
+
 def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
     """The provider for ``settings.embedder`` (None for "none"); refuses test-only ones."""
     if settings.embedder == "none":
         return None
     provider: EmbeddingProvider
-    if settings.embedder == "hash":
+    chosen = embedder_spec(settings)
+    if chosen is None:
         provider = HashEmbedder()
-    elif settings.embedder in ("minilm", "minilm-fp32"):
-        int8 = settings.embedder == "minilm"
+    else:
+        spec, int8 = chosen
         if settings.embed_process:
             from services.shard.retrieval.embedding_process import ProcessEmbedder
 
-            provider = ProcessEmbedder(threads=settings.embed_threads, int8=int8,
+            provider = ProcessEmbedder(spec, threads=settings.embed_threads, int8=int8,
                                        niceness=settings.index_niceness,
                                        log_level=settings.log_level)
         else:
             # Imported here: a lexical-only or test shard never loads ONNX Runtime.
-            from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+            from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 
-            provider = OnnxMiniLMEmbedder(threads=settings.embed_threads, int8=int8,
-                                          pool_niceness=settings.index_niceness)
-    else:
-        raise ValueError(
-            f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: minilm, minilm-fp32, hash, none"
-        )
+            provider = OnnxBertEmbedder(spec, threads=settings.embed_threads, int8=int8,
+                                        pool_niceness=settings.index_niceness)
     require_production(provider, allow_test_embedder=settings.allow_test_embedder)
     return provider
 

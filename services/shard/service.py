@@ -86,6 +86,8 @@ class FleetStatus:
     incoming: dict[str, int]
     """Links into each domain from records."""
     indexing_lag: int
+    embedding_model: str
+    """The embedder's identity (stored vectors are keyed by it); empty when lexical only."""
 
 
 @dataclass(frozen=True)
@@ -520,10 +522,12 @@ class ShardService:
         failures: list[EngramError] = []
         checked = 0
         with self.db.session() as session:
+            # A row that no longer parses is one more failure; the rest are still checked.
+            source: Iterator[Record | IntegrityError]
             if everything:
-                source: Iterator[Record] = self.repo.scan(session, RecordFilter(principal.fleet_id))
+                source = self.repo.scan_checked(session, RecordFilter(principal.fleet_id))
             else:
-                found = self.repo.by_ids(session, principal.fleet_id, list(ids))
+                found = self.repo.by_ids_checked(session, principal.fleet_id, list(ids))
                 missing = [i for i in ids if i not in found]
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
@@ -531,6 +535,9 @@ class ShardService:
                 source = iter(found[i] for i in dict.fromkeys(ids))
             for record in source:
                 checked += 1
+                if isinstance(record, IntegrityError):
+                    failures.append(record)
+                    continue
                 try:
                     records.verify(record)
                 except EngramError as failure:
@@ -565,7 +572,8 @@ class ShardService:
             total, runs, links = self.repo.counts(session, principal.fleet_id)
             incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
         return FleetStatus(principal.fleet_id, total, runs, links, domains, incoming,
-                           self.search_engine.indexing_lag())
+                           self.search_engine.indexing_lag(),
+                           self.search_engine.embedding_model())
 
     def summary(self, principal: Principal) -> dict[str, object]:
         """The seed's global summary (section 2.4.3)."""

@@ -381,6 +381,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             total_links=status.total_links,
             runs=status.runs,
             indexing_lag=status.indexing_lag,
+            embedding_model=status.embedding_model,
         )
 
     def ExportSummary(

@@ -34,7 +34,13 @@ class ShardSettings(ServerSettings):
     embedder: str = "minilm"
     """Embedding provider for semantic search: minilm (the packaged all-MiniLM-L6-v2 on ONNX
     Runtime, int8: mean cosine 0.993 to the float model, LoCoMo recall unchanged), minilm-fp32
-    (the same graph in float32, vectors equal to the numpy reference to 1e-6), hash, none."""
+    (the same graph in float32, vectors equal to the numpy reference to 1e-6), mpnet
+    (all-mpnet-base-v2 after `make mpnet`: better vectors at ~8x MiniLM's cost), hash, none, or
+    the path of a sentence-transformers model directory (BERT family: config.json,
+    model.safetensors, tokenizer.json, 1_Pooling/config.json) an operator mounts, such as
+    BGE, E5 or GTE; the shard refuses to start when a file is missing or malformed."""
+    embed_int8: bool = True
+    """A model directory's encoder in int8 (dynamic quantization, ~2x faster) or float32."""
     embed_threads: int = 2
     """Batches the embedder runs at once, one core each (int8: ~180 texts/s per thread). A
     query embeds in its caller's thread; set 1 to leave a core to the write path while the

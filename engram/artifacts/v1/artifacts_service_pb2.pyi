@@ -260,12 +260,30 @@ class VerifyArtifactsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class VerifyArtifactsResponse(_message.Message):
-    __slots__ = ("checked", "problems")
+    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     checked: int
     problems: _containers.RepeatedCompositeFieldContainer[ArtifactProblem]
-    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ...) -> None: ...
+    snapshots_checked: int
+    snapshot_problems: _containers.RepeatedCompositeFieldContainer[SnapshotProblem]
+    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ...) -> None: ...
+
+class SnapshotProblem(_message.Message):
+    __slots__ = ("snapshot_id", "run_id", "problem", "expected_hash", "actual_hash")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_HASH_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    run_id: str
+    problem: str
+    expected_hash: str
+    actual_hash: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., problem: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("run_id", "seq", "type", "payload_json", "manifest_id", "artifact_ids", "create_time", "prev_hash", "hash", "agent_id")

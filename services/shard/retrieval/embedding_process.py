@@ -1,4 +1,4 @@
-"""MiniLM in a child process: the model's Python work never takes the shard's GIL.
+"""The encoder in a child process: the model's Python work never takes the shard's GIL.
 
 The shard serves gRPC in Python threads that share one interpreter lock. Embedding
 a record (tokenise, pad, call ONNX Runtime, one text per run for the int8 model)
@@ -35,6 +35,7 @@ import numpy as np
 
 from services.common.errors import Unavailable
 from services.shard.retrieval.embedding import Vectors
+from services.shard.retrieval.model_dir import ModelSpec
 
 _READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 
@@ -61,15 +62,15 @@ def _serve(conn: Connection, model: Any, niceness: int) -> None:
         conn.send(reply)
 
 
-def _child(foreground: list[Connection], background: Connection, threads: int, int8: bool,
-           niceness: int, log_level: str) -> None:
+def _child(foreground: list[Connection], background: Connection, spec: ModelSpec | None,
+           threads: int, int8: bool, niceness: int, log_level: str) -> None:
     from services.common.logging_setup import configure_logging
-    from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+    from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 
     configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
 
     try:
-        model = OnnxMiniLMEmbedder(threads=threads, int8=int8, pool_niceness=niceness)
+        model = OnnxBertEmbedder(spec, threads=threads, int8=int8, pool_niceness=niceness)
     except Exception as error:
         background.send((False, f"{type(error).__name__}: {error}"))
         return
@@ -89,14 +90,14 @@ def _child(foreground: list[Connection], background: Connection, threads: int, i
 class _Child:
     """One running child and the parent's ends of its pipes."""
 
-    def __init__(self, threads: int, int8: bool, niceness: int, foreground: int,
-                 log_level: str) -> None:
+    def __init__(self, spec: ModelSpec | None, threads: int, int8: bool, niceness: int,
+                 foreground: int, log_level: str) -> None:
         context = multiprocessing.get_context("spawn")
         pairs = [context.Pipe() for _ in range(foreground + 1)]
         self.process = context.Process(
             target=_child,
-            args=([child for _, child in pairs[:-1]], pairs[-1][1], threads, int8, niceness,
-                  log_level),
+            args=([child for _, child in pairs[:-1]], pairs[-1][1], spec, threads, int8,
+                  niceness, log_level),
             name="engram-embedder",
             daemon=True,
         )
@@ -162,13 +163,14 @@ class _Child:
 
 
 class ProcessEmbedder:
-    """The packaged MiniLM on ONNX Runtime, in a child process (see the module docstring)."""
+    """An encoder on ONNX Runtime (default: the packaged MiniLM), in a child process (see the
+    module docstring)."""
 
     for_tests_only = False
 
-    def __init__(self, *, threads: int = 2, int8: bool = True, niceness: int = 10,
-                 foreground: int = 2, log_level: str = "INFO") -> None:
-        self._settings = (threads, int8, niceness, max(1, foreground), log_level)
+    def __init__(self, spec: ModelSpec | None = None, *, threads: int = 2, int8: bool = True,
+                 niceness: int = 10, foreground: int = 2, log_level: str = "INFO") -> None:
+        self._settings = (spec, threads, int8, niceness, max(1, foreground), log_level)
         self._lock = threading.Lock()
         self._child = _Child(*self._settings)
         self.name: str = self._child.name

@@ -200,6 +200,11 @@ class SearchEngine:
     def indexing_lag(self) -> int:
         return self.index.lag() if self.index is not None else 0
 
+    def embedding_model(self) -> str:
+        if self.index is None or self.index.embedder is None:
+            return ""
+        return self.index.embedder.name
+
 
 def record_authors(record: Record) -> frozenset[str]:
     """The record's author and the authors it names as its sources (``source_authors``, a JSON

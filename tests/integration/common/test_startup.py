@@ -109,3 +109,18 @@ def _bootable(service: str, tmp_path: Path, make_token: TokenFactory) -> dict[st
     token.write_text(make_token("svc-compactor", "system", ("service",)))
     return {f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
             "ENGRAM_SHARD_EMBEDDER": "none", "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}
+
+
+def test_a_model_directory_missing_a_file_stops_the_shard_naming_it(
+    tmp_path: Path, engram_home: Path
+) -> None:
+    from services.shard.retrieval.embedding import default_minilm_dir
+
+    model = tmp_path / "bge"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model / name).symlink_to(default_minilm_dir() / name)
+    (model / "1_Pooling").symlink_to(default_minilm_dir() / "1_Pooling")
+    error = _one_error_line(_start("shard", engram_home, ENGRAM_SHARD_EMBEDDER=str(model),
+                                   ENGRAM_SHARD_DB_URL=f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    assert "tokenizer.json is missing" in str(error["msg"])

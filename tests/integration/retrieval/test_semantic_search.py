@@ -163,3 +163,49 @@ def test_a_record_committed_after_a_higher_seq_is_still_found(
         assert client.search("lighthouse keeper", mode="semantic")[0].record.id == late.id
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """Changing the model keeps search answering and re-embeds in the background: status
+    names the model and counts what it has left; no vector of the old model is served as the
+    new one's, and none is left behind."""
+    from sqlalchemy import create_engine, text
+
+    from services.shard.retrieval.embedding import default_minilm_dir
+
+    operator_dir = tmp_path / "operator-model"
+    operator_dir.mkdir()
+    for entry in default_minilm_dir().iterdir():
+        (operator_dir / entry.name).symlink_to(entry)
+    token = make_token("agent-model", "fleet-model")
+    first = settings.model_copy(update={"embedder": "minilm-fp32", "embed_process": False})
+    client, _service, server = _serve(first, token)
+    try:
+        target = client.add("My dog loves running on the beach every morning").record
+        for i in range(20):
+            client.add(f"Kubernetes note {i}: pods restart when the liveness probe fails")
+        _caught_up(client)
+        assert client.status().embedding_model == "all-MiniLM-L6-v2"
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+    second = settings.model_copy(update={"embedder": str(operator_dir), "embed_int8": False,
+                                         "embed_process": False})
+    client, _service, server = _serve(second, token)
+    try:
+        status = client.status()
+        assert status.embedding_model.startswith("operator-model@")
+        # Answers meanwhile, by its lexical half at least.
+        assert client.search("dog on the beach", mode="hybrid")[0].record.id == target.id
+        _caught_up(client)
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target.id
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+    engine = create_engine(settings.database_url())
+    with engine.connect() as connection:
+        models = connection.execute(text(
+            "SELECT model, count(*) FROM record_vectors GROUP BY model")).all()
+    engine.dispose()
+    assert [(m, n) for m, n in models] == [(status.embedding_model, 21)]

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engram.bench._chroma_model import TOKENIZER_FILES, write_chroma_minilm
-from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 
 TEXTS = [
     "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
@@ -46,5 +46,5 @@ def test_fed_as_chroma_feeds_it_the_graph_gives_the_shards_vectors(folder: Path)
     pooled = (hidden * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
     pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
 
-    shard = np.asarray(OnnxMiniLMEmbedder(threads=1).embed(TEXTS))
+    shard = np.asarray(OnnxBertEmbedder(threads=1).embed(TEXTS))
     assert np.all((pooled * shard).sum(axis=1) > 0.9999)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from services.shard.retrieval.embedding import (
+    BertEmbedder,
     HashEmbedder,
-    MiniLMEmbedder,
     TestEmbedderRefused,
     require_production,
 )
@@ -29,11 +29,11 @@ def test_hash_embedder_is_deterministic_normalised_and_refused_in_production() -
 
 
 @pytest.fixture(scope="module")
-def minilm() -> MiniLMEmbedder:
-    return MiniLMEmbedder()
+def minilm() -> BertEmbedder:
+    return BertEmbedder()
 
 
-def test_minilm_matches_the_reference_model_on_known_pairs(minilm: MiniLMEmbedder) -> None:
+def test_minilm_matches_the_reference_model_on_known_pairs(minilm: BertEmbedder) -> None:
     vectors = minilm.embed(
         [
             "A man is playing a guitar.",
@@ -48,7 +48,7 @@ def test_minilm_matches_the_reference_model_on_known_pairs(minilm: MiniLMEmbedde
     require_production(minilm, allow_test_embedder=False)
 
 
-def test_minilm_batch_order_and_padding_do_not_change_vectors(minilm: MiniLMEmbedder) -> None:
+def test_minilm_batch_order_and_padding_do_not_change_vectors(minilm: BertEmbedder) -> None:
     texts = [
         "short",
         "a much longer sentence with quite a few more tokens in it",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.shard.retrieval.embedding import MiniLMEmbedder, require_production
-from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+from services.shard.retrieval.embedding import BertEmbedder, require_production
+from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 from services.shard.server import embedding_provider
 from services.shard.settings import ShardSettings
 
@@ -25,13 +25,13 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def reference() -> MiniLMEmbedder:
-    return MiniLMEmbedder()
+def reference() -> BertEmbedder:
+    return BertEmbedder()
 
 
 @pytest.fixture(scope="module")
-def fp32() -> OnnxMiniLMEmbedder:
-    return OnnxMiniLMEmbedder(threads=1)
+def fp32() -> OnnxBertEmbedder:
+    return OnnxBertEmbedder(threads=1)
 
 
 def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -39,7 +39,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_fp32_graph_matches_the_numpy_forward_pass(
-    fp32: OnnxMiniLMEmbedder, reference: MiniLMEmbedder
+    fp32: OnnxBertEmbedder, reference: BertEmbedder
 ) -> None:
     vectors = fp32.embed(TEXTS)
     assert vectors.shape == (len(TEXTS), 384) and vectors.dtype == np.float32
@@ -49,7 +49,7 @@ def test_fp32_graph_matches_the_numpy_forward_pass(
     require_production(fp32, allow_test_embedder=False)
 
 
-def test_batch_and_single_give_the_same_vectors_in_input_order(fp32: OnnxMiniLMEmbedder) -> None:
+def test_batch_and_single_give_the_same_vectors_in_input_order(fp32: OnnxBertEmbedder) -> None:
     together = fp32.embed(TEXTS)
     alone = np.vstack([fp32.embed([text]) for text in TEXTS])
     assert np.allclose(together, alone, atol=1e-5)
@@ -57,12 +57,12 @@ def test_batch_and_single_give_the_same_vectors_in_input_order(fp32: OnnxMiniLME
     assert np.allclose(reversed_order[::-1], together, atol=1e-5)
 
 
-def test_empty_input_gives_no_rows(fp32: OnnxMiniLMEmbedder) -> None:
+def test_empty_input_gives_no_rows(fp32: OnnxBertEmbedder) -> None:
     assert fp32.embed([]).shape == (0, 384)
 
 
 def test_long_text_is_truncated_like_the_reference(
-    fp32: OnnxMiniLMEmbedder, reference: MiniLMEmbedder
+    fp32: OnnxBertEmbedder, reference: BertEmbedder
 ) -> None:
     long = " ".join(f"word{i % 50} memory" for i in range(600))
     longer = long + " and a tail the model never reads"
@@ -72,12 +72,12 @@ def test_long_text_is_truncated_like_the_reference(
 
 
 @pytest.fixture(scope="module")
-def int8() -> OnnxMiniLMEmbedder:
-    return OnnxMiniLMEmbedder(threads=2, int8=True)  # two threads: the striped path
+def int8() -> OnnxBertEmbedder:
+    return OnnxBertEmbedder(threads=2, int8=True)  # two threads: the striped path
 
 
 def test_int8_stays_close_to_the_float_model(
-    int8: OnnxMiniLMEmbedder, fp32: OnnxMiniLMEmbedder
+    int8: OnnxBertEmbedder, fp32: OnnxBertEmbedder
 ) -> None:
     quantized, exact = int8.embed(TEXTS), fp32.embed(TEXTS)
     cosines = _cosines(quantized, exact)
@@ -94,7 +94,7 @@ def test_int8_stays_close_to_the_float_model(
     assert int8.name != fp32.name  # stored vectors are keyed by model: no silent mixing
 
 
-def test_int8_vectors_do_not_depend_on_batch_mates_or_threads(int8: OnnxMiniLMEmbedder) -> None:
+def test_int8_vectors_do_not_depend_on_batch_mates_or_threads(int8: OnnxBertEmbedder) -> None:
     many = TEXTS * 3  # more batches than threads, so every stripe has work
     together = int8.embed(many)
     alone = np.vstack([int8.embed([text]) for text in TEXTS])
@@ -107,6 +107,6 @@ def test_shard_settings_choose_the_onnx_embedder() -> None:
     provider = embedding_provider(
         ShardSettings(embedder="minilm-fp32", embed_threads=1, embed_process=False)
     )
-    assert isinstance(provider, OnnxMiniLMEmbedder) and provider.name == "all-MiniLM-L6-v2"
+    assert isinstance(provider, OnnxBertEmbedder) and provider.name == "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match="minilm-fp32"):
         embedding_provider(ShardSettings(embedder="minilm-numpy"))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from services.shard.retrieval.embedding_onnx import OnnxMiniLMEmbedder
+from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
 from services.shard.retrieval.embedding_process import EmbedderUnavailable, ProcessEmbedder
 from services.shard.server import embedding_provider
 from services.shard.settings import ShardSettings
@@ -34,12 +34,12 @@ def child() -> Iterator[ProcessEmbedder]:
 
 
 @pytest.fixture(scope="module")
-def in_process() -> OnnxMiniLMEmbedder:
-    return OnnxMiniLMEmbedder(threads=1, int8=True)
+def in_process() -> OnnxBertEmbedder:
+    return OnnxBertEmbedder(threads=1, int8=True)
 
 
 def test_same_vectors_as_in_process_both_ways(
-    child: ProcessEmbedder, in_process: OnnxMiniLMEmbedder
+    child: ProcessEmbedder, in_process: OnnxBertEmbedder
 ) -> None:
     assert child.name == in_process.name == "all-MiniLM-L6-v2-int8"  # stored vectors match
     assert child.dimension == 384 and not child.for_tests_only
@@ -50,7 +50,7 @@ def test_same_vectors_as_in_process_both_ways(
 
 
 def test_concurrent_callers_get_their_own_rows(
-    child: ProcessEmbedder, in_process: OnnxMiniLMEmbedder
+    child: ProcessEmbedder, in_process: OnnxBertEmbedder
 ) -> None:
     expected = {text: row for text, row in zip(TEXTS, in_process.embed(TEXTS), strict=True)}
     failures: list[str] = []
@@ -91,7 +91,7 @@ def _killed_during(embedder: ProcessEmbedder, call: Callable[[], object]) -> obj
 
 
 def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
-    in_process: OnnxMiniLMEmbedder,
+    in_process: OnnxBertEmbedder,
 ) -> None:
     embedder = ProcessEmbedder(threads=1, int8=True)
     try:
@@ -109,7 +109,7 @@ def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
 
 
 def test_a_query_the_death_broke_is_answered_by_the_next_child(
-    in_process: OnnxMiniLMEmbedder,
+    in_process: OnnxBertEmbedder,
 ) -> None:
     embedder = ProcessEmbedder(threads=1, int8=True)
     try:

@@ -289,6 +289,18 @@ export interface VerifyArtifactsRequest {
 export interface VerifyArtifactsResponse {
   checked: number;
   problems: ArtifactProblem[];
+  /** Snapshots whose state was re-hashed (the run's, or the fleet's), and those that failed. */
+  snapshotsChecked: number;
+  snapshotProblems: SnapshotProblem[];
+}
+
+export interface SnapshotProblem {
+  snapshotId: string;
+  runId: string;
+  /** SNAPSHOT_HASH_MISMATCH (the state no longer hashes to state_hash) or SNAPSHOT_UNREADABLE. */
+  problem: string;
+  expectedHash: string;
+  actualHash: string;
 }
 
 export interface Event {
@@ -3025,7 +3037,7 @@ export const VerifyArtifactsRequest: MessageFns<VerifyArtifactsRequest> = {
 };
 
 function createBaseVerifyArtifactsResponse(): VerifyArtifactsResponse {
-  return { checked: 0, problems: [] };
+  return { checked: 0, problems: [], snapshotsChecked: 0, snapshotProblems: [] };
 }
 
 export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
@@ -3035,6 +3047,12 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     }
     for (const v of message.problems) {
       ArtifactProblem.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.snapshotsChecked !== 0) {
+      writer.uint32(24).int64(message.snapshotsChecked);
+    }
+    for (const v of message.snapshotProblems) {
+      SnapshotProblem.encode(v!, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -3068,6 +3086,22 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
             message.problems.push(ArtifactProblem.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.snapshotsChecked = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.snapshotProblems.push(SnapshotProblem.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3086,6 +3120,16 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
       problems: globalThis.Array.isArray(object?.problems)
         ? object.problems.map((e: any) => ArtifactProblem.fromJSON(e))
         : [],
+      snapshotsChecked: isSet(object.snapshotsChecked)
+        ? globalThis.Number(object.snapshotsChecked)
+        : isSet(object.snapshots_checked)
+        ? globalThis.Number(object.snapshots_checked)
+        : 0,
+      snapshotProblems: globalThis.Array.isArray(object?.snapshotProblems)
+        ? object.snapshotProblems.map((e: any) => SnapshotProblem.fromJSON(e))
+        : globalThis.Array.isArray(object?.snapshot_problems)
+        ? object.snapshot_problems.map((e: any) => SnapshotProblem.fromJSON(e))
+        : [],
     };
   },
 
@@ -3097,6 +3141,12 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     if (message.problems?.length) {
       obj.problems = message.problems.map((e) => ArtifactProblem.toJSON(e));
     }
+    if (message.snapshotsChecked !== 0) {
+      obj.snapshotsChecked = Math.round(message.snapshotsChecked);
+    }
+    if (message.snapshotProblems?.length) {
+      obj.snapshotProblems = message.snapshotProblems.map((e) => SnapshotProblem.toJSON(e));
+    }
     return obj;
   },
 
@@ -3107,6 +3157,157 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     const message = createBaseVerifyArtifactsResponse();
     message.checked = object.checked ?? 0;
     message.problems = object.problems?.map((e) => ArtifactProblem.fromPartial(e)) || [];
+    message.snapshotsChecked = object.snapshotsChecked ?? 0;
+    message.snapshotProblems = object.snapshotProblems?.map((e) => SnapshotProblem.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSnapshotProblem(): SnapshotProblem {
+  return { snapshotId: "", runId: "", problem: "", expectedHash: "", actualHash: "" };
+}
+
+export const SnapshotProblem: MessageFns<SnapshotProblem> = {
+  encode(message: SnapshotProblem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.snapshotId !== "") {
+      writer.uint32(10).string(message.snapshotId);
+    }
+    if (message.runId !== "") {
+      writer.uint32(18).string(message.runId);
+    }
+    if (message.problem !== "") {
+      writer.uint32(26).string(message.problem);
+    }
+    if (message.expectedHash !== "") {
+      writer.uint32(34).string(message.expectedHash);
+    }
+    if (message.actualHash !== "") {
+      writer.uint32(42).string(message.actualHash);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SnapshotProblem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSnapshotProblem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.snapshotId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.problem = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.expectedHash = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.actualHash = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SnapshotProblem {
+    return {
+      snapshotId: isSet(object.snapshotId)
+        ? globalThis.String(object.snapshotId)
+        : isSet(object.snapshot_id)
+        ? globalThis.String(object.snapshot_id)
+        : "",
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      problem: isSet(object.problem) ? globalThis.String(object.problem) : "",
+      expectedHash: isSet(object.expectedHash)
+        ? globalThis.String(object.expectedHash)
+        : isSet(object.expected_hash)
+        ? globalThis.String(object.expected_hash)
+        : "",
+      actualHash: isSet(object.actualHash)
+        ? globalThis.String(object.actualHash)
+        : isSet(object.actual_hash)
+        ? globalThis.String(object.actual_hash)
+        : "",
+    };
+  },
+
+  toJSON(message: SnapshotProblem): unknown {
+    const obj: any = {};
+    if (message.snapshotId !== "") {
+      obj.snapshotId = message.snapshotId;
+    }
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.problem !== "") {
+      obj.problem = message.problem;
+    }
+    if (message.expectedHash !== "") {
+      obj.expectedHash = message.expectedHash;
+    }
+    if (message.actualHash !== "") {
+      obj.actualHash = message.actualHash;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SnapshotProblem>, I>>(base?: I): SnapshotProblem {
+    return SnapshotProblem.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SnapshotProblem>, I>>(object: I): SnapshotProblem {
+    const message = createBaseSnapshotProblem();
+    message.snapshotId = object.snapshotId ?? "";
+    message.runId = object.runId ?? "";
+    message.problem = object.problem ?? "";
+    message.expectedHash = object.expectedHash ?? "";
+    message.actualHash = object.actualHash ?? "";
     return message;
   },
 };

@@ -310,8 +310,16 @@ export interface GetStatusResponse {
   domains: Domain[];
   totalLinks: number;
   runs: number;
-  /** Records written but not yet in the semantic index. */
+  /**
+   * Records written but not yet in the semantic index: after a change of model, the
+   * records the new model has not embedded yet (the re-embedding's progress).
+   */
   indexingLag: number;
+  /**
+   * The embedder's identity, which stored vectors are keyed by: "all-MiniLM-L6-v2-int8",
+   * or name@digest for a model directory; empty when search is lexical only.
+   */
+  embeddingModel: string;
 }
 
 export interface ExportSummaryRequest {
@@ -3685,7 +3693,7 @@ export const GetStatusRequest: MessageFns<GetStatusRequest> = {
 };
 
 function createBaseGetStatusResponse(): GetStatusResponse {
-  return { fleetId: "", totalRecords: 0, domains: [], totalLinks: 0, runs: 0, indexingLag: 0 };
+  return { fleetId: "", totalRecords: 0, domains: [], totalLinks: 0, runs: 0, indexingLag: 0, embeddingModel: "" };
 }
 
 export const GetStatusResponse: MessageFns<GetStatusResponse> = {
@@ -3707,6 +3715,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.indexingLag !== 0) {
       writer.uint32(48).int64(message.indexingLag);
+    }
+    if (message.embeddingModel !== "") {
+      writer.uint32(58).string(message.embeddingModel);
     }
     return writer;
   },
@@ -3772,6 +3783,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.indexingLag = longToNumber(reader.int64());
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.embeddingModel = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3808,6 +3827,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.indexing_lag)
         ? globalThis.Number(object.indexing_lag)
         : 0,
+      embeddingModel: isSet(object.embeddingModel)
+        ? globalThis.String(object.embeddingModel)
+        : isSet(object.embedding_model)
+        ? globalThis.String(object.embedding_model)
+        : "",
     };
   },
 
@@ -3831,6 +3855,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.indexingLag !== 0) {
       obj.indexingLag = Math.round(message.indexingLag);
     }
+    if (message.embeddingModel !== "") {
+      obj.embeddingModel = message.embeddingModel;
+    }
     return obj;
   },
 
@@ -3845,6 +3872,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.totalLinks = object.totalLinks ?? 0;
     message.runs = object.runs ?? 0;
     message.indexingLag = object.indexingLag ?? 0;
+    message.embeddingModel = object.embeddingModel ?? "";
     return message;
   },
 };

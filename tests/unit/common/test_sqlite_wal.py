@@ -1,0 +1,55 @@
+"""SQLite's WAL stays small, so a small volume that fills can get its space back."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from pathlib import Path
+
+from sqlalchemy import text
+
+from services.common.db import WAL_SIZE_LIMIT_BYTES, Database
+from services.common.errors import ResourceExhausted, Unavailable
+from services.common.storage_errors import storage_error
+
+
+def test_the_wal_is_checkpointed_and_truncated_near_one_megabyte(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'wal.db'}")
+    with database.session() as session:
+        session.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)"))
+    wal = tmp_path / "wal.db-wal"
+    largest = 0
+    for _ in range(600):  # 600 commits of 8 KB: ~5 MB through the WAL
+        with database.session() as session:
+            session.execute(text("INSERT INTO t (body) VALUES (:b)"), {"b": bytes(8192)})
+        largest = max(largest, wal.stat().st_size)
+    # SQLite's defaults let it reach and keep ~4 MB; a checkpoint every 256 pages and the
+    # size limit keep it near 1 MB (one commit's pages may overshoot the limit).
+    assert largest < WAL_SIZE_LIMIT_BYTES + (256 << 10), largest
+    assert database.checkpoint()
+    assert wal.stat().st_size == 0
+    database.dispose()
+
+
+def test_storage_failures_are_named_wherever_they_are_in_the_chain() -> None:
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/blobs/x.tmp")
+    try:
+        try:
+            raise full
+        except OSError as inner:
+            raise RuntimeError("upload failed") from inner
+    except RuntimeError as outer:
+        found = storage_error(outer)
+    assert isinstance(found, ResourceExhausted) and found.reason == "STORAGE_FULL"
+    sqlite_full = sqlite3.OperationalError("database or disk is full")
+    assert storage_error(sqlite_full).reason == "STORAGE_FULL"  # type: ignore[union-attr]
+    io_error = storage_error(OSError(errno.EIO, "Input/output error"))
+    assert isinstance(io_error, Unavailable) and io_error.reason == "STORAGE_IO_ERROR"
+
+    class DiskFull(Exception):  # psycopg's errors carry the SQLSTATE
+        sqlstate = "53100"
+
+    disk_full = storage_error(DiskFull("could not extend file"))
+    assert disk_full is not None and disk_full.reason == "STORAGE_FULL"
+    assert storage_error(ValueError("a bug")) is None
+    assert storage_error(OSError(errno.ENOENT, "missing")) is None
