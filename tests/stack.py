@@ -3,7 +3,7 @@ the stack the client-side integration tests (MCP, gateway) put their front ends 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,8 @@ from services.artifacts.server import build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
 from services.common.server import EngramServer
 from services.common.tokens import write_token_file
+from services.compactor.server import build_compactor_server
+from services.compactor.settings import CompactorSettings
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from services.shard.governance_gate import connect_governance
@@ -28,21 +30,25 @@ class GatedStack:
 
 
 @contextmanager
-def gated_stack(data: Path, home: Path, make_token: TokenFactory) -> Iterator[GatedStack]:
-    """The three servers, each with its SQLite store under ``data``; stopped on exit."""
+def gated_stack(data: Path, home: Path, make_token: TokenFactory,
+                db_urls: Mapping[str, str] | None = None) -> Iterator[GatedStack]:
+    """The three servers, each with its SQLite store under ``data`` (or the database
+    ``db_urls[service]`` names); stopped on exit."""
+    urls = {name: f"sqlite:///{data / f'{name}.db'}"
+            for name in ("governance", "shard", "artifacts")} | dict(db_urls or {})
     governance = build_governance_server(GovernanceSettings(
-        home=home, port=0, db_url=f"sqlite:///{data / 'governance.db'}"))
+        home=home, port=0, db_url=urls["governance"]))
     governance.start()
     token_file = data / "shard-service.token"
     write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
     gate, trust = connect_governance(governance.address, token_file, gate_timeout=5.0,
                                      ttl_seconds=0.0)
     shard, _ = build_shard_server(ShardSettings(
-        home=home, port=0, db_url=f"sqlite:///{data / 'shard.db'}", embedder="none"),
+        home=home, port=0, db_url=urls["shard"], embedder="none"),
         gate=gate, trust=trust)
     shard.start()
     artifacts, _ = build_artifacts_server(ArtifactsSettings(
-        home=home, port=0, db_url=f"sqlite:///{data / 'artifacts.db'}",
+        home=home, port=0, db_url=urls["artifacts"],
         blob_url=(data / "blobs").as_uri()))
     artifacts.start()
     try:
@@ -51,3 +57,33 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory) -> Iterator[Ga
         artifacts.stop(0)
         shard.stop(0)
         governance.stop(0)
+
+
+@dataclass(frozen=True)
+class FullStack:
+    governance: EngramServer
+    shard: EngramServer
+    artifacts: EngramServer
+    compactor: EngramServer
+
+    def addresses(self) -> dict[str, str]:
+        return {name: getattr(self, name).address
+                for name in ("shard", "governance", "artifacts", "compactor")}
+
+
+@contextmanager
+def full_stack(data: Path, home: Path, make_token: TokenFactory,
+               db_urls: Mapping[str, str] | None = None) -> Iterator[FullStack]:
+    """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``)."""
+    with gated_stack(data, home, make_token, db_urls) as servers:
+        token_file = data / "compactor-service.token"
+        write_token_file(token_file, make_token("svc-compactor", "system", ("service",)))
+        compactor = build_compactor_server(CompactorSettings(
+            home=home, port=0,
+            db_url=(db_urls or {}).get("compactor", f"sqlite:///{data / 'compactor.db'}"),
+            blob_url=(data / "cold").resolve().as_uri(), shard_addr=servers.shard.address,
+            service_token_file=token_file)).start()
+        try:
+            yield FullStack(servers.governance, servers.shard, servers.artifacts, compactor)
+        finally:
+            compactor.stop(0)

@@ -7,6 +7,7 @@ import typer
 from engram.cli import (
     artifacts,
     bench,
+    bundle,
     compactor,
     evals,
     gateway,
@@ -25,6 +26,7 @@ app = typer.Typer(
 app.command("up")(up.up)
 shard.register(app)
 artifacts.register(app)
+bundle.register(app)
 app.add_typer(gov.app, name="gov")
 app.add_typer(compactor.app, name="compactor")
 app.add_typer(token.app, name="token")

@@ -164,6 +164,11 @@ class ShardClient(BaseClient):
         request = pb.BatchCreateRecordsRequest(records=list(records), request_id=request_id)
         return self.call(self.stub.BatchCreateRecords, request)
 
+    def import_records(self, records: Iterable[pb.Record]) -> pb.ImportRecordsResponse:
+        """Store records exported elsewhere as they were (admin role); all or nothing."""
+        return self.call(self.stub.ImportRecords,
+                         pb.ImportRecordsRequest(records=list(records)))
+
     def get(self, record_id: str) -> pb.Record:
         return self.call(self.stub.GetRecord, pb.GetRecordRequest(id=record_id)).record
 

@@ -507,6 +507,14 @@ class ShardRepository:
             )
         )
 
+    def compacted_among(self, session: Session, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` a summary already covers."""
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            found.update(session.scalars(select(CompactionRow.original_id).where(
+                CompactionRow.original_id.in_(ids[start:start + 500]))))
+        return found
+
     def mark_compacted(
         self,
         session: Session,

@@ -17,8 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session
+
 from services.common.db import Database
 from services.common.errors import (
+    AlreadyExists,
     EngramError,
     IntegrityError,
     InvalidArgument,
@@ -31,6 +35,7 @@ from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
+from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.domain.domains import (
     DEFAULT_DOMAINS,
     Domain,
@@ -375,6 +380,108 @@ class ShardService:
         self.search_engine.notify_written([r for job in jobs for r in job.records])
         self.written.add(amount=len(inserted))
         return results
+
+    # -- imports ------------------------------------------------------------
+
+    def import_records(self, principal: Principal,
+                       imported: Sequence[Record]) -> tuple[int, int]:
+        """Stores records exported from another instance as they were (``engram
+        import-bundle``): ``(created, already_present)``. Every record must re-hash, derive its
+        id, belong to the caller's fleet, name a known domain and be one this service could have
+        stored (its limits); otherwise nothing is stored and the error names the record. A
+        record already stored identically is left alone; a different one under its id is
+        ALREADY_EXISTS. The gate is not asked again: the record keeps the decision that let it
+        in where it was written, under its record_hash."""
+        if not imported:
+            raise InvalidArgument("no records to import", reason="EMPTY_BATCH")
+        check_limit("an import batch", len(imported), self.limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", "records", reason="BATCH_TOO_LARGE")
+        fleet = principal.fleet_id
+        known = {d.name for d in self.domains(fleet, fresh=True)}
+        total = len(imported)
+        for index, record in enumerate(imported):
+            _at_index(index, total, lambda r: self._check_import(r, fleet, known), record)
+        try:
+            fresh = self._store_imported(imported, fleet)
+        except DbIntegrityError:
+            # A concurrent import stored some of them first: look again, once.
+            fresh = self._store_imported(imported, fleet)
+        self.search_engine.notify_written(fresh)
+        return len(fresh), total - len(fresh)
+
+    def _store_imported(self, imported: Sequence[Record], fleet: str) -> list[Record]:
+        total = len(imported)
+        with self.db.session() as session:
+            stored = self.repo.existing(session, [r.id for r in imported])
+            fresh: dict[str, Record] = {}
+            for index, record in enumerate(imported):
+                other = stored.get(record.id) or fresh.get(record.id)
+                if other is None:
+                    fresh[record.id] = record
+                elif other.record_hash != record.record_hash or other.fleet_id != fleet:
+                    raise _indexed(index, total, AlreadyExists(
+                        f"record {record.id} is already stored with other fields (record_hash "
+                        f"{other.record_hash[:16]}…, the import has {record.record_hash[:16]}…)",
+                        reason="RECORD_CONFLICT", metadata={"record_id": record.id}))
+            # In creation order, so a run's snapshot (in storage order) reads as it did there.
+            ordered = sorted(fresh.values(), key=lambda r: (r.created_us, r.id))
+            self.repo.insert(session, ordered)
+            self._import_compactions(session, fleet, ordered)
+        return ordered
+
+    def _import_compactions(self, session: Session, fleet: str,
+                            imported: Sequence[Record]) -> None:
+        """A compaction summary (source ``compactor``) names, under its record_hash, the
+        originals it replaced: they leave search here as they did at the origin."""
+        for summary in imported:
+            if summary.source != SUMMARY_SOURCE or "replaces" not in summary.metadata:
+                continue
+            try:
+                replaced = {str(item["id"]): str(item["record_hash"])
+                            for item in json.loads(summary.metadata["replaces"])}
+            except (ValueError, TypeError, KeyError):
+                raise InvalidArgument(f"summary record {summary.id} has a replaces list that is "
+                                      "not [{id, record_hash}, ...]", reason="IMPORT_NOT_NORMAL",
+                                      metadata={"record_id": summary.id}) from None
+            done = self.repo.compacted_among(session, sorted(replaced))
+            originals = [replace(summary, id=rid, record_hash=digest)
+                         for rid, digest in sorted(replaced.items()) if rid not in done]
+            if originals:
+                self.repo.mark_compacted(session, fleet, summary.id, originals,
+                                         summary.created_us)
+
+    def _check_import(self, record: Record, fleet: str, known: set[str]) -> None:
+        if record.fleet_id != fleet:
+            raise PermissionDenied(
+                f"record {record.id} belongs to fleet {record.fleet_id!r}; this token imports "
+                f"into fleet {fleet!r} only", reason="FLEET_MISMATCH")
+        try:
+            records.verify(record)
+        except IntegrityError as error:
+            raise InvalidArgument(f"{error.message}; nothing was imported",
+                                  reason=error.reason, metadata=error.metadata) from None
+        draft = RecordDraft(content=record.content, run_id=record.run_id, domain=record.domain,
+                            source=record.source, importance=record.importance,
+                            tags=record.tags, metadata=record.metadata)
+        normal = records.normalize_draft(draft, self.limits)
+        if normal != replace(draft, domain=record.domain.strip().lower()):
+            raise InvalidArgument(f"record {record.id} is not in the form this service stores "
+                                  "(content NFC, tags sorted and unique, source set)",
+                                  reason="IMPORT_NOT_NORMAL", metadata={"record_id": record.id})
+        if record.domain not in known:
+            raise InvalidArgument(
+                f"record {record.id} is in domain {record.domain!r}, unknown here; import the "
+                "bundle's domains first (UpsertDomain)", reason="UNKNOWN_DOMAIN",
+                metadata={"record_id": record.id})
+        validate_identifier("agent_id", record.agent_id)
+        crossrefs.check_count(list(record.cross_refs))
+        for ref in map(crossrefs.CrossRef.parse, record.cross_refs):
+            if ref.kind not in ("domain", "record") or not ref.target or (
+                    ref.kind == "domain" and ref.target not in known):
+                raise InvalidArgument(f"record {record.id} has cross-reference {ref!r}, which "
+                                      "names no known domain or a record",
+                                      reason="CROSS_REFERENCE_TARGET_NOT_FOUND",
+                                      metadata={"record_id": record.id})
 
     # -- reads --------------------------------------------------------------
 

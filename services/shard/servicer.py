@@ -42,6 +42,8 @@ def _m(name: str) -> str:
 POLICY: MethodPolicy = {
     _m("CreateRecord"): _WRITERS,
     _m("BatchCreateRecords"): _WRITERS,
+    # records exported elsewhere, kept as they were (their gate decision included): admin only
+    _m("ImportRecords"): frozenset({"admin"}),
     _m("GetRecord"): _READERS,
     _m("ListRecords"): _READERS,
     _m("SearchRecords"): _READERS,
@@ -58,7 +60,8 @@ POLICY: MethodPolicy = {
 assert set(POLICY) == {_m(m.name) for m in pb.DESCRIPTOR.services_by_name["ShardService"].methods}
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (
-        "CreateRecord", "BatchCreateRecords", "UpsertDomain", "CompactRecords", "ApplyRetention")},
+        "CreateRecord", "BatchCreateRecords", "ImportRecords", "UpsertDomain", "CompactRecords",
+        "ApplyRetention")},
     **{_m(name): READ for name in (
         "GetRecord", "ListRecords", "SearchRecords", "ListDomains", "VerifyRecords",
         "SnapshotForRun", "GetStatus", "ExportSummary")},
@@ -119,6 +122,19 @@ def draft_from_proto(message: pb.RecordInput) -> RecordDraft:
         importance=message.importance if message.HasField("importance") else DEFAULT_IMPORTANCE,
         tags=tuple(message.tags),
         metadata=dict(message.metadata),
+    )
+
+
+def record_from_proto(message: pb.Record) -> Record:
+    """A record as GetRecord returned it elsewhere, to import (checked by the service)."""
+    return Record(
+        id=message.id, fleet_id=message.fleet_id, run_id=message.run_id,
+        agent_id=message.agent_id, content=message.content, content_hash=message.content_hash,
+        record_hash=message.record_hash, domain=message.domain, source=message.source,
+        importance=message.importance, tags=tuple(message.tags),
+        metadata=dict(message.metadata), cross_refs=tuple(message.cross_refs),
+        created_us=message.create_time.ToMicroseconds(),
+        gate_decision_id=message.gate_decision_id,
     )
 
 
@@ -226,6 +242,13 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             current_principal(), [draft_from_proto(r) for r in request.records], request.request_id
         )
         return pb.BatchCreateRecordsResponse(results=[_result(r) for r in results])
+
+    def ImportRecords(
+        self, request: pb.ImportRecordsRequest, context: Any
+    ) -> pb.ImportRecordsResponse:
+        created, present = self.service.import_records(
+            current_principal(), [record_from_proto(r) for r in request.records])
+        return pb.ImportRecordsResponse(created=created, already_present=present)
 
     def GetRecord(self, request: pb.GetRecordRequest, context: Any) -> pb.GetRecordResponse:
         return pb.GetRecordResponse(

@@ -120,6 +120,20 @@ class BatchCreateRecordsResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[CreateRecordResponse]
     def __init__(self, results: _Optional[_Iterable[_Union[CreateRecordResponse, _Mapping]]] = ...) -> None: ...
 
+class ImportRecordsRequest(_message.Message):
+    __slots__ = ("records",)
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[Record]
+    def __init__(self, records: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
+
+class ImportRecordsResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...
+
 class GetRecordRequest(_message.Message):
     __slots__ = ("id",)
     ID_FIELD_NUMBER: _ClassVar[int]

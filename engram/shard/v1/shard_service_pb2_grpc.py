@@ -47,6 +47,11 @@ class ShardServiceStub:
                 request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsRequest.SerializeToString,
                 response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsResponse.FromString,
                 _registered_method=True)
+        self.ImportRecords = channel.unary_unary(
+                '/engram.shard.v1.ShardService/ImportRecords',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsResponse.FromString,
+                _registered_method=True)
         self.GetRecord = channel.unary_unary(
                 '/engram.shard.v1.ShardService/GetRecord',
                 request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.GetRecordRequest.SerializeToString,
@@ -120,6 +125,17 @@ class ShardServiceServicer:
 
     def BatchCreateRecords(self, request, context):
         """Stores up to 1000 records in one transaction: all or nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportRecords(self, request, context):
+        """Stores records exported from another instance (engram import-bundle) as
+        they were: id, author, create time, gate decision and record_hash kept.
+        Each is re-hashed first; nothing is stored unless all verify and belong to
+        the caller's fleet. An identical record already stored is left as is; a
+        different one under the same id is ALREADY_EXISTS. Admin role only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +229,11 @@ def add_ShardServiceServicer_to_server(servicer, server):
                     servicer.BatchCreateRecords,
                     request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsRequest.FromString,
                     response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsResponse.SerializeToString,
+            ),
+            'ImportRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportRecords,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsResponse.SerializeToString,
             ),
             'GetRecord': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRecord,
@@ -327,6 +348,33 @@ class ShardService:
             '/engram.shard.v1.ShardService/BatchCreateRecords',
             engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsRequest.SerializeToString,
             engram_dot_shard_dot_v1_dot_shard__service__pb2.BatchCreateRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/ImportRecords',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,13 @@ class ShardServiceStub:
     """
     BatchCreateRecords: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.BatchCreateRecordsRequest, _shard_service_pb2.BatchCreateRecordsResponse]
     """Stores up to 1000 records in one transaction: all or nothing."""
+    ImportRecords: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.ImportRecordsRequest, _shard_service_pb2.ImportRecordsResponse]
+    """Stores records exported from another instance (engram import-bundle) as
+    they were: id, author, create time, gate decision and record_hash kept.
+    Each is re-hashed first; nothing is stored unless all verify and belong to
+    the caller's fleet. An identical record already stored is left as is; a
+    different one under the same id is ALREADY_EXISTS. Admin role only.
+    """
     GetRecord: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.GetRecordRequest, _shard_service_pb2.GetRecordResponse]
     ListRecords: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.ListRecordsRequest, _shard_service_pb2.ListRecordsResponse]
     """Lists records, newest first, with AIP-158 pagination."""
@@ -81,6 +88,13 @@ class ShardServiceAsyncStub(ShardServiceStub):
     """
     BatchCreateRecords: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.BatchCreateRecordsRequest, _shard_service_pb2.BatchCreateRecordsResponse]  # type: ignore[assignment]
     """Stores up to 1000 records in one transaction: all or nothing."""
+    ImportRecords: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ImportRecordsRequest, _shard_service_pb2.ImportRecordsResponse]  # type: ignore[assignment]
+    """Stores records exported from another instance (engram import-bundle) as
+    they were: id, author, create time, gate decision and record_hash kept.
+    Each is re-hashed first; nothing is stored unless all verify and belong to
+    the caller's fleet. An identical record already stored is left as is; a
+    different one under the same id is ALREADY_EXISTS. Admin role only.
+    """
     GetRecord: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.GetRecordRequest, _shard_service_pb2.GetRecordResponse]  # type: ignore[assignment]
     ListRecords: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ListRecordsRequest, _shard_service_pb2.ListRecordsResponse]  # type: ignore[assignment]
     """Lists records, newest first, with AIP-158 pagination."""
@@ -129,6 +143,19 @@ class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_shard_service_pb2.BatchCreateRecordsResponse, _abc.Awaitable[_shard_service_pb2.BatchCreateRecordsResponse]]:
         """Stores up to 1000 records in one transaction: all or nothing."""
+
+    @_abc_1.abstractmethod
+    def ImportRecords(
+        self,
+        request: _shard_service_pb2.ImportRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shard_service_pb2.ImportRecordsResponse, _abc.Awaitable[_shard_service_pb2.ImportRecordsResponse]]:
+        """Stores records exported from another instance (engram import-bundle) as
+        they were: id, author, create time, gate decision and record_hash kept.
+        Each is re-hashed first; nothing is stored unless all verify and belong to
+        the caller's fleet. An identical record already stored is left as is; a
+        different one under the same id is ALREADY_EXISTS. Admin role only.
+        """
 
     @_abc_1.abstractmethod
     def GetRecord(

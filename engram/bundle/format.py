@@ -1,0 +1,393 @@
+"""The bundle file: a POSIX tar of canonical JSON-lines parts and blobs, manifest last.
+
+A bundle holds one fleet's state as ``parts/<kind>.jsonl`` (one canonical JSON object a
+line, one part per kind: records, domains, runs, events, ...) and ``blobs/<sha256>`` (artifact
+contents), then ``MANIFEST.json``: every member's path, size, SHA-256 and row count, and a
+``content_digest`` over those entries that depends on nothing but the content (no time, no
+tar header), so exporting the same state twice gives the same digest.
+
+Both sides stream. The writer spools each member to a temporary file past ``SPOOL_BYTES``
+(tar needs a member's size before its bytes) and writes ``<out>.partial``, renamed to
+``<out>`` only once the manifest is in, so a bundle that exists is a complete one. The reader
+checks every member against the manifest before anything is read out of it
+(:meth:`BundleReader.verify`) and names each problem: altered, missing, added, repeated, or
+outside the bundle (an absolute path, ``..``, a link or a device).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, Self
+
+FORMAT = "engram-bundle/1"
+MANIFEST_PATH = "MANIFEST.json"
+SPOOL_BYTES = 8 * 1024 * 1024
+"""A member up to this size is spooled in memory; a larger one goes to a temporary file."""
+CHUNK = 1024 * 1024
+MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""A part's line (one item) may not exceed this; the services' own messages are smaller."""
+
+
+class BundleError(Exception):
+    """A bundle that cannot be written or read as it is; ``problems`` names each fault."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        self.problems = list(problems or [])
+        detail = "; ".join(self.problems[:20])
+        more = f" (and {len(self.problems) - 20} more)" if len(self.problems) > 20 else ""
+        super().__init__(f"{message}: {detail}{more}" if self.problems else message)
+
+
+def canonical_line(value: Any) -> bytes:
+    """One part line: keys sorted, no whitespace, UTF-8 as is, no NaN; newline-terminated."""
+    return (json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                       allow_nan=False) + "\n").encode()
+
+
+def part_path(kind: str) -> str:
+    if not kind or not all(c.isalnum() or c in "_-" for c in kind):
+        raise ValueError(f"part kind {kind!r} must be letters, digits, '_' or '-'")
+    return f"parts/{kind}.jsonl"
+
+
+def blob_path(sha256: str) -> str:
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError(f"blob name {sha256!r} is not a lowercase hex SHA-256")
+    return f"blobs/{sha256}"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One manifest entry: a member's path, size, SHA-256 and (for a part) its line count."""
+
+    path: str
+    size: int
+    sha256: str
+    rows: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"path": self.path, "sha256": self.sha256, "size": self.size}
+        if self.rows is not None:
+            entry["rows"] = self.rows
+        return entry
+
+
+@dataclass
+class Manifest:
+    """What a bundle holds; ``content_digest`` is a pure function of the members."""
+
+    fleet_id: str
+    run_id: str = ""
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def content_digest(self) -> str:
+        digest = hashlib.sha256(FORMAT.encode() + b"\n")
+        for member in sorted(self.members, key=lambda m: m.path):
+            digest.update(canonical_line(member.to_dict()))
+        return digest.hexdigest()
+
+    def member(self, path: str) -> Member | None:
+        return next((m for m in self.members if m.path == path), None)
+
+    def rows(self, kind: str) -> int:
+        found = self.member(part_path(kind))
+        return found.rows or 0 if found else 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "fleet_id": self.fleet_id, "run_id": self.run_id,
+            "members": [m.to_dict() for m in sorted(self.members, key=lambda m: m.path)],
+            "content_digest": self.content_digest,
+        }, sort_keys=True, indent=1, ensure_ascii=False).encode() + b"\n"
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        try:
+            document = json.loads(data)
+            if document.get("format") != FORMAT:
+                raise BundleError(f"{MANIFEST_PATH} is format {document.get('format')!r}, "
+                                  f"this engram reads {FORMAT!r}")
+            manifest = cls(fleet_id=str(document["fleet_id"]), run_id=str(document["run_id"]),
+                           members=[Member(path=str(m["path"]), size=int(m["size"]),
+                                           sha256=str(m["sha256"]),
+                                           rows=None if m.get("rows") is None else int(m["rows"]))
+                                    for m in document["members"]])
+            claimed = str(document["content_digest"])
+        except BundleError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise BundleError(f"{MANIFEST_PATH} is not a bundle manifest ({error!r})") from None
+        if claimed != manifest.content_digest:
+            raise BundleError(f"{MANIFEST_PATH} was altered: its content_digest {claimed[:16]}… "
+                              f"does not match its members ({manifest.content_digest[:16]}…)")
+        return manifest
+
+
+class _Spool:
+    """A member being written: bytes spooled (memory, then disk), hashed, counted."""
+
+    def __init__(self, spool_dir: str | None) -> None:
+        self.file: IO[bytes] = tempfile.SpooledTemporaryFile(  # noqa: SIM115 - closed on add
+            max_size=SPOOL_BYTES, dir=spool_dir)
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.rows = 0
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.hash.update(data)
+        self.size += len(data)
+
+
+class PartWriter:
+    """Appends rows to one part; given by :meth:`BundleWriter.part`."""
+
+    def __init__(self, spool: _Spool) -> None:
+        self._spool = spool
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._spool.write(canonical_line(row))
+        self._spool.rows += 1
+
+    @property
+    def rows(self) -> int:
+        return self._spool.rows
+
+
+class BundleWriter:
+    """``with BundleWriter(out, fleet_id) as bundle: ...``: ``<out>`` appears only complete.
+
+    Parts may be written in any order but each once; the manifest is written by ``close``.
+    An exception inside the ``with`` removes ``<out>.partial`` and leaves ``<out>`` alone.
+    """
+
+    def __init__(self, out: Path, fleet_id: str, run_id: str = "") -> None:
+        self.out = Path(out)
+        self.partial = self.out.with_name(self.out.name + ".partial")
+        self.manifest = Manifest(fleet_id=fleet_id, run_id=run_id)
+        self._spool_dir = str(self.out.parent)
+        self._tar = tarfile.open(  # noqa: SIM115 - closed by close() or abort()
+            self.partial, "w", format=tarfile.PAX_FORMAT)
+        self._paths: set[str] = set()
+        self._members: dict[str, Member] = {}
+        self.bytes_written = 0
+
+    def part(self, kind: str) -> _PartContext:
+        return _PartContext(self, part_path(kind))
+
+    def add_blob(self, sha256: str, source: IO[bytes] | Iterator[bytes]) -> Member:
+        """Copies a blob in (a file or chunks); its SHA-256 must be ``sha256``."""
+        path = blob_path(sha256)
+        if path in self._paths:
+            return self._members[path]
+        spool = _Spool(self._spool_dir)
+        chunks = iter(lambda: source.read(CHUNK), b"") if hasattr(source, "read") else source
+        for chunk in chunks:
+            spool.write(chunk)
+        if spool.hash.hexdigest() != sha256:
+            spool.file.close()
+            raise BundleError(f"blob {sha256[:16]}… read back with SHA-256 "
+                              f"{spool.hash.hexdigest()[:16]}…: not written to the bundle")
+        return self._add(path, spool, rows=None)
+
+    def has_blob(self, sha256: str) -> bool:
+        return blob_path(sha256) in self._paths
+
+    def _add(self, path: str, spool: _Spool, rows: int | None) -> Member:
+        if path in self._paths:
+            raise BundleError(f"{path} written twice")
+        info = tarfile.TarInfo(path)
+        info.size, info.mtime, info.mode = spool.size, 0, 0o644
+        spool.file.seek(0)
+        self._tar.addfile(info, spool.file)
+        spool.file.close()
+        member = Member(path=path, size=spool.size, sha256=spool.hash.hexdigest(), rows=rows)
+        self.manifest.members.append(member)
+        self._paths.add(path)
+        self._members[path] = member
+        self.bytes_written += spool.size
+        return member
+
+    def close(self) -> Manifest:
+        data = self.manifest.to_bytes()
+        info = tarfile.TarInfo(MANIFEST_PATH)
+        info.size, info.mtime, info.mode = len(data), 0, 0o644
+        self._tar.addfile(info, io.BytesIO(data))
+        self._tar.close()
+        with open(self.partial, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(self.partial, self.out)
+        return self.manifest
+
+    def abort(self) -> None:
+        self._tar.close()
+        self.partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class _PartContext:
+    def __init__(self, writer: BundleWriter, path: str) -> None:
+        self._writer, self._path = writer, path
+        self._spool = _Spool(writer._spool_dir)
+
+    def __enter__(self) -> PartWriter:
+        if self._path in self._writer._paths:
+            raise BundleError(f"{self._path} written twice")
+        return PartWriter(self._spool)
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self._writer._add(self._path, self._spool, rows=self._spool.rows)
+        else:
+            self._spool.file.close()
+
+
+def _outside(info: tarfile.TarInfo) -> str | None:
+    """Why a tar member may not be in a bundle, or None."""
+    name = info.name
+    pure = PurePosixPath(name)
+    if name.startswith("/") or pure.is_absolute() or "\\" in name or ":" in pure.parts[0]:
+        return "is an absolute path, outside the bundle"
+    if any(part in ("..", ".", "") for part in name.split("/")):
+        return "climbs out of the bundle ('..' or an empty or '.' component)"
+    if not info.isreg():
+        return "is not a regular file (a link, directory or device)"
+    return None
+
+
+class BundleReader:
+    """Reads a bundle; nothing comes out of it before :meth:`verify` has passed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self._tar = tarfile.open(self.path, "r:")  # noqa: SIM115 - closed by close()
+            self._infos = self._tar.getmembers()
+        except (tarfile.TarError, OSError) as error:
+            raise BundleError(f"{self.path} is not a readable bundle ({error})") from None
+        self._index: dict[str, tarfile.TarInfo] = {}
+        self.manifest: Manifest | None = None
+
+    def payload_bytes(self) -> int:
+        """The bytes :meth:`verify` will hash (every member but the manifest)."""
+        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and i.isreg())
+
+    def verify(self, progress: Any = None) -> Manifest:
+        """Hashes every member and compares it with the manifest; raises ``BundleError`` naming
+        every altered, missing, added, repeated or outside member. ``progress(n_bytes)`` is
+        called as bytes are hashed."""
+        problems: list[str] = []
+        seen: dict[str, tarfile.TarInfo] = {}
+        for info in self._infos:
+            why = _outside(info)
+            if why:
+                problems.append(f"{info.name!r} {why}")
+            elif info.name in seen:
+                problems.append(f"{info.name} is repeated in the bundle")
+            else:
+                seen[info.name] = info
+        manifest_info: tarfile.TarInfo | None = seen.pop(MANIFEST_PATH, None)
+        if manifest_info is None:
+            raise BundleError(f"{self.path} is not a complete bundle",
+                              [f"{MANIFEST_PATH} is missing", *problems])
+        if manifest_info.size > MAX_MANIFEST_BYTES:
+            raise BundleError(f"{MANIFEST_PATH} is {manifest_info.size} bytes, over the "
+                              f"{MAX_MANIFEST_BYTES} a bundle's manifest may have")
+        handle = self._tar.extractfile(manifest_info)
+        assert handle is not None  # a regular file, checked above
+        manifest = Manifest.from_bytes(handle.read())
+        listed = {m.path: m for m in manifest.members}
+        if len(listed) != len(manifest.members):
+            problems.append(f"{MANIFEST_PATH} lists a member twice")
+        for path, member in sorted(listed.items()):
+            found = seen.get(path)
+            if found is None:
+                problems.append(f"{path} is missing (listed in {MANIFEST_PATH})")
+                continue
+            sha, size, rows = self._hash(found, progress)
+            if size != member.size or sha != member.sha256:
+                problems.append(f"{path} was altered: SHA-256 {sha[:16]}… and {size} bytes, "
+                                f"the manifest says {member.sha256[:16]}… and {member.size}")
+            elif member.rows is not None and rows != member.rows:
+                problems.append(f"{path} has {rows} rows, the manifest says {member.rows}")
+        for path in sorted(set(seen) - set(listed)):
+            problems.append(f"{path} was added (not in {MANIFEST_PATH})")
+        if problems:
+            raise BundleError(f"{self.path} failed verification; nothing was imported", problems)
+        self._index = {path: seen[path] for path in listed}
+        self.manifest = manifest
+        return manifest
+
+    def _hash(self, info: tarfile.TarInfo, progress: Any) -> tuple[str, int, int]:
+        handle = self._tar.extractfile(info)
+        assert handle is not None
+        digest, size, rows = hashlib.sha256(), 0, 0
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+            size += len(chunk)
+            rows += chunk.count(b"\n")
+            if progress is not None:
+                progress(len(chunk))
+        return digest.hexdigest(), size, rows
+
+    def _open(self, path: str) -> IO[bytes]:
+        if self.manifest is None:
+            raise BundleError("verify() the bundle before reading from it")
+        info = self._index.get(path)
+        if info is None:
+            raise KeyError(path)
+        handle = self._tar.extractfile(info)
+        assert handle is not None
+        return handle
+
+    def has(self, path: str) -> bool:
+        return path in self._index
+
+    def rows(self, kind: str) -> Iterator[dict[str, Any]]:
+        """The rows of one part in file order (none when the bundle has no such part)."""
+        path = part_path(kind)
+        if self.manifest is None:
+            raise BundleError("verify() the bundle before reading from it")
+        if not self.has(path):
+            return
+        handle = self._open(path)
+        for number, line in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(line) > MAX_LINE_BYTES:
+                raise BundleError(f"{path} line {number} is over {MAX_LINE_BYTES} bytes")
+            try:
+                row = json.loads(line)
+            except ValueError as error:
+                raise BundleError(f"{path} line {number} is not JSON ({error})") from None
+            if not isinstance(row, dict):
+                raise BundleError(f"{path} line {number} is not a JSON object")
+            yield row
+
+    def blob(self, sha256: str) -> IO[bytes]:
+        return self._open(blob_path(sha256))
+
+    def close(self) -> None:
+        self._tar.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()

@@ -1,0 +1,51 @@
+"""`engram export` against real servers: every kind the fleet owns, nothing of another fleet,
+the same bytes from the same state, and a run-only bundle."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from engram.bundle import BundleReader
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, BLOB, cli_for, populate
+from tests.stack import full_stack
+
+
+def test_export_carries_every_kind_and_only_its_fleet(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with full_stack(tmp_path, engram_home, make_token) as stack:
+        populate(stack, make_token)
+        populate(stack, make_token, fleet="fleet-b")
+        with cli_for(stack, make_token("op", "fleet-a", ADMIN), monkeypatch) as run:
+            first = run("export", "--fleet", "fleet-a", "-o", str(tmp_path / "a.bundle"))
+            again = run("export", "--fleet", "fleet-a", "-o", str(tmp_path / "b.bundle"))
+            only = run("export", "--fleet", "fleet-a", "--run", "run-1",
+                       "-o", str(tmp_path / "r.bundle"))
+            run("export", "--fleet", "fleet-b", "-o", str(tmp_path / "x.bundle"), code=1)
+            run("export", "--fleet", "fleet-a", "-o", str(tmp_path / "a.bundle"), code=2)
+            into_itself = run("import-bundle", str(tmp_path / "a.bundle"))
+            assert set(into_itself["created"].values()) == {0}
+            assert len(run("gov", "rules", "list")) == 1
+    assert first["rows"] == {"domains": 5, "records": 14, "rules": 1, "trust": 2,
+                             "decisions": 14, "runs": 1, "artifacts": 1, "events": 2,
+                             "snapshots": 1, "evidence": 1, "manifests": 1, "iterations": 2}
+    assert again["content_digest"] == first["content_digest"]
+    assert (tmp_path / "a.bundle").read_bytes() == (tmp_path / "b.bundle").read_bytes()
+    assert not (tmp_path / "x.bundle").exists()
+    assert only["rows"]["records"] == 6 and only["rows"]["decisions"] == 6
+    assert only["rows"]["evidence"] == 0 and only["rows"]["artifacts"] == 1
+    with BundleReader(tmp_path / "a.bundle") as reader:
+        manifest = reader.verify()
+        assert manifest.fleet_id == "fleet-a"
+        records = list(reader.rows("records"))
+        assert {r["fleet_id"] for r in records} == {"fleet-a"}
+        assert all(r["record_hash"] and r["gate_decision_id"] for r in records)
+        times = [(r["create_time"], r["id"]) for r in records]
+        assert times == sorted(times)
+        assert reader.blob(hashlib.sha256(BLOB).hexdigest()).read() == BLOB
+        assert [e["seq"] for e in reader.rows("events")] == ["1", "2"]
+        assert [i["iteration"] for i in reader.rows("iterations")] == ["1", "2"]

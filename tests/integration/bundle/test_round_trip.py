@@ -1,0 +1,151 @@
+"""export -> import-bundle -> export, SQLite to Postgres and back, through the CLI and real
+servers: the same records and domains byte for byte, every run's snapshot verifying, the same
+search results; a second import changes nothing; an altered bundle is refused, nothing written."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from engram.bundle import BundleReader, importer
+from engram.bundle.export import Clients
+from engram.bundle.importer import Importer
+from engram.client import ShardClient
+from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient
+from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.stack import FullStack, full_stack
+
+CARRIED = ("parts/domains.jsonl", "parts/records.jsonl")
+
+
+def members(bundle: Path) -> dict[str, str]:
+    with BundleReader(bundle) as reader:
+        return {m.path: m.sha256 for m in reader.verify().members}
+
+
+def observed(stack: FullStack, token: str) -> tuple[list[list[str]], list[list[str]]]:
+    """What a reader sees: each run's verified snapshot and the hits of a few searches (as
+    sets: SQLite's FTS5 and Postgres's full-text rank with different formulas)."""
+    with ShardClient(stack.shard.address, token) as shard:
+        snapshots = [[r.record_hash for r in shard.snapshot(run)]
+                     for run in ("", "run-1", "run-2")]
+        searches = [sorted(h.record.id for h in shard.search(q, mode="lexical", limit=20))
+                    for q in ("idempotency keys", "gateway protocol", "lesson 7")]
+        return snapshots, searches
+
+
+def test_round_trip_sqlite_postgres_sqlite(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory, fresh_postgres_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", "fleet-a", ADMIN)
+    first, second, third = (tmp_path / f"{n}.bundle" for n in ("first", "second", "third"))
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        populate(origin, make_token)
+        with ShardClient(origin.shard.address, admin) as shard:  # summaries replace originals
+            compacted = shard.compact(importance_below=0.35, older_than_days=0)
+            assert compacted.compacted >= 2
+            stored = 14 + len(compacted.groups)
+        seen = observed(origin, admin)
+        with cli_for(origin, admin, monkeypatch) as run:
+            digest = run("export", "--fleet", "fleet-a", "-o", str(first))["content_digest"]
+    with full_stack(tmp_path / "b", engram_home, make_token,
+                    {"shard": fresh_postgres_url}) as postgres:
+        with cli_for(postgres, admin, monkeypatch) as run:
+            loaded = run("import-bundle", str(first), "--expect", digest)
+            assert loaded["created"] == {"rules": 1, "trust": 1, "domains": 0, "records": stored}
+            assert loaded["not_imported"]["events"] == 2
+            again = run("import-bundle", str(first))
+            assert again["created"] == {"rules": 0, "trust": 0, "domains": 0, "records": 0}
+            assert again["already_present"] == {"rules": 1, "trust": 1, "domains": 5,
+                                                "records": stored}
+            assert [r["description"] for r in run("gov", "rules", "list")] == ["no secrets"]
+            run("export", "--fleet", "fleet-a", "-o", str(second))
+        assert observed(postgres, admin) == seen
+        with GovernanceClient(postgres.governance.address, admin) as gov:
+            rogue = gov.trust("rogue")
+            assert (rogue.tier, rogue.pinned) == (gpb.TRUST_TIER_SUSPENDED, True)
+    with full_stack(tmp_path / "c", engram_home, make_token) as back:
+        with cli_for(back, admin, monkeypatch) as run:
+            run("import-bundle", str(second))
+            run("export", "--fleet", "fleet-a", "-o", str(third))
+        assert observed(back, admin) == seen
+    one, two, three = members(first), members(second), members(third)
+    for path in CARRIED:
+        assert one[path] == two[path] == three[path], path
+
+
+def test_an_altered_bundle_is_refused_naming_it_and_nothing_is_written(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", "fleet-a", ADMIN)
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    bundle, altered = tmp_path / "x.bundle", tmp_path / "altered.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        populate(origin, make_token)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(bundle))
+    with tarfile.open(bundle) as old, tarfile.open(altered, "w") as new:
+        for info in old.getmembers():
+            data = old.extractfile(info).read()  # type: ignore[union-attr]
+            if info.name == "parts/records.jsonl":  # the last record's importance raised
+                data = data[:data.rindex(b'"importance":')] + b'"importance":1.0,' + \
+                    data[data.rindex(b'"metadata"'):] if b'"metadata"' in data else data + b" "
+            info.size = len(data)
+            new.addfile(info, io.BytesIO(data))
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            refused = run("import-bundle", str(altered), code=1)
+            assert refused["error"]["problems"][0].startswith(
+                "parts/records.jsonl was altered")
+            run("import-bundle", str(bundle), "--expect", "0" * 64, code=1)
+        with ShardClient(target.shard.address, admin) as shard:
+            assert shard.status().total_records == 0
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_import_resumes_when_run_again(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", "fleet-a", ADMIN)
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    bundle = tmp_path / "x.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        populate(origin, make_token)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(bundle))
+    monkeypatch.setattr(importer, "BATCH", 5)
+
+    def stop_after_first_batch(kind: str, rows: int, nbytes: int) -> None:
+        if kind == "records":
+            raise Interrupted
+
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        where = target.addresses()
+        clients = Clients(ShardClient(where["shard"], admin),
+                          GovernanceClient(where["governance"], admin),
+                          ArtifactsClient(where["artifacts"], admin),
+                          CompactorClient(where["compactor"], admin))
+        try:
+            with BundleReader(bundle) as reader, pytest.raises(Interrupted):
+                Importer(clients, stop_after_first_batch).run(reader)
+            assert clients.shard.status().total_records == 5
+            with BundleReader(bundle) as reader:
+                report = Importer(clients).run(reader)
+            assert (report.created["records"], report.already_present["records"]) == (9, 5)
+            assert clients.shard.status().total_records == 14
+        finally:
+            clients.close()

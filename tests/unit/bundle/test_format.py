@@ -1,0 +1,184 @@
+"""The bundle file: round trip, a time-independent digest, and every way of tampering named."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from engram.bundle.format import (
+    MANIFEST_PATH,
+    SPOOL_BYTES,
+    BundleError,
+    BundleReader,
+    BundleWriter,
+    Manifest,
+)
+
+BLOB = b"tool output\n" * 100
+BLOB_SHA = hashlib.sha256(BLOB).hexdigest()
+
+
+def write_bundle(out: Path, rows: int = 3) -> Manifest:
+    with BundleWriter(out, "fleet-a") as bundle:
+        with bundle.part("records") as part:
+            for i in range(rows):
+                part.write({"id": f"r{i}", "content": f"memory {i} é", "n": i})
+        with bundle.part("domains") as part:
+            part.write({"name": "technical", "keywords": ["api"]})
+        bundle.add_blob(BLOB_SHA, io.BytesIO(BLOB))
+    return bundle.manifest
+
+
+def rewrite(source: Path, target: Path, change) -> None:  # type: ignore[no-untyped-def]
+    """Copies a bundle member by member through ``change(info, data) -> [(info, data)]``."""
+    with tarfile.open(source) as old, tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as new:
+        for info in old.getmembers():
+            handle = old.extractfile(info)
+            data = handle.read() if handle else b""
+            for out_info, out_data in change(info, data):
+                out_info.size = len(out_data)
+                new.addfile(out_info, io.BytesIO(out_data))
+
+
+def problems_of(path: Path) -> list[str]:
+    with BundleReader(path) as reader, pytest.raises(BundleError) as failure:
+        reader.verify()
+    return failure.value.problems or [str(failure.value)]
+
+
+def test_round_trip_reads_back_every_row_and_blob(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.bundle"
+    written = write_bundle(out)
+    assert not (tmp_path / "fleet.bundle.partial").exists()
+    with BundleReader(out) as reader:
+        manifest = reader.verify()
+        assert manifest.content_digest == written.content_digest
+        assert manifest.rows("records") == 3
+        assert [r["id"] for r in reader.rows("records")] == ["r0", "r1", "r2"]
+        assert list(reader.rows("events")) == []
+        assert reader.blob(BLOB_SHA).read() == BLOB
+
+
+def test_same_content_gives_the_same_bytes_and_digest(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    write_bundle(tmp_path / "b")
+    assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
+    write_bundle(tmp_path / "c", rows=4)
+    with BundleReader(tmp_path / "a") as a, BundleReader(tmp_path / "c") as c:
+        assert a.verify().content_digest != c.verify().content_digest
+
+
+def test_rows_are_refused_before_verify(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    with BundleReader(tmp_path / "a") as reader, pytest.raises(BundleError, match="verify"):
+        list(reader.rows("records"))
+
+
+def test_a_large_blob_spools_to_disk_and_round_trips(tmp_path: Path) -> None:
+    big = bytes(range(256)) * ((SPOOL_BYTES // 256) + 3)
+    with BundleWriter(tmp_path / "big", "f") as bundle:
+        bundle.add_blob(hashlib.sha256(big).hexdigest(), io.BytesIO(big))
+    with BundleReader(tmp_path / "big") as reader:
+        reader.verify()
+        assert hashlib.sha256(reader.blob(hashlib.sha256(big).hexdigest()).read()).digest() \
+            == hashlib.sha256(big).digest()
+
+
+def test_a_blob_that_does_not_match_its_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="not written"), \
+            BundleWriter(tmp_path / "x", "f") as bundle:
+        bundle.add_blob("0" * 64, io.BytesIO(b"other"))
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.partial").exists()
+
+
+def test_a_failed_export_leaves_no_bundle(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError), BundleWriter(tmp_path / "x", "f") as bundle:
+        with bundle.part("records") as part:
+            part.write({"id": "r0"})
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_altered_part_is_named(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [
+        (info, data.replace(b"memory 1", b"memory X") if info.name.endswith("records.jsonl")
+         else data)])
+    problems = problems_of(tmp_path / "b")
+    assert len(problems) == 1 and problems[0].startswith("parts/records.jsonl was altered")
+
+
+def test_an_altered_blob_is_named(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [
+        (info, data[:-1] + b"!" if info.name.startswith("blobs/") else data)])
+    problems = problems_of(tmp_path / "b")
+    assert len(problems) == 1 and problems[0].startswith(f"blobs/{BLOB_SHA} was altered")
+
+
+def test_missing_added_and_repeated_members_are_each_named(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+
+    def change(info: tarfile.TarInfo, data: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
+        if info.name == "parts/domains.jsonl":
+            return []  # missing
+        if info.name == "parts/records.jsonl":
+            extra = tarfile.TarInfo("parts/extra.jsonl")
+            return [(info, data), (info, data), (extra, b"{}\n")]  # repeated, added
+        return [(info, data)]
+
+    rewrite(tmp_path / "a", tmp_path / "b", change)
+    problems = problems_of(tmp_path / "b")
+    assert "parts/records.jsonl is repeated in the bundle" in problems
+    assert "parts/domains.jsonl is missing (listed in MANIFEST.json)" in problems
+    assert "parts/extra.jsonl was added (not in MANIFEST.json)" in problems
+
+
+@pytest.mark.parametrize("name", ["../evil.jsonl", "/etc/passwd", "parts/../../x", "parts//x"])
+def test_a_member_outside_the_bundle_is_named(tmp_path: Path, name: str) -> None:
+    write_bundle(tmp_path / "a")
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [
+        (info, data), *([(tarfile.TarInfo(name), b"x")] if info.name == MANIFEST_PATH else [])])
+    problems = problems_of(tmp_path / "b")
+    assert any(p.startswith(repr(name)) and "bundle" in p for p in problems), problems
+
+
+def test_a_link_member_is_refused(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    link = tarfile.TarInfo("parts/link.jsonl")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [
+        (info, data), *([(link, b"")] if info.name == MANIFEST_PATH else [])])
+    assert any("not a regular file" in p for p in problems_of(tmp_path / "b"))
+
+
+def test_a_manifest_edited_to_match_is_caught_by_its_digest(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+
+    def change(info: tarfile.TarInfo, data: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
+        if info.name != MANIFEST_PATH:
+            return [(info, data)]
+        document = json.loads(data)
+        document["members"][0]["size"] += 1
+        return [(info, json.dumps(document).encode())]
+
+    rewrite(tmp_path / "a", tmp_path / "b", change)
+    assert "content_digest" in problems_of(tmp_path / "b")[0]
+
+
+def test_no_manifest_is_not_a_bundle(tmp_path: Path) -> None:
+    write_bundle(tmp_path / "a")
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [] if info.name == MANIFEST_PATH
+            else [(info, data)])
+    assert "MANIFEST.json is missing" in problems_of(tmp_path / "b")
+
+
+def test_a_file_that_is_not_a_tar_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"not a tar at all" * 100)
+    with pytest.raises(BundleError, match="not a readable bundle"):
+        BundleReader(tmp_path / "junk")
