@@ -148,6 +148,20 @@ export interface BatchCreateRecordsResponse {
   results: CreateRecordResponse[];
 }
 
+export interface ImportRecordsRequest {
+  /**
+   * Up to ENGRAM_LIMITS_BATCH_ITEMS records of the caller's fleet, as
+   * GetRecord returns them; stored all or nothing.
+   */
+  records: Record[];
+}
+
+export interface ImportRecordsResponse {
+  /** How many were stored now; the rest were already stored, identical. */
+  created: number;
+  alreadyPresent: number;
+}
+
 export interface GetRecordRequest {
   id: string;
 }
@@ -1470,6 +1484,164 @@ export const BatchCreateRecordsResponse: MessageFns<BatchCreateRecordsResponse> 
   fromPartial<I extends Exact<DeepPartial<BatchCreateRecordsResponse>, I>>(object: I): BatchCreateRecordsResponse {
     const message = createBaseBatchCreateRecordsResponse();
     message.results = object.results?.map((e) => CreateRecordResponse.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportRecordsRequest(): ImportRecordsRequest {
+  return { records: [] };
+}
+
+export const ImportRecordsRequest: MessageFns<ImportRecordsRequest> = {
+  encode(message: ImportRecordsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.records) {
+      Record.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRecordsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRecordsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.records.push(Record.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRecordsRequest {
+    return {
+      records: globalThis.Array.isArray(object?.records) ? object.records.map((e: any) => Record.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ImportRecordsRequest): unknown {
+    const obj: any = {};
+    if (message.records?.length) {
+      obj.records = message.records.map((e) => Record.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRecordsRequest>, I>>(base?: I): ImportRecordsRequest {
+    return ImportRecordsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRecordsRequest>, I>>(object: I): ImportRecordsRequest {
+    const message = createBaseImportRecordsRequest();
+    message.records = object.records?.map((e) => Record.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportRecordsResponse(): ImportRecordsResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportRecordsResponse: MessageFns<ImportRecordsResponse> = {
+  encode(message: ImportRecordsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int64(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int64(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRecordsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRecordsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRecordsResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportRecordsResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRecordsResponse>, I>>(base?: I): ImportRecordsResponse {
+    return ImportRecordsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRecordsResponse>, I>>(object: I): ImportRecordsResponse {
+    const message = createBaseImportRecordsResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
     return message;
   },
 };
@@ -4604,6 +4776,23 @@ export const ShardServiceService = {
       Buffer.from(BatchCreateRecordsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): BatchCreateRecordsResponse => BatchCreateRecordsResponse.decode(value),
   },
+  /**
+   * Stores records exported from another instance (engram import-bundle) as
+   * they were: id, author, create time, gate decision and record_hash kept.
+   * Each is re-hashed first; nothing is stored unless all verify and belong to
+   * the caller's fleet. An identical record already stored is left as is; a
+   * different one under the same id is ALREADY_EXISTS. Admin role only.
+   */
+  importRecords: {
+    path: "/engram.shard.v1.ShardService/ImportRecords" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportRecordsRequest): Buffer => Buffer.from(ImportRecordsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportRecordsRequest => ImportRecordsRequest.decode(value),
+    responseSerialize: (value: ImportRecordsResponse): Buffer =>
+      Buffer.from(ImportRecordsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportRecordsResponse => ImportRecordsResponse.decode(value),
+  },
   getRecord: {
     path: "/engram.shard.v1.ShardService/GetRecord" as const,
     requestStream: false as const,
@@ -4739,6 +4928,14 @@ export interface ShardServiceServer extends UntypedServiceImplementation {
   createRecord: handleUnaryCall<CreateRecordRequest, CreateRecordResponse>;
   /** Stores up to 1000 records in one transaction: all or nothing. */
   batchCreateRecords: handleUnaryCall<BatchCreateRecordsRequest, BatchCreateRecordsResponse>;
+  /**
+   * Stores records exported from another instance (engram import-bundle) as
+   * they were: id, author, create time, gate decision and record_hash kept.
+   * Each is re-hashed first; nothing is stored unless all verify and belong to
+   * the caller's fleet. An identical record already stored is left as is; a
+   * different one under the same id is ALREADY_EXISTS. Admin role only.
+   */
+  importRecords: handleUnaryCall<ImportRecordsRequest, ImportRecordsResponse>;
   getRecord: handleUnaryCall<GetRecordRequest, GetRecordResponse>;
   /** Lists records, newest first, with AIP-158 pagination. */
   listRecords: handleUnaryCall<ListRecordsRequest, ListRecordsResponse>;
@@ -4803,6 +5000,28 @@ export interface ShardServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: BatchCreateRecordsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Stores records exported from another instance (engram import-bundle) as
+   * they were: id, author, create time, gate decision and record_hash kept.
+   * Each is re-hashed first; nothing is stored unless all verify and belong to
+   * the caller's fleet. An identical record already stored is left as is; a
+   * different one under the same id is ALREADY_EXISTS. Admin role only.
+   */
+  importRecords(
+    request: ImportRecordsRequest,
+    callback: (error: ServiceError | null, response: ImportRecordsResponse) => void,
+  ): ClientUnaryCall;
+  importRecords(
+    request: ImportRecordsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportRecordsResponse) => void,
+  ): ClientUnaryCall;
+  importRecords(
+    request: ImportRecordsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportRecordsResponse) => void,
   ): ClientUnaryCall;
   getRecord(
     request: GetRecordRequest,
