@@ -54,7 +54,7 @@ up: $(STAMP) ## run all services in the foreground on SQLite + local files under
 	$(BIN)/engram up
 
 test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's against real services)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
 soak: $(STAMP) ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)
