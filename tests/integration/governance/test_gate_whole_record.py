@@ -78,9 +78,12 @@ def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory,
     governance.start()
     token_file = tmp_path / "shard-service.token"
     write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
-    # TTL 0: every read asks governance again, so an outage is always "past the TTL".
+    # TTL 0: every read asks governance again, so an outage is always "past the TTL". A
+    # trust lookup slower than its timeout falls back to the last known multiplier (by
+    # design): 5 s, not the 0.5 s default, so a loaded CI host does not look like an outage
+    # (a suspension then went unseen once in a full run, 2026-11-24).
     gate, trust = connect_governance(governance.address, token_file, gate_timeout=2.0,
-                                     ttl_seconds=0.0)
+                                     trust_timeout=5.0, ttl_seconds=0.0)
     shard, service = build_shard_server(
         ShardSettings(home=engram_home, port=0, db_url=shard_url, embedder="none"),
         gate=gate, trust=trust)
