@@ -53,8 +53,9 @@ breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (defa
 up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
 	$(BIN)/engram up
 
+TEST_WORKERS ?= 2
 test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's against real services)
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
 soak: $(STAMP) ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)

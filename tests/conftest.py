@@ -134,3 +134,12 @@ def fresh_postgres_url(postgres_available: bool) -> Iterator[str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist (``make test`` runs ``-n 2 --dist loadgroup``) the fault tests share one
+    worker, one after another: each kills, starves or times a whole stack, and its criteria
+    assume no second fault test loads the same two cores at once."""
+    for item in items:
+        if item.get_closest_marker("faults"):
+            item.add_marker(pytest.mark.xdist_group("faults"))
