@@ -328,7 +328,9 @@ class ShardRepository:
         # Look up by the unique id index alone, then keep the fleet's: with both in the WHERE
         # clause SQLite's planner may scan the whole fleet instead.
         statement = _LIVE_BY_IDS if exclude_compacted else _EXISTING
-        rows = session.execute(statement, {"ids": list(ids)}).mappings()
+        # Core rows through the session's connection: the ORM's result machinery costs more
+        # than the query itself here (about 1.5 ms of a 10k-record hybrid search).
+        rows = session.connection().execute(statement, {"ids": list(ids)}).mappings()
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def _filtered(self, flt: RecordFilter):  # type: ignore[no-untyped-def]
@@ -569,10 +571,11 @@ class ShardRepository:
                     limit: int) -> list[RecordText]:
         """Records past ``seq`` ``position``, and those among ``gaps``, oldest first."""
         params: dict[str, object] = {"position": position, "limit": limit}
+        connection = session.connection()  # Core rows: no ORM result machinery
         if gaps:
-            rows = session.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
+            rows = connection.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
         else:
-            rows = session.execute(_TEXTS_AFTER, params)
+            rows = connection.execute(_TEXTS_AFTER, params)
         return [
             RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
                        json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id,
