@@ -19,7 +19,7 @@ import grpc
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
-from engram.client._channel import BaseClient, string_list
+from engram.client._channel import BaseClient, idempotency_key, string_list
 from engram.client._errors import EngramRpcError
 
 CHUNK_SIZE = 1 << 20
@@ -188,7 +188,7 @@ class ArtifactsClient(BaseClient):
                                         payload_json=_json(payload) if payload is not None
                                         else "", manifest_id=manifest_id,
                                         artifact_ids=string_list("artifact_ids", artifact_ids),
-                                        request_id=request_id)
+                                        request_id=idempotency_key(request_id))
         return self.call(self.stub.AppendEvent, request)
 
     def list_events(self, run_id: str, after_seq: int = 0,
@@ -209,7 +209,7 @@ class ArtifactsClient(BaseClient):
         request = pb.CreateSnapshotRequest(run_id=run_id, state_json=_json(state), seq=seq,
                                            manifest_id=manifest_id,
                                            artifact_ids=string_list("artifact_ids", artifact_ids),
-                                           request_id=request_id)
+                                           request_id=idempotency_key(request_id))
         return self.call(self.stub.CreateSnapshot, request).snapshot
 
     def latest_snapshot(self, run_id: str) -> pb.Snapshot:

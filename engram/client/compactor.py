@@ -15,7 +15,7 @@ from functools import cached_property
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from engram.client._channel import BaseClient
+from engram.client._channel import BaseClient, idempotency_key
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 
@@ -67,7 +67,7 @@ class CompactorClient(BaseClient):
         """Append one iteration; pass ``request_id`` so a retry of iteration 0 ("next") is safe."""
         reply: pb.RecordIterationResponse = self.call(
             self.stub.RecordIteration, pb.RecordIterationRequest(
-                run_id=run_id, iteration=iteration, request_id=request_id))
+                run_id=run_id, iteration=iteration, request_id=idempotency_key(request_id)))
         return reply
 
     def recent(self, run_id: str, page_size: int = 0) -> Iterator[pb.HotIteration]:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
 
-from engram.client._channel import BaseClient, string_list
+from engram.client._channel import BaseClient, idempotency_key, string_list
 from engram.governance.v1 import governance_service_pb2 as pb
 from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 
@@ -65,7 +65,7 @@ class GovernanceClient(BaseClient):
 
     def add_rule(self, rule: pb.Rule, *, request_id: str = "") -> pb.CreateRuleResponse:
         return self.call(self.stub.CreateRule,
-                         pb.CreateRuleRequest(rule=rule, request_id=request_id))
+                         pb.CreateRuleRequest(rule=rule, request_id=idempotency_key(request_id)))
 
     def rules(self, *, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.Rule]:
         """Every rule of the fleet, following page tokens."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from engram.client._channel import BaseClient, string_list
+from engram.client._channel import BaseClient, idempotency_key, string_list
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
 
@@ -155,13 +155,14 @@ class ShardClient(BaseClient):
         """Store one record; ``request_id`` makes a retry return the first result."""
         record = record_input(content, run_id=run_id, domain=domain, source=source,
                               importance=importance, tags=tags, metadata=metadata)
-        request = pb.CreateRecordRequest(record=record, request_id=request_id)
+        request = pb.CreateRecordRequest(record=record, request_id=idempotency_key(request_id))
         return self.call(self.stub.CreateRecord, request)
 
     def add_many(
         self, records: Iterable[pb.RecordInput], request_id: str = ""
     ) -> pb.BatchCreateRecordsResponse:
-        request = pb.BatchCreateRecordsRequest(records=list(records), request_id=request_id)
+        request = pb.BatchCreateRecordsRequest(records=list(records),
+                                               request_id=idempotency_key(request_id))
         return self.call(self.stub.BatchCreateRecords, request)
 
     def import_records(self, records: Iterable[pb.Record]) -> pb.ImportRecordsResponse:

@@ -10,6 +10,7 @@ in chunks (never a whole file in memory) and are hashed on every write and read.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 import time
@@ -62,6 +63,7 @@ from services.artifacts.domain.stop import (
 )
 from services.artifacts.repository import ArtifactsRepository
 from services.common.blobstore import BlobStore
+from services.common.blobstore.port import BlobInfo
 from services.common.canonical import canonical_json
 from services.common.db import Database
 from services.common.errors import (
@@ -251,7 +253,7 @@ class ArtifactsService:
         prior = self._in_session(self.repository.artifact_named, fleet_id, upload.run_id,
                                  upload.step_id, upload.name)
         if prior is not None:
-            raise _artifact_exists(prior.artifact_id, upload)
+            return self._same_upload(prior, upload, received, parts)
         info = self.blobs.put(path, received.chunks(parts), before_commit=received.check_hash)
         artifact = Artifact(artifact_id=artifact_id, run_id=upload.run_id,
                             step_id=upload.step_id, path=path, hash=info.sha256,
@@ -264,6 +266,23 @@ class ArtifactsService:
             raise
         self.blob_bytes.add("in", amount=info.size_bytes)
         return artifact
+
+    def _same_upload(self, prior: Artifact, upload: ArtifactUpload, received: CheckedUpload,
+                     parts: Iterable[bytes | UploadEnd]) -> Artifact:
+        """The artifact already stored under this run, step and name, when these are its bytes
+        (a retried upload whose reply was lost: it gets the first result, nothing is stored
+        twice); ``ALREADY_EXISTS`` when they are other bytes."""
+        if upload.expected_hash and upload.expected_hash.lower() != prior.hash:
+            raise _artifact_exists(prior.artifact_id, upload)
+        digest, size = hashlib.sha256(), 0
+        for chunk in received.chunks(parts):
+            digest.update(chunk)
+            size += len(chunk)
+        info = BlobInfo(key=prior.path, size_bytes=size, sha256=digest.hexdigest())
+        received.check_hash(info)
+        if (info.sha256, info.size_bytes) != (prior.hash, prior.size_bytes):
+            raise _artifact_exists(prior.artifact_id, upload)
+        return prior
 
     def _add_artifact(self, fleet_id: str, artifact: Artifact, upload: ArtifactUpload) -> None:
         try:

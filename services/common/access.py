@@ -160,7 +160,8 @@ class GovernanceRestrictionSource:
         self.address = address
         token = token_file.read_text().strip()
         # Governance back after a restart is asked again within RECONNECT_MS, not gRPC's 1-120 s.
-        channel = open_channel(address, **(tls or TlsFiles()), reconnect_backoff_ms=RECONNECT_MS)
+        channel = open_channel(address, **(tls or TlsFiles()), reconnect_backoff_ms=RECONNECT_MS,
+                               retries=False)
         self._client = GovernanceClient(address, token, timeout=timeout, channel=channel)
 
     def __call__(self, since_version: int) -> Restrictions | None:

@@ -208,7 +208,7 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     files = tls or TlsFiles()
     # A batch with its neighbours can outgrow a client request (governance takes 64 MiB).
     channel = open_channel(address, **files, max_send_bytes=GATE_SEND_BYTES,
-                           reconnect_backoff_ms=GATE_RECONNECT_MS)
+                           reconnect_backoff_ms=GATE_RECONNECT_MS, retries=False)
     gate_client = GovernanceClient(address, token, timeout=gate_timeout, channel=channel)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)

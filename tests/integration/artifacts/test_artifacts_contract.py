@@ -417,6 +417,22 @@ def test_duplicate_path_is_already_exists(artifacts_server: RunningArtifacts) ->
     assert _artifact_rows(env) == 1
 
 
+def test_the_same_bytes_again_under_the_same_name_get_the_first_artifact(
+        artifacts_server: RunningArtifacts) -> None:
+    """A retried upload whose reply was lost (fault test 7): the first result, nothing twice;
+    with a declared hash that differs it is refused before the bytes are read."""
+    env = artifacts_server
+    run_id = _start(env)
+    first = env.client.upload(iter([b"one", b"two"]), run_id=run_id, step_id="s", name="a")
+    again = env.client.upload(iter([b"on", b"etwo"]), run_id=run_id, step_id="s", name="a")
+    assert again == first
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"onetwo"]), run_id=run_id, step_id="s", name="a",
+                          sha256="0" * 64)
+    assert caught.value.code == grpc.StatusCode.ALREADY_EXISTS
+    assert _artifact_rows(env) == 1
+
+
 def test_blob_altered_or_deleted_behind_the_service_is_found_on_read_and_verify(
         artifacts_server: RunningArtifacts, tmp_path: Path) -> None:
     env = artifacts_server

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from engram.client import EngramRpcError, ShardClient, record_input
+from engram.shard.v1 import shard_service_pb2 as spb
 from services.shard.ports import GateCandidate, GateDecision, Neighbour
 from services.shard.server import build_shard_server
 from services.shard.settings import ShardSettings
@@ -72,10 +73,14 @@ def test_gate_key_is_the_client_request_id_never_the_content(
         gated: tuple[ShardClient, RecordingGate]) -> None:
     client, gate = gated
     client.add("task: one", request_id="req-a")
-    client.add("task: two")
+    client.add("task: two")  # the SDK draws a request_id for a write given none
+    client.call(client.stub.CreateRecord, spb.CreateRecordRequest(
+        record=spb.RecordInput(content="task: three")))  # a raw call without one
     # The client's request_id, bound to the request's body (a digest of every field).
     assert gate.calls[0][3].startswith("req-a:")
-    assert gate.calls[1][3] == ""  # the governance adapter mints a fresh id for it
+    drawn, _, digest = gate.calls[1][3].partition(":")
+    assert len(drawn) == 32 and digest and "two" not in gate.calls[1][3]
+    assert gate.calls[2][3] == ""  # the governance adapter mints a fresh id for it
 
 
 def test_existing_records_skip_the_gate_and_replays_keep_every_result(
