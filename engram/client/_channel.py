@@ -95,6 +95,9 @@ CANCELLED too: a gRPC server that stops cancels the calls it had received but no
 to a handler (grpc/grpc#41785; about 1 in 100 calls racing a stop here), which were never
 started, so they are retried like UNAVAILABLE. A call the caller cancels is not retried (that
 status is the client's own, not an answer)."""
+RETRY_BUFFER_BYTES = 4 * 1024 * 1024
+"""A streamed upload is retried only while all it sent fits this buffer (gRPC's default is
+256 KiB); a larger one that fails is the caller's to send again (``upload_file`` can)."""
 SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": [{}], "retryPolicy": RETRY_POLICY}]})
 
 
@@ -124,7 +127,8 @@ def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | No
         ("grpc.enable_retries", int(retries)),
     ]
     if retries:
-        options.append(("grpc.service_config", SERVICE_CONFIG))
+        options += [("grpc.service_config", SERVICE_CONFIG),
+                    ("grpc.per_rpc_retry_buffer_size", RETRY_BUFFER_BYTES)]
     if reconnect_backoff_ms is not None:
         options += reconnect_options(reconnect_backoff_ms)
     if (tls_cert is None) != (tls_key is None):

@@ -91,9 +91,15 @@ class FileBlobStore(BlobStore):
                 os.link(tmp, final)
             except FileExistsError:
                 raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS") from None
-            _fsync_dir(final.parent)
-            for directory in reversed(created):
-                _fsync_dir(directory.parent)
+            try:
+                _fsync_dir(final.parent)
+                for directory in reversed(created):
+                    _fsync_dir(directory.parent)
+            except BaseException:
+                # Not durable, so not published: the caller stores no pointer to it.
+                with contextlib.suppress(OSError):
+                    final.unlink()
+                raise
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
