@@ -1,0 +1,212 @@
+"""Twice the load the stack carries, plus one agent flooding it (item 6 of issue 16).
+
+A gated shard (governance and shard processes, SQLite) is measured first in the same run:
+its capacity C (acknowledged writes a second with 12 agents writing back to back) and the
+p99 of 4 well-behaved agents writing at a steady pace. Then, for a few seconds: the same 4
+agents at the same pace, 16 agents offering 2C between them (each call on its own
+schedule, whether or not the last one has come back), and one agent on 16 threads calling as
+fast as it can and ignoring the retry delay it is told. Raw stubs, no SDK retry: every status
+is seen as the service gave it. Then the load stops and the 4 agents go on.
+
+Criterion: every call that is not OK is RESOURCE_EXHAUSTED with a reason (never INTERNAL,
+UNKNOWN, UNAVAILABLE or a deadline); the flooder gets no more than its rate limit; within
+10 s after the load stops the 4 agents' writes succeed at their unloaded latency again (p99
+of a window of 20 within 2x the unloaded p99). The issue's further criteria (the excess
+refused, refusals faster than acknowledged writes, under ENGRAM_SOAK=1 a refusal p99 under
+50 ms; the well-behaved agents' p99 during the overload within 2x unloaded) do not hold yet:
+the test reports them and ends XFAIL while any is missed (docs/reliability.md, "Overload").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from engram.client import EngramRpcError, ShardClient
+from engram.shard.v1 import shard_service_pb2 as pb
+from tests.faults.conftest import SOAK, Stack, scale
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+RATE_LIMIT_WRITES = 100.0  # the shard's default ENGRAM_SHARD_RATE_LIMIT_WRITES
+RATE_LIMIT_BURST = 200
+
+
+@dataclass(frozen=True)
+class Call:
+    who: str
+    started: float
+    seconds: float
+    code: str
+    reason: str
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.lock = threading.Lock()
+        self.serial = 0
+
+    def write(self, client: ShardClient, who: str) -> None:
+        with self.lock:
+            self.serial += 1
+            serial = self.serial
+        request = pb.CreateRecordRequest(record=pb.RecordInput(
+            content=f"{who} note {serial}: the load test writes this", run_id="overload"),
+            request_id=f"{who}-{serial}")
+        started = time.monotonic()
+        code, reason = "OK", ""
+        try:
+            client.stub.CreateRecord(request, metadata=client.metadata, timeout=10)
+        except grpc.RpcError as error:
+            failure = EngramRpcError.from_rpc_error(error)
+            code, reason = failure.code.name, failure.reason
+        with self.lock:
+            self.calls.append(Call(who, started, time.monotonic() - started, code, reason))
+
+    def between(self, start: float, end: float, who: Callable[[str], bool]) -> list[Call]:
+        with self.lock:
+            return [c for c in self.calls if start <= c.started < end and who(c.who)]
+
+
+def p99(calls: list[Call]) -> float:
+    ordered = sorted(c.seconds for c in calls)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def _paced(stop: threading.Event, interval: float, action: Callable[[], None]) -> None:
+    """Call ``action`` every ``interval`` seconds on a schedule of its own (an open loop:
+    a late call does not delay the next one beyond the schedule)."""
+    next_at = time.monotonic()
+    while not stop.is_set():
+        action()
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            stop.wait(delay)
+
+
+def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
+        stack: Stack) -> None:
+    stack.start("governance")
+    stack.start("shard")
+    address = stack.address("shard")
+    clients: dict[str, ShardClient] = {}
+
+    def client(who: str) -> ShardClient:
+        if who not in clients:
+            clients[who] = ShardClient(address, stack.token(who), timeout=10)
+        return clients[who]
+
+    rec = Recorder()
+    try:
+        # Capacity: 12 agents back to back.
+        stop = threading.Event()
+        threads = [threading.Thread(target=lambda i=i: [rec.write(client(f"cap-{i}"), f"cap-{i}")
+                                                        for _ in iter(stop.is_set, True)])
+                   for i in range(12)]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        time.sleep(scale(4, 20))
+        stop.set()
+        for thread in threads:
+            thread.join()
+        capacity_calls = rec.between(began, time.monotonic(), lambda w: w.startswith("cap-"))
+        capacity = sum(c.code == "OK" for c in capacity_calls) / scale(4, 20)
+        assert capacity > 0
+
+        # The well-behaved agents run from here to the end.
+        steady = threading.Event()
+        good_rate = max(2.0, 0.05 * capacity / 4)
+        good = [threading.Thread(target=_paced, args=(steady, 1 / good_rate, lambda i=i: rec.write(
+            client(f"good-{i}"), f"good-{i}"))) for i in range(4)]
+        for thread in good:
+            thread.start()
+        unloaded_from = time.monotonic()
+        time.sleep(scale(4, 30))
+        overload_from = time.monotonic()
+        unloaded = rec.between(unloaded_from, overload_from, lambda w: w.startswith("good-"))
+        assert all(c.code == "OK" for c in unloaded), "a well-behaved write failed unloaded"
+
+        # Overload: 2C from 16 paced agents and a flooder on 16 threads.
+        load_stop = threading.Event()
+        per_agent = 2 * capacity / 16
+        load = []
+        for i in range(16):  # 3 callers per agent, each on its own schedule
+            for _ in range(3):
+                load.append(threading.Thread(target=_paced, args=(
+                    load_stop, 3 / per_agent, lambda i=i: rec.write(client(f"load-{i}"),
+                                                                    f"load-{i}"))))
+        flooder = client("flooder")
+        load += [threading.Thread(target=lambda: [rec.write(flooder, "flooder")
+                                                  for _ in iter(load_stop.is_set, True)])
+                 for _ in range(16)]
+        for thread in load:
+            thread.start()
+        seconds = scale(6, 60)
+        time.sleep(seconds)
+        load_stop.set()
+        overload_to = time.monotonic()
+        for thread in load:
+            thread.join()
+
+        time.sleep(10)
+        steady.set()
+        for thread in good:
+            thread.join()
+        end = time.monotonic()
+    finally:
+        for opened in clients.values():
+            opened.close()
+
+    during = rec.between(overload_from, overload_to, lambda w: True)
+    bad = sorted({(c.code, c.reason) for c in during if c.code not in ("OK",
+                                                                        "RESOURCE_EXHAUSTED")})
+    refused = [c for c in during if c.code == "RESOURCE_EXHAUSTED"]
+    admitted = [c for c in during if c.code == "OK"]
+    good_during = [c for c in during if c.who.startswith("good-")]
+    flooded = [c for c in during if c.who == "flooder"]
+    flood_ok = sum(c.code == "OK" for c in flooded)
+    flood_cap = RATE_LIMIT_WRITES * (overload_to - overload_from) + RATE_LIMIT_BURST
+    reasons = sorted({c.reason for c in refused})
+
+    after = rec.between(overload_to, end, lambda w: w.startswith("good-"))
+    recovered_at = None
+    window = 20
+    for i in range(len(after) - window + 1):
+        part = after[i:i + window]
+        if all(c.code == "OK" for c in part) and p99(part) <= 2 * p99(unloaded):
+            recovered_at = part[0].started - overload_to
+            break
+    print(f"capacity {capacity:.0f} writes/s; unloaded p99 {p99(unloaded) * 1000:.1f} ms "
+          f"({len(unloaded)} calls); overload {len(during)} calls in {seconds} s: "
+          f"{len(admitted)} OK (p99 {p99(admitted) * 1000:.1f} ms), {len(refused)} refused "
+          f"{reasons} (p99 {p99(refused) * 1000:.1f} ms); well-behaved p99 during "
+          f"{p99(good_during) * 1000:.1f} ms, {sum(c.code != 'OK' for c in good_during)} of "
+          f"{len(good_during)} refused; flooder {flood_ok} OK of {len(flooded)} (cap "
+          f"{flood_cap:.0f}); recovered {recovered_at} s after the load stopped")
+
+    assert not bad, f"statuses other than OK / RESOURCE_EXHAUSTED under overload: {bad}"
+    assert all(c.reason for c in refused), "a refusal without a reason"
+    assert flood_ok <= flood_cap, f"the flooder got {flood_ok} writes past its rate limit"
+    assert recovered_at is not None and recovered_at <= 10, "no recovery within 10 s"
+    strict = {
+        "the excess is refused": bool(refused),
+        "refusals faster than acknowledged writes": bool(refused)
+        and p99(refused) < p99(admitted),
+        "well-behaved p99 within 2x unloaded": p99(good_during) <= 2 * p99(unloaded),
+    }
+    if SOAK:
+        strict["refusal p99 under 50 ms"] = bool(refused) and p99(refused) < 0.050
+    missed = [name for name, held in strict.items() if not held]
+    if missed:
+        # Known gap (docs/reliability.md, "Overload"): past capacity the shard queues rather
+        # than refuses (128 calls may run at once, each agent 100 writes/s), so latency grows
+        # for everyone. Reported on every run; the test passes once admission holds these.
+        pytest.xfail(f"overload criteria not met: {missed}")
