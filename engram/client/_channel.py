@@ -6,7 +6,6 @@ interceptor: it would add a Python hop to each call on the hot path).
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +16,7 @@ import grpc
 from google.protobuf.message import Message
 
 from engram.client._errors import EngramRpcError
+from engram.client._retry import SERVICE_CONFIG
 from engram.client._tracing import traced
 
 Request = TypeVar("Request")
@@ -78,27 +78,9 @@ def reconnect_options(backoff_ms: int) -> list[tuple[str, int]]:
             ("grpc.max_reconnect_backoff_ms", backoff_ms)]
 
 
-RETRY_POLICY = {
-    "maxAttempts": 5,
-    "initialBackoff": "0.05s",
-    "maxBackoff": "1s",
-    "backoffMultiplier": 2,
-    "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
-}
-"""gRPC retries every call that ends UNAVAILABLE (the service was not reached, or a hop lost
-the call or its reply) up to 4 more times, 50 ms then doubling up to 1 s, jittered, within
-the call's deadline. Safe for writes because each write carries an idempotency key (the SDK
-makes one when the caller gives none): a write the service already did answers the retry with
-its first result.
-
-CANCELLED too: a gRPC server that stops cancels the calls it had received but not yet handed
-to a handler (grpc/grpc#41785; about 1 in 100 calls racing a stop here), which were never
-started, so they are retried like UNAVAILABLE. A call the caller cancels is not retried (that
-status is the client's own, not an answer)."""
 RETRY_BUFFER_BYTES = 4 * 1024 * 1024
 """A streamed upload is retried only while all it sent fits this buffer (gRPC's default is
 256 KiB); a larger one that fails is the caller's to send again (``upload_file`` can)."""
-SERVICE_CONFIG = json.dumps({"methodConfig": [{"name": [{}], "retryPolicy": RETRY_POLICY}]})
 
 
 def idempotency_key(request_id: str = "") -> str:
@@ -118,8 +100,9 @@ def open_channel(target: str, tls_ca: Path | None = None, *, tls_cert: Path | No
     Messages are limited both ways (a server configured for more: raise them to match).
     ``reconnect_backoff_ms``: a lost server is tried again at that pace instead of gRPC's
     growing backoff (:func:`reconnect_options`; for a service's channel to another service).
-    ``retries``: the :data:`RETRY_POLICY`; a service's channel to another service turns it off,
-    so a failure is retried once, end to end by the caller, not again at every hop.
+    ``retries``: the SDK's retry policy (:mod:`engram.client._retry`); a service's channel
+    to another service turns it off, so a failure is retried end to end by the caller, not
+    again at every hop.
     """
     options: list[tuple[str, int | str]] = [
         ("grpc.max_send_message_length", max_send_bytes),
