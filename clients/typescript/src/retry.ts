@@ -1,5 +1,5 @@
 /**
- * Which calls the client retries on UNAVAILABLE, as a gRPC service config.
+ * Which calls the client retries on UNAVAILABLE or CANCELLED, as a gRPC service config.
  *
  * gRPC retries a call only when nothing of the response has arrived, and inside the
  * call's one deadline. A retried request is byte for byte the first one, so a write
@@ -99,7 +99,9 @@ export function retryServiceConfig(retry: RetryOptions | false): string | undefi
           initialBackoff: seconds(retry.initialBackoffMs),
           maxBackoff: seconds(retry.maxBackoffMs),
           backoffMultiplier: retry.backoffMultiplier,
-          retryableStatusCodes: ["UNAVAILABLE"],
+          // CANCELLED: a stopping gRPC server cancels calls it received but never started
+          // (grpc/grpc#41785); a call this client cancels itself is never retried.
+          retryableStatusCodes: ["UNAVAILABLE", "CANCELLED"],
         },
       },
     ],

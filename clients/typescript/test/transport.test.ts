@@ -81,6 +81,30 @@ describe("retries", () => {
     }
   });
 
+  test("a call a stopping server cancelled before starting it is retried", async () => {
+    let attempts = 0;
+    const server = await startFakeServer(
+      shardWith({
+        createRecord: ((call, callback) => {
+          attempts += 1;
+          if (attempts === 1) {
+            callback(serverError(Status.CANCELLED, "server shutting down"));
+          } else {
+            callback(null, record(call.request.requestId));
+          }
+        }) as grpc.handleUnaryCall<shardv1.CreateRecordRequest, shardv1.CreateRecordResponse>,
+      }),
+    );
+    const engram = new EngramClient({ endpoints: { shard: server.address }, retry: fastRetry });
+    try {
+      await engram.records.add("hello");
+      assert.equal(attempts, 2);
+    } finally {
+      engram.close();
+      await server.stop();
+    }
+  });
+
   test("two logical writes get two request_ids", async () => {
     const seen: string[] = [];
     const server = await startFakeServer(
