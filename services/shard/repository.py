@@ -328,8 +328,8 @@ class ShardRepository:
         # Look up by the unique id index alone, then keep the fleet's: with both in the WHERE
         # clause SQLite's planner may scan the whole fleet instead.
         statement = _LIVE_BY_IDS if exclude_compacted else _EXISTING
-        # Core rows through the session's connection: the ORM's result machinery costs more
-        # than the query itself here (about 1.5 ms of a 10k-record hybrid search).
+        # Core rows through the session's connection, skipping the ORM's result machinery
+        # (asked on every search: 40 ids at 10k records, 1.09 -> 1.02 ms p50 in process).
         rows = session.connection().execute(statement, {"ids": list(ids)}).mappings()
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
