@@ -59,9 +59,10 @@ from services.shard.search.fleet_index import (
     metadata_day,
 )
 from services.shard.search.snapshot import (
+    Frame,
     SnapshotRejected,
+    fleet_frame,
     header_for,
-    payload_of,
     read_snapshot,
     write_snapshot,
 )
@@ -166,6 +167,7 @@ class SearchIndex:
         self._ready = threading.Event()  # warmed up: searches and duplicate checks answered
         self._last_id = ""  # id of the record at the cursor's position
         self._saved_records = 0  # records in the last snapshot written or loaded
+        self._handed = 0  # records handed to the fleet indexes: those through the cursor
         self._save_lock = threading.Lock()
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
         self.loaded_from_snapshot = False
@@ -185,7 +187,7 @@ class SearchIndex:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._query_pool.shutdown(wait=False, cancel_futures=True)
-        if self._ready.is_set() and self.records() != self._saved_records:
+        if self._ready.is_set() and self._handed != self._saved_records:
             try:
                 self.save_snapshot()
             except OSError:  # a full disk must not stop the shard from stopping
@@ -209,7 +211,9 @@ class SearchIndex:
 
     def warm_up(self) -> None:
         """Load the saved index if it matches the store, then read what was committed since.
-        Searches are refused (UNAVAILABLE) until this returns."""
+        Searches are refused (UNAVAILABLE) until this returns. After a rebuild (no usable
+        snapshot) the index is saved before it returns: a save right after SERVING would
+        hold the fleets' locks and stall the first searches instead."""
         began = time.monotonic()
         loaded = self.loaded_from_snapshot = self._load_snapshot()
         with self._sync_lock:
@@ -219,10 +223,13 @@ class SearchIndex:
         log.info("search index ready", extra={
             "records": total, "from_snapshot": loaded, "snapshot_records": self._saved_records,
             "seconds": round(time.monotonic() - began, 2)})
+        if self.snapshot_path is not None and self._handed - self._saved_records >= min(
+                self.snapshot_every, max(self._handed // 10, 1)):
+            try:
+                self.save_snapshot()  # rebuilt, or far behind its snapshot
+            except OSError:  # a full disk must not keep the shard from serving
+                log.exception("index snapshot not saved after the start")
         self._ready.set()
-        if self.snapshot_path is not None and total - self._saved_records >= min(
-                self.snapshot_every, max(total // 10, 1)):
-            self._wake.set()  # the indexer saves a fresh snapshot (rebuilt or far behind)
 
     def _load_snapshot(self) -> bool:
         if self.snapshot_path is None or not self.snapshot_path.exists():
@@ -237,8 +244,8 @@ class SearchIndex:
                     f"the store holds {held} records through seq {header.position} "
                     f"(last {last_id!r}); the snapshot holds {header.records} (last "
                     f"{header.last_id!r})")
-            if sum(len(f.ids) for f in fleets.values()) != header.records:
-                raise SnapshotRejected("the payload's record count differs from its header")
+            if sum(len(f.ids) for f in fleets.values()) < header.records:
+                raise SnapshotRejected("the payload holds fewer records than its header")
         except SnapshotRejected as why:
             log.warning("index snapshot not used, rebuilding from the records: %s", why,
                         extra={"path": str(self.snapshot_path)})
@@ -250,44 +257,45 @@ class SearchIndex:
                 self._fleets[fleet_id] = _FleetSlot(index)
             self._cursor.restore(header.position, header.gaps)
             self._last_id = header.last_id
+            self._handed = header.records
             if self.embedder is not None:
                 self._backfill = (0, header.position)
         self._saved_records = header.records
         return True
 
     def save_snapshot(self) -> int:
-        """Write the lexical index to ``snapshot_path``; returns the records it holds. Searches
-        and writes wait while it is serialised (about 1 s per 300k records)."""
+        """Write the lexical index to ``snapshot_path``; returns the records it holds.
+
+        The cursor is read under the locks every reader takes, then each fleet is pickled
+        under its own lock alone: writes, catch-ups and other fleets' searches go on
+        meanwhile, and only that fleet's searches wait while it is pickled (about 1 s per
+        300k records). A fleet pickled later than the cursor was read may hold newer records
+        too; a load reads them again from the store and skips them by id.
+        """
         if self.snapshot_path is None:
             return 0
         with self._save_lock:
-            with self._sync_lock:
-                with self._lock:
-                    slots = dict(self._fleets)
-                    position, gaps = self._cursor.position, self._cursor.gaps()
-                    last_id = self._last_id
-                for slot in slots.values():
-                    slot.lock.acquire()
-                try:
-                    for slot in slots.values():
-                        slot.apply_inbox()
-                    fleets = {fleet: slot.index for fleet, slot in slots.items()}
-                    records = sum(len(index.ids) for index in fleets.values())
-                    payload = payload_of(fleets)
-                finally:
-                    for slot in slots.values():
-                        slot.lock.release()
-            header = header_for(payload, position=position, gaps=gaps, records=records,
+            with self._sync_lock, self._lock:
+                slots = dict(self._fleets)
+                position, gaps = self._cursor.position, self._cursor.gaps()
+                last_id, records = self._last_id, self._handed
+            frames: list[Frame] = []
+            for fleet_id, slot in sorted(slots.items()):
+                with slot.lock:
+                    slot.apply_inbox()
+                    frames.append(fleet_frame(fleet_id, slot.index))
+            header = header_for(frames, position=position, gaps=gaps, records=records,
                                 last_id=last_id, settings=repr(self.context))
-            write_snapshot(self.snapshot_path, header, payload)
+            write_snapshot(self.snapshot_path, header, frames)
             self._saved_records = records
-        log.info("index snapshot saved", extra={"records": records, "bytes": len(payload)})
+        log.info("index snapshot saved", extra={"records": records,
+                                                "bytes": header.payload_bytes})
         return records
 
     def _save_if_grown(self) -> None:
         if self.snapshot_path is None or not self._ready.is_set():
             return
-        total = self.records()
+        total = self._handed
         if total - self._saved_records >= min(self.snapshot_every, max(total // 10, 1)):
             self.save_snapshot()
 
@@ -345,6 +353,7 @@ class SearchIndex:
                     slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day, facts))
                     self._pending.append((row.seq, row.fleet_id, row.id, row.content))
                 self._cursor.advance(row.seq for row in rows)
+                self._handed += len(rows)
                 last = max(rows, key=lambda row: row.seq)
                 if last.seq == self._cursor.position:
                     self._last_id = last.id

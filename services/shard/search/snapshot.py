@@ -1,10 +1,13 @@
 """IndexSnapshot: the lexical search index saved to a file, so a restart loads it instead of
 re-reading and re-analysing every record.
 
-File: a magic line, one line of JSON (the header), then the payload (the fleets' indexes,
-pickled). The header says what the payload covers: the records cursor (``position`` and
-its ``gaps``), how many records that is and the id of the last one, the analyser's
-settings, and the payload's length and SHA-256. :func:`read_snapshot` refuses a file whose
+File: a magic line, one line of JSON (the header), then the payload: one frame per fleet
+(the fleet id and its index, pickled on its own, each length-prefixed), so a save holds one
+fleet at a time, never the whole index. The header says what the payload covers at least:
+the records cursor (``position`` and its ``gaps``), how many records that is and the id of
+the last one; a fleet may hold records committed after that (it was pickled later), which
+the load reads again and skips by id. It also gives the analyser's settings and the
+payload's length and SHA-256. :func:`read_snapshot` refuses a file whose
 payload does not hash to its header; the caller then checks the header against the store
 (:meth:`SearchIndex.warm_up`) and rebuilds on any difference, so a damaged or stale file
 costs a rebuild, never a wrong answer. The payload is unpickled by an unpickler that builds
@@ -24,6 +27,8 @@ import json
 import logging
 import os
 import pickle
+import struct
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +36,7 @@ from typing import Any
 log = logging.getLogger("engram.shard.index")
 
 MAGIC = b"ENGRAM-SHARD-LEXICAL-INDEX\n"
-FORMAT = 2
+FORMAT = 3
 """Raised whenever what the payload holds or how text is analysed changes."""
 
 
@@ -43,7 +48,7 @@ class SnapshotHeader:
     gaps: list[int]
     """Seqs at or below ``position`` not committed when it was saved (read again on load)."""
     records: int
-    """Records the index holds: those with ``seq <= position``, minus ``gaps``."""
+    """Records with ``seq <= position``, minus ``gaps``: the payload holds these at least."""
     last_id: str
     """The id of the record at ``position`` ("" when there is none)."""
     settings: str
@@ -81,14 +86,33 @@ class _IndexUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def write_snapshot(path: Path, header: SnapshotHeader, payload: bytes) -> None:
+Frame = tuple[str, bytes]
+"""One fleet in the payload: its id and its index, pickled."""
+
+_FRAME = struct.Struct(">IQ")  # fleet id bytes, pickle bytes
+
+
+def fleet_frame(fleet_id: str, index: Any) -> Frame:
+    return fleet_id, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _frame_parts(frames: Iterable[Frame]) -> Iterable[bytes]:
+    for fleet_id, blob in frames:
+        name = fleet_id.encode()
+        yield _FRAME.pack(len(name), len(blob))
+        yield name
+        yield blob
+
+
+def write_snapshot(path: Path, header: SnapshotHeader, frames: list[Frame]) -> None:
     """Atomically replace ``path``: a reader sees the old file or the new one, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     with temporary.open("wb") as out:
         out.write(MAGIC)
         out.write(json.dumps(asdict(header), sort_keys=True).encode() + b"\n")
-        out.write(payload)
+        for part in _frame_parts(frames):
+            out.write(part)
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)
@@ -99,14 +123,34 @@ def write_snapshot(path: Path, header: SnapshotHeader, payload: bytes) -> None:
         os.close(directory)
 
 
-def payload_of(fleets: dict[str, Any]) -> bytes:
-    return pickle.dumps(fleets, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def header_for(payload: bytes, *, position: int, gaps: list[int], records: int,
+def header_for(frames: list[Frame], *, position: int, gaps: list[int], records: int,
                last_id: str, settings: str) -> SnapshotHeader:
-    return SnapshotHeader(FORMAT, position, gaps, records, last_id, settings, len(payload),
-                          hashlib.sha256(payload).hexdigest())
+    digest = hashlib.sha256()
+    size = 0
+    for part in _frame_parts(frames):
+        digest.update(part)
+        size += len(part)
+    return SnapshotHeader(FORMAT, position, gaps, records, last_id, settings, size,
+                          digest.hexdigest())
+
+
+def _unframe(payload: memoryview) -> dict[str, Any]:
+    fleets: dict[str, Any] = {}
+    at = 0
+    while at < len(payload):
+        if len(payload) - at < _FRAME.size:
+            raise SnapshotRejected("a fleet's frame is cut off")
+        name_bytes, blob_bytes = _FRAME.unpack_from(payload, at)
+        at += _FRAME.size
+        if at + name_bytes + blob_bytes > len(payload):
+            raise SnapshotRejected("a fleet's frame runs past the payload")
+        fleet_id = bytes(payload[at:at + name_bytes]).decode()
+        at += name_bytes
+        if fleet_id in fleets:
+            raise SnapshotRejected(f"fleet {fleet_id!r} is framed twice")
+        fleets[fleet_id] = _IndexUnpickler(io.BytesIO(payload[at:at + blob_bytes])).load()
+        at += blob_bytes
+    return fleets
 
 
 def read_snapshot(path: Path, settings: str) -> tuple[SnapshotHeader, dict[str, Any]]:
@@ -137,11 +181,9 @@ def read_snapshot(path: Path, settings: str) -> tuple[SnapshotHeader, dict[str, 
     if hashlib.sha256(payload).hexdigest() != header.payload_sha256:
         raise SnapshotRejected("the payload does not match its SHA-256 (damaged)")
     try:
-        fleets = _IndexUnpickler(io.BytesIO(payload)).load()
+        fleets = _unframe(payload)
     except SnapshotRejected:
         raise
     except Exception as error:  # a payload that hashes right but does not load: rebuild
         raise SnapshotRejected(f"the payload does not load: {error}") from error
-    if not isinstance(fleets, dict):
-        raise SnapshotRejected("the payload is not a table of fleets")
     return header, fleets

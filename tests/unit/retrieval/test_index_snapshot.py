@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from services.common.errors import Unavailable
 from services.common.tokens import Principal
 from services.shard.domain.records import RecordDraft
 from services.shard.retrieval.embedding import HashEmbedder
+from services.shard.search import index as index_module
+from services.shard.search import snapshot as snapshot_module
 from services.shard.search.fleet_index import ContextSettings
 from services.shard.search.index import SearchIndex
 from services.shard.search.snapshot import (
@@ -127,10 +130,10 @@ def test_a_payload_naming_other_code_is_refused_unrun(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple[object, tuple[str]]:
             return os.system, (f"touch {marker}",)
 
-    payload = pickle.dumps({"f": Forged()})
+    frames = [("f", pickle.dumps(Forged()))]
     settings = repr(ContextSettings())
-    write_snapshot(path, header_for(payload, position=0, gaps=[], records=0, last_id="",
-                                    settings=settings), payload)
+    write_snapshot(path, header_for(frames, position=0, gaps=[], records=0, last_id="",
+                                    settings=settings), frames)
     assert path.read_bytes().startswith(MAGIC)
     with pytest.raises(SnapshotRejected, match="never holds"):
         read_snapshot(path, settings)
@@ -157,3 +160,81 @@ def test_vectors_of_the_snapshot_records_are_loaded_back_not_lost(
     assert restarted.indexed("f") == len(FIRST)
     assert restarted.search("f", FIRST[1], "semantic")[0] == first.search(
         "f", FIRST[1], "semantic")[0]
+
+
+def test_a_rebuild_is_saved_before_the_index_says_ready(database: Database,
+                                                        tmp_path: Path) -> None:
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path, snapshot_every=1)
+    index.warm_up()
+    assert index.ready and path.exists()  # no save left to stall the first searches
+
+
+def test_a_save_blocks_only_the_fleet_it_is_pickling(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes, catch-ups and searches of other fleets go on while a fleet is pickled, and
+    records committed meanwhile are found at once (read-your-writes during a save)."""
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    pickling_g, release = threading.Event(), threading.Event()
+    real_frame = snapshot_module.fleet_frame
+
+    def slow_frame(fleet_id: str, fleet_index: object) -> tuple[str, bytes]:
+        if fleet_id == "g":
+            pickling_g.set()
+            assert release.wait(30)
+        return real_frame(fleet_id, fleet_index)
+
+    monkeypatch.setattr(index_module, "fleet_frame", slow_frame)
+    saver = threading.Thread(target=index.save_snapshot)
+    saver.start()
+    assert pickling_g.wait(30)
+    try:
+        found: list[list[tuple[str, float]]] = []
+        searcher = threading.Thread(target=lambda: (
+            _write(database, ["a brand new tulip bed"]),
+            found.append(index.search("f", "tulip bed", "lexical"))))
+        searcher.start()
+        searcher.join(30)  # before the change the save held the lock every search takes
+        assert not searcher.is_alive(), "a search of fleet f waited on the save of fleet g"
+        assert found and found[0], "a record written during the save was not found"
+    finally:
+        release.set()
+        saver.join(30)
+
+
+def test_records_a_fleet_took_in_after_the_cursor_was_read_are_loaded_once(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fleet g is pickled after records written meanwhile reached it: the file holds them
+    beyond its cursor; the load reads them again from the store and keeps one copy."""
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    real_frame = snapshot_module.fleet_frame
+
+    def frame_after_writes(fleet_id: str, fleet_index: object) -> tuple[str, bytes]:
+        if fleet_id == "f":  # f is pickled first (sorted), g after these reached it
+            _write(database, ["garden gnomes on sale", "a gnome in the garden"], OTHER)
+            index.sync()
+        return real_frame(fleet_id, fleet_index)
+
+    monkeypatch.setattr(index_module, "fleet_frame", frame_after_writes)
+    assert index.save_snapshot() == len(FIRST) + 1  # what the cursor held when read
+    _, saved = read_snapshot(path, repr(ContextSettings()))
+    assert len(saved["g"].ids) == 3  # the two newer records rode along
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert restarted.records() == len(FIRST) + 3  # each record once
+    assert _answers(restarted) == _rebuilt(database)
+    assert [doc for doc, _ in restarted.search("g", "gnome", "lexical")] == [
+        doc for doc, _ in _rebuilt_index(database).search("g", "gnome", "lexical")]
+
+
+def _rebuilt_index(database: Database) -> SearchIndex:
+    index = SearchIndex(database, None)
+    index.warm_up()
+    return index
