@@ -76,7 +76,8 @@ def bench(
     ),
     fleets: int | None = typer.Option(
         None, "--fleets", min=1, rich_help_panel=FLEET,
-        help="fleets the agents are spread over, round-robin (default: 1)"),
+        help="fleet: fleets the agents are spread over, round-robin; scale: fleets the records "
+        "are spread over, a run of 50 records each in turn (default: 1)"),
     seed: int | None = typer.Option(
         None, "--seed", rich_help_panel=FLEET,
         help="seed of the agents' operation choices and texts (default: 1)"),
@@ -115,9 +116,11 @@ def bench(
     }
     ratios = {"write": write_ratio, "search": search_ratio, "snapshot": snapshot_ratio,
               "iteration": iteration_ratio, "artifact": artifact_ratio}
-    scale_options = {"records": records, "home": home} if name == "scale" else {}
+    scale_options = ({"records": records, "home": home, "fleets": fleets}
+                     if name == "scale" else {})
     if name == "scale":
         fleet_options.pop("home")
+        fleet_options.pop("fleets")
     elif records is not None:
         raise fail("--records: only for `engram bench scale`")
     given = {k: v for k, v in fleet_options.items() if v is not None}
