@@ -13,6 +13,7 @@ NOT_SERVING before draining in-flight calls for ``grace_seconds``.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -29,10 +30,11 @@ from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from services.common.access import AccessRestrictions
+from services.common.adaptive import ADAPTIVE_ROOM, AdaptiveAdmissionInterceptor, AdaptiveLimit
 from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
@@ -244,6 +246,43 @@ class _ErrorCollector(Collector):
         yield family
 
 
+class _AdmissionCollector(Collector):
+    """``engram_admission_limit{service}`` and ``engram_admission_in_flight{service}``: the
+    adaptive limit as it moves, and the calls it holds."""
+
+    def __init__(self, service: str, limit: AdaptiveLimit) -> None:
+        self._service = service
+        self._limit = limit
+
+    def collect(self) -> Iterator[Metric]:
+        for name, text, value in (
+                ("engram_admission_limit", "Calls adaptive admission runs at once now.",
+                 self._limit.limit),
+                ("engram_admission_in_flight", "Calls adaptive admission holds now.",
+                 self._limit.in_flight)):
+            family = GaugeMetricFamily(name, text, labels=["service"])
+            family.add_metric([self._service], value)
+            yield family
+
+
+def _in_flight_ceiling(settings: ServerSettings) -> int:
+    """Calls in flight at most, streams included. Adaptive admission decides for unary calls
+    and may let a caller with none in flight a quarter past its limit: the static limit then
+    only backs it up."""
+    if settings.admission == "adaptive":
+        return math.ceil(settings.max_concurrent_rpcs * ADAPTIVE_ROOM)
+    return settings.max_concurrent_rpcs
+
+
+def _adaptive(settings: ServerSettings, authorizer: Authorizer,
+              spec: ServiceSpec) -> list[grpc.ServerInterceptor[Any, Any]]:
+    if settings.admission != "adaptive":
+        return []
+    limit = AdaptiveLimit(settings.max_concurrent_rpcs, _setting(settings, "admission"))
+    spec.registry.register(_AdmissionCollector(spec.name, limit))
+    return [AdaptiveAdmissionInterceptor(limit, authorizer.is_public)]
+
+
 def _rate_limiter(settings: ServerSettings) -> RateLimiter:
     return RateLimiter(
         {READ: (settings.rate_limit_reads, settings.rate_limit_read_burst),
@@ -338,21 +377,23 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     authorizer = Authorizer(verifier, spec.policy, spec.restrictions)
     errors = ErrorInterceptor()
     spec.registry.register(_ErrorCollector(spec.name, errors.errors))
+    in_flight = _in_flight_ceiling(settings)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         *server_interceptors(),  # OpenTelemetry, outermost, when tracing is on
         MetricsInterceptor(GrpcMetrics(spec.registry)),
         LoggingInterceptor(),
         errors,
-        ConcurrencyInterceptor(ConcurrencyLimit(settings.max_concurrent_rpcs,
+        ConcurrencyInterceptor(ConcurrencyLimit(in_flight,
                                                 _setting(settings, "max_concurrent_rpcs")),
                                authorizer.is_public),
+        *_adaptive(settings, authorizer, spec),
         AuthInterceptor(authorizer),
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
         TextInterceptor(),
     ]
     server = grpc.server(
         futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
-            max_workers=settings.max_concurrent_rpcs + SPARE_WORKERS,
+            max_workers=in_flight + SPARE_WORKERS,
             thread_name_prefix=f"{spec.name}-rpc",
         ),
         interceptors=interceptors,

@@ -11,7 +11,7 @@ once in ``main`` and passed down; nothing else reads the environment.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -107,6 +107,14 @@ class ServerSettings(BaseSettings):
         default=128, ge=1,
         description="calls this process runs at once; one more is answered RESOURCE_EXHAUSTED "
         "(CONCURRENCY_LIMIT, with RetryInfo) at once instead of queueing behind them",
+    )
+    admission: Literal["static", "adaptive"] = Field(
+        default="static",
+        description="static: max_concurrent_rpcs calls at once, first come first served. "
+        "adaptive: as many as keep each method near its uncongested latency (at most "
+        "max_concurrent_rpcs), shared fairly between callers; the rest are answered "
+        "RESOURCE_EXHAUSTED (OVERLOADED, with RetryInfo) before they are parsed or "
+        "authenticated (services/common/adaptive.py)",
     )
     rate_limit_reads: float = Field(
         default=200.0, ge=0,

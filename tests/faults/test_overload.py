@@ -19,14 +19,17 @@ the test reports them and ends XFAIL while any is missed (docs/reliability.md, "
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
 import pytest
 
+from engram.bench._harness import free_port
 from engram.client import EngramRpcError, ShardClient
 from engram.shard.v1 import shard_service_pb2 as pb
 from tests.faults.conftest import SOAK, Stack, scale
@@ -35,6 +38,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 RATE_LIMIT_WRITES = 100.0  # the shard's default ENGRAM_SHARD_RATE_LIMIT_WRITES
 RATE_LIMIT_BURST = 200
+ADMISSION = os.environ.get("ENGRAM_TEST_ADMISSION", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,15 @@ def p99(calls: list[Call]) -> float:
     return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))] if ordered else 0.0
 
 
+def _gauge(port: int, name: str) -> float | None:
+    """A gauge's value on the shard's /metrics (None when it has none: static admission)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def _paced(stop: threading.Event, interval: float, action: Callable[[], None]) -> None:
     """Call ``action`` every ``interval`` seconds on a schedule of its own (an open loop:
     a late call does not delay the next one beyond the schedule)."""
@@ -93,6 +106,9 @@ def _paced(stop: threading.Event, interval: float, action: Callable[[], None]) -
 
 def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
         stack: Stack) -> None:
+    metrics_port = free_port()
+    stack.extra["shard"] = {"ENGRAM_SHARD_ADMISSION": ADMISSION,
+                            "ENGRAM_SHARD_METRICS_PORT": str(metrics_port)}
     stack.start("governance")
     stack.start("shard")
     address = stack.address("shard")
@@ -151,6 +167,7 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
             thread.start()
         seconds = scale(6, 60)
         time.sleep(seconds)
+        limit_under_load = _gauge(metrics_port, "engram_admission_limit")
         load_stop.set()
         overload_to = time.monotonic()
         for thread in load:
@@ -189,7 +206,8 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
           f"{len(admitted)} OK (p99 {p99(admitted) * 1000:.1f} ms), {len(refused)} refused "
           f"{reasons} (p99 {p99(refused) * 1000:.1f} ms); well-behaved p99 during "
           f"{p99(good_during) * 1000:.1f} ms, {sum(c.code != 'OK' for c in good_during)} of "
-          f"{len(good_during)} refused; flooder {flood_ok} OK of {len(flooded)} (cap "
+          f"{len(good_during)} refused; admission {ADMISSION}, limit at the end "
+          f"{limit_under_load}; flooder {flood_ok} OK of {len(flooded)} (cap "
           f"{flood_cap:.0f}); recovered {recovered_at} s after the load stopped")
 
     assert not bad, f"statuses other than OK / RESOURCE_EXHAUSTED under overload: {bad}"

@@ -142,3 +142,47 @@ def test_service_principals_are_not_rate_limited_per_agent(
         compactor.max_retries = 0
         for _ in range(6):
             compactor.compact("fleet-a", importance_below=0.1, older_than_days=0, dry_run=True)
+
+
+@pytest.fixture
+def adaptive_shard(engram_home: Path, tmp_path: Path, held: HeldStatus) -> Iterator[EngramServer]:
+    server = _shard(engram_home, tmp_path, admission="adaptive", max_concurrent_rpcs=2)
+    yield server
+    held.release.set()
+    server.stop(0)
+
+
+def test_adaptive_admission_refuses_the_caller_past_its_share_before_parsing(
+        adaptive_shard: EngramServer, held: HeldStatus, make_token: TokenFactory) -> None:
+    """Agent A holds both calls the limit allows: its third is refused OVERLOADED (garbage bytes
+    and all: refused before its request is parsed); B, with none in flight, is admitted."""
+    token_a = make_token("agent-a")
+    busy = ShardClient(adaptive_shard.address, token_a)
+    holders = [threading.Thread(target=busy.status) for _ in range(2)]
+    for holder in holders:
+        holder.start()
+    other = ShardClient(adaptive_shard.address, make_token("agent-b"))
+    try:
+        assert held.entered.acquire(timeout=10) and held.entered.acquire(timeout=10)
+        with grpc.insecure_channel(adaptive_shard.address) as channel:
+            raw = channel.unary_unary("/engram.shard.v1.ShardService/ListDomains")
+            with pytest.raises(grpc.RpcError) as refused:
+                raw(b"\xff\xff not a message", metadata=busy.metadata, timeout=5)
+        failure = EngramRpcError.from_rpc_error(refused.value)
+        assert (failure.code, failure.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  "OVERLOADED")
+        assert failure.retry_delay is not None and failure.retry_delay > 0
+        assert failure.metadata["caller_in_flight"] == "2"
+        assert "ENGRAM_SHARD_ADMISSION" in failure.message
+        assert other.call(other.stub.ListDomains, pb.ListDomainsRequest(), timeout=5) is not None
+    finally:
+        held.release.set()
+        for holder in holders:
+            holder.join(30)
+    with grpc.insecure_channel(adaptive_shard.address) as channel:  # admitted: parsed, refused
+        raw = channel.unary_unary("/engram.shard.v1.ShardService/ListDomains")
+        with pytest.raises(grpc.RpcError) as unparsed:
+            raw(b"\xff\xff not a message", metadata=busy.metadata, timeout=5)
+    assert unparsed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for client in (busy, other):
+        client.close()

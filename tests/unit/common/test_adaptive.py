@@ -1,0 +1,78 @@
+"""AdaptiveLimit: the limit follows latency, and callers share it fairly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from services.common.adaptive import AdaptiveLimit
+from services.common.errors import ResourceExhausted
+
+M = "/engram.shard.v1.ShardService/CreateRecord"
+
+
+def _quiet(limit: AdaptiveLimit, seconds: float, calls: int = 20) -> None:
+    for _ in range(calls):
+        limit.leave(limit.enter("quiet", M), seconds)
+
+
+def _load(limit: AdaptiveLimit, callers: int, seconds: float) -> int:
+    """One round: ``callers`` agents call at once, each admitted call takes ``seconds``."""
+    admitted = []
+    for i in range(callers):
+        with contextlib.suppress(ResourceExhausted):
+            admitted.append(limit.enter(f"agent-{i}", M))
+    for admission in admitted:
+        limit.leave(admission, seconds)
+    return len(admitted)
+
+
+def test_latency_far_above_the_uncongested_shrinks_the_limit_to_its_floor() -> None:
+    limit = AdaptiveLimit(64, "ENGRAM_X_ADMISSION", floor=4)
+    _quiet(limit, 0.010)  # learns 10 ms uncongested
+    assert limit.limit == 64
+    for _ in range(300):
+        _load(limit, 8, 0.080)  # 8x slower with 8 in flight
+    assert limit.limit == 4
+    assert _load(limit, 8, 0.080) == 5  # the limit, and a quarter more for callers with none
+
+
+def test_the_limit_grows_back_while_it_is_used_at_normal_latency() -> None:
+    limit = AdaptiveLimit(64, "ENGRAM_X_ADMISSION", floor=4)
+    _quiet(limit, 0.010)
+    for _ in range(300):
+        _load(limit, 8, 0.080)
+    assert limit.limit == 4
+    for _ in range(400):
+        _load(limit, limit.limit, 0.011)
+    assert limit.limit >= 16
+    assert limit.in_flight == 0
+
+
+def test_a_method_never_seen_quiet_does_not_move_the_limit() -> None:
+    limit = AdaptiveLimit(64, "ENGRAM_X_ADMISSION", floor=4)
+    for _ in range(100):
+        assert _load(limit, 8, 5.0) == 8
+    assert limit.limit == 64
+
+
+def test_a_caller_past_its_share_is_refused_and_a_quiet_one_admitted() -> None:
+    limit = AdaptiveLimit(4, "ENGRAM_X_ADMISSION", floor=4)
+    flood = [limit.enter("flooder", M) for _ in range(4)]  # alone: the whole limit
+    with pytest.raises(ResourceExhausted) as refused:
+        limit.enter("flooder", M)
+    assert refused.value.reason == "OVERLOADED"
+    assert refused.value.retry_delay is not None and refused.value.retry_delay > 0
+    quiet = limit.enter("quiet", M)  # none in flight: admitted past the limit (a quarter)
+    assert limit.in_flight == 5
+    with pytest.raises(ResourceExhausted):
+        limit.enter("another", M)  # 5 = ceil(4 * 1.25): the room is used up
+    for admission in [*flood, quiet]:
+        limit.leave(admission, 0.01)
+    assert limit.in_flight == 0
+    admitted = [limit.enter(who, M) for who in ("flooder", "flooder", "quiet", "quiet")]
+    with pytest.raises(ResourceExhausted):
+        limit.enter("flooder", M)  # two callers: a share of 2 each
+    for admission in admitted:
+        limit.leave(admission, 0.01)
