@@ -113,7 +113,7 @@ def run(scale: float = 1.0, progress: bool = True, records: int = 1_000_000,
                     figures[f"rss_mb_at_{size}"] = rss_mb(shard.pid)
             figures["records"] = done = _total(clients)
         began = time.monotonic()
-        with shard_process(where, embedder="none") as shard:
+        with shard_process(where, embedder="none", timeout=3600) as shard:  # may rebuild
             figures["restart_to_serving_s"] = round(time.monotonic() - began, 2)
             with _clients(shard.address, tokens) as clients:
                 clients[0].search(" ".join(CORPUS.words(4)), mode="lexical")
