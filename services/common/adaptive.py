@@ -14,8 +14,9 @@ manner of TCP Vegas and Netflix's concurrency-limits):
   and the static ceiling;
 - a caller (its token: known before anything is parsed or verified) gets at most its share of
   the limit (``limit // callers in flight``, at least one), so an agent with sixteen calls in
-  flight is refused before one with none; a caller with none in flight may go a quarter past
-  the limit, so a flood cannot shut a quiet agent out.
+  flight is refused before one with none; and once the limit is reached, a caller with none in
+  flight that has been admitted no more than the average caller lately (calls decaying over
+  about a second) may go a quarter past it: a flood cannot shut a quiet agent out.
 
 A refused call is answered RESOURCE_EXHAUSTED (reason ``OVERLOADED``, with RetryInfo) before
 its request is parsed, its token verified or its method run: nothing was done, a retry is safe.
@@ -36,7 +37,7 @@ from services.common.errors import ResourceExhausted
 from services.common.interceptors import Behavior, _BehaviorInterceptor
 
 ADAPTIVE_ROOM = 1.25
-"""A caller with no call in flight is admitted up to this times the limit."""
+"""A light caller with no call in flight is admitted up to this times the limit."""
 
 QUIET_IN_FLIGHT = 1
 """A call that began and ended with at most this many others in flight teaches its method's
@@ -53,9 +54,48 @@ class Admission:
     """Calls in flight when it was admitted."""
 
 
+FORGOTTEN = 0.01
+"""A decayed count below this is no count (30 calls, idle for about 8 time constants)."""
+
+
+class RecentUse:
+    """Calls admitted per caller lately: each counts 1, decaying with time constant ``tau``
+    seconds; and their sum (which decays alike, so the mean is exact). A caller whose count has
+    decayed to nothing is forgotten (every ``tau`` seconds), so the table stays as small as the
+    set of recent callers."""
+
+    def __init__(self, tau: float = 1.0) -> None:
+        self._tau = tau
+        self._by: dict[str, tuple[float, float]] = {}  # caller -> (count, at)
+        self._total = (0.0, 0.0)
+        self._pruned = 0.0
+
+    def _now(self, value: tuple[float, float], now: float) -> float:
+        count, at = value
+        return count * math.exp((at - now) / self._tau)
+
+    def of(self, caller: str, now: float) -> float:
+        """The caller's count now; below ``FORGOTTEN`` it counts as none (a caller idle for a
+        few seconds is light again, whatever it did before)."""
+        value = self._by.get(caller)
+        count = self._now(value, now) if value is not None else 0.0
+        return count if count >= FORGOTTEN else 0.0
+
+    def mean(self, now: float) -> float:
+        return self._now(self._total, now) / max(1, len(self._by))
+
+    def add(self, caller: str, now: float) -> None:
+        self._by[caller] = (self.of(caller, now) + 1.0, now)
+        self._total = (self._now(self._total, now) + 1.0, now)
+        if now - self._pruned > self._tau:
+            self._pruned = now
+            for gone in [c for c, v in self._by.items() if self._now(v, now) < FORGOTTEN]:
+                del self._by[gone]
+
+
 class AdaptiveLimit:
     def __init__(self, ceiling: int, setting: str, *, floor: int = 4, tolerance: float = 2.0,
-                 smoothing: float = 0.1) -> None:
+                 smoothing: float = 0.1, clock: Callable[[], float] = time.monotonic) -> None:
         self.ceiling = ceiling
         self.floor = min(floor, ceiling)
         self.tolerance = tolerance
@@ -66,6 +106,8 @@ class AdaptiveLimit:
         self._by_caller: dict[str, int] = {}
         self._uncongested: dict[str, float] = {}  # method -> seconds
         self._ratio = 1.0  # smoothed latency / uncongested latency
+        self._recent = RecentUse()
+        self._clock = clock
         self._lock = threading.Lock()
 
     @property
@@ -79,18 +121,20 @@ class AdaptiveLimit:
     def enter(self, caller: str, method: str) -> Admission:
         """Admit the call or raise RESOURCE_EXHAUSTED ``OVERLOADED``."""
         with self._lock:
+            now = self._clock()
             limit = int(self._limit)
             held = self._by_caller.get(caller, 0)
             callers = len(self._by_caller) + (0 if held else 1)
             share = max(1, limit // callers)
-            room = limit if held else math.ceil(limit * ADAPTIVE_ROOM)
-            if self._in_flight >= room or held >= share:
-                refusal = (held, share, limit)
-            else:
+            if (self._in_flight < limit and held < share) or (
+                    not held and self._in_flight < math.ceil(limit * ADAPTIVE_ROOM)
+                    and self._recent.of(caller, now) <= self._recent.mean(now)):
                 admitted = Admission(caller, method, self._in_flight)
                 self._in_flight += 1
                 self._by_caller[caller] = held + 1
+                self._recent.add(caller, now)
                 return admitted
+            refusal = (held, share, limit)
         held, share, limit = refusal
         wait = self._uncongested.get(method, 0.05)
         raise ResourceExhausted(

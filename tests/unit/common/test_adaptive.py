@@ -76,3 +76,20 @@ def test_a_caller_past_its_share_is_refused_and_a_quiet_one_admitted() -> None:
         limit.enter("flooder", M)  # two callers: a share of 2 each
     for admission in admitted:
         limit.leave(admission, 0.01)
+
+
+def test_past_the_limit_only_a_caller_lighter_than_the_average_gets_in() -> None:
+    now = [0.0]
+    limit = AdaptiveLimit(4, "ENGRAM_X_ADMISSION", floor=4, clock=lambda: now[0])
+    for _ in range(30):  # "busy" was admitted 30 times just now, "light" once
+        limit.leave(limit.enter("busy", M), 0.01)
+    limit.leave(limit.enter("light", M), 0.01)
+    full = [limit.enter(f"holder-{i}", M) for i in range(4)]  # the limit is reached
+    with pytest.raises(ResourceExhausted):
+        limit.enter("busy", M)  # none in flight, but heavier than the average
+    extra = limit.enter("light", M)  # none in flight and light: a quarter past the limit
+    now[0] += 10.0  # ten seconds later both have decayed to nothing: equals again
+    limit.leave(extra, 0.01)
+    assert limit.enter("busy", M)
+    for admission in full:
+        limit.leave(admission, 0.01)
