@@ -54,6 +54,10 @@ class Admission:
     """Calls in flight when it was admitted."""
 
 
+INITIAL = 16
+"""The limit at start: a service first flooded has no latency to learn from yet, and 128 calls
+at once would take seconds to drain before the limit came down."""
+
 FORGOTTEN = 0.01
 """A decayed count below this is no count (30 calls, idle for about 8 time constants)."""
 
@@ -101,7 +105,7 @@ class AdaptiveLimit:
         self.tolerance = tolerance
         self._smoothing = smoothing
         self._setting = setting
-        self._limit = float(ceiling)
+        self._limit = float(min(ceiling, INITIAL))  # grows while used at normal latency
         self._in_flight = 0
         self._by_caller: dict[str, int] = {}
         self._uncongested: dict[str, float] = {}  # method -> seconds
