@@ -5,8 +5,10 @@ its capacity C (acknowledged writes a second with 12 agents writing back to back
 p99 of 4 well-behaved agents writing at a steady pace. Then, for a few seconds: the same 4
 agents at the same pace, 16 agents offering 2C between them (each call on its own
 schedule, whether or not the last one has come back), and one agent on 16 threads calling as
-fast as it can and ignoring the retry delay it is told. Raw stubs, no SDK retry: every status
-is seen as the service gave it. Then the load stops and the 4 agents go on.
+fast as it can and ignoring the retry delay it is told; those two run in a child process, as
+on machines of their own. Raw stubs, no SDK retry: every status is seen as the service gave
+it. Then the load stops and the 4 agents go on. The shard runs adaptive admission
+(``ENGRAM_TEST_ADMISSION=static`` runs the default instead, for comparison).
 
 Criterion: every call that is not OK is RESOURCE_EXHAUSTED with a reason (never INTERNAL,
 UNKNOWN, UNAVAILABLE or a deadline); the flooder gets no more than its rate limit; within
@@ -253,7 +255,7 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
         strict["refusal p99 under 50 ms"] = bool(refused) and p99(refused) < 0.050
     missed = [name for name, held in strict.items() if not held]
     if missed:
-        # Known gap (docs/reliability.md, "Overload"): past capacity the shard queues rather
-        # than refuses (128 calls may run at once, each agent 100 writes/s), so latency grows
-        # for everyone. Reported on every run; the test passes once admission holds these.
+        # Known gap (docs/reliability.md, "Overload"): with adaptive admission the excess is
+        # refused, but refusals cost the shard's CPU and GIL and the well-behaved agents' p99
+        # is about 6x unloaded (static: the excess queues, 13x). Reported on every run.
         pytest.xfail(f"overload criteria not met: {missed}")
