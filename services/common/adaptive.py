@@ -187,24 +187,13 @@ class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
         self._limit = limit
         self._is_public = is_public
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if (handler is None or handler.unary_unary is None or self._is_public(method)):
+    def wrap_handler(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> Any:
+        if handler.unary_unary is None or self._is_public(method):
             return handler
-        hit = self._wrapped.get(method)
-        if hit is not None and hit[0] is handler:
-            return hit[1]  # type: ignore[no-any-return]
-        wrapped = grpc.unary_unary_rpc_method_handler(
+        return grpc.unary_unary_rpc_method_handler(
             self._admitting(handler.unary_unary, handler.request_deserializer, method),
             request_deserializer=None,  # raw bytes: parsed only once admitted
             response_serializer=handler.response_serializer)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
     def _admitting(self, behavior: Behavior, parse: Callable[[bytes], Any] | None,
                    method: str) -> Behavior:

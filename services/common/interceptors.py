@@ -84,6 +84,10 @@ class _BehaviorInterceptor(_ServerInterceptor):
         """The request parser this interceptor hands on (the same, unless it replaces it)."""
         return parse
 
+    def wrap_handler(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> Any:
+        """The handler this interceptor hands on for ``method`` (built once, then cached)."""
+        return _wrap_handler(handler, self.wrap, method, self.deserializer)
+
     def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
@@ -97,7 +101,7 @@ class _BehaviorInterceptor(_ServerInterceptor):
         hit = cache.get(method)
         if hit is not None and hit[0] is handler:
             return hit[1]  # type: ignore[no-any-return]
-        wrapped = _wrap_handler(handler, self.wrap, method, self.deserializer)
+        wrapped = self.wrap_handler(handler, method)
         if len(cache) < 10_000:  # methods are few; unknown names never get here (None above)
             cache[method] = (handler, wrapped)
         return wrapped  # type: ignore[no-any-return]
