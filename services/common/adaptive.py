@@ -211,9 +211,11 @@ class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
 
 
 def _caller(context: grpc.ServicerContext) -> str:
-    """Who is calling, before the token is verified: the token itself (a forged one is
-    refused by authentication right after, and gets one share meanwhile)."""
+    """Who is calling, before the token is verified: a short digest of the token (a forged one
+    is refused by authentication right after, and gets one share meanwhile). The digest, not
+    the token, is what the tables keep: tokens may be kilobytes, and a flood of distinct forged
+    ones must not grow them by that much each."""
     for key, value in context.invocation_metadata():
         if key == "authorization":
-            return str(value)
+            return format(hash(value) & 0xFFFF_FFFF_FFFF_FFFF, "x")
     return ""
