@@ -223,8 +223,7 @@ class SearchIndex:
         log.info("search index ready", extra={
             "records": total, "from_snapshot": loaded, "snapshot_records": self._saved_records,
             "seconds": round(time.monotonic() - began, 2)})
-        if self.snapshot_path is not None and self._handed - self._saved_records >= min(
-                self.snapshot_every, max(self._handed // 10, 1)):
+        if self.snapshot_path is not None and self._grown_since_saved():
             try:
                 self.save_snapshot()  # rebuilt, or far behind its snapshot
             except OSError:  # a full disk must not keep the shard from serving
@@ -292,11 +291,13 @@ class SearchIndex:
                                                 "bytes": header.payload_bytes})
         return records
 
+    def _grown_since_saved(self) -> bool:
+        """``snapshot_every`` records (or a tenth of the index, if fewer) since the last save."""
+        grown = self._handed - self._saved_records
+        return grown >= min(self.snapshot_every, max(self._handed // 10, 1))
+
     def _save_if_grown(self) -> None:
-        if self.snapshot_path is None or not self._ready.is_set():
-            return
-        total = self._handed
-        if total - self._saved_records >= min(self.snapshot_every, max(total // 10, 1)):
+        if self.snapshot_path is not None and self._ready.is_set() and self._grown_since_saved():
             self.save_snapshot()
 
     def notify(self) -> None:

@@ -93,3 +93,12 @@ def test_past_the_limit_only_a_caller_lighter_than_the_average_gets_in() -> None
     assert limit.enter("busy", M)
     for admission in full:
         limit.leave(admission, 0.01)
+
+
+def test_an_unknown_admission_mode_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    from services.common.settings import ServerSettings
+
+    with pytest.raises(ValidationError, match="static"):
+        ServerSettings(admission="fastest")
