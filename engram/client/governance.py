@@ -126,6 +126,19 @@ class GovernanceClient(BaseClient):
                                               reason=reason)
         return self.call(self.stub.RevokeAgentTokens, request).revoked
 
+    def record_erasure(self, selector_kind: str, selector_value: str,
+                       items: Iterable[pb.ErasedItem], *, reason: str = "", fleet_id: str = "",
+                       request_id: str = "") -> pb.RecordErasureResponse:
+        """Chain an erasure (governor role); a retry with the same request_id (one is made
+        when none is given) returns the erasure it recorded."""
+        request = pb.RecordErasureRequest(
+            fleet_id=fleet_id, selector_kind=selector_kind, selector_value=selector_value,
+            reason=reason, items=list(items), request_id=idempotency_key(request_id))
+        return self.call(self.stub.RecordErasure, request)
+
+    def erasure(self, erasure_id: str) -> pb.Erasure:
+        return self.call(self.stub.GetErasure, pb.GetErasureRequest(erasure_id=erasure_id)).erasure
+
     def access_restrictions(self, since_version: int = 0) -> pb.ListAccessRestrictionsResponse:
         """Revoked tokens and agents and suspended agents (service principals only)."""
         return self.call(self.stub.ListAccessRestrictions,

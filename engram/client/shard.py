@@ -295,6 +295,19 @@ class ShardClient(BaseClient):
             request.older_than_days = older_than_days
         return self.call(self.stub.CompactRecords, request)
 
+    def forget(self, *, agent_id: str = "", record_id: str = "", run_id: str = "",
+               match: str = "", erasure_id: str = "", fleet_id: str = "",
+               limit: int = 0) -> pb.ForgetRecordsResponse:
+        """Without ``erasure_id``: the records one selector matches (nothing changes). With
+        it: erase what governance's erasure of that id lists (governor or admin role)."""
+        request = pb.ForgetRecordsRequest(fleet_id=fleet_id, erasure_id=erasure_id,
+                                          limit=limit)
+        for name, value in (("agent_id", agent_id), ("record_id", record_id),
+                            ("run_id", run_id), ("match", match)):
+            if value:
+                setattr(request, name, value)
+        return self.call(self.stub.ForgetRecords, request)
+
     def apply_retention(
         self, fleet_id: str, older_than_days: float, dry_run: bool = False
     ) -> builtins.list[str]:

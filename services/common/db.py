@@ -11,7 +11,7 @@ inside each service package and applied with :meth:`Database.upgrade`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,9 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA busy_timeout=10000")
     cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT_BYTES}")
+    # Deleted content is overwritten with zeros, not left in free pages or cells (erasure,
+    # docs/erasure.md); the WAL copies go with the next TRUNCATE checkpoint.
+    cursor.execute("PRAGMA secure_delete=ON")
     cursor.close()
 
 
@@ -133,6 +136,21 @@ class Database:
         except DBAPIError as exc:
             log.warning("WAL checkpoint failed: %s", _short(exc))
             return False
+
+    def vacuum(self, tables: Sequence[str]) -> None:
+        """After an erasure: Postgres VACUUMs ``tables`` (dead tuples become free space);
+        SQLite truncates the WAL (its pages hold the rows before they were deleted). Raises
+        what the database raises: an erasure must not report success it did not reach."""
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            if self.dialect == "sqlite":
+                busy, _, _ = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+                if busy:
+                    raise Unavailable("the WAL could not be emptied after the erasure (a reader "
+                                      "held it); run the erasure again to finish it",
+                                      reason="WAL_BUSY")
+                return
+            for name in tables:
+                conn.exec_driver_sql(f'VACUUM "{name}"')
 
     def dispose(self) -> None:
         self.engine.dispose()

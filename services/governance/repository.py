@@ -16,6 +16,7 @@ from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, true,
 from sqlalchemy.orm import Session
 
 from services.governance.domain.decisions import Decision
+from services.governance.domain.erasures import Erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import Rule
 from services.governance.domain.tiers import AgentTrust, TrustTier
@@ -27,6 +28,7 @@ from services.governance.tables import (
     ChainHeadRow,
     ChainRow,
     DecisionRow,
+    ErasureRow,
     RevokedAgentRow,
     RevokedTokenRow,
     RuleRow,
@@ -288,6 +290,30 @@ class AccessRepository:
         for agent in session.scalars(select(RevokedAgentRow)):
             yield (f"agent {agent.fleet_id}/{agent.agent_id}", agent.to_entity().state(),
                    agent.chain_seq)
+
+
+class ErasureRepository:
+    """Recorded erasures; every method takes an open session."""
+
+    def get(self, session: Session, erasure_id: str) -> Erasure | None:
+        row = session.get(ErasureRow, erasure_id)
+        return (Erasure.from_state(json.loads(row.state_json), row.chain_seq)
+                if row is not None else None)
+
+    def insert(self, session: Session, erasure: Erasure, chain_seq: int) -> None:
+        session.add(ErasureRow(erasure_id=erasure.erasure_id, fleet_id=erasure.fleet_id,
+                               state_json=json.dumps(erasure.state(), sort_keys=True),
+                               created_ms=erasure.created_ms, chain_seq=chain_seq))
+
+    def stored(self, session: Session) -> Iterator[tuple[str, dict[str, Any], int]]:
+        """Every erasure as ``(erasure_id, state, chain_seq)``; a row whose JSON no longer
+        parses is reported by its id with an empty state (the replay then disagrees)."""
+        for row in session.scalars(select(ErasureRow)):
+            try:
+                state = json.loads(row.state_json)
+            except ValueError:
+                state = {}
+            yield row.erasure_id, state, row.chain_seq
 
 
 def _agent_values(trust: AgentTrust, chain_seq: int) -> dict[str, Any]:

@@ -36,7 +36,12 @@ from services.common.errors import IntegrityError, InvalidArgument, NotFound
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
 from services.governance.domain.decisions import Decision, check_same_request, decision_id
-from services.governance.domain.replay import ChainReplay, revocation_differences
+from services.governance.domain.erasures import Erasure
+from services.governance.domain.replay import (
+    ChainReplay,
+    erasure_differences,
+    revocation_differences,
+)
 from services.governance.domain.revocation import (
     AccessSnapshot,
     AgentRevocation,
@@ -61,7 +66,12 @@ from services.governance.domain.witness import (
     verify_links,
 )
 from services.governance.gate_cache import AgentKey, GateCache
-from services.governance.repository import AccessRepository, GovernanceRepository, RequestKey
+from services.governance.repository import (
+    AccessRepository,
+    ErasureRepository,
+    GovernanceRepository,
+    RequestKey,
+)
 
 log = logging.getLogger("engram.governance")
 
@@ -109,6 +119,7 @@ class GovernanceService:
         self._db = database
         self._repo = GovernanceRepository(database.dialect)
         self._access = AccessRepository()
+        self._erasures = ErasureRepository()
         self._clock = clock
         self._append_lock = threading.Lock()
         self._accumulator = TrustAccumulator()
@@ -313,6 +324,25 @@ class GovernanceService:
             self._access.bump_version(session)
             return revocation, True
 
+    # -- erasures (engram forget) ---------------------------------------------------------
+
+    def record_erasure(self, erasure: Erasure) -> tuple[Erasure, bool]:
+        """Chain it; ``(stored, created)``, the earlier one when its id was recorded already
+        (a retry), which must be of the same fleet."""
+        with self._state_change() as session:
+            existing = self._erasures.get(session, erasure.erasure_id)
+            if existing is not None:
+                return existing, False
+            head = self._repo.lock_head(session)
+            seq = self._append(session, head, "erasure.recorded",
+                               {"erasure": erasure.state()}, erasure.created_ms)
+            self._erasures.insert(session, erasure, seq)
+            return replace(erasure, chain_seq=seq), True
+
+    def erasure(self, erasure_id: str) -> Erasure | None:
+        with self._db.session() as session:
+            return self._erasures.get(session, erasure_id)
+
     def revoke_agent_tokens(self, fleet_id: str, agent_id: str, actor: str,
                             reason: str) -> AgentRevocation:
         """Every token of the agent issued up to now is refused from now on."""
@@ -420,6 +450,7 @@ class GovernanceService:
                                                self._repo.stored_decisions(session)))
             problems.extend(revocation_differences(
                 replay, self._access.stored_revocations(session)))
+            problems.extend(erasure_differences(replay, self._erasures.stored(session)))
         self.integrity_failures.add("CHAIN_PROBLEM", amount=len(problems))
         if not problems:
             try:

@@ -20,12 +20,14 @@ from services.common.auth import (
     is_caller,
     target_fleet,
 )
-from services.common.errors import InvalidArgument, PermissionDenied
+from services.common.errors import InvalidArgument, NotFound, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
 from services.governance.domain.decisions import Decision
+from services.governance.domain.erasures import ErasedItem, Erasure, erasure_id_for
+from services.governance.domain.erasures import check_request as check_erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import (
     Candidate,
@@ -62,6 +64,9 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("RevokeToken"): _GOVERNORS,
     _m("RevokeAgentTokens"): _GOVERNORS,
     _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
+    _m("RecordErasure"): _GOVERNORS,
+    # the shard reads an erasure before it erases what it lists
+    _m("GetErasure"): frozenset({SHARD_SERVICE, "governor", "admin"}),
 }
 SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
 """A suspended agent may still read its own tier (and nothing else, anywhere)."""
@@ -70,10 +75,10 @@ assert set(POLICY) == {
 }
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
-                                    "RevokeToken", "RevokeAgentTokens")},
+                                    "RevokeToken", "RevokeAgentTokens", "RecordErasure")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions")},
+        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions", "GetErasure")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -401,6 +406,40 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                                                        request.reason[:1000])
         return pb.RevokeAgentTokensResponse(revoked=revoked_agent_to_proto(revocation))
 
+    def RecordErasure(self, request: pb.RecordErasureRequest,
+                      context: grpc.ServicerContext) -> pb.RecordErasureResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        fleet_id = target_fleet(principal, request.fleet_id)
+        if request.request_id:
+            validate_request_id(request.request_id)
+        items = tuple(ErasedItem(i.kind, i.id, i.leaf_hash) for i in request.items)
+        check_erasure(request.selector_kind, request.selector_value, request.reason, items)
+        erasure = Erasure(
+            erasure_id=erasure_id_for(fleet_id, request.request_id), fleet_id=fleet_id,
+            selector_kind=request.selector_kind, selector_value=request.selector_value,
+            requested_by=principal.agent_id, reason=request.reason, items=items,
+            created_ms=self._service.now_ms())
+        stored, created = self._service.record_erasure(erasure)
+        if not created and (stored.fleet_id, stored.items) != (fleet_id, items):
+            raise InvalidArgument(f"request_id {request.request_id!r} was already used for "
+                                  "another erasure; use a new request_id",
+                                  reason="REQUEST_ID_REUSED")
+        return pb.RecordErasureResponse(erasure=erasure_to_proto(stored), created=created)
+
+    def GetErasure(self, request: pb.GetErasureRequest,
+                   context: grpc.ServicerContext) -> pb.GetErasureResponse:
+        principal = current_principal()
+        erasure_id = validate_identifier("erasure_id", request.erasure_id)
+        found = self._service.erasure(erasure_id)
+        # The shard erases for any fleet (it checks the fleet against its own caller's);
+        # people see their own fleet's erasures only, and another fleet's look absent.
+        if found is None or (not is_caller(principal, SHARD_SERVICE)
+                             and found.fleet_id != principal.fleet_id):
+            raise NotFound(f"no erasure {erasure_id!r} is recorded in this fleet",
+                           reason="ERASURE_NOT_FOUND")
+        return pb.GetErasureResponse(erasure=erasure_to_proto(found))
+
     def ListAccessRestrictions(self, request: pb.ListAccessRestrictionsRequest,
                                context: grpc.ServicerContext
                                ) -> pb.ListAccessRestrictionsResponse:
@@ -413,6 +452,16 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             revoked_tokens=[revoked_token_to_proto(t) for t in snapshot.tokens],
             revoked_agents=[revoked_agent_to_proto(a) for a in snapshot.agents],
             suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
+
+
+def erasure_to_proto(erasure: Erasure) -> pb.Erasure:
+    return pb.Erasure(
+        erasure_id=erasure.erasure_id, fleet_id=erasure.fleet_id,
+        selector_kind=erasure.selector_kind, selector_value=erasure.selector_value,
+        requested_by=erasure.requested_by, reason=erasure.reason,
+        items=[pb.ErasedItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash)
+               for i in erasure.items],
+        create_time=_timestamp(erasure.created_ms), chain_seq=erasure.chain_seq)
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

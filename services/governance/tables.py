@@ -189,3 +189,17 @@ class AccessHeadRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(BigInteger)
+
+
+class ErasureRow(Base):
+    """A recorded erasure (its state as the chain entry holds it)."""
+
+    __tablename__ = "erasures"
+
+    erasure_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    state_json: Mapped[str] = mapped_column(Text)
+    created_ms: Mapped[int] = mapped_column(BigInteger)
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_erasures_fleet_seq", "fleet_id", "chain_seq"),)

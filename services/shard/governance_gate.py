@@ -33,7 +33,7 @@ from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.errors import EngramError, Unavailable
 from services.common.outbound import dependency_error
-from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
+from services.shard.ports import ErasureOrder, GateCandidate, GateDecision, NeighbourSearch
 
 log = logging.getLogger("engram.shard.trust")
 
@@ -132,6 +132,15 @@ class GovernanceGate:
             if isinstance(failure, Unavailable):  # no decision: the write fails closed
                 raise _unavailable(f"{failure.message}; retry later") from None
             raise failure from None
+
+    def erasure(self, erasure_id: str) -> ErasureOrder:
+        """ErasureSource: the erasure as governance recorded it."""
+        try:
+            found = self._client.erasure(erasure_id)
+        except EngramRpcError as error:
+            raise _failed(self._address, error) from None
+        return ErasureOrder(found.erasure_id, found.fleet_id, found.requested_by,
+                            tuple((i.kind, i.id, i.leaf_hash) for i in found.items))
 
     @staticmethod
     def _decisions(reply: gpb.DecideWritesResponse,

@@ -7,6 +7,7 @@ transaction can span several calls (a write batch is all or nothing).
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -33,7 +34,7 @@ from sqlalchemy.sql.elements import BindParameter
 from services.common.errors import IntegrityError
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
-from services.shard.domain.records import Record
+from services.shard.domain.records import Record, Tombstone
 from services.shard.retrieval.text import query_terms
 from services.shard.tables import (
     DOMAINS,
@@ -43,9 +44,12 @@ from services.shard.tables import (
     RECORDS,
     CompactionRow,
     DomainRow,
+    FleetSecretRow,
     LinkRow,
     RecordRow,
     RecordTagRow,
+    TombstoneRow,
+    WriteKeyRow,
     WriteRequestRow,
     record_values,
     row_to_domain,
@@ -143,6 +147,13 @@ _FIND_REQUEST = select(_WRITE_REQUESTS.c.digest, _WRITE_REQUESTS.c.record_ids_js
     _WRITE_REQUESTS.c.fleet_id == bindparam("fleet"),
     _WRITE_REQUESTS.c.agent_id == bindparam("agent"),
     _WRITE_REQUESTS.c.request_id == bindparam("request"))
+_CLAIM_WRITE_KEY = text(
+    "INSERT INTO write_keys (fleet_id, key, record_id) VALUES (:fleet_id, :key, :record_id) "
+    "ON CONFLICT DO NOTHING RETURNING record_id")
+_WRITE_KEYS = WriteKeyRow.__table__
+_IDS_FOR_KEYS = select(_WRITE_KEYS.c.key, _WRITE_KEYS.c.record_id).where(
+    _WRITE_KEYS.c.fleet_id == bindparam("fleet"),
+    _WRITE_KEYS.c.key.in_(bindparam("keys", expanding=True)))
 _INSERT_TAGS = insert(RECORD_TAGS)
 _INSERT_LINKS = insert(LINKS)
 _DOMAINS_OF = (
@@ -239,6 +250,40 @@ class ShardRepository:
 
     # -- idempotency keys ---------------------------------------------------
 
+    def fleet_secret(self, session: Session, fleet_id: str) -> bytes:
+        """The fleet's write-key secret, made on first use (a racing maker's wins)."""
+        found = session.scalar(select(FleetSecretRow.secret).where(
+            FleetSecretRow.fleet_id == fleet_id))
+        if found is None:
+            session.execute(text(
+                "INSERT INTO fleet_secrets (fleet_id, secret) VALUES (:fleet_id, :secret) "
+                "ON CONFLICT DO NOTHING"), {"fleet_id": fleet_id, "secret": secrets.token_hex(32)})
+            found = session.scalar(select(FleetSecretRow.secret).where(
+                FleetSecretRow.fleet_id == fleet_id))
+        return bytes.fromhex(str(found))
+
+    def ids_for_keys(self, session: Session, fleet_id: str, keys: Sequence[str]) -> dict[str, str]:
+        """Write key -> the record id it landed on, for those of ``keys`` stored."""
+        wanted = sorted(set(keys))
+        found: dict[str, str] = {}
+        for start in range(0, len(wanted), 500):
+            rows = session.connection().execute(
+                _IDS_FOR_KEYS, {"fleet": fleet_id, "keys": wanted[start:start + 500]})
+            found.update((row.key, row.record_id) for row in rows)
+        return found
+
+    def claim_write_keys(self, session: Session, fleet_id: str,
+                         pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
+        """Store each ``(record id, key)``; returns record id -> the id stored first under its
+        key, for the records a concurrent write of the same text beat (they are not stored)."""
+        lost: dict[str, str] = {}
+        connection = session.connection()
+        for record_id, key in pairs:
+            if connection.execute(_CLAIM_WRITE_KEY, {"fleet_id": fleet_id, "key": key,
+                                                     "record_id": record_id}).first() is None:
+                lost[record_id] = self.ids_for_keys(session, fleet_id, [key])[key]
+        return lost
+
     def find_request(
         self, session: Session, fleet_id: str, agent_id: str, request_id: str
     ) -> tuple[str, list[str]] | None:
@@ -325,6 +370,17 @@ class ShardRepository:
             select(RecordRow).where(RecordRow.id == record_id, RecordRow.fleet_id == fleet_id)
         )
         return row.to_entity() if row else None
+
+    def tombstone(self, session: Session, fleet_id: str, record_id: str) -> Tombstone | None:
+        row = session.get(TombstoneRow, record_id)
+        return row.to_entity() if row is not None and row.fleet_id == fleet_id else None
+
+    def tombstones(self, session: Session, fleet_id: str) -> Iterator[Tombstone]:
+        """The fleet's erased records, in the order they were written."""
+        rows = session.scalars(select(TombstoneRow).where(TombstoneRow.fleet_id == fleet_id)
+                               .order_by(TombstoneRow.seq).execution_options(yield_per=500))
+        for row in rows:
+            yield row.to_entity()
 
     def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str], *,
                exclude_compacted: bool = False) -> dict[str, Record]:
@@ -583,13 +639,18 @@ class ShardRepository:
             rows = connection.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
         else:
             rows = connection.execute(_TEXTS_AFTER, params)
-        return [
-            RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
-                       json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id,
-                       tuple(json.loads(row.tags_json or "[]")), float(row.importance),
-                       row.domain or "")
-            for row in rows
-        ]
+        return [_record_text(row) for row in rows]
+
+    def fleet_texts(self, session: Session, fleet_id: str, after: int, through: int,
+                    gaps: Sequence[int], limit: int) -> list[RecordText]:
+        """One fleet's records with ``after < seq <= through``, not among ``gaps``, oldest
+        first (an index rebuilt after an erasure)."""
+        query = (_RECORD_TEXTS.where(RECORDS.c.fleet_id == fleet_id, RECORDS.c.seq > after,
+                                     RECORDS.c.seq <= through)
+                 .order_by(RECORDS.c.seq).limit(limit))
+        if gaps:
+            query = query.where(RECORDS.c.seq.not_in(list(gaps)))
+        return [_record_text(row) for row in session.connection().execute(query)]
 
     def created_after(self, session: Session, position: int) -> int | None:
         """The creation time (µs) of the first record committed past ``seq`` ``position``."""
@@ -636,6 +697,13 @@ class ShardRepository:
              "model": model, "vector": v.vector}
             for v in vectors
         ])
+
+
+def _record_text(row: Any) -> RecordText:
+    return RecordText(int(row.seq), row.id, row.fleet_id, row.run_id or "", row.content,
+                      json.loads(row.metadata_json or "{}"), row.created_us, row.agent_id,
+                      tuple(json.loads(row.tags_json or "[]")), float(row.importance),
+                      row.domain or "")
 
 
 def _checked(row: Any) -> Record | IntegrityError:

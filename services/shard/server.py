@@ -10,6 +10,7 @@ from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.shard.compaction import MemoryCompactor
+from services.shard.erasure import RecordEraser
 from services.shard.governance_gate import GovernanceGate
 from services.shard.metrics import ShardMetrics
 from services.shard.ports import TrustSource, WriteGate
@@ -122,9 +123,10 @@ def build_shard_server(
             provider.close()  # the embedder's child process, if it runs in one
         database.dispose()
 
+    eraser = RecordEraser(service, gate if isinstance(gate, GovernanceGate) else None)
     servicer = ShardServicer(service, MemoryCompactor(service),
                              PageTokens.for_service(settings, "shard"),
-                             FilterLimits(settings.filter_max_metadata))
+                             FilterLimits(settings.filter_max_metadata), eraser)
     restrictions = governance_restrictions(
         "shard", settings.governance_addr, settings.service_token_file,
         settings.governance_tls(), settings.auth_restrictions_refresh_seconds)

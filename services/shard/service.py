@@ -75,6 +75,8 @@ class _WriteJob:
     digest: str
     request_ids: tuple[str, ...] = ()
     """Every record id of the request, in order (a replay returns one result per input)."""
+    write_keys: tuple[tuple[str, str], ...] = ()
+    """``(record id, write key)`` of the format-2 records: claimed with them."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class FleetStatus:
 class VerifyReport:
     checked: int
     failures: list[EngramError]
+    tombstoned: int = 0
 
 
 class ShardService:
@@ -125,6 +128,7 @@ class ShardService:
         )
         self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
         self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
+        self._fleet_secrets: dict[str, bytes] = {}
         self._domain_lock = threading.Lock()
 
     # -- domains ------------------------------------------------------------
@@ -187,8 +191,7 @@ class ShardService:
         domains = self.domains(fleet)
         known = {d.name for d in domains}
         shas = [records.content_hash(d.content) for d in normalized]
-        ids = [records.record_id(fleet, d.run_id, agent, sha) for d, sha in zip(normalized, shas,
-                                                                               strict=True)]
+        ids, keys = self._assign_ids(fleet, agent, normalized, shas)
         refs = self._resolve_cross_refs(fleet, normalized, ids, known)
         now_us = int(self.clock() * 1_000_000)
         prepared: list[Record] = []
@@ -202,12 +205,15 @@ class ShardService:
                         "(add one with UpsertDomain)", reason="UNKNOWN_DOMAIN"))
             else:
                 domain = route(draft.content, domains)
+            salt = records.new_salt()
             prepared.append(Record(
                 id=ids[index],
                 fleet_id=fleet, run_id=draft.run_id, agent_id=agent, content=draft.content,
                 content_hash=shas[index], record_hash="", domain=domain, source=draft.source,
                 importance=draft.importance, tags=draft.tags, metadata=dict(draft.metadata),
-                cross_refs=refs[index], created_us=now_us,
+                cross_refs=refs[index], created_us=now_us, format=records.FORMAT, salt=salt,
+                body_commitment=records.body_commitment(salt, draft.content, draft.tags,
+                                                        dict(draft.metadata)),
             ))
         existing: dict[str, Record] = {}
         if self.gate is not None:
@@ -227,8 +233,12 @@ class ShardService:
         # bound to the whole body: a decision is never replayed for metadata it did not judge.
         fresh = self._gate(principal, fresh, _gate_key(request_id, digest))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
-                        tuple(r.id for r in prepared))
-        stored = {res.record.id: res for res in self._committer.submit(job)} if fresh else {}
+                        tuple(r.id for r in prepared),
+                        tuple((r.id, keys[r.id]) for r in fresh if r.id in keys))
+        # By the id each record was prepared with: a record that lost a race to an equal
+        # concurrent write answers with the winner's record.
+        stored = (dict(zip([r.id for r in job.records], self._committer.submit(job),
+                           strict=True)) if fresh else {})
         results: list[WriteResult] = []
         reported: set[str] = set()
         for r in prepared:
@@ -244,6 +254,42 @@ class ShardService:
                 results.append(WriteResult(stored[r.id].record, created=created))
             reported.add(r.id)
         return results
+
+    def _assign_ids(self, fleet: str, agent: str, drafts: Sequence[RecordDraft],
+                    shas: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+        """Each draft's record id, and the write key of each new id.
+
+        A draft written before (same run, author and content) gets the id it landed on: a
+        format-2 record's through its write key, a format-1 record's by derivation. Any
+        other gets a random id (the same one for equal drafts of the batch)."""
+        secret = self._fleet_secret(fleet)
+        keys = [records.write_key(secret, d.run_id, agent, d.content) for d in drafts]
+        legacy = [records.record_id(fleet, d.run_id, agent, sha)
+                  for d, sha in zip(drafts, shas, strict=True)]
+        with self.db.session() as session:
+            found = self.repo.ids_for_keys(session, fleet, keys)
+            missing = [old for key, old in zip(keys, legacy, strict=True) if key not in found]
+            old_ids = set(self.repo.existing(session, missing)) if missing else set()
+        ids: list[str] = []
+        new_keys: dict[str, str] = {}
+        for key, old in zip(keys, legacy, strict=True):
+            if key in found:
+                ids.append(found[key])
+            elif old in old_ids:
+                ids.append(old)
+            else:
+                record_id = found[key] = records.new_record_id()
+                new_keys[record_id] = key
+                ids.append(record_id)
+        return ids, new_keys
+
+    def _fleet_secret(self, fleet: str) -> bytes:
+        secret = self._fleet_secrets.get(fleet)
+        if secret is None:
+            with self.db.session() as session:
+                secret = self.repo.fleet_secret(session, fleet)
+            self._fleet_secrets[fleet] = secret
+        return secret
 
     def _duplicates(self, fleet: str, agent: str, fresh: list[Record]) -> dict[str, Record | str]:
         """New record id -> the stored record it duplicates, or the id of an earlier record of
@@ -321,7 +367,8 @@ class ShardService:
         fleet = principal.fleet_id
         candidates = [
             GateCandidate(
-                record_id=r.id, content_hash=r.content_hash, content=r.content, run_id=r.run_id,
+                record_id=r.id, content_hash=records.gate_hash(r), content=r.content,
+                run_id=r.run_id,
                 domain=r.domain, source=r.source, importance=r.importance, tags=r.tags,
                 metadata=tuple(sorted(r.metadata.items())),
             )
@@ -363,6 +410,13 @@ class ShardService:
                     if recorded is not None and recorded != job.digest:
                         raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
+                winners = self.repo.claim_write_keys(session, job.fleet_id, [
+                    (record_id, key) for record_id, key in job.write_keys
+                    if record_id not in already and record_id not in inserted])
+                if winners:  # a concurrent write of the same text landed first: its record
+                    already.update(self.repo.existing(session, set(winners.values())))
+                    already.update({lost: already[won] for lost, won in winners.items()})
+                    fresh = [r for r in fresh if r.id not in winners]
                 self.repo.insert(session, fresh)
                 inserted.update(r.id for r in fresh)
                 for r in fresh:
@@ -489,6 +543,12 @@ class ShardService:
         record_id = validate_identifier("id", record_id.strip())
         with self.db.session() as session:
             found = self.repo.get(session, principal.fleet_id, record_id)
+            erased = (self.repo.tombstone(session, principal.fleet_id, record_id)
+                      if found is None else None)
+        if erased is not None:
+            raise NotFound(f"record {record_id!r} was erased (erasure {erased.erasure_id})",
+                           reason="RECORD_ERASED",
+                           metadata={"record_id": record_id, "erasure_id": erased.erasure_id})
         if found is None:
             raise NotFound(f"no record {record_id!r} in fleet {principal.fleet_id}",
                            reason="RECORD_NOT_FOUND", metadata={"record_id": record_id})
@@ -527,6 +587,7 @@ class ShardService:
             validate_identifier("id", record_id)
         failures: list[EngramError] = []
         checked = 0
+        tombstones: Iterator[records.Tombstone] = iter(())
         with self.db.session() as session:
             # A row that no longer parses is one more failure; the rest are still checked.
             source: Iterator[Record | IntegrityError]
@@ -534,7 +595,10 @@ class ShardService:
                 source = self.repo.scan_checked(session, RecordFilter(principal.fleet_id))
             else:
                 found = self.repo.by_ids_checked(session, principal.fleet_id, list(ids))
-                missing = [i for i in ids if i not in found]
+                erased = [t for i in ids if i not in found
+                          and (t := self.repo.tombstone(session, principal.fleet_id, i))]
+                tombstones = iter(erased)
+                missing = [i for i in ids if i not in found and i not in {t.id for t in erased}]
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
                                    reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})
@@ -548,9 +612,20 @@ class ShardService:
                     records.verify(record)
                 except EngramError as failure:
                     failures.append(failure)
+            if everything:
+                tombstones = self.repo.tombstones(session, principal.fleet_id)
+            tombstoned = 0
+            for tombstone in tombstones:
+                tombstoned += 1
+                if not records.verify_tombstone(tombstone):
+                    failures.append(IntegrityError(
+                        f"record {tombstone.id} (erased by {tombstone.erasure_id}): its "
+                        "tombstone's fields no longer derive its record_hash",
+                        reason="TOMBSTONE_HASH_MISMATCH",
+                        metadata={"record_id": tombstone.id, "expected": tombstone.record_hash}))
         for found_bad in failures:
             self.integrity_failures.add(found_bad.reason)
-        return VerifyReport(checked, failures)
+        return VerifyReport(checked, failures, tombstoned)
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
         """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS.

@@ -26,6 +26,7 @@ from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import DEFAULT_IMPORTANCE, Record, RecordDraft
+from services.shard.erasure import Forgotten, RecordEraser
 from services.shard.repository import RecordFilter
 from services.shard.search.engine import SearchQuery
 from services.shard.service import ShardService, WriteResult
@@ -56,12 +57,14 @@ POLICY: MethodPolicy = {
     # the compactor runs them for the fleets whose memory policy asked; an admin for its own
     _m("CompactRecords"): frozenset({COMPACTOR_SERVICE, "admin"}),
     _m("ApplyRetention"): frozenset({COMPACTOR_SERVICE, "admin"}),
+    # erasure is a governance act: the people who may record one may carry it out
+    _m("ForgetRecords"): frozenset({"governor", "admin"}),
 }
 assert set(POLICY) == {_m(m.name) for m in pb.DESCRIPTOR.services_by_name["ShardService"].methods}
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (
         "CreateRecord", "BatchCreateRecords", "ImportRecords", "UpsertDomain", "CompactRecords",
-        "ApplyRetention")},
+        "ApplyRetention", "ForgetRecords")},
     **{_m(name): READ for name in (
         "GetRecord", "ListRecords", "SearchRecords", "ListDomains", "VerifyRecords",
         "SnapshotForRun", "GetStatus", "ExportSummary")},
@@ -95,6 +98,9 @@ def record_to_proto(record: Record) -> pb.Record:
         metadata=record.metadata,
         record_hash=record.record_hash,
         gate_decision_id=record.gate_decision_id,
+        format=record.format,
+        salt=record.salt,
+        body_commitment=record.body_commitment,
     )
 
 
@@ -135,6 +141,7 @@ def record_from_proto(message: pb.Record) -> Record:
         metadata=dict(message.metadata), cross_refs=tuple(message.cross_refs),
         created_us=message.create_time.ToMicroseconds(),
         gate_decision_id=message.gate_decision_id,
+        format=message.format or 1, salt=message.salt, body_commitment=message.body_commitment,
     )
 
 
@@ -221,9 +228,11 @@ def record_filter(fleet_id: str, flt: pb.RecordFilter, limits: FilterLimits, *,
 class ShardServicer(pb_grpc.ShardServiceServicer):
     def __init__(self, service: ShardService, compactor: MemoryCompactor,
                  pages: PageTokens | None = None,
-                 filter_limits: FilterLimits | None = None) -> None:
+                 filter_limits: FilterLimits | None = None,
+                 eraser: RecordEraser | None = None) -> None:
         self.service = service
         self.compactor = compactor
+        self.eraser = eraser or RecordEraser(service, None)
         self.pages = pages or PageTokens.ephemeral()
         self.filter_limits = filter_limits or FilterLimits()
 
@@ -353,7 +362,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     ) -> pb.VerifyRecordsResponse:
         report = self.service.verify(current_principal(), list(request.ids), request.all)
         return pb.VerifyRecordsResponse(
-            checked=report.checked,
+            checked=report.checked, tombstoned=report.tombstoned,
             failures=[
                 pb.IntegrityFailure(
                     id=f.metadata.get("record_id", ""),
@@ -426,6 +435,33 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         fleet = _fleet_acted_on(current_principal(), request.fleet_id)
         removed = self.compactor.apply_retention(fleet, request.older_than_days, request.dry_run)
         return pb.ApplyRetentionResponse(removed_ids=removed)
+
+    def ForgetRecords(
+        self, request: pb.ForgetRecordsRequest, context: Any
+    ) -> pb.ForgetRecordsResponse:
+        principal = current_principal()
+        fleet = target_fleet(principal, request.fleet_id)
+        if request.erasure_id:
+            if request.WhichOneof("selector") is not None:
+                raise InvalidArgument("give erasure_id alone: the erasure lists what goes",
+                                      reason="INVALID_SELECTOR")
+            erased = self.eraser.erase(principal, fleet, request.erasure_id)
+            return pb.ForgetRecordsResponse(records=_forgotten(erased.items),
+                                            erasure_id=request.erasure_id,
+                                            already_erased=erased.already)
+        which = request.WhichOneof("selector")
+        selection = self.eraser.select(fleet, _SELECTORS.get(which or "", ""),
+                                       getattr(request, which) if which else "", request.limit)
+        return pb.ForgetRecordsResponse(records=_forgotten(selection.items),
+                                        more=selection.more)
+
+
+_SELECTORS = {"agent_id": "agent", "record_id": "record", "run_id": "run", "match": "match"}
+
+
+def _forgotten(items: list[Forgotten]) -> list[pb.ForgottenRecord]:
+    return [pb.ForgottenRecord(record_id=i.record_id, record_hash=i.record_hash, kind=i.kind)
+            for i in items]
 
 
 def add_to_server(servicer: ShardServicer, server: grpc.Server) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.common.errors import IntegrityError
 from services.shard.domain.domains import Domain
-from services.shard.domain.records import Record
+from services.shard.domain.records import Record, Tombstone
 
 # SQLite only autoincrements INTEGER PRIMARY KEY; Postgres gets a BIGINT identity.
 SeqType = BigInteger().with_variant(Integer(), "sqlite")
@@ -50,6 +50,9 @@ class RecordRow(Base):
     cross_refs_json: Mapped[str] = mapped_column(Text)
     created_us: Mapped[int] = mapped_column(BigInteger)
     gate_decision_id: Mapped[str] = mapped_column(String(64), default="")
+    format: Mapped[int] = mapped_column(Integer, default=1)
+    salt: Mapped[str] = mapped_column(String(64), default="")
+    body_commitment: Mapped[str] = mapped_column(String(64), default="")
 
     __table_args__ = (
         Index("ix_records_fleet_seq", "fleet_id", "seq"),
@@ -91,6 +94,9 @@ def _row_to_record(row: Mapping[Any, Any]) -> Record:
         cross_refs=tuple(json.loads(row["cross_refs_json"])),
         created_us=row["created_us"],
         gate_decision_id=row["gate_decision_id"],
+        format=int(row["format"]),
+        salt=row["salt"],
+        body_commitment=row["body_commitment"],
     )
 
 
@@ -111,6 +117,9 @@ def record_values(record: Record) -> dict[str, object]:
         "cross_refs_json": json.dumps(list(record.cross_refs)),
         "created_us": record.created_us,
         "gate_decision_id": record.gate_decision_id,
+        "format": record.format,
+        "salt": record.salt,
+        "body_commitment": record.body_commitment,
     }
 
 
@@ -212,6 +221,65 @@ class RecordVectorRow(Base):
     vector: Mapped[bytes] = mapped_column(LargeBinary)
 
     __table_args__ = (Index("ix_record_vectors_seq", "record_seq"),)
+
+
+class FleetSecretRow(Base):
+    """A fleet's key for :func:`write_key` (a retried write finds its record by it)."""
+
+    __tablename__ = "fleet_secrets"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(64))
+
+
+class WriteKeyRow(Base):
+    """Keyed digest of (run, author, content) -> the format-2 record it landed on; deleted
+    with the record on erasure, so nothing kept ties the id to its text."""
+
+    __tablename__ = "write_keys"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    record_id: Mapped[str] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_write_keys_record", "record_id"),)
+
+
+class TombstoneRow(Base):
+    """An erased record: its structural fields and leaf hash; no content, tags, metadata,
+    salt or content hash."""
+
+    __tablename__ = "record_tombstones"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    fleet_id: Mapped[str] = mapped_column(String(128))
+    run_id: Mapped[str] = mapped_column(String(128))
+    agent_id: Mapped[str] = mapped_column(String(128))
+    format: Mapped[int] = mapped_column(Integer)
+    body_commitment: Mapped[str] = mapped_column(String(64))
+    record_hash: Mapped[str] = mapped_column(String(64))
+    domain: Mapped[str] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(64))
+    importance: Mapped[float] = mapped_column(Float)
+    cross_refs_json: Mapped[str] = mapped_column(Text)
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    gate_decision_id: Mapped[str] = mapped_column(String(64))
+    erasure_id: Mapped[str] = mapped_column(String(64))
+    erased_us: Mapped[int] = mapped_column(BigInteger)
+    erased_by: Mapped[str] = mapped_column(String(128))
+
+    __table_args__ = (Index("ix_record_tombstones_fleet_seq", "fleet_id", "seq"),
+                      Index("ix_record_tombstones_erasure", "erasure_id"))
+
+    def to_entity(self) -> Tombstone:
+        return Tombstone(
+            id=self.id, fleet_id=self.fleet_id, run_id=self.run_id, agent_id=self.agent_id,
+            format=self.format, body_commitment=self.body_commitment,
+            record_hash=self.record_hash, domain=self.domain, source=self.source,
+            importance=self.importance, cross_refs=tuple(json.loads(self.cross_refs_json)),
+            created_us=self.created_us, gate_decision_id=self.gate_decision_id,
+            erasure_id=self.erasure_id, erased_us=self.erased_us, erased_by=self.erased_by)
 
 
 # Core table handles for the hot paths (typed as Table, which ``__table__`` is not).

@@ -475,3 +475,71 @@ class ListAccessRestrictionsResponse(_message.Message):
     revoked_agents: _containers.RepeatedCompositeFieldContainer[RevokedAgent]
     suspended_agents: _containers.RepeatedCompositeFieldContainer[AgentRef]
     def __init__(self, version: _Optional[int] = ..., changed: _Optional[bool] = ..., revoked_tokens: _Optional[_Iterable[_Union[RevokedToken, _Mapping]]] = ..., revoked_agents: _Optional[_Iterable[_Union[RevokedAgent, _Mapping]]] = ..., suspended_agents: _Optional[_Iterable[_Union[AgentRef, _Mapping]]] = ...) -> None: ...
+
+class ErasedItem(_message.Message):
+    __slots__ = ("kind", "id", "leaf_hash")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEAF_HASH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    leaf_hash: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
+
+class Erasure(_message.Message):
+    __slots__ = ("erasure_id", "fleet_id", "selector_kind", "selector_value", "requested_by", "reason", "items", "create_time", "chain_seq")
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_KIND_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    erasure_id: str
+    fleet_id: str
+    selector_kind: str
+    selector_value: str
+    requested_by: str
+    reason: str
+    items: _containers.RepeatedCompositeFieldContainer[ErasedItem]
+    create_time: _timestamp_pb2.Timestamp
+    chain_seq: int
+    def __init__(self, erasure_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., selector_kind: _Optional[str] = ..., selector_value: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ErasedItem, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ...) -> None: ...
+
+class RecordErasureRequest(_message.Message):
+    __slots__ = ("fleet_id", "selector_kind", "selector_value", "reason", "items", "request_id")
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_KIND_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    fleet_id: str
+    selector_kind: str
+    selector_value: str
+    reason: str
+    items: _containers.RepeatedCompositeFieldContainer[ErasedItem]
+    request_id: str
+    def __init__(self, fleet_id: _Optional[str] = ..., selector_kind: _Optional[str] = ..., selector_value: _Optional[str] = ..., reason: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ErasedItem, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class RecordErasureResponse(_message.Message):
+    __slots__ = ("erasure", "created")
+    ERASURE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    erasure: Erasure
+    created: bool
+    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetErasureRequest(_message.Message):
+    __slots__ = ("erasure_id",)
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    erasure_id: str
+    def __init__(self, erasure_id: _Optional[str] = ...) -> None: ...
+
+class GetErasureResponse(_message.Message):
+    __slots__ = ("erasure",)
+    ERASURE_FIELD_NUMBER: _ClassVar[int]
+    erasure: Erasure
+    def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...

@@ -108,6 +108,16 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.FromString,
                 _registered_method=True)
+        self.RecordErasure = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/RecordErasure',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureResponse.FromString,
+                _registered_method=True)
+        self.GetErasure = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/GetErasure',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.FromString,
+                _registered_method=True)
 
 
 class GovernanceServiceServicer:
@@ -224,6 +234,23 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordErasure(self, request, context):
+        """Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+        selector and the items to erase with the leaf hashes their tombstones
+        keep. The services that hold the items erase them only once it is
+        recorded here. Idempotent by request_id. Governor or admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetErasure(self, request, context):
+        """One recorded erasure (the shard reads it before it erases anything).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GovernanceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -296,6 +323,16 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.ListAccessRestrictions,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.SerializeToString,
+            ),
+            'RecordErasure': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordErasure,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureResponse.SerializeToString,
+            ),
+            'GetErasure': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetErasure,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -680,6 +717,60 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/ListAccessRestrictions',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.ListAccessRestrictionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordErasure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/RecordErasure',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.RecordErasureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetErasure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/GetErasure',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,14 @@ class GovernanceServiceStub:
     expire), revoked agents with their cut-off, suspended agents. Service
     principals only; services poll it (not on the HTTP gateway).
     """
+    RecordErasure: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.RecordErasureRequest, _governance_service_pb2.RecordErasureResponse]
+    """Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+    selector and the items to erase with the leaf hashes their tombstones
+    keep. The services that hold the items erase them only once it is
+    recorded here. Idempotent by request_id. Governor or admin role.
+    """
+    GetErasure: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.GetErasureRequest, _governance_service_pb2.GetErasureResponse]
+    """One recorded erasure (the shard reads it before it erases anything)."""
 
 @_typing.type_check_only
 class GovernanceServiceAsyncStub(GovernanceServiceStub):
@@ -135,6 +143,14 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     expire), revoked agents with their cut-off, suspended agents. Service
     principals only; services poll it (not on the HTTP gateway).
     """
+    RecordErasure: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.RecordErasureRequest, _governance_service_pb2.RecordErasureResponse]  # type: ignore[assignment]
+    """Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+    selector and the items to erase with the leaf hashes their tombstones
+    keep. The services that hold the items erase them only once it is
+    recorded here. Idempotent by request_id. Governor or admin role.
+    """
+    GetErasure: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.GetErasureRequest, _governance_service_pb2.GetErasureResponse]  # type: ignore[assignment]
+    """One recorded erasure (the shard reads it before it erases anything)."""
 
 class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     """GovernanceService owns agents' trust tiers, the write rules, every gate
@@ -270,5 +286,25 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
         expire), revoked agents with their cut-off, suspended agents. Service
         principals only; services poll it (not on the HTTP gateway).
         """
+
+    @_abc_1.abstractmethod
+    def RecordErasure(
+        self,
+        request: _governance_service_pb2.RecordErasureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.RecordErasureResponse, _abc.Awaitable[_governance_service_pb2.RecordErasureResponse]]:
+        """Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+        selector and the items to erase with the leaf hashes their tombstones
+        keep. The services that hold the items erase them only once it is
+        recorded here. Idempotent by request_id. Governor or admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def GetErasure(
+        self,
+        request: _governance_service_pb2.GetErasureRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.GetErasureResponse, _abc.Awaitable[_governance_service_pb2.GetErasureResponse]]:
+        """One recorded erasure (the shard reads it before it erases anything)."""
 
 def add_GovernanceServiceServicer_to_server(servicer: GovernanceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

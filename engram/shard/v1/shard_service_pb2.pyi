@@ -23,7 +23,7 @@ SEARCH_MODE_SEMANTIC: SearchMode
 SEARCH_MODE_HYBRID: SearchMode
 
 class Record(_message.Message):
-    __slots__ = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash", "domain", "source", "importance", "tags", "cross_refs", "create_time", "metadata", "record_hash", "gate_decision_id")
+    __slots__ = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash", "domain", "source", "importance", "tags", "cross_refs", "create_time", "metadata", "record_hash", "gate_decision_id", "format", "salt", "body_commitment")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,9 @@ class Record(_message.Message):
     METADATA_FIELD_NUMBER: _ClassVar[int]
     RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
     GATE_DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    BODY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
     id: str
     fleet_id: str
     run_id: str
@@ -61,7 +64,10 @@ class Record(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     record_hash: str
     gate_decision_id: str
-    def __init__(self, id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., run_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., cross_refs: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., record_hash: _Optional[str] = ..., gate_decision_id: _Optional[str] = ...) -> None: ...
+    format: int
+    salt: str
+    body_commitment: str
+    def __init__(self, id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., run_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., content: _Optional[str] = ..., content_hash: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., cross_refs: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., record_hash: _Optional[str] = ..., gate_decision_id: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., body_commitment: _Optional[str] = ...) -> None: ...
 
 class RecordInput(_message.Message):
     __slots__ = ("content", "run_id", "domain", "source", "importance", "tags", "metadata")
@@ -314,12 +320,14 @@ class IntegrityFailure(_message.Message):
     def __init__(self, id: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyRecordsResponse(_message.Message):
-    __slots__ = ("checked", "failures")
+    __slots__ = ("checked", "failures", "tombstoned")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     checked: int
     failures: _containers.RepeatedCompositeFieldContainer[IntegrityFailure]
-    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ...) -> None: ...
+    tombstoned: int
+    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ..., tombstoned: _Optional[int] = ...) -> None: ...
 
 class SnapshotForRunRequest(_message.Message):
     __slots__ = ("run_id", "verify")
@@ -418,3 +426,43 @@ class ApplyRetentionResponse(_message.Message):
     REMOVED_IDS_FIELD_NUMBER: _ClassVar[int]
     removed_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, removed_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForgetRecordsRequest(_message.Message):
+    __slots__ = ("agent_id", "record_id", "run_id", "match", "fleet_id", "erasure_id", "limit")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    record_id: str
+    run_id: str
+    match: str
+    fleet_id: str
+    erasure_id: str
+    limit: int
+    def __init__(self, agent_id: _Optional[str] = ..., record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., match: _Optional[str] = ..., fleet_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ForgottenRecord(_message.Message):
+    __slots__ = ("record_id", "record_hash", "kind")
+    RECORD_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    record_id: str
+    record_hash: str
+    kind: str
+    def __init__(self, record_id: _Optional[str] = ..., record_hash: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class ForgetRecordsResponse(_message.Message):
+    __slots__ = ("records", "more", "erasure_id", "already_erased")
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    records: _containers.RepeatedCompositeFieldContainer[ForgottenRecord]
+    more: bool
+    erasure_id: str
+    already_erased: int
+    def __init__(self, records: _Optional[_Iterable[_Union[ForgottenRecord, _Mapping]]] = ..., more: _Optional[bool] = ..., erasure_id: _Optional[str] = ..., already_erased: _Optional[int] = ...) -> None: ...

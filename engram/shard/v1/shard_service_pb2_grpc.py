@@ -107,6 +107,11 @@ class ShardServiceStub:
                 request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.SerializeToString,
                 response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.FromString,
                 _registered_method=True)
+        self.ForgetRecords = channel.unary_unary(
+                '/engram.shard.v1.ShardService/ForgetRecords',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServiceServicer:
@@ -217,6 +222,18 @@ class ShardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetRecords(self, request, context):
+        """Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+        what the selector matches (at most `limit`), changes nothing. With
+        erasure_id: erases exactly the records governance's erasure of that id
+        lists, from the store, its full-text index, stored vectors and the search
+        index, leaving tombstones that keep record_hash verifiable. Governor or
+        admin role; the erasure must be of the caller's fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -289,6 +306,11 @@ def add_ShardServiceServicer_to_server(servicer, server):
                     servicer.ApplyRetention,
                     request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.FromString,
                     response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.SerializeToString,
+            ),
+            'ForgetRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetRecords,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -672,6 +694,33 @@ class ShardService:
             '/engram.shard.v1.ShardService/ApplyRetention',
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionRequest.SerializeToString,
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ApplyRetentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/ForgetRecords',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,14 @@ class ShardServiceStub:
     """Removes originals already covered by a summary, older than the policy's
     age. The summary keeps their hashes. Explicit, never automatic.
     """
+    ForgetRecords: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.ForgetRecordsRequest, _shard_service_pb2.ForgetRecordsResponse]
+    """Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+    what the selector matches (at most `limit`), changes nothing. With
+    erasure_id: erases exactly the records governance's erasure of that id
+    lists, from the store, its full-text index, stored vectors and the search
+    index, leaving tombstones that keep record_hash verifiable. Governor or
+    admin role; the erasure must be of the caller's fleet.
+    """
 
 @_typing.type_check_only
 class ShardServiceAsyncStub(ShardServiceStub):
@@ -118,6 +126,14 @@ class ShardServiceAsyncStub(ShardServiceStub):
     ApplyRetention: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ApplyRetentionRequest, _shard_service_pb2.ApplyRetentionResponse]  # type: ignore[assignment]
     """Removes originals already covered by a summary, older than the policy's
     age. The summary keeps their hashes. Explicit, never automatic.
+    """
+    ForgetRecords: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ForgetRecordsRequest, _shard_service_pb2.ForgetRecordsResponse]  # type: ignore[assignment]
+    """Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+    what the selector matches (at most `limit`), changes nothing. With
+    erasure_id: erases exactly the records governance's erasure of that id
+    lists, from the store, its full-text index, stored vectors and the search
+    index, leaving tombstones that keep record_hash verifiable. Governor or
+    admin role; the erasure must be of the caller's fleet.
     """
 
 class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -245,6 +261,20 @@ class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_shard_service_pb2.ApplyRetentionResponse, _abc.Awaitable[_shard_service_pb2.ApplyRetentionResponse]]:
         """Removes originals already covered by a summary, older than the policy's
         age. The summary keeps their hashes. Explicit, never automatic.
+        """
+
+    @_abc_1.abstractmethod
+    def ForgetRecords(
+        self,
+        request: _shard_service_pb2.ForgetRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shard_service_pb2.ForgetRecordsResponse, _abc.Awaitable[_shard_service_pb2.ForgetRecordsResponse]]:
+        """Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+        what the selector matches (at most `limit`), changes nothing. With
+        erasure_id: erases exactly the records governance's erasure of that id
+        lists, from the store, its full-text index, stored vectors and the search
+        index, leaving tombstones that keep record_hash verifiable. Governor or
+        admin role; the erasure must be of the caller's fleet.
         """
 
 def add_ShardServiceServicer_to_server(servicer: ShardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -33,6 +33,7 @@ class ChainReplay:
         self.rules: dict[str, Written] = {}
         self.decisions: dict[str, Written] = {}
         self.revocations: dict[str, Written] = {}
+        self.erasures: dict[str, Written] = {}
         self.unreadable: list[str] = []
 
     def feed(self, entries: Iterable[ChainEntry]) -> Iterator[ChainEntry]:
@@ -61,6 +62,9 @@ class ChainReplay:
         elif entry.kind == "token.revoked":
             revoked = payload["revocation"]
             self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
+        elif entry.kind == "erasure.recorded":
+            erasure = payload["erasure"]
+            self.erasures[erasure["erasure_id"]] = (entry.seq, state_digest(erasure))
         elif entry.kind == "agent.tokens_revoked":
             revoked = payload["revocation"]
             revoked_key = f"agent {revoked['fleet_id']}/{revoked['agent_id']}"
@@ -86,6 +90,13 @@ def revocation_differences(replay: ChainReplay,
     """Every stored revocation ``(key, state, chain_seq)`` the chain disagrees with."""
     seen = {key: (seq, state_digest(state)) for key, state, seq in stored}
     return _differences("revocation", replay.revocations, seen)
+
+
+def erasure_differences(replay: ChainReplay,
+                        stored: Iterable[tuple[str, dict[str, Any], int]]) -> list[str]:
+    """Every stored erasure ``(erasure_id, state, chain_seq)`` the chain disagrees with."""
+    seen = {key: (seq, state_digest(state)) for key, state, seq in stored}
+    return _differences("erasure", replay.erasures, seen)
 
 
 def _differences(kind: str, expected: dict[Any, Written],

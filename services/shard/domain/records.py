@@ -1,16 +1,27 @@
 """Memory records: validation, content addressing and integrity (seed 000).
 
-``content_hash`` is SHA-256 of the UTF-8 content (the seed's definition);
-``record_hash`` is SHA-256 of the canonical JSON of every immutable field, so
-an edit to any stored field (an author swapped, an importance raised) is
-caught by verification, not only an edit to the text. The id is derived from
-fleet, run, author and content hash, so a retried write lands on the same id.
+``content_hash`` is SHA-256 of the UTF-8 content (the seed's definition).
+
+Format 1 (records written before erasure support): ``record_hash`` is SHA-256 of
+the canonical JSON of every immutable field, the text through its hash, and the
+id derives from fleet, run, author and content hash.
+
+Format 2 (every new record; docs/erasure.md): 32 random bytes, ``salt``, are kept
+beside the record; ``body_commitment`` = SHA-256 over a label, the salt and the
+canonical content, tags and metadata; ``record_hash`` covers the structural
+fields and that commitment only; the id is random (a retried write finds it
+through the keyed digest :func:`write_key`). Erasing a format-2 record deletes
+its content, tags, metadata, salt and ``content_hash`` and keeps the rest: the
+tombstone still re-derives its ``record_hash`` (a Merkle leaf stays stable), and
+nothing kept confirms a guess of the erased text.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
+import secrets
 import unicodedata
 from dataclasses import dataclass, field, replace
 
@@ -58,6 +69,59 @@ class Record:
     created_us: int
     """Creation time, microseconds since the Unix epoch (UTC)."""
     gate_decision_id: str = ""
+    format: int = 1
+    salt: str = ""
+    """Format 2: 64 hex digits, deleted with the content on erasure."""
+    body_commitment: str = ""
+
+
+@dataclass(frozen=True)
+class Tombstone:
+    """What stays of an erased record: its structural fields and leaf hash, no content."""
+
+    id: str
+    fleet_id: str
+    run_id: str
+    agent_id: str
+    format: int
+    body_commitment: str
+    record_hash: str
+    domain: str
+    source: str
+    importance: float
+    cross_refs: tuple[str, ...]
+    created_us: int
+    gate_decision_id: str
+    erasure_id: str
+    erased_us: int
+    erased_by: str
+
+
+FORMAT = 2
+"""The format of records written now."""
+_COMMIT_LABEL = b"engram-commit-v2\x1f"
+
+
+def new_salt() -> str:
+    return secrets.token_hex(32)
+
+
+def new_record_id() -> str:
+    return secrets.token_hex(ID_HEX_LEN // 2)
+
+
+def body_commitment(salt: str, content: str, tags: tuple[str, ...],
+                    metadata: dict[str, str]) -> str:
+    """A salted commitment to what erasure deletes: without the salt it confirms no guess."""
+    body = canonical_bytes({"content": content, "tags": sorted(tags),
+                            "metadata": dict(sorted(metadata.items()))})
+    return hashlib.sha256(_COMMIT_LABEL + bytes.fromhex(salt) + body).hexdigest()
+
+
+def write_key(fleet_secret: bytes, run_id: str, agent_id: str, content: str) -> str:
+    """The keyed digest a retried write finds its record by (deleted on erasure)."""
+    material = "\x1f".join(("engram-write-v2", run_id, agent_id, content)).encode("utf-8")
+    return hmac.new(fleet_secret, material, hashlib.sha256).hexdigest()
 
 
 def content_hash(content: str) -> str:
@@ -89,14 +153,54 @@ def canonical_fields(record: Record, content_sha: str) -> bytes:
     return canonical_bytes(body)
 
 
+def structural_fields(item: Record | Tombstone, commitment: str) -> bytes:
+    """Format 2: what ``record_hash`` covers (the body enters through its commitment)."""
+    return canonical_bytes({
+        "v": 2,
+        "id": item.id,
+        "fleet_id": item.fleet_id,
+        "run_id": item.run_id,
+        "agent_id": item.agent_id,
+        "body_commitment": commitment,
+        "domain": item.domain,
+        "source": item.source,
+        "importance": repr(float(item.importance)),
+        "cross_refs": sorted(item.cross_refs),
+        "created_us": item.created_us,
+        "gate_decision_id": item.gate_decision_id,
+    })
+
+
 def seal(record: Record) -> Record:
-    """Fill in ``record_hash``; ``content_hash`` must already be the hash of the content."""
+    """Fill in ``record_hash`` (and, format 2, ``body_commitment`` from the salt);
+    ``content_hash`` must already be the hash of the content."""
+    if record.format == 2:
+        commitment = body_commitment(record.salt, record.content, record.tags, record.metadata)
+        digest = hashlib.sha256(structural_fields(record, commitment)).hexdigest()
+        return replace(record, body_commitment=commitment, record_hash=digest)
     digest = hashlib.sha256(canonical_fields(record, record.content_hash)).hexdigest()
     return replace(record, record_hash=digest)
 
 
+def gate_hash(record: Record) -> str:
+    """What governance's chain holds for the record: never a plain hash of format-2 content."""
+    return record.body_commitment if record.format == 2 else record.content_hash
+
+
+def verify_tombstone(tombstone: Tombstone) -> bool:
+    """A format-2 tombstone's kept fields re-derive its leaf hash (False: they were altered).
+    A format-1 tombstone cannot be re-derived (its hash covered the erased text): True."""
+    if tombstone.format != 2:
+        return True
+    actual = hashlib.sha256(structural_fields(tombstone, tombstone.body_commitment)).hexdigest()
+    return actual == tombstone.record_hash
+
+
 def verify(record: Record) -> None:
     """Raise :class:`IntegrityError` naming the record when a stored field no longer matches."""
+    if record.format == 2:
+        _verify_v2(record)
+        return
     actual_content = content_hash(record.content)
     if actual_content != record.content_hash:
         raise IntegrityError(
@@ -125,6 +229,34 @@ def verify(record: Record) -> None:
             f"record {record.id}: id does not derive from its fleet, run, author and content",
             reason="RECORD_ID_MISMATCH",
             metadata={"record_id": record.id},
+        )
+
+
+def _verify_v2(record: Record) -> None:
+    actual_content = content_hash(record.content)
+    if actual_content != record.content_hash:
+        raise IntegrityError(
+            f"record {record.id}: content no longer matches its content_hash "
+            f"(stored {record.content_hash[:12]}…, recomputed {actual_content[:12]}…)",
+            reason="CONTENT_HASH_MISMATCH",
+            metadata={"record_id": record.id, "expected": record.content_hash,
+                      "actual": actual_content},
+        )
+    try:
+        commitment = body_commitment(record.salt, record.content, record.tags, record.metadata)
+    except ValueError:  # a salt that is no longer hex
+        commitment = ""
+    if commitment != record.body_commitment:
+        raise IntegrityError(
+            f"record {record.id}: content, tags or metadata no longer match its "
+            "body_commitment", reason="BODY_COMMITMENT_MISMATCH",
+            metadata={"record_id": record.id})
+    actual = hashlib.sha256(structural_fields(record, commitment)).hexdigest()
+    if actual != record.record_hash:
+        raise IntegrityError(
+            f"record {record.id}: a stored field was altered (record_hash mismatch)",
+            reason="RECORD_HASH_MISMATCH",
+            metadata={"record_id": record.id, "expected": record.record_hash, "actual": actual},
         )
 
 

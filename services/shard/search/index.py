@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -367,11 +367,71 @@ class SearchIndex:
         """Under ``_lock``: the fleet's slot, created empty on first sight."""
         slot = self._fleets.get(fleet_id)
         if slot is None:
-            dimension = self.embedder.dimension if self.embedder is not None else 0
-            slot = _FleetSlot(FleetIndex(dimension, self.context,
-                                         hnsw_threshold=self.hnsw_threshold))
+            slot = _FleetSlot(self._empty_index())
             self._fleets[fleet_id] = slot
         return slot
+
+    def _empty_index(self) -> FleetIndex:
+        dimension = self.embedder.dimension if self.embedder is not None else 0
+        return FleetIndex(dimension, self.context, hnsw_threshold=self.hnsw_threshold)
+
+    # -- erasure --------------------------------------------------------------
+
+    def forget(self, fleet_id: str, erased: Mapping[str, int]) -> None:
+        """Drop erased records (id -> the seq they had; already deleted from the store).
+
+        An erased text also shaped its run neighbours' terms, its text key and the fleet's
+        vocabulary, so the fleet's index is rebuilt from the store rather than edited: that
+        fleet's searches wait meanwhile (other fleets' do not), and the snapshot is written
+        again so no file keeps the erased terms. What was handed to the fleet and not yet
+        applied is dropped (the rebuild reads it from the store); what is handed later
+        applies to the rebuilt index.
+        """
+        gone = set(erased)
+        with self._lock:
+            self._pending = deque(item for item in self._pending if item[2] not in gone)
+            self._fresh_vectors.clear()  # keyed by text: a cache, refilled by the next writes
+            slot = self._fleets.get(fleet_id)
+            gaps = set(self._cursor.gaps())
+            handed = sum(1 for seq in erased.values()
+                         if seq <= self._cursor.position and seq not in gaps)
+        if slot is not None:
+            with slot.lock:
+                with self._lock:
+                    position, gaps_now = self._cursor.position, self._cursor.gaps()
+                    slot.inbox.clear()
+                    self._handed -= handed
+                    if self._last_id in gone:
+                        self._last_id = ""
+                slot.index = self._rebuilt(fleet_id, position, gaps_now)
+        if self.snapshot_path is not None and self._ready.is_set():
+            self.save_snapshot()
+
+    def _rebuilt(self, fleet_id: str, position: int, gaps: Sequence[int]) -> FleetIndex:
+        """The fleet's index from its stored records through ``position`` (not ``gaps``)."""
+        index = self._empty_index()
+        after = 0
+        while True:
+            with self.db.session() as session:
+                rows = self.repo.fleet_texts(session, fleet_id, after, position, gaps, 5000)
+            if not rows:
+                break
+            for row in rows:
+                facts = DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
+                                 row.created_us, row.importance)
+                index.add(row.id, row.run_id, row.content,
+                          text_key(row.content, row.run_id, row.agent_id),
+                          metadata_day(row.metadata, row.created_us), facts)
+            after = rows[-1].seq
+            if self.embedder is not None:
+                with self.db.session() as session:
+                    stored = self.repo.stored_vectors(session, [r.id for r in rows],
+                                                      self.embedder.name)
+                if stored:
+                    ids = list(stored)
+                    index.add_vectors([index.doc_of[i] for i in ids], np.stack(
+                        [np.frombuffer(stored[i], dtype="<f4") for i in ids]).astype(np.float32))
+        return index
 
     @contextmanager
     def _fleet(self, fleet_id: str) -> Iterator[FleetIndex | None]:
@@ -629,7 +689,9 @@ def _adder(record_id: str, run_id: str, text: str, key: bytes, day: date | None,
 
 def _vector_adder(record_ids: list[str], vectors: np.ndarray) -> FleetChange:
     def add(index: FleetIndex) -> None:
-        index.add_vectors([index.doc_of[r] for r in record_ids], vectors)
+        known = [i for i, r in enumerate(record_ids) if r in index.doc_of]  # not erased since
+        if known:
+            index.add_vectors([index.doc_of[record_ids[i]] for i in known], vectors[known])
 
     return add
 

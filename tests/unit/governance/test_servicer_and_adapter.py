@@ -26,7 +26,8 @@ def test_every_method_has_a_policy_entry() -> None:
     assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({SHARD_SERVICE})
     service_methods = {name.rsplit("/", 1)[1] for name, kinds in POLICY.items()
                        if any(kind.startswith("service") for kind in kinds)}
-    assert service_methods == {"DecideWrites", "BatchGetTrust", "ListAccessRestrictions"}
+    assert service_methods == {"DecideWrites", "BatchGetTrust", "ListAccessRestrictions",
+                               "GetErasure"}
 
 
 def test_target_fleet_is_the_callers_own_unless_a_gate_caller() -> None:

@@ -147,6 +147,11 @@ export interface Neighbour {
 
 export interface WriteCandidate {
   recordId: string;
+  /**
+   * The record's body_commitment (format 2) or its content SHA-256 (format 1):
+   * what the chain holds for it; a format-2 commitment confirms no guess of
+   * the content once the record is erased.
+   */
   contentHash: string;
   content: string;
   runId: string;
@@ -474,6 +479,53 @@ export interface ListAccessRestrictionsResponse {
   revokedAgents: RevokedAgent[];
   /** Agents in the suspended tier. */
   suspendedAgents: AgentRef[];
+}
+
+export interface ErasedItem {
+  /** "record" or "summary". */
+  kind: string;
+  id: string;
+  /** The hash the item's tombstone keeps (a record's record_hash). */
+  leafHash: string;
+}
+
+export interface Erasure {
+  erasureId: string;
+  fleetId: string;
+  /** "agent", "record", "run" or "match". */
+  selectorKind: string;
+  /** The agent, record or run id; empty for "match" (the text is the secret). */
+  selectorValue: string;
+  requestedBy: string;
+  reason: string;
+  items: ErasedItem[];
+  createTime: Date | undefined;
+  chainSeq: number;
+}
+
+export interface RecordErasureRequest {
+  /** Admin only: another fleet than the token's. */
+  fleetId: string;
+  selectorKind: string;
+  selectorValue: string;
+  reason: string;
+  /** 1..10000 items. */
+  items: ErasedItem[];
+  /** A retry with the same request_id returns the erasure it recorded. */
+  requestId: string;
+}
+
+export interface RecordErasureResponse {
+  erasure: Erasure | undefined;
+  created: boolean;
+}
+
+export interface GetErasureRequest {
+  erasureId: string;
+}
+
+export interface GetErasureResponse {
+  erasure: Erasure | undefined;
 }
 
 function createBaseAgentTrust(): AgentTrust {
@@ -5378,6 +5430,742 @@ export const ListAccessRestrictionsResponse: MessageFns<ListAccessRestrictionsRe
   },
 };
 
+function createBaseErasedItem(): ErasedItem {
+  return { kind: "", id: "", leafHash: "" };
+}
+
+export const ErasedItem: MessageFns<ErasedItem> = {
+  encode(message: ErasedItem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.kind !== "") {
+      writer.uint32(10).string(message.kind);
+    }
+    if (message.id !== "") {
+      writer.uint32(18).string(message.id);
+    }
+    if (message.leafHash !== "") {
+      writer.uint32(26).string(message.leafHash);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ErasedItem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseErasedItem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.leafHash = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ErasedItem {
+    return {
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      leafHash: isSet(object.leafHash)
+        ? globalThis.String(object.leafHash)
+        : isSet(object.leaf_hash)
+        ? globalThis.String(object.leaf_hash)
+        : "",
+    };
+  },
+
+  toJSON(message: ErasedItem): unknown {
+    const obj: any = {};
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.leafHash !== "") {
+      obj.leafHash = message.leafHash;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ErasedItem>, I>>(base?: I): ErasedItem {
+    return ErasedItem.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ErasedItem>, I>>(object: I): ErasedItem {
+    const message = createBaseErasedItem();
+    message.kind = object.kind ?? "";
+    message.id = object.id ?? "";
+    message.leafHash = object.leafHash ?? "";
+    return message;
+  },
+};
+
+function createBaseErasure(): Erasure {
+  return {
+    erasureId: "",
+    fleetId: "",
+    selectorKind: "",
+    selectorValue: "",
+    requestedBy: "",
+    reason: "",
+    items: [],
+    createTime: undefined,
+    chainSeq: 0,
+  };
+}
+
+export const Erasure: MessageFns<Erasure> = {
+  encode(message: Erasure, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasureId !== "") {
+      writer.uint32(10).string(message.erasureId);
+    }
+    if (message.fleetId !== "") {
+      writer.uint32(18).string(message.fleetId);
+    }
+    if (message.selectorKind !== "") {
+      writer.uint32(26).string(message.selectorKind);
+    }
+    if (message.selectorValue !== "") {
+      writer.uint32(34).string(message.selectorValue);
+    }
+    if (message.requestedBy !== "") {
+      writer.uint32(42).string(message.requestedBy);
+    }
+    if (message.reason !== "") {
+      writer.uint32(50).string(message.reason);
+    }
+    for (const v of message.items) {
+      ErasedItem.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.createTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(66).fork()).join();
+    }
+    if (message.chainSeq !== 0) {
+      writer.uint32(72).int64(message.chainSeq);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Erasure {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseErasure();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.selectorKind = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.selectorValue = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.requestedBy = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.items.push(ErasedItem.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.chainSeq = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Erasure {
+    return {
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      selectorKind: isSet(object.selectorKind)
+        ? globalThis.String(object.selectorKind)
+        : isSet(object.selector_kind)
+        ? globalThis.String(object.selector_kind)
+        : "",
+      selectorValue: isSet(object.selectorValue)
+        ? globalThis.String(object.selectorValue)
+        : isSet(object.selector_value)
+        ? globalThis.String(object.selector_value)
+        : "",
+      requestedBy: isSet(object.requestedBy)
+        ? globalThis.String(object.requestedBy)
+        : isSet(object.requested_by)
+        ? globalThis.String(object.requested_by)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      items: globalThis.Array.isArray(object?.items)
+        ? object.items.map((e: any) => ErasedItem.fromJSON(e))
+        : [],
+      createTime: isSet(object.createTime)
+        ? fromJsonTimestamp(object.createTime)
+        : isSet(object.create_time)
+        ? fromJsonTimestamp(object.create_time)
+        : undefined,
+      chainSeq: isSet(object.chainSeq)
+        ? globalThis.Number(object.chainSeq)
+        : isSet(object.chain_seq)
+        ? globalThis.Number(object.chain_seq)
+        : 0,
+    };
+  },
+
+  toJSON(message: Erasure): unknown {
+    const obj: any = {};
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.selectorKind !== "") {
+      obj.selectorKind = message.selectorKind;
+    }
+    if (message.selectorValue !== "") {
+      obj.selectorValue = message.selectorValue;
+    }
+    if (message.requestedBy !== "") {
+      obj.requestedBy = message.requestedBy;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.items?.length) {
+      obj.items = message.items.map((e) => ErasedItem.toJSON(e));
+    }
+    if (message.createTime !== undefined) {
+      obj.createTime = message.createTime.toISOString();
+    }
+    if (message.chainSeq !== 0) {
+      obj.chainSeq = Math.round(message.chainSeq);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Erasure>, I>>(base?: I): Erasure {
+    return Erasure.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Erasure>, I>>(object: I): Erasure {
+    const message = createBaseErasure();
+    message.erasureId = object.erasureId ?? "";
+    message.fleetId = object.fleetId ?? "";
+    message.selectorKind = object.selectorKind ?? "";
+    message.selectorValue = object.selectorValue ?? "";
+    message.requestedBy = object.requestedBy ?? "";
+    message.reason = object.reason ?? "";
+    message.items = object.items?.map((e) => ErasedItem.fromPartial(e)) || [];
+    message.createTime = object.createTime ?? undefined;
+    message.chainSeq = object.chainSeq ?? 0;
+    return message;
+  },
+};
+
+function createBaseRecordErasureRequest(): RecordErasureRequest {
+  return { fleetId: "", selectorKind: "", selectorValue: "", reason: "", items: [], requestId: "" };
+}
+
+export const RecordErasureRequest: MessageFns<RecordErasureRequest> = {
+  encode(message: RecordErasureRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.fleetId !== "") {
+      writer.uint32(10).string(message.fleetId);
+    }
+    if (message.selectorKind !== "") {
+      writer.uint32(18).string(message.selectorKind);
+    }
+    if (message.selectorValue !== "") {
+      writer.uint32(26).string(message.selectorValue);
+    }
+    if (message.reason !== "") {
+      writer.uint32(34).string(message.reason);
+    }
+    for (const v of message.items) {
+      ErasedItem.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.requestId !== "") {
+      writer.uint32(50).string(message.requestId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordErasureRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordErasureRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.selectorKind = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.selectorValue = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.items.push(ErasedItem.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordErasureRequest {
+    return {
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      selectorKind: isSet(object.selectorKind)
+        ? globalThis.String(object.selectorKind)
+        : isSet(object.selector_kind)
+        ? globalThis.String(object.selector_kind)
+        : "",
+      selectorValue: isSet(object.selectorValue)
+        ? globalThis.String(object.selectorValue)
+        : isSet(object.selector_value)
+        ? globalThis.String(object.selector_value)
+        : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      items: globalThis.Array.isArray(object?.items) ? object.items.map((e: any) => ErasedItem.fromJSON(e)) : [],
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+    };
+  },
+
+  toJSON(message: RecordErasureRequest): unknown {
+    const obj: any = {};
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.selectorKind !== "") {
+      obj.selectorKind = message.selectorKind;
+    }
+    if (message.selectorValue !== "") {
+      obj.selectorValue = message.selectorValue;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.items?.length) {
+      obj.items = message.items.map((e) => ErasedItem.toJSON(e));
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordErasureRequest>, I>>(base?: I): RecordErasureRequest {
+    return RecordErasureRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordErasureRequest>, I>>(object: I): RecordErasureRequest {
+    const message = createBaseRecordErasureRequest();
+    message.fleetId = object.fleetId ?? "";
+    message.selectorKind = object.selectorKind ?? "";
+    message.selectorValue = object.selectorValue ?? "";
+    message.reason = object.reason ?? "";
+    message.items = object.items?.map((e) => ErasedItem.fromPartial(e)) || [];
+    message.requestId = object.requestId ?? "";
+    return message;
+  },
+};
+
+function createBaseRecordErasureResponse(): RecordErasureResponse {
+  return { erasure: undefined, created: false };
+}
+
+export const RecordErasureResponse: MessageFns<RecordErasureResponse> = {
+  encode(message: RecordErasureResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasure !== undefined) {
+      Erasure.encode(message.erasure, writer.uint32(10).fork()).join();
+    }
+    if (message.created !== false) {
+      writer.uint32(16).bool(message.created);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordErasureResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordErasureResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasure = Erasure.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.created = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordErasureResponse {
+    return {
+      erasure: isSet(object.erasure) ? Erasure.fromJSON(object.erasure) : undefined,
+      created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+    };
+  },
+
+  toJSON(message: RecordErasureResponse): unknown {
+    const obj: any = {};
+    if (message.erasure !== undefined) {
+      obj.erasure = Erasure.toJSON(message.erasure);
+    }
+    if (message.created !== false) {
+      obj.created = message.created;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordErasureResponse>, I>>(base?: I): RecordErasureResponse {
+    return RecordErasureResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordErasureResponse>, I>>(object: I): RecordErasureResponse {
+    const message = createBaseRecordErasureResponse();
+    message.erasure = (object.erasure !== undefined && object.erasure !== null)
+      ? Erasure.fromPartial(object.erasure)
+      : undefined;
+    message.created = object.created ?? false;
+    return message;
+  },
+};
+
+function createBaseGetErasureRequest(): GetErasureRequest {
+  return { erasureId: "" };
+}
+
+export const GetErasureRequest: MessageFns<GetErasureRequest> = {
+  encode(message: GetErasureRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasureId !== "") {
+      writer.uint32(10).string(message.erasureId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetErasureRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetErasureRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetErasureRequest {
+    return {
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+    };
+  },
+
+  toJSON(message: GetErasureRequest): unknown {
+    const obj: any = {};
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetErasureRequest>, I>>(base?: I): GetErasureRequest {
+    return GetErasureRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetErasureRequest>, I>>(object: I): GetErasureRequest {
+    const message = createBaseGetErasureRequest();
+    message.erasureId = object.erasureId ?? "";
+    return message;
+  },
+};
+
+function createBaseGetErasureResponse(): GetErasureResponse {
+  return { erasure: undefined };
+}
+
+export const GetErasureResponse: MessageFns<GetErasureResponse> = {
+  encode(message: GetErasureResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasure !== undefined) {
+      Erasure.encode(message.erasure, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GetErasureResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGetErasureResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasure = Erasure.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GetErasureResponse {
+    return { erasure: isSet(object.erasure) ? Erasure.fromJSON(object.erasure) : undefined };
+  },
+
+  toJSON(message: GetErasureResponse): unknown {
+    const obj: any = {};
+    if (message.erasure !== undefined) {
+      obj.erasure = Erasure.toJSON(message.erasure);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GetErasureResponse>, I>>(base?: I): GetErasureResponse {
+    return GetErasureResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GetErasureResponse>, I>>(object: I): GetErasureResponse {
+    const message = createBaseGetErasureResponse();
+    message.erasure = (object.erasure !== undefined && object.erasure !== null)
+      ? Erasure.fromPartial(object.erasure)
+      : undefined;
+    return message;
+  },
+};
+
 /**
  * GovernanceService owns agents' trust tiers, the write rules, every gate
  * decision and the witness chain over all of them. It is the only writer of
@@ -5561,6 +6349,32 @@ export const GovernanceServiceService = {
     responseDeserialize: (value: Buffer): ListAccessRestrictionsResponse =>
       ListAccessRestrictionsResponse.decode(value),
   },
+  /**
+   * Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+   * selector and the items to erase with the leaf hashes their tombstones
+   * keep. The services that hold the items erase them only once it is
+   * recorded here. Idempotent by request_id. Governor or admin role.
+   */
+  recordErasure: {
+    path: "/engram.governance.v1.GovernanceService/RecordErasure" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RecordErasureRequest): Buffer => Buffer.from(RecordErasureRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RecordErasureRequest => RecordErasureRequest.decode(value),
+    responseSerialize: (value: RecordErasureResponse): Buffer =>
+      Buffer.from(RecordErasureResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RecordErasureResponse => RecordErasureResponse.decode(value),
+  },
+  /** One recorded erasure (the shard reads it before it erases anything). */
+  getErasure: {
+    path: "/engram.governance.v1.GovernanceService/GetErasure" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetErasureRequest): Buffer => Buffer.from(GetErasureRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetErasureRequest => GetErasureRequest.decode(value),
+    responseSerialize: (value: GetErasureResponse): Buffer => Buffer.from(GetErasureResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetErasureResponse => GetErasureResponse.decode(value),
+  },
 } as const;
 
 export interface GovernanceServiceServer extends UntypedServiceImplementation {
@@ -5615,6 +6429,15 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
    * principals only; services poll it (not on the HTTP gateway).
    */
   listAccessRestrictions: handleUnaryCall<ListAccessRestrictionsRequest, ListAccessRestrictionsResponse>;
+  /**
+   * Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+   * selector and the items to erase with the leaf hashes their tombstones
+   * keep. The services that hold the items erase them only once it is
+   * recorded here. Idempotent by request_id. Governor or admin role.
+   */
+  recordErasure: handleUnaryCall<RecordErasureRequest, RecordErasureResponse>;
+  /** One recorded erasure (the shard reads it before it erases anything). */
+  getErasure: handleUnaryCall<GetErasureRequest, GetErasureResponse>;
 }
 
 export interface GovernanceServiceClient extends Client {
@@ -5864,6 +6687,43 @@ export interface GovernanceServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListAccessRestrictionsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Chains an erasure (engram forget; docs/erasure.md): who asked, why, the
+   * selector and the items to erase with the leaf hashes their tombstones
+   * keep. The services that hold the items erase them only once it is
+   * recorded here. Idempotent by request_id. Governor or admin role.
+   */
+  recordErasure(
+    request: RecordErasureRequest,
+    callback: (error: ServiceError | null, response: RecordErasureResponse) => void,
+  ): ClientUnaryCall;
+  recordErasure(
+    request: RecordErasureRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RecordErasureResponse) => void,
+  ): ClientUnaryCall;
+  recordErasure(
+    request: RecordErasureRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RecordErasureResponse) => void,
+  ): ClientUnaryCall;
+  /** One recorded erasure (the shard reads it before it erases anything). */
+  getErasure(
+    request: GetErasureRequest,
+    callback: (error: ServiceError | null, response: GetErasureResponse) => void,
+  ): ClientUnaryCall;
+  getErasure(
+    request: GetErasureRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetErasureResponse) => void,
+  ): ClientUnaryCall;
+  getErasure(
+    request: GetErasureRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetErasureResponse) => void,
   ): ClientUnaryCall;
 }
 

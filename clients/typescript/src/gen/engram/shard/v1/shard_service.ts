@@ -72,7 +72,10 @@ export function searchModeToJSON(object: SearchMode): string {
 }
 
 export interface Record {
-  /** Derived from fleet, run, author and content hash (hex). */
+  /**
+   * Format 1: derived from fleet, run, author and content hash (hex). Format 2:
+   * random; a retried write finds it through a keyed digest of the content.
+   */
   id: string;
   fleetId: string;
   /** "" for legacy records written outside any run. */
@@ -90,13 +93,26 @@ export interface Record {
   crossRefs: string[];
   createTime: Date | undefined;
   metadata: { [key: string]: string };
-  /** SHA-256 (hex) over every immutable field above; verified with content_hash. */
+  /**
+   * SHA-256 (hex). Format 1: over every immutable field above. Format 2: over
+   * the structural fields and body_commitment (not the content, tags or
+   * metadata themselves), so an erased record's tombstone still verifies.
+   */
   recordHash: string;
   /**
    * The governance gate decision that allowed this write (under record_hash
    * too); empty when the shard ran ungated (ENGRAM_SHARD_ALLOW_UNGATED).
    */
   gateDecisionId: string;
+  /** 1 (before erasure support) or 2 (salted commitment; docs/erasure.md). */
+  format: number;
+  /** Format 2: 32 random bytes (hex) kept beside the record, deleted on erasure. */
+  salt: string;
+  /**
+   * Format 2: SHA-256("engram-commit-v2" 0x1f salt canonical{content, tags,
+   * metadata}) (hex); what governance's chain holds for this record.
+   */
+  bodyCommitment: string;
 }
 
 export interface Record_MetadataEntry {
@@ -303,6 +319,11 @@ export interface IntegrityFailure {
 export interface VerifyRecordsResponse {
   checked: number;
   failures: IntegrityFailure[];
+  /**
+   * Erased records among those asked for: their tombstones re-derive their
+   * record_hash (format 2) or are kept as erased (format 1); not in checked.
+   */
+  tombstoned: number;
 }
 
 export interface SnapshotForRunRequest {
@@ -388,6 +409,42 @@ export interface ApplyRetentionResponse {
   removedIds: string[];
 }
 
+export interface ForgetRecordsRequest {
+  /** What to select (without erasure_id). Exactly one. */
+  selector:
+    | { $case: "agentId"; value: string }
+    | { $case: "recordId"; value: string }
+    | { $case: "runId"; value: string }
+    | //
+    /** Case-insensitive substring of the content, a tag or a metadata key or value. */
+    { $case: "match"; value: string }
+    | undefined;
+  /** Admin only: another fleet than the token's. */
+  fleetId: string;
+  /** Governance's erasure to carry out; empty: list what the selector matches. */
+  erasureId: string;
+  /** At most this many items are listed (1..10000; 0 means 1000). */
+  limit: number;
+}
+
+export interface ForgottenRecord {
+  recordId: string;
+  /** The leaf hash the tombstone keeps. */
+  recordHash: string;
+  /** "record", or "summary": a compaction summary quoting an erased record. */
+  kind: string;
+}
+
+export interface ForgetRecordsResponse {
+  /** Listed (selection) or erased (with erasure_id) by this call. */
+  records: ForgottenRecord[];
+  /** Selection: more records match than were listed (erase these, then ask again). */
+  more: boolean;
+  erasureId: string;
+  /** With erasure_id: items of the erasure already erased before this call. */
+  alreadyErased: number;
+}
+
 function createBaseRecord(): Record {
   return {
     id: "",
@@ -405,6 +462,9 @@ function createBaseRecord(): Record {
     metadata: {},
     recordHash: "",
     gateDecisionId: "",
+    format: 0,
+    salt: "",
+    bodyCommitment: "",
   };
 }
 
@@ -454,6 +514,15 @@ export const Record: MessageFns<Record> = {
     }
     if (message.gateDecisionId !== "") {
       writer.uint32(122).string(message.gateDecisionId);
+    }
+    if (message.format !== 0) {
+      writer.uint32(128).uint32(message.format);
+    }
+    if (message.salt !== "") {
+      writer.uint32(138).string(message.salt);
+    }
+    if (message.bodyCommitment !== "") {
+      writer.uint32(146).string(message.bodyCommitment);
     }
     return writer;
   },
@@ -594,6 +663,30 @@ export const Record: MessageFns<Record> = {
             message.gateDecisionId = reader.string();
             continue;
           }
+          case 16: {
+            if (tag !== 128) {
+              break;
+            }
+
+            message.format = reader.uint32();
+            continue;
+          }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.salt = reader.string();
+            continue;
+          }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.bodyCommitment = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -670,6 +763,13 @@ export const Record: MessageFns<Record> = {
         : isSet(object.gate_decision_id)
         ? globalThis.String(object.gate_decision_id)
         : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
+      bodyCommitment: isSet(object.bodyCommitment)
+        ? globalThis.String(object.bodyCommitment)
+        : isSet(object.body_commitment)
+        ? globalThis.String(object.body_commitment)
+        : "",
     };
   },
 
@@ -726,6 +826,15 @@ export const Record: MessageFns<Record> = {
     if (message.gateDecisionId !== "") {
       obj.gateDecisionId = message.gateDecisionId;
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.salt !== "") {
+      obj.salt = message.salt;
+    }
+    if (message.bodyCommitment !== "") {
+      obj.bodyCommitment = message.bodyCommitment;
+    }
     return obj;
   },
 
@@ -757,6 +866,9 @@ export const Record: MessageFns<Record> = {
     );
     message.recordHash = object.recordHash ?? "";
     message.gateDecisionId = object.gateDecisionId ?? "";
+    message.format = object.format ?? 0;
+    message.salt = object.salt ?? "";
+    message.bodyCommitment = object.bodyCommitment ?? "";
     return message;
   },
 };
@@ -3568,7 +3680,7 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
 };
 
 function createBaseVerifyRecordsResponse(): VerifyRecordsResponse {
-  return { checked: 0, failures: [] };
+  return { checked: 0, failures: [], tombstoned: 0 };
 }
 
 export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
@@ -3578,6 +3690,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     }
     for (const v of message.failures) {
       IntegrityFailure.encode(v!, writer.uint32(18).fork()).join();
+    }
+    if (message.tombstoned !== 0) {
+      writer.uint32(24).int64(message.tombstoned);
     }
     return writer;
   },
@@ -3611,6 +3726,14 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
             message.failures.push(IntegrityFailure.decode(reader, reader.uint32()));
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.tombstoned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3629,6 +3752,7 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
       failures: globalThis.Array.isArray(object?.failures)
         ? object.failures.map((e: any) => IntegrityFailure.fromJSON(e))
         : [],
+      tombstoned: isSet(object.tombstoned) ? globalThis.Number(object.tombstoned) : 0,
     };
   },
 
@@ -3640,6 +3764,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     if (message.failures?.length) {
       obj.failures = message.failures.map((e) => IntegrityFailure.toJSON(e));
     }
+    if (message.tombstoned !== 0) {
+      obj.tombstoned = Math.round(message.tombstoned);
+    }
     return obj;
   },
 
@@ -3650,6 +3777,7 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     const message = createBaseVerifyRecordsResponse();
     message.checked = object.checked ?? 0;
     message.failures = object.failures?.map((e) => IntegrityFailure.fromPartial(e)) || [];
+    message.tombstoned = object.tombstoned ?? 0;
     return message;
   },
 };
@@ -4743,6 +4871,447 @@ export const ApplyRetentionResponse: MessageFns<ApplyRetentionResponse> = {
   },
 };
 
+function createBaseForgetRecordsRequest(): ForgetRecordsRequest {
+  return { selector: undefined, fleetId: "", erasureId: "", limit: 0 };
+}
+
+export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
+  encode(message: ForgetRecordsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.selector?.$case) {
+      case "agentId":
+        writer.uint32(10).string(message.selector.value);
+        break;
+      case "recordId":
+        writer.uint32(18).string(message.selector.value);
+        break;
+      case "runId":
+        writer.uint32(26).string(message.selector.value);
+        break;
+      case "match":
+        writer.uint32(34).string(message.selector.value);
+        break;
+    }
+    if (message.fleetId !== "") {
+      writer.uint32(42).string(message.fleetId);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(50).string(message.erasureId);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(56).int32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetRecordsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetRecordsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.selector = { $case: "agentId", value: reader.string() };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.selector = { $case: "recordId", value: reader.string() };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.selector = { $case: "runId", value: reader.string() };
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.selector = { $case: "match", value: reader.string() };
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetRecordsRequest {
+    return {
+      selector: isSet(object.agentId)
+        ? { $case: "agentId", value: globalThis.String(object.agentId) }
+        : isSet(object.agent_id)
+        ? { $case: "agentId", value: globalThis.String(object.agent_id) }
+        : isSet(object.recordId)
+        ? { $case: "recordId", value: globalThis.String(object.recordId) }
+        : isSet(object.record_id)
+        ? { $case: "recordId", value: globalThis.String(object.record_id) }
+        : isSet(object.runId)
+        ? { $case: "runId", value: globalThis.String(object.runId) }
+        : isSet(object.run_id)
+        ? { $case: "runId", value: globalThis.String(object.run_id) }
+        : isSet(object.match)
+        ? { $case: "match", value: globalThis.String(object.match) }
+        : undefined,
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: ForgetRecordsRequest): unknown {
+    const obj: any = {};
+    if (message.selector?.$case === "agentId") {
+      obj.agentId = message.selector.value;
+    } else if (message.selector?.$case === "recordId") {
+      obj.recordId = message.selector.value;
+    } else if (message.selector?.$case === "runId") {
+      obj.runId = message.selector.value;
+    } else if (message.selector?.$case === "match") {
+      obj.match = message.selector.value;
+    }
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetRecordsRequest>, I>>(base?: I): ForgetRecordsRequest {
+    return ForgetRecordsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetRecordsRequest>, I>>(object: I): ForgetRecordsRequest {
+    const message = createBaseForgetRecordsRequest();
+    switch (object.selector?.$case) {
+      case "agentId": {
+        if (object.selector?.value !== undefined && object.selector?.value !== null) {
+          message.selector = { $case: "agentId", value: object.selector.value };
+        }
+        break;
+      }
+      case "recordId": {
+        if (object.selector?.value !== undefined && object.selector?.value !== null) {
+          message.selector = { $case: "recordId", value: object.selector.value };
+        }
+        break;
+      }
+      case "runId": {
+        if (object.selector?.value !== undefined && object.selector?.value !== null) {
+          message.selector = { $case: "runId", value: object.selector.value };
+        }
+        break;
+      }
+      case "match": {
+        if (object.selector?.value !== undefined && object.selector?.value !== null) {
+          message.selector = { $case: "match", value: object.selector.value };
+        }
+        break;
+      }
+    }
+    message.fleetId = object.fleetId ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseForgottenRecord(): ForgottenRecord {
+  return { recordId: "", recordHash: "", kind: "" };
+}
+
+export const ForgottenRecord: MessageFns<ForgottenRecord> = {
+  encode(message: ForgottenRecord, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.recordId !== "") {
+      writer.uint32(10).string(message.recordId);
+    }
+    if (message.recordHash !== "") {
+      writer.uint32(18).string(message.recordHash);
+    }
+    if (message.kind !== "") {
+      writer.uint32(26).string(message.kind);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgottenRecord {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgottenRecord();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.recordId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.recordHash = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgottenRecord {
+    return {
+      recordId: isSet(object.recordId)
+        ? globalThis.String(object.recordId)
+        : isSet(object.record_id)
+        ? globalThis.String(object.record_id)
+        : "",
+      recordHash: isSet(object.recordHash)
+        ? globalThis.String(object.recordHash)
+        : isSet(object.record_hash)
+        ? globalThis.String(object.record_hash)
+        : "",
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+    };
+  },
+
+  toJSON(message: ForgottenRecord): unknown {
+    const obj: any = {};
+    if (message.recordId !== "") {
+      obj.recordId = message.recordId;
+    }
+    if (message.recordHash !== "") {
+      obj.recordHash = message.recordHash;
+    }
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgottenRecord>, I>>(base?: I): ForgottenRecord {
+    return ForgottenRecord.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgottenRecord>, I>>(object: I): ForgottenRecord {
+    const message = createBaseForgottenRecord();
+    message.recordId = object.recordId ?? "";
+    message.recordHash = object.recordHash ?? "";
+    message.kind = object.kind ?? "";
+    return message;
+  },
+};
+
+function createBaseForgetRecordsResponse(): ForgetRecordsResponse {
+  return { records: [], more: false, erasureId: "", alreadyErased: 0 };
+}
+
+export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
+  encode(message: ForgetRecordsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.records) {
+      ForgottenRecord.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.more !== false) {
+      writer.uint32(16).bool(message.more);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(26).string(message.erasureId);
+    }
+    if (message.alreadyErased !== 0) {
+      writer.uint32(32).int32(message.alreadyErased);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetRecordsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetRecordsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.records.push(ForgottenRecord.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.more = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.alreadyErased = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetRecordsResponse {
+    return {
+      records: globalThis.Array.isArray(object?.records)
+        ? object.records.map((e: any) => ForgottenRecord.fromJSON(e))
+        : [],
+      more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      alreadyErased: isSet(object.alreadyErased)
+        ? globalThis.Number(object.alreadyErased)
+        : isSet(object.already_erased)
+        ? globalThis.Number(object.already_erased)
+        : 0,
+    };
+  },
+
+  toJSON(message: ForgetRecordsResponse): unknown {
+    const obj: any = {};
+    if (message.records?.length) {
+      obj.records = message.records.map((e) => ForgottenRecord.toJSON(e));
+    }
+    if (message.more !== false) {
+      obj.more = message.more;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.alreadyErased !== 0) {
+      obj.alreadyErased = Math.round(message.alreadyErased);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetRecordsResponse>, I>>(base?: I): ForgetRecordsResponse {
+    return ForgetRecordsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetRecordsResponse>, I>>(object: I): ForgetRecordsResponse {
+    const message = createBaseForgetRecordsResponse();
+    message.records = object.records?.map((e) => ForgottenRecord.fromPartial(e)) || [];
+    message.more = object.more ?? false;
+    message.erasureId = object.erasureId ?? "";
+    message.alreadyErased = object.alreadyErased ?? 0;
+    return message;
+  },
+};
+
 /**
  * ShardService stores agents' memory records: immutable, content-addressed,
  * scoped by fleet (from the caller's token) and run, routed into domains and
@@ -4918,6 +5487,24 @@ export const ShardServiceService = {
       Buffer.from(ApplyRetentionResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ApplyRetentionResponse => ApplyRetentionResponse.decode(value),
   },
+  /**
+   * Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+   * what the selector matches (at most `limit`), changes nothing. With
+   * erasure_id: erases exactly the records governance's erasure of that id
+   * lists, from the store, its full-text index, stored vectors and the search
+   * index, leaving tombstones that keep record_hash verifiable. Governor or
+   * admin role; the erasure must be of the caller's fleet.
+   */
+  forgetRecords: {
+    path: "/engram.shard.v1.ShardService/ForgetRecords" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ForgetRecordsRequest): Buffer => Buffer.from(ForgetRecordsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ForgetRecordsRequest => ForgetRecordsRequest.decode(value),
+    responseSerialize: (value: ForgetRecordsResponse): Buffer =>
+      Buffer.from(ForgetRecordsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ForgetRecordsResponse => ForgetRecordsResponse.decode(value),
+  },
 } as const;
 
 export interface ShardServiceServer extends UntypedServiceImplementation {
@@ -4963,6 +5550,15 @@ export interface ShardServiceServer extends UntypedServiceImplementation {
    * age. The summary keeps their hashes. Explicit, never automatic.
    */
   applyRetention: handleUnaryCall<ApplyRetentionRequest, ApplyRetentionResponse>;
+  /**
+   * Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+   * what the selector matches (at most `limit`), changes nothing. With
+   * erasure_id: erases exactly the records governance's erasure of that id
+   * lists, from the store, its full-text index, stored vectors and the search
+   * index, leaving tombstones that keep record_hash verifiable. Governor or
+   * admin role; the erasure must be of the caller's fleet.
+   */
+  forgetRecords: handleUnaryCall<ForgetRecordsRequest, ForgetRecordsResponse>;
 }
 
 export interface ShardServiceClient extends Client {
@@ -5197,6 +5793,29 @@ export interface ShardServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ApplyRetentionResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Erases records (engram forget; docs/erasure.md). Without erasure_id: lists
+   * what the selector matches (at most `limit`), changes nothing. With
+   * erasure_id: erases exactly the records governance's erasure of that id
+   * lists, from the store, its full-text index, stored vectors and the search
+   * index, leaving tombstones that keep record_hash verifiable. Governor or
+   * admin role; the erasure must be of the caller's fleet.
+   */
+  forgetRecords(
+    request: ForgetRecordsRequest,
+    callback: (error: ServiceError | null, response: ForgetRecordsResponse) => void,
+  ): ClientUnaryCall;
+  forgetRecords(
+    request: ForgetRecordsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ForgetRecordsResponse) => void,
+  ): ClientUnaryCall;
+  forgetRecords(
+    request: ForgetRecordsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ForgetRecordsResponse) => void,
   ): ClientUnaryCall;
 }
 

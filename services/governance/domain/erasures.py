@@ -1,0 +1,104 @@
+"""Erasures (engram forget; docs/erasure.md): governance chains what is to be erased, by whom
+and why, before any service deletes anything; the services erase exactly the items listed."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.common.errors import InvalidArgument
+from services.common.limits import check_limit
+from services.common.tokens import validate_identifier
+
+SELECTOR_KINDS = ("agent", "record", "run", "match")
+ITEM_KINDS = ("record", "summary")
+MAX_ITEMS = 10_000
+MAX_REASON_CHARS = 1000
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ErasedItem:
+    kind: str
+    id: str
+    leaf_hash: str
+
+
+@dataclass(frozen=True)
+class Erasure:
+    erasure_id: str
+    fleet_id: str
+    selector_kind: str
+    selector_value: str
+    requested_by: str
+    reason: str
+    items: tuple[ErasedItem, ...]
+    created_ms: int
+    chain_seq: int = -1
+
+    def state(self) -> dict[str, object]:
+        """What the witness chain records (the entry's own seq is not part of it)."""
+        return {"erasure_id": self.erasure_id, "fleet_id": self.fleet_id,
+                "selector_kind": self.selector_kind, "selector_value": self.selector_value,
+                "requested_by": self.requested_by, "reason": self.reason,
+                "items": [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash}
+                          for i in self.items],
+                "created_ms": self.created_ms}
+
+    @staticmethod
+    def from_state(state: dict[str, object], chain_seq: int) -> Erasure:
+        items = state["items"]
+        assert isinstance(items, list)
+        return Erasure(
+            erasure_id=str(state["erasure_id"]), fleet_id=str(state["fleet_id"]),
+            selector_kind=str(state["selector_kind"]),
+            selector_value=str(state["selector_value"]),
+            requested_by=str(state["requested_by"]), reason=str(state["reason"]),
+            items=tuple(ErasedItem(str(i["kind"]), str(i["id"]), str(i["leaf_hash"]))
+                        for i in items),
+            created_ms=int(str(state["created_ms"])), chain_seq=chain_seq)
+
+
+def erasure_id_for(fleet_id: str, request_id: str) -> str:
+    """From the request id when given (a retry records nothing new), else random."""
+    if request_id:
+        seed = f"{fleet_id}\x00{request_id}".encode()
+        return "era_" + hashlib.sha256(seed).hexdigest()[:28]
+    return "era_" + secrets.token_hex(14)
+
+
+def check_request(selector_kind: str, selector_value: str, reason: str,
+                  items: Sequence[ErasedItem]) -> None:
+    """INVALID_ARGUMENT naming what is wrong with an erasure request."""
+    if selector_kind not in SELECTOR_KINDS:
+        raise InvalidArgument(f"selector_kind must be one of {', '.join(SELECTOR_KINDS)}, got "
+                              f"{selector_kind!r}", reason="INVALID_SELECTOR")
+    if selector_kind == "match":
+        if selector_value:
+            raise InvalidArgument("a match erasure does not record its text (the text is what "
+                                  "is being erased): leave selector_value empty",
+                                  reason="INVALID_SELECTOR")
+    else:
+        validate_identifier("selector_value", selector_value)
+    check_limit("reason", len(reason), MAX_REASON_CHARS, "a fixed limit", "characters",
+                reason="INVALID_REASON")
+    if not items:
+        raise InvalidArgument("an erasure lists at least one item", reason="EMPTY_ERASURE")
+    check_limit("an erasure", len(items), MAX_ITEMS, "a fixed limit; erase in rounds", "items",
+                reason="ERASURE_TOO_LARGE")
+    seen: set[tuple[str, str]] = set()
+    for index, item in enumerate(items):
+        if item.kind not in ITEM_KINDS:
+            raise InvalidArgument(f"item {index}: kind must be one of {', '.join(ITEM_KINDS)}, "
+                                  f"got {item.kind!r}", reason="INVALID_ITEM")
+        validate_identifier(f"item {index} id", item.id)
+        if not _HEX64.fullmatch(item.leaf_hash):
+            raise InvalidArgument(f"item {index}: leaf_hash must be 64 lowercase hex digits",
+                                  reason="INVALID_ITEM")
+        if (item.kind, item.id) in seen:
+            raise InvalidArgument(f"item {index}: {item.kind} {item.id} is listed twice",
+                                  reason="INVALID_ITEM")
+        seen.add((item.kind, item.id))

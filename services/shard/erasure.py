@@ -1,0 +1,231 @@
+"""RecordEraser: the shard's part of ``engram forget`` (docs/erasure.md).
+
+Selecting changes nothing: it lists the records a selector matches (and the compaction
+summaries that quote them) with the leaf hashes their tombstones will keep. Erasing takes
+an erasure id, reads that erasure from governance (the only writer of governance state
+chains it first) and erases exactly the records it lists, in one transaction: the row
+becomes a tombstone (structural fields and leaf hash, no content, tags, metadata, salt or
+content hash); its tags, links, stored vector, write key, request claims and compaction rows
+go; the full-text index drops its terms. Then the freed space is purged (SQLite: zeroed
+pages, FTS5 merged, WAL truncated; Postgres: VACUUM) and the fleet's search index is rebuilt
+and saved. Erasing the same erasure again erases nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, or_, select, text
+from sqlalchemy.orm import Session
+
+from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from services.common.tokens import Principal, validate_identifier
+from services.shard.domain.records import Record
+from services.shard.ports import ErasureOrder, ErasureSource
+from services.shard.repository import RecordFilter
+from services.shard.service import ShardService
+from services.shard.tables import (
+    RECORD_VECTORS,
+    RECORDS,
+    CompactionRow,
+    TombstoneRow,
+    WriteKeyRow,
+    WriteRequestRow,
+)
+
+log = logging.getLogger("engram.shard.erasure")
+
+MAX_ITEMS = 10_000
+DEFAULT_LIMIT = 1000
+MAX_MATCH_CHARS = 1000
+SELECTORS = ("agent", "record", "run", "match")
+PURGED_TABLES = ("records", "record_tags", "links", "record_vectors", "write_keys",
+                 "write_requests", "compactions")
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    record_id: str
+    record_hash: str
+    kind: str  # "record" or "summary"
+
+
+@dataclass(frozen=True)
+class Selection:
+    items: list[Forgotten]
+    more: bool
+
+
+@dataclass(frozen=True)
+class Erased:
+    items: list[Forgotten]
+    already: int
+
+
+class RecordEraser:
+    def __init__(self, service: ShardService, source: ErasureSource | None) -> None:
+        self.service = service
+        self.source = source
+
+    # -- selecting ----------------------------------------------------------
+
+    def select(self, fleet_id: str, kind: str, value: str, limit: int) -> Selection:
+        if kind not in SELECTORS:
+            raise InvalidArgument("name what to forget: agent_id, record_id, run_id or match",
+                                  reason="SELECTOR_REQUIRED")
+        if kind == "match":
+            needle = value.casefold().strip()
+            if not needle or len(value) > MAX_MATCH_CHARS:
+                raise InvalidArgument(f"match must be 1..{MAX_MATCH_CHARS} characters of text",
+                                      reason="INVALID_SELECTOR")
+        else:
+            validate_identifier(kind, value)
+        limit = limit or DEFAULT_LIMIT
+        if not 1 <= limit <= MAX_ITEMS:
+            raise InvalidArgument(f"limit must be 1..{MAX_ITEMS}, got {limit}",
+                                  reason="INVALID_LIMIT")
+        repo = self.service.repo
+        picked: list[Forgotten] = []
+        more = False
+        with self.service.db.session() as session:
+            for record in self._matching(session, fleet_id, kind, value):
+                if len(picked) >= limit:
+                    more = True
+                    break
+                picked.append(Forgotten(record.id, record.record_hash, "record"))
+            ids = [p.record_id for p in picked]
+            summaries = self._summaries_quoting(session, ids) - set(ids)
+            found = repo.by_ids(session, fleet_id, sorted(summaries))
+        picked += [Forgotten(s.id, s.record_hash, "summary")
+                   for s in sorted(found.values(), key=lambda r: r.id)]
+        return Selection(picked, more)
+
+    def _matching(self, session: Session, fleet_id: str, kind: str,
+                  value: str) -> Iterator[Record]:
+        repo = self.service.repo
+        if kind == "record":
+            found = repo.get(session, fleet_id, value)
+            if found is not None:
+                yield found
+            return
+        if kind == "agent":
+            yield from repo.scan(session, RecordFilter(fleet_id, agent_id=value))
+            return
+        if kind == "run":
+            yield from repo.scan(session, RecordFilter(fleet_id, run_id=value))
+            return
+        needle = value.casefold()
+        for record in repo.scan(session, RecordFilter(fleet_id)):
+            fields = [record.content, *record.tags, *record.metadata.keys(),
+                      *record.metadata.values()]
+            if any(needle in f.casefold() for f in fields):
+                yield record
+
+    @staticmethod
+    def _summaries_quoting(session: Session, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            found.update(session.scalars(select(CompactionRow.summary_id).where(
+                CompactionRow.original_id.in_(ids[start:start + 500]))))
+        return found
+
+    # -- erasing ------------------------------------------------------------
+
+    def erase(self, principal: Principal, fleet_id: str, erasure_id: str) -> Erased:
+        validate_identifier("erasure_id", erasure_id)
+        if self.source is None:
+            raise FailedPrecondition("this shard runs without governance, which records "
+                                     "erasures; nothing can be erased",
+                                     reason="GOVERNANCE_REQUIRED")
+        order = self.source.erasure(erasure_id)
+        if order.fleet_id != fleet_id:
+            raise PermissionDenied(f"erasure {erasure_id} is of fleet {order.fleet_id!r}, not "
+                                   f"{fleet_id!r}", reason="FLEET_MISMATCH")
+        now_us = int(self.service.clock() * 1_000_000)
+        erased, already, seqs = self._tombstone(order, now_us)
+        if erased:
+            self._purge()
+            index = self.service.search_engine.index
+            if index is not None:
+                index.forget(fleet_id, seqs)
+            log.info("records erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
+                                              "records": len(erased), "already": already,
+                                              "by": principal.agent_id})
+        return Erased(erased, already)
+
+    def _tombstone(self, order: ErasureOrder,
+                   now_us: int) -> tuple[list[Forgotten], int, dict[str, int]]:
+        ids = [item_id for _, item_id, _ in order.items]
+        kinds = {item_id: kind for kind, item_id, _ in order.items}
+        leaves = {item_id: leaf for _, item_id, leaf in order.items}
+        repo = self.service.repo
+        with self.service.db.session() as session:
+            done: set[str] = set()
+            for start in range(0, len(ids), 500):
+                done.update(session.scalars(select(TombstoneRow.id).where(
+                    TombstoneRow.id.in_(ids[start:start + 500]))))
+            stored = repo.by_ids(session, order.fleet_id, [i for i in ids if i not in done])
+            for record_id, record in stored.items():
+                if record.record_hash != leaves[record_id]:
+                    raise FailedPrecondition(
+                        f"record {record_id} has record_hash {record.record_hash[:16]}… but "
+                        f"erasure {order.erasure_id} lists {leaves[record_id][:16]}…; verify "
+                        "the records (engram verify) before erasing", reason="ERASURE_MISMATCH",
+                        metadata={"record_id": record_id})
+            seqs = self._seqs(session, list(stored))
+            if stored:
+                session.execute(insert(TombstoneRow), [
+                    _tombstone_values(r, seqs[r.id], order, now_us) for r in stored.values()])
+                self._drop_derived(session, order.fleet_id, list(stored))
+                repo.remove(session, order.fleet_id, list(stored))
+        erased = [Forgotten(i, leaves[i], kinds[i]) for i in ids if i in stored]
+        return erased, len(done), seqs
+
+    @staticmethod
+    def _seqs(session: Session, ids: list[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for start in range(0, len(ids), 500):
+            found.update((row.id, int(row.seq)) for row in session.execute(
+                select(RECORDS.c.id, RECORDS.c.seq).where(
+                    RECORDS.c.id.in_(ids[start:start + 500]))))
+        return found
+
+    @staticmethod
+    def _drop_derived(session: Session, fleet_id: str, ids: list[str]) -> None:
+        """Everything kept beside the records that derives from their content."""
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            session.execute(delete(RECORD_VECTORS).where(RECORD_VECTORS.c.record_id.in_(part)))
+            session.execute(delete(WriteKeyRow).where(WriteKeyRow.fleet_id == fleet_id,
+                                                      WriteKeyRow.record_id.in_(part)))
+            session.execute(delete(CompactionRow).where(or_(
+                CompactionRow.original_id.in_(part), CompactionRow.summary_id.in_(part))))
+            # A request claim keeps a digest of the request's body: it goes with any record
+            # it named (a retry of that request then writes anew, through the gate).
+            for record_id in part:
+                session.execute(delete(WriteRequestRow).where(
+                    WriteRequestRow.fleet_id == fleet_id,
+                    WriteRequestRow.record_ids_json.contains(f'"{record_id}"')))
+
+    def _purge(self) -> None:
+        db = self.service.db
+        if db.dialect == "sqlite":
+            with db.session() as session:  # merge FTS5 segments: no old one keeps the terms
+                session.execute(text("INSERT INTO records_fts(records_fts) VALUES ('optimize')"))
+        db.vacuum(PURGED_TABLES)
+
+
+def _tombstone_values(record: Record, seq: int, order: ErasureOrder,
+                      now_us: int) -> dict[str, object]:
+    return {
+        "id": record.id, "seq": seq, "fleet_id": record.fleet_id, "run_id": record.run_id,
+        "agent_id": record.agent_id, "format": record.format,
+        "body_commitment": record.body_commitment, "record_hash": record.record_hash,
+        "domain": record.domain, "source": record.source, "importance": record.importance,
+        "cross_refs_json": json.dumps(list(record.cross_refs)),
+        "created_us": record.created_us, "gate_decision_id": record.gate_decision_id,
+        "erasure_id": order.erasure_id, "erased_us": now_us, "erased_by": order.requested_by,
+    }
