@@ -10,6 +10,7 @@ from engram.cli import (
     bundle,
     compactor,
     evals,
+    forget,
     gateway,
     gov,
     mcp,
@@ -27,6 +28,7 @@ app.command("up")(up.up)
 shard.register(app)
 artifacts.register(app)
 bundle.register(app)
+forget.register(app)
 app.add_typer(gov.app, name="gov")
 app.add_typer(compactor.app, name="compactor")
 app.add_typer(token.app, name="token")

@@ -602,7 +602,7 @@ class ShardService:
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
                                    reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})
-                source = iter(found[i] for i in dict.fromkeys(ids))
+                source = iter(found[i] for i in dict.fromkeys(ids) if i in found)
             for record in source:
                 checked += 1
                 if isinstance(record, IntegrityError):

@@ -1,0 +1,139 @@
+"""engram forget through real servers, on SQLite and on Postgres: a unique marker planted in a
+record's content, another's tag, another's metadata and a compaction summary quoting the first
+is gone afterwards from every byte under the data directories and $ENGRAM_HOME (database files
+and their WAL, the index snapshot) and from every shard and governance table; searches and
+reads no longer return it; verification passes and counts the tombstones; the erasure is a
+verified governance chain entry; a dry run changes nothing; an agent is refused; a second
+forget erases nothing more; an unrelated record survives."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy as sa
+
+from engram.client import EngramRpcError, ShardClient
+from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.common.db import normalize_url
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, cli_for
+from tests.stack import full_stack
+
+FLEET = "fleet-e"
+
+
+def _files_holding(roots: list[Path], needles: list[bytes]) -> list[str]:
+    hits = []
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.is_file():
+                data = path.read_bytes().lower()
+                hits += [f"{path}: {n.decode()}" for n in needles if n in data]
+    return hits
+
+
+def _tables_holding(url: str, needles: list[str]) -> list[str]:
+    engine = sa.create_engine(normalize_url(url))
+    hits = []
+    try:
+        with engine.connect() as conn:
+            names = sa.inspect(conn).get_table_names()
+            for name in names:
+                for row in conn.execute(sa.text(f'SELECT t::text FROM "{name}" t')):
+                    hits += [f"{name}: {n}" for n in needles if n in row[0].lower()]
+    finally:
+        engine.dispose()
+    return hits
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_forget_leaves_no_byte_of_the_marker(
+        backend: str, tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    urls = ({"shard": request.getfixturevalue("fresh_postgres_url")}
+            if backend == "postgres" else {})
+    marker = "zqxmark" + secrets.token_hex(6)
+    admin = make_token("op", FLEET, ADMIN)
+    agent = make_token("scout-1", FLEET)
+    planted = f"the launch code is {marker}, keep it"
+    data = tmp_path / "data"
+    with full_stack(data, engram_home, make_token, urls) as stack:
+        with ShardClient(stack.shard.address, agent) as shard:
+            quoted = shard.add(planted, run_id="run-1", importance=0.1).record
+            tagged = shard.add("a record tagged with the marker", run_id="run-1",
+                               importance=0.9, tags=[marker]).record
+            described = shard.add("a record whose metadata holds it", run_id="run-2",
+                                  metadata={"note": marker}).record
+            shard.add("another low note in the same run", run_id="run-1", importance=0.1)
+            kept = shard.add("an unrelated lesson about idempotency keys", run_id="run-3",
+                             importance=0.9).record
+        with ShardClient(stack.shard.address, admin) as shard:
+            summaries = shard.compact(importance_below=0.35, older_than_days=0).groups
+            assert any(marker in g.summary.content for g in summaries)
+            summary_ids = {g.summary.id for g in summaries if quoted.id in g.replaced_ids}
+        assert quoted.format == 2 and quoted.salt and quoted.body_commitment
+
+        needles = [marker, hashlib.sha256(planted.encode()).hexdigest()]
+        if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
+            with closing(sqlite3.connect(data / "shard.db")) as db:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # the scans below can fail: before the erasure they find the marker
+        if backend == "sqlite":
+            assert _files_holding([data], [marker.encode()])
+        else:
+            assert _tables_holding(urls["shard"], needles)
+
+        with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
+            run("forget", "--match", marker, code=2)
+        with cli_for(stack, admin, monkeypatch) as run:
+            dry = run("forget", "--match", marker, "--dry-run")
+            would = {item["record_id"] for item in dry["would_erase"]}
+            assert would == {quoted.id, tagged.id, described.id} | summary_ids
+            with ShardClient(stack.shard.address, admin) as shard:
+                assert shard.get(quoted.id).content == planted  # the dry run changed nothing
+            done = run("forget", "--match", marker, "--reason", "subject asked")
+            assert done["erased"] == len(would)
+            assert run("forget", "--match", marker) == {"erased": 0, "erasures": []}
+            again = run("forget", "--record", quoted.id)
+            assert again["erased"] == 0
+
+        erasure_id = done["erasures"][0]["erasure_id"]
+        with ShardClient(stack.shard.address, admin) as shard:
+            assert not shard.search(marker, mode="lexical", limit=20)
+            assert not shard.search("launch code", mode="lexical", limit=20)
+            with pytest.raises(EngramRpcError) as erased:
+                shard.get(quoted.id)
+            assert erased.value.code == grpc.StatusCode.NOT_FOUND
+            assert erased.value.reason == "RECORD_ERASED"
+            assert [h.record.id for h in shard.search("idempotency keys", mode="lexical")] \
+                == [kept.id]
+            report = shard.verify(all_records=True)
+            assert not report.failures
+            assert report.tombstoned == len(would)
+            assert shard.verify([quoted.id]).tombstoned == 1
+            # the carried-out erasure again: nothing more
+            assert not shard.forget(erasure_id=erasure_id).records
+        with GovernanceClient(stack.governance.address, admin) as gov:
+            recorded = gov.erasure(erasure_id)
+            assert recorded.selector_kind == "match" and recorded.selector_value == ""
+            assert {i.id for i in recorded.items} == would
+            assert recorded.reason == "subject asked" and recorded.requested_by == "op"
+            assert gov.verify_chain().ok
+        with GovernanceClient(stack.governance.address, agent) as gov:
+            with pytest.raises(EngramRpcError) as refused:
+                gov.record_erasure("record", kept.id, [gpb.ErasedItem(
+                    kind="record", id=kept.id, leaf_hash=kept.record_hash)])
+            assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+        assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
+        if backend == "postgres":
+            assert _tables_holding(urls["shard"], needles) == []
+    # stopping saves the index snapshot again: still nothing
+    assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
