@@ -145,19 +145,21 @@ class RecordEraser:
             raise PermissionDenied(f"erasure {erasure_id} is of fleet {order.fleet_id!r}, not "
                                    f"{fleet_id!r}", reason="FLEET_MISMATCH")
         now_us = int(self.service.clock() * 1_000_000)
-        erased, already, seqs = self._tombstone(order, now_us)
+        erased, already = self._tombstone(order, now_us)
+        # Again for an erasure carried out before: a run interrupted after its transaction
+        # (a crash, a busy WAL) finishes here; when all was done, this finds nothing to do.
+        self._purge()
+        index = self.service.search_engine.index
+        if index is not None:
+            index.forget(fleet_id, [item_id for _, item_id, _ in order.items])
         if erased:
-            self._purge()
-            index = self.service.search_engine.index
-            if index is not None:
-                index.forget(fleet_id, seqs)
             log.info("records erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                               "records": len(erased), "already": already,
                                               "by": principal.agent_id})
         return Erased(erased, already)
 
     def _tombstone(self, order: ErasureOrder,
-                   now_us: int) -> tuple[list[Forgotten], int, dict[str, int]]:
+                   now_us: int) -> tuple[list[Forgotten], int]:
         ids = [item_id for _, item_id, _ in order.items]
         kinds = {item_id: kind for kind, item_id, _ in order.items}
         leaves = {item_id: leaf for _, item_id, leaf in order.items}
@@ -182,7 +184,7 @@ class RecordEraser:
                 self._drop_derived(session, order.fleet_id, list(stored))
                 repo.remove(session, order.fleet_id, list(stored))
         erased = [Forgotten(i, leaves[i], kinds[i]) for i in ids if i in stored]
-        return erased, len(done), seqs
+        return erased, len(done)
 
     @staticmethod
     def _seqs(session: Session, ids: list[str]) -> dict[str, int]:

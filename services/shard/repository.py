@@ -382,6 +382,24 @@ class ShardRepository:
         for row in rows:
             yield row.to_entity()
 
+    def erased_among(self, session: Session, ids: Sequence[str]) -> dict[str, str]:
+        """Those of ``ids`` erased (any fleet: an id is never reused) -> their erasure."""
+        found: dict[str, str] = {}
+        for start in range(0, len(ids), 500):
+            found.update(session.execute(select(TombstoneRow.id, TombstoneRow.erasure_id).where(
+                TombstoneRow.id.in_(list(ids[start:start + 500])))).tuples())
+        return found
+
+    def tombstone_count(self, session: Session) -> int:
+        return int(session.scalar(select(func.count()).select_from(TombstoneRow)) or 0)
+
+    def tombstone_ids_by_fleet(self, session: Session) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for fleet_id, record_id in session.execute(
+                select(TombstoneRow.fleet_id, TombstoneRow.id)):
+            found.setdefault(fleet_id, []).append(record_id)
+        return found
+
     def by_ids(self, session: Session, fleet_id: str, ids: Sequence[str], *,
                exclude_compacted: bool = False) -> dict[str, Record]:
         """The fleet's records among ``ids``; with ``exclude_compacted``, without the originals

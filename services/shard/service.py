@@ -24,6 +24,7 @@ from services.common.db import Database
 from services.common.errors import (
     AlreadyExists,
     EngramError,
+    FailedPrecondition,
     IntegrityError,
     InvalidArgument,
     NotFound,
@@ -467,6 +468,14 @@ class ShardService:
         total = len(imported)
         with self.db.session() as session:
             stored = self.repo.existing(session, [r.id for r in imported])
+            erased = self.repo.erased_among(session, [r.id for r in imported
+                                                      if r.id not in stored])
+            for index, record in enumerate(imported):
+                if record.id in erased:  # a bundle made before an erasure brings nothing back
+                    raise _indexed(index, total, FailedPrecondition(
+                        f"record {record.id} was erased here (erasure {erased[record.id]}); "
+                        "an erased record is never imported again", reason="RECORD_ERASED",
+                        metadata={"record_id": record.id, "erasure_id": erased[record.id]}))
             fresh: dict[str, Record] = {}
             for index, record in enumerate(imported):
                 other = stored.get(record.id) or fresh.get(record.id)

@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -170,6 +170,7 @@ class SearchIndex:
         self._handed = 0  # records handed to the fleet indexes: those through the cursor
         self._save_lock = threading.Lock()
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
+        self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
         self.loaded_from_snapshot = False
 
     # -- lifecycle ----------------------------------------------------------
@@ -309,6 +310,7 @@ class SearchIndex:
             try:
                 while self.catch_up() and not self._stop.is_set():
                     pass
+                self._apply_erasures()
                 self._save_if_grown()
             except Exception:  # the loop must survive a transient database error
                 log.exception("search indexing failed; retrying")
@@ -377,35 +379,51 @@ class SearchIndex:
 
     # -- erasure --------------------------------------------------------------
 
-    def forget(self, fleet_id: str, erased: Mapping[str, int]) -> None:
-        """Drop erased records (id -> the seq they had; already deleted from the store).
+    def forget(self, fleet_id: str, erased: Collection[str]) -> bool:
+        """Drop erased records (already deleted from the store); False if none was here.
 
         An erased text also shaped its run neighbours' terms, its text key and the fleet's
         vocabulary, so the fleet's index is rebuilt from the store rather than edited: that
         fleet's searches wait meanwhile (other fleets' do not), and the snapshot is written
-        again so no file keeps the erased terms. What was handed to the fleet and not yet
-        applied is dropped (the rebuild reads it from the store); what is handed later
-        applies to the rebuilt index.
+        again so no file keeps the erased terms. Idempotent: records no longer here (a
+        second call, another replica's erasure seen twice) cost nothing.
         """
         gone = set(erased)
         with self._lock:
             self._pending = deque(item for item in self._pending if item[2] not in gone)
             self._fresh_vectors.clear()  # keyed by text: a cache, refilled by the next writes
             slot = self._fleets.get(fleet_id)
-            gaps = set(self._cursor.gaps())
-            handed = sum(1 for seq in erased.values()
-                         if seq <= self._cursor.position and seq not in gaps)
-        if slot is not None:
-            with slot.lock:
-                with self._lock:
-                    position, gaps_now = self._cursor.position, self._cursor.gaps()
-                    slot.inbox.clear()
-                    self._handed -= handed
-                    if self._last_id in gone:
-                        self._last_id = ""
-                slot.index = self._rebuilt(fleet_id, position, gaps_now)
+        if slot is None:
+            return False
+        with slot.lock:
+            with self._lock:  # everything handed through the cursor is applied: none in flight
+                slot.apply_inbox()
+                present = [i for i in gone if i in slot.index.doc_of]
+                if not present:
+                    return False
+                position, gaps = self._cursor.position, self._cursor.gaps()
+                self._handed -= len(present)
+                if self._last_id in gone:
+                    self._last_id = ""
+            slot.index = self._rebuilt(fleet_id, position, gaps)
+        log.info("fleet index rebuilt after an erasure", extra={
+            "fleet_id": fleet_id, "erased": len(present), "records": len(slot.index.ids)})
         if self.snapshot_path is not None and self._ready.is_set():
             self.save_snapshot()
+        return True
+
+    def _apply_erasures(self) -> None:
+        """Erasures carried out since the last look, by this replica or another sharing the
+        store: their records leave this replica's indexes within one poll interval."""
+        with self.db.session() as session:
+            count = self.repo.tombstone_count(session)
+        if count == self._tombstones_seen:
+            return
+        with self.db.session() as session:
+            erased = self.repo.tombstone_ids_by_fleet(session)
+        for fleet_id, ids in erased.items():
+            self.forget(fleet_id, ids)
+        self._tombstones_seen = count
 
     def _rebuilt(self, fleet_id: str, position: int, gaps: Sequence[int]) -> FleetIndex:
         """The fleet's index from its stored records through ``position`` (not ``gaps``)."""

@@ -1,0 +1,48 @@
+"""A second shard replica over the same store drops erased records from its in-memory index
+within its poll interval (the change feed is the tombstones table), without a restart."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from engram.client import ShardClient
+from services.shard.server import build_shard_server
+from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, cli_for
+from tests.stack import full_stack
+
+FLEET = "fleet-r"
+
+
+def test_another_replica_forgets_within_its_poll(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    agent = make_token("scout-1", FLEET)
+    data = tmp_path / "data"
+    with full_stack(data, engram_home, make_token) as stack:
+        with ShardClient(stack.shard.address, agent) as shard:
+            secret = shard.add("the vault combination is 4-8-15", run_id="run-1").record
+            shard.add("the next step of the same run", run_id="run-1")
+        replica, _ = build_shard_server(ShardSettings(
+            home=engram_home, port=0, db_url=f"sqlite:///{data / 'shard.db'}",
+            embedder="none", allow_ungated=True,
+            index_snapshot_path=tmp_path / "replica.snapshot"))
+        replica.start()
+        try:
+            with ShardClient(replica.address, admin) as other:
+                # the run's next record shares the erased one's terms (run context)
+                assert other.search("vault combination", mode="lexical")
+                with cli_for(stack, admin, monkeypatch) as run:
+                    assert run("forget", "--record", secret.id)["erased"] == 1
+                deadline = time.monotonic() + 10
+                while other.search("vault combination", mode="lexical"):
+                    assert time.monotonic() < deadline, "the replica still ranks by erased terms"
+                    time.sleep(0.1)
+                assert other.search("next step", mode="lexical")
+        finally:
+            replica.stop(0)
