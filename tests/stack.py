@@ -31,9 +31,11 @@ class GatedStack:
 
 @contextmanager
 def gated_stack(data: Path, home: Path, make_token: TokenFactory,
-                db_urls: Mapping[str, str] | None = None) -> Iterator[GatedStack]:
+                db_urls: Mapping[str, str] | None = None, *,
+                governed: bool = False) -> Iterator[GatedStack]:
     """The three servers, each with its SQLite store under ``data`` (or the database
-    ``db_urls[service]`` names); stopped on exit."""
+    ``db_urls[service]`` names); stopped on exit. ``governed``: artifacts reads access
+    restrictions and erasures from governance too, with its own service token."""
     urls = {name: f"sqlite:///{data / f'{name}.db'}"
             for name in ("governance", "shard", "artifacts")} | dict(db_urls or {})
     governance = build_governance_server(GovernanceSettings(
@@ -47,9 +49,13 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory,
         home=home, port=0, db_url=urls["shard"], embedder="none"),
         gate=gate, trust=trust)
     shard.start()
+    artifacts_token = data / "artifacts-service.token"
+    write_token_file(artifacts_token, make_token("svc-artifacts", "system", ("service",)))
     artifacts, _ = build_artifacts_server(ArtifactsSettings(
         home=home, port=0, db_url=urls["artifacts"],
-        blob_url=(data / "blobs").as_uri()))
+        blob_url=(data / "blobs").as_uri(),
+        governance_addr=governance.address if governed else None,
+        service_token_file=artifacts_token if governed else None))
     artifacts.start()
     try:
         yield GatedStack(governance, shard, artifacts)
@@ -73,16 +79,18 @@ class FullStack:
 
 @contextmanager
 def full_stack(data: Path, home: Path, make_token: TokenFactory,
-               db_urls: Mapping[str, str] | None = None) -> Iterator[FullStack]:
+               db_urls: Mapping[str, str] | None = None, *,
+               governed: bool = False) -> Iterator[FullStack]:
     """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``)."""
-    with gated_stack(data, home, make_token, db_urls) as servers:
+    with gated_stack(data, home, make_token, db_urls, governed=governed) as servers:
         token_file = data / "compactor-service.token"
         write_token_file(token_file, make_token("svc-compactor", "system", ("service",)))
         compactor = build_compactor_server(CompactorSettings(
             home=home, port=0,
             db_url=(db_urls or {}).get("compactor", f"sqlite:///{data / 'compactor.db'}"),
             blob_url=(data / "cold").resolve().as_uri(), shard_addr=servers.shard.address,
-            service_token_file=token_file)).start()
+            service_token_file=token_file,
+            governance_addr=servers.governance.address if governed else None)).start()
         try:
             yield FullStack(servers.governance, servers.shard, servers.artifacts, compactor)
         finally:

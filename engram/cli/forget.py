@@ -1,10 +1,13 @@
-"""`engram forget`: erase records from every store that holds them (docs/erasure.md).
+"""`engram forget`: erase records, runs and iteration logs from every store that holds them
+(docs/erasure.md).
 
-Three steps, each through a service's own RPC: the shard lists what the selector matches
-(and the compaction summaries that quote it); governance chains the erasure (who, why, which
-ids and the leaf hashes their tombstones keep); the shard erases exactly what governance
-recorded. A selection larger than one erasure's 10,000 items is erased in rounds. With
-``--dry-run`` only the first step runs.
+Three steps, each through a service's own RPC: the services list what the selector matches
+(the shard its records and the compaction summaries quoting them; for ``--run`` also the
+artifacts service's run and the compactor's iteration log, with the head hashes their
+tombstones keep); governance chains the erasure (who, why, which items); each service then
+erases exactly what governance recorded. A selection larger than one erasure's 10,000 items
+is erased in rounds. ``--dry-run`` runs the first step only; ``--resume ERASURE_ID`` runs the
+last again (after a service was down or a run was interrupted).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import grpc
 import typer
 
 from engram.cli._output import (
@@ -23,6 +27,9 @@ from engram.cli._output import (
     rpc_errors,
     with_client,
 )
+from engram.client import EngramRpcError
+from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
 from engram.client.shard import ShardClient
 from engram.governance.v1 import governance_service_pb2 as gpb
@@ -30,72 +37,141 @@ from engram.governance.v1 import governance_service_pb2 as gpb
 ROUND = 10_000
 
 
+class _Services:
+    """The four clients, opened lazily from the CLI settings."""
+
+    def __init__(self) -> None:
+        self.shard = with_client(lambda s: ShardClient(
+            s.shard_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+        self.governance = with_client(lambda s: GovernanceClient(
+            s.governance_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+        self.artifacts = with_client(lambda s: ArtifactsClient(
+            s.artifacts_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+        self.compactor = with_client(lambda s: CompactorClient(
+            s.compactor_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+
+    def close(self) -> None:
+        for client in (self.shard, self.governance, self.artifacts, self.compactor):
+            client.close()
+
+    def run_items(self, run_id: str) -> list[gpb.ErasedItem]:
+        """The run's entries in artifacts and the compactor, if they hold it."""
+        items = []
+        run = _unless_absent(lambda: self.artifacts.get_run(run_id))
+        if run is not None:
+            items.append(gpb.ErasedItem(kind="run", id=run_id, leaf_hash=run.head_hash))
+        log = _unless_absent(lambda: self.compactor.verify(run_id))
+        if log is not None and log.last_iteration:
+            items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))
+        return items
+
+    def carry_out(self, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
+        """Each service that holds an item of the erasure erases it."""
+        done: dict[str, Any] = {"erasure_id": erasure_id}
+        records = self.shard.forget(erasure_id=erasure_id)
+        done["records"] = [r.record_id for r in records.records]
+        done["already_erased"] = records.already_erased
+        if "run" in kinds:
+            runs = self.artifacts.forget_runs(erasure_id)
+            done["runs"] = [{"run_id": r.run_id, "events": r.events, "snapshots": r.snapshots,
+                             "artifacts": r.artifacts, "manifests": r.manifests,
+                             "evidence": r.evidence} for r in runs.runs]
+        if "iterations" in kinds:
+            logs = self.compactor.forget_iterations(erasure_id)
+            done["iteration_logs"] = [{"run_id": r.run_id, "last_iteration": r.last_iteration,
+                                       "blobs": r.blobs} for r in logs.runs]
+        return done
+
+
+def _unless_absent(call: Any) -> Any:
+    try:
+        return call()
+    except EngramRpcError as error:
+        if error.code == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+
+
 def forget(
     agent: str = typer.Option("", "--agent", help="every record this agent wrote"),
     record: str = typer.Option("", "--record", help="one record by id"),
-    run: str = typer.Option("", "--run", help="every record of this run"),
+    run: str = typer.Option("", "--run", help="the run: its records, and its events, "
+                            "snapshots, artifacts, manifests and iteration log"),
     match: str = typer.Option("", "--match", help="every record whose content, a tag or a "
                               "metadata key or value holds this text (case-insensitive); the "
                               "text itself is not recorded anywhere"),
+    resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
+                               "(after a service was down or a run was interrupted)"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
     reason: str = typer.Option("", "--reason", help="why, recorded in governance's chain"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list what would be erased; change "
                                  "nothing"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Erase records: their content, tags, metadata and everything derived from them (full-
-    text terms, vectors, search index, compaction summaries quoting them) leave every store;
-    a tombstone keeps each record's leaf hash so chains and snapshots still verify. The
-    erasure is a chained governance event. Governor or admin role."""
+    """Erase records (and with --run a whole run): their content, tags, metadata and what
+    derives from them (full-text terms, vectors, the search index, compaction summaries
+    quoting them, a run's events, snapshots, artifacts and iteration log) leave every store;
+    tombstones keep the leaf hashes so chains still verify. The erasure is a chained
+    governance event. Governor or admin role."""
     chosen = [(k, v) for k, v in (("agent", agent), ("record", record), ("run", run),
-                                  ("match", match)) if v]
+                                  ("match", match), ("resume", resume)) if v]
     if len(chosen) != 1:
-        raise fail("give exactly one of --agent, --record, --run or --match")
+        raise fail("give exactly one of --agent, --record, --run, --match or --resume")
     kind, value = chosen[0]
-    selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
-                "match": "match"}[kind]
-    shard = with_client(lambda s: ShardClient(s.shard_addr, s.resolve_token(), **s.tls(),
-                                              timeout=s.timeout_seconds))
-    governance = with_client(lambda s: GovernanceClient(
-        s.governance_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+    services = _Services()
     erasures: list[dict[str, Any]] = []
-    with shard, governance, rpc_errors(as_json):
-        while True:
-            listed = shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND)
-            if dry_run or not listed.records:
-                break
-            recorded = governance.record_erasure(
-                kind, "" if kind == "match" else value,
-                [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
-                 for r in listed.records],
-                reason=reason, fleet_id=fleet, request_id=uuid.uuid4().hex).erasure
-            done = shard.forget(erasure_id=recorded.erasure_id, fleet_id=fleet)
-            erasures.append({"erasure_id": recorded.erasure_id, "chain_seq": recorded.chain_seq,
-                             "erased": len(done.records), "already_erased": done.already_erased,
-                             "record_ids": [r.record_id for r in done.records]})
-            if not as_json:
-                err_console.print(f"erasure {recorded.erasure_id} (chain entry "
-                                  f"{recorded.chain_seq}): {len(done.records)} record(s) erased")
-            if not listed.more or not done.records:
-                break
+    try:
+        with rpc_errors(as_json):
+            if kind == "resume":
+                recorded = services.governance.erasure(value)
+                erasures.append(services.carry_out(value, {i.kind for i in recorded.items}))
+            else:
+                listed = _erase(services, kind, value, fleet, reason, dry_run, erasures, as_json)
+    finally:
+        services.close()
     if dry_run:
-        items = [{"record_id": r.record_id, "record_hash": r.record_hash, "kind": r.kind}
-                 for r in listed.records]
+        items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
-            emit_json({"dry_run": True, "would_erase": items, "more": listed.more})
+            emit_json({"dry_run": True, "would_erase": items})
         else:
             for item in items:
-                console.print(f"{item['kind']} {item['record_id']}")
-            more = " (and more: erase these, then ask again)" if listed.more else ""
-            console.print(f"{len(items)} record(s) would be erased{more}")
+                console.print(f"{item['kind']} {item['id']}")
+            console.print(f"{len(items)} item(s) would be erased")
         return
-    total = sum(e["erased"] for e in erasures)
+    total = sum(len(e["records"]) for e in erasures)
     if as_json:
         emit_json({"erased": total, "erasures": erasures})
     elif not erasures:
         console.print("nothing matches: nothing erased")
     else:
         console.print(f"{total} record(s) erased in {len(erasures)} erasure(s)")
+
+
+def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,
+           erasures: list[dict[str, Any]], as_json: bool) -> list[gpb.ErasedItem]:
+    """Rounds of select, record, carry out; with ``dry_run`` the first selection only."""
+    selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
+                "match": "match"}[kind]
+    extra = services.run_items(value) if kind == "run" else []
+    listed: list[gpb.ErasedItem] = []
+    while True:
+        selection = services.shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND)
+        listed = [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
+                  for r in selection.records] + extra
+        if dry_run or not listed:
+            return listed
+        recorded = services.governance.record_erasure(
+            kind, "" if kind == "match" else value, listed, reason=reason, fleet_id=fleet,
+            request_id=uuid.uuid4().hex).erasure
+        done = services.carry_out(recorded.erasure_id, {i.kind for i in listed})
+        done["chain_seq"] = recorded.chain_seq
+        erasures.append(done)
+        if not as_json:
+            err_console.print(f"erasure {recorded.erasure_id} (chain entry "
+                              f"{recorded.chain_seq}): {len(done['records'])} record(s) erased")
+        extra = []
+        if not selection.more or not done["records"]:
+            return listed
 
 
 def register(app: typer.Typer) -> None:

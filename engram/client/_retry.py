@@ -25,10 +25,11 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "StartRun", "GetRun", "ListRuns", "CreateArtifact", "GetArtifact", "ReadArtifact",
         "ListArtifacts", "VerifyArtifacts", "AppendEvent", "ListEvents", "ReplayEvents",
         "CreateSnapshot", "GetLatestSnapshot", "ListSnapshots", "Rehydrate", "CreateEvidence",
-        "GetEvidence", "ListEvidence", "CreateManifest", "GetManifest", "ListManifests"),
+        "GetEvidence", "ListEvidence", "CreateManifest", "GetManifest", "ListManifests",
+        "ForgetRuns"),
     "engram.compactor.v1.CompactorService": (
         "RecordIteration", "ListRecentIterations", "ListSummaries", "ReconstructIteration",
-        "VerifyRun", "ListPolicyRuns"),
+        "VerifyRun", "ListPolicyRuns", "ForgetIterations"),
     "engram.governance.v1.GovernanceService": (
         "GetTrust", "BatchGetTrust", "CreateRule", "ListRules", "ListDecisions",
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",

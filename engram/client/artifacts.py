@@ -88,6 +88,10 @@ class ArtifactsClient(BaseClient):
         return self.paginate(self.stub.ListRuns, pb.ListRunsRequest(page_size=page_size),
                              lambda reply: reply.runs)
 
+    def forget_runs(self, erasure_id: str) -> pb.ForgetRunsResponse:
+        """Erase the runs governance's erasure of that id lists (governor or admin role)."""
+        return self.call(self.stub.ForgetRuns, pb.ForgetRunsRequest(erasure_id=erasure_id))
+
     def stop_run(self, run_id: str, status: str = "succeeded", reason: str = "") -> pb.Run:
         request = pb.StopRunRequest(run_id=run_id, status=STOP_STATUSES[status], reason=reason)
         return self.call(self.stub.StopRun, request).run

@@ -99,6 +99,11 @@ class CompactorClient(BaseClient):
                                                 pb.VerifyRunRequest(run_id=run_id))
         return reply
 
+    def forget_iterations(self, erasure_id: str) -> pb.ForgetIterationsResponse:
+        """Erase the iteration logs governance's erasure of that id lists (governor, admin)."""
+        return self.call(self.stub.ForgetIterations,
+                         pb.ForgetIterationsRequest(erasure_id=erasure_id))
+
     def compact_memory(self, fleet_id: str = "", *, dry_run: bool = False,
                        importance_below: float | None = None,
                        older_than_days: float | None = None) -> pb.PolicyRun:

@@ -30,6 +30,7 @@ from services.artifacts.tables import (
     EvidenceRow,
     ManifestRow,
     RunRow,
+    RunTombstoneRow,
     SnapshotRow,
     from_us,
     to_us,
@@ -85,9 +86,19 @@ class ArtifactsRepository:
             query = query.with_for_update()
         row = session.scalars(query).first()
         if row is None:
+            erased = self.run_tombstone(session, fleet_id, run_id)
+            if erased is not None:
+                raise NotFound(f"run {run_id!r} was erased (erasure {erased})",
+                               reason="RUN_ERASED",
+                               metadata={"run_id": run_id, "erasure_id": erased})
             raise NotFound(f"run {run_id!r} not found in this fleet", reason="RUN_NOT_FOUND",
                            metadata={"run_id": run_id})
         return row.to_entity()
+
+    def run_tombstone(self, session: Session, fleet_id: str, run_id: str) -> str | None:
+        """The erasure that erased this run, or None."""
+        row = session.get(RunTombstoneRow, (fleet_id, run_id))
+        return row.erasure_id if row is not None else None
 
     def add_run(self, session: Session, run: Run) -> None:
         session.add(RunRow(

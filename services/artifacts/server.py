@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from services.artifacts.erasure import RunEraser
 from services.artifacts.metrics import ArtifactsMetrics
 from services.artifacts.service import ArtifactsService
 from services.artifacts.servicer import (
@@ -18,6 +19,7 @@ from services.artifacts.settings import ArtifactsSettings
 from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.erasure_source import governance_erasures
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 
@@ -36,12 +38,16 @@ def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, A
                                pages=PageTokens.for_service(settings, "artifacts"))
     log.info("artifacts store ready", extra={"blob_store": blobs.url,
                                              "database": database.dialect})
-    servicer = ArtifactsServicer(service)
+    erasures = governance_erasures(settings.governance_addr, settings.service_token_file,
+                                   settings.governance_tls())
+    servicer = ArtifactsServicer(service, RunEraser(service, erasures))
     restrictions = governance_restrictions(
         "artifacts", settings.governance_addr, settings.service_token_file,
         settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
 
     def stop() -> None:
+        if erasures is not None:
+            erasures.close()
         blobs.close()
         database.dispose()
 

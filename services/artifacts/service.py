@@ -177,6 +177,11 @@ class ArtifactsService:
                   stop_reason="", created_us=now_us(), stopped_us=0, event_count=0,
                   head_hash="", latest_snapshot_id="",
                   metadata_json=self.limits.metadata(metadata_json))
+        erased = self._in_session(self.repository.run_tombstone, fleet_id, run.run_id)
+        if erased is not None:
+            raise FailedPrecondition(f"run {run.run_id!r} was erased (erasure {erased}); an "
+                                     "erased run's id is not used again: start another",
+                                     reason="RUN_ERASED")
         try:
             self._in_session(self.repository.add_run, run)
             return run, True

@@ -22,7 +22,8 @@ from services.artifacts.domain.entities import (
     Snapshot,
 )
 from services.artifacts.domain.integrity import ArtifactUpload, UploadEnd
-from services.artifacts.service import ArtifactsService
+from services.artifacts.erasure import RunEraser
+from services.artifacts.service import ArtifactsService, now_us
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
@@ -45,6 +46,7 @@ POLICY: MethodPolicy = {
         "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
         "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
         "ListEvidence", "GetManifest", "ListManifests")},
+    _m("ForgetRuns"): frozenset({"governor", "admin"}),  # erasure: a governance act
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["ArtifactsService"].methods
@@ -52,7 +54,7 @@ assert set(POLICY) == {
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (  # ResolvePointer and Rehydrate may stop a run
         "StartRun", "StopRun", "CreateArtifact", "AppendEvent", "CreateSnapshot",
-        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate")},
+        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate", "ForgetRuns")},
     **{_m(name): READ for name in (
         "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
         "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
@@ -153,8 +155,9 @@ def _upload_parts(requests: Iterator[pb.CreateArtifactRequest]) -> Iterator[byte
 
 
 class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
-    def __init__(self, service: ArtifactsService) -> None:
+    def __init__(self, service: ArtifactsService, eraser: RunEraser | None = None) -> None:
         self.service = service
+        self.eraser = eraser or RunEraser(service, None)
 
     # -- runs ---------------------------------------------------------------
 
@@ -185,6 +188,15 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
         run = self.service.stop_run(caller.fleet_id, caller.agent_id, request.run_id, status,
                                     request.reason)
         return pb.StopRunResponse(run=run_to_proto(run))
+
+    def ForgetRuns(self, request: pb.ForgetRunsRequest,
+                   context: grpc.ServicerContext) -> pb.ForgetRunsResponse:
+        erased, already = self.eraser.erase(current_principal().fleet_id, request.erasure_id,
+                                            now_us())
+        return pb.ForgetRunsResponse(runs=[pb.ForgottenRun(
+            run_id=r.run_id, head_hash=r.head_hash, events=r.events, snapshots=r.snapshots,
+            artifacts=r.artifacts, manifests=r.manifests, evidence=r.evidence) for r in erased],
+            already_erased=already)
 
     # -- artifacts ----------------------------------------------------------
 

@@ -222,3 +222,22 @@ class ManifestRow(Base):
         return Manifest(fleet_id=self.fleet_id, manifest_id=self.manifest_id,
                         run_id=self.run_id, content_json=self.content_json,
                         content_hash=self.content_hash, created_us=self.created_us)
+
+
+class RunTombstoneRow(Base):
+    """An erased run (engram forget --run): who ran it, how long its chain was and its head;
+    its events, snapshots, artifacts and manifests are gone, and its id is never reused."""
+
+    __tablename__ = "run_tombstones"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(String(128))
+    created_us: Mapped[int] = mapped_column(BigInteger)
+    event_count: Mapped[int] = mapped_column(BigInteger)
+    head_hash: Mapped[str] = mapped_column(String(64))
+    erasure_id: Mapped[str] = mapped_column(String(64))
+    erased_us: Mapped[int] = mapped_column(BigInteger)
+    erased_by: Mapped[str] = mapped_column(String(128))
+    blobs_left_json: Mapped[str] = mapped_column(Text, default="[]")
+    """Blob keys still to purge (the rows went first; a rerun of the erasure finishes)."""

@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError as SqlIntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.common.db import Database
-from services.common.errors import EngramError
+from services.common.errors import EngramError, FailedPrecondition
 from services.compactor.domain.blob_layout import SegmentEntry, snapshot_key
 from services.compactor.domain.memory_policy import PolicyRun
 from services.compactor.domain.model import (
@@ -42,6 +42,7 @@ from services.compactor.tables import (
     PinRow,
     PolicyRunRow,
     RunRow,
+    RunTombstoneRow,
     SegmentRow,
     SnapshotRow,
     WarmLineRow,
@@ -60,6 +61,8 @@ _REQUESTS = cast(Table, IterationRequestRow.__table__)
 _SELECT_HEAD = select(_RUNS).where(
     _RUNS.c.fleet_id == bindparam("fleet"), _RUNS.c.run_id == bindparam("run"))
 _LOCK_HEAD = _SELECT_HEAD.with_for_update()
+_ERASED = select(RunTombstoneRow.erasure_id).where(
+    RunTombstoneRow.fleet_id == bindparam("fleet"), RunTombstoneRow.run_id == bindparam("run"))
 _ADVANCE_HEAD = update(_RUNS).where(
     _RUNS.c.fleet_id == bindparam("k_fleet"), _RUNS.c.run_id == bindparam("k_run"),
     _RUNS.c.last_iter == bindparam("k_last"),
@@ -156,6 +159,12 @@ class CompactorRepository:
             row = conn.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id}).first()
             head = _head_of(row) if row is not None else None
         pending = bool(head and head.pending_work)
+        if head is None:
+            erased = conn.execute(_ERASED, {"fleet": fleet_id, "run": run_id}).scalar()
+            if erased is not None:  # in this transaction: an erasure committing first wins
+                return AppendOutcome(None, False, error=FailedPrecondition(
+                    f"run {run_id!r} was erased (erasure {erased}); nothing is recorded to an "
+                    "erased run: use another run id", reason="RUN_ERASED"))
         if request.request_id:
             known = conn.execute(_SELECT_REQUEST, {"fleet": fleet_id, "run": run_id,
                                                    "request": request.request_id}).scalar()

@@ -12,11 +12,13 @@ from prometheus_client.registry import Collector
 from services.common.access import governance_restrictions
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
+from services.common.erasure_source import governance_erasures
 from services.common.metrics import counter
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.common.startup import StartupError
 from services.compactor.domain.repairs import RepairBackoff
+from services.compactor.erasure import IterationEraser
 from services.compactor.repository import CompactorRepository
 from services.compactor.scheduler import CompactionSchedule, TierRepairLoop
 from services.compactor.service import IterationLog, MemoryPolicyRunner
@@ -128,8 +130,11 @@ def _build(settings: CompactorSettings, database: Database,
                                   settings.memory_compaction_interval_seconds,
                                   settings.memory_importance_below,
                                   settings.memory_older_than_days)
+    erasures = governance_erasures(settings.governance_addr, _service_token_file(settings),
+                                   settings.governance_tls())
     servicer = CompactorServicer(iteration_log, policies,
-                                 PageTokens.for_service(settings, "compactor"))
+                                 PageTokens.for_service(settings, "compactor"),
+                                 IterationEraser(iteration_log, database, blobs, erasures))
     restrictions = governance_restrictions(
         "compactor", settings.governance_addr, _service_token_file(settings),
         settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
@@ -142,6 +147,8 @@ def _build(settings: CompactorSettings, database: Database,
         schedule.stop()
         repair_loop.stop()
         gateway.close()
+        if erasures is not None:
+            erasures.close()
         database.dispose()
 
     spec = ServiceSpec(

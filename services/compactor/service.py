@@ -209,8 +209,18 @@ class IterationLog:
 
     def finish_pending(self, fleet_id: str, run_id: str) -> None:
         # One finisher per run at a time: two would race on the same puts and index version.
-        with self._finish_locks[hash((fleet_id, run_id)) % len(self._finish_locks)]:
+        with self.run_lock(fleet_id, run_id):
             self._finish_pending(fleet_id, run_id)
+
+    def run_lock(self, fleet_id: str, run_id: str) -> threading.Lock:
+        """Held by whoever writes the run's blobs (its finisher, its eraser)."""
+        return self._finish_locks[hash((fleet_id, run_id)) % len(self._finish_locks)]
+
+    def drop_cached(self, prefix: str) -> None:
+        """Forget cached segments whose keys start with ``prefix`` (an erased run's)."""
+        with self._cache_lock:
+            for key in [k for k in self._segments if k.startswith(prefix)]:
+                del self._segments[key]
 
     def _finish_pending(self, fleet_id: str, run_id: str) -> None:
         for snapshot in self.repo.snapshots(fleet_id, run_id, SnapshotState.PENDING):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import grpc
@@ -11,11 +12,13 @@ from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
+from services.common.errors import FailedPrecondition
 from services.common.pagination import PageTokens
 from services.common.tokens import validate_identifier
 from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
 from services.compactor.domain.warm_chain import IterationInput, WarmLine
+from services.compactor.erasure import IterationEraser
 from services.compactor.service import IterationLog, MemoryPolicyRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
@@ -37,13 +40,15 @@ POLICY: MethodPolicy = {
     _m("CompactMemory"): _OPERATORS,
     _m("ApplyMemoryRetention"): _OPERATORS,
     _m("ListPolicyRuns"): frozenset({"admin", "governor"}),
+    _m("ForgetIterations"): frozenset({"admin", "governor"}),  # erasure: a governance act
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["CompactorService"].methods
 }
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (
-        "RecordIteration", "PinIteration", "CompactMemory", "ApplyMemoryRetention")},
+        "RecordIteration", "PinIteration", "CompactMemory", "ApplyMemoryRetention",
+        "ForgetIterations")},
     **{_m(name): READ for name in (
         "ListRecentIterations", "ListSummaries", "ReconstructIteration", "VerifyRun",
         "ListPolicyRuns")},
@@ -129,10 +134,22 @@ def _policy_fleet(requested: str) -> str:
 
 class CompactorServicer(pb_grpc.CompactorServiceServicer):
     def __init__(self, log: IterationLog, policies: MemoryPolicyRunner,
-                 pages: PageTokens | None = None) -> None:
+                 pages: PageTokens | None = None, eraser: IterationEraser | None = None) -> None:
         self._log = log
         self._policies = policies
         self._pages = pages or PageTokens.ephemeral()
+        self._eraser = eraser
+
+    def ForgetIterations(self, request: pb.ForgetIterationsRequest,
+                         context: grpc.ServicerContext) -> pb.ForgetIterationsResponse:
+        if self._eraser is None:
+            raise FailedPrecondition("this compactor cannot erase (built without a blob store "
+                                     "and governance)", reason="GOVERNANCE_REQUIRED")
+        erased, already = self._eraser.erase(current_principal().fleet_id, request.erasure_id,
+                                             int(time.time() * 1_000_000))
+        return pb.ForgetIterationsResponse(runs=[pb.ForgottenIterations(
+            run_id=r.run_id, last_iteration=r.last_iteration, head_hash=r.head_hash,
+            blobs=r.blobs) for r in erased], already_erased=already)
 
     def RecordIteration(self, request: pb.RecordIterationRequest,
                         context: grpc.ServicerContext) -> pb.RecordIterationResponse:

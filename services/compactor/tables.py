@@ -183,3 +183,20 @@ class PolicyRunRow(Base):
             importance_below=self.importance_below, older_than_days=self.older_than_days,
             start_us=self.start_us, end_us=self.end_us,
         )
+
+
+class RunTombstoneRow(Base):
+    """A run whose iteration log was erased (engram forget --run); nothing is recorded to it
+    again."""
+
+    __tablename__ = "compactor_run_tombstones"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    last_iter: Mapped[int] = mapped_column(BigInteger)
+    head_hash: Mapped[str] = mapped_column(String(64))
+    erasure_id: Mapped[str] = mapped_column(String(64))
+    erased_us: Mapped[int] = mapped_column(BigInteger)
+    erased_by: Mapped[str] = mapped_column(String(128))
+    blobs_left: Mapped[bool] = mapped_column(Boolean, default=True)
+    """The run's blobs may still be stored (rows go first; a rerun of the erasure finishes)."""

@@ -12,6 +12,8 @@ from engram.governance.v1 import governance_service_pb2_grpc as pb_grpc
 from services.common.access import AccessRestrictions
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import (
+    ARTIFACTS_SERVICE,
+    COMPACTOR_SERVICE,
     PEOPLE,
     SERVICE_ROLE,
     SHARD_SERVICE,
@@ -66,7 +68,8 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
     _m("RecordErasure"): _GOVERNORS,
     # the shard reads an erasure before it erases what it lists
-    _m("GetErasure"): frozenset({SHARD_SERVICE, "governor", "admin"}),
+    _m("GetErasure"): frozenset({SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE,
+                                 "governor", "admin"}),
 }
 SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
 """A suspended agent may still read its own tier (and nothing else, anywhere)."""
@@ -432,10 +435,11 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         principal = current_principal()
         erasure_id = validate_identifier("erasure_id", request.erasure_id)
         found = self._service.erasure(erasure_id)
-        # The shard erases for any fleet (it checks the fleet against its own caller's);
-        # people see their own fleet's erasures only, and another fleet's look absent.
-        if found is None or (not is_caller(principal, SHARD_SERVICE)
-                             and found.fleet_id != principal.fleet_id):
+        # The services that erase read any fleet's (each checks the fleet against its own
+        # caller's); people see their own fleet's only, and another fleet's look absent.
+        erasing = any(is_caller(principal, s)
+                      for s in (SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE))
+        if found is None or (not erasing and found.fleet_id != principal.fleet_id):
             raise NotFound(f"no erasure {erasure_id!r} is recorded in this fleet",
                            reason="ERASURE_NOT_FOUND")
         return pb.GetErasureResponse(erasure=erasure_to_proto(found))

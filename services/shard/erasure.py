@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, insert, or_, select, text
 from sqlalchemy.orm import Session
 
-from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from services.common.erasure_source import require_source
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain.records import Record
 from services.shard.ports import ErasureOrder, ErasureSource
@@ -136,14 +137,8 @@ class RecordEraser:
 
     def erase(self, principal: Principal, fleet_id: str, erasure_id: str) -> Erased:
         validate_identifier("erasure_id", erasure_id)
-        if self.source is None:
-            raise FailedPrecondition("this shard runs without governance, which records "
-                                     "erasures; nothing can be erased",
-                                     reason="GOVERNANCE_REQUIRED")
-        order = self.source.erasure(erasure_id)
-        if order.fleet_id != fleet_id:
-            raise PermissionDenied(f"erasure {erasure_id} is of fleet {order.fleet_id!r}, not "
-                                   f"{fleet_id!r}", reason="FLEET_MISMATCH")
+        order = require_source(self.source, "shard").erasure(erasure_id)
+        order.require_fleet(fleet_id)
         now_us = int(self.service.clock() * 1_000_000)
         erased, already = self._tombstone(order, now_us)
         # Again for an erasure carried out before: a run interrupted after its transaction
@@ -151,7 +146,7 @@ class RecordEraser:
         self._purge()
         index = self.service.search_engine.index
         if index is not None:
-            index.forget(fleet_id, [item_id for _, item_id, _ in order.items])
+            index.forget(fleet_id, order.ids("record", "summary"))
         if erased:
             log.info("records erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                               "records": len(erased), "already": already,
@@ -160,7 +155,7 @@ class RecordEraser:
 
     def _tombstone(self, order: ErasureOrder,
                    now_us: int) -> tuple[list[Forgotten], int]:
-        ids = [item_id for _, item_id, _ in order.items]
+        ids = order.ids("record", "summary")
         kinds = {item_id: kind for kind, item_id, _ in order.items}
         leaves = {item_id: leaf for _, item_id, leaf in order.items}
         repo = self.service.repo

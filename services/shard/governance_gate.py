@@ -31,9 +31,10 @@ from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
+from services.common.erasure_source import ErasureOrder, order_from_proto
 from services.common.errors import EngramError, Unavailable
 from services.common.outbound import dependency_error
-from services.shard.ports import ErasureOrder, GateCandidate, GateDecision, NeighbourSearch
+from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
 
 log = logging.getLogger("engram.shard.trust")
 
@@ -136,11 +137,9 @@ class GovernanceGate:
     def erasure(self, erasure_id: str) -> ErasureOrder:
         """ErasureSource: the erasure as governance recorded it."""
         try:
-            found = self._client.erasure(erasure_id)
+            return order_from_proto(self._client.erasure(erasure_id))
         except EngramRpcError as error:
             raise _failed(self._address, error) from None
-        return ErasureOrder(found.erasure_id, found.fleet_id, found.requested_by,
-                            tuple((i.kind, i.id, i.leaf_hash) for i in found.items))
 
     @staticmethod
     def _decisions(reply: gpb.DecideWritesResponse,

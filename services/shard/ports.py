@@ -11,6 +11,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.common.erasure_source import ErasureOrder, ErasureSource
+
+__all__ = ["ErasureOrder", "ErasureSource"]
+
 
 @dataclass(frozen=True)
 class Neighbour:
@@ -69,20 +73,3 @@ class TrustSource(Protocol):
         last known multiplier of each agent however old; agents it never saw are left out."""
         ...
 
-
-@dataclass(frozen=True)
-class ErasureOrder:
-    """An erasure governance recorded: the shard erases exactly the items it lists."""
-
-    erasure_id: str
-    fleet_id: str
-    requested_by: str
-    items: tuple[tuple[str, str, str], ...]
-    """``(kind, id, leaf_hash)``; kind ``record`` or ``summary``."""
-
-
-class ErasureSource(Protocol):
-    def erasure(self, erasure_id: str) -> ErasureOrder:
-        """The recorded erasure; NotFound if governance has none of that id, Unavailable when
-        it cannot be asked."""
-        ...

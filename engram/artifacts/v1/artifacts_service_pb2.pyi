@@ -123,6 +123,38 @@ class StopRunResponse(_message.Message):
     run: Run
     def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
 
+class ForgetRunsRequest(_message.Message):
+    __slots__ = ("erasure_id",)
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    erasure_id: str
+    def __init__(self, erasure_id: _Optional[str] = ...) -> None: ...
+
+class ForgottenRun(_message.Message):
+    __slots__ = ("run_id", "head_hash", "events", "snapshots", "artifacts", "manifests", "evidence")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    head_hash: str
+    events: int
+    snapshots: int
+    artifacts: int
+    manifests: int
+    evidence: int
+    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., events: _Optional[int] = ..., snapshots: _Optional[int] = ..., artifacts: _Optional[int] = ..., manifests: _Optional[int] = ..., evidence: _Optional[int] = ...) -> None: ...
+
+class ForgetRunsResponse(_message.Message):
+    __slots__ = ("runs", "already_erased")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[ForgottenRun]
+    already_erased: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenRun, _Mapping]]] = ..., already_erased: _Optional[int] = ...) -> None: ...
+
 class Artifact(_message.Message):
     __slots__ = ("artifact_id", "run_id", "step_id", "path", "hash", "mime_type", "size_bytes", "create_time", "metadata_json")
     ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]

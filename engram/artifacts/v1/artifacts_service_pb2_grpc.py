@@ -61,6 +61,11 @@ class ArtifactsServiceStub:
                 request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunRequest.SerializeToString,
                 response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunResponse.FromString,
                 _registered_method=True)
+        self.ForgetRuns = channel.unary_unary(
+                '/engram.artifacts.v1.ArtifactsService/ForgetRuns',
+                request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.SerializeToString,
+                response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.FromString,
+                _registered_method=True)
         self.CreateArtifact = channel.stream_unary(
                 '/engram.artifacts.v1.ArtifactsService/CreateArtifact',
                 request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.CreateArtifactRequest.SerializeToString,
@@ -191,6 +196,17 @@ class ArtifactsServiceServicer:
 
     def StopRun(self, request, context):
         """Stops a running run with a final status; appends a "run.stopped" event.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForgetRuns(self, request, context):
+        """Erases the runs governance's erasure of that id lists (engram forget
+        --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+        blobs, every S3 version), manifests and the evidence citing their
+        artifacts. A tombstone keeps each run's id, author, event count and head
+        hash; the run id is never used again. Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -361,6 +377,11 @@ def add_ArtifactsServiceServicer_to_server(servicer, server):
                     servicer.StopRun,
                     request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunRequest.FromString,
                     response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunResponse.SerializeToString,
+            ),
+            'ForgetRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetRuns,
+                    request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.FromString,
+                    response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.SerializeToString,
             ),
             'CreateArtifact': grpc.stream_unary_rpc_method_handler(
                     servicer.CreateArtifact,
@@ -573,6 +594,33 @@ class ArtifactsService:
             '/engram.artifacts.v1.ArtifactsService/StopRun',
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunRequest.SerializeToString,
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.StopRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.artifacts.v1.ArtifactsService/ForgetRuns',
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.SerializeToString,
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

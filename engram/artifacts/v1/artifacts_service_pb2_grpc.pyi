@@ -49,6 +49,13 @@ class ArtifactsServiceStub:
     """Lists the fleet's runs, newest first."""
     StopRun: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.StopRunRequest, _artifacts_service_pb2.StopRunResponse]
     """Stops a running run with a final status; appends a "run.stopped" event."""
+    ForgetRuns: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ForgetRunsRequest, _artifacts_service_pb2.ForgetRunsResponse]
+    """Erases the runs governance's erasure of that id lists (engram forget
+    --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+    blobs, every S3 version), manifests and the evidence citing their
+    artifacts. A tombstone keeps each run's id, author, event count and head
+    hash; the run id is never used again. Governor or admin role.
+    """
     CreateArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]
     """Uploads one artifact as a stream: the first message carries the header,
     the next ones the bytes, and the last one the trailer (size and hash of
@@ -127,6 +134,13 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     """Lists the fleet's runs, newest first."""
     StopRun: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.StopRunRequest, _artifacts_service_pb2.StopRunResponse]  # type: ignore[assignment]
     """Stops a running run with a final status; appends a "run.stopped" event."""
+    ForgetRuns: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ForgetRunsRequest, _artifacts_service_pb2.ForgetRunsResponse]  # type: ignore[assignment]
+    """Erases the runs governance's erasure of that id lists (engram forget
+    --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+    blobs, every S3 version), manifests and the evidence citing their
+    artifacts. A tombstone keeps each run's id, author, event count and head
+    hash; the run id is never used again. Governor or admin role.
+    """
     CreateArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]  # type: ignore[assignment]
     """Uploads one artifact as a stream: the first message carries the header,
     the next ones the bytes, and the last one the trailer (size and hash of
@@ -226,6 +240,19 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_artifacts_service_pb2.StopRunResponse, _abc.Awaitable[_artifacts_service_pb2.StopRunResponse]]:
         """Stops a running run with a final status; appends a "run.stopped" event."""
+
+    @_abc_1.abstractmethod
+    def ForgetRuns(
+        self,
+        request: _artifacts_service_pb2.ForgetRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_artifacts_service_pb2.ForgetRunsResponse, _abc.Awaitable[_artifacts_service_pb2.ForgetRunsResponse]]:
+        """Erases the runs governance's erasure of that id lists (engram forget
+        --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+        blobs, every S3 version), manifests and the evidence citing their
+        artifacts. A tombstone keeps each run's id, author, event count and head
+        hash; the run id is never used again. Governor or admin role.
+        """
 
     @_abc_1.abstractmethod
     def CreateArtifact(

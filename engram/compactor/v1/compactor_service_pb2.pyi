@@ -241,6 +241,32 @@ class VerifyRunResponse(_message.Message):
     problems: _containers.RepeatedCompositeFieldContainer[VerifyProblem]
     def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ...) -> None: ...
 
+class ForgetIterationsRequest(_message.Message):
+    __slots__ = ("erasure_id",)
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    erasure_id: str
+    def __init__(self, erasure_id: _Optional[str] = ...) -> None: ...
+
+class ForgottenIterations(_message.Message):
+    __slots__ = ("run_id", "last_iteration", "head_hash", "blobs")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    last_iteration: int
+    head_hash: str
+    blobs: int
+    def __init__(self, run_id: _Optional[str] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., blobs: _Optional[int] = ...) -> None: ...
+
+class ForgetIterationsResponse(_message.Message):
+    __slots__ = ("runs", "already_erased")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[ForgottenIterations]
+    already_erased: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenIterations, _Mapping]]] = ..., already_erased: _Optional[int] = ...) -> None: ...
+
 class CompactedGroup(_message.Message):
     __slots__ = ("summary_id", "replaced_ids", "replaced_hashes", "domain", "run_id")
     SUMMARY_ID_FIELD_NUMBER: _ClassVar[int]

@@ -70,6 +70,11 @@ class CompactorServiceStub:
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunRequest.SerializeToString,
                 response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunResponse.FromString,
                 _registered_method=True)
+        self.ForgetIterations = channel.unary_unary(
+                '/engram.compactor.v1.CompactorService/ForgetIterations',
+                request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.SerializeToString,
+                response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.FromString,
+                _registered_method=True)
         self.CompactMemory = channel.unary_unary(
                 '/engram.compactor.v1.CompactorService/CompactMemory',
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.CompactMemoryRequest.SerializeToString,
@@ -143,6 +148,17 @@ class CompactorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetIterations(self, request, context):
+        """Erases the iteration logs governance's erasure of that id lists (engram
+        forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+        index files and cold snapshots (every S3 version). A tombstone keeps the
+        run's last iteration and head hash; nothing is recorded to it again.
+        Governor or admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompactMemory(self, request, context):
         """Asks the shard to summarise old, low-importance memory records.
         """
@@ -196,6 +212,11 @@ def add_CompactorServiceServicer_to_server(servicer, server):
                     servicer.VerifyRun,
                     request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunRequest.FromString,
                     response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunResponse.SerializeToString,
+            ),
+            'ForgetIterations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetIterations,
+                    request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.FromString,
+                    response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.SerializeToString,
             ),
             'CompactMemory': grpc.unary_unary_rpc_method_handler(
                     servicer.CompactMemory,
@@ -381,6 +402,33 @@ class CompactorService:
             '/engram.compactor.v1.CompactorService/VerifyRun',
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunRequest.SerializeToString,
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.VerifyRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetIterations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.compactor.v1.CompactorService/ForgetIterations',
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.SerializeToString,
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,13 @@ class CompactorServiceStub:
     """Re-hashes the warm chain across segments, the segment files against the
     index, and every kept cold snapshot; reports each problem found.
     """
+    ForgetIterations: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ForgetIterationsRequest, _compactor_service_pb2.ForgetIterationsResponse]
+    """Erases the iteration logs governance's erasure of that id lists (engram
+    forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+    index files and cold snapshots (every S3 version). A tombstone keeps the
+    run's last iteration and head hash; nothing is recorded to it again.
+    Governor or admin role.
+    """
     CompactMemory: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]
     """Asks the shard to summarise old, low-importance memory records."""
     ApplyMemoryRetention: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ApplyMemoryRetentionRequest, _compactor_service_pb2.ApplyMemoryRetentionResponse]
@@ -98,6 +105,13 @@ class CompactorServiceAsyncStub(CompactorServiceStub):
     VerifyRun: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.VerifyRunRequest, _compactor_service_pb2.VerifyRunResponse]  # type: ignore[assignment]
     """Re-hashes the warm chain across segments, the segment files against the
     index, and every kept cold snapshot; reports each problem found.
+    """
+    ForgetIterations: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.ForgetIterationsRequest, _compactor_service_pb2.ForgetIterationsResponse]  # type: ignore[assignment]
+    """Erases the iteration logs governance's erasure of that id lists (engram
+    forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+    index files and cold snapshots (every S3 version). A tombstone keeps the
+    run's last iteration and head hash; nothing is recorded to it again.
+    Governor or admin role.
     """
     CompactMemory: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]  # type: ignore[assignment]
     """Asks the shard to summarise old, low-importance memory records."""
@@ -170,6 +184,19 @@ class CompactorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_compactor_service_pb2.VerifyRunResponse, _abc.Awaitable[_compactor_service_pb2.VerifyRunResponse]]:
         """Re-hashes the warm chain across segments, the segment files against the
         index, and every kept cold snapshot; reports each problem found.
+        """
+
+    @_abc_1.abstractmethod
+    def ForgetIterations(
+        self,
+        request: _compactor_service_pb2.ForgetIterationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_compactor_service_pb2.ForgetIterationsResponse, _abc.Awaitable[_compactor_service_pb2.ForgetIterationsResponse]]:
+        """Erases the iteration logs governance's erasure of that id lists (engram
+        forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+        index files and cold snapshots (every S3 version). A tombstone keeps the
+        run's last iteration and head hash; nothing is recorded to it again.
+        Governor or admin role.
         """
 
     @_abc_1.abstractmethod

@@ -61,6 +61,11 @@ class BlobStore(ABC):
     def delete(self, key: str) -> None:
         """Remove a blob; absent keys are not an error."""
 
+    def purge(self, key: str) -> None:
+        """Remove a blob and every earlier version of it (erasure); absent is not an error.
+        A store without versions deletes it."""
+        self.delete(key)
+
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix``, in lexicographic order."""

@@ -210,6 +210,23 @@ class S3BlobStore(BlobStore):
         except (BotoCoreError, ClientError) as error:
             raise self._unavailable(error, "delete") from error
 
+    def purge(self, key: str) -> None:
+        """Every version and delete marker of the key (a versioned bucket keeps the bytes of
+        a deleted object as a noncurrent version otherwise); an unversioned bucket has one."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        name = self._object_key(key)
+        try:
+            paginator = self.client.get_paginator("list_object_versions")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=name):
+                for entry in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                    if entry["Key"] == name:
+                        self.client.delete_object(Bucket=self.bucket, Key=name,
+                                                  VersionId=entry["VersionId"])
+            self.client.delete_object(Bucket=self.bucket, Key=name)
+        except (BotoCoreError, ClientError) as error:
+            raise self._unavailable(error, "purge") from error
+
     def list(self, prefix: str = "") -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
 

@@ -14,7 +14,7 @@ from services.common.limits import check_limit
 from services.common.tokens import validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
-ITEM_KINDS = ("record", "summary")
+ITEM_KINDS = ("record", "summary", "run", "iterations")
 MAX_ITEMS = 10_000
 MAX_REASON_CHARS = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")

@@ -1,13 +1,15 @@
 """engram forget through real servers, on SQLite and on Postgres: a unique marker planted in a
-record's content, another's tag, another's metadata and a compaction summary quoting the first
-is gone afterwards from every byte under the data directories and $ENGRAM_HOME (database files
-and their WAL, the index snapshot) and from every shard and governance table; searches and
-reads no longer return it; verification passes and counts the tombstones; the erasure is a
-verified governance chain entry; a dry run changes nothing; an agent is refused; a second
-forget erases nothing more; an unrelated record survives."""
+record's content, another's tag, another's metadata, a compaction summary quoting the first,
+and in a run's record, event payload, snapshot state, artifact blob, manifest, evidence and
+iteration detail is gone afterwards from every byte under the data directories and
+$ENGRAM_HOME (database files and their WAL, blobs, segments, the index snapshot) and from
+every shard table; searches and reads no longer return it; verification passes and counts the
+tombstones; the erasure is a verified governance chain entry; a dry run changes nothing; an
+agent is refused; a second forget erases nothing more; an unrelated record survives."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import secrets
 import sqlite3
@@ -19,6 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from engram.client import EngramRpcError, ShardClient
+from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.db import normalize_url
@@ -30,12 +34,15 @@ FLEET = "fleet-e"
 
 
 def _files_holding(roots: list[Path], needles: list[bytes]) -> list[str]:
+    """Every file's bytes, and a gzip file's (a cold snapshot) also decompressed."""
     hits = []
     for root in roots:
         for path in root.rglob("*"):
             if path.is_file():
-                data = path.read_bytes().lower()
-                hits += [f"{path}: {n.decode()}" for n in needles if n in data]
+                data = path.read_bytes()
+                if path.suffix == ".gz":
+                    data += gzip.decompress(data)
+                hits += [f"{path}: {n.decode()}" for n in needles if n in data.lower()]
     return hits
 
 
@@ -64,7 +71,7 @@ def test_forget_leaves_no_byte_of_the_marker(
     agent = make_token("scout-1", FLEET)
     planted = f"the launch code is {marker}, keep it"
     data = tmp_path / "data"
-    with full_stack(data, engram_home, make_token, urls) as stack:
+    with full_stack(data, engram_home, make_token, urls, governed=True) as stack:
         with ShardClient(stack.shard.address, agent) as shard:
             quoted = shard.add(planted, run_id="run-1", importance=0.1).record
             tagged = shard.add("a record tagged with the marker", run_id="run-1",
@@ -74,6 +81,23 @@ def test_forget_leaves_no_byte_of_the_marker(
             shard.add("another low note in the same run", run_id="run-1", importance=0.1)
             kept = shard.add("an unrelated lesson about idempotency keys", run_id="run-3",
                              importance=0.9).record
+            shard.add(f"run nine found {marker} in the logs", run_id="run-9")
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            art.start_run("run-9", {"goal": "plant"})
+            blob = f"tool output with {marker}\n".encode() * 100
+            uploaded = art.upload([blob], run_id="run-9", step_id="s1", name="out.txt",
+                                  sha256=hashlib.sha256(blob).hexdigest())
+            art.append_event("run-9", "tool.called", {"query": marker})
+            art.create_snapshot("run-9", {"seen": marker}, seq=1)
+            art.create_manifest({"files": [marker]}, run_id="run-9")
+            art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
+                                artifact_id=uploaded.artifact_id,
+                                metadata={"quote": marker})
+        with CompactorClient(stack.compactor.address, agent) as comp:
+            for n in range(1, 31):  # 25 makes a cold snapshot (a gzip blob) with the detail
+                comp.record("run-9", iteration_from_json(
+                    {"iter": n, "planDigest": f"p{n}", "status": "ok",
+                     "detail": {"said": marker}}))
         with ShardClient(stack.shard.address, admin) as shard:
             summaries = shard.compact(importance_below=0.35, older_than_days=0).groups
             assert any(marker in g.summary.content for g in summaries)
@@ -85,6 +109,7 @@ def test_forget_leaves_no_byte_of_the_marker(
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         # the scans below can fail: before the erasure they find the marker
+        assert _files_holding([data / "cold"], [marker.encode()])
         if backend == "sqlite":
             assert _files_holding([data], [marker.encode()])
         else:
@@ -93,8 +118,20 @@ def test_forget_leaves_no_byte_of_the_marker(
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
         with cli_for(stack, admin, monkeypatch) as run:
+            run_dry = run("forget", "--run", "run-9", "--dry-run")["would_erase"]
+            assert {i["kind"] for i in run_dry} == {"record", "run", "iterations"}
+            assert run("forget", "--run", "run-9")["erased"] == 1
+            with ArtifactsClient(stack.artifacts.address, admin) as art:
+                with pytest.raises(EngramRpcError) as gone:
+                    art.get_run("run-9")
+                assert gone.value.reason == "RUN_ERASED"
+            with CompactorClient(stack.compactor.address, agent) as comp:
+                with pytest.raises(EngramRpcError) as closed:
+                    comp.record("run-9", iteration_from_json(
+                        {"iter": 31, "planDigest": "p31", "status": "ok"}))
+                assert closed.value.reason == "RUN_ERASED"
             dry = run("forget", "--match", marker, "--dry-run")
-            would = {item["record_id"] for item in dry["would_erase"]}
+            would = {item["id"] for item in dry["would_erase"]}
             assert would == {quoted.id, tagged.id, described.id} | summary_ids
             with ShardClient(stack.shard.address, admin) as shard:
                 assert shard.get(quoted.id).content == planted  # the dry run changed nothing
@@ -103,6 +140,9 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert run("forget", "--match", marker) == {"erased": 0, "erasures": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
+            resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
+            assert resumed["erasures"][0]["records"] == []
+            assert resumed["erasures"][0]["already_erased"] == len(would)
 
         erasure_id = done["erasures"][0]["erasure_id"]
         with ShardClient(stack.shard.address, admin) as shard:
@@ -116,7 +156,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                 == [kept.id]
             report = shard.verify(all_records=True)
             assert not report.failures
-            assert report.tombstoned == len(would)
+            assert report.tombstoned == len(would) + 1  # and run-9's record
             assert shard.verify([quoted.id]).tombstoned == 1
             # the carried-out erasure again: nothing more
             assert not shard.forget(erasure_id=erasure_id).records

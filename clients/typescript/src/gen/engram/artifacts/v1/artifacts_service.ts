@@ -190,6 +190,27 @@ export interface StopRunResponse {
   run: Run | undefined;
 }
 
+export interface ForgetRunsRequest {
+  erasureId: string;
+}
+
+export interface ForgottenRun {
+  runId: string;
+  headHash: string;
+  events: number;
+  snapshots: number;
+  artifacts: number;
+  manifests: number;
+  evidence: number;
+}
+
+export interface ForgetRunsResponse {
+  /** Erased by this call. */
+  runs: ForgottenRun[];
+  /** Runs of the erasure erased before this call. */
+  alreadyErased: number;
+}
+
 export interface Artifact {
   artifactId: string;
   runId: string;
@@ -1494,6 +1515,341 @@ export const StopRunResponse: MessageFns<StopRunResponse> = {
   fromPartial<I extends Exact<DeepPartial<StopRunResponse>, I>>(object: I): StopRunResponse {
     const message = createBaseStopRunResponse();
     message.run = (object.run !== undefined && object.run !== null) ? Run.fromPartial(object.run) : undefined;
+    return message;
+  },
+};
+
+function createBaseForgetRunsRequest(): ForgetRunsRequest {
+  return { erasureId: "" };
+}
+
+export const ForgetRunsRequest: MessageFns<ForgetRunsRequest> = {
+  encode(message: ForgetRunsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasureId !== "") {
+      writer.uint32(10).string(message.erasureId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetRunsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetRunsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetRunsRequest {
+    return {
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+    };
+  },
+
+  toJSON(message: ForgetRunsRequest): unknown {
+    const obj: any = {};
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetRunsRequest>, I>>(base?: I): ForgetRunsRequest {
+    return ForgetRunsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetRunsRequest>, I>>(object: I): ForgetRunsRequest {
+    const message = createBaseForgetRunsRequest();
+    message.erasureId = object.erasureId ?? "";
+    return message;
+  },
+};
+
+function createBaseForgottenRun(): ForgottenRun {
+  return { runId: "", headHash: "", events: 0, snapshots: 0, artifacts: 0, manifests: 0, evidence: 0 };
+}
+
+export const ForgottenRun: MessageFns<ForgottenRun> = {
+  encode(message: ForgottenRun, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    if (message.headHash !== "") {
+      writer.uint32(18).string(message.headHash);
+    }
+    if (message.events !== 0) {
+      writer.uint32(24).int64(message.events);
+    }
+    if (message.snapshots !== 0) {
+      writer.uint32(32).int64(message.snapshots);
+    }
+    if (message.artifacts !== 0) {
+      writer.uint32(40).int64(message.artifacts);
+    }
+    if (message.manifests !== 0) {
+      writer.uint32(48).int64(message.manifests);
+    }
+    if (message.evidence !== 0) {
+      writer.uint32(56).int64(message.evidence);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgottenRun {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgottenRun();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.headHash = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.events = longToNumber(reader.int64());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.snapshots = longToNumber(reader.int64());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.artifacts = longToNumber(reader.int64());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.manifests = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.evidence = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgottenRun {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      headHash: isSet(object.headHash)
+        ? globalThis.String(object.headHash)
+        : isSet(object.head_hash)
+        ? globalThis.String(object.head_hash)
+        : "",
+      events: isSet(object.events) ? globalThis.Number(object.events) : 0,
+      snapshots: isSet(object.snapshots) ? globalThis.Number(object.snapshots) : 0,
+      artifacts: isSet(object.artifacts) ? globalThis.Number(object.artifacts) : 0,
+      manifests: isSet(object.manifests) ? globalThis.Number(object.manifests) : 0,
+      evidence: isSet(object.evidence) ? globalThis.Number(object.evidence) : 0,
+    };
+  },
+
+  toJSON(message: ForgottenRun): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.headHash !== "") {
+      obj.headHash = message.headHash;
+    }
+    if (message.events !== 0) {
+      obj.events = Math.round(message.events);
+    }
+    if (message.snapshots !== 0) {
+      obj.snapshots = Math.round(message.snapshots);
+    }
+    if (message.artifacts !== 0) {
+      obj.artifacts = Math.round(message.artifacts);
+    }
+    if (message.manifests !== 0) {
+      obj.manifests = Math.round(message.manifests);
+    }
+    if (message.evidence !== 0) {
+      obj.evidence = Math.round(message.evidence);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgottenRun>, I>>(base?: I): ForgottenRun {
+    return ForgottenRun.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgottenRun>, I>>(object: I): ForgottenRun {
+    const message = createBaseForgottenRun();
+    message.runId = object.runId ?? "";
+    message.headHash = object.headHash ?? "";
+    message.events = object.events ?? 0;
+    message.snapshots = object.snapshots ?? 0;
+    message.artifacts = object.artifacts ?? 0;
+    message.manifests = object.manifests ?? 0;
+    message.evidence = object.evidence ?? 0;
+    return message;
+  },
+};
+
+function createBaseForgetRunsResponse(): ForgetRunsResponse {
+  return { runs: [], alreadyErased: 0 };
+}
+
+export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
+  encode(message: ForgetRunsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.runs) {
+      ForgottenRun.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.alreadyErased !== 0) {
+      writer.uint32(16).int32(message.alreadyErased);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetRunsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetRunsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runs.push(ForgottenRun.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyErased = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetRunsResponse {
+    return {
+      runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => ForgottenRun.fromJSON(e)) : [],
+      alreadyErased: isSet(object.alreadyErased)
+        ? globalThis.Number(object.alreadyErased)
+        : isSet(object.already_erased)
+        ? globalThis.Number(object.already_erased)
+        : 0,
+    };
+  },
+
+  toJSON(message: ForgetRunsResponse): unknown {
+    const obj: any = {};
+    if (message.runs?.length) {
+      obj.runs = message.runs.map((e) => ForgottenRun.toJSON(e));
+    }
+    if (message.alreadyErased !== 0) {
+      obj.alreadyErased = Math.round(message.alreadyErased);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetRunsResponse>, I>>(base?: I): ForgetRunsResponse {
+    return ForgetRunsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetRunsResponse>, I>>(object: I): ForgetRunsResponse {
+    const message = createBaseForgetRunsResponse();
+    message.runs = object.runs?.map((e) => ForgottenRun.fromPartial(e)) || [];
+    message.alreadyErased = object.alreadyErased ?? 0;
     return message;
   },
 };
@@ -7195,6 +7551,22 @@ export const ArtifactsServiceService = {
     responseDeserialize: (value: Buffer): StopRunResponse => StopRunResponse.decode(value),
   },
   /**
+   * Erases the runs governance's erasure of that id lists (engram forget
+   * --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+   * blobs, every S3 version), manifests and the evidence citing their
+   * artifacts. A tombstone keeps each run's id, author, event count and head
+   * hash; the run id is never used again. Governor or admin role.
+   */
+  forgetRuns: {
+    path: "/engram.artifacts.v1.ArtifactsService/ForgetRuns" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ForgetRunsRequest): Buffer => Buffer.from(ForgetRunsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ForgetRunsRequest => ForgetRunsRequest.decode(value),
+    responseSerialize: (value: ForgetRunsResponse): Buffer => Buffer.from(ForgetRunsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ForgetRunsResponse => ForgetRunsResponse.decode(value),
+  },
+  /**
    * Uploads one artifact as a stream: the first message carries the header,
    * the next ones the bytes, and the last one the trailer (size and hash of
    * what was sent). Nothing is visible unless the trailer arrived and matched
@@ -7444,6 +7816,14 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
   /** Stops a running run with a final status; appends a "run.stopped" event. */
   stopRun: handleUnaryCall<StopRunRequest, StopRunResponse>;
   /**
+   * Erases the runs governance's erasure of that id lists (engram forget
+   * --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+   * blobs, every S3 version), manifests and the evidence citing their
+   * artifacts. A tombstone keeps each run's id, author, event count and head
+   * hash; the run id is never used again. Governor or admin role.
+   */
+  forgetRuns: handleUnaryCall<ForgetRunsRequest, ForgetRunsResponse>;
+  /**
    * Uploads one artifact as a stream: the first message carries the header,
    * the next ones the bytes, and the last one the trailer (size and hash of
    * what was sent). Nothing is visible unless the trailer arrived and matched
@@ -7575,6 +7955,28 @@ export interface ArtifactsServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: StopRunResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Erases the runs governance's erasure of that id lists (engram forget
+   * --run; docs/erasure.md): their events, snapshots, artifacts (rows and
+   * blobs, every S3 version), manifests and the evidence citing their
+   * artifacts. A tombstone keeps each run's id, author, event count and head
+   * hash; the run id is never used again. Governor or admin role.
+   */
+  forgetRuns(
+    request: ForgetRunsRequest,
+    callback: (error: ServiceError | null, response: ForgetRunsResponse) => void,
+  ): ClientUnaryCall;
+  forgetRuns(
+    request: ForgetRunsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ForgetRunsResponse) => void,
+  ): ClientUnaryCall;
+  forgetRuns(
+    request: ForgetRunsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ForgetRunsResponse) => void,
   ): ClientUnaryCall;
   /**
    * Uploads one artifact as a stream: the first message carries the header,

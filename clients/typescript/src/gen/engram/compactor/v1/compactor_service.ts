@@ -265,6 +265,23 @@ export interface VerifyRunResponse {
   problems: VerifyProblem[];
 }
 
+export interface ForgetIterationsRequest {
+  erasureId: string;
+}
+
+export interface ForgottenIterations {
+  runId: string;
+  lastIteration: number;
+  headHash: string;
+  /** Blobs purged: sealed segments, index files, cold snapshots. */
+  blobs: number;
+}
+
+export interface ForgetIterationsResponse {
+  runs: ForgottenIterations[];
+  alreadyErased: number;
+}
+
 export interface CompactedGroup {
   summaryId: string;
   replacedIds: string[];
@@ -2585,6 +2602,297 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
   },
 };
 
+function createBaseForgetIterationsRequest(): ForgetIterationsRequest {
+  return { erasureId: "" };
+}
+
+export const ForgetIterationsRequest: MessageFns<ForgetIterationsRequest> = {
+  encode(message: ForgetIterationsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.erasureId !== "") {
+      writer.uint32(10).string(message.erasureId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetIterationsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetIterationsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetIterationsRequest {
+    return {
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+    };
+  },
+
+  toJSON(message: ForgetIterationsRequest): unknown {
+    const obj: any = {};
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetIterationsRequest>, I>>(base?: I): ForgetIterationsRequest {
+    return ForgetIterationsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetIterationsRequest>, I>>(object: I): ForgetIterationsRequest {
+    const message = createBaseForgetIterationsRequest();
+    message.erasureId = object.erasureId ?? "";
+    return message;
+  },
+};
+
+function createBaseForgottenIterations(): ForgottenIterations {
+  return { runId: "", lastIteration: 0, headHash: "", blobs: 0 };
+}
+
+export const ForgottenIterations: MessageFns<ForgottenIterations> = {
+  encode(message: ForgottenIterations, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    if (message.lastIteration !== 0) {
+      writer.uint32(16).int64(message.lastIteration);
+    }
+    if (message.headHash !== "") {
+      writer.uint32(26).string(message.headHash);
+    }
+    if (message.blobs !== 0) {
+      writer.uint32(32).int64(message.blobs);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgottenIterations {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgottenIterations();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.lastIteration = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.headHash = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.blobs = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgottenIterations {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      lastIteration: isSet(object.lastIteration)
+        ? globalThis.Number(object.lastIteration)
+        : isSet(object.last_iteration)
+        ? globalThis.Number(object.last_iteration)
+        : 0,
+      headHash: isSet(object.headHash)
+        ? globalThis.String(object.headHash)
+        : isSet(object.head_hash)
+        ? globalThis.String(object.head_hash)
+        : "",
+      blobs: isSet(object.blobs) ? globalThis.Number(object.blobs) : 0,
+    };
+  },
+
+  toJSON(message: ForgottenIterations): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.lastIteration !== 0) {
+      obj.lastIteration = Math.round(message.lastIteration);
+    }
+    if (message.headHash !== "") {
+      obj.headHash = message.headHash;
+    }
+    if (message.blobs !== 0) {
+      obj.blobs = Math.round(message.blobs);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgottenIterations>, I>>(base?: I): ForgottenIterations {
+    return ForgottenIterations.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgottenIterations>, I>>(object: I): ForgottenIterations {
+    const message = createBaseForgottenIterations();
+    message.runId = object.runId ?? "";
+    message.lastIteration = object.lastIteration ?? 0;
+    message.headHash = object.headHash ?? "";
+    message.blobs = object.blobs ?? 0;
+    return message;
+  },
+};
+
+function createBaseForgetIterationsResponse(): ForgetIterationsResponse {
+  return { runs: [], alreadyErased: 0 };
+}
+
+export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
+  encode(message: ForgetIterationsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.runs) {
+      ForgottenIterations.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.alreadyErased !== 0) {
+      writer.uint32(16).int32(message.alreadyErased);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForgetIterationsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForgetIterationsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runs.push(ForgottenIterations.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyErased = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForgetIterationsResponse {
+    return {
+      runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => ForgottenIterations.fromJSON(e)) : [],
+      alreadyErased: isSet(object.alreadyErased)
+        ? globalThis.Number(object.alreadyErased)
+        : isSet(object.already_erased)
+        ? globalThis.Number(object.already_erased)
+        : 0,
+    };
+  },
+
+  toJSON(message: ForgetIterationsResponse): unknown {
+    const obj: any = {};
+    if (message.runs?.length) {
+      obj.runs = message.runs.map((e) => ForgottenIterations.toJSON(e));
+    }
+    if (message.alreadyErased !== 0) {
+      obj.alreadyErased = Math.round(message.alreadyErased);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForgetIterationsResponse>, I>>(base?: I): ForgetIterationsResponse {
+    return ForgetIterationsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForgetIterationsResponse>, I>>(object: I): ForgetIterationsResponse {
+    const message = createBaseForgetIterationsResponse();
+    message.runs = object.runs?.map((e) => ForgottenIterations.fromPartial(e)) || [];
+    message.alreadyErased = object.alreadyErased ?? 0;
+    return message;
+  },
+};
+
 function createBaseCompactedGroup(): CompactedGroup {
   return { summaryId: "", replacedIds: [], replacedHashes: [], domain: "", runId: "" };
 }
@@ -3746,6 +4054,24 @@ export const CompactorServiceService = {
     responseSerialize: (value: VerifyRunResponse): Buffer => Buffer.from(VerifyRunResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): VerifyRunResponse => VerifyRunResponse.decode(value),
   },
+  /**
+   * Erases the iteration logs governance's erasure of that id lists (engram
+   * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+   * index files and cold snapshots (every S3 version). A tombstone keeps the
+   * run's last iteration and head hash; nothing is recorded to it again.
+   * Governor or admin role.
+   */
+  forgetIterations: {
+    path: "/engram.compactor.v1.CompactorService/ForgetIterations" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ForgetIterationsRequest): Buffer =>
+      Buffer.from(ForgetIterationsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ForgetIterationsRequest => ForgetIterationsRequest.decode(value),
+    responseSerialize: (value: ForgetIterationsResponse): Buffer =>
+      Buffer.from(ForgetIterationsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ForgetIterationsResponse => ForgetIterationsResponse.decode(value),
+  },
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory: {
     path: "/engram.compactor.v1.CompactorService/CompactMemory" as const,
@@ -3809,6 +4135,14 @@ export interface CompactorServiceServer extends UntypedServiceImplementation {
    * index, and every kept cold snapshot; reports each problem found.
    */
   verifyRun: handleUnaryCall<VerifyRunRequest, VerifyRunResponse>;
+  /**
+   * Erases the iteration logs governance's erasure of that id lists (engram
+   * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+   * index files and cold snapshots (every S3 version). A tombstone keeps the
+   * run's last iteration and head hash; nothing is recorded to it again.
+   * Governor or admin role.
+   */
+  forgetIterations: handleUnaryCall<ForgetIterationsRequest, ForgetIterationsResponse>;
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory: handleUnaryCall<CompactMemoryRequest, CompactMemoryResponse>;
   /** Asks the shard to remove originals already covered by a summary. */
@@ -3926,6 +4260,28 @@ export interface CompactorServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: VerifyRunResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Erases the iteration logs governance's erasure of that id lists (engram
+   * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
+   * index files and cold snapshots (every S3 version). A tombstone keeps the
+   * run's last iteration and head hash; nothing is recorded to it again.
+   * Governor or admin role.
+   */
+  forgetIterations(
+    request: ForgetIterationsRequest,
+    callback: (error: ServiceError | null, response: ForgetIterationsResponse) => void,
+  ): ClientUnaryCall;
+  forgetIterations(
+    request: ForgetIterationsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ForgetIterationsResponse) => void,
+  ): ClientUnaryCall;
+  forgetIterations(
+    request: ForgetIterationsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ForgetIterationsResponse) => void,
   ): ClientUnaryCall;
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory(

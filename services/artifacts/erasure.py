@@ -1,0 +1,137 @@
+"""RunEraser: the artifacts service's part of ``engram forget --run`` (docs/erasure.md).
+
+It reads the erasure from governance (which chained it first) and, for each run it lists,
+in one transaction: deletes the run's events, snapshots, manifests, artifact rows and the
+evidence citing those artifacts, and replaces the run by a tombstone (author, event count,
+head hash, the erasure). The blobs go after the commit, every S3 version of them; a blob
+that could not be purged stays listed in the tombstone and a rerun of the erasure finishes
+it. Then the freed space is purged (SQLite: WAL truncated, pages zeroed by secure_delete;
+Postgres: VACUUM). The run id is never used again: StartRun refuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from services.artifacts.service import ArtifactsService
+from services.artifacts.tables import (
+    ArtifactRow,
+    EventRow,
+    EvidenceRow,
+    ManifestRow,
+    RunRow,
+    RunTombstoneRow,
+    SnapshotRow,
+)
+from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
+from services.common.errors import FailedPrecondition
+from services.common.tokens import validate_identifier
+
+log = logging.getLogger("engram.artifacts.erasure")
+
+PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "evidence")
+
+
+@dataclass(frozen=True)
+class ForgottenRun:
+    run_id: str
+    head_hash: str
+    events: int
+    snapshots: int
+    artifacts: int
+    manifests: int
+    evidence: int
+
+
+class RunEraser:
+    def __init__(self, service: ArtifactsService, source: ErasureSource | None) -> None:
+        self.service = service
+        self.source = source
+
+    def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> tuple[list[ForgottenRun], int]:
+        validate_identifier("erasure_id", erasure_id)
+        order = require_source(self.source, "artifacts").erasure(erasure_id)
+        order.require_fleet(fleet_id)
+        leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
+        erased: list[ForgottenRun] = []
+        already = 0
+        for run_id in leaves:
+            with self.service.db.session() as session:
+                done = session.get(RunTombstoneRow, (fleet_id, run_id))
+                if done is not None:
+                    already += 1
+                    continue
+                forgotten = self._erase_run(session, order, run_id, leaves[run_id], now_us)
+            if forgotten is not None:
+                erased.append(forgotten)
+        self._purge_blobs(fleet_id, list(leaves))
+        self.service.db.vacuum(PURGED_TABLES)
+        if erased:
+            log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
+                                           "runs": len(erased), "already": already})
+        return erased, already
+
+    def _erase_run(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
+                   now_us: int) -> ForgottenRun | None:
+        fleet_id = order.fleet_id
+        run = session.get(RunRow, (fleet_id, run_id))
+        if run is None:
+            return None  # never started here: nothing to erase
+        if run.head_hash != leaf:
+            raise FailedPrecondition(
+                f"run {run_id} has head hash {run.head_hash[:16]}… but erasure "
+                f"{order.erasure_id} lists {leaf[:16]}…: the run moved on since the erasure was "
+                "recorded; record a new erasure", reason="ERASURE_MISMATCH",
+                metadata={"run_id": run_id})
+        of_run = (ArtifactRow.fleet_id == fleet_id, ArtifactRow.run_id == run_id)
+        artifacts = session.execute(select(ArtifactRow.artifact_id, ArtifactRow.path)
+                                    .where(*of_run)).all()
+        artifact_ids = [a.artifact_id for a in artifacts]
+        counts = {
+            "events": _count(session, EventRow, fleet_id, run_id),
+            "snapshots": _count(session, SnapshotRow, fleet_id, run_id),
+            "manifests": _count(session, ManifestRow, fleet_id, run_id),
+        }
+        evidence = 0
+        for start in range(0, len(artifact_ids), 500):
+            citing = (EvidenceRow.fleet_id == fleet_id,
+                      EvidenceRow.artifact_id.in_(artifact_ids[start:start + 500]))
+            evidence += int(session.scalar(select(func.count()).select_from(EvidenceRow)
+                                           .where(*citing)) or 0)
+            session.execute(delete(EvidenceRow).where(*citing))
+        for table in (EventRow, SnapshotRow, ManifestRow, ArtifactRow):
+            session.execute(delete(table).where(table.fleet_id == fleet_id,
+                                                table.run_id == run_id))
+        session.execute(insert(RunTombstoneRow).values(
+            fleet_id=fleet_id, run_id=run_id, agent_id=run.agent_id, created_us=run.created_us,
+            event_count=run.event_count, head_hash=run.head_hash, erasure_id=order.erasure_id,
+            erased_us=now_us, erased_by=order.requested_by,
+            blobs_left_json=json.dumps([a.path for a in artifacts])))
+        session.delete(run)
+        return ForgottenRun(run_id, leaf, counts["events"], counts["snapshots"], len(artifacts),
+                            counts["manifests"], evidence)
+
+    def _purge_blobs(self, fleet_id: str, run_ids: list[str]) -> None:
+        for run_id in run_ids:
+            with self.service.db.session() as session:
+                row = session.get(RunTombstoneRow, (fleet_id, run_id))
+                left = json.loads(row.blobs_left_json) if row is not None else []
+            if not left:
+                continue
+            for path in left:
+                self.service.blobs.purge(path)
+            with self.service.db.session() as session:
+                session.execute(update(RunTombstoneRow).where(
+                    RunTombstoneRow.fleet_id == fleet_id, RunTombstoneRow.run_id == run_id)
+                    .values(blobs_left_json="[]"))
+
+
+def _count(session: Session, table: type[EventRow] | type[SnapshotRow] | type[ManifestRow],
+           fleet_id: str, run_id: str) -> int:
+    return int(session.scalar(select(func.count()).select_from(table).where(
+        table.fleet_id == fleet_id, table.run_id == run_id)) or 0)

@@ -1,0 +1,85 @@
+"""Reading a recorded erasure from governance (docs/erasure.md): every service that holds
+erasable data erases only what governance's chain lists, read with the service's own token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from engram.client import EngramRpcError, TlsFiles
+from engram.client._channel import open_channel
+from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.common.errors import FailedPrecondition, PermissionDenied
+from services.common.outbound import dependency_error
+
+RECONNECT_MS = 150
+
+
+@dataclass(frozen=True)
+class ErasureOrder:
+    """An erasure governance recorded: a service erases exactly the items it lists."""
+
+    erasure_id: str
+    fleet_id: str
+    requested_by: str
+    items: tuple[tuple[str, str, str], ...]
+    """``(kind, id, leaf_hash)``; kind ``record``, ``summary`` or ``run``."""
+
+    def ids(self, *kinds: str) -> list[str]:
+        return [item_id for kind, item_id, _ in self.items if kind in kinds]
+
+    def require_fleet(self, fleet_id: str) -> None:
+        if self.fleet_id != fleet_id:
+            raise PermissionDenied(f"erasure {self.erasure_id} is of fleet {self.fleet_id!r}, "
+                                   f"not {fleet_id!r}", reason="FLEET_MISMATCH")
+
+
+class ErasureSource(Protocol):
+    def erasure(self, erasure_id: str) -> ErasureOrder:
+        """The recorded erasure; NotFound if governance has none of that id, Unavailable when
+        it cannot be asked."""
+        ...
+
+
+def order_from_proto(found: gpb.Erasure) -> ErasureOrder:
+    return ErasureOrder(found.erasure_id, found.fleet_id, found.requested_by,
+                        tuple((i.kind, i.id, i.leaf_hash) for i in found.items))
+
+
+def require_source(source: ErasureSource | None, service: str) -> ErasureSource:
+    if source is None:
+        raise FailedPrecondition(
+            f"this {service} service has no governance address (ENGRAM_{service.upper()}_"
+            "GOVERNANCE_ADDR), and governance records erasures: nothing can be erased here",
+            reason="GOVERNANCE_REQUIRED")
+    return source
+
+
+class GovernanceErasures:
+    """ErasureSource over governance's gRPC API with this service's token."""
+
+    def __init__(self, address: str, token_file: Path, tls: TlsFiles | None = None,
+                 timeout: float = 10.0) -> None:
+        self.address = address
+        channel = open_channel(address, **(tls or TlsFiles()), reconnect_backoff_ms=RECONNECT_MS)
+        self._client = GovernanceClient(address, token_file.read_text().strip(),
+                                        timeout=timeout, channel=channel)
+
+    def erasure(self, erasure_id: str) -> ErasureOrder:
+        try:
+            return order_from_proto(self._client.erasure(erasure_id))
+        except EngramRpcError as error:
+            raise dependency_error("governance", self.address, error) from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def governance_erasures(address: str | None, token_file: Path | None,
+                        tls: TlsFiles) -> GovernanceErasures | None:
+    """None without a governance address (the service then erases nothing)."""
+    if not address or token_file is None or not token_file.exists():
+        return None
+    return GovernanceErasures(address, token_file, tls)

@@ -1,0 +1,125 @@
+"""IterationEraser: the compactor's part of ``engram forget --run`` (docs/erasure.md).
+
+For each run governance's erasure lists as ``iterations``, under the run's finisher lock
+(no seal or snapshot races it): one transaction deletes the run's head, warm lines, hot
+ring, segment and snapshot bookkeeping, pins and request ids and leaves a tombstone (last
+iteration, head hash, the erasure); then every blob under the run's prefix (sealed
+segments, index files, cold snapshots) is purged with all its S3 versions, and the cached
+segments dropped. A tombstone whose blobs are not all gone says so; a rerun finishes. The
+append path refuses an erased run in its own transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, update
+from sqlalchemy.orm import Session
+
+from services.common.blobstore import BlobStore
+from services.common.db import Database
+from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
+from services.common.errors import FailedPrecondition
+from services.common.tokens import validate_identifier
+from services.compactor.domain.blob_layout import run_prefix
+from services.compactor.service import IterationLog
+from services.compactor.tables import (
+    HotRow,
+    IterationRequestRow,
+    PinRow,
+    RunRow,
+    RunTombstoneRow,
+    SegmentRow,
+    SnapshotRow,
+    WarmLineRow,
+)
+
+log = logging.getLogger("engram.compactor.erasure")
+
+RUN_TABLES = (WarmLineRow, HotRow, SegmentRow, SnapshotRow, PinRow, IterationRequestRow)
+PURGED_TABLES = ("compactor_runs", "compactor_warm_lines", "compactor_hot",
+                 "compactor_segments", "compactor_snapshots", "compactor_pins",
+                 "compactor_iteration_requests")
+
+
+@dataclass(frozen=True)
+class ForgottenIterations:
+    run_id: str
+    last_iteration: int
+    head_hash: str
+    blobs: int
+
+
+class IterationEraser:
+    def __init__(self, iterations: IterationLog, database: Database, blobs: BlobStore,
+                 source: ErasureSource | None) -> None:
+        self.iterations = iterations
+        self.db = database
+        self.blobs = blobs
+        self.source = source
+
+    def erase(self, fleet_id: str, erasure_id: str,
+              now_us: int) -> tuple[list[ForgottenIterations], int]:
+        validate_identifier("erasure_id", erasure_id)
+        order = require_source(self.source, "compactor").erasure(erasure_id)
+        order.require_fleet(fleet_id)
+        erased: list[ForgottenIterations] = []
+        already = 0
+        for kind, run_id, leaf in order.items:
+            if kind != "iterations":
+                continue
+            with self.iterations.run_lock(fleet_id, run_id):
+                with self.db.session() as session:
+                    tombstone = session.get(RunTombstoneRow, (fleet_id, run_id))
+                    if tombstone is not None:
+                        already += 1
+                        head = None
+                    else:
+                        head = self._tombstone(session, order, run_id, leaf, now_us)
+                purged = self._purge_blobs(fleet_id, run_id)
+            if head is not None:
+                erased.append(ForgottenIterations(run_id, head[0], head[1], purged))
+        self.db.vacuum(PURGED_TABLES)
+        if erased:
+            log.info("iteration logs erased", extra={"erasure_id": erasure_id,
+                                                     "fleet_id": fleet_id, "runs": len(erased)})
+        return erased, already
+
+    @staticmethod
+    def _tombstone(session: Session, order: ErasureOrder, run_id: str, leaf: str,
+                   now_us: int) -> tuple[int, str] | None:
+        fleet_id = order.fleet_id
+        run = session.get(RunRow, (fleet_id, run_id))
+        if run is None:
+            return None  # nothing recorded here
+        if run.head_hash != leaf:
+            raise FailedPrecondition(
+                f"run {run_id} has iteration head {run.head_hash[:16]}… but erasure "
+                f"{order.erasure_id} lists {leaf[:16]}…: iterations were recorded since; record "
+                "a new erasure", reason="ERASURE_MISMATCH", metadata={"run_id": run_id})
+        for table in RUN_TABLES:
+            session.execute(delete(table).where(table.fleet_id == fleet_id,
+                                                table.run_id == run_id))
+        session.execute(insert(RunTombstoneRow).values(
+            fleet_id=fleet_id, run_id=run_id, last_iter=run.last_iter, head_hash=run.head_hash,
+            erasure_id=order.erasure_id, erased_us=now_us, erased_by=order.requested_by,
+            blobs_left=True))
+        session.delete(run)
+        return run.last_iter, run.head_hash
+
+    def _purge_blobs(self, fleet_id: str, run_id: str) -> int:
+        with self.db.session() as session:
+            row = session.get(RunTombstoneRow, (fleet_id, run_id))
+            if row is None or not row.blobs_left:
+                return 0
+        prefix = run_prefix(fleet_id, run_id) + "/"
+        keys = list(self.blobs.list(prefix))
+        for key in keys:
+            self.blobs.purge(key)
+        self.iterations.drop_cached(prefix)
+        with self.db.session() as session:
+            session.execute(update(RunTombstoneRow).where(
+                RunTombstoneRow.fleet_id == fleet_id, RunTombstoneRow.run_id == run_id)
+                .values(blobs_left=False))
+        return len(keys)
