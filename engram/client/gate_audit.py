@@ -51,8 +51,10 @@ def reconcile(record: spb.Record, decision: gpb.GateDecision | None) -> GateProb
     if not decision.allowed:
         return GateProblem(record.id, did, f"record {record.id} is stored although gate "
                            f"decision {did} denied it ({decision.reason})")
+    # A format-2 record's decision holds its salted body commitment, never a plain hash.
+    judged = record.body_commitment if record.format == 2 else record.content_hash
     mine = (decision.record_id, decision.content_hash, decision.agent_id, decision.fleet_id)
-    if mine != (record.id, record.content_hash, record.agent_id, record.fleet_id):
+    if mine != (record.id, judged, record.agent_id, record.fleet_id):
         return GateProblem(record.id, did, f"record {record.id} names gate decision {did}, "
                            f"which was made for another write (record {decision.record_id} "
                            f"by {decision.agent_id})")

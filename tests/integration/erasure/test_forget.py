@@ -177,3 +177,35 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert _tables_holding(urls["shard"], needles) == []
     # stopping saves the index snapshot again: still nothing
     assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
+
+
+def test_bad_forget_requests_are_refused(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, make_token("scout-1", FLEET)) as shard:
+            kept = shard.add("a lesson nobody asked to erase").record
+        with GovernanceClient(stack.governance.address, make_token("op", "fleet-o", ADMIN)) as g:
+            foreign = g.record_erasure("record", kept.id, [gpb.ErasedItem(
+                kind="record", id=kept.id, leaf_hash=kept.record_hash)]).erasure
+        cases: list[tuple[dict[str, object], grpc.StatusCode, str]] = [
+            ({}, grpc.StatusCode.INVALID_ARGUMENT, "SELECTOR_REQUIRED"),
+            ({"match": ""}, grpc.StatusCode.INVALID_ARGUMENT, "SELECTOR_REQUIRED"),
+            ({"match": "x" * 1001}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SELECTOR"),
+            ({"agent_id": "a b"}, grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IDENTIFIER"),
+            ({"run_id": "r", "limit": 10_001}, grpc.StatusCode.INVALID_ARGUMENT,
+             "INVALID_LIMIT"),
+            ({"erasure_id": "era_nope"}, grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND"),
+            ({"erasure_id": foreign.erasure_id}, grpc.StatusCode.PERMISSION_DENIED,
+             "FLEET_MISMATCH"),  # another fleet's: the shard reads it, then refuses
+            ({"erasure_id": "era_x", "record_id": kept.id}, grpc.StatusCode.INVALID_ARGUMENT,
+             "INVALID_SELECTOR"),
+            ({"fleet_id": "fleet-o", "record_id": kept.id}, grpc.StatusCode.PERMISSION_DENIED,
+             "FLEET_MISMATCH"),
+        ]
+        with ShardClient(stack.shard.address, admin) as shard:
+            for fields, code, reason in cases:
+                with pytest.raises(EngramRpcError) as refused:
+                    shard.forget(**fields)  # type: ignore[arg-type]
+                assert (refused.value.code, refused.value.reason) == (code, reason), fields
+            assert shard.get(kept.id).content  # nothing was erased

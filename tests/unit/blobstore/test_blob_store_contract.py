@@ -173,3 +173,32 @@ def test_file_store_fsyncs_every_directory_a_put_created(
     synced.clear()
     store.put("runs/r1/s2/blob", [b"y"])  # only s2 is new: its parent r1 and s2 itself
     assert {p for p in synced if p.is_dir()} == {root / "runs/r1", root / "runs/r1/s2"}
+
+
+def test_purge_leaves_nothing_and_is_idempotent(store: BlobStore) -> None:
+    store.put("runs/r/a.txt", [b"erase me"])
+    store.put("runs/r/ab.txt", [b"keep me"])
+    store.purge("runs/r/a.txt")
+    store.purge("runs/r/a.txt")
+    assert not store.exists("runs/r/a.txt")
+    assert list(store.list("runs/")) == ["runs/r/ab.txt"]
+
+
+def test_purge_on_a_versioned_bucket_removes_every_version() -> None:
+    """A plain delete on a versioned bucket only hides the bytes behind a delete marker."""
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        client.put_bucket_versioning(Bucket=BUCKET,
+                                     VersioningConfiguration={"Status": "Enabled"})
+        s3 = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
+                                 access_key_id="test", secret_access_key="test")
+        s3.put("runs/r/a.txt", [b"first secret"])
+        s3.delete("runs/r/a.txt")  # a delete marker over version 1
+        client.put_object(Bucket=BUCKET, Key="engram/runs/r/a.txt", Body=b"second secret")
+        client.put_object(Bucket=BUCKET, Key="engram/runs/r/a.txt.other", Body=b"kept")
+        s3.purge("runs/r/a.txt")
+        left = client.list_object_versions(Bucket=BUCKET, Prefix="engram/runs/r/")
+        keys = [v["Key"] for v in [*left.get("Versions", []), *left.get("DeleteMarkers", [])]]
+        assert keys == ["engram/runs/r/a.txt.other"]
+        s3.close()

@@ -1,0 +1,84 @@
+"""RecordErasure / GetErasure against a real governance server, SQLite and Postgres: bad
+requests are INVALID_ARGUMENT naming the problem, with nothing chained; a retry by
+request_id records nothing new, and a reuse for other items is refused; another fleet's
+erasure looks absent; an agent may not record one; an erasure row edited behind governance's
+back is found by chain verification."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import sqlalchemy
+
+from engram.client import EngramRpcError
+from engram.governance.v1 import governance_service_pb2 as pb
+from services.common.db import normalize_url
+from services.governance.settings import GovernanceSettings
+from tests.integration.governance.conftest import GovClientFactory
+
+LEAF = "ab" * 32
+
+
+def _item(i: int = 0, kind: str = "record", leaf: str = LEAF) -> pb.ErasedItem:
+    return pb.ErasedItem(kind=kind, id=f"{i:032x}", leaf_hash=leaf)
+
+
+@pytest.mark.parametrize("kind,value,items,code,reason", [
+    ("everything", "a", [_item()], grpc.StatusCode.INVALID_ARGUMENT, "INVALID_SELECTOR"),
+    ("match", "the secret text", [_item()], grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_SELECTOR"),
+    ("agent", "bad agent/../", [_item()], grpc.StatusCode.INVALID_ARGUMENT,
+     "INVALID_IDENTIFIER"),
+    ("record", "r1", [], grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_ERASURE"),
+    ("record", "r1", [_item(kind="table")], grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ITEM"),
+    ("record", "r1", [_item(leaf="xyz")], grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ITEM"),
+    ("record", "r1", [_item(), _item()], grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ITEM"),
+    ("agent", "a", [_item(i) for i in range(10_001)], grpc.StatusCode.INVALID_ARGUMENT,
+     "ERASURE_TOO_LARGE"),
+])
+def test_bad_erasures_are_refused_and_chain_nothing(
+        gov_for: GovClientFactory, kind: str, value: str, items: list[pb.ErasedItem],
+        code: grpc.StatusCode, reason: str) -> None:
+    governor = gov_for()
+    before = governor.checkpoint().length
+    with pytest.raises(EngramRpcError) as refused:
+        governor.record_erasure(kind, value, items)
+    assert (refused.value.code, refused.value.reason) == (code, reason)
+    assert governor.checkpoint().length == before
+
+
+def test_an_erasure_is_chained_once_and_read_back_by_its_fleet_only(
+        gov_for: GovClientFactory, gov_settings: GovernanceSettings) -> None:
+    governor = gov_for()
+    first = governor.record_erasure("agent", "scout-1", [_item(1), _item(2, "run")],
+                                    reason="left the company", request_id="req-1")
+    assert first.created and first.erasure.chain_seq >= 0
+    again = governor.record_erasure("agent", "scout-1", [_item(1), _item(2, "run")],
+                                    reason="left the company", request_id="req-1")
+    assert not again.created and again.erasure == first.erasure
+    with pytest.raises(EngramRpcError) as reused:
+        governor.record_erasure("agent", "scout-1", [_item(3)], request_id="req-1")
+    assert reused.value.reason == "REQUEST_ID_REUSED"
+    erasure_id = first.erasure.erasure_id
+    assert governor.erasure(erasure_id).requested_by == "gov-1"
+    shard = gov_for("svc-shard", "system", ("service",))
+    assert shard.erasure(erasure_id).fleet_id == "fleet-a"  # services read any fleet's
+    for outsider in (gov_for("gov-2", "fleet-b"), gov_for("agent-1", "fleet-a", ("agent",))):
+        with pytest.raises(EngramRpcError) as hidden:
+            outsider.erasure(erasure_id)
+        assert hidden.value.code in (grpc.StatusCode.NOT_FOUND,
+                                     grpc.StatusCode.PERMISSION_DENIED)
+    with pytest.raises(EngramRpcError) as agent:
+        gov_for("agent-1", "fleet-a", ("agent",)).record_erasure("record", "r", [_item()])
+    assert agent.value.code == grpc.StatusCode.PERMISSION_DENIED
+    assert governor.verify_chain().ok
+
+    engine = sqlalchemy.create_engine(normalize_url(gov_settings.database_url()))
+    with engine.begin() as conn:  # hide one erased id behind governance's back
+        conn.execute(sqlalchemy.text(
+            "UPDATE erasures SET state_json = replace(state_json, :one, :other)"),
+            {"one": f"{1:032x}", "other": f"{9:032x}"})
+    engine.dispose()
+    report = governor.verify_chain()
+    assert not report.ok
+    assert any(erasure_id in p for p in report.problems)
