@@ -342,12 +342,14 @@ def verify(
         for f in report.failures
     ]
     if as_json:
-        emit_json({"checked": report.checked, "ok": not failures, "failures": failures})
+        emit_json({"checked": report.checked, "tombstoned": report.tombstoned,
+                   "ok": not failures, "failures": failures})
     else:
         for failure in failures:
             console.print(f"[red]FAIL[/red] {failure['detail']}")
+        erased = f" and {report.tombstoned} erased (tombstones)" if report.tombstoned else ""
         console.print(
-            f"checked {report.checked} records: "
+            f"checked {report.checked} records{erased}: "
             + (
                 "[green]all intact[/green]"
                 if not failures
