@@ -386,8 +386,9 @@ class ShardRepository:
         """Those of ``ids`` erased (any fleet: an id is never reused) -> their erasure."""
         found: dict[str, str] = {}
         for start in range(0, len(ids), 500):
-            found.update(session.execute(select(TombstoneRow.id, TombstoneRow.erasure_id).where(
-                TombstoneRow.id.in_(list(ids[start:start + 500])))).tuples())
+            rows = session.execute(select(TombstoneRow.id, TombstoneRow.erasure_id).where(
+                TombstoneRow.id.in_(list(ids[start:start + 500]))))
+            found.update((record_id, erasure_id) for record_id, erasure_id in rows)
         return found
 
     def tombstone_count(self, session: Session) -> int:

@@ -232,7 +232,7 @@ class ShardService:
         # The gate's idempotency key comes from the client's request_id (a content digest alone
         # would replay an old decision, say before a suspension, for a later identical write),
         # bound to the whole body: a decision is never replayed for metadata it did not judge.
-        fresh = self._gate(principal, fresh, _gate_key(request_id, digest))
+        fresh = self._gate(principal, fresh, _gate_key(request_id, digest, fresh))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
                         tuple(r.id for r in prepared),
                         tuple((r.id, keys[r.id]) for r in fresh if r.id in keys))
@@ -704,10 +704,20 @@ def _request_id_reused(request_id: str) -> InvalidArgument:
                            "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
 
 
-def _gate_key(request_id: str, digest: str) -> str:
-    """``request_id`` bound to the request's body (an identifier within governance's 128
-    characters: ``:`` joins them); empty without one (the gate then mints a fresh key)."""
-    return f"{request_id[:100]}:{digest[:24]}" if request_id else ""
+def _gate_key(request_id: str, digest: str, fresh: Sequence[Record]) -> str:
+    """``request_id`` bound to the request's body and to this attempt's record ids and
+    commitments (an identifier within governance's 128 characters: ``:`` joins them); empty
+    without one (the gate then mints a fresh key).
+
+    A format-2 record's id and salt are random, so an attempt that reached governance but
+    was never stored (the shard restarted, governance's answer was lost) is not replayed
+    for the client's retry: the retry is judged afresh under its own ids, and the first
+    decision stays in the chain for a write that never landed."""
+    if not request_id:
+        return ""
+    attempt = hashlib.sha256("\x1f".join(
+        [digest, *(f"{r.id}:{records.gate_hash(r)}" for r in fresh)]).encode()).hexdigest()
+    return f"{request_id[:100]}:{attempt[:24]}"
 
 
 def _indexed(index: int, total: int, error: EngramError) -> EngramError:

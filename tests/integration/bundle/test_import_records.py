@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -13,6 +14,8 @@ import pytest
 
 from engram.client import EngramRpcError, ShardClient
 from engram.shard.v1 import shard_service_pb2 as pb
+from services.shard.domain import records
+from services.shard.servicer import record_from_proto, record_to_proto
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN
 from tests.stack import GatedStack, gated_stack
@@ -86,14 +89,15 @@ def test_bad_records_are_refused_naming_them_and_nothing_is_stored(
 def test_a_different_record_under_a_stored_id_is_already_exists(
         stacks: tuple[GatedStack, GatedStack], exported: list[pb.Record],
         make_token: TokenFactory) -> None:
-    # Stored through its own gate in the target first: same id, other time and decision.
-    with ShardClient(stacks[1].shard.address, make_token("scout-1", "fleet-c")) as agent:
-        local = agent.add("a fact known on both sides", run_id="run-9").record
+    # Ids are random (format 2): a record under a stored id with other fields, which still
+    # verifies on its own (re-sealed), is what a conflicting import looks like.
     with ShardClient(stacks[0].shard.address, make_token("scout-1", "fleet-c")) as agent:
         remote = agent.add("a fact known on both sides", run_id="run-9").record
-    assert local.id == remote.id and local.record_hash != remote.record_hash
+    other = record_to_proto(records.seal(replace(record_from_proto(remote), importance=0.9)))
+    assert other.id == remote.id and other.record_hash != remote.record_hash
     with ShardClient(stacks[1].shard.address, make_token("op", "fleet-c", ADMIN)) as admin:
-        error = refused(admin.import_records, [remote])
+        assert admin.import_records([remote]).created == 1
+        error = refused(admin.import_records, [other])
         assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, "RECORD_CONFLICT")
         assert remote.id in error.message
 
