@@ -121,8 +121,8 @@ class ShardServiceServicer:
     """
 
     def CreateRecord(self, request, context):
-        """Stores one record. Idempotent: the id is derived from the record, so a
-        retry returns the stored record with created = false.
+        """Stores one record. Idempotent: the same text by the same author in the
+        same run returns the stored record with created = false.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

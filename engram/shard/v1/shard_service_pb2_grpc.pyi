@@ -37,8 +37,8 @@ class ShardServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ShardServiceAsyncStub: ...
     CreateRecord: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.CreateRecordRequest, _shard_service_pb2.CreateRecordResponse]
-    """Stores one record. Idempotent: the id is derived from the record, so a
-    retry returns the stored record with created = false.
+    """Stores one record. Idempotent: the same text by the same author in the
+    same run returns the stored record with created = false.
     """
     BatchCreateRecords: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.BatchCreateRecordsRequest, _shard_service_pb2.BatchCreateRecordsResponse]
     """Stores up to 1000 records in one transaction: all or nothing."""
@@ -91,8 +91,8 @@ class ShardServiceAsyncStub(ShardServiceStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CreateRecord: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.CreateRecordRequest, _shard_service_pb2.CreateRecordResponse]  # type: ignore[assignment]
-    """Stores one record. Idempotent: the id is derived from the record, so a
-    retry returns the stored record with created = false.
+    """Stores one record. Idempotent: the same text by the same author in the
+    same run returns the stored record with created = false.
     """
     BatchCreateRecords: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.BatchCreateRecordsRequest, _shard_service_pb2.BatchCreateRecordsResponse]  # type: ignore[assignment]
     """Stores up to 1000 records in one transaction: all or nothing."""
@@ -148,8 +148,8 @@ class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _shard_service_pb2.CreateRecordRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_shard_service_pb2.CreateRecordResponse, _abc.Awaitable[_shard_service_pb2.CreateRecordResponse]]:
-        """Stores one record. Idempotent: the id is derived from the record, so a
-        retry returns the stored record with created = false.
+        """Stores one record. Idempotent: the same text by the same author in the
+        same run returns the stored record with created = false.
         """
 
     @_abc_1.abstractmethod

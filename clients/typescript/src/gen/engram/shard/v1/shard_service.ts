@@ -5320,8 +5320,8 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
 export type ShardServiceService = typeof ShardServiceService;
 export const ShardServiceService = {
   /**
-   * Stores one record. Idempotent: the id is derived from the record, so a
-   * retry returns the stored record with created = false.
+   * Stores one record. Idempotent: the same text by the same author in the
+   * same run returns the stored record with created = false.
    */
   createRecord: {
     path: "/engram.shard.v1.ShardService/CreateRecord" as const,
@@ -5509,8 +5509,8 @@ export const ShardServiceService = {
 
 export interface ShardServiceServer extends UntypedServiceImplementation {
   /**
-   * Stores one record. Idempotent: the id is derived from the record, so a
-   * retry returns the stored record with created = false.
+   * Stores one record. Idempotent: the same text by the same author in the
+   * same run returns the stored record with created = false.
    */
   createRecord: handleUnaryCall<CreateRecordRequest, CreateRecordResponse>;
   /** Stores up to 1000 records in one transaction: all or nothing. */
@@ -5563,8 +5563,8 @@ export interface ShardServiceServer extends UntypedServiceImplementation {
 
 export interface ShardServiceClient extends Client {
   /**
-   * Stores one record. Idempotent: the id is derived from the record, so a
-   * retry returns the stored record with created = false.
+   * Stores one record. Idempotent: the same text by the same author in the
+   * same run returns the stored record with created = false.
    */
   createRecord(
     request: CreateRecordRequest,
