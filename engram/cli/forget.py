@@ -12,6 +12,7 @@ last again (after a service was down or a run was interrupted).
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -67,6 +68,7 @@ class _Services:
 
     def carry_out(self, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
         """Each service that holds an item of the erasure erases it."""
+        began = time.monotonic()
         done: dict[str, Any] = {"erasure_id": erasure_id}
         records = self.shard.forget(erasure_id=erasure_id)
         done["records"] = [r.record_id for r in records.records]
@@ -80,6 +82,7 @@ class _Services:
             logs = self.compactor.forget_iterations(erasure_id)
             done["iteration_logs"] = [{"run_id": r.run_id, "last_iteration": r.last_iteration,
                                        "blobs": r.blobs} for r in logs.runs]
+        done["seconds"] = round(time.monotonic() - began, 3)
         return done
 
 

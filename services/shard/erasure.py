@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -140,17 +141,22 @@ class RecordEraser:
         order = require_source(self.source, "shard").erasure(erasure_id)
         order.require_fleet(fleet_id)
         now_us = int(self.service.clock() * 1_000_000)
+        began = time.monotonic()
         erased, already = self._tombstone(order, now_us)
+        stored = time.monotonic()
         # Again for an erasure carried out before: a run interrupted after its transaction
         # (a crash, a busy WAL) finishes here; when all was done, this finds nothing to do.
         self._purge()
+        purged = time.monotonic()
         index = self.service.search_engine.index
         if index is not None:
             index.forget(fleet_id, order.ids("record", "summary"))
         if erased:
-            log.info("records erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
-                                              "records": len(erased), "already": already,
-                                              "by": principal.agent_id})
+            log.info("records erased", extra={
+                "erasure_id": erasure_id, "fleet_id": fleet_id, "records": len(erased),
+                "already": already, "by": principal.agent_id,
+                "store_s": round(stored - began, 3), "purge_s": round(purged - stored, 3),
+                "index_s": round(time.monotonic() - purged, 3)})
         return Erased(erased, already)
 
     def _tombstone(self, order: ErasureOrder,
