@@ -66,6 +66,11 @@ class _Services:
             items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))
         return items
 
+    def agent_run_items(self, agent_id: str) -> list[gpb.ErasedItem]:
+        """Every run the agent started, in artifacts and the compactor."""
+        return [item for run in self.artifacts.list_runs() if run.agent_id == agent_id
+                for item in self.run_items(run.run_id)]
+
     def carry_out(self, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
         """Each service that holds an item of the erasure erases it."""
         began = time.monotonic()
@@ -96,7 +101,8 @@ def _unless_absent(call: Any) -> Any:
 
 
 def forget(
-    agent: str = typer.Option("", "--agent", help="every record this agent wrote"),
+    agent: str = typer.Option("", "--agent", help="every record this agent wrote and every "
+                              "run it started (as --run does)"),
     record: str = typer.Option("", "--record", help="one record by id"),
     run: str = typer.Option("", "--run", help="the run: its records, and its events, "
                             "snapshots, artifacts, manifests and iteration log"),
@@ -111,7 +117,7 @@ def forget(
                                  "nothing"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Erase records (and with --run a whole run): their content, tags, metadata and what
+    """Erase records (and with --run or --agent whole runs): their content, tags, metadata and what
     derives from them (full-text terms, vectors, the search index, compaction summaries
     quoting them, a run's events, snapshots, artifacts and iteration log) leave every store;
     tombstones keep the leaf hashes so chains still verify. The erasure is a chained
@@ -155,7 +161,11 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
     """Rounds of select, record, carry out; with ``dry_run`` the first selection only."""
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
-    extra = services.run_items(value) if kind == "run" else []
+    extra = (services.run_items(value) if kind == "run"
+             else services.agent_run_items(value) if kind == "agent" else [])
+    if len(extra) >= ROUND:
+        raise fail(f"{kind} {value} holds {len(extra)} runs and iteration logs, more than one "
+                   f"erasure takes ({ROUND}); erase some with --run first")
     listed: list[gpb.ErasedItem] = []
     while True:
         selection = services.shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND)

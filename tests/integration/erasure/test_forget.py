@@ -209,3 +209,32 @@ def test_bad_forget_requests_are_refused(
                     shard.forget(**fields)  # type: ignore[arg-type]
                 assert (refused.value.code, refused.value.reason) == (code, reason), fields
             assert shard.get(kept.id).content  # nothing was erased
+
+
+def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    leaving, staying = make_token("scout-2", FLEET), make_token("scout-3", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        for token, run_id in ((leaving, "run-a"), (staying, "run-b")):
+            with ShardClient(stack.shard.address, token) as shard:
+                shard.add(f"a note in {run_id}", run_id=run_id)
+            with ArtifactsClient(stack.artifacts.address, token) as art:
+                art.start_run(run_id, {})
+                art.append_event(run_id, "tool.called", {"by": run_id})
+            with CompactorClient(stack.compactor.address, token) as comp:
+                comp.record(run_id, iteration_from_json({"iter": 1, "planDigest": "p",
+                                                         "status": "ok"}))
+        with cli_for(stack, admin, monkeypatch) as run:
+            dry = run("forget", "--agent", "scout-2", "--dry-run")["would_erase"]
+            assert sorted(i["kind"] for i in dry) == ["iterations", "record", "run"]
+            assert run("forget", "--agent", "scout-2")["erased"] == 1
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            with pytest.raises(EngramRpcError) as gone:
+                art.get_run("run-a")
+            assert gone.value.reason == "RUN_ERASED"
+            assert art.get_run("run-b").event_count >= 1
+        with ShardClient(stack.shard.address, admin) as shard:
+            assert [h.record.agent_id for h in shard.search("note", mode="lexical")] \
+                == ["scout-3"]
