@@ -671,6 +671,14 @@ class ShardRepository:
             query = query.where(RECORDS.c.seq.not_in(list(gaps)))
         return [_record_text(row) for row in session.connection().execute(query)]
 
+    def texts_by_ids(self, session: Session, ids: Sequence[str]) -> list[RecordText]:
+        """Those of ``ids`` still stored, in seq order."""
+        found: list[RecordText] = []
+        for start in range(0, len(ids), 500):
+            query = _RECORD_TEXTS.where(RECORDS.c.id.in_(list(ids[start:start + 500])))
+            found += [_record_text(row) for row in session.connection().execute(query)]
+        return sorted(found, key=lambda row: row.seq)
+
     def created_after(self, session: Session, position: int) -> int | None:
         """The creation time (µs) of the first record committed past ``seq`` ``position``."""
         value = session.scalar(select(RECORDS.c.created_us).where(RECORDS.c.seq > position)

@@ -306,6 +306,14 @@ class FleetIndex:
         self.vectors.add([docs[i] for i in fresh], vectors[fresh])
         self._has_vector[[docs[i] for i in fresh]] = True
 
+    def has_vector(self, record_id: str) -> bool:
+        doc = self.doc_of.get(record_id)
+        return doc is not None and bool(self._has_vector[doc])
+
+    def needs_vector(self, record_id: str) -> bool:
+        doc = self.doc_of.get(record_id)
+        return doc is not None and not self._has_vector[doc]
+
     def indexed_vectors(self) -> int:
         return len(self.vectors)
 

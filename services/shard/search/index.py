@@ -168,7 +168,7 @@ class SearchIndex:
         self._last_id = ""  # id of the record at the cursor's position
         self._saved_records = 0  # records in the last snapshot written or loaded
         self._handed = 0  # records handed to the fleet indexes: those through the cursor
-        self._save_lock = threading.Lock()
+        self._save_lock = threading.RLock()  # a forget holds it through its own save
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
         self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
         self.loaded_from_snapshot = False
@@ -383,10 +383,13 @@ class SearchIndex:
         """Drop erased records (already deleted from the store); False if none was here.
 
         An erased text also shaped its run neighbours' terms, its text key and the fleet's
-        vocabulary, so the fleet's index is rebuilt from the store rather than edited: that
-        fleet's searches wait meanwhile (other fleets' do not), and the snapshot is written
-        again so no file keeps the erased terms. Idempotent: records no longer here (a
-        second call, another replica's erasure seen twice) cost nothing.
+        vocabulary, so the fleet's index is rebuilt from the store rather than edited. The
+        rebuild runs beside the fleet's searches, which use the old index meanwhile (the
+        erased rows are gone from the store, so no search returns them; until the swap their
+        lent terms may still rank a neighbour); what was handed to the fleet during the
+        rebuild is carried over at the swap. No snapshot is saved in between, and the one
+        saved after holds no erased term. Idempotent: records no longer here (a second
+        call, another replica's erasure seen twice) cost nothing.
         """
         gone = set(erased)
         with self._lock:
@@ -395,8 +398,8 @@ class SearchIndex:
             slot = self._fleets.get(fleet_id)
         if slot is None:
             return False
-        with slot.lock:
-            with self._lock:  # everything handed through the cursor is applied: none in flight
+        with self._save_lock:  # one rebuild at a time, and no save of the old index meanwhile
+            with slot.lock, self._lock:  # everything handed through the cursor is applied
                 slot.apply_inbox()
                 present = [i for i in gone if i in slot.index.doc_of]
                 if not present:
@@ -405,12 +408,46 @@ class SearchIndex:
                 self._handed -= len(present)
                 if self._last_id in gone:
                     self._last_id = ""
-            slot.index = self._rebuilt(fleet_id, position, gaps)
-        log.info("fleet index rebuilt after an erasure", extra={
-            "fleet_id": fleet_id, "erased": len(present), "records": len(slot.index.ids)})
-        if self.snapshot_path is not None and self._ready.is_set():
-            self.save_snapshot()
+            rebuilt = self._rebuilt(fleet_id, position, gaps)
+            with slot.lock:
+                with self._lock:
+                    slot.apply_inbox()
+                    old = slot.index
+                later = [i for i in old.ids if i not in rebuilt.doc_of and i not in gone]
+                self._carry_over(fleet_id, old, rebuilt, later)
+                slot.index = rebuilt
+            log.info("fleet index rebuilt after an erasure", extra={
+                "fleet_id": fleet_id, "erased": len(present), "records": len(rebuilt.ids),
+                "handed_meanwhile": len(later)})
+            if self.snapshot_path is not None and self._ready.is_set():
+                self.save_snapshot()
         return True
+
+    def _carry_over(self, fleet_id: str, old: FleetIndex, rebuilt: FleetIndex,
+                    later: list[str]) -> None:
+        """Into ``rebuilt``: the records handed to ``old`` while it was built (in the order
+        they were handed), and the vectors ``old`` received meanwhile (all are stored)."""
+        if later:
+            with self.db.session() as session:
+                rows = {row.id: row for row in self.repo.texts_by_ids(session, later)}
+            for record_id in later:
+                row = rows.get(record_id)
+                if row is not None:  # else erased meanwhile: the next forget drops it
+                    _adder(row.id, row.run_id, row.content,
+                           text_key(row.content, row.run_id, row.agent_id),
+                           metadata_day(row.metadata, row.created_us),
+                           DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
+                                    row.created_us, row.importance))(rebuilt)
+        if self.embedder is None:
+            return
+        lacking = [i for i in rebuilt.ids if rebuilt.needs_vector(i) and old.has_vector(i)]
+        if lacking:
+            with self.db.session() as session:
+                stored = self.repo.stored_vectors(session, lacking, self.embedder.name)
+            if stored:
+                ids = list(stored)
+                rebuilt.add_vectors([rebuilt.doc_of[i] for i in ids], np.stack(
+                    [np.frombuffer(stored[i], dtype="<f4") for i in ids]).astype(np.float32))
 
     def _apply_erasures(self) -> None:
         """Erasures carried out since the last look, by this replica or another sharing the

@@ -46,3 +46,27 @@ def test_forget_rebuilds_the_fleet_and_the_snapshot_stays_loadable(tmp_path: Pat
     assert restarted.search("f", "vault combination", "lexical") == []
     assert ([restarted.search("f", q, "lexical") for q in ("next step", "gardens")]
             == [index.search("f", q, "lexical") for q in ("next step", "gardens")])
+
+
+def test_the_fleet_is_searched_while_it_is_rebuilt_and_keeps_what_arrived(
+        tmp_path: Path) -> None:
+    database = _store(tmp_path / "shard.db")
+    _write(database, TEXTS)
+    index = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
+    index.warm_up()
+    secret = index.search("f", "vault combination", "lexical")[0][0]
+    _erase(database, secret)
+    build = index._rebuilt
+    seen_meanwhile: list[list[tuple[str, float]]] = []
+
+    def rebuilt_while_written_and_searched(*args: object) -> object:
+        fresh = build(*args)  # type: ignore[arg-type]
+        _write(database, ["a late note about the orchard"])  # handed to the old index
+        seen_meanwhile.append(index.search("f", "orchard", "lexical"))  # not held up
+        return fresh
+
+    index._rebuilt = rebuilt_while_written_and_searched  # type: ignore[method-assign]
+    assert index.forget("f", [secret])
+    late = seen_meanwhile[0][0][0]  # the note itself ranks first (its run neighbours after)
+    assert index.search("f", "orchard", "lexical")[0][0] == late
+    assert index.search("f", "vault combination", "lexical") == []
