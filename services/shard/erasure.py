@@ -151,6 +151,8 @@ class RecordEraser:
         index = self.service.search_engine.index
         if index is not None:
             index.forget(fleet_id, order.ids("record", "summary"))
+        for item in erased:
+            self.service.erased.add(item.kind)
         if erased:
             log.info("records erased", extra={
                 "erasure_id": erasure_id, "fleet_id": fleet_id, "records": len(erased),

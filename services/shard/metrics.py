@@ -22,6 +22,9 @@ class ShardMetrics(Collector):
         yield counter("engram_shard_records_written",
                       "Records stored by committed writes (not those a retry or a duplicate "
                       "found already stored).", [], self._service.written)
+        yield counter("engram_shard_records_erased",
+                      "Records erased by engram forget, by kind (record, or a compaction "
+                      "summary that quoted one).", ["kind"], self._service.erased)
         yield counter("engram_integrity_failures",
                       "Items found altered or unreadable by a verify or a verified read.",
                       ["reason"], self._service.integrity_failures)

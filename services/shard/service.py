@@ -119,6 +119,8 @@ class ShardService:
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
         self.written = Tally()
+        self.erased = Tally()
+        """Records erased (engram forget), by kind: record, or a summary that quoted one."""
         """Records stored by committed writes (not those a retry or a duplicate found)."""
         self.integrity_failures = Tally()
         """Records that failed verification (VerifyRecords, a verified snapshot), by reason."""

@@ -72,6 +72,12 @@ def test_a_tour_moves_every_domain_metric(tmp_path: Path, engram_home: Path,
                 shard.get("no such id")
             assert not shard.verify(all_records=True).failures
             shard.search("deploy")
+        with ShardClient(stack.address("shard"), governor) as shard, \
+                GovernanceClient(stack.address("governance"), governor) as gov:
+            listed = shard.forget(match="ten minutes").records
+            erasure = gov.record_erasure("match", "", [gpb.ErasedItem(
+                kind=r.kind, id=r.record_id, leaf_hash=r.record_hash) for r in listed]).erasure
+            assert shard.forget(erasure_id=erasure.erasure_id).records
         with ArtifactsClient(stack.address("artifacts"), agent) as art:
             art.start_run("run-m")
             stored = art.upload([b"x" * 5000], run_id="run-m", step_id="s", name="a.bin")
@@ -97,6 +103,7 @@ def test_a_tour_moves_every_domain_metric(tmp_path: Path, engram_home: Path,
         assert delta >= by, f"{service} {name}{labels}: moved by {delta}, expected >= {by}"
 
     moved("shard", "engram_shard_records_written_total")
+    moved("shard", "engram_shard_records_erased_total", kind="record")
     assert ("engram_shard_index_lag_records", ()) in after["shard"]
     assert ("engram_shard_index_lag_seconds", ()) in after["shard"]
     assert ("engram_shard_embedder_queue_records", ()) in after["shard"]
