@@ -66,6 +66,12 @@ class _Services:
             items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))
         return items
 
+    def runs_holding(self, text: str) -> list[str]:
+        """Runs whose artifacts-side data or iteration log holds the text."""
+        runs = [r.run_id for r in self.artifacts.find_runs(text, ROUND).runs]
+        logs = [r.run_id for r in self.compactor.find_iteration_logs(text, ROUND).runs]
+        return list(dict.fromkeys([*runs, *logs]))
+
     def agent_run_items(self, agent_id: str) -> list[gpb.ErasedItem]:
         """Every run the agent started, in artifacts and the compactor."""
         return [item for run in self.artifacts.list_runs() if run.agent_id == agent_id
@@ -109,6 +115,10 @@ def forget(
     match: str = typer.Option("", "--match", help="every record whose content, a tag or a "
                               "metadata key or value holds this text (case-insensitive); the "
                               "text itself is not recorded anywhere"),
+    whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: also erase "
+                                    "whole every run whose events, snapshots, artifacts, "
+                                    "manifests, evidence or iteration log hold the text (they "
+                                    "cannot be erased item by item yet)"),
     resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
                                "(after a service was down or a run was interrupted)"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
@@ -127,42 +137,62 @@ def forget(
     if len(chosen) != 1:
         raise fail("give exactly one of --agent, --record, --run, --match or --resume")
     kind, value = chosen[0]
+    if whole_runs and kind != "match":
+        raise fail("--whole-runs goes with --match (--run and --agent erase whole runs anyway)")
     services = _Services()
     erasures: list[dict[str, Any]] = []
+    holding: list[str] = []
     try:
         with rpc_errors(as_json):
             if kind == "resume":
                 recorded = services.governance.erasure(value)
                 erasures.append(services.carry_out(value, {i.kind for i in recorded.items}))
             else:
-                listed = _erase(services, kind, value, fleet, reason, dry_run, erasures, as_json)
+                if kind == "match":
+                    holding = services.runs_holding(value)
+                runs = [i for r in holding for i in services.run_items(r)] if whole_runs else []
+                listed = _erase(services, kind, value, fleet, reason, dry_run, erasures, as_json,
+                                runs)
     finally:
         services.close()
+    left = [] if whole_runs else holding
     if dry_run:
         items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
-            emit_json({"dry_run": True, "would_erase": items})
+            emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left})
         else:
             for item in items:
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
+            _warn_left(left)
         return
     total = sum(len(e["records"]) for e in erasures)
     if as_json:
-        emit_json({"erased": total, "erasures": erasures})
-    elif not erasures:
+        emit_json({"erased": total, "erasures": erasures, "runs_holding_text": left})
+        return
+    if not erasures:
         console.print("nothing matches: nothing erased")
     else:
         console.print(f"{total} record(s) erased in {len(erasures)} erasure(s)")
+    _warn_left(left)
+
+
+def _warn_left(left: list[str]) -> None:
+    if left:
+        err_console.print(f"[yellow]{len(left)} run(s) still hold the text in their events, "
+                          f"snapshots, artifacts or iteration logs: {', '.join(left[:10])}"
+                          f"{' …' if len(left) > 10 else ''}; erase them whole with "
+                          "--whole-runs (or --run)[/yellow]")
 
 
 def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,
-           erasures: list[dict[str, Any]], as_json: bool) -> list[gpb.ErasedItem]:
+           erasures: list[dict[str, Any]], as_json: bool,
+           runs: list[gpb.ErasedItem]) -> list[gpb.ErasedItem]:
     """Rounds of select, record, carry out; with ``dry_run`` the first selection only."""
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
     extra = (services.run_items(value) if kind == "run"
-             else services.agent_run_items(value) if kind == "agent" else [])
+             else services.agent_run_items(value) if kind == "agent" else runs)
     if len(extra) >= ROUND:
         raise fail(f"{kind} {value} holds {len(extra)} runs and iteration logs, more than one "
                    f"erasure takes ({ROUND}); erase some with --run first")

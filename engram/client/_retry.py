@@ -26,10 +26,10 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "ListArtifacts", "VerifyArtifacts", "AppendEvent", "ListEvents", "ReplayEvents",
         "CreateSnapshot", "GetLatestSnapshot", "ListSnapshots", "Rehydrate", "CreateEvidence",
         "GetEvidence", "ListEvidence", "CreateManifest", "GetManifest", "ListManifests",
-        "ForgetRuns"),
+        "ForgetRuns", "FindRuns"),
     "engram.compactor.v1.CompactorService": (
         "RecordIteration", "ListRecentIterations", "ListSummaries", "ReconstructIteration",
-        "VerifyRun", "ListPolicyRuns", "ForgetIterations"),
+        "VerifyRun", "ListPolicyRuns", "ForgetIterations", "FindIterationLogs"),
     "engram.governance.v1.GovernanceService": (
         "GetTrust", "BatchGetTrust", "CreateRule", "ListRules", "ListDecisions",
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",

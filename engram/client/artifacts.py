@@ -88,6 +88,10 @@ class ArtifactsClient(BaseClient):
         return self.paginate(self.stub.ListRuns, pb.ListRunsRequest(page_size=page_size),
                              lambda reply: reply.runs)
 
+    def find_runs(self, match: str, limit: int = 0) -> pb.FindRunsResponse:
+        """The runs holding ``match`` anywhere (governor or admin role; reads every blob)."""
+        return self.call(self.stub.FindRuns, pb.FindRunsRequest(match=match, limit=limit))
+
     def forget_runs(self, erasure_id: str) -> pb.ForgetRunsResponse:
         """Erase the runs governance's erasure of that id lists (governor or admin role)."""
         return self.call(self.stub.ForgetRuns, pb.ForgetRunsRequest(erasure_id=erasure_id))

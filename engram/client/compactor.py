@@ -99,6 +99,11 @@ class CompactorClient(BaseClient):
                                                 pb.VerifyRunRequest(run_id=run_id))
         return reply
 
+    def find_iteration_logs(self, match: str, limit: int = 0) -> pb.FindIterationLogsResponse:
+        """The runs whose iteration log holds ``match`` (governor or admin role)."""
+        return self.call(self.stub.FindIterationLogs,
+                         pb.FindIterationLogsRequest(match=match, limit=limit))
+
     def forget_iterations(self, erasure_id: str) -> pb.ForgetIterationsResponse:
         """Erase the iteration logs governance's erasure of that id lists (governor, admin)."""
         return self.call(self.stub.ForgetIterations,

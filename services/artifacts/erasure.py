@@ -29,12 +29,24 @@ from services.artifacts.tables import (
     SnapshotRow,
 )
 from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 from services.common.tokens import validate_identifier
 
 log = logging.getLogger("engram.artifacts.erasure")
 
 PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "evidence")
+
+
+MAX_RUNS = 10_000
+MAX_PLACES = 5
+
+
+@dataclass(frozen=True)
+class FoundRun:
+    run_id: str
+    head_hash: str
+    places: list[str]
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,55 @@ class RunEraser:
             log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                            "runs": len(erased), "already": already})
         return erased, already
+
+    def find(self, fleet_id: str, match: str, limit: int) -> tuple[list[FoundRun], bool]:
+        """The fleet's runs holding ``match`` anywhere (oldest first), reading every blob."""
+        needle = needle_of(match)
+        limit = limit or 1000
+        if not 1 <= limit <= MAX_RUNS:
+            raise InvalidArgument(f"limit must be 1..{MAX_RUNS}, got {limit}",
+                                  reason="INVALID_LIMIT")
+        with self.service.db.session() as session:
+            runs = session.execute(select(RunRow.run_id, RunRow.head_hash).where(
+                RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()
+        found: list[FoundRun] = []
+        for run_id, head_hash in runs:
+            places = self._places(fleet_id, run_id, needle)
+            if places:
+                if len(found) == limit:
+                    return found, True
+                found.append(FoundRun(run_id, head_hash, places))
+        return found, False
+
+    def _places(self, fleet_id: str, run_id: str, needle: str) -> list[str]:
+        places: list[str] = []
+        with self.service.db.session() as session:
+            for table, key, texts in (
+                    (EventRow, EventRow.seq, (EventRow.payload_json, EventRow.type)),
+                    (SnapshotRow, SnapshotRow.snapshot_id, (SnapshotRow.state_json,)),
+                    (ManifestRow, ManifestRow.manifest_id, (ManifestRow.content_json,))):
+                rows = session.execute(select(key, *texts).where(
+                    table.fleet_id == fleet_id, table.run_id == run_id))
+                for name, *values in rows:
+                    if any(json_holds(str(v), needle) for v in values):
+                        places.append(f"{table.__tablename__.rstrip('s')} {name}")
+            artifacts = session.execute(select(
+                ArtifactRow.artifact_id, ArtifactRow.name, ArtifactRow.path,
+                ArtifactRow.metadata_).where(ArtifactRow.fleet_id == fleet_id,
+                                             ArtifactRow.run_id == run_id)).all()
+            ids = [a.artifact_id for a in artifacts]
+            cited = session.execute(select(EvidenceRow.evidence_id, EvidenceRow.metadata_json,
+                                           EvidenceRow.chunk_id).where(
+                EvidenceRow.fleet_id == fleet_id, EvidenceRow.artifact_id.in_(ids))).all()
+        for evidence_id, metadata_json, chunk_id in cited:
+            if json_holds(metadata_json, needle) or holds(chunk_id, needle):
+                places.append(f"evidence {evidence_id}")
+        for artifact in artifacts:
+            named = holds(artifact.name, needle) or json_holds(
+                json.dumps(artifact.metadata_ or {}), needle)
+            if named or bytes_hold(self.service.blobs.open(artifact.path), needle):
+                places.append(f"artifact {artifact.artifact_id}")
+        return places[:MAX_PLACES]
 
     def _erase_run(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
                    now_us: int) -> ForgottenRun | None:

@@ -47,6 +47,7 @@ POLICY: MethodPolicy = {
         "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
         "ListEvidence", "GetManifest", "ListManifests")},
     _m("ForgetRuns"): frozenset({"governor", "admin"}),  # erasure: a governance act
+    _m("FindRuns"): frozenset({"governor", "admin"}),
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["ArtifactsService"].methods
@@ -58,7 +59,7 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): READ for name in (
         "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
         "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
-        "ListEvidence", "GetManifest", "ListManifests")},
+        "ListEvidence", "GetManifest", "ListManifests", "FindRuns")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -197,6 +198,14 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
             run_id=r.run_id, head_hash=r.head_hash, events=r.events, snapshots=r.snapshots,
             artifacts=r.artifacts, manifests=r.manifests, evidence=r.evidence) for r in erased],
             already_erased=already)
+
+    def FindRuns(self, request: pb.FindRunsRequest,
+                 context: grpc.ServicerContext) -> pb.FindRunsResponse:
+        found, more = self.eraser.find(current_principal().fleet_id, request.match,
+                                       request.limit)
+        return pb.FindRunsResponse(runs=[pb.FoundRun(run_id=r.run_id, head_hash=r.head_hash,
+                                                     places=r.places) for r in found],
+                                   more=more)
 
     # -- artifacts ----------------------------------------------------------
 

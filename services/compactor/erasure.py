@@ -11,16 +11,18 @@ append path refuses an erased run in its own transaction.
 
 from __future__ import annotations
 
+import gzip
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from services.common.blobstore import BlobStore
 from services.common.db import Database
 from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.text_match import bytes_hold, json_holds, needle_of
 from services.common.tokens import validate_identifier
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.service import IterationLog
@@ -41,6 +43,16 @@ RUN_TABLES = (WarmLineRow, HotRow, SegmentRow, SnapshotRow, PinRow, IterationReq
 PURGED_TABLES = ("compactor_runs", "compactor_warm_lines", "compactor_hot",
                  "compactor_segments", "compactor_snapshots", "compactor_pins",
                  "compactor_iteration_requests")
+
+
+MAX_RUNS = 10_000
+
+
+@dataclass(frozen=True)
+class FoundLog:
+    run_id: str
+    head_hash: str
+    last_iteration: int
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,43 @@ class IterationEraser:
             log.info("iteration logs erased", extra={"erasure_id": erasure_id,
                                                      "fleet_id": fleet_id, "runs": len(erased)})
         return erased, already
+
+    def find(self, fleet_id: str, match: str, limit: int) -> tuple[list[FoundLog], bool]:
+        """The fleet's iteration logs holding ``match``: hot details, warm lines, and every
+        blob of the run (sealed segments, index files, cold snapshots, gzip read through)."""
+        needle = needle_of(match)
+        limit = limit or 1000
+        if not 1 <= limit <= MAX_RUNS:
+            raise InvalidArgument(f"limit must be 1..{MAX_RUNS}, got {limit}",
+                                  reason="INVALID_LIMIT")
+        with self.db.session() as session:
+            runs = session.execute(select(RunRow.run_id, RunRow.head_hash, RunRow.last_iter)
+                                   .where(RunRow.fleet_id == fleet_id)
+                                   .order_by(RunRow.created_us, RunRow.run_id)).all()
+        found: list[FoundLog] = []
+        for run_id, head_hash, last_iter in runs:
+            if self._holds(fleet_id, run_id, needle):
+                if len(found) == limit:
+                    return found, True
+                found.append(FoundLog(run_id, head_hash, int(last_iter)))
+        return found, False
+
+    def _holds(self, fleet_id: str, run_id: str, needle: str) -> bool:
+        with self.db.session() as session:
+            for table, texts in ((HotRow, (HotRow.line, HotRow.detail_json,
+                                           HotRow.guardrails_json)),
+                                 (WarmLineRow, (WarmLineRow.line,))):
+                rows = session.execute(select(*texts).where(table.fleet_id == fleet_id,
+                                                            table.run_id == run_id))
+                if any(json_holds(str(v), needle) for row in rows for v in row):
+                    return True
+        for key in self.blobs.list(run_prefix(fleet_id, run_id) + "/"):
+            chunks = self.blobs.open(key)
+            if key.endswith(".gz"):
+                chunks = iter([gzip.decompress(b"".join(chunks))])
+            if bytes_hold(chunks, needle):
+                return True
+        return False
 
     @staticmethod
     def _tombstone(session: Session, order: ErasureOrder, run_id: str, leaf: str,

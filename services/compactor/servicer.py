@@ -41,6 +41,7 @@ POLICY: MethodPolicy = {
     _m("ApplyMemoryRetention"): _OPERATORS,
     _m("ListPolicyRuns"): frozenset({"admin", "governor"}),
     _m("ForgetIterations"): frozenset({"admin", "governor"}),  # erasure: a governance act
+    _m("FindIterationLogs"): frozenset({"admin", "governor"}),
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["CompactorService"].methods
@@ -51,7 +52,7 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
         "ForgetIterations")},
     **{_m(name): READ for name in (
         "ListRecentIterations", "ListSummaries", "ReconstructIteration", "VerifyRun",
-        "ListPolicyRuns")},
+        "ListPolicyRuns", "FindIterationLogs")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -139,6 +140,17 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
         self._policies = policies
         self._pages = pages or PageTokens.ephemeral()
         self._eraser = eraser
+
+    def FindIterationLogs(self, request: pb.FindIterationLogsRequest,
+                          context: grpc.ServicerContext) -> pb.FindIterationLogsResponse:
+        if self._eraser is None:
+            raise FailedPrecondition("this compactor cannot search for erasure",
+                                     reason="GOVERNANCE_REQUIRED")
+        found, more = self._eraser.find(current_principal().fleet_id, request.match,
+                                        request.limit)
+        return pb.FindIterationLogsResponse(runs=[pb.FoundIterationLog(
+            run_id=r.run_id, head_hash=r.head_hash, last_iteration=r.last_iteration)
+            for r in found], more=more)
 
     def ForgetIterations(self, request: pb.ForgetIterationsRequest,
                          context: grpc.ServicerContext) -> pb.ForgetIterationsResponse:

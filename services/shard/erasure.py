@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from services.common.erasure_source import require_source
 from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.text_match import holds, needle_of
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain.records import Record
 from services.shard.ports import ErasureOrder, ErasureSource
@@ -42,7 +43,6 @@ log = logging.getLogger("engram.shard.erasure")
 
 MAX_ITEMS = 10_000
 DEFAULT_LIMIT = 1000
-MAX_MATCH_CHARS = 1000
 SELECTORS = ("agent", "record", "run", "match")
 PURGED_TABLES = ("records", "record_tags", "links", "record_vectors", "write_keys",
                  "write_requests", "compactions")
@@ -79,10 +79,7 @@ class RecordEraser:
             raise InvalidArgument("name what to forget: agent_id, record_id, run_id or match",
                                   reason="SELECTOR_REQUIRED")
         if kind == "match":
-            needle = value.casefold().strip()
-            if not needle or len(value) > MAX_MATCH_CHARS:
-                raise InvalidArgument(f"match must be 1..{MAX_MATCH_CHARS} characters of text",
-                                      reason="INVALID_SELECTOR")
+            needle_of(value)
         else:
             validate_identifier(kind, value)
         limit = limit or DEFAULT_LIMIT
@@ -119,11 +116,11 @@ class RecordEraser:
         if kind == "run":
             yield from repo.scan(session, RecordFilter(fleet_id, run_id=value))
             return
-        needle = value.casefold()
+        needle = needle_of(value)
         for record in repo.scan(session, RecordFilter(fleet_id)):
             fields = [record.content, *record.tags, *record.metadata.keys(),
                       *record.metadata.values()]
-            if any(needle in f.casefold() for f in fields):
+            if any(holds(f, needle) for f in fields):
                 yield record
 
     @staticmethod

@@ -147,6 +147,32 @@ class ForgottenRun(_message.Message):
     evidence: int
     def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., events: _Optional[int] = ..., snapshots: _Optional[int] = ..., artifacts: _Optional[int] = ..., manifests: _Optional[int] = ..., evidence: _Optional[int] = ...) -> None: ...
 
+class FindRunsRequest(_message.Message):
+    __slots__ = ("match", "limit")
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    match: str
+    limit: int
+    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FoundRun(_message.Message):
+    __slots__ = ("run_id", "head_hash", "places")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    PLACES_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    head_hash: str
+    places: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., places: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FindRunsResponse(_message.Message):
+    __slots__ = ("runs", "more")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[FoundRun]
+    more: bool
+    def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class ForgetRunsResponse(_message.Message):
     __slots__ = ("runs", "already_erased")
     RUNS_FIELD_NUMBER: _ClassVar[int]

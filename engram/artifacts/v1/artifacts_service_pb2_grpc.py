@@ -66,6 +66,11 @@ class ArtifactsServiceStub:
                 request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.SerializeToString,
                 response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.FromString,
                 _registered_method=True)
+        self.FindRuns = channel.unary_unary(
+                '/engram.artifacts.v1.ArtifactsService/FindRuns',
+                request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsRequest.SerializeToString,
+                response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsResponse.FromString,
+                _registered_method=True)
         self.CreateArtifact = channel.stream_unary(
                 '/engram.artifacts.v1.ArtifactsService/CreateArtifact',
                 request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.CreateArtifactRequest.SerializeToString,
@@ -207,6 +212,16 @@ class ArtifactsServiceServicer:
         blobs, every S3 version), manifests and the evidence citing their
         artifacts. A tombstone keeps each run's id, author, event count and head
         hash; the run id is never used again. Governor or admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FindRuns(self, request, context):
+        """The runs whose events, snapshots, manifests, artifact names and metadata,
+        artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+        ASCII letters only), for engram forget --match: such a run can only be
+        erased whole. Reads every blob of the fleet. Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -382,6 +397,11 @@ def add_ArtifactsServiceServicer_to_server(servicer, server):
                     servicer.ForgetRuns,
                     request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.FromString,
                     response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.SerializeToString,
+            ),
+            'FindRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindRuns,
+                    request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsRequest.FromString,
+                    response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsResponse.SerializeToString,
             ),
             'CreateArtifact': grpc.stream_unary_rpc_method_handler(
                     servicer.CreateArtifact,
@@ -621,6 +641,33 @@ class ArtifactsService:
             '/engram.artifacts.v1.ArtifactsService/ForgetRuns',
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsRequest.SerializeToString,
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ForgetRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.artifacts.v1.ArtifactsService/FindRuns',
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsRequest.SerializeToString,
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.FindRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

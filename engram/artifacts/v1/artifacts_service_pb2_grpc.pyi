@@ -56,6 +56,12 @@ class ArtifactsServiceStub:
     artifacts. A tombstone keeps each run's id, author, event count and head
     hash; the run id is never used again. Governor or admin role.
     """
+    FindRuns: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]
+    """The runs whose events, snapshots, manifests, artifact names and metadata,
+    artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+    ASCII letters only), for engram forget --match: such a run can only be
+    erased whole. Reads every blob of the fleet. Governor or admin role.
+    """
     CreateArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]
     """Uploads one artifact as a stream: the first message carries the header,
     the next ones the bytes, and the last one the trailer (size and hash of
@@ -140,6 +146,12 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     blobs, every S3 version), manifests and the evidence citing their
     artifacts. A tombstone keeps each run's id, author, event count and head
     hash; the run id is never used again. Governor or admin role.
+    """
+    FindRuns: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]  # type: ignore[assignment]
+    """The runs whose events, snapshots, manifests, artifact names and metadata,
+    artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+    ASCII letters only), for engram forget --match: such a run can only be
+    erased whole. Reads every blob of the fleet. Governor or admin role.
     """
     CreateArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]  # type: ignore[assignment]
     """Uploads one artifact as a stream: the first message carries the header,
@@ -252,6 +264,18 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         blobs, every S3 version), manifests and the evidence citing their
         artifacts. A tombstone keeps each run's id, author, event count and head
         hash; the run id is never used again. Governor or admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def FindRuns(
+        self,
+        request: _artifacts_service_pb2.FindRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_artifacts_service_pb2.FindRunsResponse, _abc.Awaitable[_artifacts_service_pb2.FindRunsResponse]]:
+        """The runs whose events, snapshots, manifests, artifact names and metadata,
+        artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+        ASCII letters only), for engram forget --match: such a run can only be
+        erased whole. Reads every blob of the fleet. Governor or admin role.
         """
 
     @_abc_1.abstractmethod

@@ -241,6 +241,32 @@ class VerifyRunResponse(_message.Message):
     problems: _containers.RepeatedCompositeFieldContainer[VerifyProblem]
     def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ...) -> None: ...
 
+class FindIterationLogsRequest(_message.Message):
+    __slots__ = ("match", "limit")
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    match: str
+    limit: int
+    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class FoundIterationLog(_message.Message):
+    __slots__ = ("run_id", "head_hash", "last_iteration")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    LAST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    head_hash: str
+    last_iteration: int
+    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., last_iteration: _Optional[int] = ...) -> None: ...
+
+class FindIterationLogsResponse(_message.Message):
+    __slots__ = ("runs", "more")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[FoundIterationLog]
+    more: bool
+    def __init__(self, runs: _Optional[_Iterable[_Union[FoundIterationLog, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class ForgetIterationsRequest(_message.Message):
     __slots__ = ("erasure_id",)
     ERASURE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class CompactorServiceStub:
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.SerializeToString,
                 response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.FromString,
                 _registered_method=True)
+        self.FindIterationLogs = channel.unary_unary(
+                '/engram.compactor.v1.CompactorService/FindIterationLogs',
+                request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsRequest.SerializeToString,
+                response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsResponse.FromString,
+                _registered_method=True)
         self.CompactMemory = channel.unary_unary(
                 '/engram.compactor.v1.CompactorService/CompactMemory',
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.CompactMemoryRequest.SerializeToString,
@@ -159,6 +164,15 @@ class CompactorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindIterationLogs(self, request, context):
+        """The runs whose iteration log (hot details, warm lines, sealed segments,
+        cold snapshots) holds a text (case-insensitive), for engram forget
+        --match: such a log can only be erased whole. Governor or admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompactMemory(self, request, context):
         """Asks the shard to summarise old, low-importance memory records.
         """
@@ -217,6 +231,11 @@ def add_CompactorServiceServicer_to_server(servicer, server):
                     servicer.ForgetIterations,
                     request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.FromString,
                     response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.SerializeToString,
+            ),
+            'FindIterationLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindIterationLogs,
+                    request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsRequest.FromString,
+                    response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsResponse.SerializeToString,
             ),
             'CompactMemory': grpc.unary_unary_rpc_method_handler(
                     servicer.CompactMemory,
@@ -429,6 +448,33 @@ class CompactorService:
             '/engram.compactor.v1.CompactorService/ForgetIterations',
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsRequest.SerializeToString,
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ForgetIterationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindIterationLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.compactor.v1.CompactorService/FindIterationLogs',
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsRequest.SerializeToString,
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.FindIterationLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

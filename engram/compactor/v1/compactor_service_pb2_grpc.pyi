@@ -67,6 +67,11 @@ class CompactorServiceStub:
     run's last iteration and head hash; nothing is recorded to it again.
     Governor or admin role.
     """
+    FindIterationLogs: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.FindIterationLogsRequest, _compactor_service_pb2.FindIterationLogsResponse]
+    """The runs whose iteration log (hot details, warm lines, sealed segments,
+    cold snapshots) holds a text (case-insensitive), for engram forget
+    --match: such a log can only be erased whole. Governor or admin role.
+    """
     CompactMemory: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]
     """Asks the shard to summarise old, low-importance memory records."""
     ApplyMemoryRetention: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ApplyMemoryRetentionRequest, _compactor_service_pb2.ApplyMemoryRetentionResponse]
@@ -112,6 +117,11 @@ class CompactorServiceAsyncStub(CompactorServiceStub):
     index files and cold snapshots (every S3 version). A tombstone keeps the
     run's last iteration and head hash; nothing is recorded to it again.
     Governor or admin role.
+    """
+    FindIterationLogs: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.FindIterationLogsRequest, _compactor_service_pb2.FindIterationLogsResponse]  # type: ignore[assignment]
+    """The runs whose iteration log (hot details, warm lines, sealed segments,
+    cold snapshots) holds a text (case-insensitive), for engram forget
+    --match: such a log can only be erased whole. Governor or admin role.
     """
     CompactMemory: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]  # type: ignore[assignment]
     """Asks the shard to summarise old, low-importance memory records."""
@@ -197,6 +207,17 @@ class CompactorServiceServicer(metaclass=_abc_1.ABCMeta):
         index files and cold snapshots (every S3 version). A tombstone keeps the
         run's last iteration and head hash; nothing is recorded to it again.
         Governor or admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def FindIterationLogs(
+        self,
+        request: _compactor_service_pb2.FindIterationLogsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_compactor_service_pb2.FindIterationLogsResponse, _abc.Awaitable[_compactor_service_pb2.FindIterationLogsResponse]]:
+        """The runs whose iteration log (hot details, warm lines, sealed segments,
+        cold snapshots) holds a text (case-insensitive), for engram forget
+        --match: such a log can only be erased whole. Governor or admin role.
         """
 
     @_abc_1.abstractmethod

@@ -98,6 +98,10 @@ def test_forget_leaves_no_byte_of_the_marker(
                 comp.record("run-9", iteration_from_json(
                     {"iter": n, "planDigest": f"p{n}", "status": "ok",
                      "detail": {"said": marker}}))
+            for n in range(1, 3):  # a run only the compactor knows
+                comp.record("run-10", iteration_from_json(
+                    {"iter": n, "planDigest": f"q{n}", "status": "ok",
+                     "detail": {"quoted": marker.upper()}}))
         with ShardClient(stack.shard.address, admin) as shard:
             summaries = shard.compact(importance_below=0.35, older_than_days=0).groups
             assert any(marker in g.summary.content for g in summaries)
@@ -118,6 +122,8 @@ def test_forget_leaves_no_byte_of_the_marker(
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
         with cli_for(stack, admin, monkeypatch) as run:
+            holding = run("forget", "--match", marker, "--dry-run")["runs_holding_text"]
+            assert holding == ["run-9", "run-10"]
             run_dry = run("forget", "--run", "run-9", "--dry-run")["would_erase"]
             assert {i["kind"] for i in run_dry} == {"record", "run", "iterations"}
             assert run("forget", "--run", "run-9")["erased"] == 1
@@ -135,9 +141,13 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert would == {quoted.id, tagged.id, described.id} | summary_ids
             with ShardClient(stack.shard.address, admin) as shard:
                 assert shard.get(quoted.id).content == planted  # the dry run changed nothing
-            done = run("forget", "--match", marker, "--reason", "subject asked")
+            done = run("forget", "--match", marker, "--reason", "subject asked",
+                       "--whole-runs")
             assert done["erased"] == len(would)
-            assert run("forget", "--match", marker) == {"erased": 0, "erasures": []}
+            assert [log["run_id"] for log in done["erasures"][0]["iteration_logs"]] == ["run-10"]
+            assert done["runs_holding_text"] == []
+            assert run("forget", "--match", marker) == {"erased": 0, "erasures": [],
+                                                        "runs_holding_text": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
@@ -163,7 +173,7 @@ def test_forget_leaves_no_byte_of_the_marker(
         with GovernanceClient(stack.governance.address, admin) as gov:
             recorded = gov.erasure(erasure_id)
             assert recorded.selector_kind == "match" and recorded.selector_value == ""
-            assert {i.id for i in recorded.items} == would
+            assert {i.id for i in recorded.items} == would | {"run-10"}
             assert recorded.reason == "subject asked" and recorded.requested_by == "op"
             assert gov.verify_chain().ok
         with GovernanceClient(stack.governance.address, agent) as gov:

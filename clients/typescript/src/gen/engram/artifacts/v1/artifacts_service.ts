@@ -204,6 +204,26 @@ export interface ForgottenRun {
   evidence: number;
 }
 
+export interface FindRunsRequest {
+  /** 1..1000 characters. */
+  match: string;
+  /** At most this many runs (1..10000; 0 means 1000). */
+  limit: number;
+}
+
+export interface FoundRun {
+  runId: string;
+  headHash: string;
+  /** Where the text was found: "event 3", "snapshot snap_…", "artifact art_…", … */
+  places: string[];
+}
+
+export interface FindRunsResponse {
+  runs: FoundRun[];
+  /** More runs hold it than were listed. */
+  more: boolean;
+}
+
 export interface ForgetRunsResponse {
   /** Erased by this call. */
   runs: ForgottenRun[];
@@ -1761,6 +1781,285 @@ export const ForgottenRun: MessageFns<ForgottenRun> = {
     message.artifacts = object.artifacts ?? 0;
     message.manifests = object.manifests ?? 0;
     message.evidence = object.evidence ?? 0;
+    return message;
+  },
+};
+
+function createBaseFindRunsRequest(): FindRunsRequest {
+  return { match: "", limit: 0 };
+}
+
+export const FindRunsRequest: MessageFns<FindRunsRequest> = {
+  encode(message: FindRunsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.match !== "") {
+      writer.uint32(10).string(message.match);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(16).int32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FindRunsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFindRunsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.match = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FindRunsRequest {
+    return {
+      match: isSet(object.match) ? globalThis.String(object.match) : "",
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: FindRunsRequest): unknown {
+    const obj: any = {};
+    if (message.match !== "") {
+      obj.match = message.match;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FindRunsRequest>, I>>(base?: I): FindRunsRequest {
+    return FindRunsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FindRunsRequest>, I>>(object: I): FindRunsRequest {
+    const message = createBaseFindRunsRequest();
+    message.match = object.match ?? "";
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseFoundRun(): FoundRun {
+  return { runId: "", headHash: "", places: [] };
+}
+
+export const FoundRun: MessageFns<FoundRun> = {
+  encode(message: FoundRun, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    if (message.headHash !== "") {
+      writer.uint32(18).string(message.headHash);
+    }
+    for (const v of message.places) {
+      writer.uint32(26).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FoundRun {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFoundRun();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.headHash = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.places.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FoundRun {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      headHash: isSet(object.headHash)
+        ? globalThis.String(object.headHash)
+        : isSet(object.head_hash)
+        ? globalThis.String(object.head_hash)
+        : "",
+      places: globalThis.Array.isArray(object?.places) ? object.places.map((e: any) => globalThis.String(e)) : [],
+    };
+  },
+
+  toJSON(message: FoundRun): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.headHash !== "") {
+      obj.headHash = message.headHash;
+    }
+    if (message.places?.length) {
+      obj.places = message.places;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FoundRun>, I>>(base?: I): FoundRun {
+    return FoundRun.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FoundRun>, I>>(object: I): FoundRun {
+    const message = createBaseFoundRun();
+    message.runId = object.runId ?? "";
+    message.headHash = object.headHash ?? "";
+    message.places = object.places?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseFindRunsResponse(): FindRunsResponse {
+  return { runs: [], more: false };
+}
+
+export const FindRunsResponse: MessageFns<FindRunsResponse> = {
+  encode(message: FindRunsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.runs) {
+      FoundRun.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.more !== false) {
+      writer.uint32(16).bool(message.more);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FindRunsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFindRunsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runs.push(FoundRun.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.more = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FindRunsResponse {
+    return {
+      runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => FoundRun.fromJSON(e)) : [],
+      more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+    };
+  },
+
+  toJSON(message: FindRunsResponse): unknown {
+    const obj: any = {};
+    if (message.runs?.length) {
+      obj.runs = message.runs.map((e) => FoundRun.toJSON(e));
+    }
+    if (message.more !== false) {
+      obj.more = message.more;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FindRunsResponse>, I>>(base?: I): FindRunsResponse {
+    return FindRunsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FindRunsResponse>, I>>(object: I): FindRunsResponse {
+    const message = createBaseFindRunsResponse();
+    message.runs = object.runs?.map((e) => FoundRun.fromPartial(e)) || [];
+    message.more = object.more ?? false;
     return message;
   },
 };
@@ -7567,6 +7866,21 @@ export const ArtifactsServiceService = {
     responseDeserialize: (value: Buffer): ForgetRunsResponse => ForgetRunsResponse.decode(value),
   },
   /**
+   * The runs whose events, snapshots, manifests, artifact names and metadata,
+   * artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+   * ASCII letters only), for engram forget --match: such a run can only be
+   * erased whole. Reads every blob of the fleet. Governor or admin role.
+   */
+  findRuns: {
+    path: "/engram.artifacts.v1.ArtifactsService/FindRuns" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: FindRunsRequest): Buffer => Buffer.from(FindRunsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): FindRunsRequest => FindRunsRequest.decode(value),
+    responseSerialize: (value: FindRunsResponse): Buffer => Buffer.from(FindRunsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): FindRunsResponse => FindRunsResponse.decode(value),
+  },
+  /**
    * Uploads one artifact as a stream: the first message carries the header,
    * the next ones the bytes, and the last one the trailer (size and hash of
    * what was sent). Nothing is visible unless the trailer arrived and matched
@@ -7824,6 +8138,13 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
    */
   forgetRuns: handleUnaryCall<ForgetRunsRequest, ForgetRunsResponse>;
   /**
+   * The runs whose events, snapshots, manifests, artifact names and metadata,
+   * artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+   * ASCII letters only), for engram forget --match: such a run can only be
+   * erased whole. Reads every blob of the fleet. Governor or admin role.
+   */
+  findRuns: handleUnaryCall<FindRunsRequest, FindRunsResponse>;
+  /**
    * Uploads one artifact as a stream: the first message carries the header,
    * the next ones the bytes, and the last one the trailer (size and hash of
    * what was sent). Nothing is visible unless the trailer arrived and matched
@@ -7977,6 +8298,27 @@ export interface ArtifactsServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ForgetRunsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The runs whose events, snapshots, manifests, artifact names and metadata,
+   * artifact bytes or cited evidence hold a text (case-insensitive; bytes:
+   * ASCII letters only), for engram forget --match: such a run can only be
+   * erased whole. Reads every blob of the fleet. Governor or admin role.
+   */
+  findRuns(
+    request: FindRunsRequest,
+    callback: (error: ServiceError | null, response: FindRunsResponse) => void,
+  ): ClientUnaryCall;
+  findRuns(
+    request: FindRunsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: FindRunsResponse) => void,
+  ): ClientUnaryCall;
+  findRuns(
+    request: FindRunsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: FindRunsResponse) => void,
   ): ClientUnaryCall;
   /**
    * Uploads one artifact as a stream: the first message carries the header,

@@ -265,6 +265,24 @@ export interface VerifyRunResponse {
   problems: VerifyProblem[];
 }
 
+export interface FindIterationLogsRequest {
+  /** 1..1000 characters. */
+  match: string;
+  /** At most this many runs (1..10000; 0 means 1000). */
+  limit: number;
+}
+
+export interface FoundIterationLog {
+  runId: string;
+  headHash: string;
+  lastIteration: number;
+}
+
+export interface FindIterationLogsResponse {
+  runs: FoundIterationLog[];
+  more: boolean;
+}
+
 export interface ForgetIterationsRequest {
   erasureId: string;
 }
@@ -2602,6 +2620,289 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
   },
 };
 
+function createBaseFindIterationLogsRequest(): FindIterationLogsRequest {
+  return { match: "", limit: 0 };
+}
+
+export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
+  encode(message: FindIterationLogsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.match !== "") {
+      writer.uint32(10).string(message.match);
+    }
+    if (message.limit !== 0) {
+      writer.uint32(16).int32(message.limit);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FindIterationLogsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFindIterationLogsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.match = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.limit = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FindIterationLogsRequest {
+    return {
+      match: isSet(object.match) ? globalThis.String(object.match) : "",
+      limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+    };
+  },
+
+  toJSON(message: FindIterationLogsRequest): unknown {
+    const obj: any = {};
+    if (message.match !== "") {
+      obj.match = message.match;
+    }
+    if (message.limit !== 0) {
+      obj.limit = Math.round(message.limit);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FindIterationLogsRequest>, I>>(base?: I): FindIterationLogsRequest {
+    return FindIterationLogsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FindIterationLogsRequest>, I>>(object: I): FindIterationLogsRequest {
+    const message = createBaseFindIterationLogsRequest();
+    message.match = object.match ?? "";
+    message.limit = object.limit ?? 0;
+    return message;
+  },
+};
+
+function createBaseFoundIterationLog(): FoundIterationLog {
+  return { runId: "", headHash: "", lastIteration: 0 };
+}
+
+export const FoundIterationLog: MessageFns<FoundIterationLog> = {
+  encode(message: FoundIterationLog, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    if (message.headHash !== "") {
+      writer.uint32(18).string(message.headHash);
+    }
+    if (message.lastIteration !== 0) {
+      writer.uint32(24).int64(message.lastIteration);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FoundIterationLog {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFoundIterationLog();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.headHash = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.lastIteration = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FoundIterationLog {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      headHash: isSet(object.headHash)
+        ? globalThis.String(object.headHash)
+        : isSet(object.head_hash)
+        ? globalThis.String(object.head_hash)
+        : "",
+      lastIteration: isSet(object.lastIteration)
+        ? globalThis.Number(object.lastIteration)
+        : isSet(object.last_iteration)
+        ? globalThis.Number(object.last_iteration)
+        : 0,
+    };
+  },
+
+  toJSON(message: FoundIterationLog): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.headHash !== "") {
+      obj.headHash = message.headHash;
+    }
+    if (message.lastIteration !== 0) {
+      obj.lastIteration = Math.round(message.lastIteration);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FoundIterationLog>, I>>(base?: I): FoundIterationLog {
+    return FoundIterationLog.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FoundIterationLog>, I>>(object: I): FoundIterationLog {
+    const message = createBaseFoundIterationLog();
+    message.runId = object.runId ?? "";
+    message.headHash = object.headHash ?? "";
+    message.lastIteration = object.lastIteration ?? 0;
+    return message;
+  },
+};
+
+function createBaseFindIterationLogsResponse(): FindIterationLogsResponse {
+  return { runs: [], more: false };
+}
+
+export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = {
+  encode(message: FindIterationLogsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.runs) {
+      FoundIterationLog.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.more !== false) {
+      writer.uint32(16).bool(message.more);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FindIterationLogsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFindIterationLogsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runs.push(FoundIterationLog.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.more = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FindIterationLogsResponse {
+    return {
+      runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => FoundIterationLog.fromJSON(e)) : [],
+      more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+    };
+  },
+
+  toJSON(message: FindIterationLogsResponse): unknown {
+    const obj: any = {};
+    if (message.runs?.length) {
+      obj.runs = message.runs.map((e) => FoundIterationLog.toJSON(e));
+    }
+    if (message.more !== false) {
+      obj.more = message.more;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FindIterationLogsResponse>, I>>(base?: I): FindIterationLogsResponse {
+    return FindIterationLogsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FindIterationLogsResponse>, I>>(object: I): FindIterationLogsResponse {
+    const message = createBaseFindIterationLogsResponse();
+    message.runs = object.runs?.map((e) => FoundIterationLog.fromPartial(e)) || [];
+    message.more = object.more ?? false;
+    return message;
+  },
+};
+
 function createBaseForgetIterationsRequest(): ForgetIterationsRequest {
   return { erasureId: "" };
 }
@@ -4072,6 +4373,22 @@ export const CompactorServiceService = {
       Buffer.from(ForgetIterationsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ForgetIterationsResponse => ForgetIterationsResponse.decode(value),
   },
+  /**
+   * The runs whose iteration log (hot details, warm lines, sealed segments,
+   * cold snapshots) holds a text (case-insensitive), for engram forget
+   * --match: such a log can only be erased whole. Governor or admin role.
+   */
+  findIterationLogs: {
+    path: "/engram.compactor.v1.CompactorService/FindIterationLogs" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: FindIterationLogsRequest): Buffer =>
+      Buffer.from(FindIterationLogsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): FindIterationLogsRequest => FindIterationLogsRequest.decode(value),
+    responseSerialize: (value: FindIterationLogsResponse): Buffer =>
+      Buffer.from(FindIterationLogsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): FindIterationLogsResponse => FindIterationLogsResponse.decode(value),
+  },
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory: {
     path: "/engram.compactor.v1.CompactorService/CompactMemory" as const,
@@ -4143,6 +4460,12 @@ export interface CompactorServiceServer extends UntypedServiceImplementation {
    * Governor or admin role.
    */
   forgetIterations: handleUnaryCall<ForgetIterationsRequest, ForgetIterationsResponse>;
+  /**
+   * The runs whose iteration log (hot details, warm lines, sealed segments,
+   * cold snapshots) holds a text (case-insensitive), for engram forget
+   * --match: such a log can only be erased whole. Governor or admin role.
+   */
+  findIterationLogs: handleUnaryCall<FindIterationLogsRequest, FindIterationLogsResponse>;
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory: handleUnaryCall<CompactMemoryRequest, CompactMemoryResponse>;
   /** Asks the shard to remove originals already covered by a summary. */
@@ -4282,6 +4605,26 @@ export interface CompactorServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ForgetIterationsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The runs whose iteration log (hot details, warm lines, sealed segments,
+   * cold snapshots) holds a text (case-insensitive), for engram forget
+   * --match: such a log can only be erased whole. Governor or admin role.
+   */
+  findIterationLogs(
+    request: FindIterationLogsRequest,
+    callback: (error: ServiceError | null, response: FindIterationLogsResponse) => void,
+  ): ClientUnaryCall;
+  findIterationLogs(
+    request: FindIterationLogsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: FindIterationLogsResponse) => void,
+  ): ClientUnaryCall;
+  findIterationLogs(
+    request: FindIterationLogsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: FindIterationLogsResponse) => void,
   ): ClientUnaryCall;
   /** Asks the shard to summarise old, low-importance memory records. */
   compactMemory(

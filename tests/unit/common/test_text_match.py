@@ -1,0 +1,30 @@
+"""What engram forget --match finds: folded text, JSON with escapes, bytes across chunks."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.common.errors import InvalidArgument
+from services.common.text_match import bytes_hold, holds, json_holds, needle_of
+
+
+def test_text_and_json_are_searched_folded_and_decoded() -> None:
+    needle = needle_of("Jane Müller")
+    assert holds("met JANE MÜLLER today", needle)
+    assert json_holds('{"who": "Jane M\\u00fcller"}', needle)  # stored with an escape
+    assert not json_holds('{"who": "Jane Miller"}', needle)
+    assert not json_holds("not json, no match", needle)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_bytes_are_found_across_chunk_boundaries(size: int) -> None:
+    data = b"x" * 100 + b"The Launch CODE" + b"y" * 50
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    assert bytes_hold(chunks, needle_of("launch code"))
+    assert not bytes_hold(chunks, needle_of("launch codes"))
+
+
+@pytest.mark.parametrize("bad", ["", "   ", "x" * 1001])
+def test_an_empty_or_huge_match_is_refused(bad: str) -> None:
+    with pytest.raises(InvalidArgument):
+        needle_of(bad)
