@@ -119,21 +119,34 @@ def postgres_available() -> bool:
 
 
 @pytest.fixture
-def fresh_postgres_url(postgres_available: bool) -> Iterator[str]:
-    """A new, empty Postgres database for one test, dropped afterwards."""
+def fresh_postgres_urls(postgres_available: bool) -> Iterator[Callable[[], str]]:
+    """``make()``: a new, empty Postgres database each call, all dropped afterwards."""
     require(postgres_available, "PostgreSQL is not reachable on 127.0.0.1:5432")
     import sqlalchemy
 
-    name = f"engram_test_{uuid.uuid4().hex[:10]}"
     admin = sqlalchemy.create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"engram_test_{uuid.uuid4().hex[:10]}"
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        yield make
     finally:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in made:
+                conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+@pytest.fixture
+def fresh_postgres_url(fresh_postgres_urls: Callable[[], str]) -> str:
+    """A new, empty Postgres database for one test, dropped afterwards."""
+    return fresh_postgres_urls()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -64,8 +64,9 @@ def _tables_holding(url: str, needles: list[str]) -> list[str]:
 def test_forget_leaves_no_byte_of_the_marker(
         backend: str, tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    urls = ({"shard": request.getfixturevalue("fresh_postgres_url")}
-            if backend == "postgres" else {})
+    make_db = request.getfixturevalue("fresh_postgres_urls") if backend == "postgres" else None
+    urls = ({name: make_db() for name in ("shard", "governance", "artifacts", "compactor")}
+            if make_db is not None else {})
     marker = "zqxmark" + secrets.token_hex(6)
     admin = make_token("op", FLEET, ADMIN)
     agent = make_token("scout-1", FLEET)
@@ -118,6 +119,7 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert _files_holding([data], [marker.encode()])
         else:
             assert _tables_holding(urls["shard"], needles)
+            assert _tables_holding(urls["artifacts"], [marker])
 
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
@@ -183,8 +185,8 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
 
         assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
-        if backend == "postgres":
-            assert _tables_holding(urls["shard"], needles) == []
+        for url in urls.values():  # every table of every service, cast to text
+            assert _tables_holding(url, needles) == []
     # stopping saves the index snapshot again: still nothing
     assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
 
