@@ -262,6 +262,11 @@ class ShardRepository:
                 FleetSecretRow.fleet_id == fleet_id))
         return bytes.fromhex(str(found))
 
+    def holds_format_1(self, session: Session, fleet_id: str) -> bool:
+        """Whether the fleet holds a record written before format 2 (ids derived)."""
+        return session.scalar(select(RECORDS.c.seq).where(
+            RECORDS.c.fleet_id == fleet_id, RECORDS.c.format == 1).limit(1)) is not None
+
     def ids_for_keys(self, session: Session, fleet_id: str, keys: Sequence[str]) -> dict[str, str]:
         """Write key -> the record id it landed on, for those of ``keys`` stored."""
         wanted = sorted(set(keys))

@@ -131,7 +131,7 @@ class ShardService:
         )
         self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
         self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
-        self._fleet_secrets: dict[str, bytes] = {}
+        self._fleet_secrets: dict[str, tuple[bytes, bool]] = {}
         self._domain_lock = threading.Lock()
 
     # -- domains ------------------------------------------------------------
@@ -219,10 +219,11 @@ class ShardService:
                                                         dict(draft.metadata)),
             ))
         existing: dict[str, Record] = {}
-        if self.gate is not None:
+        landed = [r.id for r in prepared if r.id not in keys]  # a fresh random id is new
+        if self.gate is not None and landed:
             # Only what is new goes to the gate; the commit re-checks under its lock anyway.
             with self.db.session() as session:
-                existing = self.repo.existing(session, [r.id for r in prepared])
+                existing = self.repo.existing(session, landed)
         fresh: list[Record] = []
         seen: set[str] = set()
         for record in prepared:
@@ -265,14 +266,16 @@ class ShardService:
         A draft written before (same run, author and content) gets the id it landed on: a
         format-2 record's through its write key, a format-1 record's by derivation. Any
         other gets a random id (the same one for equal drafts of the batch)."""
-        secret = self._fleet_secret(fleet)
+        secret, legacy_held = self._fleet_secret(fleet)
         keys = [records.write_key(secret, d.run_id, agent, d.content) for d in drafts]
         legacy = [records.record_id(fleet, d.run_id, agent, sha)
                   for d, sha in zip(drafts, shas, strict=True)]
         with self.db.session() as session:
             found = self.repo.ids_for_keys(session, fleet, keys)
             missing = [old for key, old in zip(keys, legacy, strict=True) if key not in found]
-            old_ids = set(self.repo.existing(session, missing)) if missing else set()
+            # A fleet written only since format 2 holds no derived id: no query for them.
+            old_ids = (set(self.repo.existing(session, missing))
+                       if missing and legacy_held else set())
         ids: list[str] = []
         new_keys: dict[str, str] = {}
         for key, old in zip(keys, legacy, strict=True):
@@ -286,13 +289,16 @@ class ShardService:
                 ids.append(record_id)
         return ids, new_keys
 
-    def _fleet_secret(self, fleet: str) -> bytes:
-        secret = self._fleet_secrets.get(fleet)
-        if secret is None:
+    def _fleet_secret(self, fleet: str) -> tuple[bytes, bool]:
+        """The fleet's write-key secret, and whether it holds format-1 records (read once a
+        process; an import of format-1 records sets it)."""
+        cached = self._fleet_secrets.get(fleet)
+        if cached is None:
             with self.db.session() as session:
-                secret = self.repo.fleet_secret(session, fleet)
-            self._fleet_secrets[fleet] = secret
-        return secret
+                cached = (self.repo.fleet_secret(session, fleet),
+                          self.repo.holds_format_1(session, fleet))
+            self._fleet_secrets[fleet] = cached
+        return cached
 
     def _duplicates(self, fleet: str, agent: str, fresh: list[Record]) -> dict[str, Record | str]:
         """New record id -> the stored record it duplicates, or the id of an earlier record of
@@ -490,6 +496,8 @@ class ShardService:
                         reason="RECORD_CONFLICT", metadata={"record_id": record.id}))
             # In creation order, so a run's snapshot (in storage order) reads as it did there.
             ordered = sorted(fresh.values(), key=lambda r: (r.created_us, r.id))
+            if any(r.format == 1 for r in ordered):  # later writes must look for derived ids
+                self._fleet_secrets.pop(fleet, None)
             self.repo.insert(session, ordered)
             self._import_compactions(session, fleet, ordered)
         return ordered

@@ -81,3 +81,36 @@ def test_write_keys_are_keyed_by_the_fleet_secret() -> None:
     assert one == records.write_key(b"a" * 32, "r", "agent", "text")
     assert one != records.write_key(b"b" * 32, "r", "agent", "text")
     assert one != records.write_key(b"a" * 32, "r", "agent", "text!")
+
+
+def test_a_write_of_a_format_1_records_text_lands_on_it(tmp_path: object) -> None:
+    """Records written before format 2 keep their derived ids, and the same text by the same
+    author in the same run still finds them (a retry across the upgrade stores nothing new);
+    new text gets a random id with a write key."""
+    from pathlib import Path
+
+    from services.common.db import Database
+    from services.common.tokens import Principal
+    from services.shard.domain.records import RecordDraft
+    from services.shard.server import MIGRATIONS
+    from services.shard.service import ShardService
+
+    assert isinstance(tmp_path, Path)
+    database = Database(f"sqlite:///{tmp_path / 'shard.db'}")
+    database.upgrade(MIGRATIONS)
+    text = "written before the upgrade"
+    sha = records.content_hash(text)
+    old = records.seal(Record(
+        id=records.record_id("f", "r", "a", sha), fleet_id="f", run_id="r", agent_id="a",
+        content=text, content_hash=sha, record_hash="", domain="insights", source="manual",
+        importance=0.5, tags=(), metadata={}, cross_refs=(), created_us=1))
+    service = ShardService(database)
+    with database.session() as session:
+        service.repo.insert(session, [old])
+    who = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
+    again = service.write(who, [RecordDraft(text, run_id="r")])[0]
+    assert (again.record.id, again.created, again.record.format) == (old.id, False, 1)
+    fresh = service.write(who, [RecordDraft("written after it", run_id="r")])[0]
+    assert fresh.created and fresh.record.format == 2
+    assert service.write(who, [RecordDraft("written after it", run_id="r")])[0].record.id \
+        == fresh.record.id
