@@ -28,6 +28,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter
 
@@ -42,6 +44,7 @@ from services.shard.tables import (
     RECORD_TAGS,
     RECORD_VECTORS,
     RECORDS,
+    WRITE_KEYS,
     CompactionRow,
     DomainRow,
     FleetSecretRow,
@@ -49,7 +52,6 @@ from services.shard.tables import (
     RecordRow,
     RecordTagRow,
     TombstoneRow,
-    WriteKeyRow,
     WriteRequestRow,
     record_values,
     row_to_domain,
@@ -147,10 +149,7 @@ _FIND_REQUEST = select(_WRITE_REQUESTS.c.digest, _WRITE_REQUESTS.c.record_ids_js
     _WRITE_REQUESTS.c.fleet_id == bindparam("fleet"),
     _WRITE_REQUESTS.c.agent_id == bindparam("agent"),
     _WRITE_REQUESTS.c.request_id == bindparam("request"))
-_CLAIM_WRITE_KEY = text(
-    "INSERT INTO write_keys (fleet_id, key, record_id) VALUES (:fleet_id, :key, :record_id) "
-    "ON CONFLICT DO NOTHING RETURNING record_id")
-_WRITE_KEYS = WriteKeyRow.__table__
+_WRITE_KEYS = WRITE_KEYS
 _IDS_FOR_KEYS = select(_WRITE_KEYS.c.key, _WRITE_KEYS.c.record_id).where(
     _WRITE_KEYS.c.fleet_id == bindparam("fleet"),
     _WRITE_KEYS.c.key.in_(bindparam("keys", expanding=True)))
@@ -277,16 +276,23 @@ class ShardRepository:
             found.update((row.key, row.record_id) for row in rows)
         return found
 
-    def claim_write_keys(self, session: Session, fleet_id: str,
-                         pairs: Sequence[tuple[str, str]]) -> dict[str, str]:
-        """Store each ``(record id, key)``; returns record id -> the id stored first under its
-        key, for the records a concurrent write of the same text beat (they are not stored)."""
+    def claim_write_keys(self, session: Session,
+                         triples: Sequence[tuple[str, str, str]]) -> dict[str, str]:
+        """Store each ``(fleet, record id, key)`` in one statement; returns record id -> the id
+        stored first under its key, for the records whose key was taken (they are not
+        stored: a concurrent or earlier write of the same text landed first)."""
+        if not triples:
+            return {}
+        dialect_insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        statement = dialect_insert(_WRITE_KEYS).values([
+            {"fleet_id": fleet, "key": key, "record_id": record_id}
+            for fleet, record_id, key in triples
+        ]).on_conflict_do_nothing().returning(_WRITE_KEYS.c.record_id)
+        claimed = set(session.execute(statement).scalars())
         lost: dict[str, str] = {}
-        connection = session.connection()
-        for record_id, key in pairs:
-            if connection.execute(_CLAIM_WRITE_KEY, {"fleet_id": fleet_id, "key": key,
-                                                     "record_id": record_id}).first() is None:
-                lost[record_id] = self.ids_for_keys(session, fleet_id, [key])[key]
+        for fleet, record_id, key in triples:
+            if record_id not in claimed:
+                lost[record_id] = self.ids_for_keys(session, fleet, [key])[key]
         return lost
 
     def find_request(

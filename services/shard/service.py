@@ -409,6 +409,16 @@ class ShardService:
             already = self.repo.existing(session, ids)
             inserted: set[str] = set()
             usage: dict[tuple[str, str], int] = {}
+            # Every new record's write key, the group's in one statement; a key a concurrent
+            # write (or an earlier job of this group) claimed first answers with its record.
+            lost = self.repo.claim_write_keys(session, [
+                (job.fleet_id, record_id, key) for job in jobs
+                for record_id, key in job.write_keys if record_id not in already])
+            if lost:
+                pending = {r.id: r for job in jobs for r in job.records}
+                stored = self.repo.existing(session, set(lost.values()))
+                already.update({mine: stored.get(won) or pending[won]
+                                for mine, won in lost.items()})
             for job in jobs:
                 if job.request_id:
                     # Claimed before the records go in: a refused reuse stores nothing.
@@ -419,13 +429,6 @@ class ShardService:
                     if recorded is not None and recorded != job.digest:
                         raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
-                winners = self.repo.claim_write_keys(session, job.fleet_id, [
-                    (record_id, key) for record_id, key in job.write_keys
-                    if record_id not in already and record_id not in inserted])
-                if winners:  # a concurrent write of the same text landed first: its record
-                    already.update(self.repo.existing(session, set(winners.values())))
-                    already.update({lost: already[won] for lost, won in winners.items()})
-                    fresh = [r for r in fresh if r.id not in winners]
                 self.repo.insert(session, fresh)
                 inserted.update(r.id for r in fresh)
                 for r in fresh:

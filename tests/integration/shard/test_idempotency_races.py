@@ -59,3 +59,23 @@ def test_concurrent_reuse_of_a_request_id_for_other_records_is_refused_not_inter
     assert {(e.code, e.reason) for e in refused} == {
         (grpc.StatusCode.INVALID_ARGUMENT, "REQUEST_ID_REUSED")}
     assert [r.id for r in client.list(run_id="run-u")] == [answers[0].record.id]
+
+
+def test_the_same_text_written_at_once_under_other_request_ids_is_one_record(
+        client_for: ClientFactory) -> None:
+    """Format-2 ids are random: the write key, claimed in the commit, makes the racers agree
+    (the losers answer with the winner's record, created = false)."""
+    clients = [client_for() for _ in range(4)]
+    calls = iter(range(10**6))
+
+    def create() -> pb.CreateRecordResponse:
+        client: ShardClient = clients[next(calls) % len(clients)]
+        return client.add("The same lesson, written by every thread", run_id="run-k")
+
+    results = at_once(create)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors
+    replies = [r for r in results if isinstance(r, pb.CreateRecordResponse)]
+    assert len({r.record.id for r in replies}) == 1
+    assert sum(r.created for r in replies) == 1
+    assert len(list(clients[0].list(run_id="run-k"))) == 1
