@@ -181,7 +181,7 @@ class RecordEraser:
             if stored:
                 session.execute(insert(TombstoneRow), [
                     _tombstone_values(r, seqs[r.id], order, now_us) for r in stored.values()])
-                self._drop_derived(session, order.fleet_id, list(stored))
+                self._drop_derived(session, order.fleet_id, list(stored.values()))
                 repo.remove(session, order.fleet_id, list(stored))
         erased = [Forgotten(i, leaves[i], kinds[i]) for i in ids if i in stored]
         return erased, len(done)
@@ -196,8 +196,9 @@ class RecordEraser:
         return found
 
     @staticmethod
-    def _drop_derived(session: Session, fleet_id: str, ids: list[str]) -> None:
+    def _drop_derived(session: Session, fleet_id: str, records: list[Record]) -> None:
         """Everything kept beside the records that derives from their content."""
+        ids = [r.id for r in records]
         for start in range(0, len(ids), 500):
             part = ids[start:start + 500]
             session.execute(delete(RECORD_VECTORS).where(RECORD_VECTORS.c.record_id.in_(part)))
@@ -205,12 +206,20 @@ class RecordEraser:
                                                       WriteKeyRow.record_id.in_(part)))
             session.execute(delete(CompactionRow).where(or_(
                 CompactionRow.original_id.in_(part), CompactionRow.summary_id.in_(part))))
-            # A request claim keeps a digest of the request's body: it goes with any record
-            # it named (a retry of that request then writes anew, through the gate).
-            for record_id in part:
+        # A request claim keeps a digest of the request's body: it goes with any record it
+        # named (a retry of that request then writes anew, through the gate). Claims are the
+        # authors' own: one read of each author's claims, not one scan per record.
+        erased = set(ids)
+        for agent_id in sorted({r.agent_id for r in records}):
+            claims = session.execute(select(
+                WriteRequestRow.request_id, WriteRequestRow.record_ids_json).where(
+                WriteRequestRow.fleet_id == fleet_id, WriteRequestRow.agent_id == agent_id))
+            named = [request_id for request_id, listed in claims
+                     if erased.intersection(_ids_of(listed))]
+            for start in range(0, len(named), 500):
                 session.execute(delete(WriteRequestRow).where(
-                    WriteRequestRow.fleet_id == fleet_id,
-                    WriteRequestRow.record_ids_json.contains(f'"{record_id}"')))
+                    WriteRequestRow.fleet_id == fleet_id, WriteRequestRow.agent_id == agent_id,
+                    WriteRequestRow.request_id.in_(named[start:start + 500])))
 
     def _purge(self) -> None:
         db = self.service.db
@@ -218,6 +227,15 @@ class RecordEraser:
             with db.session() as session:  # merge FTS5 segments: no old one keeps the terms
                 session.execute(text("INSERT INTO records_fts(records_fts) VALUES ('optimize')"))
         db.vacuum(PURGED_TABLES)
+
+
+def _ids_of(listed: str) -> list[str]:
+    """The record ids a request claim lists (an unreadable list names none)."""
+    try:
+        found = json.loads(listed)
+    except ValueError:
+        return []
+    return [str(i) for i in found] if isinstance(found, list) else []
 
 
 def _tombstone_values(record: Record, seq: int, order: ErasureOrder,

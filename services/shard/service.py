@@ -337,6 +337,8 @@ class ShardService:
             if recorded_digest != digest:
                 raise _request_id_reused(request_id)
             stored = self.repo.by_ids(session, fleet, ids)
+        if not stored:  # what it stored is gone (retention): the request writes anew
+            return None
         return [WriteResult(stored[i], created=False) for i in ids if i in stored]
 
     def _resolve_cross_refs(self, fleet: str, drafts: Sequence[RecordDraft], ids: Sequence[str],

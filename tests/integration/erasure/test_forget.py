@@ -231,7 +231,7 @@ def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
     with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
         for token, run_id in ((leaving, "run-a"), (staying, "run-b")):
             with ShardClient(stack.shard.address, token) as shard:
-                shard.add(f"a note in {run_id}", run_id=run_id)
+                shard.add(f"a note in {run_id}", run_id=run_id, request_id=f"req-{run_id}")
             with ArtifactsClient(stack.artifacts.address, token) as art:
                 art.start_run(run_id, {})
                 art.append_event(run_id, "tool.called", {"by": run_id})
@@ -250,3 +250,8 @@ def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
         with ShardClient(stack.shard.address, admin) as shard:
             assert [h.record.agent_id for h in shard.search("note", mode="lexical")] \
                 == ["scout-3"]
+        with ShardClient(stack.shard.address, leaving) as shard:
+            # the request claim (a digest of the body) went with the record: a retry of the
+            # old request writes anew, through the gate, instead of answering with nothing
+            again = shard.add("a note in run-a", run_id="run-a", request_id="req-run-a")
+            assert again.created
