@@ -40,7 +40,6 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +47,7 @@ import numpy as np
 from services.common.db import Database
 from services.common.errors import Unavailable
 from services.common.priority import lower_this_thread
-from services.shard.repository import ShardRepository, StoredVector
+from services.shard.repository import RecordText, ShardRepository, StoredVector
 from services.shard.retrieval.embedding import EmbeddingProvider
 from services.shard.search.cursor import SeqCursor
 from services.shard.search.fleet_index import (
@@ -171,6 +170,7 @@ class SearchIndex:
         self._save_lock = threading.RLock()  # a forget holds it through its own save
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
         self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
+        self._tombstones_checked = -float("inf")  # when it last looked (monotonic seconds)
         self.loaded_from_snapshot = False
 
     # -- lifecycle ----------------------------------------------------------
@@ -349,11 +349,7 @@ class SearchIndex:
             with self._lock:
                 for row in rows:
                     slot = touched[row.fleet_id] = self._slot(row.fleet_id)
-                    key = text_key(row.content, row.run_id, row.agent_id)
-                    day = metadata_day(row.metadata, row.created_us)
-                    facts = DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
-                                     row.created_us, row.importance)
-                    slot.inbox.append(_adder(row.id, row.run_id, row.content, key, day, facts))
+                    slot.inbox.append(_adder(row))
                     self._pending.append((row.seq, row.fleet_id, row.id, row.content))
                 self._cursor.advance(row.seq for row in rows)
                 self._handed += len(rows)
@@ -433,25 +429,30 @@ class SearchIndex:
             for record_id in later:
                 row = rows.get(record_id)
                 if row is not None:  # else erased meanwhile: the next forget drops it
-                    _adder(row.id, row.run_id, row.content,
-                           text_key(row.content, row.run_id, row.agent_id),
-                           metadata_day(row.metadata, row.created_us),
-                           DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
-                                    row.created_us, row.importance))(rebuilt)
-        if self.embedder is None:
+                    _adder(row)(rebuilt)
+        if self.embedder is not None:
+            self._add_stored_vectors(rebuilt, [
+                i for i in rebuilt.ids if rebuilt.needs_vector(i) and old.has_vector(i)])
+
+    def _add_stored_vectors(self, index: FleetIndex, ids: list[str]) -> None:
+        """The stored vectors of those of ``ids`` that have one, into ``index``."""
+        assert self.embedder is not None
+        if not ids:
             return
-        lacking = [i for i in rebuilt.ids if rebuilt.needs_vector(i) and old.has_vector(i)]
-        if lacking:
-            with self.db.session() as session:
-                stored = self.repo.stored_vectors(session, lacking, self.embedder.name)
-            if stored:
-                ids = list(stored)
-                rebuilt.add_vectors([rebuilt.doc_of[i] for i in ids], np.stack(
-                    [np.frombuffer(stored[i], dtype="<f4") for i in ids]).astype(np.float32))
+        with self.db.session() as session:
+            stored = self.repo.stored_vectors(session, ids, self.embedder.name)
+        if stored:
+            found = list(stored)
+            index.add_vectors([index.doc_of[i] for i in found], np.stack(
+                [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
 
     def _apply_erasures(self) -> None:
         """Erasures carried out since the last look, by this replica or another sharing the
         store: their records leave this replica's indexes within one poll interval."""
+        now = time.monotonic()
+        if now - self._tombstones_checked < self.poll_s:  # not on every catch-up of a burst
+            return
+        self._tombstones_checked = now
         with self.db.session() as session:
             count = self.repo.tombstone_count(session)
         if count == self._tombstones_seen:
@@ -472,20 +473,10 @@ class SearchIndex:
             if not rows:
                 break
             for row in rows:
-                facts = DocFacts(row.agent_id, row.domain, row.tags, row.metadata,
-                                 row.created_us, row.importance)
-                index.add(row.id, row.run_id, row.content,
-                          text_key(row.content, row.run_id, row.agent_id),
-                          metadata_day(row.metadata, row.created_us), facts)
+                _adder(row)(index)
             after = rows[-1].seq
             if self.embedder is not None:
-                with self.db.session() as session:
-                    stored = self.repo.stored_vectors(session, [r.id for r in rows],
-                                                      self.embedder.name)
-                if stored:
-                    ids = list(stored)
-                    index.add_vectors([index.doc_of[i] for i in ids], np.stack(
-                        [np.frombuffer(stored[i], dtype="<f4") for i in ids]).astype(np.float32))
+                self._add_stored_vectors(index, [row.id for row in rows])
         return index
 
     @contextmanager
@@ -734,10 +725,15 @@ class SearchIndex:
             return index.indexed_vectors() if index is not None else 0
 
 
-def _adder(record_id: str, run_id: str, text: str, key: bytes, day: date | None,
-           facts: DocFacts) -> FleetChange:
+def _adder(row: RecordText) -> FleetChange:
+    """Add one stored record to a fleet's index (in ``seq`` order)."""
+    key = text_key(row.content, row.run_id, row.agent_id)
+    day = metadata_day(row.metadata, row.created_us)
+    facts = DocFacts(row.agent_id, row.domain, row.tags, row.metadata, row.created_us,
+                     row.importance)
+
     def add(index: FleetIndex) -> None:
-        index.add(record_id, run_id, text, key, day, facts)
+        index.add(row.id, row.run_id, row.content, key, day, facts)
 
     return add
 
