@@ -28,17 +28,20 @@ from services.artifacts.tables import (
     RunTombstoneRow,
     SnapshotRow,
 )
-from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
-from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.erasure_source import (
+    ErasureOrder,
+    ErasureSource,
+    recorded_erasure,
+    selection_limit,
+)
+from services.common.errors import FailedPrecondition
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
-from services.common.tokens import validate_identifier
 
 log = logging.getLogger("engram.artifacts.erasure")
 
 PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "evidence")
 
 
-MAX_RUNS = 10_000
 MAX_PLACES = 5
 
 
@@ -66,9 +69,7 @@ class RunEraser:
         self.source = source
 
     def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> tuple[list[ForgottenRun], int]:
-        validate_identifier("erasure_id", erasure_id)
-        order = require_source(self.source, "artifacts").erasure(erasure_id)
-        order.require_fleet(fleet_id)
+        order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
         leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
         erased: list[ForgottenRun] = []
         already = 0
@@ -91,10 +92,7 @@ class RunEraser:
     def find(self, fleet_id: str, match: str, limit: int) -> tuple[list[FoundRun], bool]:
         """The fleet's runs holding ``match`` anywhere (oldest first), reading every blob."""
         needle = needle_of(match)
-        limit = limit or 1000
-        if not 1 <= limit <= MAX_RUNS:
-            raise InvalidArgument(f"limit must be 1..{MAX_RUNS}, got {limit}",
-                                  reason="INVALID_LIMIT")
+        limit = selection_limit(limit)
         with self.service.db.session() as session:
             runs = session.execute(select(RunRow.run_id, RunRow.head_hash).where(
                 RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()

@@ -11,10 +11,23 @@ from engram.client import EngramRpcError, TlsFiles
 from engram.client._channel import open_channel
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
-from services.common.errors import FailedPrecondition, PermissionDenied
+from services.common.access import RECONNECT_MS
+from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from services.common.outbound import dependency_error
+from services.common.tokens import validate_identifier
 
-RECONNECT_MS = 150
+MAX_ERASURE_ITEMS = 10_000
+"""Items one erasure lists (governance refuses more); selections are pages of at most this."""
+DEFAULT_SELECTION = 1000
+
+
+def selection_limit(limit: int) -> int:
+    """A selection's page size: 0 means the default; INVALID_ARGUMENT outside 1..the most."""
+    limit = limit or DEFAULT_SELECTION
+    if not 1 <= limit <= MAX_ERASURE_ITEMS:
+        raise InvalidArgument(f"limit must be 1..{MAX_ERASURE_ITEMS}, got {limit}",
+                              reason="INVALID_LIMIT")
+    return limit
 
 
 @dataclass(frozen=True)
@@ -48,13 +61,19 @@ def order_from_proto(found: gpb.Erasure) -> ErasureOrder:
                         tuple((i.kind, i.id, i.leaf_hash) for i in found.items))
 
 
-def require_source(source: ErasureSource | None, service: str) -> ErasureSource:
+def recorded_erasure(source: ErasureSource | None, service: str, erasure_id: str,
+                     fleet_id: str) -> ErasureOrder:
+    """The erasure governance recorded under ``erasure_id``, which must be of ``fleet_id``:
+    what a service may erase. FAILED_PRECONDITION when this service cannot ask governance."""
+    validate_identifier("erasure_id", erasure_id)
     if source is None:
         raise FailedPrecondition(
             f"this {service} service has no governance address (ENGRAM_{service.upper()}_"
             "GOVERNANCE_ADDR), and governance records erasures: nothing can be erased here",
             reason="GOVERNANCE_REQUIRED")
-    return source
+    order = source.erasure(erasure_id)
+    order.require_fleet(fleet_id)
+    return order
 
 
 class GovernanceErasures:

@@ -20,10 +20,14 @@ from sqlalchemy.orm import Session
 
 from services.common.blobstore import BlobStore
 from services.common.db import Database
-from services.common.erasure_source import ErasureOrder, ErasureSource, require_source
-from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.erasure_source import (
+    ErasureOrder,
+    ErasureSource,
+    recorded_erasure,
+    selection_limit,
+)
+from services.common.errors import FailedPrecondition
 from services.common.text_match import bytes_hold, json_holds, needle_of
-from services.common.tokens import validate_identifier
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.service import IterationLog
 from services.compactor.tables import (
@@ -45,7 +49,6 @@ PURGED_TABLES = ("compactor_runs", "compactor_warm_lines", "compactor_hot",
                  "compactor_iteration_requests")
 
 
-MAX_RUNS = 10_000
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,7 @@ class IterationEraser:
 
     def erase(self, fleet_id: str, erasure_id: str,
               now_us: int) -> tuple[list[ForgottenIterations], int]:
-        validate_identifier("erasure_id", erasure_id)
-        order = require_source(self.source, "compactor").erasure(erasure_id)
-        order.require_fleet(fleet_id)
+        order = recorded_erasure(self.source, "compactor", erasure_id, fleet_id)
         erased: list[ForgottenIterations] = []
         already = 0
         for kind, run_id, leaf in order.items:
@@ -102,10 +103,7 @@ class IterationEraser:
         """The fleet's iteration logs holding ``match``: hot details, warm lines, and every
         blob of the run (sealed segments, index files, cold snapshots, gzip read through)."""
         needle = needle_of(match)
-        limit = limit or 1000
-        if not 1 <= limit <= MAX_RUNS:
-            raise InvalidArgument(f"limit must be 1..{MAX_RUNS}, got {limit}",
-                                  reason="INVALID_LIMIT")
+        limit = selection_limit(limit)
         with self.db.session() as session:
             runs = session.execute(select(RunRow.run_id, RunRow.head_hash, RunRow.last_iter)
                                    .where(RunRow.fleet_id == fleet_id)

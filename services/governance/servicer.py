@@ -44,6 +44,8 @@ from services.governance.service import GovernanceService
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
+_ERASING = frozenset({SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE})
+"""The services that erase what a recorded erasure lists (any fleet's: each checks its own)."""
 MAX_NEIGHBOURS = 50
 
 
@@ -67,9 +69,8 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("RevokeAgentTokens"): _GOVERNORS,
     _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
     _m("RecordErasure"): _GOVERNORS,
-    # the shard reads an erasure before it erases what it lists
-    _m("GetErasure"): frozenset({SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE,
-                                 "governor", "admin"}),
+    # each service that holds erasable data reads an erasure before it erases what it lists
+    _m("GetErasure"): _ERASING | _GOVERNORS,
 }
 SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
 """A suspended agent may still read its own tier (and nothing else, anywhere)."""
@@ -437,8 +438,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         found = self._service.erasure(erasure_id)
         # The services that erase read any fleet's (each checks the fleet against its own
         # caller's); people see their own fleet's only, and another fleet's look absent.
-        erasing = any(is_caller(principal, s)
-                      for s in (SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE))
+        erasing = any(is_caller(principal, kind) for kind in _ERASING)
         if found is None or (not erasing and found.fleet_id != principal.fleet_id):
             raise NotFound(f"no erasure {erasure_id!r} is recorded in this fleet",
                            reason="ERASURE_NOT_FOUND")

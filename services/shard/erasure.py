@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from sqlalchemy import delete, insert, or_, select, text
 from sqlalchemy.orm import Session
 
-from services.common.erasure_source import require_source
+from services.common.erasure_source import (
+    ErasureOrder,
+    ErasureSource,
+    recorded_erasure,
+    selection_limit,
+)
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.text_match import holds, needle_of
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain.records import Record
-from services.shard.ports import ErasureOrder, ErasureSource
 from services.shard.repository import RecordFilter
 from services.shard.service import ShardService
 from services.shard.tables import (
@@ -41,8 +45,6 @@ from services.shard.tables import (
 
 log = logging.getLogger("engram.shard.erasure")
 
-MAX_ITEMS = 10_000
-DEFAULT_LIMIT = 1000
 SELECTORS = ("agent", "record", "run", "match")
 PURGED_TABLES = ("records", "record_tags", "links", "record_vectors", "write_keys",
                  "write_requests", "compactions")
@@ -82,10 +84,7 @@ class RecordEraser:
             needle_of(value)
         else:
             validate_identifier(kind, value)
-        limit = limit or DEFAULT_LIMIT
-        if not 1 <= limit <= MAX_ITEMS:
-            raise InvalidArgument(f"limit must be 1..{MAX_ITEMS}, got {limit}",
-                                  reason="INVALID_LIMIT")
+        limit = selection_limit(limit)
         repo = self.service.repo
         picked: list[Forgotten] = []
         more = False
@@ -134,9 +133,7 @@ class RecordEraser:
     # -- erasing ------------------------------------------------------------
 
     def erase(self, principal: Principal, fleet_id: str, erasure_id: str) -> Erased:
-        validate_identifier("erasure_id", erasure_id)
-        order = require_source(self.source, "shard").erasure(erasure_id)
-        order.require_fleet(fleet_id)
+        order = recorded_erasure(self.source, "shard", erasure_id, fleet_id)
         now_us = int(self.service.clock() * 1_000_000)
         began = time.monotonic()
         erased, already = self._tombstone(order, now_us)
@@ -165,10 +162,7 @@ class RecordEraser:
         leaves = {item_id: leaf for _, item_id, leaf in order.items}
         repo = self.service.repo
         with self.service.db.session() as session:
-            done: set[str] = set()
-            for start in range(0, len(ids), 500):
-                done.update(session.scalars(select(TombstoneRow.id).where(
-                    TombstoneRow.id.in_(ids[start:start + 500]))))
+            done = set(repo.erased_among(session, ids))
             stored = repo.by_ids(session, order.fleet_id, [i for i in ids if i not in done])
             for record_id, record in stored.items():
                 if record.record_hash != leaves[record_id]:

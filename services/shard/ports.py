@@ -11,10 +11,6 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.common.erasure_source import ErasureOrder, ErasureSource
-
-__all__ = ["ErasureOrder", "ErasureSource"]
-
 
 @dataclass(frozen=True)
 class Neighbour:
@@ -72,4 +68,3 @@ class TrustSource(Protocol):
         """Trust multiplier per agent (suspended = 0.0). While governance is unreachable, the
         last known multiplier of each agent however old; agents it never saw are left out."""
         ...
-

@@ -619,10 +619,10 @@ class ShardService:
                 source = self.repo.scan_checked(session, RecordFilter(principal.fleet_id))
             else:
                 found = self.repo.by_ids_checked(session, principal.fleet_id, list(ids))
-                erased = [t for i in ids if i not in found
-                          and (t := self.repo.tombstone(session, principal.fleet_id, i))]
-                tombstones = iter(erased)
-                missing = [i for i in ids if i not in found and i not in {t.id for t in erased}]
+                erased = {i: t for i in ids if i not in found
+                          and (t := self.repo.tombstone(session, principal.fleet_id, i))}
+                tombstones = iter(erased.values())
+                missing = [i for i in ids if i not in found and i not in erased]
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
                                    reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})

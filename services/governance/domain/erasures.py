@@ -9,13 +9,13 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.common.erasure_source import MAX_ERASURE_ITEMS
 from services.common.errors import InvalidArgument
 from services.common.limits import check_limit
 from services.common.tokens import validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
 ITEM_KINDS = ("record", "summary", "run", "iterations")
-MAX_ITEMS = 10_000
 MAX_REASON_CHARS = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -87,8 +87,8 @@ def check_request(selector_kind: str, selector_value: str, reason: str,
                 reason="INVALID_REASON")
     if not items:
         raise InvalidArgument("an erasure lists at least one item", reason="EMPTY_ERASURE")
-    check_limit("an erasure", len(items), MAX_ITEMS, "a fixed limit; erase in rounds", "items",
-                reason="ERASURE_TOO_LARGE")
+    check_limit("an erasure", len(items), MAX_ERASURE_ITEMS, "a fixed limit; erase in rounds",
+                "items", reason="ERASURE_TOO_LARGE")
     seen: set[tuple[str, str]] = set()
     for index, item in enumerate(items):
         if item.kind not in ITEM_KINDS:

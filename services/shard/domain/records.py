@@ -198,9 +198,6 @@ def verify_tombstone(tombstone: Tombstone) -> bool:
 
 def verify(record: Record) -> None:
     """Raise :class:`IntegrityError` naming the record when a stored field no longer matches."""
-    if record.format == 2:
-        _verify_v2(record)
-        return
     actual_content = content_hash(record.content)
     if actual_content != record.content_hash:
         raise IntegrityError(
@@ -213,7 +210,21 @@ def verify(record: Record) -> None:
                 "actual": actual_content,
             },
         )
-    actual_record = hashlib.sha256(canonical_fields(record, actual_content)).hexdigest()
+    if record.format == 2:
+        try:
+            commitment = body_commitment(record.salt, record.content, record.tags,
+                                         record.metadata)
+        except ValueError:  # a salt that is no longer hex
+            commitment = ""
+        if commitment != record.body_commitment:
+            raise IntegrityError(
+                f"record {record.id}: content, tags or metadata no longer match its "
+                "body_commitment", reason="BODY_COMMITMENT_MISMATCH",
+                metadata={"record_id": record.id})
+        covered = structural_fields(record, commitment)
+    else:
+        covered = canonical_fields(record, actual_content)
+    actual_record = hashlib.sha256(covered).hexdigest()
     if actual_record != record.record_hash:
         raise IntegrityError(
             f"record {record.id}: a stored field was altered (record_hash mismatch)",
@@ -224,39 +235,12 @@ def verify(record: Record) -> None:
                 "actual": actual_record,
             },
         )
-    if record.id != record_id(record.fleet_id, record.run_id, record.agent_id, actual_content):
+    if record.format != 2 and record.id != record_id(record.fleet_id, record.run_id,
+                                                     record.agent_id, actual_content):
         raise IntegrityError(
             f"record {record.id}: id does not derive from its fleet, run, author and content",
             reason="RECORD_ID_MISMATCH",
             metadata={"record_id": record.id},
-        )
-
-
-def _verify_v2(record: Record) -> None:
-    actual_content = content_hash(record.content)
-    if actual_content != record.content_hash:
-        raise IntegrityError(
-            f"record {record.id}: content no longer matches its content_hash "
-            f"(stored {record.content_hash[:12]}…, recomputed {actual_content[:12]}…)",
-            reason="CONTENT_HASH_MISMATCH",
-            metadata={"record_id": record.id, "expected": record.content_hash,
-                      "actual": actual_content},
-        )
-    try:
-        commitment = body_commitment(record.salt, record.content, record.tags, record.metadata)
-    except ValueError:  # a salt that is no longer hex
-        commitment = ""
-    if commitment != record.body_commitment:
-        raise IntegrityError(
-            f"record {record.id}: content, tags or metadata no longer match its "
-            "body_commitment", reason="BODY_COMMITMENT_MISMATCH",
-            metadata={"record_id": record.id})
-    actual = hashlib.sha256(structural_fields(record, commitment)).hexdigest()
-    if actual != record.record_hash:
-        raise IntegrityError(
-            f"record {record.id}: a stored field was altered (record_hash mismatch)",
-            reason="RECORD_HASH_MISMATCH",
-            metadata={"record_id": record.id, "expected": record.record_hash, "actual": actual},
         )
 
 
