@@ -102,6 +102,21 @@ class Database:
         finally:
             session.close()
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A session whose reads all see one moment, whatever commits meanwhile (a check that
+        compares one table with another must not see a change land between its reads).
+        Postgres: a REPEATABLE READ, read-only transaction. SQLite: an explicit ``BEGIN`` (the
+        driver opens none before a SELECT, so each read would otherwise see its own moment);
+        in WAL mode writers go on beside it."""
+        with self.session() as session:
+            if self.dialect == "sqlite":
+                session.connection().exec_driver_sql("BEGIN")
+            else:
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ",
+                                                      "postgresql_readonly": True})
+            yield session
+
     def upgrade(self, migrations_dir: Path) -> None:
         """Bring the schema to the newest revision shipped with the service."""
         config = Config()

@@ -144,7 +144,7 @@ class GovernanceService:
         chain still extends it); while that fails, every change is refused. The full check
         (every link, the replay against the state tables) is
         :meth:`start_full_verification`'s, in the background."""
-        with self._db.session() as session:
+        with self._db.snapshot() as session:
             verified = self._repo.verified_checkpoint(session) or Checkpoint(GENESIS, 0)
             problems: list[str] = []
             if verified.length and not extends(
@@ -437,8 +437,9 @@ class GovernanceService:
 
     def verify(self) -> tuple[Checkpoint, list[str]]:
         """Re-walk every link, then check each state row against what the chain says; when
-        all holds, what it reached becomes the verified checkpoint a start checks from."""
-        with self._db.session() as session:
+        all holds, what it reached becomes the verified checkpoint a start checks from. All of
+        it reads one snapshot: changes committed meanwhile are not half seen."""
+        with self._db.snapshot() as session:
             replay = ChainReplay()
             reached, problems = verify_links(replay.feed(
                 self._until_stopped(self._repo.entries(session))))

@@ -4,10 +4,12 @@ changes exactly as a failed start check does. SQLite and Postgres."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy
+import sqlalchemy.orm
 
 from services.common.db import Database
 from services.common.errors import IntegrityError
@@ -122,3 +124,32 @@ def test_a_rewritten_history_below_the_checkpoint_is_found_at_start(database: Da
     service = GovernanceService(database, _Clock())
     _, problems = service.verify_at_start()
     assert any("history was rewritten" in p for p in problems)
+
+
+def test_changes_committed_during_a_verification_are_not_taken_for_tampering(
+        database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verification walks the chain, then reads the head and the state tables: a change
+    committed between those reads (a gate decision under load) must not make it report a
+    broken chain (it did, and governance then refused every write until restarted)."""
+    service, _ = _started(database)
+    _history(service, 4)
+    real_head = service._repo.head
+
+    def head_after_a_change(session: sqlalchemy.orm.Session) -> object:
+        writer = threading.Thread(target=_history, args=(service, 2))
+        writer.start()  # another request's change, committed while the verification reads
+        writer.join(timeout=30)
+        assert not writer.is_alive()
+        return real_head(session)
+
+    monkeypatch.setattr(service._repo, "head", head_after_a_change)
+    reached, problems = service.verify()
+    assert problems == []
+    assert reached.length == 4  # what it saw: the moment it began reading
+    monkeypatch.undo()
+    reached, problems = service.verify()
+    assert (reached.length, problems) == (6, [])
+    heard: list[list[str]] = []
+    service.start_full_verification(on_broken=heard.append)
+    service.wait_full_verification()
+    assert service.chain_intact and not heard
