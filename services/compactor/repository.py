@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Table, and_, bindparam, delete, func, insert,
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from services.common.db import Database
@@ -32,6 +33,7 @@ from services.compactor.domain.model import (
     HotEntry,
     Pin,
     RunHead,
+    RunView,
     SnapshotInfo,
     SnapshotState,
 )
@@ -102,6 +104,30 @@ def _run_key(model: type[RunRow] | type[WarmLineRow] | type[HotRow] | type[Segme
 def _head_of(row: Any) -> RunHead:
     return RunHead(row.fleet_id, row.run_id, row.last_iter, row.head_hash, row.active_seq,
                    row.active_bytes, row.index_version, row.pending_work)
+
+
+def _sealed(session: Session, fleet_id: str, run_id: str) -> list[SegmentEntry]:
+    rows = session.scalars(select(SegmentRow).where(
+        _run_key(SegmentRow, fleet_id, run_id), SegmentRow.sealed.is_(True))
+        .order_by(SegmentRow.seq))
+    return [r.to_entry() for r in rows]
+
+
+def _db_lines(session: Session, fleet_id: str, run_id: str, first: int,
+              last: int | None) -> list[WarmLine]:
+    query = select(WarmLineRow).where(_run_key(WarmLineRow, fleet_id, run_id),
+                                      WarmLineRow.iteration >= first)
+    if last is not None:
+        query = query.where(WarmLineRow.iteration <= last)
+    return [r.to_entity() for r in session.scalars(query.order_by(WarmLineRow.iteration))]
+
+
+def _snapshots(session: Session, fleet_id: str, run_id: str,
+               state: SnapshotState | None) -> list[SnapshotInfo]:
+    query = select(SnapshotRow).where(_run_key(SnapshotRow, fleet_id, run_id))
+    if state is not None:
+        query = query.where(SnapshotRow.state == state.value)
+    return [r.to_entity() for r in session.scalars(query.order_by(SnapshotRow.iteration))]
 
 
 class CompactorRepository:
@@ -225,23 +251,27 @@ class CompactorRepository:
 
     # -- reads ----------------------------------------------------------------
 
-    def db_lines(self, fleet_id: str, run_id: str, first: int = 1,
-                 last: int | None = None) -> list[WarmLine]:
-        """Lines still in the database (active segment and segments being sealed)."""
-        with self.db.session() as session:
-            query = select(WarmLineRow).where(_run_key(WarmLineRow, fleet_id, run_id),
-                                              WarmLineRow.iteration >= first)
-            if last is not None:
-                query = query.where(WarmLineRow.iteration <= last)
-            return [r.to_entity() for r in session.scalars(query.order_by(WarmLineRow.iteration))]
+    def warm_lines(self, fleet_id: str, run_id: str, first: int = 1,
+                   last: int | None = None) -> tuple[list[SegmentEntry], list[WarmLine]]:
+        """The sealed segments, and the lines ``first..last`` still in the database (active
+        segment and segments being sealed), read at one moment: a seal committing between two
+        reads would hide its lines from both."""
+        with self.db.snapshot() as session:
+            return (_sealed(session, fleet_id, run_id),
+                    _db_lines(session, fleet_id, run_id, first, last))
 
-    def db_line_texts(self, fleet_id: str, run_id: str) -> list[tuple[int, str]]:
-        with self.db.session() as session:
-            rows = session.execute(
+    def view(self, fleet_id: str, run_id: str) -> RunView | None:
+        """The run's head, sealed segments, database lines and stored snapshots at one moment."""
+        with self.db.snapshot() as session:
+            row = session.execute(_SELECT_HEAD, {"fleet": fleet_id, "run": run_id}).first()
+            if row is None:
+                return None
+            texts = session.execute(
                 select(WarmLineRow.iteration, WarmLineRow.line)
                 .where(_run_key(WarmLineRow, fleet_id, run_id))
                 .order_by(WarmLineRow.iteration)).tuples()
-            return list(rows)
+            return RunView(_head_of(row), _sealed(session, fleet_id, run_id), list(texts),
+                           _snapshots(session, fleet_id, run_id, SnapshotState.STORED))
 
     def segment_lines(self, fleet_id: str, run_id: str, seq: int) -> list[WarmLine]:
         with self.db.session() as session:
@@ -276,10 +306,7 @@ class CompactorRepository:
 
     def sealed_segments(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
         with self.db.session() as session:
-            rows = session.scalars(select(SegmentRow).where(
-                _run_key(SegmentRow, fleet_id, run_id), SegmentRow.sealed.is_(True))
-                .order_by(SegmentRow.seq))
-            return [r.to_entry() for r in rows]
+            return _sealed(session, fleet_id, run_id)
 
     def complete_seal(self, fleet_id: str, run_id: str, entry: SegmentEntry,
                       index_version: int) -> None:
@@ -301,10 +328,7 @@ class CompactorRepository:
     def snapshots(self, fleet_id: str, run_id: str,
                   state: SnapshotState | None = None) -> list[SnapshotInfo]:
         with self.db.session() as session:
-            query = select(SnapshotRow).where(_run_key(SnapshotRow, fleet_id, run_id))
-            if state is not None:
-                query = query.where(SnapshotRow.state == state.value)
-            return [r.to_entity() for r in session.scalars(query.order_by(SnapshotRow.iteration))]
+            return _snapshots(session, fleet_id, run_id, state)
 
     def stored_snapshot_at_or_before(self, fleet_id: str, run_id: str,
                                      iteration: int) -> SnapshotInfo | None:

@@ -60,6 +60,7 @@ from services.compactor.domain.model import (
     Pin,
     Reconstruction,
     RunHead,
+    RunView,
     SnapshotInfo,
     SnapshotState,
     TierConfig,
@@ -83,6 +84,7 @@ from services.compactor.tiers.warm import WarmArchive
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
+_VERIFY_ATTEMPTS = 3
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -265,8 +267,7 @@ class IterationLog:
     def _head(self, fleet_id: str, run_id: str) -> RunHead:
         head = self.repo.head(fleet_id, run_id)
         if head is None:
-            raise NotFound(f"run {run_id} has no recorded iterations in fleet {fleet_id}",
-                           reason="RUN_NOT_FOUND")
+            raise _run_not_found(fleet_id, run_id)
         return head
 
     def last_iteration(self, fleet_id: str, run_id: str) -> int:
@@ -288,11 +289,12 @@ class IterationLog:
     def summaries(self, fleet_id: str, run_id: str, first: int, last: int) -> list[WarmLine]:
         """Warm lines ``first..last`` across sealed segments and the database."""
         found: list[WarmLine] = []
-        for entry in self.repo.sealed_segments(fleet_id, run_id):
+        sealed, in_database = self.repo.warm_lines(fleet_id, run_id, first, last)
+        for entry in sealed:
             if entry.last_iter < first or entry.first_iter > last:
                 continue
             found.extend(x for x in self._segment(entry) if first <= x.iteration <= last)
-        found.extend(self.repo.db_lines(fleet_id, run_id, first, last))
+        found.extend(in_database)
         return found
 
     def summary(self, fleet_id: str, run_id: str, iteration: int) -> WarmLine:
@@ -352,13 +354,32 @@ class IterationLog:
         return pin
 
     def verify(self, fleet_id: str, run_id: str) -> VerifyReport:
-        head = self._head(fleet_id, run_id)
+        """Check the run's warm log, index, and stored snapshots against its head, all as read
+        at one moment. A seal or a snapshot's retirement committed meanwhile deletes files that
+        moment still names (an older index, a retired snapshot): when a check found problems
+        and those moved, it is made again on a fresh view (at most ``_VERIFY_ATTEMPTS``)."""
+        for _ in range(_VERIFY_ATTEMPTS):
+            view = self._view(fleet_id, run_id)
+            report = self._verify_view(view)
+            if report.ok or not _files_moved(view, self._view(fleet_id, run_id)):
+                break
+        self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(report.problems))
+        return report
+
+    def _view(self, fleet_id: str, run_id: str) -> RunView:
+        view = self.repo.view(fleet_id, run_id)
+        if view is None:
+            raise _run_not_found(fleet_id, run_id)
+        return view
+
+    def _verify_view(self, view: RunView) -> VerifyReport:
+        head, sealed = view.head, view.sealed
+        fleet_id, run_id = head.fleet_id, head.run_id
         walker = ChainWalker(genesis_hash(fleet_id, run_id))
-        sealed = self.repo.sealed_segments(fleet_id, run_id)
         problems = self._warm.check_index(fleet_id, run_id, head.index_version, sealed)
         segment_problems, hashes = self._warm.check_segments(sealed, walker)
         problems.extend(segment_problems)
-        for iteration, text in self.repo.db_line_texts(fleet_id, run_id):
+        for iteration, text in view.line_texts:
             line = walker.feed_text(f"active line {iteration}", text)
             if line is not None:
                 hashes[line.iteration] = line.hash
@@ -366,14 +387,12 @@ class IterationLog:
         if walker.expected_iter - 1 != head.last_iter or walker.expected_prev != head.head_hash:
             problems.append(("head", f"the run's head is iteration {head.last_iter}; the warm "
                                      f"log ends at {walker.expected_iter - 1} with another hash"))
-        snapshots = self.repo.snapshots(fleet_id, run_id, SnapshotState.STORED)
-        problems.extend(self._cold.check(snapshots, hashes))
+        problems.extend(self._cold.check(view.snapshots, hashes))
         failure = self.repairs.failure((fleet_id, run_id))
         if failure is not None:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
                                           f"time(s), last: {failure.error}; retried with backoff"))
-        self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(problems))
-        return VerifyReport(walker.checked, len(sealed), len(snapshots), head.last_iter,
+        return VerifyReport(walker.checked, len(sealed), len(view.snapshots), head.last_iter,
                             head.head_hash, tuple(problems))
 
     def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
@@ -392,6 +411,18 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
+
+
+def _files_moved(before: RunView, now: RunView) -> bool:
+    """Whether a seal (a new index version) or a snapshot's retirement came between the views:
+    the files the first one names may have been deleted since."""
+    return (before.head.index_version != now.head.index_version
+            or [s.iteration for s in before.snapshots] != [s.iteration for s in now.snapshots])
+
+
+def _run_not_found(fleet_id: str, run_id: str) -> NotFound:
+    return NotFound(f"run {run_id} has no recorded iterations in fleet {fleet_id}",
+                    reason="RUN_NOT_FOUND")
 
 
 def _describe(error: Exception) -> str:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from services.common.errors import FailedPrecondition
+from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
 
 
@@ -51,6 +52,18 @@ class SnapshotInfo:
     key: str
     sha256: str
     size_bytes: int
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run's head and its warm log's parts, all read at one moment (VerifyRun compares them:
+    an append or a seal committing between two reads is not a broken log)."""
+    head: RunHead
+    sealed: list[SegmentEntry]
+    line_texts: list[tuple[int, str]]
+    """(iteration, stored text) of the lines still in the database."""
+    snapshots: list[SnapshotInfo]
+    """The stored cold snapshots."""
 
 
 @dataclass(frozen=True)
