@@ -428,15 +428,25 @@ class ArtifactsService:
                         lambda event: [event.seq])
 
     def replay(self, fleet_id: str, run_id: str) -> Iterator[Event]:
-        """Every event from seq 1, each checked against the hash chain as it passes."""
+        """Every event from seq 1 to the run's head as read at the start, each checked against
+        the hash chain as it passes (events appended meanwhile are the next replay's)."""
         run = self.get_run(fleet_id, check.identifier("run_id", run_id))
         verifier = ChainVerifier(run.run_id)
         events = self._in_batches(
             lambda session, after, limit: self.repository.events_after(
                 session, fleet_id, run.run_id, after, limit),
             0, lambda event: event.seq, EVENT_BATCH)
+        beyond = 0
         for event in events:
+            if event.seq > run.event_count:
+                beyond = event.seq
+                break
             yield verifier.check(event)
+        if beyond and self.get_run(fleet_id, run.run_id).event_count < beyond:
+            raise IntegrityError(
+                f"run {run.run_id}: the log holds event {beyond}, beyond the "
+                f"{run.event_count} events the run records (an event was inserted outside "
+                "the service)", reason="EVENT_CHAIN_BROKEN", metadata={"run_id": run.run_id})
         if verifier.length != run.event_count or verifier.head != run.head_hash:
             raise IntegrityError(
                 f"run {run.run_id}: the log ends at {verifier.length} but the run records "
@@ -509,7 +519,7 @@ class ArtifactsService:
         if max_events < 0:
             raise InvalidArgument("max_events must be >= 0")
         limit = min(max_events or DEFAULT_REHYDRATE_EVENTS, MAX_REHYDRATE_EVENTS)
-        with self.db.session() as session:
+        with self.db.snapshot() as session:  # the run's head and its events at one moment
             run, snapshot = self._latest_snapshot(session, fleet_id,
                                                   check.identifier("run_id", run_id))
             events = self.repository.events_after(

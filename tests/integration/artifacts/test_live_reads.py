@@ -1,0 +1,75 @@
+"""Reads of a run whose event log is being appended to. SQLite and Postgres.
+
+A replay reads the run (its event count and head), then its events in batches: events appended
+after the run was read are not a broken chain. Before, a replay of a live run ended in
+DATA_LOSS EVENT_CHAIN_BROKEN ("the log ends at N+k but the run records N events")."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from engram.client import EngramRpcError
+from services.artifacts.tables import EventRow
+from tests.integration.artifacts.conftest import RunningArtifacts
+
+APPENDS = 200
+
+
+def test_a_replay_of_a_run_being_appended_to_is_a_whole_verified_prefix(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    writer, reader = env.client, env.client
+    run_id = writer.start_run().run.run_id
+    for i in range(10):
+        writer.append_event(run_id, "step", {"i": i})
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def append() -> None:
+        try:
+            for i in range(10, 10 + APPENDS):
+                writer.append_event(run_id, "step", {"i": i})
+        except BaseException as error:  # reported by the test, not lost in the thread
+            errors.append(error)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    broken: list[str] = []
+    lengths: list[int] = []
+    while not done.is_set():
+        try:
+            seqs = [event.seq for event in reader.replay(run_id)]
+        except EngramRpcError as error:
+            broken.append(f"{error.code.name} {error.reason}: {error.message}")
+            continue
+        assert seqs == list(range(1, len(seqs) + 1))
+        lengths.append(len(seqs))
+    thread.join(timeout=60)
+    assert not errors
+    assert len(lengths) + len(broken) > 5  # the replays overlapped the appends
+    assert not broken, f"{len(broken)} replays failed: {broken[:3]}"
+    assert min(lengths) >= 10
+    assert len(list(reader.replay(run_id))) == 10 + APPENDS
+
+
+def test_an_event_inserted_beyond_the_runs_count_still_breaks_replay(
+        artifacts_server: RunningArtifacts) -> None:
+    """A replay stops at the run's recorded count (later appends are the next replay's), so an
+    event row written into the store without the run's head moving must still be found."""
+    env = artifacts_server
+    run_id = env.client.start_run().run.run_id
+    last = [env.client.append_event(run_id, "step", {"i": i}).event for i in range(3)][-1]
+    with env.service.db.session() as session:
+        session.add(EventRow(fleet_id="fleet-a", run_id=run_id, seq=4, type="step",
+                             payload_json='{"i":99}', manifest_id="", artifact_ids_json="[]",
+                             created_us=1, agent_id="agent-1",
+                             prev_hash=last.hash, hash="0" * 64))
+    with pytest.raises(EngramRpcError) as caught:
+        list(env.client.replay(run_id))
+    assert caught.value.code == grpc.StatusCode.DATA_LOSS
+    assert caught.value.reason == "EVENT_CHAIN_BROKEN" and "beyond" in caught.value.message
