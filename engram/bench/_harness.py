@@ -186,19 +186,29 @@ class ServerProcess:
         finally:
             if log:
                 log.close()
+        try:
+            self._wait_serving(self.process)
+        except BaseException:  # a server that never served is not left running
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_serving(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + self._timeout
         # Without a short reconnect backoff the probe itself would see SERVING up to seconds late.
         with grpc.insecure_channel(self.address, options=reconnect_options(50)) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while time.monotonic() < deadline:
-                if self.process.poll() is not None:
+                if process.poll() is not None:
                     raise RuntimeError(f"{self._argv} exited early: {self._stderr_tail()}")
                 try:
                     if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-                        return self
+                        return
                 except grpc.RpcError:
                     time.sleep(0.1)
-        raise RuntimeError(f"{self._argv} did not become SERVING in {self._timeout}s")
+        # (a pipe is not read here: the process still runs, the read would wait for its end)
+        tail = f": {self._stderr_tail()}" if self._log_path is not None else ""
+        raise RuntimeError(f"{self._argv} did not become SERVING in {self._timeout}s{tail}")
 
     def _stderr_tail(self) -> str:
         if self._log_path is not None:
