@@ -26,7 +26,7 @@ from services.common.erasure_source import (
     recorded_erasure,
     selection_limit,
 )
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, NotFound
 from services.common.text_match import bytes_hold, json_holds, needle_of
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.service import IterationLog
@@ -126,11 +126,14 @@ class IterationEraser:
                 if any(json_holds(str(v), needle) for row in rows for v in row):
                     return True
         for key in self.blobs.list(run_prefix(fleet_id, run_id) + "/"):
-            chunks = self.blobs.open(key)
-            if key.endswith(".gz"):
-                chunks = iter([gzip.decompress(b"".join(chunks))])
-            if bytes_hold(chunks, needle):
-                return True
+            try:
+                chunks = self.blobs.open(key)
+                if key.endswith(".gz"):
+                    chunks = iter([gzip.decompress(b"".join(chunks))])
+                if bytes_hold(chunks, needle):
+                    return True
+            except NotFound:  # deleted since it was listed (an older index, a retired snapshot)
+                continue
         return False
 
     @staticmethod

@@ -43,7 +43,7 @@ from services.common.group_commit import GroupCommit
 from services.common.limits import validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
-from services.compactor.domain.blob_layout import SegmentEntry
+from services.compactor.domain.blob_layout import SegmentEntry, SnapshotContent
 from services.compactor.domain.memory_policy import (
     DEFAULT_IMPORTANCE_BELOW,
     DEFAULT_OLDER_THAN_DAYS,
@@ -84,7 +84,7 @@ from services.compactor.tiers.warm import WarmArchive
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
-_VERIFY_ATTEMPTS = 3
+_REREAD_ATTEMPTS = 3  # a read whose chosen files a seal or a retirement deleted: tries
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -321,10 +321,10 @@ class IterationLog:
             self._check_detail(line, hot.detail_json, hot.guardrails_json, "hot ring")
             return Reconstruction(line, DetailSource.HOT, hot.detail_json, hot.guardrails_json,
                                   iteration)
-        base = self.repo.stored_snapshot_at_or_before(fleet_id, run_id, iteration)
-        if base is None:
+        based = self._cold_base(fleet_id, run_id, iteration)
+        if based is None:
             return Reconstruction(line, DetailSource.SUMMARY_ONLY)
-        content = self._cold.read(base)
+        base, content = based
         if base.iteration == iteration:
             self._check_detail(line, content.detail_json, content.guardrails_json, base.key)
             return Reconstruction(line, DetailSource.COLD_SNAPSHOT, content.detail_json,
@@ -336,6 +336,22 @@ class IterationLog:
         self._check_detail(trail[0], content.detail_json, content.guardrails_json, base.key)
         return Reconstruction(line, DetailSource.BASE_SNAPSHOT, content.detail_json,
                               content.guardrails_json, base.iteration, tuple(trail[1:]))
+
+    def _cold_base(self, fleet_id: str, run_id: str,
+                   iteration: int) -> tuple[SnapshotInfo, SnapshotContent] | None:
+        """The newest stored snapshot at or before ``iteration``, read. One retired (and its
+        file deleted) between the choice and the read is not missing: choose again."""
+        for _ in range(_REREAD_ATTEMPTS):
+            base = self.repo.stored_snapshot_at_or_before(fleet_id, run_id, iteration)
+            if base is None:
+                return None
+            try:
+                return base, self._cold.read(base)
+            except NotFound:
+                if self.repo.stored_snapshot_at_or_before(fleet_id, run_id, iteration) == base:
+                    raise  # still the stored one: its file is really missing
+        raise Aborted(f"the snapshots of run {run_id} were retired {_REREAD_ATTEMPTS} times "
+                      "while this read chose one; retry", reason="SNAPSHOT_RETIRED")
 
     @staticmethod
     def _check_detail(line: WarmLine, detail: str, guardrails: str, where: str) -> None:
@@ -357,8 +373,8 @@ class IterationLog:
         """Check the run's warm log, index, and stored snapshots against its head, all as read
         at one moment. A seal or a snapshot's retirement committed meanwhile deletes files that
         moment still names (an older index, a retired snapshot): when a check found problems
-        and those moved, it is made again on a fresh view (at most ``_VERIFY_ATTEMPTS``)."""
-        for _ in range(_VERIFY_ATTEMPTS):
+        and those moved, it is made again on a fresh view (at most ``_REREAD_ATTEMPTS``)."""
+        for _ in range(_REREAD_ATTEMPTS):
             view = self._view(fleet_id, run_id)
             report = self._verify_view(view)
             if report.ok or not _files_moved(view, self._view(fleet_id, run_id)):

@@ -8,8 +8,17 @@ miss the segment's lines (WARM_LINE_MISSING)."""
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
+from dataclasses import replace
 
+import pytest
+
+from engram.compactor.v1 import compactor_service_pb2 as pb
+from services.common.blobstore.file import FileBlobStore
+from services.compactor.domain.model import SnapshotInfo
+from services.compactor.repository import CompactorRepository
 from tests.integration.compactor.conftest import CompactorFactory
 from tests.integration.compactor.test_compactor_contract import iteration
 
@@ -51,3 +60,48 @@ def test_verify_and_reads_of_a_run_being_appended_to_see_no_problem(
     assert not incomplete, f"summaries missing lines: {incomplete[:3]}"
     final = reader.verify(RUN)
     assert final.ok and final.last_iteration == ITERATIONS and final.segments_checked > 10
+
+
+def test_finding_a_match_skips_files_deleted_since_they_were_listed(
+        compactor_for: CompactorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`engram forget --match` scans every file of a run; a seal deletes the older index and a
+    retirement a cold snapshot between the listing and the read. Such a file is gone, not an
+    error: the scan used to end NOT_FOUND BLOB_NOT_FOUND on a fleet with a live run."""
+    writer = compactor_for()
+    for n in range(1, 31):
+        writer.record(RUN, iteration(n))
+    listed = FileBlobStore.list
+
+    def with_a_file_gone(self: FileBlobStore, prefix: str = "") -> Iterator[str]:
+        yield f"{prefix}cold/0000000001.json.gz"  # listed, then deleted before it is read
+        yield from listed(self, prefix)
+
+    monkeypatch.setattr(FileBlobStore, "list", with_a_file_gone)
+    governor = compactor_for("gov-1", roles=("governor",))
+    assert [log.run_id for log in governor.find_iteration_logs("step 29 ").runs] == [RUN]
+    assert list(governor.find_iteration_logs("no such text anywhere").runs) == []
+
+
+def test_a_reconstruction_whose_base_snapshot_was_just_retired_chooses_again(
+        compactor_for: CompactorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reconstruct picks the newest stored snapshot at or before the iteration, then reads its
+    file; a retirement between the two deletes it. That snapshot is gone, the iteration is not:
+    it used to answer NOT_FOUND BLOB_NOT_FOUND."""
+    writer = compactor_for()
+    for n in range(1, 31):
+        writer.record(RUN, iteration(n))
+    chosen = CompactorRepository.stored_snapshot_at_or_before
+    calls = []
+
+    def retired_at_first(self: CompactorRepository, fleet_id: str, run_id: str,
+                         at: int) -> SnapshotInfo | None:
+        calls.append(at)
+        real = chosen(self, fleet_id, run_id, at)
+        if len(calls) == 1 and real is not None:  # the one chosen first is retired meanwhile
+            return replace(real, key=real.key.replace(".json.gz", "-retired.json.gz"))
+        return real
+
+    monkeypatch.setattr(CompactorRepository, "stored_snapshot_at_or_before", retired_at_first)
+    view = writer.reconstruct(RUN, 23)
+    assert view.source == pb.DETAIL_SOURCE_BASE_SNAPSHOT and view.base_iteration == 20
+    assert json.loads(view.detail_json)["n"] == 20 and len(calls) == 3
