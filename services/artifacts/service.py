@@ -305,6 +305,7 @@ class ArtifactsService:
         try:
             stream = self.blobs.open(artifact.path, chunk_size)
         except NotFound:
+            self.get_artifact(fleet_id, artifact_id)  # erased meanwhile: NOT_FOUND, not a loss
             raise blob_missing_error(artifact) from None
         return artifact, self._counted(verified_read(artifact, stream))
 
@@ -332,7 +333,7 @@ class ArtifactsService:
             "", lambda artifact: artifact.artifact_id, ARTIFACT_BATCH)
         for artifact in artifacts:
             checked += 1
-            problem = self._check_blob(artifact)
+            problem = self._check_blob(fleet_id, artifact)
             if problem is not None:
                 log.warning("artifact integrity problem", extra=problem.__dict__)
                 self.integrity_failures.add(problem.problem)
@@ -357,12 +358,21 @@ class ArtifactsService:
                 problems.append(problem)
         return checked, problems
 
-    def _check_blob(self, artifact: Artifact) -> ArtifactProblem | None:
+    def _check_blob(self, fleet_id: str, artifact: Artifact) -> ArtifactProblem | None:
         try:
             stream = self.blobs.open(artifact.path)
         except NotFound:
+            if not self._still_stored(fleet_id, artifact.artifact_id):
+                return None  # erased (ForgetRuns) since the batch was read: gone, not missing
             return blob_missing_problem(artifact)
         return blob_problem(artifact, stream)
+
+    def _still_stored(self, fleet_id: str, artifact_id: str) -> bool:
+        try:
+            self.get_artifact(fleet_id, artifact_id)
+        except NotFound:
+            return False
+        return True
 
     # -- events and snapshots -----------------------------------------------
 

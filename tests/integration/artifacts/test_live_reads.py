@@ -10,9 +10,11 @@ import threading
 
 import grpc
 import pytest
+from sqlalchemy import delete
 
 from engram.client import EngramRpcError
-from services.artifacts.tables import EventRow
+from services.artifacts.tables import ArtifactRow, EventRow
+from services.common.errors import NotFound
 from tests.integration.artifacts.conftest import RunningArtifacts
 
 APPENDS = 200
@@ -73,3 +75,39 @@ def test_an_event_inserted_beyond_the_runs_count_still_breaks_replay(
         list(env.client.replay(run_id))
     assert caught.value.code == grpc.StatusCode.DATA_LOSS
     assert caught.value.reason == "EVENT_CHAIN_BROKEN" and "beyond" in caught.value.message
+
+
+def _erased_when_opened(env: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The blob store's open() runs after an erasure committed: the row and the file are gone
+    (as ForgetRuns leaves them) when the read that listed the artifact opens its file."""
+    opened: list[str] = []
+
+    def erased(path: str, *_args: object) -> object:
+        opened.append(path)
+        with env.service.db.session() as session:
+            session.execute(delete(ArtifactRow).where(ArtifactRow.path == path))
+        raise NotFound(f"blob {path!r} not found", reason="BLOB_NOT_FOUND")
+
+    monkeypatch.setattr(env.service.blobs, "open", erased)
+    return opened
+
+
+def test_an_artifact_erased_while_it_is_read_or_verified_is_gone_not_lost(
+        artifacts_server: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, VerifyArtifacts during a ForgetRuns reported BLOB_MISSING (and counted an
+    integrity failure) for an artifact erased after its row was read, and ReadArtifact
+    answered DATA_LOSS instead of NOT_FOUND."""
+    env = artifacts_server
+    client = env.client
+    run_id = client.start_run().run.run_id
+    kept = client.upload([b"kept bytes"], run_id=run_id, step_id="s", name="kept.txt")
+    erased = client.upload([b"erased bytes"], run_id=run_id, step_id="s", name="erased.txt")
+    opened = _erased_when_opened(env, monkeypatch)
+    with pytest.raises(EngramRpcError) as caught:
+        _, chunks = client.read(erased.artifact_id)
+        b"".join(chunks)
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND, caught.value
+    monkeypatch.undo()
+    opened = _erased_when_opened(env, monkeypatch)
+    report = client.verify(run_id)
+    assert opened == [kept.path] and list(report.problems) == []
