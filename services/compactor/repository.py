@@ -106,6 +106,18 @@ def _head_of(row: Any) -> RunHead:
                    row.active_bytes, row.index_version, row.pending_work)
 
 
+def lock_run(session: Session, fleet_id: str, run_id: str) -> RunHead | None:
+    """Open the session's write transaction holding the run as an append does (``BEGIN
+    IMMEDIATE`` on SQLite, the head row ``FOR UPDATE`` on Postgres; call it before any other
+    statement): appends to the run wait for it, and what it reads is current until it commits.
+    The run's head, None when it has none."""
+    conn = session.connection()
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    row = conn.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id}).first()
+    return _head_of(row) if row is not None else None
+
+
 def _sealed(session: Session, fleet_id: str, run_id: str) -> list[SegmentEntry]:
     rows = session.scalars(select(SegmentRow).where(
         _run_key(SegmentRow, fleet_id, run_id), SegmentRow.sealed.is_(True))
@@ -375,6 +387,7 @@ class CompactorRepository:
     def clear_pending(self, fleet_id: str, run_id: str) -> None:
         """Clear the flag once no snapshot is pending or retiring and every segment is sealed."""
         with self.db.session() as session:
+            lock_run(session, fleet_id, run_id)  # an append adding pending work waits
             open_snapshots = session.scalar(select(func.count()).select_from(SnapshotRow).where(
                 _run_key(SnapshotRow, fleet_id, run_id),
                 SnapshotRow.state != SnapshotState.STORED.value))
@@ -387,6 +400,7 @@ class CompactorRepository:
     def add_pin(self, fleet_id: str, run_id: str, iteration: int, reason: str) -> Pin:
         """Pin an iteration; a hot iteration without a snapshot gets one (pending) to keep."""
         with self.db.session() as session:
+            lock_run(session, fleet_id, run_id)  # no append trims the hot ring meanwhile
             existing = session.get(PinRow, (fleet_id, run_id, iteration))
             if existing is not None:
                 return existing.to_entity()

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from sqlalchemy.orm import Session
 
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from services.common.blobstore.file import FileBlobStore
 from services.compactor.domain.model import SnapshotInfo
 from services.compactor.repository import CompactorRepository
+from services.compactor.tables import HotRow
 from tests.integration.compactor.conftest import CompactorFactory
 from tests.integration.compactor.test_compactor_contract import iteration
 
@@ -105,3 +108,38 @@ def test_a_reconstruction_whose_base_snapshot_was_just_retired_chooses_again(
     view = writer.reconstruct(RUN, 23)
     assert view.source == pb.DETAIL_SOURCE_BASE_SNAPSHOT and view.base_iteration == 20
     assert json.loads(view.detail_json)["n"] == 20 and len(calls) == 3
+
+
+def test_a_pin_and_appends_that_trim_the_hot_ring_do_not_strand_the_runs_tier_work(
+        compactor_for: CompactorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pin of a hot iteration reads the hot row, then records a pending snapshot of it. An
+    append trimming that row in between left a pending snapshot whose detail was gone: the pin
+    answered DATA_LOSS SNAPSHOT_DETAIL_MISSING and every later seal, snapshot and retirement of
+    the run failed behind it. The pin now holds the run as an append does."""
+    writer, pinner = compactor_for(), compactor_for()
+    for n in range(1, 31):  # the hot ring (4) holds 27..30; 30 has its own snapshot
+        writer.record(RUN, iteration(n))
+    real_get = Session.get
+    appended = threading.Event()
+
+    def get_then_appends(self: Session, entity: object, ident: object, **kw: object) -> object:
+        found = real_get(self, entity, ident, **kw)
+        if entity is HotRow and not appended.is_set():
+            appended.set()
+            more = threading.Thread(target=lambda: [writer.record(RUN, iteration(n))
+                                                    for n in range(31, 35)])
+            more.start()
+            more.join(timeout=1.5)  # they trim 27..30 unless the pin holds the run
+        return found
+
+    monkeypatch.setattr(Session, "get", get_then_appends)
+    pin = pinner.pin(RUN, 27, "the oldest hot iteration, while appends go on")
+    monkeypatch.undo()
+    assert appended.is_set() and pin.snapshot_iteration == 27
+    deadline = time.monotonic() + 30
+    while writer.verify(RUN).last_iteration < 34 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    writer.record(RUN, iteration(35))  # the run's tier work goes on
+    report = writer.verify(RUN)
+    assert report.ok, list(report.problems)
+    assert json.loads(writer.reconstruct(RUN, 27).detail_json)["n"] == 27
