@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from services.common.db import Database
 from services.common.errors import (
+    Aborted,
     AlreadyExists,
     EngramError,
     FailedPrecondition,
@@ -58,6 +59,12 @@ SNAPSHOT_PAGE = 100
 T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
+_ERASURE_RACE_ATTEMPTS = 3
+"""Times a write is prepared again when an erasure takes the record it was landing on."""
+
+
+class _ErasedMeanwhile(Exception):
+    """A record id a write was inserting has been erased since the write found it."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,19 @@ class ShardService:
             replay = self._replay(fleet, agent, request_id, digest)
             if replay is not None:
                 return replay
+        for _ in range(_ERASURE_RACE_ATTEMPTS):
+            try:
+                return self._write_attempt(principal, normalized, digest, request_id)
+            except _ErasedMeanwhile:
+                # An erasure took the record this write's text had landed on (its write key)
+                # while the write was prepared: write it anew, under a new id.
+                continue
+        raise Aborted("erasures kept taking the records this write was landing on; retry",
+                      reason="ERASURE_RACE")
+
+    def _write_attempt(self, principal: Principal, normalized: Sequence[RecordDraft],
+                       digest: str, request_id: str) -> list[WriteResult]:
+        fleet, agent = principal.fleet_id, principal.agent_id
         domains = self.domains(fleet)
         known = {d.name for d in domains}
         shas = [records.content_hash(d.content) for d in normalized]
@@ -439,6 +459,12 @@ class ShardService:
                     WriteResult(already.get(r.id, r), created=r.id not in already)
                     for r in job.records
                 ])
+            # An id this group inserts was erased meanwhile (a write that found it through its
+            # write key before the erasure committed): never store content under an erased id.
+            # Checked after the inserts: they hold SQLite's write lock, and on Postgres wait
+            # for an erasure deleting the same id to commit.
+            if inserted and (raced := self.repo.erased_among(session, sorted(inserted))):
+                raise _ErasedMeanwhile(raced)
             for fleet in {fleet for fleet, _ in usage}:
                 current = {d.name: d for d in self.repo.domains(session, fleet)}
                 self.repo.record_usage(session, fleet, [

@@ -15,6 +15,7 @@ import secrets
 import sqlite3
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -26,6 +27,7 @@ from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.db import normalize_url
+from services.shard.service import ShardService
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for
 from tests.stack import full_stack
@@ -255,3 +257,41 @@ def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
             # old request writes anew, through the gate, instead of answering with nothing
             again = shard.add("a note in run-a", run_id="run-a", request_id="req-run-a")
             assert again.created
+
+
+def test_a_write_racing_the_erasure_of_the_record_it_lands_on_never_revives_its_id(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same text written again by its author finds its record through the write key; an
+    erasure committing between that lookup and the commit used to let the write store the text
+    again under the erased id (no tombstone check on writes): searchable again, and counted as
+    "already erased" by every later erasure. It is now written anew under a new id."""
+    admin = make_token("op", FLEET, ADMIN)
+    author = make_token("scout-4", FLEET)
+    text = "the launch code is 0000, written twice"
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, author) as shard:
+            first = shard.add(text, run_id="run-x").record
+        assign = ShardService._assign_ids
+        erased: list[str] = []
+
+        def assign_then_erase(self: ShardService, *args: Any) -> Any:
+            found = assign(self, *args)
+            if not erased:  # the erasure commits after the write found its record
+                erased.append(first.id)
+                with cli_for(stack, admin, monkeypatch) as run:
+                    assert run("forget", "--record", first.id)["erased"] == 1
+            return found
+
+        monkeypatch.setattr(ShardService, "_assign_ids", assign_then_erase)
+        with ShardClient(stack.shard.address, author) as shard:
+            again = shard.add(text, run_id="run-x").record
+        monkeypatch.undo()
+        assert erased == [first.id] and again.id != first.id
+        with ShardClient(stack.shard.address, admin) as shard:
+            with pytest.raises(EngramRpcError) as gone:
+                shard.get(first.id)
+            assert gone.value.reason == "RECORD_ERASED"
+            assert shard.get(again.id).content == text
+            assert [h.record.id for h in shard.search("launch code", mode="lexical")] \
+                == [again.id]
