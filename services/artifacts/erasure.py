@@ -74,7 +74,7 @@ class RunEraser:
         erased: list[ForgottenRun] = []
         already = 0
         for run_id in leaves:
-            with self.service.db.session() as session:
+            with self.service.writing() as session:  # appends and uploads to the run wait
                 done = session.get(RunTombstoneRow, (fleet_id, run_id))
                 if done is not None:
                     already += 1
@@ -138,7 +138,9 @@ class RunEraser:
     def _erase_run(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
                    now_us: int) -> ForgottenRun | None:
         fleet_id = order.fleet_id
-        run = session.get(RunRow, (fleet_id, run_id))
+        run = session.scalars(select(RunRow).where(RunRow.fleet_id == fleet_id,
+                                                   RunRow.run_id == run_id)
+                              .with_for_update()).first()
         if run is None:
             return None  # never started here: nothing to erase
         if run.head_hash != leaf:

@@ -138,8 +138,9 @@ class ArtifactsService:
             return query(session, *args, **kwargs)
 
     @contextmanager
-    def _writing(self) -> Iterator[Session]:
-        """The session of a checked write (appends, first-writer-wins): one at a time on SQLite."""
+    def writing(self) -> Iterator[Session]:
+        """The session of a checked write (appends, uploads, erasures, first-writer-wins): one
+        at a time on SQLite; on Postgres each locks its run's row."""
         with self._writer, self.db.session() as session:
             yield session
 
@@ -148,7 +149,7 @@ class ArtifactsService:
         """``write``'s answer, or, when a concurrent call with the same key committed first
         (its insert hit a unique key), that call's answer as ``find`` reads it back."""
         try:
-            with self._writing() as session:
+            with self.writing() as session:
                 return write(session)
         except DbIntegrityError:
             prior = self._in_session(find)
@@ -177,13 +178,17 @@ class ArtifactsService:
                   stop_reason="", created_us=now_us(), stopped_us=0, event_count=0,
                   head_hash="", latest_snapshot_id="",
                   metadata_json=self.limits.metadata(metadata_json))
-        erased = self._in_session(self.repository.run_tombstone, fleet_id, run.run_id)
-        if erased is not None:
-            raise FailedPrecondition(f"run {run.run_id!r} was erased (erasure {erased}); an "
-                                     "erased run's id is not used again: start another",
-                                     reason="RUN_ERASED")
         try:
-            self._in_session(self.repository.add_run, run)
+            with self.writing() as session:
+                self.repository.add_run(session, run)
+                session.flush()
+                # After the insert: on Postgres it waited for an erasure deleting this run to
+                # commit, so the tombstone is seen; on SQLite erasures take the writer's turn.
+                erased = self.repository.run_tombstone(session, fleet_id, run.run_id)
+                if erased is not None:
+                    raise FailedPrecondition(
+                        f"run {run.run_id!r} was erased (erasure {erased}); an erased run's id "
+                        "is not used again: start another", reason="RUN_ERASED")
             return run, True
         except DbIntegrityError:
             existing = self.get_run(run.fleet_id, run.run_id)
@@ -231,7 +236,7 @@ class ArtifactsService:
     def _stop(self, fleet_id: str, run_id: str, status: RunStatus, reason: str,
               event: EventDraft, stopped_us: int) -> Run:
         """Append the stop event and mark the run stopped, in one transaction."""
-        with self._writing() as session:
+        with self.writing() as session:
             run = self._running_run(session, fleet_id, run_id, lock=True)
             self._append(session, run, event, stopped_us)
             return self.repository.mark_stopped(session, fleet_id, run_id, status, reason,
@@ -288,8 +293,10 @@ class ArtifactsService:
 
     def _add_artifact(self, fleet_id: str, artifact: Artifact, upload: ArtifactUpload) -> None:
         try:
-            with self.db.session() as session:
-                self._running_run(session, fleet_id, artifact.run_id)
+            # The run held (as an append holds it): an erasure of the run cannot commit between
+            # the check that it runs and the insert, leaving an artifact of an erased run.
+            with self.writing() as session:
+                self._running_run(session, fleet_id, artifact.run_id, lock=True)
                 self.repository.add_artifact(session, fleet_id, artifact, upload.name)
         except DbIntegrityError:
             raise _artifact_exists("", upload) from None

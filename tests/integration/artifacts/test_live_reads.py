@@ -11,9 +11,11 @@ import threading
 import grpc
 import pytest
 from sqlalchemy import delete
+from sqlalchemy.orm import Session
 
 from engram.client import EngramRpcError
-from services.artifacts.tables import ArtifactRow, EventRow
+from services.artifacts.domain.entities import Run
+from services.artifacts.tables import ArtifactRow, EventRow, RunTombstoneRow
 from services.common.errors import NotFound
 from tests.integration.artifacts.conftest import RunningArtifacts
 
@@ -111,3 +113,31 @@ def test_an_artifact_erased_while_it_is_read_or_verified_is_gone_not_lost(
     opened = _erased_when_opened(env, monkeypatch)
     report = client.verify(run_id)
     assert opened == [kept.path] and list(report.problems) == []
+
+
+def test_a_run_erased_while_it_is_started_again_stays_erased(
+        artifacts_server: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """StartRun checked the tombstone, then inserted the run: an erasure committing between the
+    two let the run be created again under the erased id (and every later erasure of it
+    counted as already done). The check now follows the insert in its transaction."""
+    env = artifacts_server
+    repository = env.service.repository
+    add_run = repository.add_run
+
+    def erased_meanwhile(session: Session, run: Run) -> None:
+        with env.service.db.session() as other:  # the erasure, committed first
+            other.add(RunTombstoneRow(
+                fleet_id=run.fleet_id, run_id=run.run_id, agent_id=run.agent_id,
+                created_us=1, event_count=0, head_hash="", erasure_id="er_" + "0" * 32,
+                erased_us=2, erased_by="op", blobs_left_json="[]"))
+        add_run(session, run)
+
+    monkeypatch.setattr(repository, "add_run", erased_meanwhile)
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.start_run("run-resumed")
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.reason == "RUN_ERASED"
+    monkeypatch.undo()
+    with pytest.raises(EngramRpcError) as gone:
+        env.client.get_run("run-resumed")
+    assert gone.value.reason == "RUN_ERASED"
