@@ -14,6 +14,7 @@ of their trust.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -29,7 +30,9 @@ from services.shard.domain.compaction import (
 )
 from services.shard.domain.records import Record
 from services.shard.repository import RecordFilter
-from services.shard.service import ShardService
+from services.shard.service import ShardService, SourcesErased
+
+log = logging.getLogger("engram.shard.compaction")
 
 
 class MemoryCompactor:
@@ -83,26 +86,31 @@ class MemoryCompactor:
                     domain, run_id, tuple(r.id for r in chunk), tuple(r.record_hash for r in chunk)
                 )
                 if not dry_run:
-                    group = self._write_summary(principal, group, chunk)
+                    summarised = self._write_summary(principal, group, chunk)
+                    if summarised is None:
+                        continue
+                    group = summarised
                 report.groups.append(group)
                 report.compacted += len(chunk)
         return report
 
     def _write_summary(
         self, principal: Principal, group: CompactionGroup, chunk: list[Record]
-    ) -> CompactionGroup:
+    ) -> CompactionGroup | None:
+        """The group with its summary; None when an erasure took one of its originals first
+        (the summary would keep erased text: nothing is stored, a later run groups again)."""
         draft = summary_draft(group.domain, group.run_id, chunk)
-        summary = self.service.write(principal, [draft])[0].record
-        now_us = int(self.clock() * 1_000_000)
-        with self.service.db.session() as session:
-            done = self.service.repo.compacted_ids(session, principal.fleet_id)
-            fresh = [r for r in chunk if r.id not in done]
-            if fresh:
-                self.service.repo.mark_compacted(
-                    session, principal.fleet_id, summary.id, fresh, now_us
-                )
+        try:
+            written = self.service.write(principal, [draft], compacts=chunk)[0]
+            if not written.created:  # the same summary stored before: its write committed nothing
+                self.service.mark_compacted(principal.fleet_id, written.record.id, chunk)
+        except SourcesErased as erased:
+            log.info("compaction group skipped: originals erased meanwhile",
+                     extra={"fleet_id": principal.fleet_id, "run_id": group.run_id,
+                            "erased": erased.ids[:10]})
+            return None
         return CompactionGroup(
-            group.domain, group.run_id, group.replaced_ids, group.replaced_hashes, summary
+            group.domain, group.run_id, group.replaced_ids, group.replaced_hashes, written.record
         )
 
     def apply_retention(self, fleet_id: str, older_than_days: float, dry_run: bool) -> list[str]:

@@ -163,6 +163,9 @@ class RecordEraser:
         repo = self.service.repo
         with self.service.db.session() as session:
             done = set(repo.erased_among(session, ids))
+            # Held (Postgres) until the commit: a compaction marking one of them waits, and
+            # its summary is then found below; one that marked first is found below too.
+            repo.lock_records(session, [i for i in ids if i not in done])
             stored = repo.by_ids(session, order.fleet_id, [i for i in ids if i not in done])
             for record_id, record in stored.items():
                 if record.record_hash != leaves[record_id]:
@@ -175,10 +178,25 @@ class RecordEraser:
             if stored:
                 session.execute(insert(TombstoneRow), [
                     _tombstone_values(r, seqs[r.id], order, now_us) for r in stored.values()])
+                # After a write (SQLite's write lock held): what quotes them now is current.
+                self._refuse_unlisted_summaries(session, order, list(stored), set(ids) | done)
                 self._drop_derived(session, order.fleet_id, list(stored.values()))
                 repo.remove(session, order.fleet_id, list(stored))
         erased = [Forgotten(i, leaves[i], kinds[i]) for i in ids if i in stored]
         return erased, len(done)
+
+    def _refuse_unlisted_summaries(self, session: Session, order: ErasureOrder,
+                                   erasing: list[str], listed: set[str]) -> None:
+        """A compaction summary written since the selection quotes a record being erased and
+        is not in the erasure: erasing the record alone would leave its text in the summary."""
+        quoting = sorted(self._summaries_quoting(session, erasing) - listed)
+        unlisted = sorted(self.service.repo.by_ids(session, order.fleet_id, quoting))
+        if unlisted:
+            raise FailedPrecondition(
+                f"compaction summaries written since erasure {order.erasure_id} was recorded "
+                f"quote records it erases ({', '.join(unlisted[:5])}); nothing was erased: run "
+                "the forget again (its selection includes them)", reason="ERASURE_INCOMPLETE",
+                metadata={"summary_ids": ",".join(unlisted[:20])})
 
     @staticmethod
     def _seqs(session: Session, ids: list[str]) -> dict[str, int]:

@@ -610,6 +610,16 @@ class ShardRepository:
                 CompactionRow.original_id.in_(ids[start:start + 500]))))
         return found
 
+    def lock_records(self, session: Session, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` still stored, their rows held until the transaction ends (Postgres
+        ``FOR UPDATE``; on SQLite the transaction's write lock serialises instead). A
+        compaction marking its originals and an erasure deleting them meet here."""
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            found.update(session.scalars(select(RecordRow.id).where(
+                RecordRow.id.in_(list(ids[start:start + 500]))).with_for_update()))
+        return found
+
     def mark_compacted(
         self,
         session: Session,

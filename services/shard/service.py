@@ -67,6 +67,15 @@ class _ErasedMeanwhile(Exception):
     """A record id a write was inserting has been erased since the write found it."""
 
 
+class SourcesErased(Exception):
+    """Originals a compaction summary quotes were erased before it committed: it is not
+    stored (it would keep erased text)."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__(f"{len(ids)} originals erased meanwhile")
+        self.ids = list(ids)
+
+
 @dataclass(frozen=True)
 class WriteResult:
     record: Record
@@ -85,6 +94,9 @@ class _WriteJob:
     """Every record id of the request, in order (a replay returns one result per input)."""
     write_keys: tuple[tuple[str, str], ...] = ()
     """``(record id, write key)`` of the format-2 records: claimed with them."""
+    compacts: tuple[Record, ...] = ()
+    """The originals this job's one record (a compaction summary) replaces: marked in the
+    same transaction, and the job fails if an erasure took one of them meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -182,7 +194,10 @@ class ShardService:
     # -- writes -------------------------------------------------------------
 
     def write(self, principal: Principal, drafts: Sequence[RecordDraft],
-              request_id: str = "") -> list[WriteResult]:
+              request_id: str = "", *, compacts: Sequence[Record] = ()) -> list[WriteResult]:
+        """Store ``drafts`` (gated); with ``compacts``, the one draft is the compaction summary
+        of those originals, marked with it in its commit (:class:`SourcesErased` if an erasure
+        took one first)."""
         if not drafts:
             raise InvalidArgument("no records to write", reason="EMPTY_BATCH")
         check_limit("a batch", len(drafts), self.limits.batch_items, "ENGRAM_LIMITS_BATCH_ITEMS",
@@ -200,7 +215,8 @@ class ShardService:
                 return replay
         for _ in range(_ERASURE_RACE_ATTEMPTS):
             try:
-                return self._write_attempt(principal, normalized, digest, request_id)
+                return self._write_attempt(principal, normalized, digest, request_id,
+                                           tuple(compacts))
             except _ErasedMeanwhile:
                 # An erasure took the record this write's text had landed on (its write key)
                 # while the write was prepared: write it anew, under a new id.
@@ -209,7 +225,8 @@ class ShardService:
                       reason="ERASURE_RACE")
 
     def _write_attempt(self, principal: Principal, normalized: Sequence[RecordDraft],
-                       digest: str, request_id: str) -> list[WriteResult]:
+                       digest: str, request_id: str,
+                       compacts: tuple[Record, ...]) -> list[WriteResult]:
         fleet, agent = principal.fleet_id, principal.agent_id
         domains = self.domains(fleet)
         known = {d.name for d in domains}
@@ -258,7 +275,7 @@ class ShardService:
         fresh = self._gate(principal, fresh, _gate_key(request_id, digest, fresh))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
                         tuple(r.id for r in prepared),
-                        tuple((r.id, keys[r.id]) for r in fresh if r.id in keys))
+                        tuple((r.id, keys[r.id]) for r in fresh if r.id in keys), compacts)
         # By the id each record was prepared with: a record that lost a race to an equal
         # concurrent write answers with the winner's record.
         stored = (dict(zip([r.id for r in job.records], self._committer.submit(job),
@@ -452,6 +469,10 @@ class ShardService:
                         raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
                 self.repo.insert(session, fresh)
+                if job.compacts:
+                    summary = already.get(job.records[0].id, job.records[0])
+                    self._mark_compacted(session, job.fleet_id, summary.id, job.compacts,
+                                         int(now * 1_000_000))
                 inserted.update(r.id for r in fresh)
                 for r in fresh:
                     usage[(job.fleet_id, r.domain)] = usage.get((job.fleet_id, r.domain), 0) + 1
@@ -474,6 +495,28 @@ class ShardService:
         self.search_engine.notify_written([r for job in jobs for r in job.records])
         self.written.add(amount=len(inserted))
         return results
+
+    def mark_compacted(self, fleet_id: str, summary_id: str,
+                       originals: Sequence[Record]) -> None:
+        """Mark ``originals`` replaced by a summary stored before (a summary written again
+        finds the first; its write had nothing to commit)."""
+        with self.db.session() as session:
+            self._mark_compacted(session, fleet_id, summary_id, originals,
+                                 int(self.clock() * 1_000_000))
+
+    def _mark_compacted(self, session: Session, fleet_id: str, summary_id: str,
+                        originals: Sequence[Record], now_us: int) -> None:
+        """Locked first: an erasure deleting an original waits for this commit (and then finds
+        the summary quoting it), or this waits for the erasure's and sees the original gone."""
+        ids = [r.id for r in originals]
+        present = self.repo.lock_records(session, ids)
+        gone = [i for i in ids if i not in present]
+        if gone:
+            raise SourcesErased(gone)
+        covered = self.repo.compacted_among(session, ids)
+        fresh = [r for r in originals if r.id not in covered]
+        if fresh:
+            self.repo.mark_compacted(session, fleet_id, summary_id, fresh, now_us)
 
     # -- imports ------------------------------------------------------------
 

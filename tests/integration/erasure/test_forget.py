@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import json
 import secrets
 import sqlite3
 from contextlib import closing
@@ -27,6 +28,8 @@ from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.db import normalize_url
+from services.shard.compaction import MemoryCompactor
+from services.shard.erasure import RecordEraser
 from services.shard.service import ShardService
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for
@@ -295,3 +298,72 @@ def test_a_write_racing_the_erasure_of_the_record_it_lands_on_never_revives_its_
             assert shard.get(again.id).content == text
             assert [h.record.id for h in shard.search("launch code", mode="lexical")] \
                 == [again.id]
+
+
+def _low_notes(stack: Any, token: str, marker: str) -> Any:
+    with ShardClient(stack.shard.address, token) as shard:
+        secret = shard.add(f"the door code is {marker}", run_id="run-c", importance=0.1).record
+        shard.add("another low note of the same run", run_id="run-c", importance=0.1)
+    return secret
+
+
+def test_a_compaction_racing_the_erasure_of_an_original_stores_no_summary_of_it(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compaction reads its candidates, then writes each group's summary (their text): an
+    erasure of an original committing in between used to end with a summary quoting erased
+    text, stored and searchable, that no erasure listed. The summary's commit now marks its
+    originals under lock and is refused when one is gone; the group waits for a later run."""
+    admin = make_token("op", FLEET, ADMIN)
+    marker = "zq" + secrets.token_hex(6)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        secret = _low_notes(stack, make_token("scout-5", FLEET), marker)
+        candidates = MemoryCompactor.candidates
+
+        def then_erased(self: MemoryCompactor, *args: Any) -> Any:
+            found = candidates(self, *args)
+            with cli_for(stack, admin, monkeypatch) as run:
+                assert run("forget", "--record", secret.id)["erased"] == 1
+            return found
+
+        monkeypatch.setattr(MemoryCompactor, "candidates", then_erased)
+        with ShardClient(stack.shard.address, admin) as shard:
+            report = shard.compact(importance_below=0.35, older_than_days=0)
+        monkeypatch.undo()
+        assert not [g for g in report.groups if secret.id in g.replaced_ids]
+        with ShardClient(stack.shard.address, admin) as shard:
+            assert not [r for r in shard.list(page_size=100) if marker in r.content]
+            assert not shard.search(marker, mode="lexical")
+
+
+def test_an_erasure_refuses_when_a_summary_quoting_its_records_came_after_its_selection(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`forget` selects (the record and the summaries quoting it), governance records that,
+    then the shard erases: a compaction in between wrote a summary quoting the record that the
+    erasure does not list. Erasing the record alone left its text in that summary; the shard
+    now refuses (FAILED_PRECONDITION ERASURE_INCOMPLETE, nothing erased) and a second forget
+    selects the summary too."""
+    admin = make_token("op", FLEET, ADMIN)
+    marker = "zq" + secrets.token_hex(6)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        secret = _low_notes(stack, make_token("scout-6", FLEET), marker)
+        select = RecordEraser.select
+
+        def then_compacted(self: RecordEraser, *args: Any) -> Any:
+            chosen = select(self, *args)
+            with ShardClient(stack.shard.address, admin) as shard:
+                assert shard.compact(importance_below=0.35, older_than_days=0).groups
+            return chosen
+
+        monkeypatch.setattr(RecordEraser, "select", then_compacted)
+        with cli_for(stack, admin, monkeypatch) as run:
+            refused = run("forget", "--record", secret.id, code=2)
+        assert "ERASURE_INCOMPLETE" in json.dumps(refused), refused
+        monkeypatch.undo()
+        with ShardClient(stack.shard.address, admin) as shard:
+            assert shard.get(secret.id).content  # nothing was erased
+        with cli_for(stack, admin, monkeypatch) as run:
+            assert run("forget", "--record", secret.id)["erased"] == 2  # the summary too
+        with ShardClient(stack.shard.address, admin) as shard:
+            assert not [r for r in shard.list(page_size=100) if marker in r.content]
