@@ -173,7 +173,18 @@ class ShardService:
                       description: str, keywords: Sequence[str]) -> tuple[Domain, bool]:
         name = validate_domain_name(name)
         words = validate_keywords(keywords)
-        existing = {d.name: d for d in self.domains(principal.fleet_id, fresh=True)}
+        try:
+            return self._upsert_domain(principal.fleet_id, name, display_name, description,
+                                       words)
+        except DbIntegrityError:  # a concurrent call created it first: update that one
+            return self._upsert_domain(principal.fleet_id, name, display_name, description,
+                                       words)
+        finally:
+            self._domain_cache.pop(principal.fleet_id, None)
+
+    def _upsert_domain(self, fleet_id: str, name: str, display_name: str, description: str,
+                       words: tuple[str, ...]) -> tuple[Domain, bool]:
+        existing = {d.name: d for d in self.domains(fleet_id, fresh=True)}
         now = self.clock()
         with self.db.session() as session:
             if name in existing:
@@ -181,15 +192,12 @@ class ShardService:
                 domain = replace(old, display_name=display_name or old.display_name,
                                  description=description or old.description,
                                  keywords=words or old.keywords, updated_ts=now)
-                self.repo.update_domain(session, principal.fleet_id, domain)
-                created = False
-            else:
-                domain = Domain(name, display_name or name.title(), description, words,
-                                updated_ts=now)
-                self.repo.add_domains(session, principal.fleet_id, [domain])
-                created = True
-        self._domain_cache.pop(principal.fleet_id, None)
-        return domain, created
+                self.repo.update_domain(session, fleet_id, domain)
+                return domain, False
+            domain = Domain(name, display_name or name.title(), description, words,
+                            updated_ts=now)
+            self.repo.add_domains(session, fleet_id, [domain])
+            return domain, True
 
     # -- writes -------------------------------------------------------------
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import grpc
 import pytest
 
 from engram.client import EngramRpcError, ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
+from services.shard.service import ShardService
 from tests.integration.shard.conftest import ClientFactory
 
 
@@ -151,3 +153,25 @@ def test_roles_are_enforced(client_for: ClientFactory) -> None:
     with pytest.raises(EngramRpcError) as caught:
         agent.compact("fleet-a")
     assert caught.value.code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_a_domain_created_by_a_concurrent_call_is_updated_not_internal(
+        shard: tuple[str, ShardService], client_for: ClientFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """UpsertDomain reads the fleet's domains, then inserts a new one: a concurrent call that
+    created it in between made the insert hit its key, answered INTERNAL."""
+    _, service = shard
+    admin = client_for("admin", "fleet-a", ("admin",))
+    admin.upsert_domain("finance", keywords=["budget"])  # the concurrent call, committed
+    domains = service.domains
+    calls: list[bool] = []
+
+    def before_it_was_created(fleet: str, *, fresh: bool = False) -> list[Any]:
+        calls.append(fresh)
+        found = domains(fleet, fresh=fresh)
+        return [d for d in found if d.name != "finance"] if len(calls) == 1 else found
+
+    monkeypatch.setattr(service, "domains", before_it_was_created)
+    reply = admin.upsert_domain("finance", keywords=["budget", "invoice"])
+    assert not reply.created and list(reply.domain.keywords) == ["budget", "invoice"]
+    assert len(calls) == 2
