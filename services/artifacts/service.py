@@ -448,6 +448,13 @@ class ArtifactsService:
         """Every event from seq 1 to the run's head as read at the start, each checked against
         the hash chain as it passes (events appended meanwhile are the next replay's)."""
         run = self.get_run(fleet_id, check.identifier("run_id", run_id))
+        try:
+            yield from self._replayed(fleet_id, run)
+        except IntegrityError:
+            self.get_run(fleet_id, run.run_id)  # erased meanwhile: NOT_FOUND RUN_ERASED
+            raise
+
+    def _replayed(self, fleet_id: str, run: Run) -> Iterator[Event]:
         verifier = ChainVerifier(run.run_id)
         events = self._in_batches(
             lambda session, after, limit: self.repository.events_after(

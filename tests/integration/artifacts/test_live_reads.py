@@ -7,6 +7,7 @@ DATA_LOSS EVENT_CHAIN_BROKEN ("the log ends at N+k but the run records N events"
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import grpc
 import pytest
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from engram.client import EngramRpcError
 from services.artifacts.domain.entities import Run
-from services.artifacts.tables import ArtifactRow, EventRow, RunTombstoneRow
+from services.artifacts.tables import ArtifactRow, EventRow, RunRow, RunTombstoneRow
 from services.common.errors import NotFound
 from tests.integration.artifacts.conftest import RunningArtifacts
 
@@ -141,3 +142,31 @@ def test_a_run_erased_while_it_is_started_again_stays_erased(
     with pytest.raises(EngramRpcError) as gone:
         env.client.get_run("run-resumed")
     assert gone.value.reason == "RUN_ERASED"
+
+
+def test_a_run_erased_during_its_replay_is_not_found_not_data_loss(
+        artifacts_server: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay reads the run, then its events in batches; a ForgetRuns committing in between
+    leaves fewer events than the run had: that is an erased run (NOT_FOUND RUN_ERASED), not a
+    truncated log (it was DATA_LOSS EVENT_CHAIN_BROKEN)."""
+    env = artifacts_server
+    run_id = env.client.start_run().run.run_id
+    for i in range(3):
+        env.client.append_event(run_id, "step", {"i": i})
+    events_after = env.service.repository.events_after
+
+    def erased_first(session: Session, fleet_id: str, run: str, after: int,
+                     limit: int) -> list[Any]:
+        with env.service.db.session() as other:  # the erasure, committed first
+            for table in (EventRow, RunRow):
+                other.execute(delete(table).where(table.run_id == run))
+            other.add(RunTombstoneRow(
+                fleet_id=fleet_id, run_id=run, agent_id="agent-1", created_us=1,
+                event_count=3, head_hash="h", erasure_id="er_" + "1" * 32, erased_us=2,
+                erased_by="op", blobs_left_json="[]"))
+        return events_after(session, fleet_id, run, after, limit)
+
+    monkeypatch.setattr(env.service.repository, "events_after", erased_first)
+    with pytest.raises(EngramRpcError) as caught:
+        list(env.client.replay(run_id))
+    assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.NOT_FOUND, "RUN_ERASED")
