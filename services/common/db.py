@@ -103,6 +103,16 @@ class Database:
             session.close()
 
     @contextmanager
+    def writing(self) -> Iterator[Session]:
+        """A session that holds SQLite's write lock from its first statement (``BEGIN
+        IMMEDIATE``): what it reads stays current until it commits, and another writer waits
+        (busy_timeout). On Postgres a plain session: lock the rows that matter FOR UPDATE."""
+        with self.session() as session:
+            if self.dialect == "sqlite":
+                session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+            yield session
+
+    @contextmanager
     def snapshot(self) -> Iterator[Session]:
         """A session whose reads all see one moment, whatever commits meanwhile (a check that
         compares one table with another must not see a change land between its reads).

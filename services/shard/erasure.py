@@ -161,7 +161,7 @@ class RecordEraser:
         kinds = {item_id: kind for kind, item_id, _ in order.items}
         leaves = {item_id: leaf for _, item_id, leaf in order.items}
         repo = self.service.repo
-        with self.service.db.session() as session:
+        with self.service.db.writing() as session:  # the same erasure run twice waits its turn
             done = set(repo.erased_among(session, ids))
             # Held (Postgres) until the commit: a compaction marking one of them waits, and
             # its summary is then found below; one that marked first is found below too.

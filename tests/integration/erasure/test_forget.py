@@ -14,6 +14,7 @@ import hashlib
 import json
 import secrets
 import sqlite3
+import threading
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -367,3 +368,41 @@ def test_an_erasure_refuses_when_a_summary_quoting_its_records_came_after_its_se
             assert run("forget", "--record", secret.id)["erased"] == 2  # the summary too
         with ShardClient(stack.shard.address, admin) as shard:
             assert not [r for r in shard.list(page_size=100) if marker in r.content]
+
+
+def test_the_same_erasure_carried_out_twice_at_once_erases_once(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    """An operator's rerun, or the SDK's retry after a lost reply, can carry out an erasure
+    while the first call still runs: both read "not done", and the second's tombstones hit
+    the first's keys (INTERNAL). The eraser now holds the write lock from its first read."""
+    admin = make_token("op", FLEET, ADMIN)
+    author = make_token("scout-7", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, author) as shard:
+            notes = [shard.add(f"note {i} to forget twice", run_id="run-t").record
+                     for i in range(8)]
+        with GovernanceClient(stack.governance.address, admin) as gov:
+            erasures = [gov.record_erasure("record", n.id, [gpb.ErasedItem(
+                kind="record", id=n.id, leaf_hash=n.record_hash)]).erasure.erasure_id
+                for n in notes]
+        outcomes: list[tuple[int, int] | str] = []
+
+        def carry_out(erasure_id: str, start: threading.Barrier) -> None:
+            with ShardClient(stack.shard.address, admin) as shard:
+                start.wait()
+                try:
+                    reply = shard.forget(erasure_id=erasure_id)
+                    outcomes.append((len(reply.records), reply.already_erased))
+                except EngramRpcError as error:
+                    outcomes.append(f"{error.code.name} {error.reason}")
+
+        for erasure_id in erasures:
+            start = threading.Barrier(2)
+            both = [threading.Thread(target=carry_out, args=(erasure_id, start))
+                    for _ in range(2)]
+            for thread in both:
+                thread.start()
+            for thread in both:
+                thread.join(timeout=60)
+        assert sorted(map(str, outcomes)) == sorted(map(str, [(0, 1), (1, 0)] * len(erasures))), \
+            outcomes
