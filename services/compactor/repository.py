@@ -362,6 +362,7 @@ class CompactorRepository:
     def mark_retiring(self, fleet_id: str, run_id: str, keep: int) -> list[SnapshotInfo]:
         """Snapshots beyond the newest ``keep`` and not pinned become RETIRING; all are returned."""
         with self.db.session() as session:
+            lock_run(session, fleet_id, run_id)  # a pin being added commits first, or waits
             pinned = select(PinRow.snapshot_iteration).where(_run_key(PinRow, fleet_id, run_id))
             kept = select(SnapshotRow.iteration).where(
                 _run_key(SnapshotRow, fleet_id, run_id),
