@@ -304,6 +304,7 @@ class IterationLog:
                            reason="ITERATION_NOT_FOUND")
         lines = self.summaries(fleet_id, run_id, iteration, iteration)
         if len(lines) != 1:
+            self._head(fleet_id, run_id)  # erased meanwhile (ForgetIterations): NOT_FOUND
             raise IntegrityError(f"iteration {iteration} of run {run_id} is missing from the "
                                  "warm log", reason="WARM_LINE_MISSING")
         return lines[0]

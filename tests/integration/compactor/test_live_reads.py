@@ -13,15 +13,19 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
+import grpc
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
+from engram.client import EngramRpcError
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from services.common.blobstore.file import FileBlobStore
 from services.compactor.domain.model import SnapshotInfo
 from services.compactor.repository import CompactorRepository
-from services.compactor.tables import HotRow
+from services.compactor.tables import HotRow, RunRow, WarmLineRow
 from tests.integration.compactor.conftest import CompactorFactory
 from tests.integration.compactor.test_compactor_contract import iteration
 
@@ -143,3 +147,25 @@ def test_a_pin_and_appends_that_trim_the_hot_ring_do_not_strand_the_runs_tier_wo
     report = writer.verify(RUN)
     assert report.ok, list(report.problems)
     assert json.loads(writer.reconstruct(RUN, 27).detail_json)["n"] == 27
+
+
+def test_an_iteration_log_erased_while_it_is_read_is_not_found_not_data_loss(
+        compactor_for: CompactorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetIteration reads the run's head, then the line: a ForgetIterations committing in
+    between left no line, which was reported DATA_LOSS WARM_LINE_MISSING."""
+    writer = compactor_for()
+    for n in range(1, 4):
+        writer.record(RUN, iteration(n))
+    warm_lines = CompactorRepository.warm_lines
+
+    def erased_first(self: CompactorRepository, fleet_id: str, run_id: str,
+                     *args: Any) -> Any:
+        with self.db.session() as session:  # the erasure's rows, committed first
+            for table in (WarmLineRow, HotRow, RunRow):
+                session.execute(delete(table).where(table.run_id == run_id))
+        return warm_lines(self, fleet_id, run_id, *args)
+
+    monkeypatch.setattr(CompactorRepository, "warm_lines", erased_first)
+    with pytest.raises(EngramRpcError) as caught:
+        writer.reconstruct(RUN, 2)
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND, caught.value
