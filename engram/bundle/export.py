@@ -153,8 +153,6 @@ class Exporter:
         runs: set[str] = set()
         agents: set[str] = set()
         gate_ids: set[str] = set()
-        for domain in c.shard.domains():
-            stage.put("domains", domain.name, proto_row(domain, "domains"))
         for record in c.shard.list(run_id=run_id, page_size=PAGE):
             stage.put("records", f"{record.create_time.ToNanoseconds():020d}/{record.id}",
                       proto_row(record))
@@ -163,6 +161,10 @@ class Exporter:
             if run_id is not None and record.gate_decision_id:
                 gate_ids.add(record.gate_decision_id)
             self.progress("records", 1, record.ByteSize())
+        # After the records: a domain created while they were listed, holding one of them, is
+        # in the bundle too (an import refuses a record of an unknown domain).
+        for domain in c.shard.domains():
+            stage.put("domains", domain.name, proto_row(domain, "domains"))
         for rule in c.governance.rules(page_size=PAGE):
             stage.put("rules", rule.rule_id, proto_row(rule))
         # A fleet export carries every gate decision; a run export those of its records.

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engram.bundle import BundleReader
+from engram.client import ShardClient
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, BLOB, cli_for, populate
 from tests.stack import full_stack
@@ -49,3 +51,29 @@ def test_export_carries_every_kind_and_only_its_fleet(
         assert reader.blob(hashlib.sha256(BLOB).hexdigest()).read() == BLOB
         assert [e["seq"] for e in reader.rows("events")] == ["1", "2"]
         assert [i["iteration"] for i in reader.rows("iterations")] == ["1", "2"]
+
+
+def test_a_domain_created_while_records_are_listed_comes_with_its_record(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export read the domains, then the records: a domain created in between, with a
+    record in it listed, gave a bundle whose import refused that record (UNKNOWN_DOMAIN)."""
+    admin = make_token("op", "fleet-a", ADMIN)
+    with full_stack(tmp_path, engram_home, make_token) as stack:
+        populate(stack, make_token)
+        listing = ShardClient.list
+
+        def with_a_new_domain(self: ShardClient, *args: Any, **kwargs: Any) -> Any:
+            with ShardClient(stack.shard.address, admin) as other:
+                other.upsert_domain("finance", keywords=["invoice"])
+                other.add("the invoice for the new domain", run_id="run-9", domain="finance")
+            return listing(self, *args, **kwargs)
+
+        monkeypatch.setattr(ShardClient, "list", with_a_new_domain)
+        with cli_for(stack, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(tmp_path / "a.bundle"))
+    with BundleReader(tmp_path / "a.bundle") as reader:
+        reader.verify()
+        domains = {d["name"] for d in reader.rows("domains")}
+        assert {r.get("domain") for r in reader.rows("records")} <= domains
+        assert "finance" in domains
