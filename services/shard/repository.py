@@ -646,7 +646,10 @@ class ShardRepository:
         rows = session.scalars(
             select(RecordRow.id)
             .join(CompactionRow, CompactionRow.original_id == RecordRow.id)
-            .where(RecordRow.fleet_id == fleet_id, RecordRow.created_us < created_before_us)
+            # Only the fleet's own summaries count: a compaction row naming another fleet's
+            # record never makes it removable here.
+            .where(RecordRow.fleet_id == fleet_id, CompactionRow.fleet_id == fleet_id,
+                   RecordRow.created_us < created_before_us)
             .order_by(RecordRow.seq)
         )
         return list(rows)

@@ -598,9 +598,19 @@ class ShardService:
                 raise InvalidArgument(f"summary record {summary.id} has a replaces list that is "
                                       "not [{id, record_hash}, ...]", reason="IMPORT_NOT_NORMAL",
                                       metadata={"record_id": summary.id}) from None
-            done = self.repo.compacted_among(session, sorted(replaced))
-            originals = [replace(summary, id=rid, record_hash=digest)
-                         for rid, digest in sorted(replaced.items()) if rid not in done]
+            # Only records of this fleet (stored, or earlier in this import) are marked: a
+            # summary naming another fleet's records must not hide them from search there or
+            # hand them to this fleet's retention. One removed at the origin is not here.
+            mine = self.repo.by_ids(session, fleet, sorted(replaced))
+            for rid, stored in mine.items():
+                if stored.record_hash != replaced[rid]:
+                    raise InvalidArgument(
+                        f"summary record {summary.id} replaces record {rid} with record_hash "
+                        f"{replaced[rid][:16]}…, but it is stored with {stored.record_hash[:16]}"
+                        "…; nothing was imported", reason="IMPORT_NOT_NORMAL",
+                        metadata={"record_id": summary.id})
+            done = self.repo.compacted_among(session, sorted(mine))
+            originals = [mine[rid] for rid in sorted(mine) if rid not in done]
             if originals:
                 self.repo.mark_compacted(session, fleet, summary.id, originals,
                                          summary.created_us)

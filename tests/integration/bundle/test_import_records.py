@@ -3,6 +3,7 @@ re-hashed, all or nothing, idempotent, admin of the same fleet only; bad input n
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -119,3 +120,28 @@ def test_concurrent_imports_of_the_same_records_all_succeed(
         replies = list(pool.map(load, range(6)))
     assert sum(created for created, _ in replies) == 50
     assert all(created + present == 50 for created, present in replies)
+
+
+def test_an_imported_summary_cannot_hide_or_retire_another_fleets_records(
+        stacks: tuple[GatedStack, GatedStack], exported: list[pb.Record],
+        make_token: TokenFactory) -> None:
+    """An admin of fleet A imports a compaction summary whose `replaces` names a record of
+    fleet B: the import marked it compacted, so B's searches dropped it and B's next retention
+    deleted it. Only the importing fleet's records are marked now."""
+    target = stacks[1].shard.address
+    with ShardClient(target, make_token("scout-b", "fleet-v")) as victim_agent:
+        victim = victim_agent.add("fleet v keeps its runbook for the pager rotation",
+                                  run_id="run-v").record
+    base = record_from_proto(exported[0])
+    forged = records.seal(replace(
+        base, id=records.new_record_id(), source="compactor", content="a summary",
+        content_hash=records.content_hash("a summary"),
+        metadata={"replaces": json.dumps([{"id": victim.id,
+                                           "record_hash": victim.record_hash}])}))
+    with ShardClient(target, make_token("op", "fleet-a", ADMIN)) as attacker:
+        assert attacker.import_records([record_to_proto(forged)]).created == 1
+    with ShardClient(target, make_token("op", "fleet-v", ADMIN)) as owner:
+        hits = owner.search("pager rotation runbook", mode="lexical")
+        assert [h.record.id for h in hits] == [victim.id]
+        assert owner.apply_retention("fleet-v", older_than_days=1e-7) == []
+        assert owner.get(victim.id).content.startswith("fleet v keeps")
