@@ -130,8 +130,11 @@ class FileBlobStore(BlobStore):
             _fsync_dir(path.parent)
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        # Walk only the directory the prefix names (a run's files, not every fleet's).
+        base = prefix.rpartition("/")[0]
+        start = self._path(base) if base else self.root
         keys = []
-        for dirpath, dirnames, filenames in os.walk(self.root):
+        for dirpath, dirnames, filenames in os.walk(start):
             if Path(dirpath) == self.root:
                 dirnames[:] = [d for d in dirnames if d != _TMP_DIR]
             rel = Path(dirpath).relative_to(self.root)

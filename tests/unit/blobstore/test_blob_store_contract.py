@@ -6,6 +6,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -127,6 +128,28 @@ def test_list_is_sorted_and_filtered_by_prefix(store: BlobStore) -> None:
         store.put(key, [key.encode()])
     assert list(store.list("runs/a/")) == ["runs/a/0", "runs/a/1"]
     assert list(store.list()) == ["other/z", "runs/a/0", "runs/a/1", "runs/b/2"]
+    assert list(store.list("runs/a")) == ["runs/a/0", "runs/a/1"]
+    assert list(store.list("runs/none/")) == []
+    assert list(store.list("nowhere/at/all/")) == []
+
+
+def test_file_store_lists_a_prefix_without_walking_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FindIterationLogs lists each run's files: a walk of every fleet's blobs per run let one
+    # fleet's many runs cost the whole store each (a tenant's denial of service).
+    store = FileBlobStore(tmp_path / "blobs")
+    for key in ("fleet-a/run-1/x", "fleet-b/run-2/y"):
+        store.put(key, [b"z"])
+    walked: list[str] = []
+    walk = os.walk
+
+    def recorded(top: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
+        walked.append(str(top))
+        return walk(top, *args, **kwargs)
+
+    monkeypatch.setattr(os, "walk", recorded)
+    assert list(store.list("fleet-a/run-1/")) == ["fleet-a/run-1/x"]
+    assert walked == [str((tmp_path / "blobs" / "fleet-a" / "run-1").resolve())]
 
 
 def test_file_store_refuses_symlink_escape(tmp_path: Path) -> None:
