@@ -31,6 +31,7 @@ from services.artifacts.tables import (
 from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
+    PurgeThrottle,
     recorded_erasure,
     selection_limit,
 )
@@ -67,6 +68,7 @@ class RunEraser:
     def __init__(self, service: ArtifactsService, source: ErasureSource | None) -> None:
         self.service = service
         self.source = source
+        self._purge_throttle = PurgeThrottle()
 
     def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> tuple[list[ForgottenRun], int]:
         order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
@@ -83,7 +85,8 @@ class RunEraser:
             if forgotten is not None:
                 erased.append(forgotten)
         self._purge_blobs(fleet_id, list(leaves))
-        self.service.db.vacuum(PURGED_TABLES)
+        if self._purge_throttle.due(bool(erased)):
+            self.service.db.vacuum(PURGED_TABLES)
         if erased:
             log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                            "runs": len(erased), "already": already})

@@ -3,6 +3,9 @@ erasable data erases only what governance's chain lists, read with the service's
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -19,6 +22,28 @@ from services.common.tokens import validate_identifier
 MAX_ERASURE_ITEMS = 10_000
 """Items one erasure lists (governance refuses more); selections are pages of at most this."""
 DEFAULT_SELECTION = 1000
+
+
+class PurgeThrottle:
+    """When an erasure call purges (SQLite WAL truncate and FTS optimize, Postgres VACUUM):
+    always after it erased something; otherwise, to finish an earlier call interrupted after
+    its commit, at most once per ``interval_s`` (a rerun of an erasure id that erases nothing
+    must not make every fleet pay a whole-store purge on each call)."""
+
+    def __init__(self, interval_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def due(self, erased: bool) -> bool:
+        now = self._clock()
+        with self._lock:
+            if erased or self._last is None or now - self._last >= self._interval_s:
+                self._last = now
+                return True
+            return False
 
 
 def selection_limit(limit: int) -> int:

@@ -23,6 +23,7 @@ from services.common.db import Database
 from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
+    PurgeThrottle,
     recorded_erasure,
     selection_limit,
 )
@@ -74,6 +75,7 @@ class IterationEraser:
         self.db = database
         self.blobs = blobs
         self.source = source
+        self._purge_throttle = PurgeThrottle()
 
     def erase(self, fleet_id: str, erasure_id: str,
               now_us: int) -> tuple[list[ForgottenIterations], int]:
@@ -95,7 +97,8 @@ class IterationEraser:
                 purged = self._purge_blobs(fleet_id, run_id)
             if head is not None:
                 erased.append(ForgottenIterations(run_id, head[0], head[1], purged))
-        self.db.vacuum(PURGED_TABLES)
+        if self._purge_throttle.due(bool(erased)):
+            self.db.vacuum(PURGED_TABLES)
         if erased:
             log.info("iteration logs erased", extra={"erasure_id": erasure_id,
                                                      "fleet_id": fleet_id, "runs": len(erased)})

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
+    PurgeThrottle,
     recorded_erasure,
     selection_limit,
 )
@@ -73,6 +74,7 @@ class RecordEraser:
     def __init__(self, service: ShardService, source: ErasureSource | None) -> None:
         self.service = service
         self.source = source
+        self._purge_throttle = PurgeThrottle()
 
     # -- selecting ----------------------------------------------------------
 
@@ -140,7 +142,8 @@ class RecordEraser:
         stored = time.monotonic()
         # Again for an erasure carried out before: a run interrupted after its transaction
         # (a crash, a busy WAL) finishes here; when all was done, this finds nothing to do.
-        self._purge()
+        if self._purge_throttle.due(bool(erased)):
+            self._purge()
         purged = time.monotonic()
         index = self.service.search_engine.index
         if index is not None:

@@ -208,7 +208,18 @@ class ShardRepository:
     def insert(self, session: Session, records: Sequence[Record]) -> None:
         if not records:
             return
-        session.execute(_INSERT_RECORDS, [record_values(r) for r in records])
+        values = [record_values(r) for r in records]
+        if self.dialect == "sqlite":
+            # SQLite gives a new row the highest rowid + 1: after the newest records were
+            # erased it would hand out their seqs again, which the search index's cursor has
+            # passed (the record would never be indexed). Seqs continue past the erased ones.
+            # (Postgres's sequence never goes back.) Called with the write lock held.
+            top = session.scalar(select(func.max(RecordRow.seq))) or 0
+            erased = session.scalar(select(func.max(TombstoneRow.seq))) or 0
+            if erased > top:
+                for offset, row in enumerate(values, start=1):
+                    row["seq"] = erased + offset
+        session.execute(_INSERT_RECORDS, values)
         tags = [
             {"record_id": r.id, "tag": tag, "fleet_id": r.fleet_id}
             for r in records

@@ -406,3 +406,23 @@ def test_the_same_erasure_carried_out_twice_at_once_erases_once(
                 thread.join(timeout=60)
         assert sorted(map(str, outcomes)) == sorted(map(str, [(0, 1), (1, 0)] * len(erasures))), \
             outcomes
+
+
+def test_a_record_written_after_the_newest_records_were_erased_is_searchable(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite gives a new row the highest rowid + 1: after the newest record was erased, the
+    next write got its seq again, which the search index's cursor had already passed, so the
+    new record was stored but never searchable (until the index was rebuilt)."""
+    admin = make_token("op", FLEET, ADMIN)
+    author = make_token("scout-8", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        for i in range(3):
+            with ShardClient(stack.shard.address, author) as shard:
+                newest = shard.add(f"the vault note {i} that goes", run_id="run-s").record
+            with cli_for(stack, admin, monkeypatch) as run:
+                assert run("forget", "--record", newest.id)["erased"] == 1
+            with ShardClient(stack.shard.address, author) as shard:
+                kept = shard.add(f"the ledger entry {i} that stays", run_id="run-s").record
+                hits = shard.search(f"ledger entry {i}", mode="lexical")
+                assert kept.id in [h.record.id for h in hits], i
