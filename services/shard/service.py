@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -60,6 +61,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
 _ERASURE_RACE_ATTEMPTS = 3
+_RECORD_ID = re.compile(f"[0-9a-f]{{{records.ID_HEX_LEN}}}")
+_LATEST_CREATED_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 """Times a write is prepared again when an erasure takes the record it was landing on."""
 
 
@@ -571,7 +574,11 @@ class ShardService:
                 other = stored.get(record.id) or fresh.get(record.id)
                 if other is None:
                     fresh[record.id] = record
-                elif other.record_hash != record.record_hash or other.fleet_id != fleet:
+                elif other.fleet_id != fleet:  # nothing of the other fleet's record is said
+                    raise _indexed(index, total, AlreadyExists(
+                        f"record id {record.id} is taken on this instance; nothing was imported",
+                        reason="RECORD_CONFLICT", metadata={"record_id": record.id}))
+                elif other.record_hash != record.record_hash:
                     raise _indexed(index, total, AlreadyExists(
                         f"record {record.id} is already stored with other fields (record_hash "
                         f"{other.record_hash[:16]}…, the import has {record.record_hash[:16]}…)",
@@ -616,6 +623,14 @@ class ShardService:
                                          summary.created_us)
 
     def _check_import(self, record: Record, fleet: str, known: set[str]) -> None:
+        if not _RECORD_ID.fullmatch(record.id):
+            raise InvalidArgument(f"record id {record.id[:40]!r} is not a record id "
+                                  f"({records.ID_HEX_LEN} lowercase hexadecimal characters)",
+                                  reason="INVALID_RECORD_ID")
+        if not 0 < record.created_us <= _LATEST_CREATED_US:
+            raise InvalidArgument(f"record {record.id} has create time {record.created_us} µs, "
+                                  "outside 1970..9999", reason="INVALID_CREATE_TIME",
+                                  metadata={"record_id": record.id})
         if record.fleet_id != fleet:
             raise PermissionDenied(
                 f"record {record.id} belongs to fleet {record.fleet_id!r}; this token imports "

@@ -139,10 +139,18 @@ def record_from_proto(message: pb.Record) -> Record:
         record_hash=message.record_hash, domain=message.domain, source=message.source,
         importance=message.importance, tags=tuple(message.tags),
         metadata=dict(message.metadata), cross_refs=tuple(message.cross_refs),
-        created_us=message.create_time.ToMicroseconds(),
+        created_us=_micros(message),
         gate_decision_id=message.gate_decision_id,
         format=message.format or 1, salt=message.salt, body_commitment=message.body_commitment,
     )
+
+
+def _micros(message: pb.Record) -> int:
+    try:
+        return int(message.create_time.ToMicroseconds())
+    except ValueError:  # seconds or nanos beyond what a Timestamp holds
+        raise InvalidArgument(f"record {message.id[:40]!r} has a create_time outside "
+                              "0001..9999", reason="INVALID_CREATE_TIME") from None
 
 
 def _result(result: WriteResult) -> pb.CreateRecordResponse:

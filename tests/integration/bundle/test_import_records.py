@@ -83,6 +83,20 @@ def test_bad_records_are_refused_naming_them_and_nothing_is_stored(
         assert (error.code, error.reason) == (grpc.StatusCode.PERMISSION_DENIED, "FLEET_MISMATCH")
         assert refused(agent.import_records, [good]).code == grpc.StatusCode.PERMISSION_DENIED
         assert refused(admin.import_records, []).reason == "EMPTY_BATCH"
+        # Ids and times the store cannot hold were INTERNAL (Postgres: a value too long for
+        # its column; both: a time past BIGINT), even re-sealed so that they re-hash.
+        base = record_from_proto(good)
+        far = pb.Record()
+        far.CopyFrom(good)
+        far.create_time.seconds = 2 ** 62  # beyond what a Timestamp (and BIGINT µs) holds
+        early = record_to_proto(records.seal(replace(base, created_us=0)))
+        for bad, reason in (
+                (record_to_proto(records.seal(replace(base, id="a" * 40))), "INVALID_RECORD_ID"),
+                (record_to_proto(records.seal(replace(base, id="../" + base.id[3:]))),
+                 "INVALID_RECORD_ID"),
+                (far, "INVALID_CREATE_TIME"), (early, "INVALID_CREATE_TIME")):
+            error = refused(admin.import_records, [bad])
+            assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
         assert admin.status().total_records == before
         assert other.status().total_records == 0
 
