@@ -15,7 +15,7 @@ from engram.client._channel import open_channel
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.access import RECONNECT_MS
-from services.common.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.common.outbound import dependency_error
 from services.common.tokens import validate_identifier
 
@@ -69,9 +69,9 @@ class ErasureOrder:
         return [item_id for kind, item_id, _ in self.items if kind in kinds]
 
     def require_fleet(self, fleet_id: str) -> None:
-        if self.fleet_id != fleet_id:
-            raise PermissionDenied(f"erasure {self.erasure_id} is of fleet {self.fleet_id!r}, "
-                                   f"not {fleet_id!r}", reason="FLEET_MISMATCH")
+        if self.fleet_id != fleet_id:  # as governance answers it: absent, nothing of its fleet
+            raise NotFound(f"no erasure {self.erasure_id} in fleet {fleet_id}",
+                           reason="ERASURE_NOT_FOUND")
 
 
 class ErasureSource(Protocol):

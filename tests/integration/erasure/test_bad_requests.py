@@ -49,7 +49,8 @@ def test_erasure_rpcs_refuse_bad_input_and_the_wrong_callers(
         with ArtifactsClient(stack.artifacts.address, admin) as art:
             assert _refused(art.forget_runs, "")[0] == INVALID
             assert _refused(art.forget_runs, "era_none")[0] == NOT_FOUND
-            assert _refused(art.forget_runs, foreign) == (DENIED, "FLEET_MISMATCH")
+            # another fleet's: absent, as governance says it (nothing of that fleet named)
+            assert _refused(art.forget_runs, foreign) == (NOT_FOUND, "ERASURE_NOT_FOUND")
             for match, limit, reason in (("", 0, "INVALID_SELECTOR"),
                                          ("x" * 1001, 0, "INVALID_SELECTOR"),
                                          ("kept", 10_001, "INVALID_LIMIT"),
@@ -58,7 +59,7 @@ def test_erasure_rpcs_refuse_bad_input_and_the_wrong_callers(
             assert [r.run_id for r in art.find_runs("KEPT").runs] == ["run-x"]
         with CompactorClient(stack.compactor.address, admin) as comp:
             assert _refused(comp.forget_iterations, "")[0] == INVALID
-            assert _refused(comp.forget_iterations, foreign) == (DENIED, "FLEET_MISMATCH")
+            assert _refused(comp.forget_iterations, foreign) == (NOT_FOUND, "ERASURE_NOT_FOUND")
             assert _refused(comp.find_iteration_logs, "", 0) == (INVALID, "INVALID_SELECTOR")
             assert _refused(comp.find_iteration_logs, "p", 10_001) == (INVALID, "INVALID_LIMIT")
 

@@ -214,8 +214,8 @@ def test_bad_forget_requests_are_refused(
             ({"run_id": "r", "limit": 10_001}, grpc.StatusCode.INVALID_ARGUMENT,
              "INVALID_LIMIT"),
             ({"erasure_id": "era_nope"}, grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND"),
-            ({"erasure_id": foreign.erasure_id}, grpc.StatusCode.PERMISSION_DENIED,
-             "FLEET_MISMATCH"),  # another fleet's: the shard reads it, then refuses
+            ({"erasure_id": foreign.erasure_id}, grpc.StatusCode.NOT_FOUND,
+             "ERASURE_NOT_FOUND"),  # another fleet's: absent, its fleet not named
             ({"erasure_id": "era_x", "record_id": kept.id}, grpc.StatusCode.INVALID_ARGUMENT,
              "INVALID_SELECTOR"),
             ({"fleet_id": "fleet-o", "record_id": kept.id}, grpc.StatusCode.PERMISSION_DENIED,
