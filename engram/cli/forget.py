@@ -198,7 +198,10 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
                    f"erasure takes ({ROUND}); erase some with --run first")
     listed: list[gpb.ErasedItem] = []
     while True:
-        selection = services.shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND)
+        # The run items ride in the same erasure: the records (and the summaries quoting them,
+        # which the shard counts in its limit) take what is left of it.
+        selection = services.shard.forget(**{selector: value}, fleet_id=fleet,
+                                          limit=ROUND - len(extra))
         listed = [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
                   for r in selection.records] + extra
         if dry_run or not listed:

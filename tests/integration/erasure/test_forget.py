@@ -426,3 +426,25 @@ def test_a_record_written_after_the_newest_records_were_erased_is_searchable(
                 kept = shard.add(f"the ledger entry {i} that stays", run_id="run-s").record
                 hits = shard.search(f"ledger entry {i}", mode="lexical")
                 assert kept.id in [h.record.id for h in hits], i
+
+
+def test_a_selection_counts_the_summaries_it_adds_against_its_limit(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summaries quoting the selected records came on top of `limit`: a subject with as
+    many records as one erasure takes, plus a summary, could never be erased (governance
+    refuses an erasure of more items, ERASURE_TOO_LARGE)."""
+    admin = make_token("op", FLEET, ADMIN)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, make_token("scout-9", FLEET)) as shard:
+            for i in range(3):
+                shard.add(f"project note {i} for the rollout plan", run_id="run-l",
+                          importance=0.1, domain="projects")
+        with ShardClient(stack.shard.address, admin) as shard:
+            groups = shard.compact(importance_below=0.35, older_than_days=0).groups
+            assert len(groups) == 1 and len(groups[0].replaced_ids) == 3
+            selection = shard.forget(run_id="run-l", limit=2)
+            assert len(selection.records) <= 2 and selection.more
+            assert [r.kind for r in selection.records].count("summary") == 1
+        with cli_for(stack, admin, monkeypatch) as run:
+            assert run("forget", "--run", "run-l")["erased"] == 4
