@@ -1,12 +1,13 @@
 """Finding a text an erasure names (engram forget --match) in stored text, JSON and bytes.
 
-Case-insensitive (Unicode case folding for text; for bytes, ASCII letters only). JSON is
+Case-insensitive (Unicode case folding, bytes read as UTF-8). JSON is
 searched both as stored and decoded, so a text stored with ``\\u`` escapes is found too.
 Nothing here keeps the text: callers hold it for one request.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterable
 
@@ -39,13 +40,15 @@ def json_holds(stored: str, needle: str) -> bool:
 
 
 def bytes_hold(chunks: Iterable[bytes], needle: str) -> bool:
-    """Streamed bytes hold the UTF-8 text (ASCII letters case-insensitively), across chunk
-    boundaries, reading one chunk at a time."""
-    wanted = needle.encode("utf-8").lower()
-    tail = b""
+    """Streamed bytes hold the text, read as UTF-8 and case-folded like the rest (``MÜLLER``
+    and ``Straße`` are found by ``müller`` and ``strasse``), across chunk boundaries, one
+    chunk at a time. Bytes that are not UTF-8 read as U+FFFD and match nothing."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    keep = max(len(needle) - 1, 0)
+    tail = ""
     for chunk in chunks:
-        window = tail + chunk.lower()
-        if wanted in window:
+        window = tail + decoder.decode(chunk).casefold()
+        if needle in window:
             return True
-        tail = window[-(len(wanted) - 1):] if len(wanted) > 1 else b""
-    return False
+        tail = window[-keep:] if keep else ""
+    return needle in tail + decoder.decode(b"", final=True).casefold()

@@ -28,3 +28,16 @@ def test_bytes_are_found_across_chunk_boundaries(size: int) -> None:
 def test_an_empty_or_huge_match_is_refused(bad: str) -> None:
     with pytest.raises(InvalidArgument):
         needle_of(bad)
+
+
+def test_bytes_are_case_folded_as_text_beyond_ascii() -> None:
+    # Bytes were lowercased for ASCII letters only: `forget --match "MÜLLER"` missed the
+    # name in artifact blobs and cold snapshots, which then kept it after the erasure.
+    blob = "Kunde: MÜLLER, Straße 5".encode()
+    assert bytes_hold([blob], needle_of("Müller"))
+    assert bytes_hold([blob], needle_of("STRASSE 5"))
+    cut = blob.index("Ü".encode()) + 1  # a two-byte letter split across chunks
+    assert bytes_hold([blob[:cut], blob[cut:]], needle_of("müller"))
+    assert bytes_hold([bytes([b]) for b in blob], needle_of("straße 5"))
+    assert not bytes_hold([blob], needle_of("Mueller"))
+    assert not bytes_hold([b"\xff\xfe M\xc3"], needle_of("m\u00fc"))
