@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, insert, select, update
@@ -32,8 +33,10 @@ from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
     PurgeThrottle,
+    TextScans,
     recorded_erasure,
     selection_limit,
+    still_wanted,
 )
 from services.common.errors import FailedPrecondition
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
@@ -69,6 +72,7 @@ class RunEraser:
         self.service = service
         self.source = source
         self._purge_throttle = PurgeThrottle()
+        self._scans = TextScans()
 
     def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> tuple[list[ForgottenRun], int]:
         order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
@@ -92,15 +96,23 @@ class RunEraser:
                                            "runs": len(erased), "already": already})
         return erased, already
 
-    def find(self, fleet_id: str, match: str, limit: int) -> tuple[list[FoundRun], bool]:
-        """The fleet's runs holding ``match`` anywhere (oldest first), reading every blob."""
+    def find(self, fleet_id: str, match: str, limit: int,
+             active: Callable[[], bool] = lambda: True) -> tuple[list[FoundRun], bool]:
+        """The fleet's runs holding ``match`` anywhere (oldest first), reading every blob;
+        stops when ``active`` says the caller has gone."""
         needle = needle_of(match)
         limit = selection_limit(limit)
+        with self._scans.slot("FindRuns"):
+            return self._find(fleet_id, needle, limit, active)
+
+    def _find(self, fleet_id: str, needle: str, limit: int,
+              active: Callable[[], bool]) -> tuple[list[FoundRun], bool]:
         with self.service.db.session() as session:
             runs = session.execute(select(RunRow.run_id, RunRow.head_hash).where(
                 RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundRun] = []
         for run_id, head_hash in runs:
+            still_wanted(active)
             places = self._places(fleet_id, run_id, needle)
             if places:
                 if len(found) == limit:

@@ -202,7 +202,7 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def FindRuns(self, request: pb.FindRunsRequest,
                  context: grpc.ServicerContext) -> pb.FindRunsResponse:
         found, more = self.eraser.find(current_principal().fleet_id, request.match,
-                                       request.limit)
+                                       request.limit, context.is_active)
         return pb.FindRunsResponse(runs=[pb.FoundRun(run_id=r.run_id, head_hash=r.head_hash,
                                                      places=r.places) for r in found],
                                    more=more)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -15,7 +16,13 @@ from engram.client._channel import open_channel
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.access import RECONNECT_MS
-from services.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from services.common.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from services.common.outbound import dependency_error
 from services.common.tokens import validate_identifier
 
@@ -44,6 +51,33 @@ class PurgeThrottle:
                 self._last = now
                 return True
             return False
+
+
+class TextScans:
+    """Whole-fleet text scans (``forget --match``: FindRuns, FindIterationLogs, ForgetRecords
+    by match) read every record or blob of a fleet. At most ``slots`` run at once in a process
+    (another is RESOURCE_EXHAUSTED at once, SCAN_BUSY: a fleet's governor cannot hold every
+    worker), and each stops when its caller has gone (deadline passed or cancelled)."""
+
+    def __init__(self, slots: int = 2) -> None:
+        self._slots = threading.BoundedSemaphore(slots)
+
+    @contextmanager
+    def slot(self, what: str) -> Iterator[None]:
+        if not self._slots.acquire(blocking=False):
+            raise ResourceExhausted(f"{what}: other text scans are running on this replica; "
+                                    "retry in a moment", reason="SCAN_BUSY")
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
+def still_wanted(active: Callable[[], bool]) -> None:
+    """Between the items of a scan: stop when the caller has gone."""
+    if not active():
+        raise Aborted("the caller went away (deadline or cancel): the scan stopped",
+                      reason="SCAN_ABANDONED")
 
 
 def selection_limit(limit: int) -> int:

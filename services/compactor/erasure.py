@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert, select, update
@@ -24,8 +25,10 @@ from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
     PurgeThrottle,
+    TextScans,
     recorded_erasure,
     selection_limit,
+    still_wanted,
 )
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.text_match import bytes_hold, json_holds, needle_of
@@ -76,6 +79,7 @@ class IterationEraser:
         self.blobs = blobs
         self.source = source
         self._purge_throttle = PurgeThrottle()
+        self._scans = TextScans()
 
     def erase(self, fleet_id: str, erasure_id: str,
               now_us: int) -> tuple[list[ForgottenIterations], int]:
@@ -104,17 +108,25 @@ class IterationEraser:
                                                      "fleet_id": fleet_id, "runs": len(erased)})
         return erased, already
 
-    def find(self, fleet_id: str, match: str, limit: int) -> tuple[list[FoundLog], bool]:
+    def find(self, fleet_id: str, match: str, limit: int,
+             active: Callable[[], bool] = lambda: True) -> tuple[list[FoundLog], bool]:
         """The fleet's iteration logs holding ``match``: hot details, warm lines, and every
-        blob of the run (sealed segments, index files, cold snapshots, gzip read through)."""
+        blob of the run (sealed segments, index files, cold snapshots, gzip read through);
+        stops when ``active`` says the caller has gone."""
         needle = needle_of(match)
         limit = selection_limit(limit)
+        with self._scans.slot("FindIterationLogs"):
+            return self._find(fleet_id, needle, limit, active)
+
+    def _find(self, fleet_id: str, needle: str, limit: int,
+              active: Callable[[], bool]) -> tuple[list[FoundLog], bool]:
         with self.db.session() as session:
             runs = session.execute(select(RunRow.run_id, RunRow.head_hash, RunRow.last_iter)
                                    .where(RunRow.fleet_id == fleet_id)
                                    .order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundLog] = []
         for run_id, head_hash, last_iter in runs:
+            still_wanted(active)
             if self._holds(fleet_id, run_id, needle):
                 if len(found) == limit:
                     return found, True

@@ -147,7 +147,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
             raise FailedPrecondition("this compactor cannot search for erasure",
                                      reason="GOVERNANCE_REQUIRED")
         found, more = self._eraser.find(current_principal().fleet_id, request.match,
-                                        request.limit)
+                                        request.limit, context.is_active)
         return pb.FindIterationLogsResponse(runs=[pb.FoundIterationLog(
             run_id=r.run_id, head_hash=r.head_hash, last_iteration=r.last_iteration)
             for r in found], more=more)

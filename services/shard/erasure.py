@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert, or_, select, text
@@ -26,8 +26,10 @@ from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
     PurgeThrottle,
+    TextScans,
     recorded_erasure,
     selection_limit,
+    still_wanted,
 )
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.text_match import holds, needle_of
@@ -75,10 +77,22 @@ class RecordEraser:
         self.service = service
         self.source = source
         self._purge_throttle = PurgeThrottle()
+        self._scans = TextScans()
 
     # -- selecting ----------------------------------------------------------
 
-    def select(self, fleet_id: str, kind: str, value: str, limit: int) -> Selection:
+    def select(self, fleet_id: str, kind: str, value: str, limit: int,
+               active: Callable[[], bool] = lambda: True) -> Selection:
+        """What one selector names (and the summaries quoting it). A match reads the whole
+        fleet: one scan slot of a few, and it stops when ``active`` says the caller has gone."""
+        if kind != "match":
+            return self._select(fleet_id, kind, value, limit, active)
+        needle_of(value)
+        with self._scans.slot("ForgetRecords by match"):
+            return self._select(fleet_id, kind, value, limit, active)
+
+    def _select(self, fleet_id: str, kind: str, value: str, limit: int,
+                active: Callable[[], bool]) -> Selection:
         if kind not in SELECTORS:
             raise InvalidArgument("name what to forget: agent_id, record_id, run_id or match",
                                   reason="SELECTOR_REQUIRED")
@@ -91,7 +105,7 @@ class RecordEraser:
         picked: list[Forgotten] = []
         more = False
         with self.service.db.session() as session:
-            for record in self._matching(session, fleet_id, kind, value):
+            for record in self._matching(session, fleet_id, kind, value, active):
                 if len(picked) >= limit:
                     more = True
                     break
@@ -110,8 +124,8 @@ class RecordEraser:
                    for s in sorted(found.values(), key=lambda r: r.id)]
         return Selection(picked, more)
 
-    def _matching(self, session: Session, fleet_id: str, kind: str,
-                  value: str) -> Iterator[Record]:
+    def _matching(self, session: Session, fleet_id: str, kind: str, value: str,
+                  active: Callable[[], bool]) -> Iterator[Record]:
         repo = self.service.repo
         if kind == "record":
             found = repo.get(session, fleet_id, value)
@@ -125,7 +139,9 @@ class RecordEraser:
             yield from repo.scan(session, RecordFilter(fleet_id, run_id=value))
             return
         needle = needle_of(value)
-        for record in repo.scan(session, RecordFilter(fleet_id)):
+        for scanned, record in enumerate(repo.scan(session, RecordFilter(fleet_id))):
+            if scanned % 500 == 0:
+                still_wanted(active)
             fields = [record.content, *record.tags, *record.metadata.keys(),
                       *record.metadata.values()]
             if any(holds(f, needle) for f in fields):

@@ -459,7 +459,8 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
                                             already_erased=erased.already)
         which = request.WhichOneof("selector")
         selection = self.eraser.select(fleet, _SELECTORS.get(which or "", ""),
-                                       getattr(request, which) if which else "", request.limit)
+                                       getattr(request, which) if which else "", request.limit,
+                                       context.is_active)
         return pb.ForgetRecordsResponse(records=_forgotten(selection.items),
                                         more=selection.more)
 
