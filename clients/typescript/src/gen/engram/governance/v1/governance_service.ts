@@ -504,7 +504,7 @@ export interface Erasure {
 }
 
 export interface RecordErasureRequest {
-  /** Admin only: another fleet than the token's. */
+  /** Empty or the token's own fleet (another is PERMISSION_DENIED FLEET_MISMATCH, admins too). */
   fleetId: string;
   selectorKind: string;
   selectorValue: string;

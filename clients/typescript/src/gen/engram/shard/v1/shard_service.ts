@@ -419,7 +419,7 @@ export interface ForgetRecordsRequest {
     /** Case-insensitive substring of the content, a tag or a metadata key or value. */
     { $case: "match"; value: string }
     | undefined;
-  /** Admin only: another fleet than the token's. */
+  /** Empty or the token's own fleet (another is PERMISSION_DENIED FLEET_MISMATCH, admins too). */
   fleetId: string;
   /** Governance's erasure to carry out; empty: list what the selector matches. */
   erasureId: string;
