@@ -188,10 +188,12 @@ class RecordEraser:
         leaves = {item_id: leaf for _, item_id, leaf in order.items}
         repo = self.service.repo
         with self.service.db.writing() as session:  # the same erasure run twice waits its turn
-            done = set(repo.erased_among(session, ids))
             # Held (Postgres) until the commit: a compaction marking one of them waits, and
-            # its summary is then found below; one that marked first is found below too.
-            repo.lock_records(session, [i for i in ids if i not in done])
+            # its summary is then found below; one that marked first is found below too. The
+            # same erasure carried out at once by another call: this waits for it, then reads
+            # its tombstones.
+            repo.lock_records(session, ids)
+            done = set(repo.erased_among(session, ids))
             stored = repo.by_ids(session, order.fleet_id, [i for i in ids if i not in done])
             for record_id, record in stored.items():
                 if record.record_hash != leaves[record_id]:

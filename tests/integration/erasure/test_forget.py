@@ -39,6 +39,15 @@ from tests.stack import full_stack
 FLEET = "fleet-e"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def urls(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The four stores: SQLite files (empty: the stack's defaults) or new Postgres databases."""
+    if request.param == "sqlite":
+        return {}
+    make = request.getfixturevalue("fresh_postgres_urls")
+    return {name: make() for name in ("shard", "governance", "artifacts", "compactor")}
+
+
 def _files_holding(roots: list[Path], needles: list[bytes]) -> list[str]:
     """Every file's bytes, and a gzip file's (a cold snapshot) also decompressed."""
     hits = []
@@ -264,7 +273,7 @@ def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
 
 
 def test_a_write_racing_the_erasure_of_the_record_it_lands_on_never_revives_its_id(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same text written again by its author finds its record through the write key; an
     erasure committing between that lookup and the commit used to let the write store the text
@@ -273,7 +282,8 @@ def test_a_write_racing_the_erasure_of_the_record_it_lands_on_never_revives_its_
     admin = make_token("op", FLEET, ADMIN)
     author = make_token("scout-4", FLEET)
     text = "the launch code is 0000, written twice"
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         with ShardClient(stack.shard.address, author) as shard:
             first = shard.add(text, run_id="run-x").record
         assign = ShardService._assign_ids
@@ -309,7 +319,7 @@ def _low_notes(stack: Any, token: str, marker: str) -> Any:
 
 
 def test_a_compaction_racing_the_erasure_of_an_original_stores_no_summary_of_it(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A compaction reads its candidates, then writes each group's summary (their text): an
     erasure of an original committing in between used to end with a summary quoting erased
@@ -317,7 +327,8 @@ def test_a_compaction_racing_the_erasure_of_an_original_stores_no_summary_of_it(
     originals under lock and is refused when one is gone; the group waits for a later run."""
     admin = make_token("op", FLEET, ADMIN)
     marker = "zq" + secrets.token_hex(6)
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         secret = _low_notes(stack, make_token("scout-5", FLEET), marker)
         candidates = MemoryCompactor.candidates
 
@@ -338,7 +349,7 @@ def test_a_compaction_racing_the_erasure_of_an_original_stores_no_summary_of_it(
 
 
 def test_an_erasure_refuses_when_a_summary_quoting_its_records_came_after_its_selection(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`forget` selects (the record and the summaries quoting it), governance records that,
     then the shard erases: a compaction in between wrote a summary quoting the record that the
@@ -347,7 +358,8 @@ def test_an_erasure_refuses_when_a_summary_quoting_its_records_came_after_its_se
     selects the summary too."""
     admin = make_token("op", FLEET, ADMIN)
     marker = "zq" + secrets.token_hex(6)
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         secret = _low_notes(stack, make_token("scout-6", FLEET), marker)
         select = RecordEraser.select
 
@@ -371,13 +383,14 @@ def test_an_erasure_refuses_when_a_summary_quoting_its_records_came_after_its_se
 
 
 def test_the_same_erasure_carried_out_twice_at_once_erases_once(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
     """An operator's rerun, or the SDK's retry after a lost reply, can carry out an erasure
     while the first call still runs: both read "not done", and the second's tombstones hit
     the first's keys (INTERNAL). The eraser now holds the write lock from its first read."""
     admin = make_token("op", FLEET, ADMIN)
     author = make_token("scout-7", FLEET)
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         with ShardClient(stack.shard.address, author) as shard:
             notes = [shard.add(f"note {i} to forget twice", run_id="run-t").record
                      for i in range(8)]
@@ -409,14 +422,15 @@ def test_the_same_erasure_carried_out_twice_at_once_erases_once(
 
 
 def test_a_record_written_after_the_newest_records_were_erased_is_searchable(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite gives a new row the highest rowid + 1: after the newest record was erased, the
     next write got its seq again, which the search index's cursor had already passed, so the
     new record was stored but never searchable (until the index was rebuilt)."""
     admin = make_token("op", FLEET, ADMIN)
     author = make_token("scout-8", FLEET)
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         for i in range(3):
             with ShardClient(stack.shard.address, author) as shard:
                 newest = shard.add(f"the vault note {i} that goes", run_id="run-s").record
@@ -429,13 +443,14 @@ def test_a_record_written_after_the_newest_records_were_erased_is_searchable(
 
 
 def test_a_selection_counts_the_summaries_it_adds_against_its_limit(
-        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The summaries quoting the selected records came on top of `limit`: a subject with as
     many records as one erasure takes, plus a summary, could never be erased (governance
     refuses an erasure of more items, ERASURE_TOO_LARGE)."""
     admin = make_token("op", FLEET, ADMIN)
-    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
         with ShardClient(stack.shard.address, make_token("scout-9", FLEET)) as shard:
             for i in range(3):
                 shard.add(f"project note {i} for the rollout plan", run_id="run-l",
