@@ -305,6 +305,12 @@ class ErasureRepository:
                                state_json=json.dumps(erasure.state(), sort_keys=True),
                                created_ms=erasure.created_ms, chain_seq=chain_seq))
 
+    def bytes_since(self, session: Session, fleet_id: str, since_ms: int) -> int:
+        """The size of the fleet's erasures recorded since ``since_ms`` (their stored state)."""
+        return int(session.scalar(select(func.coalesce(func.sum(func.length(
+            ErasureRow.state_json)), 0)).where(ErasureRow.fleet_id == fleet_id,
+                                                ErasureRow.created_ms >= since_ms)) or 0)
+
     def stored(self, session: Session) -> Iterator[tuple[str, dict[str, Any], int]]:
         """Every erasure as ``(erasure_id, state, chain_seq)``; a row whose JSON no longer
         parses is reported by its id with an empty state (the replay then disagrees)."""

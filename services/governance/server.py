@@ -35,7 +35,8 @@ def build_governance_server(settings: GovernanceSettings) -> EngramServer:
     database = Database(settings.database_url())
     if settings.migrate:
         database.upgrade(MIGRATIONS)
-    service = GovernanceService(database, _now_ms)
+    service = GovernanceService(database, _now_ms,
+                                erasure_bytes_per_day=settings.erasure_bytes_per_day)
     checkpoint, problems = service.verify_at_start()
     if problems:
         log.error(

@@ -18,6 +18,7 @@ to the end first and then dropped (``needs_neighbours``), recording nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import threading
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from services.common.access import Restrictions
 from services.common.db import Database
-from services.common.errors import IntegrityError, InvalidArgument, NotFound
+from services.common.errors import IntegrityError, InvalidArgument, NotFound, ResourceExhausted
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
 from services.governance.domain.decisions import Decision, check_same_request, decision_id
@@ -74,6 +75,8 @@ from services.governance.repository import (
 )
 
 log = logging.getLogger("engram.governance")
+DEFAULT_ERASURE_BYTES_PER_DAY = 64 * 1024 * 1024
+"""A fleet's erasures chained a day (about 300,000 items): the chain keeps them for good."""
 
 Clock = Callable[[], int]
 MAX_GATE_GROUP = 128
@@ -115,11 +118,13 @@ class ChainReport:
 
 
 class GovernanceService:
-    def __init__(self, database: Database, clock: Clock) -> None:
+    def __init__(self, database: Database, clock: Clock, *,
+                 erasure_bytes_per_day: int = DEFAULT_ERASURE_BYTES_PER_DAY) -> None:
         self._db = database
         self._repo = GovernanceRepository(database.dialect)
         self._access = AccessRepository()
         self._erasures = ErasureRepository()
+        self.erasure_bytes_per_day = erasure_bytes_per_day
         self._clock = clock
         self._append_lock = threading.Lock()
         self._accumulator = TrustAccumulator()
@@ -333,11 +338,25 @@ class GovernanceService:
             existing = self._erasures.get(session, erasure.erasure_id)
             if existing is not None:
                 return existing, False
-            head = self._repo.lock_head(session)
+            head = self._repo.lock_head(session)  # erasures are counted under the chain's lock
+            self._within_erasure_quota(session, erasure)
             seq = self._append(session, head, "erasure.recorded",
                                {"erasure": erasure.state()}, erasure.created_ms)
             self._erasures.insert(session, erasure, seq)
             return replace(erasure, chain_seq=seq), True
+
+    def _within_erasure_quota(self, session: Session, erasure: Erasure) -> None:
+        """Governance cannot check that an erasure's items exist, and the chain keeps every
+        erasure for good: a fleet records at most ``erasure_bytes_per_day`` of them a day."""
+        since = erasure.created_ms - 86_400_000
+        used = self._erasures.bytes_since(session, erasure.fleet_id, since)
+        size = len(json.dumps(erasure.state(), sort_keys=True))
+        if used + size > self.erasure_bytes_per_day:
+            raise ResourceExhausted(
+                f"fleet {erasure.fleet_id} recorded {used} bytes of erasures in the last 24 h; "
+                f"this one ({size} bytes) would pass ENGRAM_GOVERNANCE_ERASURE_BYTES_PER_DAY "
+                f"({self.erasure_bytes_per_day}); retry later or raise the setting",
+                reason="ERASURE_QUOTA")
 
     def erasure(self, erasure_id: str) -> Erasure | None:
         with self._db.session() as session:

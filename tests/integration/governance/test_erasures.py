@@ -6,14 +6,19 @@ back is found by chain verification."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 import sqlalchemy
 
 from engram.client import EngramRpcError
+from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.db import normalize_url
+from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
+from tests.conftest import TokenFactory
 from tests.integration.governance.conftest import GovClientFactory
 
 LEAF = "ab" * 32
@@ -82,3 +87,28 @@ def test_an_erasure_is_chained_once_and_read_back_by_its_fleet_only(
     report = governor.verify_chain()
     assert not report.ok
     assert any(erasure_id in p for p in report.problems)
+
+
+def test_a_fleet_records_at_most_its_daily_erasure_bytes(
+        gov_db_url: str, engram_home: Path, make_token: TokenFactory) -> None:
+    """Governance cannot check that an erasure's items exist, and its chain keeps every
+    erasure: a governor could grow the chain every fleet shares with made-up items, 10,000 an
+    erasure, at the write rate limit. A fleet now records a bounded size of erasures a day."""
+    server = build_governance_server(GovernanceSettings(
+        home=engram_home, db_url=gov_db_url, port=0, erasure_bytes_per_day=4000))
+    server.start()
+    try:
+        with GovernanceClient(server.address, make_token("gov-1", "fleet-a", ("governor",))) \
+                as mine, GovernanceClient(server.address,
+                                          make_token("gov-2", "fleet-b", ("governor",))) as other:
+            mine.record_erasure("agent", "a", [_item(i) for i in range(10)])
+            with pytest.raises(EngramRpcError) as refused:
+                mine.record_erasure("agent", "a", [_item(i) for i in range(10, 40)])
+            assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.reason == "ERASURE_QUOTA"
+            assert other.record_erasure("agent", "b", [_item(1)]).created  # its own quota
+            before = mine.verify_chain()
+            assert before.ok
+            mine.record_erasure("agent", "a", [_item(50)])  # a small one still fits
+    finally:
+        server.stop(0)
