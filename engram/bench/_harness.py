@@ -166,8 +166,12 @@ class ServerProcess:
         port_env: str = "ENGRAM_BENCH_ECHO_PORT",
         timeout: float = 60.0,
         log_path: Path | None = None,
+        health_service: str = "",
     ) -> None:
         self.port = port or free_port()
+        # The service's own health name: another server that took the port first answers
+        # NOT_FOUND for it, never SERVING (with "" any server there would do).
+        self._health_service = health_service
         self.address = f"127.0.0.1:{self.port}"
         self._argv = argv
         self._env = {**UNTHROTTLED, **os.environ, **env, port_env: str(self.port)}
@@ -202,7 +206,8 @@ class ServerProcess:
                 if process.poll() is not None:
                     raise RuntimeError(f"{self._argv} exited early: {self._stderr_tail()}")
                 try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+                    if stub.Check(health_pb2.HealthCheckRequest(service=self._health_service),
+                                  timeout=1).status == 1:
                         return
                 except grpc.RpcError:
                     time.sleep(0.1)

@@ -83,17 +83,28 @@ class Stack:
         port = self.ports.setdefault(name, free_port())
         process = ServerProcess([sys.executable, "-m", f"services.{name}"], self.env(name),
                                 port=port, port_env=f"ENGRAM_{name.upper()}_PORT", timeout=120,
-                                log_path=self.home / name / "service.log")
+                                log_path=self.home / name / "service.log",
+                                health_service=f"engram.{name}.v1.{name.title()}Service")
         # A service never sees another service's ENGRAM_<SVC>_* variables (as `engram up`).
         others = tuple(f"ENGRAM_{s.upper()}_" for s in SERVICES if s != name)
         process._env = {k: v for k, v in process._env.items() if not k.startswith(others)}
         return process
 
     def start(self, name: str) -> float:
-        """Start ``name`` and wait for SERVING; the seconds that took."""
+        """Start ``name`` and wait for SERVING; the seconds that took. A first start whose
+        port another process took meanwhile (ports are picked free, then bound later, and
+        tests run in parallel) is made again on another port."""
         began = time.monotonic()
+        first = name not in self.processes
         process = self._process(name)
-        process.__enter__()
+        try:
+            process.__enter__()
+        except RuntimeError:
+            if not first or "address already in use" not in self.log(name).lower():
+                raise
+            self.ports[name] = free_port()
+            process = self._process(name)
+            process.__enter__()
         self.processes[name] = process
         return time.monotonic() - began
 
