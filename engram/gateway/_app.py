@@ -94,6 +94,27 @@ def _grpc_error(error: grpc.aio.AioRpcError, route: Route) -> JSONResponse:
     return error_response(status_from_rpc_error(error, route.backend))
 
 
+def _transcoded(route: Route, params: Mapping[str, str], query: Sequence[tuple[str, str]],
+                raw: bytes | None) -> Message:
+    try:
+        return build_request(route, params, query,
+                             parse_body(raw) if raw is not None else None)
+    except RecursionError:  # nesting within JSON's reach but past the message's
+        raise TranscodeError("the body nests too deeply to be a request",
+                             reason="INVALID_JSON") from None
+
+
+def _malformed_authorization(request: Request) -> JSONResponse | None:
+    """A header gRPC metadata cannot carry (non-ASCII, control characters) is the caller's
+    mistake: 401 here, not a 500 from the channel."""
+    value = request.headers.get("authorization")
+    if value is None or (value.isascii() and value.isprintable()):
+        return None
+    return error_response(status_of(
+        grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a token "
+        "never has; send 'Bearer <token>'", "TOKEN_MALFORMED"))
+
+
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
     authorization = request.headers.get("authorization")
     return (("authorization", authorization),) if authorization else ()
@@ -194,17 +215,20 @@ class Gateway:
                                         "ROUTE_NOT_FOUND"))
 
     async def handle(self, route: Route, params: dict[str, str], request: Request) -> Response:
+        malformed = _malformed_authorization(request)
+        if malformed is not None:
+            return malformed
         if route.client_streaming:
             if route.method.full_name != _UPLOAD_METHOD:
                 return error_response(status_of(
                     grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
                     "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
             return await self.upload(route, params, request)
-        body: Any = None
-        if route.body:
-            body = parse_body(await _read_limited(request))
+        raw = await _read_limited(request) if route.body else None
         query = request.query_params.multi_items() if route.body != "*" else []
-        message = build_request(route, params, query, body)
+        # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
+        # every other request (and /healthz) meanwhile.
+        message = await asyncio.to_thread(_transcoded, route, params, query, raw)
         if route.server_streaming:
             return await self.server_stream(route, message, request)
         call = self.callable(route, "unary_unary")

@@ -71,7 +71,11 @@ def test_a_service_error_is_status_json_with_its_http_code(stack: Stack,
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"record": {"importance": "high"}}',
-                                  b'{"record": {"nope": 1}}', b"[1, 2]"])
+                                  b'{"record": {"nope": 1}}', b"[1, 2]",
+                                  # nested past what the parser recurses into: was a 500
+                                  b"[" * 200_000,
+                                  b'{"record": {"metadata": ' + b'{"a": ' * 5000 + b"1"
+                                  + b"}" * 5002])
 def test_malformed_json_or_a_wrong_type_is_400(stack: Stack, gateway_url: str,
                                                body: bytes) -> None:
     answer = requests.post(f"{gateway_url}/v1/records", headers={
@@ -93,6 +97,17 @@ def test_a_wrong_query_type_is_400_and_an_unknown_route_404(stack: Stack,
     # A newline in a path variable (found by the fuzzer) is still answered as Status JSON.
     odd = requests.get(f"{gateway_url}/v1/records/%0Ax", headers=_auth(stack), timeout=10)
     assert odd.headers["content-type"] == "application/json" and odd.json()["code"] in (3, 5)
+
+
+@pytest.mark.parametrize("header", ["Bearer \u00e9t\u00e9", "Bearer\tabc", "Bearer a\x7fb"])
+def test_a_malformed_authorization_header_is_401_not_500(gateway_url: str,
+                                                         header: str) -> None:
+    # gRPC metadata cannot carry it: the channel failed and the caller saw a 500.
+    for path in ("/v1/status", "/v1/runs/r/records:snapshot"):
+        answer = requests.get(f"{gateway_url}{path}", timeout=10,
+                              headers={"Authorization": header})
+        assert answer.status_code == 401, (path, answer.text)
+        assert answer.json()["details"][0]["reason"] == "TOKEN_MALFORMED"
 
 
 def test_no_token_is_401_from_the_service(gateway_url: str) -> None:
