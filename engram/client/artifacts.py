@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +24,11 @@ from engram.client._channel import BaseClient, idempotency_key, string_list
 from engram.client._errors import EngramRpcError
 
 CHUNK_SIZE = 1 << 20
+_TOKEN = r"[A-Za-z0-9!#$&^_.+-]+"
+_QUOTED = r'"[ !#-\[\]-~]*"'
+MIME_TYPE = re.compile(rf"{_TOKEN}/{_TOKEN}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*")
+"""A media type as HTTP carries it (RFC 9110: type/subtype and parameters, printable ASCII):
+the artifacts service stores no other, and the gateway serves no other as Content-Type."""
 DownloadProgress = Callable[[pb.Artifact, int], None]
 """Called with the artifact and the bytes written so far: once at 0, then after each chunk."""
 STOP_STATUSES = {

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
+from engram.client.artifacts import MIME_TYPE
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
@@ -383,7 +384,9 @@ def _download(call: Any, first: Any) -> Response:
         if meta is not None:
             document = to_json(meta)
             headers["x-engram-artifact"] = json.dumps(document, separators=(",", ":"))
-            media_type = document.get("mimeType") or media_type
+            stored = document.get("mimeType") or ""
+            if MIME_TYPE.fullmatch(stored):  # one stored before the check is served as bytes
+                media_type = stored
             if document.get("sizeBytes") is not None:
                 headers["content-length"] = str(document["sizeBytes"])
             if document.get("hash"):
@@ -402,4 +405,7 @@ def _download(call: Any, first: Any) -> Response:
         finally:
             call.cancel()
 
+    # Served as a download, never rendered by a browser as the gateway's own page.
+    headers["x-content-type-options"] = "nosniff"
+    headers["content-disposition"] = "attachment"
     return StreamingResponse(body(), media_type=media_type, headers=headers)

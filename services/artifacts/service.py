@@ -22,6 +22,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session
 
+from engram.client.artifacts import MIME_TYPE
 from services.artifacts.domain import validation as check
 from services.artifacts.domain.chain import (
     ChainVerifier,
@@ -252,6 +253,10 @@ class ArtifactsService:
                                    upload.name)
         mime_type = check.short_text("mime_type", upload.mime_type or
                                      "application/octet-stream", check.MAX_MIME_LEN)
+        if not MIME_TYPE.fullmatch(mime_type):
+            raise InvalidArgument(f"mime_type {mime_type[:80]!r} is not a media type "
+                                  "(type/subtype, optional ;name=value parameters, printable "
+                                  "ASCII)", reason="INVALID_MIME_TYPE")
         metadata_json = self.limits.metadata(upload.metadata_json)
         if upload.expected_hash and len(upload.expected_hash) != 64:
             raise InvalidArgument("expected_hash must be a SHA-256 hex digest (64 characters)")

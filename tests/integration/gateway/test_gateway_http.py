@@ -147,10 +147,20 @@ def test_upload_then_download_an_artifact_streamed(stack: Stack, gateway_url: st
         assert download.headers["x-engram-sha256"] == artifact["hash"]
         assert int(download.headers["content-length"]) == len(blob)
         assert json.loads(download.headers["x-engram-artifact"])["path"] == artifact["path"]
+        assert download.headers["x-content-type-options"] == "nosniff"
+        assert download.headers["content-disposition"] == "attachment"
         digest = hashlib.sha256()
         for piece in download.iter_content(65536):
             digest.update(piece)
     assert digest.hexdigest() == artifact["hash"]
+
+    # A media type with a header break in it was stored, and broke every later download.
+    for bad in ("text/plain%0d%0aX-Evil:%201", "%E2%82%AC/x", "text"):
+        refused = requests.post(
+            f"{gateway_url}/v1/runs/run-blob/artifacts?step_id=plan&name=m.txt&mime_type={bad}",
+            headers=auth, data=b"x", timeout=10)
+        assert refused.status_code == 400, (bad, refused.text)
+        assert refused.json()["details"][0]["reason"] == "INVALID_MIME_TYPE"
 
     wrong_hash = requests.post(
         f"{gateway_url}/v1/runs/run-blob/artifacts", headers={**auth, "X-Engram-Sha256": "0" * 64},
