@@ -70,6 +70,39 @@ class ConcurrencyLimit:
             self._in_flight -= 1
 
 
+class StreamsPerAgent:
+    """At most ``limit`` server streams open at once per agent (fleet and agent id): a stream
+    holds a slot of :class:`ConcurrencyLimit` until it ends, and a caller that opens streams
+    and never reads them would otherwise hold every slot, for every fleet."""
+
+    def __init__(self, limit: int, setting: str) -> None:
+        self._limit = limit
+        self._setting = setting
+        self._open: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, fleet_id: str, agent_id: str) -> None:
+        key = (fleet_id, agent_id)
+        with self._lock:
+            if self._open.get(key, 0) >= self._limit:
+                raise ResourceExhausted(
+                    f"agent {agent_id} has {self._limit} streams open on this service, its "
+                    f"limit ({self._setting}); read or close one first",
+                    reason="STREAM_LIMIT",
+                    metadata={"limit": str(self._limit), "setting": self._setting},
+                    retry_delay=1.0)
+            self._open[key] = self._open.get(key, 0) + 1
+
+    def leave(self, fleet_id: str, agent_id: str) -> None:
+        key = (fleet_id, agent_id)
+        with self._lock:
+            left = self._open.get(key, 1) - 1
+            if left:
+                self._open[key] = left
+            else:
+                self._open.pop(key, None)
+
+
 class TokenBucket:
     """``rate`` tokens a second up to ``burst``; starts full."""
 

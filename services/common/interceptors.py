@@ -21,7 +21,12 @@ from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from services.common.admission import ConcurrencyLimit, MethodKinds, RateLimiter
+from services.common.admission import (
+    ConcurrencyLimit,
+    MethodKinds,
+    RateLimiter,
+    StreamsPerAgent,
+)
 from services.common.auth import (
     SERVICE_ROLE,
     Authorizer,
@@ -321,6 +326,34 @@ class ConcurrencyInterceptor(_BehaviorInterceptor):
                 limit.leave()
 
         return unary
+
+
+class StreamLimitInterceptor(_BehaviorInterceptor):
+    """An agent's server streams open at once, bounded (:class:`StreamsPerAgent`); service
+    principals and public methods pass (runs inside :class:`AuthInterceptor`)."""
+
+    def __init__(self, streams: StreamsPerAgent, kinds: MethodKinds) -> None:
+        super().__init__()
+        self._streams = streams
+        self._kinds = kinds
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        if not streaming or method not in self._kinds:
+            return behavior
+        streams = self._streams
+
+        def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            principal = current_principal()
+            if SERVICE_ROLE in principal.roles:
+                yield from behavior(request, context)
+                return
+            streams.enter(principal.fleet_id, principal.agent_id)
+            try:
+                yield from behavior(request, context)
+            finally:
+                streams.leave(principal.fleet_id, principal.agent_id)
+
+        return stream
 
 
 class RateLimitInterceptor(_BehaviorInterceptor):

@@ -35,7 +35,14 @@ from prometheus_client.registry import Collector
 
 from services.common.access import AccessRestrictions
 from services.common.adaptive import ADAPTIVE_ROOM, AdaptiveAdmissionInterceptor, AdaptiveLimit
-from services.common.admission import READ, WRITE, ConcurrencyLimit, MethodKinds, RateLimiter
+from services.common.admission import (
+    READ,
+    WRITE,
+    ConcurrencyLimit,
+    MethodKinds,
+    RateLimiter,
+    StreamsPerAgent,
+)
 from services.common.auth import Authorizer, MethodPolicy
 from services.common.interceptors import (
     AuthInterceptor,
@@ -44,6 +51,7 @@ from services.common.interceptors import (
     LoggingInterceptor,
     MetricsInterceptor,
     RateLimitInterceptor,
+    StreamLimitInterceptor,
     TextInterceptor,
 )
 from services.common.metrics import GrpcMetrics, Tally, serve_metrics
@@ -389,6 +397,9 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         *_adaptive(settings, authorizer, spec),
         AuthInterceptor(authorizer),
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
+        StreamLimitInterceptor(StreamsPerAgent(settings.max_streams_per_agent,
+                                               _setting(settings, "max_streams_per_agent")),
+                               spec.kinds),
         TextInterceptor(),
     ]
     server = grpc.server(

@@ -116,6 +116,12 @@ class ServerSettings(BaseSettings):
         "RESOURCE_EXHAUSTED (OVERLOADED, with RetryInfo) before they are parsed or "
         "authenticated (services/common/adaptive.py)",
     )
+    max_streams_per_agent: int = Field(
+        default=32, ge=1,
+        description="server streams (snapshots, replays, downloads) one agent may hold open "
+        "at once; one more is RESOURCE_EXHAUSTED (STREAM_LIMIT): a stream holds a slot of "
+        "max_concurrent_rpcs until it ends, and one caller must not hold them all",
+    )
     rate_limit_reads: float = Field(
         default=200.0, ge=0,
         description="read calls a second one agent may make to this service (token bucket); "

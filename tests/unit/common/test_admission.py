@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from services.common.admission import READ, WRITE, ConcurrencyLimit, RateLimiter
-from services.common.auth import caller_kinds, service_principal
+from services.common.admission import (
+    READ,
+    WRITE,
+    ConcurrencyLimit,
+    RateLimiter,
+    StreamsPerAgent,
+)
+from services.common.auth import (
+    bind_principal,
+    caller_kinds,
+    service_principal,
+    unbind_principal,
+)
 from services.common.errors import ResourceExhausted
+from services.common.interceptors import StreamLimitInterceptor
 from services.common.tokens import Principal
 
 
@@ -68,3 +82,35 @@ def test_a_service_identity_comes_from_the_service_role_and_its_agent_id() -> No
     assert caller_kinds(Principal("shard", "system", frozenset({"service"}))) == {"service"}
     with pytest.raises(ValueError):
         service_principal("nope")
+
+
+def test_an_agent_holds_at_most_its_streams_and_others_are_not_affected() -> None:
+    # A caller that opened ~140 snapshot streams and never read them held every slot of
+    # max_concurrent_rpcs: every other fleet's calls were refused until its sockets closed.
+    def forever(_request: object, _context: object) -> Iterator[int]:
+        while True:
+            yield 1
+
+    method = "/engram.shard.v1.ShardService/SnapshotForRun"
+    wrapped = StreamLimitInterceptor(StreamsPerAgent(2, "ENGRAM_SHARD_MAX_STREAMS_PER_AGENT"),
+                                     {method: READ}).wrap(forever, method, True)
+
+    def opened(agent: str, roles: frozenset[str] = frozenset({"agent"})) -> Iterator[int]:
+        token = bind_principal(Principal(agent_id=agent, fleet_id="fleet-a", roles=roles))
+        try:
+            stream = wrapped(None, None)
+            next(stream)  # the stream is open (the limit is taken when it starts)
+            return stream
+        finally:
+            unbind_principal(token)
+
+    first, second = opened("greedy"), opened("greedy")
+    with pytest.raises(ResourceExhausted) as refused:
+        opened("greedy")
+    assert refused.value.reason == "STREAM_LIMIT"
+    other = opened("polite")  # another agent is not refused
+    services = [opened("svc", frozenset({"service"})) for _ in range(5)]  # not limited
+    first.close()  # a stream that ends gives its place back
+    again = opened("greedy")
+    for stream in (second, other, again, *services):
+        stream.close()
