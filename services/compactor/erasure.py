@@ -33,7 +33,7 @@ from services.common.erasure_source import (
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.text_match import bytes_hold, json_holds, needle_of
 from services.compactor.domain.blob_layout import run_prefix
-from services.compactor.repository import lock_run
+from services.compactor.repository import holding_run
 from services.compactor.service import IterationLog
 from services.compactor.tables import (
     HotRow,
@@ -90,8 +90,8 @@ class IterationEraser:
             if kind != "iterations":
                 continue
             with self.iterations.run_lock(fleet_id, run_id):
-                with self.db.session() as session:
-                    lock_run(session, fleet_id, run_id)  # appends wait: the head stays current
+                # Appends wait: the head stays current.
+                with holding_run(self.db, fleet_id, run_id) as session:
                     tombstone = session.get(RunTombstoneRow, (fleet_id, run_id))
                     if tombstone is not None:
                         already += 1

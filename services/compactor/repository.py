@@ -12,7 +12,8 @@ retry (or :class:`ConcurrentAppend`) and the caller re-plans.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, cast
 
 from sqlalchemy import Connection, Table, and_, bindparam, delete, func, insert, select, update
@@ -106,16 +107,14 @@ def _head_of(row: Any) -> RunHead:
                    row.active_bytes, row.index_version, row.pending_work)
 
 
-def lock_run(session: Session, fleet_id: str, run_id: str) -> RunHead | None:
-    """Open the session's write transaction holding the run as an append does (``BEGIN
-    IMMEDIATE`` on SQLite, the head row ``FOR UPDATE`` on Postgres; call it before any other
-    statement): appends to the run wait for it, and what it reads is current until it commits.
-    The run's head, None when it has none."""
-    conn = session.connection()
-    if conn.dialect.name == "sqlite":
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-    row = conn.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id}).first()
-    return _head_of(row) if row is not None else None
+@contextmanager
+def holding_run(db: Database, fleet_id: str, run_id: str) -> Iterator[Session]:
+    """A write transaction that holds the run as an append does (SQLite's write lock from
+    its first statement, the head row ``FOR UPDATE`` on Postgres): appends to the run wait
+    for it, and what it reads is current until it commits."""
+    with db.writing() as session:
+        session.execute(_LOCK_HEAD, {"fleet": fleet_id, "run": run_id})
+        yield session
 
 
 def _sealed(session: Session, fleet_id: str, run_id: str) -> list[SegmentEntry]:
@@ -175,11 +174,9 @@ class CompactorRepository:
         order = sorted(range(len(requests)),
                        key=lambda i: (requests[i].fleet_id, requests[i].run_id))
         try:
-            with self.db.session() as session:
+            # The write lock before the heads are read: the reads are then current.
+            with self.db.writing() as session:
                 conn = session.connection()
-                if self.db.dialect == "sqlite":
-                    # Take the write lock before reading the head: the read is then current.
-                    conn.exec_driver_sql("BEGIN IMMEDIATE")
                 heads: dict[tuple[str, str], RunHead | None] = {}
                 for i in order:
                     outcomes[i] = self._append_one(conn, requests[i], plan_for, heads)
@@ -361,8 +358,8 @@ class CompactorRepository:
 
     def mark_retiring(self, fleet_id: str, run_id: str, keep: int) -> list[SnapshotInfo]:
         """Snapshots beyond the newest ``keep`` and not pinned become RETIRING; all are returned."""
-        with self.db.session() as session:
-            lock_run(session, fleet_id, run_id)  # a pin being added commits first, or waits
+        # A pin being added commits first, or waits.
+        with holding_run(self.db, fleet_id, run_id) as session:
             pinned = select(PinRow.snapshot_iteration).where(_run_key(PinRow, fleet_id, run_id))
             kept = select(SnapshotRow.iteration).where(
                 _run_key(SnapshotRow, fleet_id, run_id),
@@ -387,8 +384,7 @@ class CompactorRepository:
 
     def clear_pending(self, fleet_id: str, run_id: str) -> None:
         """Clear the flag once no snapshot is pending or retiring and every segment is sealed."""
-        with self.db.session() as session:
-            lock_run(session, fleet_id, run_id)  # an append adding pending work waits
+        with holding_run(self.db, fleet_id, run_id) as session:  # appends adding work wait
             open_snapshots = session.scalar(select(func.count()).select_from(SnapshotRow).where(
                 _run_key(SnapshotRow, fleet_id, run_id),
                 SnapshotRow.state != SnapshotState.STORED.value))
@@ -400,8 +396,8 @@ class CompactorRepository:
 
     def add_pin(self, fleet_id: str, run_id: str, iteration: int, reason: str) -> Pin:
         """Pin an iteration; a hot iteration without a snapshot gets one (pending) to keep."""
-        with self.db.session() as session:
-            lock_run(session, fleet_id, run_id)  # no append trims the hot ring meanwhile
+        # No append trims the hot ring meanwhile.
+        with holding_run(self.db, fleet_id, run_id) as session:
             existing = session.get(PinRow, (fleet_id, run_id, iteration))
             if existing is not None:
                 return existing.to_entity()
