@@ -270,7 +270,8 @@ class TombstoneRow(Base):
     erased_by: Mapped[str] = mapped_column(String(128))
 
     __table_args__ = (Index("ix_record_tombstones_fleet_seq", "fleet_id", "seq"),
-                      Index("ix_record_tombstones_erasure", "erasure_id"))
+                      Index("ix_record_tombstones_erasure", "erasure_id"),
+                      Index("ix_record_tombstones_seq", "seq"))  # a write's commit asks max
 
     def to_entity(self) -> Tombstone:
         return Tombstone(
