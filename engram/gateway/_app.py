@@ -100,7 +100,7 @@ def _transcoded(route: Route, params: Mapping[str, str], query: Sequence[tuple[s
     try:
         return build_request(route, params, query,
                              parse_body(raw) if raw is not None else None)
-    except RecursionError:  # nesting within JSON's reach but past the message's
+    except RecursionError:  # "[[[[..." thousands deep, in the JSON or in the message
         raise TranscodeError("the body nests too deeply to be a request",
                              reason="INVALID_JSON") from None
 
