@@ -5,7 +5,9 @@ manifest against its digest); nothing is sent before that passes. Then governanc
 fleet's rules (CreateRule with a request id derived from the original rule id, so a re-run
 finds them) and the tiers an operator pinned (SetTier, only where the target differs), so a
 suspended agent stays suspended; then domains (UpsertDomain), then records (ImportRecords, in
-batches, each record re-hashed by the shard, all or nothing per batch). Every step is
+batches, each record re-hashed by the shard, all or nothing per batch), then runs (ImportRun),
+their artifacts with their bytes (ImportArtifact), and their manifests, evidence, events and
+snapshots (ImportRunItems, in batches; the artifacts service re-hashes every one). Every step is
 idempotent: an identical record already stored is left alone, so running the import again, or
 again after an interruption, finishes what is missing and changes nothing else. Parts this
 version does not import yet are reported by name and row count.
@@ -20,17 +22,23 @@ from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle.export import KINDS, Clients, Progress
-from engram.bundle.format import BundleError, BundleReader, Manifest
+from engram.bundle.format import CHUNK, BundleError, BundleReader, Manifest, blob_path
 from engram.client.governance import TIER_NAMES
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
-IMPORTED = ("rules", "trust", "domains", "records")
+IMPORTED = ("rules", "trust", "domains", "records", "runs", "artifacts", "manifests",
+            "evidence", "events", "snapshots")
 """The parts an import writes; the others are named as not imported."""
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
 """A batch stays under the servers' 4 MiB request limit."""
+RUN_ITEMS = (("manifests", apb.Manifest), ("evidence", apb.Evidence), ("events", apb.Event),
+             ("snapshots", apb.Snapshot))
+"""The parts ImportRunItems carries, in the order their references need: an event names
+manifests and artifacts, a snapshot an event's seq."""
 
 
 @dataclass
@@ -63,6 +71,10 @@ class Importer:
         self._trust(reader, report, fleet)
         self._domains(reader, report)
         self._records(reader, report)
+        self._runs(reader, report)
+        self._artifacts(reader, report)
+        for kind, message in RUN_ITEMS:
+            self._run_items(reader, report, kind, message)
         report.not_imported = {kind: manifest.rows(kind) for kind in KINDS
                                if kind not in IMPORTED and manifest.rows(kind)}
         return report
@@ -133,6 +145,50 @@ class Importer:
             present += reply.already_present
             self.progress("records", len(batch), sum(r.ByteSize() for r in batch))
         report.created["records"], report.already_present["records"] = created, present
+
+    def _runs(self, reader: BundleReader, report: ImportReport) -> None:
+        """Each run as it was at the origin (author, status, times); its events follow."""
+        created = present = 0
+        for row in reader.rows("runs"):
+            reply = self.clients.artifacts.import_run(_parse(row, apb.Run(), "runs"))
+            created += reply.created
+            present += not reply.created
+            self.progress("runs", 1, 0)
+        report.created["runs"], report.already_present["runs"] = created, present
+
+    def _artifacts(self, reader: BundleReader, report: ImportReport) -> None:
+        """Each artifact with its bytes, streamed from the bundle's blob (verified above); the
+        service hashes them again before anything is stored."""
+        created = present = 0
+        for row in reader.rows("artifacts"):
+            artifact = _parse(row, apb.Artifact(), "artifacts")
+            if not reader.has(blob_path(artifact.hash)):
+                raise BundleError(f"artifact {artifact.artifact_id}'s bytes (blobs/"
+                                  f"{artifact.hash}) are not in the bundle; stopped before it")
+            with reader.blob(artifact.hash) as blob:
+                reply = self.clients.artifacts.import_artifact(
+                    artifact, _counted(iter(lambda: blob.read(CHUNK), b""), self.progress))
+            created += reply.created
+            present += not reply.created
+            self.progress("artifacts", 1, 0)
+        report.created["artifacts"], report.already_present["artifacts"] = created, present
+
+    def _run_items(self, reader: BundleReader, report: ImportReport, kind: str,
+                   message: type[Any]) -> None:
+        created = present = 0
+        for batch in _batches((_parse(row, message(), kind) for row in reader.rows(kind)),
+                              BATCH, BATCH_BYTES):
+            reply = self.clients.artifacts.import_run_items(**{kind: batch})
+            created += reply.created
+            present += reply.already_present
+            self.progress(kind, len(batch), sum(m.ByteSize() for m in batch))
+        report.created[kind], report.already_present[kind] = created, present
+
+
+def _counted(chunks: Iterator[bytes], progress: Progress) -> Iterator[bytes]:
+    for chunk in chunks:
+        progress("blobs", 0, len(chunk))
+        yield chunk
 
 
 def _rule_body(rule: gpb.Rule) -> bytes:

@@ -5,8 +5,8 @@ deadline, resending the same bytes. A method is listed in :data:`RETRIED` only w
 it again cannot do the work twice nor turn a success into an error: reads; writes that carry
 an idempotency key the SDK always sets (records, events, snapshots, iterations, rules) or
 that are keyed by their content (runs by name, evidence and manifests by content, an artifact
-by its run, step, name and bytes, imported records by their hashes, an erasure by its
-request id, carrying one out by its erasure id). :data:`NOT_RETRIED`
+by its run, step, name and bytes, imported records, runs and run items by their hashes, an
+erasure by its request id, carrying one out by its erasure id). :data:`NOT_RETRIED`
 names every other method and why; ``tests/unit/client/test_retry_policy.py`` fails when an
 RPC is in neither, so a new RPC gets this decision made. The TypeScript client's list
 (clients/typescript/src/retry.ts) is the same minus the writes it does not key yet.
@@ -26,7 +26,7 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "ListArtifacts", "VerifyArtifacts", "AppendEvent", "ListEvents", "ReplayEvents",
         "CreateSnapshot", "GetLatestSnapshot", "ListSnapshots", "Rehydrate", "CreateEvidence",
         "GetEvidence", "ListEvidence", "CreateManifest", "GetManifest", "ListManifests",
-        "ForgetRuns", "FindRuns"),
+        "ForgetRuns", "FindRuns", "ImportRun", "ImportArtifact", "ImportRunItems"),
     "engram.compactor.v1.CompactorService": (
         "RecordIteration", "ListRecentIterations", "ListSummaries", "ReconstructIteration",
         "VerifyRun", "ListPolicyRuns", "ForgetIterations", "FindIterationLogs"),

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -57,6 +58,21 @@ def file_chunks(path: Path, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(chunk_size):
             yield chunk
+
+
+M = TypeVar("M", pb.CreateArtifactRequest, pb.ImportArtifactRequest)
+
+
+def _streamed(kind: type[M], first: M, chunks: Iterable[bytes]) -> Iterator[M]:
+    """``first``, the chunks, then the trailer: what tells the service the stream was not
+    cut short (its size and SHA-256 as sent)."""
+    yield first
+    digest, sent = hashlib.sha256(), 0
+    for chunk in chunks:
+        digest.update(chunk)
+        sent += len(chunk)
+        yield kind(chunk=chunk)
+    yield kind(trailer=pb.ArtifactTrailer(size_bytes=sent, sha256=digest.hexdigest()))
 
 
 class ArtifactsClient(BaseClient):
@@ -119,19 +135,28 @@ class ArtifactsClient(BaseClient):
         if size_bytes is not None:
             header.expected_size_bytes = size_bytes
 
-        def requests() -> Iterator[pb.CreateArtifactRequest]:
-            yield pb.CreateArtifactRequest(header=header)
-            digest, sent = hashlib.sha256(), 0
-            for chunk in chunks:
-                digest.update(chunk)
-                sent += len(chunk)
-                yield pb.CreateArtifactRequest(chunk=chunk)
-            # The trailer is what tells the service the stream was not cut short.
-            yield pb.CreateArtifactRequest(trailer=pb.ArtifactTrailer(
-                size_bytes=sent, sha256=digest.hexdigest()))
-
-        return self.call(self.stub.CreateArtifact, requests(),
+        requests = _streamed(pb.CreateArtifactRequest, pb.CreateArtifactRequest(header=header),
+                             chunks)
+        return self.call(self.stub.CreateArtifact, requests,
                          timeout=self.stream_timeout).artifact
+
+    # -- imports (engram import-bundle; admin) --------------------------------
+
+    def import_run(self, run: pb.Run) -> pb.ImportRunResponse:
+        return self.call(self.stub.ImportRun, pb.ImportRunRequest(run=run))
+
+    def import_artifact(self, artifact: pb.Artifact,
+                        chunks: Iterable[bytes]) -> pb.ImportArtifactResponse:
+        """The artifact as its origin returned it, with its bytes (which must be its own)."""
+        requests = _streamed(pb.ImportArtifactRequest, pb.ImportArtifactRequest(
+            artifact=artifact), chunks)
+        return self.call(self.stub.ImportArtifact, requests, timeout=self.stream_timeout)
+
+    def import_run_items(self, *, manifests: Iterable[pb.Manifest] = (),
+                         evidence: Iterable[pb.Evidence] = (), events: Iterable[pb.Event] = (),
+                         snapshots: Iterable[pb.Snapshot] = ()) -> pb.ImportRunItemsResponse:
+        return self.call(self.stub.ImportRunItems, pb.ImportRunItemsRequest(
+            manifests=manifests, evidence=evidence, events=events, snapshots=snapshots))
 
     def upload_file(self, path: Path, *, run_id: str, step_id: str, name: str = "",
                     mime_type: str = "", metadata: JsonObject | None = None,

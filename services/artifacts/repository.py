@@ -103,8 +103,8 @@ class ArtifactsRepository:
     def add_run(self, session: Session, run: Run) -> None:
         session.add(RunRow(
             run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id,
-            status=run.status.value, stop_reason="", created_us=run.created_us,
-            stopped_us=0, event_count=0, head_hash="", latest_snapshot_id="",
+            status=run.status.value, stop_reason=run.stop_reason, created_us=run.created_us,
+            stopped_us=run.stopped_us, event_count=0, head_hash="", latest_snapshot_id="",
             metadata_json=run.metadata_json))
 
     def list_runs(self, session: Session, fleet_id: str, after: list[object] | None,
@@ -233,6 +233,10 @@ class ArtifactsRepository:
             created_us=snapshot.created_us))
         run = session.get_one(RunRow, (fleet_id, snapshot.run_id))
         run.latest_snapshot_id = snapshot.snapshot_id
+
+    def set_latest_snapshot(self, session: Session, fleet_id: str, run_id: str,
+                            snapshot_id: str) -> None:
+        session.get_one(RunRow, (fleet_id, run_id)).latest_snapshot_id = snapshot_id
 
     def snapshot_for_request(self, session: Session, fleet_id: str, run_id: str,
                              request_id: str) -> Snapshot | None:

@@ -411,7 +411,7 @@ class ArtifactsService:
             if prior is not None:
                 return prior, False
             run = self._running_run(session, fleet_id, run_id)
-            self._check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
+            self.check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
             return self._append(session, run, draft, created_us), True
 
         def find(session: Session) -> Event | None:
@@ -422,7 +422,7 @@ class ArtifactsService:
 
         return self._first_answer(append, find)
 
-    def _check_references(self, session: Session, fleet_id: str, manifest_id: str,
+    def check_references(self, session: Session, fleet_id: str, manifest_id: str,
                           artifact_ids: tuple[str, ...]) -> None:
         if manifest_id and self.repository.get_manifest(session, fleet_id, manifest_id) is None:
             raise NotFound(f"manifest {manifest_id!r} not found; create it before referencing it",
@@ -507,7 +507,7 @@ class ArtifactsService:
                 raise FailedPrecondition(
                     f"snapshot seq {seq} is past the run's last event ({run.event_count})",
                     reason="SNAPSHOT_AHEAD_OF_LOG")
-            self._check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
+            self.check_references(session, fleet_id, draft.manifest_id, draft.artifact_ids)
             snapshot = replace(draft, seq=seq)
             self.repository.add_snapshot(session, fleet_id, snapshot, request_id)
             return snapshot, True
@@ -591,7 +591,7 @@ class ArtifactsService:
             if prior is not None:
                 return prior, False
             if evidence.artifact_id:
-                self._check_references(session, fleet_id, "", (evidence.artifact_id,))
+                self.check_references(session, fleet_id, "", (evidence.artifact_id,))
             self.repository.add_evidence(session, evidence)
             return evidence, True
 

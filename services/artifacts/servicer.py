@@ -23,6 +23,7 @@ from services.artifacts.domain.entities import (
 )
 from services.artifacts.domain.integrity import ArtifactUpload, UploadEnd
 from services.artifacts.erasure import RunEraser
+from services.artifacts.imports import RunImports
 from services.artifacts.service import ArtifactsService, now_us
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import MethodPolicy, current_principal
@@ -48,6 +49,9 @@ POLICY: MethodPolicy = {
         "ListEvidence", "GetManifest", "ListManifests")},
     _m("ForgetRuns"): frozenset({"governor", "admin"}),  # erasure: a governance act
     _m("FindRuns"): frozenset({"governor", "admin"}),
+    # Imports keep the origin's authors, times and hashes: an admin's act (docs/security.md).
+    **{_m(name): frozenset({"admin"}) for name in (
+        "ImportRun", "ImportArtifact", "ImportRunItems")},
 }
 assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["ArtifactsService"].methods
@@ -55,7 +59,8 @@ assert set(POLICY) == {
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (  # ResolvePointer and Rehydrate may stop a run
         "StartRun", "StopRun", "CreateArtifact", "AppendEvent", "CreateSnapshot",
-        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate", "ForgetRuns")},
+        "CreateEvidence", "CreateManifest", "ResolvePointer", "Rehydrate", "ForgetRuns",
+        "ImportRun", "ImportArtifact", "ImportRunItems")},
     **{_m(name): READ for name in (
         "GetRun", "ListRuns", "GetArtifact", "ReadArtifact", "ListArtifacts", "VerifyArtifacts",
         "ListEvents", "ReplayEvents", "GetLatestSnapshot", "ListSnapshots", "GetEvidence",
@@ -130,11 +135,63 @@ def manifest_to_proto(manifest: Manifest) -> pb.Manifest:
                        create_time=_ts(manifest.created_us))
 
 
+def _us(stamp: Timestamp) -> int:
+    return stamp.ToMicroseconds()
+
+
+def run_from_proto(run: pb.Run) -> Run:
+    status = _STATUS_FROM_PB.get(run.status)
+    if status is None:
+        raise InvalidArgument("run.status must be RUNNING, SUCCEEDED, FAILED, CANCELLED or "
+                              "SYSTEM_ERROR", reason="INVALID_RUN")
+    return Run(run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id, status=status,
+               stop_reason=run.stop_reason, created_us=_us(run.create_time),
+               stopped_us=_us(run.stop_time), event_count=0, head_hash="",
+               latest_snapshot_id="", metadata_json=run.metadata_json)
+
+
+def artifact_from_proto(artifact: pb.Artifact) -> Artifact:
+    return Artifact(artifact_id=artifact.artifact_id, run_id=artifact.run_id,
+                    step_id=artifact.step_id, path=artifact.path, hash=artifact.hash,
+                    mime_type=artifact.mime_type, size_bytes=artifact.size_bytes,
+                    created_us=_us(artifact.create_time), metadata_json=artifact.metadata_json)
+
+
+def event_from_proto(event: pb.Event) -> Event:
+    return Event(run_id=event.run_id, seq=event.seq, type=event.type,
+                 payload_json=event.payload_json, manifest_id=event.manifest_id,
+                 artifact_ids=tuple(event.artifact_ids), created_us=_us(event.create_time),
+                 agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash)
+
+
+def snapshot_from_proto(snapshot: pb.Snapshot) -> Snapshot:
+    return Snapshot(snapshot_id=snapshot.snapshot_id, run_id=snapshot.run_id, seq=snapshot.seq,
+                    state_json=snapshot.state_json, state_hash=snapshot.state_hash,
+                    manifest_id=snapshot.manifest_id,
+                    artifact_ids=tuple(snapshot.artifact_ids),
+                    created_us=_us(snapshot.create_time))
+
+
+def evidence_from_proto(evidence: pb.Evidence, fleet_id: str) -> Evidence:
+    return Evidence(fleet_id=fleet_id, evidence_id=evidence.evidence_id,
+                    corpus_id=evidence.corpus_id, index_id=evidence.index_id,
+                    chunk_id=evidence.chunk_id, span_start=evidence.span.start,
+                    span_end=evidence.span.end, artifact_id=evidence.artifact_id,
+                    metadata_json=evidence.metadata_json, created_us=_us(evidence.create_time))
+
+
+def manifest_from_proto(manifest: pb.Manifest, fleet_id: str) -> Manifest:
+    return Manifest(fleet_id=fleet_id, manifest_id=manifest.manifest_id,
+                    run_id=manifest.run_id, content_json=manifest.content_json,
+                    content_hash=manifest.content_hash, created_us=_us(manifest.create_time))
+
+
 def problem_to_proto(problem: ArtifactProblem) -> pb.ArtifactProblem:
     return pb.ArtifactProblem(**problem.__dict__)
 
 
-def _upload_parts(requests: Iterator[pb.CreateArtifactRequest]) -> Iterator[bytes | UploadEnd]:
+def _upload_parts(requests: Iterator[pb.CreateArtifactRequest] |
+                  Iterator[pb.ImportArtifactRequest]) -> Iterator[bytes | UploadEnd]:
     """The chunks and the trailer of an upload; a second header or a cancel aborts it.
 
     A cancelled call may end ``requests`` like a finished one (grpc can see the
@@ -159,6 +216,7 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def __init__(self, service: ArtifactsService, eraser: RunEraser | None = None) -> None:
         self.service = service
         self.eraser = eraser or RunEraser(service, None)
+        self.imports = RunImports(service)
 
     # -- runs ---------------------------------------------------------------
 
@@ -207,7 +265,35 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
                                                      places=r.places) for r in found],
                                    more=more)
 
+    def ImportRun(self, request: pb.ImportRunRequest,
+                  context: grpc.ServicerContext) -> pb.ImportRunResponse:
+        run, created = self.imports.import_run(current_principal().fleet_id,
+                                               run_from_proto(request.run))
+        return pb.ImportRunResponse(run=run_to_proto(run), created=created)
+
+    def ImportRunItems(self, request: pb.ImportRunItemsRequest,
+                       context: grpc.ServicerContext) -> pb.ImportRunItemsResponse:
+        fleet_id = current_principal().fleet_id
+        counts = self.imports.import_items(
+            fleet_id, [manifest_from_proto(m, fleet_id) for m in request.manifests],
+            [evidence_from_proto(e, fleet_id) for e in request.evidence],
+            [event_from_proto(e) for e in request.events],
+            [snapshot_from_proto(s) for s in request.snapshots])
+        return pb.ImportRunItemsResponse(created=counts.created,
+                                         already_present=counts.already_present)
+
     # -- artifacts ----------------------------------------------------------
+
+    def ImportArtifact(self, request_iterator: Iterator[pb.ImportArtifactRequest],
+                       context: grpc.ServicerContext) -> pb.ImportArtifactResponse:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("part") != "artifact":
+            raise InvalidArgument("an artifact import starts with the artifact",
+                                  reason="UPLOAD_MALFORMED")
+        artifact, created = self.imports.import_artifact(
+            current_principal().fleet_id, artifact_from_proto(first.artifact),
+            _upload_parts(request_iterator))
+        return pb.ImportArtifactResponse(artifact=artifact_to_proto(artifact), created=created)
 
     def CreateArtifact(self, request_iterator: Iterator[pb.CreateArtifactRequest],
                        context: grpc.ServicerContext) -> pb.CreateArtifactResponse:

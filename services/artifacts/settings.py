@@ -67,7 +67,8 @@ class ArtifactsSettings(ServerSettings):
     def artifact_limits(self) -> ArtifactLimits:
         return ArtifactLimits(document_bytes=self.max_document_bytes,
                               metadata_bytes=self.max_metadata_bytes,
-                              json_depth=self.json_depth, upload_bytes=self.max_upload_bytes)
+                              json_depth=self.json_depth, upload_bytes=self.max_upload_bytes,
+                              batch_items=self.limits.batch_items)
 
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,

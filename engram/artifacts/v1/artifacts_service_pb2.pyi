@@ -692,3 +692,55 @@ class ResolvePointerResponse(_message.Message):
     path: str
     hash: str
     def __init__(self, resolved: _Optional[bool] = ..., attempts: _Optional[int] = ..., path: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+
+class ImportRunRequest(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ...) -> None: ...
+
+class ImportRunResponse(_message.Message):
+    __slots__ = ("run", "created")
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    run: Run
+    created: bool
+    def __init__(self, run: _Optional[_Union[Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ImportArtifactRequest(_message.Message):
+    __slots__ = ("artifact", "chunk", "trailer")
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
+    artifact: Artifact
+    chunk: bytes
+    trailer: ArtifactTrailer
+    def __init__(self, artifact: _Optional[_Union[Artifact, _Mapping]] = ..., chunk: _Optional[bytes] = ..., trailer: _Optional[_Union[ArtifactTrailer, _Mapping]] = ...) -> None: ...
+
+class ImportArtifactResponse(_message.Message):
+    __slots__ = ("artifact", "created")
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    artifact: Artifact
+    created: bool
+    def __init__(self, artifact: _Optional[_Union[Artifact, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class ImportRunItemsRequest(_message.Message):
+    __slots__ = ("manifests", "evidence", "events", "snapshots")
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    manifests: _containers.RepeatedCompositeFieldContainer[Manifest]
+    evidence: _containers.RepeatedCompositeFieldContainer[Evidence]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    snapshots: _containers.RepeatedCompositeFieldContainer[Snapshot]
+    def __init__(self, manifests: _Optional[_Iterable[_Union[Manifest, _Mapping]]] = ..., evidence: _Optional[_Iterable[_Union[Evidence, _Mapping]]] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., snapshots: _Optional[_Iterable[_Union[Snapshot, _Mapping]]] = ...) -> None: ...
+
+class ImportRunItemsResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...

@@ -166,6 +166,21 @@ class ArtifactsServiceStub:
                 request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerRequest.SerializeToString,
                 response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerResponse.FromString,
                 _registered_method=True)
+        self.ImportRun = channel.unary_unary(
+                '/engram.artifacts.v1.ArtifactsService/ImportRun',
+                request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunRequest.SerializeToString,
+                response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunResponse.FromString,
+                _registered_method=True)
+        self.ImportArtifact = channel.stream_unary(
+                '/engram.artifacts.v1.ArtifactsService/ImportArtifact',
+                request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactRequest.SerializeToString,
+                response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactResponse.FromString,
+                _registered_method=True)
+        self.ImportRunItems = channel.unary_unary(
+                '/engram.artifacts.v1.ArtifactsService/ImportRunItems',
+                request_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsRequest.SerializeToString,
+                response_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsResponse.FromString,
+                _registered_method=True)
 
 
 class ArtifactsServiceServicer:
@@ -370,6 +385,49 @@ class ArtifactsServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportRun(self, request, context):
+        """Imports a run written on another instance (engram import-bundle;
+        docs/bundle.md) as it was there: its id, author, status, stop reason,
+        times and metadata (event_count, head_hash and latest_snapshot_id are
+        ignored: they follow from the events and snapshots imported after it).
+        An identical run already stored answers created = false; another under
+        the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+        FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportArtifact(self, request_iterator, context):
+        """Imports one artifact of an imported run as a stream: the first message is
+        the artifact as its origin returned it (id, run, step, path, hash, size,
+        MIME type, time, metadata), then its bytes, then the trailer. The bytes
+        must match the artifact's size and SHA-256 or nothing is stored
+        (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+        stored under this instance's key for it. An identical artifact already
+        stored answers created = false without reading the bytes. Admin role.
+        No HTTP form (engram import-bundle speaks gRPC).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportRunItems(self, request, context):
+        """Imports manifests, evidence, events and snapshots of imported runs, all or
+        nothing, in that order. Each is checked as its service would have made
+        it: a manifest's and an evidence's id derive from their content, an
+        event's hash recomputes and it extends its run's stored chain (seq one
+        past the run's last event, prev_hash its head: FAILED_PRECONDITION
+        EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+        and its seq is within the run's log; references must name this fleet's
+        manifests and artifacts. An identical item already stored counts as
+        already_present; another under its id is ALREADY_EXISTS. At most
+        ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArtifactsServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -497,6 +555,21 @@ def add_ArtifactsServiceServicer_to_server(servicer, server):
                     servicer.ResolvePointer,
                     request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerRequest.FromString,
                     response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerResponse.SerializeToString,
+            ),
+            'ImportRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportRun,
+                    request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunRequest.FromString,
+                    response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunResponse.SerializeToString,
+            ),
+            'ImportArtifact': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportArtifact,
+                    request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactRequest.FromString,
+                    response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactResponse.SerializeToString,
+            ),
+            'ImportRunItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportRunItems,
+                    request_deserializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsRequest.FromString,
+                    response_serializer=engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1181,6 +1254,87 @@ class ArtifactsService:
             '/engram.artifacts.v1.ArtifactsService/ResolvePointer',
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerRequest.SerializeToString,
             engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ResolvePointerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.artifacts.v1.ArtifactsService/ImportRun',
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunRequest.SerializeToString,
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportArtifact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/engram.artifacts.v1.ArtifactsService/ImportArtifact',
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactRequest.SerializeToString,
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportRunItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.artifacts.v1.ArtifactsService/ImportRunItems',
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsRequest.SerializeToString,
+            engram_dot_artifacts_dot_v1_dot_artifacts__service__pb2.ImportRunItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -118,6 +118,37 @@ class ArtifactsServiceStub:
     (reason CRITICAL_POINTER_UNRESOLVED). A missing non-critical pointer is
     reported with resolved = false and the run goes on.
     """
+    ImportRun: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ImportRunRequest, _artifacts_service_pb2.ImportRunResponse]
+    """Imports a run written on another instance (engram import-bundle;
+    docs/bundle.md) as it was there: its id, author, status, stop reason,
+    times and metadata (event_count, head_hash and latest_snapshot_id are
+    ignored: they follow from the events and snapshots imported after it).
+    An identical run already stored answers created = false; another under
+    the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+    FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+    """
+    ImportArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.ImportArtifactRequest, _artifacts_service_pb2.ImportArtifactResponse]
+    """Imports one artifact of an imported run as a stream: the first message is
+    the artifact as its origin returned it (id, run, step, path, hash, size,
+    MIME type, time, metadata), then its bytes, then the trailer. The bytes
+    must match the artifact's size and SHA-256 or nothing is stored
+    (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+    stored under this instance's key for it. An identical artifact already
+    stored answers created = false without reading the bytes. Admin role.
+    No HTTP form (engram import-bundle speaks gRPC).
+    """
+    ImportRunItems: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ImportRunItemsRequest, _artifacts_service_pb2.ImportRunItemsResponse]
+    """Imports manifests, evidence, events and snapshots of imported runs, all or
+    nothing, in that order. Each is checked as its service would have made
+    it: a manifest's and an evidence's id derive from their content, an
+    event's hash recomputes and it extends its run's stored chain (seq one
+    past the run's last event, prev_hash its head: FAILED_PRECONDITION
+    EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+    and its seq is within the run's log; references must name this fleet's
+    manifests and artifacts. An identical item already stored counts as
+    already_present; another under its id is ALREADY_EXISTS. At most
+    ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
+    """
 
 @_typing.type_check_only
 class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
@@ -208,6 +239,37 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     the pointer's type, id, path and hash, and the call fails with NOT_FOUND
     (reason CRITICAL_POINTER_UNRESOLVED). A missing non-critical pointer is
     reported with resolved = false and the run goes on.
+    """
+    ImportRun: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ImportRunRequest, _artifacts_service_pb2.ImportRunResponse]  # type: ignore[assignment]
+    """Imports a run written on another instance (engram import-bundle;
+    docs/bundle.md) as it was there: its id, author, status, stop reason,
+    times and metadata (event_count, head_hash and latest_snapshot_id are
+    ignored: they follow from the events and snapshots imported after it).
+    An identical run already stored answers created = false; another under
+    the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+    FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+    """
+    ImportArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.ImportArtifactRequest, _artifacts_service_pb2.ImportArtifactResponse]  # type: ignore[assignment]
+    """Imports one artifact of an imported run as a stream: the first message is
+    the artifact as its origin returned it (id, run, step, path, hash, size,
+    MIME type, time, metadata), then its bytes, then the trailer. The bytes
+    must match the artifact's size and SHA-256 or nothing is stored
+    (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+    stored under this instance's key for it. An identical artifact already
+    stored answers created = false without reading the bytes. Admin role.
+    No HTTP form (engram import-bundle speaks gRPC).
+    """
+    ImportRunItems: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ImportRunItemsRequest, _artifacts_service_pb2.ImportRunItemsResponse]  # type: ignore[assignment]
+    """Imports manifests, evidence, events and snapshots of imported runs, all or
+    nothing, in that order. Each is checked as its service would have made
+    it: a manifest's and an evidence's id derive from their content, an
+    event's hash recomputes and it extends its run's stored chain (seq one
+    past the run's last event, prev_hash its head: FAILED_PRECONDITION
+    EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+    and its seq is within the run's log; references must name this fleet's
+    manifests and artifacts. An identical item already stored counts as
+    already_present; another under its id is ALREADY_EXISTS. At most
+    ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
     """
 
 class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -446,6 +508,55 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         the pointer's type, id, path and hash, and the call fails with NOT_FOUND
         (reason CRITICAL_POINTER_UNRESOLVED). A missing non-critical pointer is
         reported with resolved = false and the run goes on.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportRun(
+        self,
+        request: _artifacts_service_pb2.ImportRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_artifacts_service_pb2.ImportRunResponse, _abc.Awaitable[_artifacts_service_pb2.ImportRunResponse]]:
+        """Imports a run written on another instance (engram import-bundle;
+        docs/bundle.md) as it was there: its id, author, status, stop reason,
+        times and metadata (event_count, head_hash and latest_snapshot_id are
+        ignored: they follow from the events and snapshots imported after it).
+        An identical run already stored answers created = false; another under
+        the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+        FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportArtifact(
+        self,
+        request_iterator: _MaybeAsyncIterator[_artifacts_service_pb2.ImportArtifactRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_artifacts_service_pb2.ImportArtifactResponse, _abc.Awaitable[_artifacts_service_pb2.ImportArtifactResponse]]:
+        """Imports one artifact of an imported run as a stream: the first message is
+        the artifact as its origin returned it (id, run, step, path, hash, size,
+        MIME type, time, metadata), then its bytes, then the trailer. The bytes
+        must match the artifact's size and SHA-256 or nothing is stored
+        (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+        stored under this instance's key for it. An identical artifact already
+        stored answers created = false without reading the bytes. Admin role.
+        No HTTP form (engram import-bundle speaks gRPC).
+        """
+
+    @_abc_1.abstractmethod
+    def ImportRunItems(
+        self,
+        request: _artifacts_service_pb2.ImportRunItemsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_artifacts_service_pb2.ImportRunItemsResponse, _abc.Awaitable[_artifacts_service_pb2.ImportRunItemsResponse]]:
+        """Imports manifests, evidence, events and snapshots of imported runs, all or
+        nothing, in that order. Each is checked as its service would have made
+        it: a manifest's and an evidence's id derive from their content, an
+        event's hash recomputes and it extends its run's stored chain (seq one
+        past the run's last event, prev_hash its head: FAILED_PRECONDITION
+        EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+        and its seq is within the run's log; references must name this fleet's
+        manifests and artifacts. An identical item already stored counts as
+        already_present; another under its id is ALREADY_EXISTS. At most
+        ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
         """
 
 def add_ArtifactsServiceServicer_to_server(servicer: ArtifactsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -38,6 +38,8 @@ class ArtifactLimits:
     metadata_bytes: int = MAX_METADATA_BYTES
     json_depth: int = DEFAULT_JSON_DEPTH
     upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    batch_items: int = 1000
+    """Items in one ImportRunItems call (ENGRAM_LIMITS_BATCH_ITEMS)."""
 
     def document(self, kind: str, text: str, default: str = "null") -> str:
         return json_document(kind, text, limit=self.document_bytes, setting=DOCUMENT_SETTING,

@@ -43,14 +43,20 @@ def populate(stack: FullStack, make_token: TokenFactory, fleet: str = "fleet-a")
         gov.set_tier("rogue", "suspended", reason="poisoning")  # pinned: must move with the fleet
     with ArtifactsClient(addresses["artifacts"], agent) as art:
         art.start_run("run-1", {"goal": "bundle"})
-        art.upload([BLOB], run_id="run-1", step_id="plan", name="out.txt",
-                   sha256=hashlib.sha256(BLOB).hexdigest())
-        art.append_event("run-1", "tool.called", {"tool": "search"})
+        out = art.upload([BLOB], run_id="run-1", step_id="plan", name="out.txt",
+                         sha256=hashlib.sha256(BLOB).hexdigest()).artifact_id
+        manifest = art.create_manifest({"files": ["out.txt"]}, run_id="run-1").manifest
+        art.append_event("run-1", "tool.called", {"tool": "search"},
+                         manifest_id=manifest.manifest_id, artifact_ids=[out])
         art.append_event("run-1", "tool.done", {"ok": True})
-        art.create_snapshot("run-1", {"step": 1}, seq=2)
-        manifest = art.create_manifest({"files": ["out.txt"]}, run_id="run-1")
-        art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
-                            metadata={"manifest": manifest.manifest.manifest_id})
+        art.create_snapshot("run-1", {"step": 2}, seq=2, manifest_id=manifest.manifest_id,
+                            artifact_ids=[out])
+        # The latest snapshot is the newest, not the one of the highest seq: an import reads
+        # them in seq order and must keep this one latest.
+        art.create_snapshot("run-1", {"step": 1}, seq=1)
+        art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10, artifact_id=out,
+                            metadata={"manifest": manifest.manifest_id})
+        art.stop_run("run-1", "succeeded", "done")
     with CompactorClient(addresses["compactor"], agent) as comp:
         for n in (1, 2):
             comp.record("run-1", iteration_from_json(

@@ -33,8 +33,8 @@ def test_export_carries_every_kind_and_only_its_fleet(
             assert set(into_itself["created"].values()) == {0}
             assert len(run("gov", "rules", "list")) == 1
     assert first["rows"] == {"domains": 5, "records": 14, "rules": 1, "trust": 2,
-                             "decisions": 14, "runs": 1, "artifacts": 1, "events": 2,
-                             "snapshots": 1, "evidence": 1, "manifests": 1, "iterations": 2}
+                             "decisions": 14, "runs": 1, "artifacts": 1, "events": 3,
+                             "snapshots": 2, "evidence": 1, "manifests": 1, "iterations": 2}
     assert again["content_digest"] == first["content_digest"]
     assert (tmp_path / "a.bundle").read_bytes() == (tmp_path / "b.bundle").read_bytes()
     assert not (tmp_path / "x.bundle").exists()
@@ -49,7 +49,7 @@ def test_export_carries_every_kind_and_only_its_fleet(
         times = [(r["create_time"], r["id"]) for r in records]
         assert times == sorted(times)
         assert reader.blob(hashlib.sha256(BLOB).hexdigest()).read() == BLOB
-        assert [e["seq"] for e in reader.rows("events")] == ["1", "2"]
+        assert [e["seq"] for e in reader.rows("events")] == ["1", "2", "3"]
         assert [i["iteration"] for i in reader.rows("iterations")] == ["1", "2"]
 
 

@@ -22,7 +22,11 @@ from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for, populate
 from tests.stack import FullStack, full_stack
 
-CARRIED = ("parts/domains.jsonl", "parts/records.jsonl")
+CARRIED = ("parts/domains.jsonl", "parts/records.jsonl", "parts/runs.jsonl",
+           "parts/artifacts.jsonl", "parts/events.jsonl", "parts/snapshots.jsonl",
+           "parts/evidence.jsonl", "parts/manifests.jsonl")
+RUN_ITEMS = {"runs": 1, "artifacts": 1, "manifests": 1, "evidence": 1, "events": 3,
+             "snapshots": 2}
 
 
 def members(bundle: Path) -> dict[str, str]:
@@ -30,15 +34,27 @@ def members(bundle: Path) -> dict[str, str]:
         return {m.path: m.sha256 for m in reader.verify().members}
 
 
-def observed(stack: FullStack, token: str) -> tuple[list[list[str]], list[list[str]]]:
+def observed(stack: FullStack, token: str) -> tuple[object, ...]:
     """What a reader sees: each run's verified snapshot and the hits of a few searches (as
-    sets: SQLite's FTS5 and Postgres's full-text rank with different formulas)."""
+    sets: SQLite's FTS5 and Postgres's full-text rank with different formulas), and run-1 as
+    the artifacts service serves it: rehydrated, replayed (re-hashed), its artifact's bytes
+    and a clean verify."""
     with ShardClient(stack.shard.address, token) as shard:
         snapshots = [[r.record_hash for r in shard.snapshot(run)]
                      for run in ("", "run-1", "run-2")]
         searches = [sorted(h.record.id for h in shard.search(q, mode="lexical", limit=20))
                     for q in ("idempotency keys", "gateway protocol", "lesson 7")]
-        return snapshots, searches
+    with ArtifactsClient(stack.artifacts.address, token) as art:
+        view = art.rehydrate("run-1")
+        artifact = next(iter(art.list_artifacts("run-1")))
+        _, chunks = art.read(artifact.artifact_id)
+        verified = art.verify("run-1")
+        assert not verified.problems and not verified.snapshot_problems
+        run = (view.run.SerializeToString(deterministic=True),
+               view.snapshot.SerializeToString(deterministic=True),
+               [e.hash for e in view.events], [e.hash for e in art.replay("run-1")],
+               b"".join(chunks), verified.checked, verified.snapshots_checked)
+    return snapshots, searches, run
 
 
 def test_round_trip_sqlite_postgres_sqlite(
@@ -61,12 +77,13 @@ def test_round_trip_sqlite_postgres_sqlite(
                     {"shard": fresh_postgres_url}) as postgres:
         with cli_for(postgres, admin, monkeypatch) as run:
             loaded = run("import-bundle", str(first), "--expect", digest)
-            assert loaded["created"] == {"rules": 1, "trust": 1, "domains": 0, "records": stored}
-            assert loaded["not_imported"]["events"] == 2
+            assert loaded["created"] == {"rules": 1, "trust": 1, "domains": 0,
+                                         "records": stored, **RUN_ITEMS}
+            assert loaded["not_imported"] == {"decisions": stored, "iterations": 2}
             again = run("import-bundle", str(first))
-            assert again["created"] == {"rules": 0, "trust": 0, "domains": 0, "records": 0}
+            assert set(again["created"].values()) == {0}
             assert again["already_present"] == {"rules": 1, "trust": 1, "domains": 5,
-                                                "records": stored}
+                                                "records": stored, **RUN_ITEMS}
             assert [r["description"] for r in run("gov", "rules", "list")] == ["no secrets"]
             run("export", "--fleet", "fleet-a", "-o", str(second))
         assert observed(postgres, admin) == seen
@@ -81,6 +98,9 @@ def test_round_trip_sqlite_postgres_sqlite(
     one, two, three = members(first), members(second), members(third)
     for path in CARRIED:
         assert one[path] == two[path] == three[path], path
+    blobs = {path for path in one if path.startswith("blobs/")}
+    assert len(blobs) == 1
+    assert {p: one[p] for p in blobs} == {p: three[p] for p in blobs}
 
 
 def test_an_altered_bundle_is_refused_naming_it_and_nothing_is_written(

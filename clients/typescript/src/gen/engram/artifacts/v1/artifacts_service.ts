@@ -586,6 +586,52 @@ export interface ResolvePointerResponse {
   hash: string;
 }
 
+export interface ImportRunRequest {
+  /** The run as its origin's GetRun or ListRuns returned it. */
+  run: Run | undefined;
+}
+
+export interface ImportRunResponse {
+  run:
+    | Run
+    | undefined;
+  /** False when an identical run was already stored. */
+  created: boolean;
+}
+
+export interface ImportArtifactRequest {
+  part:
+    | //
+    /** First message: the artifact as its origin returned it. */
+    { $case: "artifact"; value: Artifact }
+    | { $case: "chunk"; value: Buffer }
+    | //
+    /** Last message: what was sent. */
+    { $case: "trailer"; value: ArtifactTrailer }
+    | undefined;
+}
+
+export interface ImportArtifactResponse {
+  artifact:
+    | Artifact
+    | undefined;
+  /** False when an identical artifact was already stored. */
+  created: boolean;
+}
+
+export interface ImportRunItemsRequest {
+  manifests: Manifest[];
+  evidence: Evidence[];
+  /** Events in order of seq within each run (runs may be interleaved). */
+  events: Event[];
+  snapshots: Snapshot[];
+}
+
+export interface ImportRunItemsResponse {
+  created: number;
+  alreadyPresent: number;
+}
+
 function createBaseRun(): Run {
   return {
     runId: "",
@@ -7796,6 +7842,577 @@ export const ResolvePointerResponse: MessageFns<ResolvePointerResponse> = {
   },
 };
 
+function createBaseImportRunRequest(): ImportRunRequest {
+  return { run: undefined };
+}
+
+export const ImportRunRequest: MessageFns<ImportRunRequest> = {
+  encode(message: ImportRunRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.run !== undefined) {
+      Run.encode(message.run, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRunRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRunRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.run = Run.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRunRequest {
+    return { run: isSet(object.run) ? Run.fromJSON(object.run) : undefined };
+  },
+
+  toJSON(message: ImportRunRequest): unknown {
+    const obj: any = {};
+    if (message.run !== undefined) {
+      obj.run = Run.toJSON(message.run);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRunRequest>, I>>(base?: I): ImportRunRequest {
+    return ImportRunRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRunRequest>, I>>(object: I): ImportRunRequest {
+    const message = createBaseImportRunRequest();
+    message.run = (object.run !== undefined && object.run !== null) ? Run.fromPartial(object.run) : undefined;
+    return message;
+  },
+};
+
+function createBaseImportRunResponse(): ImportRunResponse {
+  return { run: undefined, created: false };
+}
+
+export const ImportRunResponse: MessageFns<ImportRunResponse> = {
+  encode(message: ImportRunResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.run !== undefined) {
+      Run.encode(message.run, writer.uint32(10).fork()).join();
+    }
+    if (message.created !== false) {
+      writer.uint32(16).bool(message.created);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRunResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRunResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.run = Run.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.created = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRunResponse {
+    return {
+      run: isSet(object.run) ? Run.fromJSON(object.run) : undefined,
+      created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+    };
+  },
+
+  toJSON(message: ImportRunResponse): unknown {
+    const obj: any = {};
+    if (message.run !== undefined) {
+      obj.run = Run.toJSON(message.run);
+    }
+    if (message.created !== false) {
+      obj.created = message.created;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRunResponse>, I>>(base?: I): ImportRunResponse {
+    return ImportRunResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRunResponse>, I>>(object: I): ImportRunResponse {
+    const message = createBaseImportRunResponse();
+    message.run = (object.run !== undefined && object.run !== null) ? Run.fromPartial(object.run) : undefined;
+    message.created = object.created ?? false;
+    return message;
+  },
+};
+
+function createBaseImportArtifactRequest(): ImportArtifactRequest {
+  return { part: undefined };
+}
+
+export const ImportArtifactRequest: MessageFns<ImportArtifactRequest> = {
+  encode(message: ImportArtifactRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.part?.$case) {
+      case "artifact":
+        Artifact.encode(message.part.value, writer.uint32(10).fork()).join();
+        break;
+      case "chunk":
+        writer.uint32(18).bytes(message.part.value);
+        break;
+      case "trailer":
+        ArtifactTrailer.encode(message.part.value, writer.uint32(26).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportArtifactRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportArtifactRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.part = { $case: "artifact", value: Artifact.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.part = { $case: "chunk", value: Buffer.from(reader.bytes()) };
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.part = { $case: "trailer", value: ArtifactTrailer.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportArtifactRequest {
+    return {
+      part: isSet(object.artifact)
+        ? { $case: "artifact", value: Artifact.fromJSON(object.artifact) }
+        : isSet(object.chunk)
+        ? { $case: "chunk", value: Buffer.from(bytesFromBase64(object.chunk)) }
+        : isSet(object.trailer)
+        ? { $case: "trailer", value: ArtifactTrailer.fromJSON(object.trailer) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: ImportArtifactRequest): unknown {
+    const obj: any = {};
+    if (message.part?.$case === "artifact") {
+      obj.artifact = Artifact.toJSON(message.part.value);
+    } else if (message.part?.$case === "chunk") {
+      obj.chunk = base64FromBytes(message.part.value);
+    } else if (message.part?.$case === "trailer") {
+      obj.trailer = ArtifactTrailer.toJSON(message.part.value);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportArtifactRequest>, I>>(base?: I): ImportArtifactRequest {
+    return ImportArtifactRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportArtifactRequest>, I>>(object: I): ImportArtifactRequest {
+    const message = createBaseImportArtifactRequest();
+    switch (object.part?.$case) {
+      case "artifact": {
+        if (object.part?.value !== undefined && object.part?.value !== null) {
+          message.part = { $case: "artifact", value: Artifact.fromPartial(object.part.value) };
+        }
+        break;
+      }
+      case "chunk": {
+        if (object.part?.value !== undefined && object.part?.value !== null) {
+          message.part = { $case: "chunk", value: object.part.value };
+        }
+        break;
+      }
+      case "trailer": {
+        if (object.part?.value !== undefined && object.part?.value !== null) {
+          message.part = { $case: "trailer", value: ArtifactTrailer.fromPartial(object.part.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseImportArtifactResponse(): ImportArtifactResponse {
+  return { artifact: undefined, created: false };
+}
+
+export const ImportArtifactResponse: MessageFns<ImportArtifactResponse> = {
+  encode(message: ImportArtifactResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.artifact !== undefined) {
+      Artifact.encode(message.artifact, writer.uint32(10).fork()).join();
+    }
+    if (message.created !== false) {
+      writer.uint32(16).bool(message.created);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportArtifactResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportArtifactResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.artifact = Artifact.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.created = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportArtifactResponse {
+    return {
+      artifact: isSet(object.artifact) ? Artifact.fromJSON(object.artifact) : undefined,
+      created: isSet(object.created) ? globalThis.Boolean(object.created) : false,
+    };
+  },
+
+  toJSON(message: ImportArtifactResponse): unknown {
+    const obj: any = {};
+    if (message.artifact !== undefined) {
+      obj.artifact = Artifact.toJSON(message.artifact);
+    }
+    if (message.created !== false) {
+      obj.created = message.created;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportArtifactResponse>, I>>(base?: I): ImportArtifactResponse {
+    return ImportArtifactResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportArtifactResponse>, I>>(object: I): ImportArtifactResponse {
+    const message = createBaseImportArtifactResponse();
+    message.artifact = (object.artifact !== undefined && object.artifact !== null)
+      ? Artifact.fromPartial(object.artifact)
+      : undefined;
+    message.created = object.created ?? false;
+    return message;
+  },
+};
+
+function createBaseImportRunItemsRequest(): ImportRunItemsRequest {
+  return { manifests: [], evidence: [], events: [], snapshots: [] };
+}
+
+export const ImportRunItemsRequest: MessageFns<ImportRunItemsRequest> = {
+  encode(message: ImportRunItemsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.manifests) {
+      Manifest.encode(v!, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.evidence) {
+      Evidence.encode(v!, writer.uint32(18).fork()).join();
+    }
+    for (const v of message.events) {
+      Event.encode(v!, writer.uint32(26).fork()).join();
+    }
+    for (const v of message.snapshots) {
+      Snapshot.encode(v!, writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRunItemsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRunItemsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.manifests.push(Manifest.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.evidence.push(Evidence.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.events.push(Event.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.snapshots.push(Snapshot.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRunItemsRequest {
+    return {
+      manifests: globalThis.Array.isArray(object?.manifests)
+        ? object.manifests.map((e: any) => Manifest.fromJSON(e))
+        : [],
+      evidence: globalThis.Array.isArray(object?.evidence) ? object.evidence.map((e: any) => Evidence.fromJSON(e)) : [],
+      events: globalThis.Array.isArray(object?.events) ? object.events.map((e: any) => Event.fromJSON(e)) : [],
+      snapshots: globalThis.Array.isArray(object?.snapshots)
+        ? object.snapshots.map((e: any) => Snapshot.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ImportRunItemsRequest): unknown {
+    const obj: any = {};
+    if (message.manifests?.length) {
+      obj.manifests = message.manifests.map((e) => Manifest.toJSON(e));
+    }
+    if (message.evidence?.length) {
+      obj.evidence = message.evidence.map((e) => Evidence.toJSON(e));
+    }
+    if (message.events?.length) {
+      obj.events = message.events.map((e) => Event.toJSON(e));
+    }
+    if (message.snapshots?.length) {
+      obj.snapshots = message.snapshots.map((e) => Snapshot.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRunItemsRequest>, I>>(base?: I): ImportRunItemsRequest {
+    return ImportRunItemsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRunItemsRequest>, I>>(object: I): ImportRunItemsRequest {
+    const message = createBaseImportRunItemsRequest();
+    message.manifests = object.manifests?.map((e) => Manifest.fromPartial(e)) || [];
+    message.evidence = object.evidence?.map((e) => Evidence.fromPartial(e)) || [];
+    message.events = object.events?.map((e) => Event.fromPartial(e)) || [];
+    message.snapshots = object.snapshots?.map((e) => Snapshot.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportRunItemsResponse(): ImportRunItemsResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportRunItemsResponse: MessageFns<ImportRunItemsResponse> = {
+  encode(message: ImportRunItemsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int32(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int32(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportRunItemsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportRunItemsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportRunItemsResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportRunItemsResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportRunItemsResponse>, I>>(base?: I): ImportRunItemsResponse {
+    return ImportRunItemsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportRunItemsResponse>, I>>(object: I): ImportRunItemsResponse {
+    const message = createBaseImportRunItemsResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
+    return message;
+  },
+};
+
 /**
  * ArtifactsService is the external memory of agent runs (seed 004): blobs in a
  * blob store (file:// or s3://) with pointers and hashes in the database, an
@@ -8116,6 +8733,68 @@ export const ArtifactsServiceService = {
       Buffer.from(ResolvePointerResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResolvePointerResponse => ResolvePointerResponse.decode(value),
   },
+  /**
+   * Imports a run written on another instance (engram import-bundle;
+   * docs/bundle.md) as it was there: its id, author, status, stop reason,
+   * times and metadata (event_count, head_hash and latest_snapshot_id are
+   * ignored: they follow from the events and snapshots imported after it).
+   * An identical run already stored answers created = false; another under
+   * the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+   * FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+   */
+  importRun: {
+    path: "/engram.artifacts.v1.ArtifactsService/ImportRun" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportRunRequest): Buffer => Buffer.from(ImportRunRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportRunRequest => ImportRunRequest.decode(value),
+    responseSerialize: (value: ImportRunResponse): Buffer => Buffer.from(ImportRunResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportRunResponse => ImportRunResponse.decode(value),
+  },
+  /**
+   * Imports one artifact of an imported run as a stream: the first message is
+   * the artifact as its origin returned it (id, run, step, path, hash, size,
+   * MIME type, time, metadata), then its bytes, then the trailer. The bytes
+   * must match the artifact's size and SHA-256 or nothing is stored
+   * (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+   * stored under this instance's key for it. An identical artifact already
+   * stored answers created = false without reading the bytes. Admin role.
+   * No HTTP form (engram import-bundle speaks gRPC).
+   */
+  importArtifact: {
+    path: "/engram.artifacts.v1.ArtifactsService/ImportArtifact" as const,
+    requestStream: true as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportArtifactRequest): Buffer =>
+      Buffer.from(ImportArtifactRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportArtifactRequest => ImportArtifactRequest.decode(value),
+    responseSerialize: (value: ImportArtifactResponse): Buffer =>
+      Buffer.from(ImportArtifactResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportArtifactResponse => ImportArtifactResponse.decode(value),
+  },
+  /**
+   * Imports manifests, evidence, events and snapshots of imported runs, all or
+   * nothing, in that order. Each is checked as its service would have made
+   * it: a manifest's and an evidence's id derive from their content, an
+   * event's hash recomputes and it extends its run's stored chain (seq one
+   * past the run's last event, prev_hash its head: FAILED_PRECONDITION
+   * EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+   * and its seq is within the run's log; references must name this fleet's
+   * manifests and artifacts. An identical item already stored counts as
+   * already_present; another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
+   */
+  importRunItems: {
+    path: "/engram.artifacts.v1.ArtifactsService/ImportRunItems" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportRunItemsRequest): Buffer =>
+      Buffer.from(ImportRunItemsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportRunItemsRequest => ImportRunItemsRequest.decode(value),
+    responseSerialize: (value: ImportRunItemsResponse): Buffer =>
+      Buffer.from(ImportRunItemsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportRunItemsResponse => ImportRunItemsResponse.decode(value),
+  },
 } as const;
 
 export interface ArtifactsServiceServer extends UntypedServiceImplementation {
@@ -8208,6 +8887,40 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
    * reported with resolved = false and the run goes on.
    */
   resolvePointer: handleUnaryCall<ResolvePointerRequest, ResolvePointerResponse>;
+  /**
+   * Imports a run written on another instance (engram import-bundle;
+   * docs/bundle.md) as it was there: its id, author, status, stop reason,
+   * times and metadata (event_count, head_hash and latest_snapshot_id are
+   * ignored: they follow from the events and snapshots imported after it).
+   * An identical run already stored answers created = false; another under
+   * the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+   * FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+   */
+  importRun: handleUnaryCall<ImportRunRequest, ImportRunResponse>;
+  /**
+   * Imports one artifact of an imported run as a stream: the first message is
+   * the artifact as its origin returned it (id, run, step, path, hash, size,
+   * MIME type, time, metadata), then its bytes, then the trailer. The bytes
+   * must match the artifact's size and SHA-256 or nothing is stored
+   * (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+   * stored under this instance's key for it. An identical artifact already
+   * stored answers created = false without reading the bytes. Admin role.
+   * No HTTP form (engram import-bundle speaks gRPC).
+   */
+  importArtifact: handleClientStreamingCall<ImportArtifactRequest, ImportArtifactResponse>;
+  /**
+   * Imports manifests, evidence, events and snapshots of imported runs, all or
+   * nothing, in that order. Each is checked as its service would have made
+   * it: a manifest's and an evidence's id derive from their content, an
+   * event's hash recomputes and it extends its run's stored chain (seq one
+   * past the run's last event, prev_hash its head: FAILED_PRECONDITION
+   * EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+   * and its seq is within the run's log; references must name this fleet's
+   * manifests and artifacts. An identical item already stored counts as
+   * already_present; another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
+   */
+  importRunItems: handleUnaryCall<ImportRunItemsRequest, ImportRunItemsResponse>;
 }
 
 export interface ArtifactsServiceClient extends Client {
@@ -8638,6 +9351,83 @@ export interface ArtifactsServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResolvePointerResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Imports a run written on another instance (engram import-bundle;
+   * docs/bundle.md) as it was there: its id, author, status, stop reason,
+   * times and metadata (event_count, head_hash and latest_snapshot_id are
+   * ignored: they follow from the events and snapshots imported after it).
+   * An identical run already stored answers created = false; another under
+   * the same id is ALREADY_EXISTS (RUN_CONFLICT); an erased run's id is
+   * FAILED_PRECONDITION (RUN_ERASED). Admin role, own fleet only.
+   */
+  importRun(
+    request: ImportRunRequest,
+    callback: (error: ServiceError | null, response: ImportRunResponse) => void,
+  ): ClientUnaryCall;
+  importRun(
+    request: ImportRunRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportRunResponse) => void,
+  ): ClientUnaryCall;
+  importRun(
+    request: ImportRunRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportRunResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Imports one artifact of an imported run as a stream: the first message is
+   * the artifact as its origin returned it (id, run, step, path, hash, size,
+   * MIME type, time, metadata), then its bytes, then the trailer. The bytes
+   * must match the artifact's size and SHA-256 or nothing is stored
+   * (INVALID_ARGUMENT UPLOAD_HASH_MISMATCH / UPLOAD_TRUNCATED); the blob is
+   * stored under this instance's key for it. An identical artifact already
+   * stored answers created = false without reading the bytes. Admin role.
+   * No HTTP form (engram import-bundle speaks gRPC).
+   */
+  importArtifact(
+    callback: (error: ServiceError | null, response: ImportArtifactResponse) => void,
+  ): ClientWritableStream<ImportArtifactRequest>;
+  importArtifact(
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportArtifactResponse) => void,
+  ): ClientWritableStream<ImportArtifactRequest>;
+  importArtifact(
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportArtifactResponse) => void,
+  ): ClientWritableStream<ImportArtifactRequest>;
+  importArtifact(
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportArtifactResponse) => void,
+  ): ClientWritableStream<ImportArtifactRequest>;
+  /**
+   * Imports manifests, evidence, events and snapshots of imported runs, all or
+   * nothing, in that order. Each is checked as its service would have made
+   * it: a manifest's and an evidence's id derive from their content, an
+   * event's hash recomputes and it extends its run's stored chain (seq one
+   * past the run's last event, prev_hash its head: FAILED_PRECONDITION
+   * EVENT_CHAIN_GAP otherwise), a snapshot's state hashes to its state_hash
+   * and its seq is within the run's log; references must name this fleet's
+   * manifests and artifacts. An identical item already stored counts as
+   * already_present; another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS (1000) items a call. Admin role.
+   */
+  importRunItems(
+    request: ImportRunItemsRequest,
+    callback: (error: ServiceError | null, response: ImportRunItemsResponse) => void,
+  ): ClientUnaryCall;
+  importRunItems(
+    request: ImportRunItemsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportRunItemsResponse) => void,
+  ): ClientUnaryCall;
+  importRunItems(
+    request: ImportRunItemsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportRunItemsResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -1,0 +1,422 @@
+"""Runs written on another instance, stored as they were there (``engram import-bundle``).
+
+An import keeps what the origin made: ids, authors, times, statuses and the event chain's
+hashes. So nothing is taken on trust: every item is checked as this service would have made
+it (a manifest's and an evidence's id derive from their content, an event's hash recomputes
+and the event extends its run's stored chain, a snapshot's state hashes to its state_hash,
+an artifact's bytes to its hash and size), held to this service's limits, and refused with
+nothing stored when it is not. An identical item already stored is left alone and counted,
+so running an import again, or again after it was cut off, completes it and changes nothing
+else. Imports take the writer's turn (:meth:`ArtifactsService.writing`) and lock the run's
+row, as appends and erasures do, so an erasure and an import of one run never interleave.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from itertools import groupby
+
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session
+
+from engram.client.artifacts import MIME_TYPE
+from services.artifacts.domain import validation as check
+from services.artifacts.domain.chain import evidence_id, expected_hash, manifest_id, sha256_text
+from services.artifacts.domain.entities import (
+    Artifact,
+    Event,
+    Evidence,
+    Manifest,
+    Run,
+    RunStatus,
+    Snapshot,
+)
+from services.artifacts.domain.integrity import ArtifactUpload, CheckedUpload, UploadEnd
+from services.artifacts.service import ArtifactsService
+from services.common.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from services.common.limits import check_limit
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_STOP_REASON = 1024
+
+
+@dataclass(frozen=True)
+class ImportCounts:
+    created: int = 0
+    already_present: int = 0
+
+    def __add__(self, other: ImportCounts) -> ImportCounts:
+        return ImportCounts(self.created + other.created,
+                            self.already_present + other.already_present)
+
+
+_CREATED, _PRESENT = ImportCounts(1, 0), ImportCounts(0, 1)
+
+
+def _time(kind: str, micros: int, *, required: bool = True) -> int:
+    if micros < 0 or (required and micros == 0):
+        raise InvalidArgument(f"{kind} must be a time after 1970 (the origin's own)",
+                              reason="INVALID_CREATE_TIME")
+    return micros
+
+
+def _canonical(kind: str, text: str, canonical: str) -> str:
+    """``text`` when it is already in the form this service stores; refused otherwise (an
+    altered form would not hash, or re-export, as it did at the origin)."""
+    if text != canonical:
+        raise InvalidArgument(f"{kind} is not in canonical JSON form (sorted keys, no spaces) "
+                              "as the origin stored it", reason="NOT_CANONICAL")
+    return text
+
+
+def _conflict(kind: str, item_id: str) -> AlreadyExists:
+    return AlreadyExists(f"{kind} {item_id!r} is already stored here with other content; "
+                         "nothing of this import call was stored",
+                         reason=f"{kind.upper()}_CONFLICT", metadata={f"{kind}_id": item_id})
+
+
+class RunImports:
+    """The import use cases over an :class:`ArtifactsService`'s stores."""
+
+    def __init__(self, service: ArtifactsService) -> None:
+        self.service = service
+        self.repository = service.repository
+        self.limits = service.limits
+
+    # -- runs ---------------------------------------------------------------
+
+    def import_run(self, fleet_id: str, run: Run) -> tuple[Run, bool]:
+        checked = self._checked_run(fleet_id, run)
+        try:
+            with self.service.writing() as session:
+                prior = self._stored_run(session, fleet_id, checked.run_id)
+                if prior is not None:
+                    return self._same_run(prior, checked), False
+                self.repository.add_run(session, checked)
+                session.flush()
+                # After the insert, as StartRun: an erasure of this id has committed by now.
+                erased = self.repository.run_tombstone(session, fleet_id, checked.run_id)
+                if erased is not None:
+                    raise FailedPrecondition(
+                        f"run {checked.run_id!r} was erased here (erasure {erased}); an "
+                        "erased run is not brought back", reason="RUN_ERASED")
+            return checked, True
+        except DbIntegrityError:  # a concurrent import or StartRun of this id came first
+            return self._same_run(self.service.get_run(fleet_id, checked.run_id), checked), False
+
+    def _checked_run(self, fleet_id: str, run: Run) -> Run:
+        if run.fleet_id and run.fleet_id != fleet_id:
+            raise PermissionDenied(
+                f"run {run.run_id[:128]!r} belongs to fleet {run.fleet_id[:128]!r}; this token "
+                f"imports into fleet {fleet_id!r} only", reason="FLEET_MISMATCH")
+        stopped = _time("stop_time", run.stopped_us, required=False)
+        if (run.status is RunStatus.RUNNING) != (stopped == 0):
+            raise InvalidArgument("a running run has no stop_time and a stopped one has one",
+                                  reason="INVALID_RUN")
+        return Run(run_id=check.identifier("run_id", run.run_id), fleet_id=fleet_id,
+                   agent_id=check.identifier("agent_id", run.agent_id), status=run.status,
+                   stop_reason=check.short_text("stop_reason", run.stop_reason,
+                                                MAX_STOP_REASON),
+                   created_us=_time("create_time", run.created_us), stopped_us=stopped,
+                   event_count=0, head_hash="", latest_snapshot_id="",
+                   metadata_json=_canonical("metadata_json", run.metadata_json,
+                                            self.limits.metadata(run.metadata_json)))
+
+    def _stored_run(self, session: Session, fleet_id: str, run_id: str) -> Run | None:
+        try:
+            return self.repository.get_run(session, fleet_id, run_id, lock=True)
+        except NotFound as error:
+            if error.reason == "RUN_ERASED":
+                raise FailedPrecondition(
+                    f"{error.message}; an erased run is not brought back",
+                    reason="RUN_ERASED") from None
+            return None
+
+    @staticmethod
+    def _same_run(stored: Run, wanted: Run) -> Run:
+        fields = ("agent_id", "status", "stop_reason", "created_us", "stopped_us",
+                  "metadata_json")
+        if any(getattr(stored, name) != getattr(wanted, name) for name in fields):
+            raise _conflict("run", wanted.run_id)
+        return stored
+
+    # -- artifacts ----------------------------------------------------------
+
+    def import_artifact(self, fleet_id: str, artifact: Artifact,
+                        parts: Iterable[bytes | UploadEnd]) -> tuple[Artifact, bool]:
+        """Store ``artifact`` with the bytes of ``parts``, which must be its own."""
+        wanted, name = self._checked_artifact(fleet_id, artifact)
+        prior = self._stored_artifact(fleet_id, wanted.artifact_id)
+        if prior is not None:
+            if prior != wanted:
+                raise _conflict("artifact", wanted.artifact_id)
+            return prior, False  # the bytes are not read again: they were checked on the way in
+        self.service.get_run(fleet_id, wanted.run_id)
+        with self.service.db.session() as session:
+            named = self.repository.artifact_named(session, fleet_id, wanted.run_id,
+                                                   wanted.step_id, name)
+        if named is not None:
+            raise AlreadyExists(
+                f"artifact {named.artifact_id} already holds {name!r} in step "
+                f"{wanted.step_id!r} of run {wanted.run_id!r}", reason="ARTIFACT_EXISTS",
+                metadata={"artifact_id": named.artifact_id})
+        upload = ArtifactUpload(run_id=wanted.run_id, step_id=wanted.step_id, name=name,
+                                mime_type=wanted.mime_type, metadata_json=wanted.metadata_json,
+                                expected_size_bytes=wanted.size_bytes,
+                                expected_hash=wanted.hash)
+        received = CheckedUpload(upload, self.limits.check_upload)
+        self.service.blobs.put(wanted.path, received.chunks(parts),
+                               before_commit=received.check_hash)
+        try:
+            with self.service.writing() as session:
+                # The run held: an erasure of it cannot commit between the check and the insert.
+                self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
+                self.repository.add_artifact(session, fleet_id, wanted, name)
+        except BaseException as error:
+            # A concurrent import of this very artifact stored it first: its blob is this one.
+            if self._stored_artifact(fleet_id, wanted.artifact_id) != wanted:
+                self.service.blobs.delete(wanted.path)
+            if isinstance(error, DbIntegrityError):
+                stored = self._stored_artifact(fleet_id, wanted.artifact_id)
+                if stored == wanted:
+                    return stored, False
+                raise _conflict("artifact", wanted.artifact_id) from None
+            raise
+        self.service.blob_bytes.add("in", amount=wanted.size_bytes)
+        return wanted, True
+
+    def _checked_artifact(self, fleet_id: str, artifact: Artifact) -> tuple[Artifact, str]:
+        artifact_id = check.identifier("artifact_id", artifact.artifact_id)
+        run_id = check.identifier("run_id", artifact.run_id)
+        step_id = check.identifier("step_id", artifact.step_id)
+        name = _artifact_name(fleet_id, run_id, step_id, artifact_id, artifact.path)
+        if not _SHA256.fullmatch(artifact.hash):
+            raise InvalidArgument("hash must be the SHA-256 of the bytes, 64 lowercase hex "
+                                  "characters", reason="INVALID_HASH")
+        if artifact.size_bytes < 0:
+            raise InvalidArgument("size_bytes must be >= 0", reason="INVALID_SIZE")
+        self.limits.check_upload(artifact.size_bytes)
+        mime_type = check.short_text("mime_type", artifact.mime_type, check.MAX_MIME_LEN)
+        if not MIME_TYPE.fullmatch(mime_type):
+            raise InvalidArgument(f"mime_type {mime_type[:80]!r} is not a media type",
+                                  reason="INVALID_MIME_TYPE")
+        return Artifact(
+            artifact_id=artifact_id, run_id=run_id, step_id=step_id,
+            # This instance's key for it, whatever the origin's was: a key names the fleet,
+            # so an import never writes where another fleet's blob lives.
+            path=check.artifact_path(fleet_id, run_id, step_id, artifact_id, name),
+            hash=artifact.hash, mime_type=mime_type, size_bytes=artifact.size_bytes,
+            created_us=_time("create_time", artifact.created_us),
+            metadata_json=_canonical("metadata_json", artifact.metadata_json,
+                                     self.limits.metadata(artifact.metadata_json))), name
+
+    def _stored_artifact(self, fleet_id: str, artifact_id: str) -> Artifact | None:
+        try:
+            return self.service.get_artifact(fleet_id, artifact_id)
+        except NotFound:
+            return None
+
+    # -- manifests, evidence, events, snapshots ----------------------------
+
+    def import_items(self, fleet_id: str, manifests: list[Manifest], evidence: list[Evidence],
+                     events: list[Event], snapshots: list[Snapshot]) -> ImportCounts:
+        """All of them in one transaction, or none (the first refusal names its item)."""
+        total = len(manifests) + len(evidence) + len(events) + len(snapshots)
+        if total == 0:
+            raise InvalidArgument("an import call carries at least one item",
+                                  reason="EMPTY_BATCH")
+        check_limit("items in one import call", total, self.limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        manifests = [self._checked_manifest(fleet_id, m) for m in manifests]
+        evidence = [self._checked_evidence(fleet_id, e) for e in evidence]
+        events = sorted((self._checked_event(e) for e in events),
+                        key=lambda e: (e.run_id, e.seq))
+        snapshots = [self._checked_snapshot(s) for s in snapshots]
+        try:
+            with self.service.writing() as session:
+                counts = ImportCounts()
+                for manifest in manifests:
+                    counts += self._manifest(session, fleet_id, manifest)
+                for item in evidence:
+                    counts += self._evidence(session, fleet_id, item)
+                for run_id, run_events in groupby(events, key=lambda e: e.run_id):
+                    counts += self._events(session, fleet_id, run_id, list(run_events))
+                for snapshot in snapshots:
+                    counts += self._snapshot(session, fleet_id, snapshot)
+                return counts
+        except DbIntegrityError:
+            raise Aborted("a concurrent import stored some of these items first; nothing of "
+                          "this call was stored, send it again", reason="CONCURRENT_WRITE"
+                          ) from None
+
+    def _checked_manifest(self, fleet_id: str, manifest: Manifest) -> Manifest:
+        content = _canonical("content_json", manifest.content_json,
+                             self.limits.document("content_json", manifest.content_json,
+                                                  default=""))
+        if manifest.manifest_id != manifest_id(content) or \
+                manifest.content_hash != sha256_text(content):
+            raise InvalidArgument(f"manifest {manifest.manifest_id[:80]!r}: its id and "
+                                  "content_hash must derive from its content_json (altered?)",
+                                  reason="MANIFEST_HASH_MISMATCH")
+        return replace(manifest, fleet_id=fleet_id,
+                       run_id=check.identifier("run_id", manifest.run_id)
+                       if manifest.run_id else "",
+                       created_us=_time("create_time", manifest.created_us))
+
+    def _checked_evidence(self, fleet_id: str, evidence: Evidence) -> Evidence:
+        for kind in ("corpus_id", "index_id", "chunk_id"):
+            check.identifier(kind, getattr(evidence, kind))
+        if evidence.span_start < 0 or evidence.span_end < evidence.span_start:
+            raise InvalidArgument(f"span [{evidence.span_start}, {evidence.span_end}) must "
+                                  "satisfy 0 <= start <= end", reason="INVALID_SPAN")
+        if evidence.evidence_id != evidence_id(evidence.corpus_id, evidence.index_id,
+                                               evidence.chunk_id, evidence.span_start,
+                                               evidence.span_end):
+            raise InvalidArgument(f"evidence {evidence.evidence_id[:80]!r}: its id must derive "
+                                  "from its corpus, index, chunk and span (altered?)",
+                                  reason="EVIDENCE_ID_MISMATCH")
+        return replace(
+            evidence, fleet_id=fleet_id,
+            artifact_id=check.identifier("artifact_id", evidence.artifact_id)
+            if evidence.artifact_id else "",
+            metadata_json=_canonical("metadata_json", evidence.metadata_json,
+                                     self.limits.metadata(evidence.metadata_json)),
+            created_us=_time("create_time", evidence.created_us))
+
+    def _checked_event(self, event: Event) -> Event:
+        check.identifier("run_id", event.run_id)
+        if event.seq < 1:
+            raise InvalidArgument(f"run {event.run_id}: event seq {event.seq} must be >= 1",
+                                  reason="INVALID_SEQ")
+        if not event.type.strip():
+            raise InvalidArgument("an event needs a type")
+        check.short_text("type", event.type, check.MAX_TYPE_LEN)
+        _canonical("payload_json", event.payload_json,
+                   self.limits.document("payload_json", event.payload_json))
+        if event.manifest_id:
+            check.identifier("manifest_id", event.manifest_id)
+        check.references("artifact_id", event.artifact_ids)
+        if event.agent_id:  # the service's own events (a stop after a lost pointer) have none
+            check.identifier("agent_id", event.agent_id)
+        _time("create_time", event.created_us)
+        if not _SHA256.fullmatch(event.prev_hash or "0" * 64) or \
+                expected_hash(event, event.prev_hash) != event.hash:
+            raise InvalidArgument(f"run {event.run_id}: event {event.seq} does not match its "
+                                  "hash (altered?)", reason="EVENT_HASH_MISMATCH",
+                                  metadata={"run_id": event.run_id, "seq": str(event.seq)})
+        return event
+
+    def _checked_snapshot(self, snapshot: Snapshot) -> Snapshot:
+        check.identifier("snapshot_id", snapshot.snapshot_id)
+        check.identifier("run_id", snapshot.run_id)
+        if snapshot.seq < 0:
+            raise InvalidArgument("a snapshot's seq must be >= 0", reason="INVALID_SEQ")
+        state = _canonical("state_json", snapshot.state_json,
+                           self.limits.document("state_json", snapshot.state_json))
+        if snapshot.state_hash != sha256_text(state):
+            raise InvalidArgument(f"snapshot {snapshot.snapshot_id}: its state does not match "
+                                  "its state_hash (altered?)", reason="SNAPSHOT_HASH_MISMATCH")
+        if snapshot.manifest_id:
+            check.identifier("manifest_id", snapshot.manifest_id)
+        check.references("artifact_id", snapshot.artifact_ids)
+        _time("create_time", snapshot.created_us)
+        return snapshot
+
+    def _manifest(self, session: Session, fleet_id: str, manifest: Manifest) -> ImportCounts:
+        prior = self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
+        if prior is not None:
+            if prior != manifest:
+                raise _conflict("manifest", manifest.manifest_id)
+            return _PRESENT
+        if manifest.run_id:
+            self.repository.get_run(session, fleet_id, manifest.run_id)
+        self.repository.add_manifest(session, manifest)
+        session.flush()
+        return _CREATED
+
+    def _evidence(self, session: Session, fleet_id: str, evidence: Evidence) -> ImportCounts:
+        prior = self.repository.get_evidence(session, fleet_id, evidence.evidence_id)
+        if prior is not None:
+            if prior != evidence:
+                raise _conflict("evidence", evidence.evidence_id)
+            return _PRESENT
+        if evidence.artifact_id:
+            self.service.check_references(session, fleet_id, "", (evidence.artifact_id,))
+        self.repository.add_evidence(session, evidence)
+        session.flush()
+        return _CREATED
+
+    def _events(self, session: Session, fleet_id: str, run_id: str,
+                events: list[Event]) -> ImportCounts:
+        run = self.repository.get_run(session, fleet_id, run_id, lock=True)
+        counts = ImportCounts()
+        for event in events:
+            if event.seq <= run.event_count:
+                stored = self.repository.events_after(session, fleet_id, run_id,
+                                                      event.seq - 1, 1)
+                if not stored or stored[0] != event:
+                    raise _conflict("event", f"{run_id}/{event.seq}")
+                counts += _PRESENT
+                continue
+            if event.seq != run.event_count + 1 or event.prev_hash != run.head_hash:
+                raise FailedPrecondition(
+                    f"run {run_id}: event {event.seq} does not extend the stored chain, which "
+                    f"holds {run.event_count} events; import a run's events in order from seq "
+                    f"{run.event_count + 1}", reason="EVENT_CHAIN_GAP",
+                    metadata={"run_id": run_id, "seq": str(event.seq),
+                              "stored": str(run.event_count)})
+            self.service.check_references(session, fleet_id, event.manifest_id,
+                                           event.artifact_ids)
+            self.repository.add_event(session, fleet_id, event, "")
+            run = replace(run, event_count=event.seq, head_hash=event.hash)
+            counts += _CREATED
+        session.flush()
+        return counts
+
+    def _snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot) -> ImportCounts:
+        prior = self.repository.get_snapshot(session, fleet_id, snapshot.snapshot_id)
+        if prior is not None:
+            if prior != snapshot:
+                raise _conflict("snapshot", snapshot.snapshot_id)
+            return _PRESENT
+        run = self.repository.get_run(session, fleet_id, snapshot.run_id, lock=True)
+        if snapshot.seq > run.event_count:
+            raise FailedPrecondition(
+                f"snapshot {snapshot.snapshot_id} is at seq {snapshot.seq}, past the "
+                f"{run.event_count} events stored for run {run.run_id}: import its events "
+                "first", reason="SNAPSHOT_AHEAD_OF_LOG")
+        self.service.check_references(session, fleet_id, snapshot.manifest_id,
+                                       snapshot.artifact_ids)
+        latest = (self.repository.get_snapshot(session, fleet_id, run.latest_snapshot_id)
+                  if run.latest_snapshot_id else None)
+        self.repository.add_snapshot(session, fleet_id, snapshot, "")
+        if latest is not None and (latest.created_us, latest.snapshot_id) > (
+                snapshot.created_us, snapshot.snapshot_id):
+            # Imported out of creation order: the run's latest stays the newest, as at the origin.
+            self.repository.set_latest_snapshot(session, fleet_id, run.run_id,
+                                                latest.snapshot_id)
+        session.flush()
+        return _CREATED
+
+
+def _artifact_name(fleet_id: str, run_id: str, step_id: str, artifact_id: str,
+                   path: str) -> str:
+    """The artifact's name, from the key its origin stored it under (this fleet's layout, or
+    the layout of rows stored before fleets scoped runs)."""
+    for prefix in (f"fleets/{fleet_id}/runs/{run_id}/{step_id}/{artifact_id}/",
+                   f"runs/{run_id}/{step_id}/"):
+        if path.startswith(prefix) and len(path) > len(prefix):
+            return check.artifact_name(path[len(prefix):])
+    raise InvalidArgument(
+        f"path {path[:200]!r} is not where this fleet keeps artifact {artifact_id} of run "
+        f"{run_id}, step {step_id} (fleets/<fleet>/runs/<run>/<step>/<artifact_id>/<name>)",
+        reason="INVALID_ARTIFACT_PATH")
