@@ -76,10 +76,10 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
                                        log_level=settings.log_level)
         else:
             # Imported here: a lexical-only or test shard never loads ONNX Runtime.
-            from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
+            from services.shard.retrieval.embedding_onnx import onnx_encoder
 
-            provider = OnnxBertEmbedder(spec, threads=settings.embed_threads, int8=int8,
-                                        pool_niceness=settings.index_niceness)
+            provider = onnx_encoder(spec, threads=settings.embed_threads, int8=int8,
+                                    pool_niceness=settings.index_niceness)
     require_production(provider, allow_test_embedder=settings.allow_test_embedder)
     return provider
 

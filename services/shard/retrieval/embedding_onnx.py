@@ -51,9 +51,12 @@ _IR_VERSION = 10  # readable by every onnxruntime >= 1.20
 _OPSET = 17
 
 
-def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> ModelProto:
+def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec, *,
+               pool: bool = True) -> ModelProto:
     """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, pooled (mean or
-    CLS token, as ``spec`` says; not normalised) float32 rows out.
+    CLS token, as ``spec`` says; not normalised) float32 rows out; with ``pool=False`` the
+    last hidden states (batch x length x hidden, ``last_hidden_state``) instead, as an
+    exported transformer gives them.
 
     Token type 0 is folded into the position embeddings (a sentence encoder has one segment),
     so EmbedLayerNormalization needs no segment input. Attention takes the mask as per-row
@@ -197,7 +200,9 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> 
             ),
         ]
         x = n + "out"
-    if spec.pooling == "cls":
+    if not pool:
+        nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"]))
+    elif spec.pooling == "cls":
         # A 0-d index drops the length axis (np.ascontiguousarray in const() would make it 1-d).
         graph.initializer.add().CopyFrom(numpy_helper.from_array(np.array(0, np.int64), "first"))
         nodes.append(helper.make_node("Gather", [x, "first"], ["pooled"], axis=1))
@@ -226,7 +231,8 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec) -> 
     )
     graph.output.append(
         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", spec.hidden])
-    )
+        if pool else helper.make_tensor_value_info(
+            "last_hidden_state", TensorProto.FLOAT, [*batch_by_length, spec.hidden]))
     return model
 
 
@@ -375,3 +381,14 @@ class OnnxBertEmbedder(PooledEncoder):
         (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask})
         out: npt.NDArray[np.float32] = pooled
         return out
+
+
+def onnx_encoder(spec: ModelSpec | None, *, threads: int = 1, int8: bool = False,
+                 pool_niceness: int = 0) -> PooledEncoder:
+    """The encoder for ``spec``: its exported ONNX file as supplied when it has one
+    (``embedding_onnx_file``; ``int8`` does not apply), else the graph built from its weights."""
+    if spec is not None and spec.onnx_file is not None:
+        from services.shard.retrieval.embedding_onnx_file import OnnxFileEmbedder
+
+        return OnnxFileEmbedder(spec, threads=threads)
+    return OnnxBertEmbedder(spec, threads=threads, int8=int8, pool_niceness=pool_niceness)

@@ -65,12 +65,12 @@ def _serve(conn: Connection, model: Any, niceness: int) -> None:
 def _child(foreground: list[Connection], background: Connection, spec: ModelSpec | None,
            threads: int, int8: bool, niceness: int, log_level: str) -> None:
     from services.common.logging_setup import configure_logging
-    from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
+    from services.shard.retrieval.embedding_onnx import onnx_encoder
 
     configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
 
     try:
-        model = OnnxBertEmbedder(spec, threads=threads, int8=int8, pool_niceness=niceness)
+        model = onnx_encoder(spec, threads=threads, int8=int8, pool_niceness=niceness)
     except Exception as error:
         background.send((False, f"{type(error).__name__}: {error}"))
         return

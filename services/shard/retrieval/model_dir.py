@@ -33,6 +33,9 @@ _DIGEST_HEX = 12
 _SUPPORTED_TYPES = ("bert", "mpnet")
 RELATIVE_BIAS = "encoder.relative_attention_bias.weight"
 _MAX_TOKENS_CAP = 512
+ONNX_FILES = ("onnx/model.onnx", "model.onnx")
+"""Where a directory may hold an exported encoder instead of ``model.safetensors`` (the
+first as sentence-transformers saves its ONNX backend, the second as optimum exports)."""
 
 
 class ModelDirError(ValueError):
@@ -57,6 +60,8 @@ class ModelSpec:
     position_offset: int = 0  # MPNet: positions start at pad_token_id + 1
     relative_buckets: int = 0  # MPNet: relative-position buckets (0: none)
     relative_max_distance: int = 128
+    onnx_file: Path | None = None
+    """An exported ONNX encoder run as supplied (no safetensors): :data:`ONNX_FILES`."""
 
     def identity(self, *, int8: bool) -> str:
         """``name@digest`` (and ``-int8``), at most 64 characters: the key of stored vectors."""
@@ -128,6 +133,10 @@ def inspect_model_dir(directory: Path, *, name: str | None = None,
         raise ModelDirError(f"model directory {directory} does not exist or is not a directory")
     config_path = directory / "config.json"
     config = _read_json(config_path, "the model's config")
+    if not (directory / "model.safetensors").is_file():
+        exported = next((directory / f for f in ONNX_FILES if (directory / f).is_file()), None)
+        if exported is not None:
+            return _onnx_spec(directory, config, exported, name=name, max_tokens=max_tokens)
     model_type = config.get("model_type")
     if model_type not in _SUPPORTED_TYPES:
         raise ModelDirError(
@@ -157,29 +166,71 @@ def inspect_model_dir(directory: Path, *, name: str | None = None,
         raise ModelDirError(f"{config_path}: layer_norm_eps must be in (0, 1), found {eps!r}")
     pooling = _pooling(directory)
     for required, what in (("tokenizer.json", "the tokenizer (a Hugging Face tokenizers file)"),
-                           ("model.safetensors", "the weights (safetensors)")):
+                           ("model.safetensors", "the weights (safetensors; or an exported "
+                            f"encoder as {' or '.join(ONNX_FILES)})")):
         if not (directory / required).is_file():
             raise ModelDirError(f"{directory / required} is missing ({what})")
+    max_tokens, files = _token_limit(directory, max_tokens, positions)
+    return ModelSpec(directory=directory, name=_name(directory, name), hidden=hidden,
+                     heads=heads, layers=layers, intermediate=intermediate,
+                     layer_norm_eps=float(eps), pooling=pooling, max_tokens=max_tokens,
+                     digest=_identity_digest(directory, directory / "model.safetensors",
+                                             files, max_tokens),
+                     architecture=str(model_type), position_offset=position_offset,
+                     relative_buckets=relative_buckets)
+
+
+def _onnx_spec(directory: Path, config: dict[str, Any], exported: Path, *, name: str | None,
+               max_tokens: int | None) -> ModelSpec:
+    """An exported encoder: any architecture, since its graph comes with it; the config gives
+    its width and positions, the pooling config how its token states become a sentence's.
+    Whether the file runs, and what it takes and gives, is checked when it is loaded
+    (``embedding_onnx_file``)."""
+    config_path = directory / "config.json"
+    hidden = _positive_int(config, "hidden_size", config_path)
+    declared = config.get("max_position_embeddings", _MAX_TOKENS_CAP)
+    positions = declared if isinstance(declared, int) and declared > 0 else _MAX_TOKENS_CAP
+    if config.get("model_type") in ("roberta", "xlm-roberta", "mpnet"):
+        # Their positions start after the padding id: two fewer usable ones.
+        pad = config.get("pad_token_id", 1)
+        positions -= (pad if isinstance(pad, int) and pad >= 0 else 1) + 1
+    pooling = _pooling(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise ModelDirError(f"{directory / 'tokenizer.json'} is missing (the tokenizer, a "
+                            "Hugging Face tokenizers file)")
+    max_tokens, files = _token_limit(directory, max_tokens, positions)
+    return ModelSpec(directory=directory, name=_name(directory, name), hidden=hidden, heads=0,
+                     layers=0, intermediate=0, layer_norm_eps=1e-12, pooling=pooling,
+                     max_tokens=max_tokens,
+                     digest=_identity_digest(directory, exported, files, max_tokens),
+                     architecture=str(config.get("model_type", "onnx")), onnx_file=exported)
+
+
+def _token_limit(directory: Path, max_tokens: int | None,
+                 positions: int) -> tuple[int, list[Path]]:
+    """Tokens a text keeps (sentence_bert_config.json's ``max_seq_length`` unless given,
+    within the model's positions and 512), and that file when there is one."""
     st_config_path = directory / "sentence_bert_config.json"
     st_config = _read_json(st_config_path, "") if st_config_path.is_file() else {}
     if max_tokens is None:
         declared = st_config.get("max_seq_length", _MAX_TOKENS_CAP)
         max_tokens = declared if isinstance(declared, int) and declared > 0 else _MAX_TOKENS_CAP
-    max_tokens = min(max_tokens, positions, _MAX_TOKENS_CAP)
-    files = [config_path, directory / "1_Pooling" / "config.json", directory / "tokenizer.json",
-             directory / "model.safetensors"]
-    if st_config_path.is_file():
-        files.append(st_config_path)
+    return (min(max_tokens, positions, _MAX_TOKENS_CAP),
+            [st_config_path] if st_config_path.is_file() else [])
+
+
+def _name(directory: Path, name: str | None) -> str:
     # The directory's name (/models/bge-small-en-v1.5): config.json's _name_or_path is often
     # the base model the sentence encoder was trained from (microsoft/mpnet-base).
-    name = name or directory.resolve().name
-    digest = _digest(files) + f"/{max_tokens}"
-    return ModelSpec(directory=directory, name=name or "model", hidden=hidden, heads=heads,
-                     layers=layers, intermediate=intermediate, layer_norm_eps=float(eps),
-                     pooling=pooling, max_tokens=max_tokens,
-                     digest=hashlib.sha256(digest.encode()).hexdigest(),
-                     architecture=str(model_type), position_offset=position_offset,
-                     relative_buckets=relative_buckets)
+    return name or directory.resolve().name or "model"
+
+
+def _identity_digest(directory: Path, weights: Path, extra: list[Path], max_tokens: int) -> str:
+    """SHA-256 over every file that decides the vectors, in a fixed order (a change of order
+    would change every stored vector's key), and the token limit."""
+    files = [directory / "config.json", directory / "1_Pooling" / "config.json",
+             directory / "tokenizer.json", weights, *extra]
+    return hashlib.sha256((_digest(files) + f"/{max_tokens}").encode()).hexdigest()
 
 
 def bert_weight_names(spec: ModelSpec) -> list[str]:
