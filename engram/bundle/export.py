@@ -31,6 +31,7 @@ from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
 from engram.client.shard import ShardClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
 
 PAGE = 1000
 KINDS = ("domains", "records", "rules", "trust", "decisions", "runs", "artifacts", "events",
@@ -91,6 +92,11 @@ class _Stage:
         # A repeated key (an item listed twice across pages) keeps one copy.
         self.db.execute("INSERT OR REPLACE INTO rows VALUES (?, ?, ?)",
                         (kind, key, json.dumps(row)))
+
+    def get(self, kind: str, key: str) -> dict[str, Any] | None:
+        found = self.db.execute("SELECT row FROM rows WHERE kind = ? AND sort_key = ?",
+                                (kind, key)).fetchone()
+        return None if found is None else dict(json.loads(found[0]))
 
     def rows(self, kind: str) -> Iterator[dict[str, Any]]:
         cursor = self.db.execute("SELECT row FROM rows WHERE kind = ? ORDER BY sort_key",
@@ -204,9 +210,35 @@ class Exporter:
                 apb.ListManifestsRequest(run_id=run, page_size=PAGE),
                 lambda reply: reply.manifests)):
             stage.put("manifests", manifest.manifest_id, proto_row(manifest))
+        last = 0
         for summary in _ignore_missing(c.compactor.summaries(run, page_size=PAGE)):
             stage.put("iterations", f"{run}/{summary.iteration:020d}",
                       {"run_id": run, **proto_row(summary)})
+            last = summary.iteration
+        for iteration, (detail, guardrails) in self._iteration_details(run, last).items():
+            key = f"{run}/{iteration:020d}"
+            row = stage.get("iterations", key)
+            if row is not None:
+                stage.put("iterations", key,
+                          {**row, "detail_json": detail, "guardrails_json": guardrails})
+
+    def _iteration_details(self, run: str, last: int) -> dict[int, tuple[str, str]]:
+        """The full details the compactor still keeps for ``run``: its hot ring, then each cold
+        snapshot, found newest first (a reconstruction below the hot ring names the nearest
+        snapshot and returns its detail): one call a snapshot, never one an iteration."""
+        compactor = self.clients.compactor
+        details = {hot.summary.iteration: (hot.detail_json, hot.guardrails_json)
+                   for hot in _ignore_missing(compactor.recent(run, page_size=PAGE))}
+        below = min(details, default=last + 1) - 1
+        while below >= 1:
+            view = compactor.reconstruct(run, below)
+            if view.source == cpb.DETAIL_SOURCE_BASE_SNAPSHOT:
+                below = view.base_iteration
+            elif view.source != cpb.DETAIL_SOURCE_COLD_SNAPSHOT:
+                break  # no snapshot at or before it: only summaries from here down
+            details[below] = (view.detail_json, view.guardrails_json)
+            below -= 1
+        return details
 
     def _write_artifacts(self, stage: _Stage, bundle: BundleWriter) -> int:
         """The artifact rows, and each distinct blob once, streamed from ReadArtifact (which

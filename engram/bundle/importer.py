@@ -7,7 +7,9 @@ finds them) and the tiers an operator pinned (SetTier, only where the target dif
 suspended agent stays suspended; then domains (UpsertDomain), then records (ImportRecords, in
 batches, each record re-hashed by the shard, all or nothing per batch), then runs (ImportRun),
 their artifacts with their bytes (ImportArtifact), and their manifests, evidence, events and
-snapshots (ImportRunItems, in batches; the artifacts service re-hashes every one). Every step is
+snapshots (ImportRunItems, in batches; the artifacts service re-hashes every one), then each
+run's iteration log (ImportIterations: summaries with their hashes, and the details the
+origin still kept). Every step is
 idempotent: an identical record already stored is left alone, so running the import again, or
 again after an interruption, finishes what is missing and changes nothing else. Parts this
 version does not import yet are reported by name and row count.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
@@ -26,11 +29,12 @@ from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle.export import KINDS, Clients, Progress
 from engram.bundle.format import CHUNK, BundleError, BundleReader, Manifest, blob_path
 from engram.client.governance import TIER_NAMES
+from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
 IMPORTED = ("rules", "trust", "domains", "records", "runs", "artifacts", "manifests",
-            "evidence", "events", "snapshots")
+            "evidence", "events", "snapshots", "iterations")
 """The parts an import writes; the others are named as not imported."""
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
@@ -75,6 +79,7 @@ class Importer:
         self._artifacts(reader, report)
         for kind, message in RUN_ITEMS:
             self._run_items(reader, report, kind, message)
+        self._iterations(reader, report)
         report.not_imported = {kind: manifest.rows(kind) for kind in KINDS
                                if kind not in IMPORTED and manifest.rows(kind)}
         return report
@@ -183,6 +188,29 @@ class Importer:
             present += reply.already_present
             self.progress(kind, len(batch), sum(m.ByteSize() for m in batch))
         report.created[kind], report.already_present[kind] = created, present
+
+    def _iterations(self, reader: BundleReader, report: ImportReport) -> None:
+        """Each run's iteration log in order, summaries with their hashes and the details the
+        origin still kept; the compactor checks every line extends the stored log."""
+        created = present = 0
+
+        def imported(row: dict[str, Any]) -> tuple[str, cpb.ImportedIteration]:
+            body = {k: v for k, v in row.items()
+                    if k not in ("run_id", "detail_json", "guardrails_json")}
+            return str(row.get("run_id", "")), cpb.ImportedIteration(
+                summary=_parse(body, cpb.IterationSummary(), "iterations"),
+                detail_json=str(row.get("detail_json", "")),
+                guardrails_json=str(row.get("guardrails_json", "")))
+
+        rows = (imported(row) for row in reader.rows("iterations"))
+        for run_id, group in groupby(rows, key=lambda pair: pair[0]):
+            for batch in _batches((item for _, item in group), BATCH, BATCH_BYTES):
+                reply = self.clients.compactor.import_iterations(run_id, batch)
+                created += reply.created
+                present += reply.already_present
+                self.progress("iterations", len(batch), sum(m.ByteSize() for m in batch))
+        report.created["iterations"] = created
+        report.already_present["iterations"] = present
 
 
 def _counted(chunks: Iterator[bytes], progress: Progress) -> Iterator[bytes]:

@@ -29,7 +29,8 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "ForgetRuns", "FindRuns", "ImportRun", "ImportArtifact", "ImportRunItems"),
     "engram.compactor.v1.CompactorService": (
         "RecordIteration", "ListRecentIterations", "ListSummaries", "ReconstructIteration",
-        "VerifyRun", "ListPolicyRuns", "ForgetIterations", "FindIterationLogs"),
+        "VerifyRun", "ListPolicyRuns", "ForgetIterations", "FindIterationLogs",
+        "ImportIterations"),
     "engram.governance.v1.GovernanceService": (
         "GetTrust", "BatchGetTrust", "CreateRule", "ListRules", "ListDecisions",
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",

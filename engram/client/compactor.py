@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from functools import cached_property
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -68,6 +68,15 @@ class CompactorClient(BaseClient):
         reply: pb.RecordIterationResponse = self.call(
             self.stub.RecordIteration, pb.RecordIterationRequest(
                 run_id=run_id, iteration=iteration, request_id=idempotency_key(request_id)))
+        return reply
+
+    def import_iterations(
+            self, run_id: str,
+            iterations: Sequence[pb.ImportedIteration]) -> pb.ImportIterationsResponse:
+        """Iterations of another instance, in order, kept as they were (admin; import-bundle)."""
+        reply: pb.ImportIterationsResponse = self.call(
+            self.stub.ImportIterations,
+            pb.ImportIterationsRequest(run_id=run_id, iterations=iterations))
         return reply
 
     def recent(self, run_id: str, page_size: int = 0) -> Iterator[pb.HotIteration]:

@@ -236,10 +236,11 @@ class CompactorRepository:
         conn.execute(_INSERT_LINE, {"fleet_id": fleet_id, "run_id": run_id,
                                     "iteration": line.iteration, "seq": plan.seq,
                                     "line": text})
-        conn.execute(_INSERT_HOT, {"fleet_id": fleet_id, "run_id": run_id,
-                                   "iteration": line.iteration, "line": text,
-                                   "detail_json": request.item.detail_json,
-                                   "guardrails_json": request.item.guardrails_json})
+        if request.detail_known:
+            conn.execute(_INSERT_HOT, {"fleet_id": fleet_id, "run_id": run_id,
+                                       "iteration": line.iteration, "line": text,
+                                       "detail_json": request.item.detail_json,
+                                       "guardrails_json": request.item.guardrails_json})
         if plan.seal_seq is not None:
             conn.execute(_INSERT_SEGMENT, {
                 "fleet_id": fleet_id, "run_id": run_id, "seq": plan.seal_seq, "sealed": False,

@@ -22,6 +22,7 @@ then raised.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import uuid
@@ -40,7 +41,7 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.group_commit import GroupCommit
-from services.common.limits import validate_request_id
+from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.compactor.domain.blob_layout import SegmentEntry, SnapshotContent
@@ -84,9 +85,20 @@ from services.compactor.tiers.warm import WarmArchive
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _REREAD_ATTEMPTS = 3  # a read whose chosen files a seal or a retirement deleted: tries
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
+
+
+@dataclass(frozen=True)
+class ImportedIteration:
+    """An iteration as its origin holds it: its warm line (with hashes), and its detail when
+    the origin still keeps it (hot ring or cold snapshot); empty when only the line survived."""
+
+    line: WarmLine
+    detail_json: str = ""
+    guardrails_json: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,15 @@ class IterationLog:
         request = AppendRequest(fleet_id, run_id, item,
                                 canonical_detail_digest(item.detail_json, item.guardrails_json),
                                 request_id)
+        outcome = self._submit(request)
+        if outcome.plan is None:
+            return self._existing(fleet_id, run_id, item, outcome.recorded_iteration,
+                                  request_id)
+        return RecordResult(outcome.plan.line, True)
+
+    def _submit(self, request: AppendRequest) -> AppendOutcome:
+        """``request`` committed (``plan`` set) or found already recorded (``plan`` None),
+        after the run's pending tier work is done; raised when it was refused."""
         for _attempt in range(_APPEND_ATTEMPTS):
             try:
                 outcome = self._appends.submit(request)
@@ -145,14 +166,63 @@ class IterationLog:
             if outcome.retry:
                 continue
             if outcome.head_pending or (outcome.plan is not None and outcome.plan.pending_work):
-                self._finish_after_commit(fleet_id, run_id)
-            if outcome.plan is None:
-                return self._existing(fleet_id, run_id, item, outcome.recorded_iteration,
-                                      request_id)
-            return RecordResult(outcome.plan.line, True)
-        raise Aborted(f"run {run_id} is being appended to concurrently and this iteration lost "
-                      f"{_APPEND_ATTEMPTS} times; nothing was recorded, retry",
+                self._finish_after_commit(request.fleet_id, request.run_id)
+            return outcome
+        raise Aborted(f"run {request.run_id} is being appended to concurrently and this "
+                      f"iteration lost {_APPEND_ATTEMPTS} times; nothing was recorded, retry",
                       reason="CONCURRENT_APPEND")
+
+    def import_iterations(self, fleet_id: str, run_id: str,
+                          items: Sequence[ImportedIteration]) -> tuple[int, int]:
+        """Iterations recorded at another instance, in order, each kept as it was there (its
+        line must hash as it did); returns (created, already present). Each is committed as
+        it is recorded: a call cut short is completed by sending it again."""
+        if not items:
+            raise InvalidArgument("an import call carries at least one iteration",
+                                  reason="EMPTY_BATCH")
+        check_limit("iterations in one import call", len(items), self.limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        checked = [self._checked_import(fleet_id, run_id, item) for item in items]
+        created = 0
+        for request in checked:
+            outcome = self._submit(request)
+            if outcome.plan is not None:
+                created += 1
+                continue
+            stored = self.summary(fleet_id, run_id, request.item.iteration)
+            if stored.hash != request.expected_hash:
+                raise AlreadyExists(
+                    f"iteration {request.item.iteration} of run {run_id} is already recorded "
+                    "here with other content; the warm log is append-only",
+                    reason="ITERATION_EXISTS",
+                    metadata={"iteration": str(request.item.iteration)})
+        return created, len(checked) - created
+
+    def _checked_import(self, fleet_id: str, run_id: str,
+                        imported: ImportedIteration) -> AppendRequest:
+        line = imported.line
+        if line.iteration < 1:
+            raise InvalidArgument(f"an imported iteration is >= 1, got {line.iteration}")
+        for name in ("detail_digest", "hash"):
+            if not _SHA256.fullmatch(getattr(line, name)):
+                raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
+                                      "(64 lowercase hex characters)", reason="INVALID_HASH")
+        known = bool(imported.detail_json or imported.guardrails_json)
+        item = IterationInput(
+            iteration=line.iteration, plan_digest=line.plan_digest,
+            parent_digest=line.parent_digest, start_ts=line.start_ts, end_ts=line.end_ts,
+            files_touched=line.files_touched, net_add=line.net_add, net_del=line.net_del,
+            risk_score=line.risk_score, status=line.status,
+            detail_json=imported.detail_json or "null",
+            guardrails_json=imported.guardrails_json or "null").validated(self.limits)
+        if known and canonical_detail_digest(item.detail_json, item.guardrails_json) != \
+                line.detail_digest:
+            raise InvalidArgument(
+                f"iteration {line.iteration}: its detail does not hash to its summary's "
+                "detail_digest (altered)", reason="DETAIL_DIGEST_MISMATCH",
+                metadata={"iteration": str(line.iteration)})
+        return AppendRequest(fleet_id, run_id, item, line.detail_digest, detail_known=known,
+                             expected_hash=line.hash)
 
     def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
         """The iteration is committed: a failed seal or snapshot is not a failed write."""

@@ -19,7 +19,7 @@ from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
 from services.compactor.domain.warm_chain import IterationInput, WarmLine
 from services.compactor.erasure import IterationEraser
-from services.compactor.service import IterationLog, MemoryPolicyRunner
+from services.compactor.service import ImportedIteration, IterationLog, MemoryPolicyRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
 _WRITERS = frozenset({"agent", "admin"})  # no service calls the compactor
@@ -32,6 +32,8 @@ def _m(name: str) -> str:
 
 POLICY: MethodPolicy = {
     _m("RecordIteration"): _WRITERS,
+    # Keeps the origin's lines and hashes: an admin's act, like the other imports.
+    _m("ImportIterations"): _OPERATORS,
     _m("PinIteration"): _WRITERS,
     _m("ListRecentIterations"): PEOPLE,
     _m("ListSummaries"): PEOPLE,
@@ -49,7 +51,7 @@ assert set(POLICY) == {
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (
         "RecordIteration", "PinIteration", "CompactMemory", "ApplyMemoryRetention",
-        "ForgetIterations")},
+        "ForgetIterations", "ImportIterations")},
     **{_m(name): READ for name in (
         "ListRecentIterations", "ListSummaries", "ReconstructIteration", "VerifyRun",
         "ListPolicyRuns", "FindIterationLogs")},
@@ -64,7 +66,7 @@ _SOURCES = {
 }
 
 
-def _timestamp_text(message: pb.IterationInput, field: str) -> str:
+def _timestamp_text(message: pb.IterationInput | pb.IterationSummary, field: str) -> str:
     if not message.HasField(field):
         return ""
     value: Timestamp = getattr(message, field)
@@ -95,6 +97,17 @@ def summary_pb(line: WarmLine) -> pb.IterationSummary:
         files_touched=line.files_touched, net_add=line.net_add, net_del=line.net_del,
         risk_score=line.risk_score, status=line.status, detail_digest=line.detail_digest,
         prev_hash=line.prev_hash, hash=line.hash)
+
+
+def summary_line(summary: pb.IterationSummary) -> WarmLine:
+    """A summary as the warm line it came from (times in the text the line holds)."""
+    return WarmLine(
+        iteration=summary.iteration, plan_digest=summary.plan_digest,
+        parent_digest=summary.parent_digest, start_ts=_timestamp_text(summary, "start_time"),
+        end_ts=_timestamp_text(summary, "end_time"), files_touched=summary.files_touched,
+        net_add=summary.net_add, net_del=summary.net_del, risk_score=summary.risk_score,
+        status=summary.status, detail_digest=summary.detail_digest,
+        prev_hash=summary.prev_hash, hash=summary.hash)
 
 
 def pin_pb(pin: Pin) -> pb.Pin:
@@ -176,6 +189,14 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
         result = self._log.record(fleet, _run_id(request.run_id), item, request.request_id)
         return pb.RecordIterationResponse(summary=summary_pb(result.line),
                                           created=result.created)
+
+    def ImportIterations(self, request: pb.ImportIterationsRequest,
+                         context: grpc.ServicerContext) -> pb.ImportIterationsResponse:
+        created, present = self._log.import_iterations(
+            current_principal().fleet_id, _run_id(request.run_id),
+            [ImportedIteration(summary_line(it.summary), it.detail_json, it.guardrails_json)
+             for it in request.iterations])
+        return pb.ImportIterationsResponse(created=created, already_present=present)
 
     def ListRecentIterations(self, request: pb.ListRecentIterationsRequest,
                              context: grpc.ServicerContext) -> pb.ListRecentIterationsResponse:

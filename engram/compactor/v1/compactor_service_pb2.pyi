@@ -392,3 +392,29 @@ class ListPolicyRunsResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[PolicyRun]
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[PolicyRun, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ImportedIteration(_message.Message):
+    __slots__ = ("summary", "detail_json", "guardrails_json")
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    GUARDRAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    summary: IterationSummary
+    detail_json: str
+    guardrails_json: str
+    def __init__(self, summary: _Optional[_Union[IterationSummary, _Mapping]] = ..., detail_json: _Optional[str] = ..., guardrails_json: _Optional[str] = ...) -> None: ...
+
+class ImportIterationsRequest(_message.Message):
+    __slots__ = ("run_id", "iterations")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    iterations: _containers.RepeatedCompositeFieldContainer[ImportedIteration]
+    def __init__(self, run_id: _Optional[str] = ..., iterations: _Optional[_Iterable[_Union[ImportedIteration, _Mapping]]] = ...) -> None: ...
+
+class ImportIterationsResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...

@@ -45,6 +45,11 @@ class CompactorServiceStub:
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationRequest.SerializeToString,
                 response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationResponse.FromString,
                 _registered_method=True)
+        self.ImportIterations = channel.unary_unary(
+                '/engram.compactor.v1.CompactorService/ImportIterations',
+                request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsRequest.SerializeToString,
+                response_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsResponse.FromString,
+                _registered_method=True)
         self.ListRecentIterations = channel.unary_unary(
                 '/engram.compactor.v1.CompactorService/ListRecentIterations',
                 request_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ListRecentIterationsRequest.SerializeToString,
@@ -110,6 +115,23 @@ class CompactorServiceServicer:
         """Appends one iteration. Idempotent per (run, iteration): a retry with the
         same content returns the stored summary with created = false; different
         content for a recorded iteration is ALREADY_EXISTS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportIterations(self, request, context):
+        """Imports iterations written on another instance (engram import-bundle;
+        docs/bundle.md), in order, as they were there: each summary's hash must
+        recompute and extend the run's stored warm log (prev_hash its head:
+        INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+        carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+        An iteration without its detail (the origin kept only its summary) is
+        recorded in the warm log only. An identical iteration already recorded
+        counts as already_present; another one is ALREADY_EXISTS. Each iteration
+        is committed as it is recorded, so a call cut short is completed by
+        sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+        Admin role, own fleet only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -202,6 +224,11 @@ def add_CompactorServiceServicer_to_server(servicer, server):
                     request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationRequest.FromString,
                     response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationResponse.SerializeToString,
             ),
+            'ImportIterations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportIterations,
+                    request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsRequest.FromString,
+                    response_serializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsResponse.SerializeToString,
+            ),
             'ListRecentIterations': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRecentIterations,
                     request_deserializer=engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ListRecentIterationsRequest.FromString,
@@ -286,6 +313,33 @@ class CompactorService:
             '/engram.compactor.v1.CompactorService/RecordIteration',
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationRequest.SerializeToString,
             engram_dot_compactor_dot_v1_dot_compactor__service__pb2.RecordIterationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportIterations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.compactor.v1.CompactorService/ImportIterations',
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsRequest.SerializeToString,
+            engram_dot_compactor_dot_v1_dot_compactor__service__pb2.ImportIterationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,19 @@ class CompactorServiceStub:
     same content returns the stored summary with created = false; different
     content for a recorded iteration is ALREADY_EXISTS.
     """
+    ImportIterations: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ImportIterationsRequest, _compactor_service_pb2.ImportIterationsResponse]
+    """Imports iterations written on another instance (engram import-bundle;
+    docs/bundle.md), in order, as they were there: each summary's hash must
+    recompute and extend the run's stored warm log (prev_hash its head:
+    INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+    carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+    An iteration without its detail (the origin kept only its summary) is
+    recorded in the warm log only. An identical iteration already recorded
+    counts as already_present; another one is ALREADY_EXISTS. Each iteration
+    is committed as it is recorded, so a call cut short is completed by
+    sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+    Admin role, own fleet only.
+    """
     ListRecentIterations: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ListRecentIterationsRequest, _compactor_service_pb2.ListRecentIterationsResponse]
     """The hot ring: the last N iterations with full detail, newest first."""
     ListSummaries: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.ListSummariesRequest, _compactor_service_pb2.ListSummariesResponse]
@@ -94,6 +107,19 @@ class CompactorServiceAsyncStub(CompactorServiceStub):
     """Appends one iteration. Idempotent per (run, iteration): a retry with the
     same content returns the stored summary with created = false; different
     content for a recorded iteration is ALREADY_EXISTS.
+    """
+    ImportIterations: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.ImportIterationsRequest, _compactor_service_pb2.ImportIterationsResponse]  # type: ignore[assignment]
+    """Imports iterations written on another instance (engram import-bundle;
+    docs/bundle.md), in order, as they were there: each summary's hash must
+    recompute and extend the run's stored warm log (prev_hash its head:
+    INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+    carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+    An iteration without its detail (the origin kept only its summary) is
+    recorded in the warm log only. An identical iteration already recorded
+    counts as already_present; another one is ALREADY_EXISTS. Each iteration
+    is committed as it is recorded, so a call cut short is completed by
+    sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+    Admin role, own fleet only.
     """
     ListRecentIterations: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.ListRecentIterationsRequest, _compactor_service_pb2.ListRecentIterationsResponse]  # type: ignore[assignment]
     """The hot ring: the last N iterations with full detail, newest first."""
@@ -148,6 +174,25 @@ class CompactorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Appends one iteration. Idempotent per (run, iteration): a retry with the
         same content returns the stored summary with created = false; different
         content for a recorded iteration is ALREADY_EXISTS.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportIterations(
+        self,
+        request: _compactor_service_pb2.ImportIterationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_compactor_service_pb2.ImportIterationsResponse, _abc.Awaitable[_compactor_service_pb2.ImportIterationsResponse]]:
+        """Imports iterations written on another instance (engram import-bundle;
+        docs/bundle.md), in order, as they were there: each summary's hash must
+        recompute and extend the run's stored warm log (prev_hash its head:
+        INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+        carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+        An iteration without its detail (the origin kept only its summary) is
+        recorded in the warm log only. An identical iteration already recorded
+        counts as already_present; another one is ALREADY_EXISTS. Each iteration
+        is committed as it is recorded, so a call cut short is completed by
+        sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+        Admin role, own fleet only.
         """
 
     @_abc_1.abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.common.errors import FailedPrecondition
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.compactor.domain.blob_layout import SegmentEntry
 from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
 
@@ -97,6 +97,11 @@ class AppendRequest:
     item: IterationInput
     detail_digest: str
     request_id: str = ""
+    detail_known: bool = True
+    """False for an imported iteration whose origin kept only its summary: the warm log gets
+    its line, the hot ring and the cold tier nothing (no detail to keep)."""
+    expected_hash: str = ""
+    """An imported iteration's hash at its origin: the line must come out the same."""
 
 
 @dataclass(frozen=True)
@@ -162,13 +167,18 @@ def plan_append(config: TierConfig, request: AppendRequest,
             metadata={"next_iteration": str(last + 1)})
     prev = head.head_hash if head else genesis_hash(fleet_id, run_id)
     line = WarmLine.chained(item, iteration, prev, request.detail_digest)
+    if request.expected_hash and line.hash != request.expected_hash:
+        raise InvalidArgument(
+            f"run {run_id}: imported iteration {iteration} does not hash to its summary's hash "
+            "on top of the stored log (altered, or its prev_hash is not the log's head)",
+            reason="ITERATION_HASH_MISMATCH", metadata={"iteration": str(iteration)})
     size = len(line.text().encode()) + 1
     seq = head.active_seq if head else 1
     active = head.active_bytes if head else 0
     seal_seq = None
     if active > 0 and active + size > config.rotate_bytes:
         seal_seq, seq, active = seq, seq + 1, 0
-    snapshot = iteration % config.snapshot_every == 0
+    snapshot = request.detail_known and iteration % config.snapshot_every == 0
     return AppendPlan(
         line=line, line_bytes=size, seq=seq, active_bytes=active + size, seal_seq=seal_seq,
         snapshot=snapshot, trim_through=iteration - config.hot_size,

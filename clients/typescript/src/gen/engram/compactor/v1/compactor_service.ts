@@ -366,6 +366,30 @@ export interface ListPolicyRunsResponse {
   nextPageToken: string;
 }
 
+export interface ImportedIteration {
+  /** The summary as the origin's ListSummaries returned it (with its hashes). */
+  summary:
+    | IterationSummary
+    | undefined;
+  /**
+   * The full detail and guardrail outputs as the origin held them (hot ring or
+   * cold snapshot); both empty when only the summary survived there.
+   */
+  detailJson: string;
+  guardrailsJson: string;
+}
+
+export interface ImportIterationsRequest {
+  runId: string;
+  /** In iteration order, continuing the run's stored log. */
+  iterations: ImportedIteration[];
+}
+
+export interface ImportIterationsResponse {
+  created: number;
+  alreadyPresent: number;
+}
+
 function createBaseIterationSummary(): IterationSummary {
   return {
     iteration: 0,
@@ -4264,6 +4288,297 @@ export const ListPolicyRunsResponse: MessageFns<ListPolicyRunsResponse> = {
   },
 };
 
+function createBaseImportedIteration(): ImportedIteration {
+  return { summary: undefined, detailJson: "", guardrailsJson: "" };
+}
+
+export const ImportedIteration: MessageFns<ImportedIteration> = {
+  encode(message: ImportedIteration, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.summary !== undefined) {
+      IterationSummary.encode(message.summary, writer.uint32(10).fork()).join();
+    }
+    if (message.detailJson !== "") {
+      writer.uint32(18).string(message.detailJson);
+    }
+    if (message.guardrailsJson !== "") {
+      writer.uint32(26).string(message.guardrailsJson);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportedIteration {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportedIteration();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.summary = IterationSummary.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.detailJson = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.guardrailsJson = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportedIteration {
+    return {
+      summary: isSet(object.summary) ? IterationSummary.fromJSON(object.summary) : undefined,
+      detailJson: isSet(object.detailJson)
+        ? globalThis.String(object.detailJson)
+        : isSet(object.detail_json)
+        ? globalThis.String(object.detail_json)
+        : "",
+      guardrailsJson: isSet(object.guardrailsJson)
+        ? globalThis.String(object.guardrailsJson)
+        : isSet(object.guardrails_json)
+        ? globalThis.String(object.guardrails_json)
+        : "",
+    };
+  },
+
+  toJSON(message: ImportedIteration): unknown {
+    const obj: any = {};
+    if (message.summary !== undefined) {
+      obj.summary = IterationSummary.toJSON(message.summary);
+    }
+    if (message.detailJson !== "") {
+      obj.detailJson = message.detailJson;
+    }
+    if (message.guardrailsJson !== "") {
+      obj.guardrailsJson = message.guardrailsJson;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportedIteration>, I>>(base?: I): ImportedIteration {
+    return ImportedIteration.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportedIteration>, I>>(object: I): ImportedIteration {
+    const message = createBaseImportedIteration();
+    message.summary = (object.summary !== undefined && object.summary !== null)
+      ? IterationSummary.fromPartial(object.summary)
+      : undefined;
+    message.detailJson = object.detailJson ?? "";
+    message.guardrailsJson = object.guardrailsJson ?? "";
+    return message;
+  },
+};
+
+function createBaseImportIterationsRequest(): ImportIterationsRequest {
+  return { runId: "", iterations: [] };
+}
+
+export const ImportIterationsRequest: MessageFns<ImportIterationsRequest> = {
+  encode(message: ImportIterationsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.runId !== "") {
+      writer.uint32(10).string(message.runId);
+    }
+    for (const v of message.iterations) {
+      ImportedIteration.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportIterationsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportIterationsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.iterations.push(ImportedIteration.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportIterationsRequest {
+    return {
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      iterations: globalThis.Array.isArray(object?.iterations)
+        ? object.iterations.map((e: any) => ImportedIteration.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ImportIterationsRequest): unknown {
+    const obj: any = {};
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.iterations?.length) {
+      obj.iterations = message.iterations.map((e) => ImportedIteration.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportIterationsRequest>, I>>(base?: I): ImportIterationsRequest {
+    return ImportIterationsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportIterationsRequest>, I>>(object: I): ImportIterationsRequest {
+    const message = createBaseImportIterationsRequest();
+    message.runId = object.runId ?? "";
+    message.iterations = object.iterations?.map((e) => ImportedIteration.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportIterationsResponse(): ImportIterationsResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportIterationsResponse: MessageFns<ImportIterationsResponse> = {
+  encode(message: ImportIterationsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int32(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int32(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportIterationsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportIterationsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportIterationsResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportIterationsResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportIterationsResponse>, I>>(base?: I): ImportIterationsResponse {
+    return ImportIterationsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportIterationsResponse>, I>>(object: I): ImportIterationsResponse {
+    const message = createBaseImportIterationsResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
+    return message;
+  },
+};
+
 /**
  * CompactorService keeps agents' iteration logs in three tiers (seed 003):
  * a hot ring of the last N iterations with full detail, a warm hash-chained
@@ -4289,6 +4604,30 @@ export const CompactorServiceService = {
     responseSerialize: (value: RecordIterationResponse): Buffer =>
       Buffer.from(RecordIterationResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): RecordIterationResponse => RecordIterationResponse.decode(value),
+  },
+  /**
+   * Imports iterations written on another instance (engram import-bundle;
+   * docs/bundle.md), in order, as they were there: each summary's hash must
+   * recompute and extend the run's stored warm log (prev_hash its head:
+   * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * An iteration without its detail (the origin kept only its summary) is
+   * recorded in the warm log only. An identical iteration already recorded
+   * counts as already_present; another one is ALREADY_EXISTS. Each iteration
+   * is committed as it is recorded, so a call cut short is completed by
+   * sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+   * Admin role, own fleet only.
+   */
+  importIterations: {
+    path: "/engram.compactor.v1.CompactorService/ImportIterations" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportIterationsRequest): Buffer =>
+      Buffer.from(ImportIterationsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportIterationsRequest => ImportIterationsRequest.decode(value),
+    responseSerialize: (value: ImportIterationsResponse): Buffer =>
+      Buffer.from(ImportIterationsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportIterationsResponse => ImportIterationsResponse.decode(value),
   },
   /** The hot ring: the last N iterations with full detail, newest first. */
   listRecentIterations: {
@@ -4433,6 +4772,20 @@ export interface CompactorServiceServer extends UntypedServiceImplementation {
    * content for a recorded iteration is ALREADY_EXISTS.
    */
   recordIteration: handleUnaryCall<RecordIterationRequest, RecordIterationResponse>;
+  /**
+   * Imports iterations written on another instance (engram import-bundle;
+   * docs/bundle.md), in order, as they were there: each summary's hash must
+   * recompute and extend the run's stored warm log (prev_hash its head:
+   * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * An iteration without its detail (the origin kept only its summary) is
+   * recorded in the warm log only. An identical iteration already recorded
+   * counts as already_present; another one is ALREADY_EXISTS. Each iteration
+   * is committed as it is recorded, so a call cut short is completed by
+   * sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+   * Admin role, own fleet only.
+   */
+  importIterations: handleUnaryCall<ImportIterationsRequest, ImportIterationsResponse>;
   /** The hot ring: the last N iterations with full detail, newest first. */
   listRecentIterations: handleUnaryCall<ListRecentIterationsRequest, ListRecentIterationsResponse>;
   /** Warm summaries in iteration order, across every segment. */
@@ -4494,6 +4847,34 @@ export interface CompactorServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: RecordIterationResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Imports iterations written on another instance (engram import-bundle;
+   * docs/bundle.md), in order, as they were there: each summary's hash must
+   * recompute and extend the run's stored warm log (prev_hash its head:
+   * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
+   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * An iteration without its detail (the origin kept only its summary) is
+   * recorded in the warm log only. An identical iteration already recorded
+   * counts as already_present; another one is ALREADY_EXISTS. Each iteration
+   * is committed as it is recorded, so a call cut short is completed by
+   * sending it again. At most ENGRAM_LIMITS_BATCH_ITEMS iterations a call.
+   * Admin role, own fleet only.
+   */
+  importIterations(
+    request: ImportIterationsRequest,
+    callback: (error: ServiceError | null, response: ImportIterationsResponse) => void,
+  ): ClientUnaryCall;
+  importIterations(
+    request: ImportIterationsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportIterationsResponse) => void,
+  ): ClientUnaryCall;
+  importIterations(
+    request: ImportIterationsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportIterationsResponse) => void,
   ): ClientUnaryCall;
   /** The hot ring: the last N iterations with full detail, newest first. */
   listRecentIterations(
