@@ -1,6 +1,7 @@
 #!/bin/bash
-# Bundle export/import rates (docs/bundle.md): N records and MB megabytes of artifacts (10 MB
-# each) in one `engram up` stack (SQLite), exported, imported twice into a second, exported again.
+# Bundle export/import rates (docs/bundle.md): N records, N/10 events, N/100 iterations and MB
+# megabytes of artifacts (10 MB each) in one `engram up` stack (SQLite), exported, imported twice into a
+# second, exported again; the carried parts and blobs of both exports compared.
 # Usage: N=10000 MB=100 tools/bundle_bench.sh   (figures in $DIR/*.json and $DIR/*.time)
 set -e
 cd "$(dirname "$0")/.."
@@ -24,6 +25,20 @@ export ENGRAM_HOME=$DIR/a
 engram import $DIR/records.jsonl --json > $DIR/load.json
 engram runs start run-0 --json > /dev/null
 for i in $(seq 1 $((MB / 10))); do head -c 10000000 /dev/urandom > $DIR/blob; engram artifacts put $DIR/blob --run run-0 --step s$i --json > /dev/null; done
+python - <<PY
+from engram.client import ClientSettings
+from engram.client.artifacts import ArtifactsClient
+settings = ClientSettings()
+with ArtifactsClient(settings.artifacts_addr, settings.resolve_token()) as art:
+    for i in range($N // 10):
+        art.append_event("run-0", "tool.called", {"tool": "search", "i": i})
+    art.create_snapshot("run-0", {"events": $N // 10})
+from engram.client.compactor import CompactorClient, iteration_from_json
+with CompactorClient(settings.compactor_addr, settings.resolve_token()) as comp:
+    for i in range(1, $N // 100 + 1):
+        comp.record("run-0", iteration_from_json({"iter": i, "planDigest": f"p{i}",
+                    "status": "ok", "detail": {"step": i, "log": ["line"] * 20}}))
+PY
 /usr/bin/time -v engram export --fleet default -o $DIR/a.bundle --json > $DIR/export.json 2> $DIR/export.time
 export ENGRAM_HOME=$DIR/b
 /usr/bin/time -v engram import-bundle $DIR/a.bundle --json > $DIR/import.json 2> $DIR/import.time
@@ -34,6 +49,10 @@ from engram.bundle import BundleReader
 with BundleReader("$DIR/a.bundle") as a, BundleReader("$DIR/b.bundle") as b:
     one = {m.path: m.sha256 for m in a.verify().members}
     two = {m.path: m.sha256 for m in b.verify().members}
-for path in ("parts/domains.jsonl", "parts/records.jsonl"):
-    print(path, "identical" if one[path] == two[path] else "DIFFERENT")
+carried = [p for p in one if p.startswith("blobs/") or p in (
+    "parts/domains.jsonl", "parts/records.jsonl", "parts/runs.jsonl", "parts/artifacts.jsonl",
+    "parts/events.jsonl", "parts/snapshots.jsonl", "parts/manifests.jsonl",
+    "parts/evidence.jsonl", "parts/iterations.jsonl", "parts/decisions.jsonl")]
+for path in sorted(carried):
+    print(path, "identical" if one[path] == two.get(path) else "DIFFERENT")
 PY

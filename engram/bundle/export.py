@@ -41,6 +41,7 @@ VOLATILE = {
     "domains": ("record_count", "importance", "update_time", "incoming_links"),
     "runs": ("event_count", "head_hash", "latest_snapshot_id"),
     "trust": ("update_time",),
+    "decisions": ("chain_seq",),  # where this governance's chain holds it, not the decision
 }
 """Fields recomputed by a service on use, not carried."""
 
@@ -178,7 +179,7 @@ class Exporter:
                      (d for ids in _chunks(sorted(gate_ids), 100)
                       for d in c.governance.decisions_by_id(ids)))
         for decision in decisions:
-            stage.put("decisions", decision.decision_id, proto_row(decision))
+            stage.put("decisions", decision.decision_id, proto_row(decision, "decisions"))
             agents.add(decision.agent_id)
         fleet = self.fleet_id()
         for ids in _chunks(sorted(agents - {""}), 100):

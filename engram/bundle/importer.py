@@ -3,16 +3,17 @@
 Order: the whole bundle is verified first (every member's SHA-256 against the manifest, the
 manifest against its digest); nothing is sent before that passes. Then governance state: the
 fleet's rules (CreateRule with a request id derived from the original rule id, so a re-run
-finds them) and the tiers an operator pinned (SetTier, only where the target differs), so a
-suspended agent stays suspended; then domains (UpsertDomain), then records (ImportRecords, in
-batches, each record re-hashed by the shard, all or nothing per batch), then runs (ImportRun),
-their artifacts with their bytes (ImportArtifact), and their manifests, evidence, events and
-snapshots (ImportRunItems, in batches; the artifacts service re-hashes every one), then each
-run's iteration log (ImportIterations: summaries with their hashes, and the details the
-origin still kept). Every step is
-idempotent: an identical record already stored is left alone, so running the import again, or
-again after an interruption, finishes what is missing and changes nothing else. Parts this
-version does not import yet are reported by name and row count.
+finds them), the tiers an operator pinned (SetTier, only where the target differs), so a
+suspended agent stays suspended, and the gate decisions (ImportDecisions: imported entries in
+this witness chain, so the records reconcile with `engram verify --gate`); then domains
+(UpsertDomain), records (ImportRecords, in batches, each record re-hashed by the shard, all or
+nothing per batch), runs (ImportRun), their artifacts with their bytes (ImportArtifact), their
+manifests, evidence, events and snapshots (ImportRunItems, in batches; the artifacts service
+re-hashes every one), and each run's iteration log (ImportIterations: summaries with their
+hashes, and the details the origin still kept). Every step is idempotent: an identical item
+already stored is left alone, so running the import again, or again after an interruption,
+finishes what is missing and changes nothing else. Parts this version does not import are
+reported by name and row count.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
-IMPORTED = ("rules", "trust", "domains", "records", "runs", "artifacts", "manifests",
-            "evidence", "events", "snapshots", "iterations")
+IMPORTED = ("rules", "trust", "decisions", "domains", "records", "runs", "artifacts",
+            "manifests", "evidence", "events", "snapshots", "iterations")
 """The parts an import writes; the others are named as not imported."""
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
@@ -73,6 +74,7 @@ class Importer:
         report = ImportReport(manifest=manifest)
         self._rules(reader, report, fleet)
         self._trust(reader, report, fleet)
+        self._decisions(reader, report)
         self._domains(reader, report)
         self._records(reader, report)
         self._runs(reader, report)
@@ -122,6 +124,18 @@ class Importer:
                 changed += 1
                 self.progress("trust", 1, 0)
         report.created["trust"], report.already_present["trust"] = changed, same
+
+    def _decisions(self, reader: BundleReader, report: ImportReport) -> None:
+        """The gate decisions that admitted the records, appended to this governance's witness
+        chain as imported entries, so `engram verify --gate` reconciles the records here."""
+        created = present = 0
+        for batch in _batches((_parse(row, gpb.GateDecision(), "decisions")
+                               for row in reader.rows("decisions")), BATCH, BATCH_BYTES):
+            reply = self.clients.governance.import_decisions(batch)
+            created += reply.created
+            present += reply.already_present
+            self.progress("decisions", len(batch), sum(d.ByteSize() for d in batch))
+        report.created["decisions"], report.already_present["decisions"] = created, present
 
     def _domains(self, reader: BundleReader, report: ImportReport) -> None:
         present = {d.name: d for d in self.clients.shard.domains()}

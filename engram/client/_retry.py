@@ -34,7 +34,8 @@ RETRIED: dict[str, tuple[str, ...]] = {
     "engram.governance.v1.GovernanceService": (
         "GetTrust", "BatchGetTrust", "CreateRule", "ListRules", "ListDecisions",
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",
-        "RevokeAgentTokens", "ListAccessRestrictions", "RecordErasure", "GetErasure"),
+        "RevokeAgentTokens", "ListAccessRestrictions", "RecordErasure", "GetErasure",
+        "ImportDecisions"),
 }
 
 NOT_RETRIED: dict[str, str] = {

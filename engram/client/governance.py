@@ -88,6 +88,13 @@ class GovernanceClient(BaseClient):
         request = pb.BatchGetDecisionsRequest(fleet_id=fleet_id, decision_ids=list(decision_ids))
         return list(self.call(self.stub.BatchGetDecisions, request).decisions)
 
+    def import_decisions(self, decisions: Sequence[pb.GateDecision]
+                         ) -> pb.ImportDecisionsResponse:
+        """Decisions another governance recorded, kept as they were (admin; import-bundle)."""
+        reply: pb.ImportDecisionsResponse = self.call(
+            self.stub.ImportDecisions, pb.ImportDecisionsRequest(decisions=decisions))
+        return reply
+
     def checkpoint(self) -> pb.ChainCheckpoint:
         return self.call(self.stub.GetChainCheckpoint,
                          pb.GetChainCheckpointRequest()).checkpoint

@@ -33,10 +33,21 @@ from sqlalchemy.orm import Session
 
 from services.common.access import Restrictions
 from services.common.db import Database
-from services.common.errors import IntegrityError, InvalidArgument, NotFound, ResourceExhausted
+from services.common.errors import (
+    AlreadyExists,
+    IntegrityError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
-from services.governance.domain.decisions import Decision, check_same_request, decision_id
+from services.governance.domain.decisions import (
+    IMPORTED_DECISION,
+    Decision,
+    check_same_request,
+    decision_id,
+)
 from services.governance.domain.erasures import Erasure
 from services.governance.domain.replay import (
     ChainReplay,
@@ -313,6 +324,39 @@ class GovernanceService:
                 self._repo.update_agents(session, [(after, seq)])
             self._access.bump_version(session)  # suspension is part of the restrictions
             return after
+
+    def import_decisions(self, decisions: Sequence[Decision], actor: str) -> tuple[int, int]:
+        """Decisions another governance recorded, each appended as an imported entry and kept
+        as it was (the caller checked each id derives from its content); ``(created, already
+        present)``. All or nothing: a conflict stores none of them."""
+        with self._state_change() as session:
+            head = self._repo.lock_head(session)
+            stored: dict[str, Decision] = {}
+            for fleet_id in {d.fleet_id for d in decisions}:
+                stored |= self._repo.decisions_by_id(
+                    session, fleet_id, [d.decision_id for d in decisions if d.fleet_id == fleet_id])
+            chain = NewEntries(head.checkpoint)
+            new: list[Decision] = []
+            for decision in decisions:
+                prior = stored.get(decision.decision_id)
+                if prior is not None:
+                    if prior.state() != decision.state():
+                        raise AlreadyExists(
+                            f"decision {decision.decision_id} is already recorded here with "
+                            "other content; nothing of this call was imported",
+                            reason="DECISION_CONFLICT",
+                            metadata={"decision_id": decision.decision_id})
+                    continue
+                seq = chain.add(IMPORTED_DECISION, {"decision": decision.state(),
+                                                    "actor": actor})
+                new.append(replace(decision, chain_seq=seq))
+                stored[decision.decision_id] = decision
+            if new:
+                self._repo.append_entries(session, chain.entries, self._clock())
+                self._repo.insert_decisions(session, new)
+                self._repo.write_head(session, HeadState(chain.reached.length,
+                                                         chain.reached.head, head.rules_version))
+            return len(new), len(decisions) - len(new)
 
     # -- revocation and the access restrictions every service enforces --------------------
 

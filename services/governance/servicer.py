@@ -27,7 +27,7 @@ from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
-from services.governance.domain.decisions import Decision
+from services.governance.domain.decisions import Decision, checked_import
 from services.governance.domain.erasures import ErasedItem, Erasure, erasure_id_for
 from services.governance.domain.erasures import check_request as check_erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
@@ -65,6 +65,8 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("GetChainCheckpoint"): PEOPLE,
     _m("VerifyChain"): _GOVERNORS,
     _m("BatchGetDecisions"): _GOVERNORS,
+    # Decisions another governance recorded, kept as they were: an admin's act (bundles).
+    _m("ImportDecisions"): frozenset({"admin"}),
     _m("RevokeToken"): _GOVERNORS,
     _m("RevokeAgentTokens"): _GOVERNORS,
     _m("ListAccessRestrictions"): frozenset({SERVICE_ROLE}),  # the feed every service reads
@@ -79,7 +81,8 @@ assert set(POLICY) == {
 }
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
-                                    "RevokeToken", "RevokeAgentTokens", "RecordErasure")},
+                                    "RevokeToken", "RevokeAgentTokens", "RecordErasure",
+                                    "ImportDecisions")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
         "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions", "GetErasure")},
@@ -100,6 +103,12 @@ def _timestamp(ms: int) -> Timestamp:
     stamp = Timestamp()
     stamp.FromMilliseconds(ms)
     return stamp
+
+
+def _bounded(kind: str, text: str, limit: int) -> str:
+    if len(text) > limit:
+        raise InvalidArgument(f"{kind} is {len(text)} characters; at most {limit}")
+    return text
 
 
 def tier_from_proto(value: int) -> TrustTier:
@@ -125,6 +134,7 @@ def decision_to_proto(decision: Decision) -> pb.GateDecision:
         agent_id=decision.agent_id, request_id=decision.request_id,
         record_id=decision.record_id, content_hash=decision.content_hash,
         create_time=_timestamp(decision.created_ms), chain_seq=decision.chain_seq,
+        position=decision.position,
     )
 
 
@@ -377,6 +387,29 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         decision_ids = [validate_identifier("decision_id", d) for d in request.decision_ids]
         found = self._service.decisions_by_id(fleet_id, decision_ids)
         return pb.BatchGetDecisionsResponse(decisions=[decision_to_proto(d) for d in found])
+
+    def ImportDecisions(self, request: pb.ImportDecisionsRequest,
+                        context: grpc.ServicerContext) -> pb.ImportDecisionsResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        if not request.decisions:
+            raise InvalidArgument("send at least one decision", reason="EMPTY_BATCH")
+        check_limit("decisions", len(request.decisions), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        decisions = [checked_import(Decision(
+            decision_id=validate_identifier("decision_id", d.decision_id),
+            fleet_id=target_fleet(principal, d.fleet_id),
+            agent_id=validate_identifier("agent_id", d.agent_id),
+            request_id=validate_request_id(d.request_id),
+            position=d.position,
+            record_id=validate_identifier("record_id", d.record_id),
+            content_hash=d.content_hash, allowed=d.allowed,
+            rule_ids=tuple(validate_identifier("rule_id", r) for r in d.rule_ids),
+            reason=_bounded("reason", d.reason, 4000),
+            created_ms=d.create_time.ToMilliseconds()),
+            self._limits.batch_items) for d in request.decisions]
+        created, present = self._service.import_decisions(decisions, principal.agent_id)
+        return pb.ImportDecisionsResponse(created=created, already_present=present)
 
     def RevokeToken(self, request: pb.RevokeTokenRequest,
                     context: grpc.ServicerContext) -> pb.RevokeTokenResponse:

@@ -95,7 +95,7 @@ class WriteCandidate(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., content: _Optional[str] = ..., run_id: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., tags: _Optional[_Iterable[str]] = ..., neighbours: _Optional[_Iterable[_Union[Neighbour, _Mapping]]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class GateDecision(_message.Message):
-    __slots__ = ("decision_id", "allowed", "rule_ids", "reason", "fleet_id", "agent_id", "request_id", "record_id", "content_hash", "create_time", "chain_seq")
+    __slots__ = ("decision_id", "allowed", "rule_ids", "reason", "fleet_id", "agent_id", "request_id", "record_id", "content_hash", "create_time", "chain_seq", "position")
     DECISION_ID_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_FIELD_NUMBER: _ClassVar[int]
     RULE_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,7 @@ class GateDecision(_message.Message):
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CHAIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
     decision_id: str
     allowed: bool
     rule_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -118,7 +119,8 @@ class GateDecision(_message.Message):
     content_hash: str
     create_time: _timestamp_pb2.Timestamp
     chain_seq: int
-    def __init__(self, decision_id: _Optional[str] = ..., allowed: _Optional[bool] = ..., rule_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ...) -> None: ...
+    position: int
+    def __init__(self, decision_id: _Optional[str] = ..., allowed: _Optional[bool] = ..., rule_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., fleet_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., request_id: _Optional[str] = ..., record_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ..., position: _Optional[int] = ...) -> None: ...
 
 class DecideWritesRequest(_message.Message):
     __slots__ = ("fleet_id", "agent_id", "request_id", "candidates", "neighbours_omitted")
@@ -543,3 +545,17 @@ class GetErasureResponse(_message.Message):
     ERASURE_FIELD_NUMBER: _ClassVar[int]
     erasure: Erasure
     def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...
+
+class ImportDecisionsRequest(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[GateDecision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ...) -> None: ...
+
+class ImportDecisionsResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...

@@ -93,6 +93,11 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
                 _registered_method=True)
+        self.ImportDecisions = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/ImportDecisions',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsResponse.FromString,
+                _registered_method=True)
         self.RevokeToken = channel.unary_unary(
                 '/engram.governance.v1.GovernanceService/RevokeToken',
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.RevokeTokenRequest.SerializeToString,
@@ -208,6 +213,22 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ImportDecisions(self, request, context):
+        """Imports gate decisions recorded by another instance's governance (engram
+        import-bundle; docs/bundle.md), so the records they admitted reconcile
+        here (engram verify --gate). Each is appended to this witness chain as an
+        imported entry ("gate.decision.imported", naming the importer), kept as
+        it was (id, author, request, record, content hash, outcome, time); it
+        moves no trust and rate limits. A decision's id must derive from its
+        fleet, author, request and position (INVALID_ARGUMENT
+        DECISION_ID_MISMATCH); an identical decision already recorded counts as
+        already_present, another under its id is ALREADY_EXISTS. At most
+        ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def RevokeToken(self, request, context):
         """Revokes one token by its jti until it expires; governor role only. Every
         service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -308,6 +329,11 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.BatchGetDecisions,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.SerializeToString,
+            ),
+            'ImportDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportDecisions,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsResponse.SerializeToString,
             ),
             'RevokeToken': grpc.unary_unary_rpc_method_handler(
                     servicer.RevokeToken,
@@ -636,6 +662,33 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/BatchGetDecisions',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.BatchGetDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/ImportDecisions',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

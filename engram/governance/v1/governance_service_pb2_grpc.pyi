@@ -67,6 +67,18 @@ class GovernanceServiceStub:
     """Recorded gate decisions by id (to reconcile stored records against them);
     governor and admin roles only. Ids not found are left out.
     """
+    ImportDecisions: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.ImportDecisionsRequest, _governance_service_pb2.ImportDecisionsResponse]
+    """Imports gate decisions recorded by another instance's governance (engram
+    import-bundle; docs/bundle.md), so the records they admitted reconcile
+    here (engram verify --gate). Each is appended to this witness chain as an
+    imported entry ("gate.decision.imported", naming the importer), kept as
+    it was (id, author, request, record, content hash, outcome, time); it
+    moves no trust and rate limits. A decision's id must derive from its
+    fleet, author, request and position (INVALID_ARGUMENT
+    DECISION_ID_MISMATCH); an identical decision already recorded counts as
+    already_present, another under its id is ALREADY_EXISTS. At most
+    ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+    """
     RevokeToken: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]
     """Revokes one token by its jti until it expires; governor role only. Every
     service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -128,6 +140,18 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     BatchGetDecisions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.BatchGetDecisionsRequest, _governance_service_pb2.BatchGetDecisionsResponse]  # type: ignore[assignment]
     """Recorded gate decisions by id (to reconcile stored records against them);
     governor and admin roles only. Ids not found are left out.
+    """
+    ImportDecisions: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.ImportDecisionsRequest, _governance_service_pb2.ImportDecisionsResponse]  # type: ignore[assignment]
+    """Imports gate decisions recorded by another instance's governance (engram
+    import-bundle; docs/bundle.md), so the records they admitted reconcile
+    here (engram verify --gate). Each is appended to this witness chain as an
+    imported entry ("gate.decision.imported", naming the importer), kept as
+    it was (id, author, request, record, content hash, outcome, time); it
+    moves no trust and rate limits. A decision's id must derive from its
+    fleet, author, request and position (INVALID_ARGUMENT
+    DECISION_ID_MISMATCH); an identical decision already recorded counts as
+    already_present, another under its id is ALREADY_EXISTS. At most
+    ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
     """
     RevokeToken: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.RevokeTokenRequest, _governance_service_pb2.RevokeTokenResponse]  # type: ignore[assignment]
     """Revokes one token by its jti until it expires; governor role only. Every
@@ -253,6 +277,24 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governance_service_pb2.BatchGetDecisionsResponse, _abc.Awaitable[_governance_service_pb2.BatchGetDecisionsResponse]]:
         """Recorded gate decisions by id (to reconcile stored records against them);
         governor and admin roles only. Ids not found are left out.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportDecisions(
+        self,
+        request: _governance_service_pb2.ImportDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.ImportDecisionsResponse, _abc.Awaitable[_governance_service_pb2.ImportDecisionsResponse]]:
+        """Imports gate decisions recorded by another instance's governance (engram
+        import-bundle; docs/bundle.md), so the records they admitted reconcile
+        here (engram verify --gate). Each is appended to this witness chain as an
+        imported entry ("gate.decision.imported", naming the importer), kept as
+        it was (id, author, request, record, content hash, outcome, time); it
+        moves no trust and rate limits. A decision's id must derive from its
+        fleet, author, request and position (INVALID_ARGUMENT
+        DECISION_ID_MISMATCH); an identical decision already recorded counts as
+        already_present, another under its id is ALREADY_EXISTS. At most
+        ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
         """
 
     @_abc_1.abstractmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,11 @@ def decision_id(fleet_id: str, agent_id: str, request_id: str, position: int) ->
     """Deterministic, so a retried gate call names the same decision."""
     raw = f"{fleet_id}\x00{agent_id}\x00{request_id}\x00{position}".encode()
     return "dec_" + hashlib.sha256(raw).hexdigest()[:28]
+
+
+IMPORTED_DECISION = "gate.decision.imported"
+"""The chain entry of a decision another governance recorded (ImportDecisions)."""
+_CONTENT_HASH = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -50,3 +56,29 @@ def check_same_request(recorded: Sequence[Decision], candidates: Sequence[Candid
         raise InvalidArgument(
             f"request_id {request_id!r} was already used for different candidates; "
             "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
+
+
+def checked_import(decision: Decision, max_position: int) -> Decision:
+    """``decision`` as another governance recorded it, when its id derives from its fleet,
+    author, request and position (a decision exported before positions were carried: the
+    position that gives its id, searched up to ``max_position``); raises ``InvalidArgument``
+    naming what does not hold."""
+    if not _CONTENT_HASH.fullmatch(decision.content_hash):
+        raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: content_hash must be a "
+                              "SHA-256 (64 lowercase hex characters)", reason="INVALID_DECISION")
+    if decision.created_ms <= 0:
+        raise InvalidArgument(f"decision {decision.decision_id[:80]!r} has no create_time",
+                              reason="INVALID_DECISION")
+    if decision.allowed == bool(decision.rule_ids):
+        raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: an allowed decision "
+                              "names no rule and a denial names at least one",
+                              reason="INVALID_DECISION")
+    key = (decision.fleet_id, decision.agent_id, decision.request_id)
+    positions = [decision.position, *range(max_position)]
+    for position in positions:
+        if position >= 0 and decision_id(*key, position) == decision.decision_id:
+            return Decision(**{**decision.__dict__, "position": position, "chain_seq": -1})
+    raise InvalidArgument(
+        f"decision {decision.decision_id[:80]!r} does not derive from its fleet, agent, "
+        "request_id and position (altered?)", reason="DECISION_ID_MISMATCH",
+        metadata={"decision_id": decision.decision_id[:80]})

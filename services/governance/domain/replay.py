@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from services.common.canonical import canonical_bytes
-from services.governance.domain.decisions import Decision
+from services.governance.domain.decisions import IMPORTED_DECISION, Decision
 from services.governance.domain.rules import Rule
 from services.governance.domain.tiers import AgentTrust
 from services.governance.domain.witness import ChainEntry
@@ -51,7 +51,7 @@ class ChainReplay:
         if isinstance(agent, dict):
             key = (agent["fleet_id"], agent["agent_id"])
             self.agents[key] = (entry.seq, state_digest(agent))
-        if entry.kind == "gate.decision":
+        if entry.kind in ("gate.decision", IMPORTED_DECISION):
             decision = payload["decision"]
             self.decisions[decision["decision_id"]] = (entry.seq, state_digest(decision))
         elif entry.kind == "rule.created":

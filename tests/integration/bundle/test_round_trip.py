@@ -24,7 +24,8 @@ from tests.stack import FullStack, full_stack
 
 CARRIED = ("parts/domains.jsonl", "parts/records.jsonl", "parts/runs.jsonl",
            "parts/artifacts.jsonl", "parts/events.jsonl", "parts/snapshots.jsonl",
-           "parts/evidence.jsonl", "parts/manifests.jsonl", "parts/iterations.jsonl")
+           "parts/evidence.jsonl", "parts/manifests.jsonl", "parts/iterations.jsonl",
+           "parts/decisions.jsonl")
 RUN_ITEMS = {"runs": 1, "artifacts": 1, "manifests": 1, "evidence": 1, "events": 3,
              "snapshots": 2, "iterations": 2}
 
@@ -82,13 +83,15 @@ def test_round_trip_sqlite_postgres_sqlite(
                     {"shard": fresh_postgres_url}) as postgres:
         with cli_for(postgres, admin, monkeypatch) as run:
             loaded = run("import-bundle", str(first), "--expect", digest)
-            assert loaded["created"] == {"rules": 1, "trust": 1, "domains": 0,
-                                         "records": stored, **RUN_ITEMS}
-            assert loaded["not_imported"] == {"decisions": stored}
+            assert loaded["created"] == {"rules": 1, "trust": 1, "decisions": stored,
+                                         "domains": 0, "records": stored, **RUN_ITEMS}
+            assert loaded["not_imported"] == {}
+            assert run("verify", "--gate")["ok"]  # every record reconciles with its decision
             again = run("import-bundle", str(first))
             assert set(again["created"].values()) == {0}
-            assert again["already_present"] == {"rules": 1, "trust": 1, "domains": 5,
-                                                "records": stored, **RUN_ITEMS}
+            assert again["already_present"] == {"rules": 1, "trust": 1, "decisions": stored,
+                                                "domains": 5, "records": stored, **RUN_ITEMS}
+            assert run("gov", "chain", "verify")["ok"]
             assert [r["description"] for r in run("gov", "rules", "list")] == ["no secrets"]
             run("export", "--fleet", "fleet-a", "-o", str(second))
         assert observed(postgres, admin) == seen
@@ -98,6 +101,7 @@ def test_round_trip_sqlite_postgres_sqlite(
     with full_stack(tmp_path / "c", engram_home, make_token) as back:
         with cli_for(back, admin, monkeypatch) as run:
             run("import-bundle", str(second))
+            assert run("verify", "--gate")["ok"]
             run("export", "--fleet", "fleet-a", "-o", str(third))
         assert observed(back, admin) == seen
     one, two, three = members(first), members(second), members(third)

@@ -193,6 +193,8 @@ export interface GateDecision {
     | undefined;
   /** Position of the entry recording this decision in the witness chain. */
   chainSeq: number;
+  /** The candidate's position in its DecideWrites call (part of the id). */
+  position: number;
 }
 
 export interface DecideWritesRequest {
@@ -526,6 +528,16 @@ export interface GetErasureRequest {
 
 export interface GetErasureResponse {
   erasure: Erasure | undefined;
+}
+
+export interface ImportDecisionsRequest {
+  /** As the origin's ListDecisions or BatchGetDecisions returned them. */
+  decisions: GateDecision[];
+}
+
+export interface ImportDecisionsResponse {
+  created: number;
+  alreadyPresent: number;
 }
 
 function createBaseAgentTrust(): AgentTrust {
@@ -1198,6 +1210,7 @@ function createBaseGateDecision(): GateDecision {
     contentHash: "",
     createTime: undefined,
     chainSeq: 0,
+    position: 0,
   };
 }
 
@@ -1235,6 +1248,9 @@ export const GateDecision: MessageFns<GateDecision> = {
     }
     if (message.chainSeq !== 0) {
       writer.uint32(88).int64(message.chainSeq);
+    }
+    if (message.position !== 0) {
+      writer.uint32(96).int32(message.position);
     }
     return writer;
   },
@@ -1340,6 +1356,14 @@ export const GateDecision: MessageFns<GateDecision> = {
             message.chainSeq = longToNumber(reader.int64());
             continue;
           }
+          case 12: {
+            if (tag !== 96) {
+              break;
+            }
+
+            message.position = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1401,6 +1425,7 @@ export const GateDecision: MessageFns<GateDecision> = {
         : isSet(object.chain_seq)
         ? globalThis.Number(object.chain_seq)
         : 0,
+      position: isSet(object.position) ? globalThis.Number(object.position) : 0,
     };
   },
 
@@ -1439,6 +1464,9 @@ export const GateDecision: MessageFns<GateDecision> = {
     if (message.chainSeq !== 0) {
       obj.chainSeq = Math.round(message.chainSeq);
     }
+    if (message.position !== 0) {
+      obj.position = Math.round(message.position);
+    }
     return obj;
   },
 
@@ -1458,6 +1486,7 @@ export const GateDecision: MessageFns<GateDecision> = {
     message.contentHash = object.contentHash ?? "";
     message.createTime = object.createTime ?? undefined;
     message.chainSeq = object.chainSeq ?? 0;
+    message.position = object.position ?? 0;
     return message;
   },
 };
@@ -6166,6 +6195,166 @@ export const GetErasureResponse: MessageFns<GetErasureResponse> = {
   },
 };
 
+function createBaseImportDecisionsRequest(): ImportDecisionsRequest {
+  return { decisions: [] };
+}
+
+export const ImportDecisionsRequest: MessageFns<ImportDecisionsRequest> = {
+  encode(message: ImportDecisionsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.decisions) {
+      GateDecision.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportDecisionsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportDecisionsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.decisions.push(GateDecision.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportDecisionsRequest {
+    return {
+      decisions: globalThis.Array.isArray(object?.decisions)
+        ? object.decisions.map((e: any) => GateDecision.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ImportDecisionsRequest): unknown {
+    const obj: any = {};
+    if (message.decisions?.length) {
+      obj.decisions = message.decisions.map((e) => GateDecision.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportDecisionsRequest>, I>>(base?: I): ImportDecisionsRequest {
+    return ImportDecisionsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportDecisionsRequest>, I>>(object: I): ImportDecisionsRequest {
+    const message = createBaseImportDecisionsRequest();
+    message.decisions = object.decisions?.map((e) => GateDecision.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportDecisionsResponse(): ImportDecisionsResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportDecisionsResponse: MessageFns<ImportDecisionsResponse> = {
+  encode(message: ImportDecisionsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int32(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int32(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportDecisionsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportDecisionsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportDecisionsResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportDecisionsResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportDecisionsResponse>, I>>(base?: I): ImportDecisionsResponse {
+    return ImportDecisionsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportDecisionsResponse>, I>>(object: I): ImportDecisionsResponse {
+    const message = createBaseImportDecisionsResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
+    return message;
+  },
+};
+
 /**
  * GovernanceService owns agents' trust tiers, the write rules, every gate
  * decision and the witness chain over all of them. It is the only writer of
@@ -6304,6 +6493,29 @@ export const GovernanceServiceService = {
     responseDeserialize: (value: Buffer): BatchGetDecisionsResponse => BatchGetDecisionsResponse.decode(value),
   },
   /**
+   * Imports gate decisions recorded by another instance's governance (engram
+   * import-bundle; docs/bundle.md), so the records they admitted reconcile
+   * here (engram verify --gate). Each is appended to this witness chain as an
+   * imported entry ("gate.decision.imported", naming the importer), kept as
+   * it was (id, author, request, record, content hash, outcome, time); it
+   * moves no trust and rate limits. A decision's id must derive from its
+   * fleet, author, request and position (INVALID_ARGUMENT
+   * DECISION_ID_MISMATCH); an identical decision already recorded counts as
+   * already_present, another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importDecisions: {
+    path: "/engram.governance.v1.GovernanceService/ImportDecisions" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportDecisionsRequest): Buffer =>
+      Buffer.from(ImportDecisionsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportDecisionsRequest => ImportDecisionsRequest.decode(value),
+    responseSerialize: (value: ImportDecisionsResponse): Buffer =>
+      Buffer.from(ImportDecisionsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportDecisionsResponse => ImportDecisionsResponse.decode(value),
+  },
+  /**
    * Revokes one token by its jti until it expires; governor role only. Every
    * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
    * interval. Idempotent on jti. Recorded in the witness chain.
@@ -6412,6 +6624,19 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
    * governor and admin roles only. Ids not found are left out.
    */
   batchGetDecisions: handleUnaryCall<BatchGetDecisionsRequest, BatchGetDecisionsResponse>;
+  /**
+   * Imports gate decisions recorded by another instance's governance (engram
+   * import-bundle; docs/bundle.md), so the records they admitted reconcile
+   * here (engram verify --gate). Each is appended to this witness chain as an
+   * imported entry ("gate.decision.imported", naming the importer), kept as
+   * it was (id, author, request, record, content hash, outcome, time); it
+   * moves no trust and rate limits. A decision's id must derive from its
+   * fleet, author, request and position (INVALID_ARGUMENT
+   * DECISION_ID_MISMATCH); an identical decision already recorded counts as
+   * already_present, another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importDecisions: handleUnaryCall<ImportDecisionsRequest, ImportDecisionsResponse>;
   /**
    * Revokes one token by its jti until it expires; governor role only. Every
    * service refuses it (UNAUTHENTICATED, TOKEN_REVOKED) within its refresh
@@ -6628,6 +6853,33 @@ export interface GovernanceServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: BatchGetDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Imports gate decisions recorded by another instance's governance (engram
+   * import-bundle; docs/bundle.md), so the records they admitted reconcile
+   * here (engram verify --gate). Each is appended to this witness chain as an
+   * imported entry ("gate.decision.imported", naming the importer), kept as
+   * it was (id, author, request, record, content hash, outcome, time); it
+   * moves no trust and rate limits. A decision's id must derive from its
+   * fleet, author, request and position (INVALID_ARGUMENT
+   * DECISION_ID_MISMATCH); an identical decision already recorded counts as
+   * already_present, another under its id is ALREADY_EXISTS. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importDecisions(
+    request: ImportDecisionsRequest,
+    callback: (error: ServiceError | null, response: ImportDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  importDecisions(
+    request: ImportDecisionsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportDecisionsResponse) => void,
+  ): ClientUnaryCall;
+  importDecisions(
+    request: ImportDecisionsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportDecisionsResponse) => void,
   ): ClientUnaryCall;
   /**
    * Revokes one token by its jti until it expires; governor role only. Every
