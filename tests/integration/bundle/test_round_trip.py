@@ -149,7 +149,7 @@ def test_an_interrupted_import_resumes_when_run_again(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
-    for name in "ab":
+    for name in "abc":
         (tmp_path / name).mkdir()
     bundle = tmp_path / "x.bundle"
     with full_stack(tmp_path / "a", engram_home, make_token) as origin:
@@ -176,5 +176,32 @@ def test_an_interrupted_import_resumes_when_run_again(
                 report = Importer(clients).run(reader)
             assert (report.created["records"], report.already_present["records"]) == (9, 5)
             assert clients.shard.status().total_records == 14
+        finally:
+            clients.close()
+
+    def stop_in_the_events(kind: str, rows: int, nbytes: int) -> None:
+        if kind == "events":
+            raise Interrupted
+
+    # Cut again, inside a run's event chain (one event a call): the run is left at a prefix
+    # of its chain, and the next import extends it from there.
+    with full_stack(tmp_path / "c", engram_home, make_token) as target:
+        where = target.addresses()
+        clients = Clients(ShardClient(where["shard"], admin),
+                          GovernanceClient(where["governance"], admin),
+                          ArtifactsClient(where["artifacts"], admin),
+                          CompactorClient(where["compactor"], admin))
+        try:
+            monkeypatch.setattr(importer, "BATCH", 1)
+            with BundleReader(bundle) as reader, pytest.raises(Interrupted):
+                Importer(clients, stop_in_the_events).run(reader)
+            assert clients.artifacts.get_run("run-1").event_count == 1  # cut after one event
+            with BundleReader(bundle) as reader:
+                report = Importer(clients).run(reader)
+            assert (report.created["events"], report.already_present["events"]) == (2, 1)
+            assert report.already_present["artifacts"] == 1
+            assert clients.artifacts.get_run("run-1").event_count == 3
+            assert not clients.artifacts.verify("run-1").problems
+            assert len(list(clients.artifacts.replay("run-1"))) == 3
         finally:
             clients.close()
