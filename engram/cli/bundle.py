@@ -108,11 +108,13 @@ def import_bundle(
 ) -> None:
     """Load a bundle into this instance's fleet of the same name (admin token of that fleet).
     Every member's SHA-256 is checked against the manifest before anything is written; an
-    altered bundle is refused with each failing member named (exit 1). Rules, pinned trust
-    tiers, domains and records are loaded (records keep their ids, authors, times, gate decisions
-    and hashes; the shard re-hashes each); the other parts are verified and listed as not
-    imported (docs/bundle.md). Running it again changes nothing; after an interruption it
-    completes what is missing."""
+    altered bundle is refused with each failing member named (exit 1). Then everything is
+    loaded as it was at the origin, each item re-checked by the service that stores it: rules,
+    pinned trust tiers, gate decisions (chained as imported entries), domains, records (ids,
+    authors, times and hashes kept), runs with their artifacts (bytes re-hashed), manifests,
+    evidence, events (the hash chain must extend), snapshots, and iteration logs
+    (docs/bundle.md). Running it again changes nothing; after an interruption it completes
+    what is missing."""
     started = time.perf_counter()
     with rpc_errors(as_json), _progress(as_json) as progress:
         clients = open_clients(cli_settings())
