@@ -197,9 +197,13 @@ class RunEraser:
             with self.service.db.session() as session:
                 row = session.get(RunTombstoneRow, (fleet_id, run_id))
                 left = json.loads(row.blobs_left_json) if row is not None else []
-            if not left:
+            # And whatever else lies under the run's own key prefix: a blob an upload or an
+            # import stored before failing to insert its row (no row lists it).
+            stray = [key for key in self.service.blobs.list(f"fleets/{fleet_id}/runs/{run_id}/")
+                     if key not in left]
+            if not left and not stray:
                 continue
-            for path in left:
+            for path in [*left, *stray]:
                 self.service.blobs.purge(path)
             with self.service.db.session() as session:
                 session.execute(update(RunTombstoneRow).where(

@@ -13,8 +13,10 @@ row, as appends and erasures do, so an erasure and an import of one run never in
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import groupby
 
@@ -33,7 +35,13 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
 )
-from services.artifacts.domain.integrity import ArtifactUpload, CheckedUpload, UploadEnd
+from services.artifacts.domain.integrity import (
+    ArtifactUpload,
+    CheckedUpload,
+    UploadEnd,
+    blob_missing_problem,
+    blob_problem,
+)
 from services.artifacts.service import ArtifactsService
 from services.common.errors import (
     Aborted,
@@ -45,8 +53,33 @@ from services.common.errors import (
 )
 from services.common.limits import check_limit
 
+log = logging.getLogger("engram.artifacts")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_STOP_REASON = 1024
+MAX_KEY_ID = 64
+"""Artifact and snapshot ids are keys of 64 characters in the store (an import keeps the
+origin's; the service makes its own shorter)."""
+
+
+@contextmanager
+def _erased_is_final() -> Iterator[None]:
+    """An erased run refuses an import as FAILED_PRECONDITION (it will never come back), not
+    NOT_FOUND (which reads as "import the run first")."""
+    try:
+        yield
+    except NotFound as error:
+        if error.reason != "RUN_ERASED":
+            raise
+        raise FailedPrecondition(f"{error.message}; an erased run is not brought back",
+                                 reason="RUN_ERASED") from None
+
+
+def _key_id(kind: str, value: str) -> str:
+    check.identifier(kind, value)
+    if len(value) > MAX_KEY_ID:
+        raise InvalidArgument(f"{kind} is {len(value)} characters; at most {MAX_KEY_ID}",
+                              reason="INVALID_IDENTIFIER")
+    return value
 
 
 @dataclass(frozen=True)
@@ -155,47 +188,84 @@ class RunImports:
                         parts: Iterable[bytes | UploadEnd]) -> tuple[Artifact, bool]:
         """Store ``artifact`` with the bytes of ``parts``, which must be its own."""
         wanted, name = self._checked_artifact(fleet_id, artifact)
-        prior = self._stored_artifact(fleet_id, wanted.artifact_id)
-        if prior is not None:
-            if prior != wanted:
-                raise _conflict("artifact", wanted.artifact_id)
-            return prior, False  # the bytes are not read again: they were checked on the way in
-        self.service.get_run(fleet_id, wanted.run_id)
-        with self.service.db.session() as session:
-            named = self.repository.artifact_named(session, fleet_id, wanted.run_id,
-                                                   wanted.step_id, name)
-        if named is not None:
-            raise AlreadyExists(
-                f"artifact {named.artifact_id} already holds {name!r} in step "
-                f"{wanted.step_id!r} of run {wanted.run_id!r}", reason="ARTIFACT_EXISTS",
-                metadata={"artifact_id": named.artifact_id})
+        with _erased_is_final():
+            prior = self._stored_artifact(fleet_id, wanted.artifact_id)
+            if prior is not None:
+                if prior != wanted:
+                    raise _conflict("artifact", wanted.artifact_id)
+                return prior, False  # the bytes are not read again: checked on the way in
+            self.service.get_run(fleet_id, wanted.run_id)
+            with self.service.db.session() as session:
+                named = self.repository.artifact_named(session, fleet_id, wanted.run_id,
+                                                       wanted.step_id, name)
+            if named is not None:
+                raise AlreadyExists(
+                    f"artifact {named.artifact_id} already holds {name!r} in step "
+                    f"{wanted.step_id!r} of run {wanted.run_id!r}", reason="ARTIFACT_EXISTS",
+                    metadata={"artifact_id": named.artifact_id})
+            self._store_blob(wanted, name, parts)
+            try:
+                with self.service.writing() as session:
+                    # The run held: an erasure cannot commit between the check and the insert.
+                    self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
+                    self.repository.add_artifact(session, fleet_id, wanted, name)
+            except DbIntegrityError:
+                stored = self._stored_artifact(fleet_id, wanted.artifact_id)
+                if stored == wanted:  # a concurrent import of this very artifact came first
+                    return stored, False
+                self._drop_blob(wanted.path)
+                if stored is not None:
+                    raise _conflict("artifact", wanted.artifact_id) from None
+                with self.service.db.session() as session:
+                    taken = self.repository.artifact_id_taken(session, wanted.artifact_id)
+                if taken:  # by another fleet: say nothing of it
+                    raise FailedPrecondition(
+                        f"artifact id {wanted.artifact_id!r} is taken on this instance; it "
+                        "cannot be imported under it", reason="ID_TAKEN") from None
+                raise AlreadyExists(  # a concurrent write of another artifact, same name
+                    f"another artifact already holds {name!r} in step {wanted.step_id!r} of "
+                    f"run {wanted.run_id!r}", reason="ARTIFACT_EXISTS") from None
+            except BaseException:
+                self._drop_blob(wanted.path)  # no row, so no blob (a retry stores it again)
+                raise
+        self.service.blob_bytes.add("in", amount=wanted.size_bytes)
+        return wanted, True
+
+    def _store_blob(self, wanted: Artifact, name: str,
+                    parts: Iterable[bytes | UploadEnd]) -> None:
+        """The bytes at the artifact's own key. A blob already there with no row is what an
+        import that failed after storing it left (a crash, the database gone): its bytes
+        passed the same hash check, so it is kept when they are this artifact's, and removed
+        (the import is then sent again) when they are not."""
         upload = ArtifactUpload(run_id=wanted.run_id, step_id=wanted.step_id, name=name,
                                 mime_type=wanted.mime_type, metadata_json=wanted.metadata_json,
                                 expected_size_bytes=wanted.size_bytes,
                                 expected_hash=wanted.hash)
         received = CheckedUpload(upload, self.limits.check_upload)
-        self.service.blobs.put(wanted.path, received.chunks(parts),
-                               before_commit=received.check_hash)
         try:
-            with self.service.writing() as session:
-                # The run held: an erasure of it cannot commit between the check and the insert.
-                self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
-                self.repository.add_artifact(session, fleet_id, wanted, name)
-        except BaseException as error:
-            # A concurrent import of this very artifact stored it first: its blob is this one.
-            if self._stored_artifact(fleet_id, wanted.artifact_id) != wanted:
-                self.service.blobs.delete(wanted.path)
-            if isinstance(error, DbIntegrityError):
-                stored = self._stored_artifact(fleet_id, wanted.artifact_id)
-                if stored == wanted:
-                    return stored, False
-                raise _conflict("artifact", wanted.artifact_id) from None
-            raise
-        self.service.blob_bytes.add("in", amount=wanted.size_bytes)
-        return wanted, True
+            self.service.blobs.put(wanted.path, received.chunks(parts),
+                                   before_commit=received.check_hash)
+        except AlreadyExists:
+            try:
+                problem = blob_problem(wanted, self.service.blobs.open(wanted.path))
+            except NotFound:
+                problem = blob_missing_problem(wanted)
+            if problem is None:
+                return  # the bytes are there already (checked just now)
+            self._drop_blob(wanted.path)
+            raise Aborted(f"artifact {wanted.artifact_id}: an earlier import left other bytes "
+                          "under its key; they were removed, send it again",
+                          reason="CONCURRENT_WRITE") from None
+
+    def _drop_blob(self, path: str) -> None:
+        try:
+            self.service.blobs.delete(path)
+        except Exception:  # a blob left behind is adopted or replaced by the next import
+            log.warning("could not remove an imported blob after a failed insert",
+                        exc_info=True, extra={"path": path})
 
     def _checked_artifact(self, fleet_id: str, artifact: Artifact) -> tuple[Artifact, str]:
-        artifact_id = check.identifier("artifact_id", artifact.artifact_id)
+        artifact_id = _key_id("artifact_id", artifact.artifact_id)
         run_id = check.identifier("run_id", artifact.run_id)
         step_id = check.identifier("step_id", artifact.step_id)
         name = _artifact_name(fleet_id, run_id, step_id, artifact_id, artifact.path)
@@ -242,7 +312,7 @@ class RunImports:
                         key=lambda e: (e.run_id, e.seq))
         snapshots = [self._checked_snapshot(s) for s in snapshots]
         try:
-            with self.service.writing() as session:
+            with _erased_is_final(), self.service.writing() as session:
                 counts = ImportCounts()
                 for manifest in manifests:
                     counts += self._manifest(session, fleet_id, manifest)
@@ -316,7 +386,7 @@ class RunImports:
         return event
 
     def _checked_snapshot(self, snapshot: Snapshot) -> Snapshot:
-        check.identifier("snapshot_id", snapshot.snapshot_id)
+        _key_id("snapshot_id", snapshot.snapshot_id)
         check.identifier("run_id", snapshot.run_id)
         if snapshot.seq < 0:
             raise InvalidArgument("a snapshot's seq must be >= 0", reason="INVALID_SEQ")
@@ -337,8 +407,8 @@ class RunImports:
             if prior != manifest:
                 raise _conflict("manifest", manifest.manifest_id)
             return _PRESENT
-        if manifest.run_id:
-            self.repository.get_run(session, fleet_id, manifest.run_id)
+        if manifest.run_id:  # held, as an append holds it: an erasure of the run waits
+            self.repository.get_run(session, fleet_id, manifest.run_id, lock=True)
         self.repository.add_manifest(session, manifest)
         session.flush()
         return _CREATED
@@ -351,6 +421,9 @@ class RunImports:
             return _PRESENT
         if evidence.artifact_id:
             self.service.check_references(session, fleet_id, "", (evidence.artifact_id,))
+            # The cited artifact's run held: its erasure deletes the evidence citing it.
+            cited = self.repository.get_artifact(session, fleet_id, evidence.artifact_id)
+            self.repository.get_run(session, fleet_id, cited.run_id, lock=True)
         self.repository.add_evidence(session, evidence)
         session.flush()
         return _CREATED
@@ -396,6 +469,10 @@ class RunImports:
                 "first", reason="SNAPSHOT_AHEAD_OF_LOG")
         self.service.check_references(session, fleet_id, snapshot.manifest_id,
                                        snapshot.artifact_ids)
+        if self.repository.snapshot_id_taken(session, snapshot.snapshot_id):
+            raise FailedPrecondition(f"snapshot id {snapshot.snapshot_id!r} is taken on this "
+                                     "instance; it cannot be imported under it",
+                                     reason="ID_TAKEN")
         latest = (self.repository.get_snapshot(session, fleet_id, run.latest_snapshot_id)
                   if run.latest_snapshot_id else None)
         self.repository.add_snapshot(session, fleet_id, snapshot, "")

@@ -234,6 +234,14 @@ class ArtifactsRepository:
         run = session.get_one(RunRow, (fleet_id, snapshot.run_id))
         run.latest_snapshot_id = snapshot.snapshot_id
 
+    def artifact_id_taken(self, session: Session, artifact_id: str) -> bool:
+        """Whether any fleet's artifact has this id (ids are keys across fleets)."""
+        return session.get(ArtifactRow, artifact_id) is not None
+
+    def snapshot_id_taken(self, session: Session, snapshot_id: str) -> bool:
+        """Whether any fleet's snapshot has this id (ids are keys across fleets)."""
+        return session.get(SnapshotRow, snapshot_id) is not None
+
     def set_latest_snapshot(self, session: Session, fleet_id: str, run_id: str,
                             snapshot_id: str) -> None:
         session.get_one(RunRow, (fleet_id, run_id)).latest_snapshot_id = snapshot_id

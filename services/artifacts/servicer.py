@@ -28,6 +28,7 @@ from services.artifacts.service import ArtifactsService, now_us
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
+from services.common.timestamps import time_us
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
 _USERS = frozenset({"agent", "admin"})  # no service calls artifacts
@@ -136,7 +137,7 @@ def manifest_to_proto(manifest: Manifest) -> pb.Manifest:
 
 
 def _us(stamp: Timestamp) -> int:
-    return stamp.ToMicroseconds()
+    return time_us(stamp, "create_time", reason="INVALID_CREATE_TIME")
 
 
 def run_from_proto(run: pb.Run) -> Run:
@@ -146,7 +147,8 @@ def run_from_proto(run: pb.Run) -> Run:
                               "SYSTEM_ERROR", reason="INVALID_RUN")
     return Run(run_id=run.run_id, fleet_id=run.fleet_id, agent_id=run.agent_id, status=status,
                stop_reason=run.stop_reason, created_us=_us(run.create_time),
-               stopped_us=_us(run.stop_time), event_count=0, head_hash="",
+               stopped_us=time_us(run.stop_time, "stop_time", reason="INVALID_CREATE_TIME"),
+               event_count=0, head_hash="",
                latest_snapshot_id="", metadata_json=run.metadata_json)
 
 

@@ -14,6 +14,7 @@ from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
 from services.common.errors import FailedPrecondition
 from services.common.pagination import PageTokens
+from services.common.timestamps import time_us
 from services.common.tokens import validate_identifier
 from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
@@ -70,6 +71,7 @@ def _timestamp_text(message: pb.IterationInput | pb.IterationSummary, field: str
     if not message.HasField(field):
         return ""
     value: Timestamp = getattr(message, field)
+    time_us(value, field)  # ToJsonString raises (INTERNAL) outside 0001..9999
     return value.ToJsonString()
 
 

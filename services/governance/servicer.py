@@ -26,8 +26,14 @@ from services.common.errors import InvalidArgument, NotFound, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.timestamps import time_us
 from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
-from services.governance.domain.decisions import Decision, checked_import
+from services.governance.domain.decisions import (
+    MAX_CLOCK_SKEW_MS,
+    MAX_DECISION_RULES,
+    Decision,
+    PositionSearch,
+)
 from services.governance.domain.erasures import ErasedItem, Erasure, erasure_id_for
 from services.governance.domain.erasures import check_request as check_erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
@@ -396,18 +402,26 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             raise InvalidArgument("send at least one decision", reason="EMPTY_BATCH")
         check_limit("decisions", len(request.decisions), self._limits.batch_items,
                     "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
-        decisions = [checked_import(Decision(
-            decision_id=validate_identifier("decision_id", d.decision_id),
-            fleet_id=target_fleet(principal, d.fleet_id),
-            agent_id=validate_identifier("agent_id", d.agent_id),
-            request_id=validate_request_id(d.request_id),
-            position=d.position,
-            record_id=validate_identifier("record_id", d.record_id),
-            content_hash=d.content_hash, allowed=d.allowed,
-            rule_ids=tuple(validate_identifier("rule_id", r) for r in d.rule_ids),
-            reason=_bounded("reason", d.reason, 4000),
-            created_ms=d.create_time.ToMilliseconds()),
-            self._limits.batch_items) for d in request.decisions]
+        search = PositionSearch(self._limits.batch_items)
+        latest_ms = self._service.now_ms() + MAX_CLOCK_SKEW_MS
+        decisions = []
+        for d in request.decisions:
+            check_limit("a decision's rule_ids", len(d.rule_ids), MAX_DECISION_RULES,
+                        "the decision format", reason="INVALID_DECISION")
+            created_ms = time_us(d.create_time, "create_time", reason="INVALID_DECISION") // 1000
+            if created_ms > latest_ms:  # it would count in every rate window from now on
+                raise InvalidArgument(f"decision {d.decision_id[:80]!r} is dated in the future",
+                                      reason="INVALID_DECISION")
+            decisions.append(search.checked(Decision(
+                decision_id=validate_identifier("decision_id", d.decision_id),
+                fleet_id=target_fleet(principal, d.fleet_id),
+                agent_id=validate_identifier("agent_id", d.agent_id),
+                request_id=validate_request_id(d.request_id),
+                position=d.position,
+                record_id=validate_identifier("record_id", d.record_id),
+                content_hash=d.content_hash, allowed=d.allowed,
+                rule_ids=tuple(validate_identifier("rule_id", r) for r in d.rule_ids),
+                reason=_bounded("reason", d.reason, 4000), created_ms=created_ms)))
         created, present = self._service.import_decisions(decisions, principal.agent_id)
         return pb.ImportDecisionsResponse(created=created, already_present=present)
 

@@ -22,6 +22,7 @@ from services.common.auth import (
 )
 from services.common.errors import InvalidArgument
 from services.common.pagination import PageTokens
+from services.common.timestamps import time_us
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
@@ -175,17 +176,8 @@ class FilterLimits:
     max_metadata: int = 16
 
 
-_MIN_TIME_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z, RFC 3339's first instant
-_MAX_TIME_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
-
-
 def _time_us(ts: Timestamp, name: str) -> int:
-    if not 0 <= ts.nanos < 1_000_000_000:
-        raise InvalidArgument(f"{name} has nanos out of range", reason="INVALID_TIMESTAMP")
-    us = ts.seconds * 1_000_000 + ts.nanos // 1000  # ToMicroseconds raises out of range
-    if not _MIN_TIME_US <= us <= _MAX_TIME_US:
-        raise InvalidArgument(f"{name} is outside 0001..9999", reason="INVALID_TIMESTAMP")
-    return us
+    return time_us(ts, name)
 
 
 def _one(legacy: str | None, filtered: str | None, name: str) -> str | None:

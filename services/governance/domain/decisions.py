@@ -58,27 +58,49 @@ def check_same_request(recorded: Sequence[Decision], candidates: Sequence[Candid
             "use a new request_id for a new write", reason="REQUEST_ID_REUSED")
 
 
-def checked_import(decision: Decision, max_position: int) -> Decision:
-    """``decision`` as another governance recorded it, when its id derives from its fleet,
-    author, request and position (a decision exported before positions were carried: the
-    position that gives its id, searched up to ``max_position``); raises ``InvalidArgument``
-    naming what does not hold."""
-    if not _CONTENT_HASH.fullmatch(decision.content_hash):
-        raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: content_hash must be a "
-                              "SHA-256 (64 lowercase hex characters)", reason="INVALID_DECISION")
-    if decision.created_ms <= 0:
-        raise InvalidArgument(f"decision {decision.decision_id[:80]!r} has no create_time",
-                              reason="INVALID_DECISION")
-    if decision.allowed == bool(decision.rule_ids):
-        raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: an allowed decision "
-                              "names no rule and a denial names at least one",
-                              reason="INVALID_DECISION")
-    key = (decision.fleet_id, decision.agent_id, decision.request_id)
-    positions = [decision.position, *range(max_position)]
-    for position in positions:
-        if position >= 0 and decision_id(*key, position) == decision.decision_id:
-            return Decision(**{**decision.__dict__, "position": position, "chain_seq": -1})
-    raise InvalidArgument(
-        f"decision {decision.decision_id[:80]!r} does not derive from its fleet, agent, "
-        "request_id and position (altered?)", reason="DECISION_ID_MISMATCH",
-        metadata={"decision_id": decision.decision_id[:80]})
+MAX_DECISION_RULES = 64
+"""Rules one imported decision may name (a denial names the rules that refused it)."""
+MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
+"""How far past this governance's clock an imported decision may be dated."""
+SEARCH_BUDGET = 20_000
+"""Position derivations one import call may try (about 20 ms of CPU in the process that
+gates every fleet's writes)."""
+
+
+class PositionSearch:
+    """Checks imported decisions' ids, within a budget of derivations for the whole call."""
+
+    def __init__(self, max_position: int, budget: int = SEARCH_BUDGET) -> None:
+        self.max_position = max_position
+        self.budget = budget
+
+    def checked(self, decision: Decision) -> Decision:
+        """``decision`` as another governance recorded it, when its id derives from its
+        fleet, author, request and position (a bundle from before positions were carried:
+        the position that gives its id, searched within the call's budget); raises
+        ``InvalidArgument`` naming what does not hold."""
+        if not _CONTENT_HASH.fullmatch(decision.content_hash):
+            raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: content_hash must "
+                                  "be a SHA-256 (64 lowercase hex characters)",
+                                  reason="INVALID_DECISION")
+        if decision.created_ms <= 0:
+            raise InvalidArgument(f"decision {decision.decision_id[:80]!r} has no create_time",
+                                  reason="INVALID_DECISION")
+        if decision.allowed == bool(decision.rule_ids):
+            raise InvalidArgument(f"decision {decision.decision_id[:80]!r}: an allowed "
+                                  "decision names no rule and a denial names at least one",
+                                  reason="INVALID_DECISION")
+        key = (decision.fleet_id, decision.agent_id, decision.request_id)
+        for position in [decision.position, *range(self.max_position)]:
+            if self.budget <= 0:
+                raise InvalidArgument(
+                    "too many decisions in this call carry no position; export them again "
+                    "with a current engram (it writes each decision's position)",
+                    reason="DECISION_POSITION_MISSING")
+            self.budget -= 1
+            if position >= 0 and decision_id(*key, position) == decision.decision_id:
+                return Decision(**{**decision.__dict__, "position": position, "chain_seq": -1})
+        raise InvalidArgument(
+            f"decision {decision.decision_id[:80]!r} does not derive from its fleet, agent, "
+            "request_id and position (altered?)", reason="DECISION_ID_MISMATCH",
+            metadata={"decision_id": decision.decision_id[:80]})

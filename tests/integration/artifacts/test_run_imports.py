@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
+import sqlalchemy
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
 from services.artifacts.domain.chain import event_hash
-from services.artifacts.tables import RunTombstoneRow
+from services.artifacts.erasure import RunEraser
+from services.artifacts.imports import RunImports
+from services.artifacts.servicer import manifest_from_proto
+from services.artifacts.tables import ArtifactRow, RunTombstoneRow
+from services.common.erasure_source import ErasureOrder
+from services.common.errors import Unavailable
 from tests.conftest import TokenFactory
 from tests.integration.artifacts.conftest import RunningArtifacts, running_artifacts
 
@@ -241,8 +249,13 @@ def test_an_erased_run_is_not_brought_back(
         error = refused(client.import_run, run.run)
         assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION,
                                               "RUN_ERASED")
-        error = refused(client.import_run_items, events=run.events[:1])
-        assert error.code == grpc.StatusCode.NOT_FOUND
+        for call, args in ((client.import_run_items, {"events": run.events[:1]}),
+                           (client.import_run_items, {"manifests": run.manifests}),
+                           (client.import_artifact, {"artifact": run.artifact,
+                                                     "chunks": [BLOB]})):
+            error = refused(call, **args)
+            assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                  "RUN_ERASED"), error.message
 
 
 def test_bad_run_fields_are_refused(pair: tuple[RunningArtifacts, RunningArtifacts],
@@ -264,3 +277,134 @@ def test_bad_run_fields_are_refused(pair: tuple[RunningArtifacts, RunningArtifac
         assert not list(client.list_runs())
     assert json.loads(run.run.metadata_json) == {"goal": "move"}
     assert hashlib.sha256(BLOB).hexdigest() == run.artifact.hash
+
+
+def _erase(target: RunningArtifacts, run_id: str) -> None:
+    """What ForgetRuns does for one run once governance has recorded the erasure."""
+    eraser = RunEraser(target.service, None)
+    order = ErasureOrder("er-1", "fleet-a", "gov", (("run", run_id, ""),))
+    with target.service.writing() as session:
+        eraser._erase_run(session, order, run_id, "", 2)
+    eraser._purge_blobs("fleet-a", [run_id])
+
+
+def test_a_blob_left_by_a_failed_import_is_adopted_and_an_erasure_sweeps_strays(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import whose row insert failed after its blob was stored, and whose clean-up failed
+    too (the database and the store both failing), left the blob at the artifact's own key:
+    every retry was ALREADY_EXISTS BLOB_EXISTS for good, and an erasure of the run left it."""
+    origin, target = pair
+    run = written(origin)
+    repository, blobs = target.service.repository, target.service.blobs
+
+    def database_gone(*args: object, **kwargs: object) -> None:
+        raise Unavailable("database unavailable", reason="DATABASE_UNAVAILABLE")
+
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        with monkeypatch.context() as patch:
+            patch.setattr(repository, "add_artifact", database_gone)
+            patch.setattr(blobs, "delete", database_gone)
+            assert refused(client.import_artifact, run.artifact, [BLOB]).code == \
+                grpc.StatusCode.UNAVAILABLE
+        assert client.import_artifact(run.artifact, [BLOB]).created  # the leftover adopted
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
+        stray = "fleets/fleet-a/runs/run-1/plan/art_stray/left.txt"
+        blobs.put(stray, [b"an upload that never got its row"])
+    _erase(target, "run-1")
+    assert not [p for p in target.blob_root.rglob("*") if p.is_file()]
+
+
+def test_a_leftover_blob_with_other_bytes_is_replaced_on_the_next_attempt(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory) -> None:
+    origin, target = pair
+    run = written(origin)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        path = client.import_artifact(run.artifact, [BLOB]).artifact.path
+        with target.service.writing() as session:  # the row gone, other bytes left behind
+            session.execute(sqlalchemy.delete(ArtifactRow))
+        target.service.blobs.delete(path)
+        target.service.blobs.put(path, [b"other bytes"])
+        error = refused(client.import_artifact, run.artifact, [BLOB])
+        assert (error.code, error.reason) == (grpc.StatusCode.ABORTED, "CONCURRENT_WRITE")
+        assert client.import_artifact(run.artifact, [BLOB]).created
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
+
+
+def test_an_erasure_racing_an_import_of_the_run_s_manifest_takes_it_too(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Postgres the import read the run without locking it: an erasure that committed
+    while the import's transaction was open left the imported manifest of the erased run."""
+    origin, target = pair
+    run = written(origin)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+    repository = target.service.repository
+    add_manifest = repository.add_manifest
+    eraser = threading.Thread(target=_erase, args=(target, "run-1"))
+
+    def add_while_erasing(session: object, manifest: object) -> None:
+        eraser.start()  # it waits for the run this import holds, or (unheld) erases now
+        time.sleep(0.5)
+        add_manifest(session, manifest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(repository, "add_manifest", add_while_erasing)
+    imports = RunImports(target.service)
+    imports.import_items("fleet-a", [manifest_from_proto(run.manifests[0], "fleet-a")], [],
+                         [], [])
+    eraser.join(10)
+    with target.service.db.session() as session:
+        assert repository.run_tombstone(session, "fleet-a", "run-1") == "er-1"
+        assert repository.get_manifest(session, "fleet-a", run.manifests[0].manifest_id) is None
+
+
+def test_out_of_range_times_and_long_ids_are_invalid_not_internal(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory) -> None:
+    origin, target = pair
+    run = written(origin)
+    with admin_of(target, make_token) as client:
+        far = pb.Run()
+        far.CopyFrom(run.run)
+        far.create_time.seconds = 2**40
+        assert refused(client.import_run, far).reason == "INVALID_CREATE_TIME"
+        client.import_run(run.run)
+        bad = pb.Event()
+        bad.CopyFrom(run.events[0])
+        bad.create_time.nanos = -1
+        assert refused(client.import_run_items, events=[bad]).reason == "INVALID_CREATE_TIME"
+        long_id = pb.Artifact()
+        long_id.CopyFrom(run.artifact)
+        long_id.artifact_id = "art_" + "a" * 96
+        long_id.path = long_id.path.replace(run.artifact.artifact_id, long_id.artifact_id)
+        error = refused(client.import_artifact, long_id, [BLOB])
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                              "INVALID_IDENTIFIER")
+
+
+def test_an_id_another_fleet_holds_is_taken_and_nothing_is_said_of_it(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory) -> None:
+    origin, target = pair
+    run = written(origin)
+    with admin_of(target, make_token) as client:
+        imported(client, run)
+    with admin_of(target, make_token, "fleet-b") as other:
+        mine = pb.Run()
+        mine.CopyFrom(run.run)
+        mine.fleet_id = "fleet-b"
+        other.import_run(mine)
+        copied = pb.Artifact()
+        copied.CopyFrom(run.artifact)
+        copied.path = copied.path.replace("fleets/fleet-a/", "fleets/fleet-b/")
+        error = refused(other.import_artifact, copied, [BLOB])
+        assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "ID_TAKEN")
+        assert "fleet-a" not in error.message
+        taken = pb.Snapshot()
+        taken.CopyFrom(next(s for s in run.snapshots if not s.artifact_ids))
+        taken.seq = 0  # within fleet-b's empty log; the state (and its hash) unchanged
+        error = refused(other.import_run_items, snapshots=[taken])
+        assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "ID_TAKEN")
+        assert not list(other.list_snapshots("run-1"))
+    assert not [p for p in target.blob_root.rglob("*") if "fleet-b" in str(p) and p.is_file()]

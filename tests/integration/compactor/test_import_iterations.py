@@ -167,3 +167,21 @@ def test_summaries_without_details_go_to_the_warm_log_only(
         for n in (12, 10, 5, 1):
             view = client.reconstruct(RUN, n)
             assert view.source == pb.DETAIL_SOURCE_SUMMARY_ONLY and not view.detail_json, n
+
+
+def test_times_out_of_range_are_invalid_not_internal(
+        compactor_for: CompactorFactory, target: EngramServer,
+        make_token: TokenFactory) -> None:
+    log = recorded(compactor_for(), count=1)
+    far = pb.ImportedIteration()
+    far.CopyFrom(log[0])
+    far.summary.start_time.seconds = 2**40
+    with admin(target, make_token) as client:
+        error = refused(client.import_iterations, RUN, [far])
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                              "INVALID_TIMESTAMP")
+        iteration = iteration_from_json({"iter": 1, "status": "ok"})
+        iteration.end_time.nanos = -1
+        error = refused(client.record, RUN, iteration)
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                              "INVALID_TIMESTAMP")

@@ -16,6 +16,7 @@ from engram.client import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.server import EngramServer
+from services.governance.domain.decisions import decision_id
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory
@@ -148,3 +149,41 @@ def test_forged_conflicting_and_unbounded_imports_are_refused(
             assert (error.code, error.reason) == (code, reason), (reason, error.message)
         assert client.checkpoint().length == 1
         assert client.verify_chain().ok
+
+
+def test_an_import_cannot_date_decisions_ahead_flood_rules_or_burn_the_gate_s_cpu(
+        exported: list[pb.GateDecision], target: EngramServer,
+        make_token: TokenFactory) -> None:
+    """A decision dated in 9999 counted in every rate window from then on (an agent's writes
+    refused for good); a decision could name megabytes of rules; and decisions whose position
+    was left out made the gate's process search 1,000 positions each (about 1 s a call)."""
+    allowed = next(d for d in exported if d.allowed)
+    denied = next(d for d in exported if not d.allowed)
+    with admin(target, make_token) as client:
+        ahead = pb.GateDecision()
+        ahead.CopyFrom(allowed)
+        ahead.create_time.seconds = 253_402_300_000
+        flooded = pb.GateDecision()
+        flooded.CopyFrom(denied)
+        flooded.rule_ids.extend(f"rule-{n}" for n in range(64))
+        far = pb.GateDecision()
+        far.CopyFrom(allowed)
+        far.create_time.seconds = 2**40
+        for bad in (ahead, flooded, far):
+            error = refused(client.import_decisions, [bad])
+            assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                  "INVALID_DECISION"), error.message
+        hidden = []
+        for n in range(30):  # real ids at the last position, each sent without it
+            decision = pb.GateDecision()
+            decision.CopyFrom(allowed)
+            decision.request_id = f"req-far-{n}"
+            decision.decision_id = decision_id("fleet-a", allowed.agent_id, decision.request_id,
+                                               999)
+            decision.ClearField("position")
+            hidden.append(decision)
+        error = refused(client.import_decisions, hidden)
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                              "DECISION_POSITION_MISSING")
+        assert client.import_decisions(hidden[:15]).created == 15  # within the budget
+        assert client.checkpoint().length == 15
