@@ -34,14 +34,15 @@ from engram.client.shard import ShardClient
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 
 PAGE = 1000
-KINDS = ("domains", "records", "rules", "trust", "decisions", "runs", "artifacts", "events",
-         "snapshots", "evidence", "manifests", "iterations")
+KINDS = ("domains", "records", "rules", "trust", "decisions", "erasures", "tombstones", "runs",
+         "artifacts", "events", "snapshots", "evidence", "manifests", "iterations")
 """Every part an export writes, in the order an import reads them."""
 VOLATILE = {
     "domains": ("record_count", "importance", "update_time", "incoming_links"),
     "runs": ("event_count", "head_hash", "latest_snapshot_id"),
     "trust": ("update_time",),
     "decisions": ("chain_seq",),  # where this governance's chain holds it, not the decision
+    "erasures": ("chain_seq",),
 }
 """Fields recomputed by a service on use, not carried."""
 
@@ -181,6 +182,7 @@ class Exporter:
         for decision in decisions:
             stage.put("decisions", decision.decision_id, proto_row(decision, "decisions"))
             agents.add(decision.agent_id)
+        self._stage_erasures(stage, run_id)
         fleet = self.fleet_id()
         for ids in _chunks(sorted(agents - {""}), 100):
             for trust in c.governance.trusts(fleet, ids):
@@ -196,6 +198,21 @@ class Exporter:
                     c.artifacts.stub.ListEvidence, apb.ListEvidenceRequest(page_size=PAGE),
                     lambda reply: reply.evidence):
                 stage.put("evidence", evidence.evidence_id, proto_row(evidence))
+
+    def _stage_erasures(self, stage: _Stage, run_id: str | None) -> None:
+        """The erased records' tombstones (of the run, for a run export) and the erasures
+        that erased them (every erasure of the fleet, for a fleet export): on the target they
+        keep an erased record erased, and say what was erased, when and by whom."""
+        c = self.clients
+        named: set[str] = set()
+        for tombstone in c.shard.tombstones(page_size=PAGE):
+            if run_id is None or tombstone.run_id == run_id:
+                stage.put("tombstones", tombstone.id, proto_row(tombstone))
+                named.add(tombstone.erasure_id)
+        for erasure in c.governance.erasures(page_size=PAGE):
+            if run_id is None or erasure.erasure_id in named:
+                key = f"{erasure.create_time.ToMilliseconds():020d}/{erasure.erasure_id}"
+                stage.put("erasures", key, proto_row(erasure, "erasures"))
 
     def _stage_run(self, stage: _Stage, run: str) -> None:
         c = self.clients

@@ -4,8 +4,10 @@ Order: the whole bundle is verified first (every member's SHA-256 against the ma
 manifest against its digest); nothing is sent before that passes. Then governance state: the
 fleet's rules (CreateRule with a request id derived from the original rule id, so a re-run
 finds them), the tiers an operator pinned (SetTier, only where the target differs), so a
-suspended agent stays suspended, and the gate decisions (ImportDecisions: imported entries in
-this witness chain, so the records reconcile with `engram verify --gate`); then domains
+suspended agent stays suspended, the gate decisions (ImportDecisions: imported entries in
+this witness chain, so the records reconcile with `engram verify --gate`) and the erasures
+(ImportErasures, each then carried out here, so a copy an earlier import brought is erased);
+then erased records' tombstones (ImportTombstones), domains
 (UpsertDomain), records (ImportRecords, in batches, each record re-hashed by the shard, all or
 nothing per batch), runs (ImportRun), their artifacts with their bytes (ImportArtifact), their
 manifests, evidence, events and snapshots (ImportRunItems, in batches; the artifacts service
@@ -34,8 +36,8 @@ from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
-IMPORTED = ("rules", "trust", "decisions", "domains", "records", "runs", "artifacts",
-            "manifests", "evidence", "events", "snapshots", "iterations")
+IMPORTED = ("rules", "trust", "decisions", "erasures", "tombstones", "domains", "records",
+            "runs", "artifacts", "manifests", "evidence", "events", "snapshots", "iterations")
 """The parts an import writes; the others are named as not imported."""
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
@@ -75,6 +77,8 @@ class Importer:
         self._rules(reader, report, fleet)
         self._trust(reader, report, fleet)
         self._decisions(reader, report)
+        self._erasures(reader, report)
+        self._tombstones(reader, report)
         self._domains(reader, report)
         self._records(reader, report)
         self._runs(reader, report)
@@ -136,6 +140,40 @@ class Importer:
             present += reply.already_present
             self.progress("decisions", len(batch), sum(d.ByteSize() for d in batch))
         report.created["decisions"], report.already_present["decisions"] = created, present
+
+    def _erasures(self, reader: BundleReader, report: ImportReport) -> None:
+        """The fleet's erasures, chained here as imported entries; each is then carried out
+        here too (as `engram forget --resume` does), so a copy of an erased record or run an
+        earlier import brought is erased now. Carrying out an erasure twice erases nothing."""
+        created = present = 0
+        for batch in _batches((_parse(row, gpb.Erasure(), "erasures")
+                               for row in reader.rows("erasures")), BATCH, BATCH_BYTES):
+            reply = self.clients.governance.import_erasures(batch)
+            created += reply.created
+            present += reply.already_present
+            self.progress("erasures", len(batch), sum(e.ByteSize() for e in batch))
+        for row in reader.rows("erasures"):
+            erasure = _parse(row, gpb.Erasure(), "erasures")
+            kinds = {item.kind for item in erasure.items}
+            if kinds & {"record", "summary"}:
+                self.clients.shard.forget(erasure_id=erasure.erasure_id)
+            if "run" in kinds:
+                self.clients.artifacts.forget_runs(erasure.erasure_id)
+            if "iterations" in kinds:
+                self.clients.compactor.forget_iterations(erasure.erasure_id)
+        report.created["erasures"], report.already_present["erasures"] = created, present
+
+    def _tombstones(self, reader: BundleReader, report: ImportReport) -> None:
+        """Erased records' tombstones, so an erased record stays erased here: ImportRecords
+        refuses an id with a tombstone. The shard checks each against its erasure above."""
+        created = present = 0
+        for batch in _batches((_parse(row, spb.RecordTombstone(), "tombstones")
+                               for row in reader.rows("tombstones")), BATCH, BATCH_BYTES):
+            reply = self.clients.shard.import_tombstones(batch)
+            created += reply.created
+            present += reply.already_present
+            self.progress("tombstones", len(batch), sum(t.ByteSize() for t in batch))
+        report.created["tombstones"], report.already_present["tombstones"] = created, present
 
     def _domains(self, reader: BundleReader, report: ImportReport) -> None:
         present = {d.name: d for d in self.clients.shard.domains()}

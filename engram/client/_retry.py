@@ -5,11 +5,12 @@ deadline, resending the same bytes. A method is listed in :data:`RETRIED` only w
 it again cannot do the work twice nor turn a success into an error: reads; writes that carry
 an idempotency key the SDK always sets (records, events, snapshots, iterations, rules) or
 that are keyed by their content (runs by name, evidence and manifests by content, an artifact
-by its run, step, name and bytes, imported records, runs and run items by their hashes, an
-erasure by its request id, carrying one out by its erasure id). :data:`NOT_RETRIED`
-names every other method and why; ``tests/unit/client/test_retry_policy.py`` fails when an
-RPC is in neither, so a new RPC gets this decision made. The TypeScript client's list
-(clients/typescript/src/retry.ts) is the same minus the writes it does not key yet.
+by its run, step, name and bytes, imported records, runs, run items, erasures and tombstones
+by their ids and hashes, an erasure by its request id, carrying one out by its erasure id).
+:data:`NOT_RETRIED` names every other method and why;
+``tests/unit/client/test_retry_policy.py`` fails when an RPC is in neither, so a new RPC gets
+this decision made. The TypeScript client's list (clients/typescript/src/retry.ts) is the
+same minus the writes it does not key yet.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ RETRIED: dict[str, tuple[str, ...]] = {
     "engram.shard.v1.ShardService": (
         "CreateRecord", "BatchCreateRecords", "ImportRecords", "GetRecord", "ListRecords",
         "SearchRecords", "ListDomains", "UpsertDomain", "VerifyRecords", "SnapshotForRun",
-        "GetStatus", "ExportSummary", "ForgetRecords"),
+        "GetStatus", "ExportSummary", "ForgetRecords", "ListTombstones", "ImportTombstones"),
     "engram.artifacts.v1.ArtifactsService": (
         "StartRun", "GetRun", "ListRuns", "CreateArtifact", "GetArtifact", "ReadArtifact",
         "ListArtifacts", "VerifyArtifacts", "AppendEvent", "ListEvents", "ReplayEvents",
@@ -35,7 +36,7 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "GetTrust", "BatchGetTrust", "CreateRule", "ListRules", "ListDecisions",
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",
         "RevokeAgentTokens", "ListAccessRestrictions", "RecordErasure", "GetErasure",
-        "ImportDecisions"),
+        "ImportDecisions", "ListErasures", "ImportErasures"),
 }
 
 NOT_RETRIED: dict[str, str] = {

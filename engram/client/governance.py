@@ -146,6 +146,17 @@ class GovernanceClient(BaseClient):
     def erasure(self, erasure_id: str) -> pb.Erasure:
         return self.call(self.stub.GetErasure, pb.GetErasureRequest(erasure_id=erasure_id)).erasure
 
+    def erasures(self, *, page_size: int = 0) -> Iterator[pb.Erasure]:
+        """The fleet's recorded erasures, oldest first, following page tokens (governors)."""
+        return self.paginate(self.stub.ListErasures, pb.ListErasuresRequest(page_size=page_size),
+                             lambda reply: reply.erasures)
+
+    def import_erasures(self, erasures: Sequence[pb.Erasure]) -> pb.ImportErasuresResponse:
+        """Erasures another governance recorded, kept as they were (admin; import-bundle)."""
+        reply: pb.ImportErasuresResponse = self.call(
+            self.stub.ImportErasures, pb.ImportErasuresRequest(erasures=erasures))
+        return reply
+
     def access_restrictions(self, since_version: int = 0) -> pb.ListAccessRestrictionsResponse:
         """Revoked tokens and agents and suspended agents (service principals only)."""
         return self.call(self.stub.ListAccessRestrictions,

@@ -170,6 +170,19 @@ class ShardClient(BaseClient):
         return self.call(self.stub.ImportRecords,
                          pb.ImportRecordsRequest(records=list(records)))
 
+    def tombstones(self, *, page_size: int = 0) -> Iterator[pb.RecordTombstone]:
+        """The fleet's erased records' tombstones, by id, following page tokens."""
+        return self.paginate(self.stub.ListTombstones,
+                             pb.ListTombstonesRequest(page_size=page_size),
+                             lambda reply: reply.tombstones)
+
+    def import_tombstones(self, tombstones: Iterable[pb.RecordTombstone]
+                          ) -> pb.ImportTombstonesResponse:
+        """Keep tombstones another instance kept (admin role; import-bundle); all or nothing."""
+        reply: pb.ImportTombstonesResponse = self.call(
+            self.stub.ImportTombstones, pb.ImportTombstonesRequest(tombstones=list(tombstones)))
+        return reply
+
     def get(self, record_id: str) -> pb.Record:
         return self.call(self.stub.GetRecord, pb.GetRecordRequest(id=record_id)).record
 

@@ -305,6 +305,15 @@ class ErasureRepository:
                                state_json=json.dumps(erasure.state(), sort_keys=True),
                                created_ms=erasure.created_ms, chain_seq=chain_seq))
 
+    def page(self, session: Session, fleet_id: str, after_seq: int | None,
+             limit: int) -> list[Erasure]:
+        """Oldest first: the fleet's erasures recorded after ``after_seq``."""
+        query = select(ErasureRow).where(ErasureRow.fleet_id == fleet_id)
+        if after_seq is not None:
+            query = query.where(ErasureRow.chain_seq > after_seq)
+        rows = session.scalars(query.order_by(ErasureRow.chain_seq).limit(limit))
+        return [Erasure.from_state(json.loads(row.state_json), row.chain_seq) for row in rows]
+
     def bytes_since(self, session: Session, fleet_id: str, since_ms: int) -> int:
         """The size of the fleet's erasures recorded since ``since_ms`` (their stored state)."""
         return int(session.scalar(select(func.coalesce(func.sum(func.length(

@@ -48,7 +48,7 @@ from services.governance.domain.decisions import (
     check_same_request,
     decision_id,
 )
-from services.governance.domain.erasures import Erasure
+from services.governance.domain.erasures import IMPORTED_ERASURE, RECORDED_ERASURE, Erasure
 from services.governance.domain.replay import (
     ChainReplay,
     erasure_differences,
@@ -384,7 +384,7 @@ class GovernanceService:
                 return existing, False
             head = self._repo.lock_head(session)  # erasures are counted under the chain's lock
             self._within_erasure_quota(session, erasure)
-            seq = self._append(session, head, "erasure.recorded",
+            seq = self._append(session, head, RECORDED_ERASURE,
                                {"erasure": erasure.state()}, erasure.created_ms)
             self._erasures.insert(session, erasure, seq)
             return replace(erasure, chain_seq=seq), True
@@ -401,6 +401,41 @@ class GovernanceService:
                 f"this one ({size} bytes) would pass ENGRAM_GOVERNANCE_ERASURE_BYTES_PER_DAY "
                 f"({self.erasure_bytes_per_day}); retry later or raise the setting",
                 reason="ERASURE_QUOTA")
+
+    def import_erasures(self, erasures: Sequence[Erasure], actor: str) -> tuple[int, int]:
+        """Erasures another governance recorded, each chained as an imported entry and kept as
+        it was; ``(created, already present)``. All or nothing: a conflict stores none. Not
+        counted against the daily erasure quota (an admin's import of a fleet's history)."""
+        with self._state_change() as session:
+            head = self._repo.lock_head(session)
+            chain = NewEntries(head.checkpoint)
+            new: list[Erasure] = []
+            seen: dict[str, Erasure] = {}
+            for erasure in erasures:
+                prior = seen.get(erasure.erasure_id) or self._erasures.get(session,
+                                                                           erasure.erasure_id)
+                if prior is not None:
+                    if prior.fleet_id != erasure.fleet_id or prior.state() != erasure.state():
+                        raise AlreadyExists(
+                            f"erasure {erasure.erasure_id} is already recorded here with other "
+                            "content; nothing of this call was imported",
+                            reason="ERASURE_CONFLICT",
+                            metadata={"erasure_id": erasure.erasure_id})
+                    continue
+                seq = chain.add(IMPORTED_ERASURE, {"erasure": erasure.state(), "actor": actor})
+                new.append(replace(erasure, chain_seq=seq))
+                seen[erasure.erasure_id] = erasure
+            if new:
+                self._repo.append_entries(session, chain.entries, self._clock())
+                for erasure in new:
+                    self._erasures.insert(session, erasure, erasure.chain_seq)
+                self._repo.write_head(session, HeadState(chain.reached.length,
+                                                         chain.reached.head, head.rules_version))
+            return len(new), len(erasures) - len(new)
+
+    def list_erasures(self, fleet_id: str, after_seq: int | None, limit: int) -> list[Erasure]:
+        with self._db.session() as session:
+            return self._erasures.page(session, fleet_id, after_seq, limit)
 
     def erasure(self, erasure_id: str) -> Erasure | None:
         with self._db.session() as session:

@@ -34,7 +34,12 @@ from services.governance.domain.decisions import (
     Decision,
     PositionSearch,
 )
-from services.governance.domain.erasures import ErasedItem, Erasure, erasure_id_for
+from services.governance.domain.erasures import (
+    ErasedItem,
+    Erasure,
+    check_erasure_id,
+    erasure_id_for,
+)
 from services.governance.domain.erasures import check_request as check_erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import (
@@ -79,6 +84,9 @@ POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and onl
     _m("RecordErasure"): _GOVERNORS,
     # each service that holds erasable data reads an erasure before it erases what it lists
     _m("GetErasure"): _ERASING | _GOVERNORS,
+    _m("ListErasures"): _GOVERNORS,
+    # Erasures another governance recorded, kept as they were: an admin's act (bundles).
+    _m("ImportErasures"): frozenset({"admin"}),
 }
 SUSPENDED_MAY_CALL = frozenset({_m("GetTrust")})
 """A suspended agent may still read its own tier (and nothing else, anywhere)."""
@@ -88,10 +96,11 @@ assert set(POLICY) == {
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
                                     "RevokeToken", "RevokeAgentTokens", "RecordErasure",
-                                    "ImportDecisions")},
+                                    "ImportDecisions", "ImportErasures")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
-        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions", "GetErasure")},
+        "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions", "GetErasure",
+        "ListErasures")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -490,6 +499,43 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             raise NotFound(f"no erasure {erasure_id!r} is recorded in this fleet",
                            reason="ERASURE_NOT_FOUND")
         return pb.GetErasureResponse(erasure=erasure_to_proto(found))
+
+    def ListErasures(self, request: pb.ListErasuresRequest,
+                     context: grpc.ServicerContext) -> pb.ListErasuresResponse:
+        fleet_id = current_principal().fleet_id
+        erasures, token = self._pages.paginate(
+            request.page_token, request.page_size, {"fleet_id": fleet_id, "list": "erasures"},
+            lambda after, limit: self._service.list_erasures(
+                fleet_id, int(after[0]) if after else None, limit),
+            lambda erasure: [erasure.chain_seq])
+        return pb.ListErasuresResponse(erasures=[erasure_to_proto(e) for e in erasures],
+                                       next_page_token=token)
+
+    def ImportErasures(self, request: pb.ImportErasuresRequest,
+                       context: grpc.ServicerContext) -> pb.ImportErasuresResponse:
+        self._service.require_writable()
+        principal = current_principal()
+        if not request.erasures:
+            raise InvalidArgument("send at least one erasure", reason="EMPTY_BATCH")
+        check_limit("erasures", len(request.erasures), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        latest_ms = self._service.now_ms() + MAX_CLOCK_SKEW_MS
+        erasures = []
+        for e in request.erasures:
+            erasure_id = check_erasure_id(e.erasure_id)
+            items = tuple(ErasedItem(i.kind, i.id, i.leaf_hash) for i in e.items)
+            check_erasure(e.selector_kind, e.selector_value, e.reason, items)
+            created_ms = time_us(e.create_time, "create_time", reason="INVALID_ERASURE") // 1000
+            if created_ms > latest_ms:
+                raise InvalidArgument(f"erasure {erasure_id} is dated in the future",
+                                      reason="INVALID_ERASURE")
+            erasures.append(Erasure(
+                erasure_id=erasure_id, fleet_id=target_fleet(principal, e.fleet_id),
+                selector_kind=e.selector_kind, selector_value=e.selector_value,
+                requested_by=validate_identifier("requested_by", e.requested_by),
+                reason=e.reason, items=items, created_ms=created_ms))
+        created, present = self._service.import_erasures(erasures, principal.agent_id)
+        return pb.ImportErasuresResponse(created=created, already_present=present)
 
     def ListAccessRestrictions(self, request: pb.ListAccessRestrictionsRequest,
                                context: grpc.ServicerContext

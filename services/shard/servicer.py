@@ -26,11 +26,12 @@ from services.common.timestamps import time_us
 from services.common.tokens import Principal
 from services.shard.compaction import MemoryCompactor
 from services.shard.domain.domains import Domain
-from services.shard.domain.records import DEFAULT_IMPORTANCE, Record, RecordDraft
+from services.shard.domain.records import DEFAULT_IMPORTANCE, Record, RecordDraft, Tombstone
 from services.shard.erasure import Forgotten, RecordEraser
 from services.shard.repository import RecordFilter
 from services.shard.search.engine import SearchQuery
 from services.shard.service import ShardService, WriteResult
+from services.shard.tombstones import TombstoneImports
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ShardService"].full_name
 _WRITERS = frozenset({"agent", "admin"})
@@ -60,15 +61,18 @@ POLICY: MethodPolicy = {
     _m("ApplyRetention"): frozenset({COMPACTOR_SERVICE, "admin"}),
     # erasure is a governance act: the people who may record one may carry it out
     _m("ForgetRecords"): frozenset({"governor", "admin"}),
+    _m("ListTombstones"): frozenset({"governor", "admin"}),
+    # tombstones kept elsewhere, each listed by an erasure governance holds: admin only
+    _m("ImportTombstones"): frozenset({"admin"}),
 }
 assert set(POLICY) == {_m(m.name) for m in pb.DESCRIPTOR.services_by_name["ShardService"].methods}
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
     **{_m(name): WRITE for name in (
         "CreateRecord", "BatchCreateRecords", "ImportRecords", "UpsertDomain", "CompactRecords",
-        "ApplyRetention", "ForgetRecords")},
+        "ApplyRetention", "ForgetRecords", "ImportTombstones")},
     **{_m(name): READ for name in (
         "GetRecord", "ListRecords", "SearchRecords", "ListDomains", "VerifyRecords",
-        "SnapshotForRun", "GetStatus", "ExportSummary")},
+        "SnapshotForRun", "GetStatus", "ExportSummary", "ListTombstones")},
 }
 assert set(KINDS) == set(POLICY)
 
@@ -144,6 +148,34 @@ def record_from_proto(message: pb.Record) -> Record:
         gate_decision_id=message.gate_decision_id,
         format=message.format or 1, salt=message.salt, body_commitment=message.body_commitment,
     )
+
+
+def tombstone_to_proto(tombstone: Tombstone) -> pb.RecordTombstone:
+    created, erased = Timestamp(), Timestamp()
+    created.FromMicroseconds(tombstone.created_us)
+    erased.FromMicroseconds(tombstone.erased_us)
+    return pb.RecordTombstone(
+        id=tombstone.id, fleet_id=tombstone.fleet_id, run_id=tombstone.run_id,
+        agent_id=tombstone.agent_id, format=tombstone.format,
+        body_commitment=tombstone.body_commitment, record_hash=tombstone.record_hash,
+        domain=tombstone.domain, source=tombstone.source, importance=tombstone.importance,
+        cross_refs=list(tombstone.cross_refs), create_time=created,
+        gate_decision_id=tombstone.gate_decision_id, erasure_id=tombstone.erasure_id,
+        erase_time=erased, erased_by=tombstone.erased_by)
+
+
+def tombstone_from_proto(message: pb.RecordTombstone) -> Tombstone:
+    """A tombstone as ListTombstones returned it elsewhere, to import (checked on import)."""
+    return Tombstone(
+        id=message.id, fleet_id=message.fleet_id, run_id=message.run_id,
+        agent_id=message.agent_id, format=message.format,
+        body_commitment=message.body_commitment, record_hash=message.record_hash,
+        domain=message.domain, source=message.source, importance=message.importance,
+        cross_refs=tuple(message.cross_refs),
+        created_us=time_us(message.create_time, "create_time", reason="INVALID_TOMBSTONE"),
+        gate_decision_id=message.gate_decision_id, erasure_id=message.erasure_id,
+        erased_us=time_us(message.erase_time, "erase_time", reason="INVALID_TOMBSTONE"),
+        erased_by=message.erased_by)
 
 
 def _micros(message: pb.Record) -> int:
@@ -233,6 +265,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         self.service = service
         self.compactor = compactor
         self.eraser = eraser or RecordEraser(service, None)
+        self.tombstones = TombstoneImports(service, self.eraser.source)
         self.pages = pages or PageTokens.ephemeral()
         self.filter_limits = filter_limits or FilterLimits()
 
@@ -455,6 +488,25 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
                                        context.is_active)
         return pb.ForgetRecordsResponse(records=_forgotten(selection.items),
                                         more=selection.more)
+
+    def ListTombstones(
+        self, request: pb.ListTombstonesRequest, context: Any
+    ) -> pb.ListTombstonesResponse:
+        fleet = current_principal().fleet_id
+        found, token = self.pages.paginate(
+            request.page_token, request.page_size, {"fleet": fleet, "list": "tombstones"},
+            lambda after, limit: self.tombstones.page(fleet, str(after[0]) if after else None,
+                                                      limit),
+            lambda tombstone: [tombstone.id])
+        return pb.ListTombstonesResponse(tombstones=[tombstone_to_proto(t) for t in found],
+                                         next_page_token=token)
+
+    def ImportTombstones(
+        self, request: pb.ImportTombstonesRequest, context: Any
+    ) -> pb.ImportTombstonesResponse:
+        created, present = self.tombstones.import_tombstones(
+            current_principal(), [tombstone_from_proto(t) for t in request.tombstones])
+        return pb.ImportTombstonesResponse(created=created, already_present=present)
 
 
 _SELECTORS = {"agent_id": "agent", "record_id": "record", "run_id": "run", "match": "match"}

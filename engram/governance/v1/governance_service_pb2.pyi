@@ -546,6 +546,36 @@ class GetErasureResponse(_message.Message):
     erasure: Erasure
     def __init__(self, erasure: _Optional[_Union[Erasure, _Mapping]] = ...) -> None: ...
 
+class ListErasuresRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListErasuresResponse(_message.Message):
+    __slots__ = ("erasures", "next_page_token")
+    ERASURES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    erasures: _containers.RepeatedCompositeFieldContainer[Erasure]
+    next_page_token: str
+    def __init__(self, erasures: _Optional[_Iterable[_Union[Erasure, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ImportErasuresRequest(_message.Message):
+    __slots__ = ("erasures",)
+    ERASURES_FIELD_NUMBER: _ClassVar[int]
+    erasures: _containers.RepeatedCompositeFieldContainer[Erasure]
+    def __init__(self, erasures: _Optional[_Iterable[_Union[Erasure, _Mapping]]] = ...) -> None: ...
+
+class ImportErasuresResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...
+
 class ImportDecisionsRequest(_message.Message):
     __slots__ = ("decisions",)
     DECISIONS_FIELD_NUMBER: _ClassVar[int]

@@ -123,6 +123,16 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.FromString,
                 _registered_method=True)
+        self.ListErasures = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/ListErasures',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresResponse.FromString,
+                _registered_method=True)
+        self.ImportErasures = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/ImportErasures',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresResponse.FromString,
+                _registered_method=True)
 
 
 class GovernanceServiceServicer:
@@ -272,6 +282,27 @@ class GovernanceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListErasures(self, request, context):
+        """The fleet's recorded erasures, oldest first (engram export carries them,
+        so an erasure travels with the fleet). Governor or admin role, own fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportErasures(self, request, context):
+        """Erasures another governance recorded (engram import-bundle), each chained
+        here as an imported entry (erasure.imported, naming the importer) and kept
+        as it was: id, selector, requester, reason, items and time. An identical
+        erasure already recorded counts as already_present; another under its id
+        is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+        checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+        role, own fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GovernanceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -359,6 +390,16 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     servicer.GetErasure,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.SerializeToString,
+            ),
+            'ListErasures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListErasures,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresResponse.SerializeToString,
+            ),
+            'ImportErasures': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportErasures,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -824,6 +865,60 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/GetErasure',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.GetErasureResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListErasures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/ListErasures',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ListErasuresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportErasures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/ImportErasures',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.ImportErasuresResponse.FromString,
             options,
             channel_credentials,
             insecure,

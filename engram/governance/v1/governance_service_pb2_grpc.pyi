@@ -101,6 +101,19 @@ class GovernanceServiceStub:
     """
     GetErasure: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.GetErasureRequest, _governance_service_pb2.GetErasureResponse]
     """One recorded erasure (the shard reads it before it erases anything)."""
+    ListErasures: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.ListErasuresRequest, _governance_service_pb2.ListErasuresResponse]
+    """The fleet's recorded erasures, oldest first (engram export carries them,
+    so an erasure travels with the fleet). Governor or admin role, own fleet.
+    """
+    ImportErasures: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.ImportErasuresRequest, _governance_service_pb2.ImportErasuresResponse]
+    """Erasures another governance recorded (engram import-bundle), each chained
+    here as an imported entry (erasure.imported, naming the importer) and kept
+    as it was: id, selector, requester, reason, items and time. An identical
+    erasure already recorded counts as already_present; another under its id
+    is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+    checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+    role, own fleet.
+    """
 
 @_typing.type_check_only
 class GovernanceServiceAsyncStub(GovernanceServiceStub):
@@ -175,6 +188,19 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     """
     GetErasure: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.GetErasureRequest, _governance_service_pb2.GetErasureResponse]  # type: ignore[assignment]
     """One recorded erasure (the shard reads it before it erases anything)."""
+    ListErasures: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.ListErasuresRequest, _governance_service_pb2.ListErasuresResponse]  # type: ignore[assignment]
+    """The fleet's recorded erasures, oldest first (engram export carries them,
+    so an erasure travels with the fleet). Governor or admin role, own fleet.
+    """
+    ImportErasures: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.ImportErasuresRequest, _governance_service_pb2.ImportErasuresResponse]  # type: ignore[assignment]
+    """Erasures another governance recorded (engram import-bundle), each chained
+    here as an imported entry (erasure.imported, naming the importer) and kept
+    as it was: id, selector, requester, reason, items and time. An identical
+    erasure already recorded counts as already_present; another under its id
+    is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+    checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+    role, own fleet.
+    """
 
 class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     """GovernanceService owns agents' trust tiers, the write rules, every gate
@@ -348,5 +374,30 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_governance_service_pb2.GetErasureResponse, _abc.Awaitable[_governance_service_pb2.GetErasureResponse]]:
         """One recorded erasure (the shard reads it before it erases anything)."""
+
+    @_abc_1.abstractmethod
+    def ListErasures(
+        self,
+        request: _governance_service_pb2.ListErasuresRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.ListErasuresResponse, _abc.Awaitable[_governance_service_pb2.ListErasuresResponse]]:
+        """The fleet's recorded erasures, oldest first (engram export carries them,
+        so an erasure travels with the fleet). Governor or admin role, own fleet.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportErasures(
+        self,
+        request: _governance_service_pb2.ImportErasuresRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.ImportErasuresResponse, _abc.Awaitable[_governance_service_pb2.ImportErasuresResponse]]:
+        """Erasures another governance recorded (engram import-bundle), each chained
+        here as an imported entry (erasure.imported, naming the importer) and kept
+        as it was: id, selector, requester, reason, items and time. An identical
+        erasure already recorded counts as already_present; another under its id
+        is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+        checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+        role, own fleet.
+        """
 
 def add_GovernanceServiceServicer_to_server(servicer: GovernanceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -22,6 +22,72 @@ SEARCH_MODE_LEXICAL: SearchMode
 SEARCH_MODE_SEMANTIC: SearchMode
 SEARCH_MODE_HYBRID: SearchMode
 
+class RecordTombstone(_message.Message):
+    __slots__ = ("id", "fleet_id", "run_id", "agent_id", "format", "body_commitment", "record_hash", "domain", "source", "importance", "cross_refs", "create_time", "gate_decision_id", "erasure_id", "erase_time", "erased_by")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FLEET_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BODY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
+    DOMAIN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    CROSS_REFS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    GATE_DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERASED_BY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    fleet_id: str
+    run_id: str
+    agent_id: str
+    format: int
+    body_commitment: str
+    record_hash: str
+    domain: str
+    source: str
+    importance: float
+    cross_refs: _containers.RepeatedScalarFieldContainer[str]
+    create_time: _timestamp_pb2.Timestamp
+    gate_decision_id: str
+    erasure_id: str
+    erase_time: _timestamp_pb2.Timestamp
+    erased_by: str
+    def __init__(self, id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., run_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., format: _Optional[int] = ..., body_commitment: _Optional[str] = ..., record_hash: _Optional[str] = ..., domain: _Optional[str] = ..., source: _Optional[str] = ..., importance: _Optional[float] = ..., cross_refs: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gate_decision_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., erase_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., erased_by: _Optional[str] = ...) -> None: ...
+
+class ListTombstonesRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTombstonesResponse(_message.Message):
+    __slots__ = ("tombstones", "next_page_token")
+    TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tombstones: _containers.RepeatedCompositeFieldContainer[RecordTombstone]
+    next_page_token: str
+    def __init__(self, tombstones: _Optional[_Iterable[_Union[RecordTombstone, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ImportTombstonesRequest(_message.Message):
+    __slots__ = ("tombstones",)
+    TOMBSTONES_FIELD_NUMBER: _ClassVar[int]
+    tombstones: _containers.RepeatedCompositeFieldContainer[RecordTombstone]
+    def __init__(self, tombstones: _Optional[_Iterable[_Union[RecordTombstone, _Mapping]]] = ...) -> None: ...
+
+class ImportTombstonesResponse(_message.Message):
+    __slots__ = ("created", "already_present")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_PRESENT_FIELD_NUMBER: _ClassVar[int]
+    created: int
+    already_present: int
+    def __init__(self, created: _Optional[int] = ..., already_present: _Optional[int] = ...) -> None: ...
+
 class Record(_message.Message):
     __slots__ = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash", "domain", "source", "importance", "tags", "cross_refs", "create_time", "metadata", "record_hash", "gate_decision_id", "format", "salt", "body_commitment")
     class MetadataEntry(_message.Message):

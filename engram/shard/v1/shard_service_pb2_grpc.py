@@ -112,6 +112,16 @@ class ShardServiceStub:
                 request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.SerializeToString,
                 response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.FromString,
                 _registered_method=True)
+        self.ListTombstones = channel.unary_unary(
+                '/engram.shard.v1.ShardService/ListTombstones',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesResponse.FromString,
+                _registered_method=True)
+        self.ImportTombstones = channel.unary_unary(
+                '/engram.shard.v1.ShardService/ImportTombstones',
+                request_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesRequest.SerializeToString,
+                response_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesResponse.FromString,
+                _registered_method=True)
 
 
 class ShardServiceServicer:
@@ -234,6 +244,28 @@ class ShardServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTombstones(self, request, context):
+        """The fleet's erased records' tombstones, in erasure order (engram export
+        carries them). No content: structural fields, leaf hash and erasure.
+        Governor or admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportTombstones(self, request, context):
+        """Tombstones another instance kept (engram import-bundle): each must
+        re-derive its record_hash (format 2) and be listed, under that hash, by an
+        erasure governance here holds (import the erasures first); a record of
+        that id stored here must be erased first (FAILED_PRECONDITION
+        RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+        tombstone already kept counts as already_present. At most
+        ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ShardServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -311,6 +343,16 @@ def add_ShardServiceServicer_to_server(servicer, server):
                     servicer.ForgetRecords,
                     request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.FromString,
                     response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.SerializeToString,
+            ),
+            'ListTombstones': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTombstones,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesResponse.SerializeToString,
+            ),
+            'ImportTombstones': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportTombstones,
+                    request_deserializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesRequest.FromString,
+                    response_serializer=engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -721,6 +763,60 @@ class ShardService:
             '/engram.shard.v1.ShardService/ForgetRecords',
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsRequest.SerializeToString,
             engram_dot_shard_dot_v1_dot_shard__service__pb2.ForgetRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTombstones(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/ListTombstones',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ListTombstonesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportTombstones(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.shard.v1.ShardService/ImportTombstones',
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesRequest.SerializeToString,
+            engram_dot_shard_dot_v1_dot_shard__service__pb2.ImportTombstonesResponse.FromString,
             options,
             channel_credentials,
             insecure,

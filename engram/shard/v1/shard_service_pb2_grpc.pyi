@@ -81,6 +81,20 @@ class ShardServiceStub:
     index, leaving tombstones that keep record_hash verifiable. Governor or
     admin role; the erasure must be of the caller's fleet.
     """
+    ListTombstones: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.ListTombstonesRequest, _shard_service_pb2.ListTombstonesResponse]
+    """The fleet's erased records' tombstones, in erasure order (engram export
+    carries them). No content: structural fields, leaf hash and erasure.
+    Governor or admin role.
+    """
+    ImportTombstones: _grpc.UnaryUnaryMultiCallable[_shard_service_pb2.ImportTombstonesRequest, _shard_service_pb2.ImportTombstonesResponse]
+    """Tombstones another instance kept (engram import-bundle): each must
+    re-derive its record_hash (format 2) and be listed, under that hash, by an
+    erasure governance here holds (import the erasures first); a record of
+    that id stored here must be erased first (FAILED_PRECONDITION
+    RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+    tombstone already kept counts as already_present. At most
+    ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+    """
 
 @_typing.type_check_only
 class ShardServiceAsyncStub(ShardServiceStub):
@@ -134,6 +148,20 @@ class ShardServiceAsyncStub(ShardServiceStub):
     lists, from the store, its full-text index, stored vectors and the search
     index, leaving tombstones that keep record_hash verifiable. Governor or
     admin role; the erasure must be of the caller's fleet.
+    """
+    ListTombstones: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ListTombstonesRequest, _shard_service_pb2.ListTombstonesResponse]  # type: ignore[assignment]
+    """The fleet's erased records' tombstones, in erasure order (engram export
+    carries them). No content: structural fields, leaf hash and erasure.
+    Governor or admin role.
+    """
+    ImportTombstones: _aio.UnaryUnaryMultiCallable[_shard_service_pb2.ImportTombstonesRequest, _shard_service_pb2.ImportTombstonesResponse]  # type: ignore[assignment]
+    """Tombstones another instance kept (engram import-bundle): each must
+    re-derive its record_hash (format 2) and be listed, under that hash, by an
+    erasure governance here holds (import the erasures first); a record of
+    that id stored here must be erased first (FAILED_PRECONDITION
+    RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+    tombstone already kept counts as already_present. At most
+    ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
     """
 
 class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -275,6 +303,32 @@ class ShardServiceServicer(metaclass=_abc_1.ABCMeta):
         lists, from the store, its full-text index, stored vectors and the search
         index, leaving tombstones that keep record_hash verifiable. Governor or
         admin role; the erasure must be of the caller's fleet.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTombstones(
+        self,
+        request: _shard_service_pb2.ListTombstonesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shard_service_pb2.ListTombstonesResponse, _abc.Awaitable[_shard_service_pb2.ListTombstonesResponse]]:
+        """The fleet's erased records' tombstones, in erasure order (engram export
+        carries them). No content: structural fields, leaf hash and erasure.
+        Governor or admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def ImportTombstones(
+        self,
+        request: _shard_service_pb2.ImportTombstonesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_shard_service_pb2.ImportTombstonesResponse, _abc.Awaitable[_shard_service_pb2.ImportTombstonesResponse]]:
+        """Tombstones another instance kept (engram import-bundle): each must
+        re-derive its record_hash (format 2) and be listed, under that hash, by an
+        erasure governance here holds (import the erasures first); a record of
+        that id stored here must be erased first (FAILED_PRECONDITION
+        RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+        tombstone already kept counts as already_present. At most
+        ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
         """
 
 def add_ShardServiceServicer_to_server(servicer: ShardServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

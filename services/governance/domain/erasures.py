@@ -18,6 +18,10 @@ SELECTOR_KINDS = ("agent", "record", "run", "match")
 ITEM_KINDS = ("record", "summary", "run", "iterations")
 MAX_REASON_CHARS = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_ERASURE_ID = re.compile(r"era_[0-9a-f]{28}")
+RECORDED_ERASURE = "erasure.recorded"
+IMPORTED_ERASURE = "erasure.imported"
+"""The chain entry of an erasure another governance recorded (ImportErasures)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,14 @@ def erasure_id_for(fleet_id: str, request_id: str) -> str:
         seed = f"{fleet_id}\x00{request_id}".encode()
         return "era_" + hashlib.sha256(seed).hexdigest()[:28]
     return "era_" + secrets.token_hex(14)
+
+
+def check_erasure_id(erasure_id: str) -> str:
+    """An erasure id as ``erasure_id_for`` makes them (INVALID_ARGUMENT otherwise)."""
+    if not _ERASURE_ID.fullmatch(erasure_id):
+        raise InvalidArgument(f"erasure_id {erasure_id[:80]!r} is not an erasure id "
+                              "(era_ and 28 lowercase hex digits)", reason="INVALID_ERASURE_ID")
+    return erasure_id
 
 
 def check_request(selector_kind: str, selector_value: str, reason: str,

@@ -13,6 +13,7 @@ from typing import Any
 
 from services.common.canonical import canonical_bytes
 from services.governance.domain.decisions import IMPORTED_DECISION, Decision
+from services.governance.domain.erasures import IMPORTED_ERASURE, RECORDED_ERASURE
 from services.governance.domain.rules import Rule
 from services.governance.domain.tiers import AgentTrust
 from services.governance.domain.witness import ChainEntry
@@ -62,7 +63,7 @@ class ChainReplay:
         elif entry.kind == "token.revoked":
             revoked = payload["revocation"]
             self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
-        elif entry.kind == "erasure.recorded":
+        elif entry.kind in (RECORDED_ERASURE, IMPORTED_ERASURE):
             erasure = payload["erasure"]
             self.erasures[erasure["erasure_id"]] = (entry.seq, state_digest(erasure))
         elif entry.kind == "agent.tokens_revoked":

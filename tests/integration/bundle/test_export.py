@@ -34,7 +34,8 @@ def test_export_carries_every_kind_and_only_its_fleet(
             assert len(run("gov", "rules", "list")) == 1
     assert first["rows"] == {"domains": 5, "records": 14, "rules": 1, "trust": 2,
                              "decisions": 14, "runs": 1, "artifacts": 1, "events": 3,
-                             "snapshots": 2, "evidence": 1, "manifests": 1, "iterations": 2}
+                             "snapshots": 2, "evidence": 1, "manifests": 1, "iterations": 2,
+                             "erasures": 0, "tombstones": 0}
     assert again["content_digest"] == first["content_digest"]
     assert (tmp_path / "a.bundle").read_bytes() == (tmp_path / "b.bundle").read_bytes()
     assert not (tmp_path / "x.bundle").exists()

@@ -20,12 +20,14 @@ from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.integration.bundle.test_tombstones import erase_one
 from tests.stack import FullStack, full_stack
 
 CARRIED = ("parts/domains.jsonl", "parts/records.jsonl", "parts/runs.jsonl",
            "parts/artifacts.jsonl", "parts/events.jsonl", "parts/snapshots.jsonl",
            "parts/evidence.jsonl", "parts/manifests.jsonl", "parts/iterations.jsonl",
-           "parts/decisions.jsonl")
+           "parts/decisions.jsonl", "parts/erasures.jsonl", "parts/tombstones.jsonl")
+ERASED = {"erasures": 1, "tombstones": 1}
 RUN_ITEMS = {"runs": 1, "artifacts": 1, "manifests": 1, "evidence": 1, "events": 3,
              "snapshots": 2, "iterations": 2}
 
@@ -76,6 +78,7 @@ def test_round_trip_sqlite_postgres_sqlite(
             compacted = shard.compact(importance_below=0.35, older_than_days=0)
             assert compacted.compacted >= 2
             stored = 14 + len(compacted.groups)
+        erase_one(origin, admin, monkeypatch)  # its erasure and tombstone travel too
         seen = observed(origin, admin)
         with cli_for(origin, admin, monkeypatch) as run:
             digest = run("export", "--fleet", "fleet-a", "-o", str(first))["content_digest"]
@@ -84,13 +87,15 @@ def test_round_trip_sqlite_postgres_sqlite(
         with cli_for(postgres, admin, monkeypatch) as run:
             loaded = run("import-bundle", str(first), "--expect", digest)
             assert loaded["created"] == {"rules": 1, "trust": 1, "decisions": stored,
-                                         "domains": 0, "records": stored, **RUN_ITEMS}
+                                         "domains": 0, "records": stored - 1, **ERASED,
+                                         **RUN_ITEMS}
             assert loaded["not_imported"] == {}
             assert run("verify", "--gate")["ok"]  # every record reconciles with its decision
             again = run("import-bundle", str(first))
             assert set(again["created"].values()) == {0}
             assert again["already_present"] == {"rules": 1, "trust": 1, "decisions": stored,
-                                                "domains": 5, "records": stored, **RUN_ITEMS}
+                                                "domains": 5, "records": stored - 1, **ERASED,
+                                                **RUN_ITEMS}
             assert run("gov", "chain", "verify")["ok"]
             assert [r["description"] for r in run("gov", "rules", "list")] == ["no secrets"]
             run("export", "--fleet", "fleet-a", "-o", str(second))

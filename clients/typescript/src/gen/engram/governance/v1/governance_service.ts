@@ -530,6 +530,26 @@ export interface GetErasureResponse {
   erasure: Erasure | undefined;
 }
 
+export interface ListErasuresRequest {
+  pageSize: number;
+  pageToken: string;
+}
+
+export interface ListErasuresResponse {
+  erasures: Erasure[];
+  nextPageToken: string;
+}
+
+export interface ImportErasuresRequest {
+  /** As the origin's ListErasures returned them (chain_seq is ignored). */
+  erasures: Erasure[];
+}
+
+export interface ImportErasuresResponse {
+  created: number;
+  alreadyPresent: number;
+}
+
 export interface ImportDecisionsRequest {
   /** As the origin's ListDecisions or BatchGetDecisions returned them. */
   decisions: GateDecision[];
@@ -6195,6 +6215,346 @@ export const GetErasureResponse: MessageFns<GetErasureResponse> = {
   },
 };
 
+function createBaseListErasuresRequest(): ListErasuresRequest {
+  return { pageSize: 0, pageToken: "" };
+}
+
+export const ListErasuresRequest: MessageFns<ListErasuresRequest> = {
+  encode(message: ListErasuresRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pageSize !== 0) {
+      writer.uint32(8).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(18).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListErasuresRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListErasuresRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListErasuresRequest {
+    return {
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListErasuresRequest): unknown {
+    const obj: any = {};
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListErasuresRequest>, I>>(base?: I): ListErasuresRequest {
+    return ListErasuresRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListErasuresRequest>, I>>(object: I): ListErasuresRequest {
+    const message = createBaseListErasuresRequest();
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseListErasuresResponse(): ListErasuresResponse {
+  return { erasures: [], nextPageToken: "" };
+}
+
+export const ListErasuresResponse: MessageFns<ListErasuresResponse> = {
+  encode(message: ListErasuresResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.erasures) {
+      Erasure.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListErasuresResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListErasuresResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasures.push(Erasure.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListErasuresResponse {
+    return {
+      erasures: globalThis.Array.isArray(object?.erasures) ? object.erasures.map((e: any) => Erasure.fromJSON(e)) : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListErasuresResponse): unknown {
+    const obj: any = {};
+    if (message.erasures?.length) {
+      obj.erasures = message.erasures.map((e) => Erasure.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListErasuresResponse>, I>>(base?: I): ListErasuresResponse {
+    return ListErasuresResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListErasuresResponse>, I>>(object: I): ListErasuresResponse {
+    const message = createBaseListErasuresResponse();
+    message.erasures = object.erasures?.map((e) => Erasure.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseImportErasuresRequest(): ImportErasuresRequest {
+  return { erasures: [] };
+}
+
+export const ImportErasuresRequest: MessageFns<ImportErasuresRequest> = {
+  encode(message: ImportErasuresRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.erasures) {
+      Erasure.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportErasuresRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportErasuresRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.erasures.push(Erasure.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportErasuresRequest {
+    return {
+      erasures: globalThis.Array.isArray(object?.erasures) ? object.erasures.map((e: any) => Erasure.fromJSON(e)) : [],
+    };
+  },
+
+  toJSON(message: ImportErasuresRequest): unknown {
+    const obj: any = {};
+    if (message.erasures?.length) {
+      obj.erasures = message.erasures.map((e) => Erasure.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportErasuresRequest>, I>>(base?: I): ImportErasuresRequest {
+    return ImportErasuresRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportErasuresRequest>, I>>(object: I): ImportErasuresRequest {
+    const message = createBaseImportErasuresRequest();
+    message.erasures = object.erasures?.map((e) => Erasure.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportErasuresResponse(): ImportErasuresResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportErasuresResponse: MessageFns<ImportErasuresResponse> = {
+  encode(message: ImportErasuresResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int32(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int32(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportErasuresResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportErasuresResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportErasuresResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportErasuresResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportErasuresResponse>, I>>(base?: I): ImportErasuresResponse {
+    return ImportErasuresResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportErasuresResponse>, I>>(object: I): ImportErasuresResponse {
+    const message = createBaseImportErasuresResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
+    return message;
+  },
+};
+
 function createBaseImportDecisionsRequest(): ImportDecisionsRequest {
   return { decisions: [] };
 }
@@ -6587,6 +6947,40 @@ export const GovernanceServiceService = {
     responseSerialize: (value: GetErasureResponse): Buffer => Buffer.from(GetErasureResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): GetErasureResponse => GetErasureResponse.decode(value),
   },
+  /**
+   * The fleet's recorded erasures, oldest first (engram export carries them,
+   * so an erasure travels with the fleet). Governor or admin role, own fleet.
+   */
+  listErasures: {
+    path: "/engram.governance.v1.GovernanceService/ListErasures" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListErasuresRequest): Buffer => Buffer.from(ListErasuresRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListErasuresRequest => ListErasuresRequest.decode(value),
+    responseSerialize: (value: ListErasuresResponse): Buffer =>
+      Buffer.from(ListErasuresResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListErasuresResponse => ListErasuresResponse.decode(value),
+  },
+  /**
+   * Erasures another governance recorded (engram import-bundle), each chained
+   * here as an imported entry (erasure.imported, naming the importer) and kept
+   * as it was: id, selector, requester, reason, items and time. An identical
+   * erasure already recorded counts as already_present; another under its id
+   * is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+   * checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+   * role, own fleet.
+   */
+  importErasures: {
+    path: "/engram.governance.v1.GovernanceService/ImportErasures" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportErasuresRequest): Buffer =>
+      Buffer.from(ImportErasuresRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportErasuresRequest => ImportErasuresRequest.decode(value),
+    responseSerialize: (value: ImportErasuresResponse): Buffer =>
+      Buffer.from(ImportErasuresResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportErasuresResponse => ImportErasuresResponse.decode(value),
+  },
 } as const;
 
 export interface GovernanceServiceServer extends UntypedServiceImplementation {
@@ -6663,6 +7057,21 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
   recordErasure: handleUnaryCall<RecordErasureRequest, RecordErasureResponse>;
   /** One recorded erasure (the shard reads it before it erases anything). */
   getErasure: handleUnaryCall<GetErasureRequest, GetErasureResponse>;
+  /**
+   * The fleet's recorded erasures, oldest first (engram export carries them,
+   * so an erasure travels with the fleet). Governor or admin role, own fleet.
+   */
+  listErasures: handleUnaryCall<ListErasuresRequest, ListErasuresResponse>;
+  /**
+   * Erasures another governance recorded (engram import-bundle), each chained
+   * here as an imported entry (erasure.imported, naming the importer) and kept
+   * as it was: id, selector, requester, reason, items and time. An identical
+   * erasure already recorded counts as already_present; another under its id
+   * is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+   * checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+   * role, own fleet.
+   */
+  importErasures: handleUnaryCall<ImportErasuresRequest, ImportErasuresResponse>;
 }
 
 export interface GovernanceServiceClient extends Client {
@@ -6976,6 +7385,49 @@ export interface GovernanceServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: GetErasureResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The fleet's recorded erasures, oldest first (engram export carries them,
+   * so an erasure travels with the fleet). Governor or admin role, own fleet.
+   */
+  listErasures(
+    request: ListErasuresRequest,
+    callback: (error: ServiceError | null, response: ListErasuresResponse) => void,
+  ): ClientUnaryCall;
+  listErasures(
+    request: ListErasuresRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListErasuresResponse) => void,
+  ): ClientUnaryCall;
+  listErasures(
+    request: ListErasuresRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListErasuresResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Erasures another governance recorded (engram import-bundle), each chained
+   * here as an imported entry (erasure.imported, naming the importer) and kept
+   * as it was: id, selector, requester, reason, items and time. An identical
+   * erasure already recorded counts as already_present; another under its id
+   * is ALREADY_EXISTS ERASURE_CONFLICT. Each is held to RecordErasure's
+   * checks; at most ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin
+   * role, own fleet.
+   */
+  importErasures(
+    request: ImportErasuresRequest,
+    callback: (error: ServiceError | null, response: ImportErasuresResponse) => void,
+  ): ClientUnaryCall;
+  importErasures(
+    request: ImportErasuresRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportErasuresResponse) => void,
+  ): ClientUnaryCall;
+  importErasures(
+    request: ImportErasuresRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportErasuresResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -71,6 +71,46 @@ export function searchModeToJSON(object: SearchMode): string {
   }
 }
 
+/** What stays of an erased record (docs/erasure.md). */
+export interface RecordTombstone {
+  id: string;
+  fleetId: string;
+  runId: string;
+  agentId: string;
+  format: number;
+  bodyCommitment: string;
+  recordHash: string;
+  domain: string;
+  source: string;
+  importance: number;
+  crossRefs: string[];
+  createTime: Date | undefined;
+  gateDecisionId: string;
+  /** The governance erasure that erased it, when and at whose request. */
+  erasureId: string;
+  eraseTime: Date | undefined;
+  erasedBy: string;
+}
+
+export interface ListTombstonesRequest {
+  pageSize: number;
+  pageToken: string;
+}
+
+export interface ListTombstonesResponse {
+  tombstones: RecordTombstone[];
+  nextPageToken: string;
+}
+
+export interface ImportTombstonesRequest {
+  tombstones: RecordTombstone[];
+}
+
+export interface ImportTombstonesResponse {
+  created: number;
+  alreadyPresent: number;
+}
+
 export interface Record {
   /**
    * Format 1: derived from fleet, run, author and content hash (hex). Format 2:
@@ -444,6 +484,720 @@ export interface ForgetRecordsResponse {
   /** With erasure_id: items of the erasure already erased before this call. */
   alreadyErased: number;
 }
+
+function createBaseRecordTombstone(): RecordTombstone {
+  return {
+    id: "",
+    fleetId: "",
+    runId: "",
+    agentId: "",
+    format: 0,
+    bodyCommitment: "",
+    recordHash: "",
+    domain: "",
+    source: "",
+    importance: 0,
+    crossRefs: [],
+    createTime: undefined,
+    gateDecisionId: "",
+    erasureId: "",
+    eraseTime: undefined,
+    erasedBy: "",
+  };
+}
+
+export const RecordTombstone: MessageFns<RecordTombstone> = {
+  encode(message: RecordTombstone, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.fleetId !== "") {
+      writer.uint32(18).string(message.fleetId);
+    }
+    if (message.runId !== "") {
+      writer.uint32(26).string(message.runId);
+    }
+    if (message.agentId !== "") {
+      writer.uint32(34).string(message.agentId);
+    }
+    if (message.format !== 0) {
+      writer.uint32(40).uint32(message.format);
+    }
+    if (message.bodyCommitment !== "") {
+      writer.uint32(50).string(message.bodyCommitment);
+    }
+    if (message.recordHash !== "") {
+      writer.uint32(58).string(message.recordHash);
+    }
+    if (message.domain !== "") {
+      writer.uint32(66).string(message.domain);
+    }
+    if (message.source !== "") {
+      writer.uint32(74).string(message.source);
+    }
+    if (message.importance !== 0) {
+      writer.uint32(81).double(message.importance);
+    }
+    for (const v of message.crossRefs) {
+      writer.uint32(90).string(v!);
+    }
+    if (message.createTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.createTime), writer.uint32(98).fork()).join();
+    }
+    if (message.gateDecisionId !== "") {
+      writer.uint32(106).string(message.gateDecisionId);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(114).string(message.erasureId);
+    }
+    if (message.eraseTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.eraseTime), writer.uint32(122).fork()).join();
+    }
+    if (message.erasedBy !== "") {
+      writer.uint32(130).string(message.erasedBy);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RecordTombstone {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRecordTombstone();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.fleetId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.agentId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.format = reader.uint32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.bodyCommitment = reader.string();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.recordHash = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.domain = reader.string();
+            continue;
+          }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.source = reader.string();
+            continue;
+          }
+          case 10: {
+            if (tag !== 81) {
+              break;
+            }
+
+            message.importance = reader.double();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.crossRefs.push(reader.string());
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.gateDecisionId = reader.string();
+            continue;
+          }
+          case 14: {
+            if (tag !== 114) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.eraseTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.erasedBy = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RecordTombstone {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      fleetId: isSet(object.fleetId)
+        ? globalThis.String(object.fleetId)
+        : isSet(object.fleet_id)
+        ? globalThis.String(object.fleet_id)
+        : "",
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      agentId: isSet(object.agentId)
+        ? globalThis.String(object.agentId)
+        : isSet(object.agent_id)
+        ? globalThis.String(object.agent_id)
+        : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      bodyCommitment: isSet(object.bodyCommitment)
+        ? globalThis.String(object.bodyCommitment)
+        : isSet(object.body_commitment)
+        ? globalThis.String(object.body_commitment)
+        : "",
+      recordHash: isSet(object.recordHash)
+        ? globalThis.String(object.recordHash)
+        : isSet(object.record_hash)
+        ? globalThis.String(object.record_hash)
+        : "",
+      domain: isSet(object.domain) ? globalThis.String(object.domain) : "",
+      source: isSet(object.source) ? globalThis.String(object.source) : "",
+      importance: isSet(object.importance) ? globalThis.Number(object.importance) : 0,
+      crossRefs: globalThis.Array.isArray(object?.crossRefs)
+        ? object.crossRefs.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.cross_refs)
+        ? object.cross_refs.map((e: any) => globalThis.String(e))
+        : [],
+      createTime: isSet(object.createTime)
+        ? fromJsonTimestamp(object.createTime)
+        : isSet(object.create_time)
+        ? fromJsonTimestamp(object.create_time)
+        : undefined,
+      gateDecisionId: isSet(object.gateDecisionId)
+        ? globalThis.String(object.gateDecisionId)
+        : isSet(object.gate_decision_id)
+        ? globalThis.String(object.gate_decision_id)
+        : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      eraseTime: isSet(object.eraseTime)
+        ? fromJsonTimestamp(object.eraseTime)
+        : isSet(object.erase_time)
+        ? fromJsonTimestamp(object.erase_time)
+        : undefined,
+      erasedBy: isSet(object.erasedBy)
+        ? globalThis.String(object.erasedBy)
+        : isSet(object.erased_by)
+        ? globalThis.String(object.erased_by)
+        : "",
+    };
+  },
+
+  toJSON(message: RecordTombstone): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.fleetId !== "") {
+      obj.fleetId = message.fleetId;
+    }
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.agentId !== "") {
+      obj.agentId = message.agentId;
+    }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.bodyCommitment !== "") {
+      obj.bodyCommitment = message.bodyCommitment;
+    }
+    if (message.recordHash !== "") {
+      obj.recordHash = message.recordHash;
+    }
+    if (message.domain !== "") {
+      obj.domain = message.domain;
+    }
+    if (message.source !== "") {
+      obj.source = message.source;
+    }
+    if (message.importance !== 0) {
+      obj.importance = floatToJson(message.importance);
+    }
+    if (message.crossRefs?.length) {
+      obj.crossRefs = message.crossRefs;
+    }
+    if (message.createTime !== undefined) {
+      obj.createTime = message.createTime.toISOString();
+    }
+    if (message.gateDecisionId !== "") {
+      obj.gateDecisionId = message.gateDecisionId;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.eraseTime !== undefined) {
+      obj.eraseTime = message.eraseTime.toISOString();
+    }
+    if (message.erasedBy !== "") {
+      obj.erasedBy = message.erasedBy;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RecordTombstone>, I>>(base?: I): RecordTombstone {
+    return RecordTombstone.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RecordTombstone>, I>>(object: I): RecordTombstone {
+    const message = createBaseRecordTombstone();
+    message.id = object.id ?? "";
+    message.fleetId = object.fleetId ?? "";
+    message.runId = object.runId ?? "";
+    message.agentId = object.agentId ?? "";
+    message.format = object.format ?? 0;
+    message.bodyCommitment = object.bodyCommitment ?? "";
+    message.recordHash = object.recordHash ?? "";
+    message.domain = object.domain ?? "";
+    message.source = object.source ?? "";
+    message.importance = object.importance ?? 0;
+    message.crossRefs = object.crossRefs?.map((e) => e) || [];
+    message.createTime = object.createTime ?? undefined;
+    message.gateDecisionId = object.gateDecisionId ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.eraseTime = object.eraseTime ?? undefined;
+    message.erasedBy = object.erasedBy ?? "";
+    return message;
+  },
+};
+
+function createBaseListTombstonesRequest(): ListTombstonesRequest {
+  return { pageSize: 0, pageToken: "" };
+}
+
+export const ListTombstonesRequest: MessageFns<ListTombstonesRequest> = {
+  encode(message: ListTombstonesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.pageSize !== 0) {
+      writer.uint32(8).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(18).string(message.pageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListTombstonesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListTombstonesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListTombstonesRequest {
+    return {
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListTombstonesRequest): unknown {
+    const obj: any = {};
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListTombstonesRequest>, I>>(base?: I): ListTombstonesRequest {
+    return ListTombstonesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListTombstonesRequest>, I>>(object: I): ListTombstonesRequest {
+    const message = createBaseListTombstonesRequest();
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseListTombstonesResponse(): ListTombstonesResponse {
+  return { tombstones: [], nextPageToken: "" };
+}
+
+export const ListTombstonesResponse: MessageFns<ListTombstonesResponse> = {
+  encode(message: ListTombstonesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.tombstones) {
+      RecordTombstone.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(18).string(message.nextPageToken);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListTombstonesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListTombstonesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tombstones.push(RecordTombstone.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListTombstonesResponse {
+    return {
+      tombstones: globalThis.Array.isArray(object?.tombstones)
+        ? object.tombstones.map((e: any) => RecordTombstone.fromJSON(e))
+        : [],
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
+    };
+  },
+
+  toJSON(message: ListTombstonesResponse): unknown {
+    const obj: any = {};
+    if (message.tombstones?.length) {
+      obj.tombstones = message.tombstones.map((e) => RecordTombstone.toJSON(e));
+    }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListTombstonesResponse>, I>>(base?: I): ListTombstonesResponse {
+    return ListTombstonesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListTombstonesResponse>, I>>(object: I): ListTombstonesResponse {
+    const message = createBaseListTombstonesResponse();
+    message.tombstones = object.tombstones?.map((e) => RecordTombstone.fromPartial(e)) || [];
+    message.nextPageToken = object.nextPageToken ?? "";
+    return message;
+  },
+};
+
+function createBaseImportTombstonesRequest(): ImportTombstonesRequest {
+  return { tombstones: [] };
+}
+
+export const ImportTombstonesRequest: MessageFns<ImportTombstonesRequest> = {
+  encode(message: ImportTombstonesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.tombstones) {
+      RecordTombstone.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportTombstonesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportTombstonesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.tombstones.push(RecordTombstone.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportTombstonesRequest {
+    return {
+      tombstones: globalThis.Array.isArray(object?.tombstones)
+        ? object.tombstones.map((e: any) => RecordTombstone.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ImportTombstonesRequest): unknown {
+    const obj: any = {};
+    if (message.tombstones?.length) {
+      obj.tombstones = message.tombstones.map((e) => RecordTombstone.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportTombstonesRequest>, I>>(base?: I): ImportTombstonesRequest {
+    return ImportTombstonesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportTombstonesRequest>, I>>(object: I): ImportTombstonesRequest {
+    const message = createBaseImportTombstonesRequest();
+    message.tombstones = object.tombstones?.map((e) => RecordTombstone.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseImportTombstonesResponse(): ImportTombstonesResponse {
+  return { created: 0, alreadyPresent: 0 };
+}
+
+export const ImportTombstonesResponse: MessageFns<ImportTombstonesResponse> = {
+  encode(message: ImportTombstonesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.created !== 0) {
+      writer.uint32(8).int64(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      writer.uint32(16).int64(message.alreadyPresent);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImportTombstonesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImportTombstonesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.created = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.alreadyPresent = longToNumber(reader.int64());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImportTombstonesResponse {
+    return {
+      created: isSet(object.created) ? globalThis.Number(object.created) : 0,
+      alreadyPresent: isSet(object.alreadyPresent)
+        ? globalThis.Number(object.alreadyPresent)
+        : isSet(object.already_present)
+        ? globalThis.Number(object.already_present)
+        : 0,
+    };
+  },
+
+  toJSON(message: ImportTombstonesResponse): unknown {
+    const obj: any = {};
+    if (message.created !== 0) {
+      obj.created = Math.round(message.created);
+    }
+    if (message.alreadyPresent !== 0) {
+      obj.alreadyPresent = Math.round(message.alreadyPresent);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImportTombstonesResponse>, I>>(base?: I): ImportTombstonesResponse {
+    return ImportTombstonesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImportTombstonesResponse>, I>>(object: I): ImportTombstonesResponse {
+    const message = createBaseImportTombstonesResponse();
+    message.created = object.created ?? 0;
+    message.alreadyPresent = object.alreadyPresent ?? 0;
+    return message;
+  },
+};
 
 function createBaseRecord(): Record {
   return {
@@ -5505,6 +6259,42 @@ export const ShardServiceService = {
       Buffer.from(ForgetRecordsResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ForgetRecordsResponse => ForgetRecordsResponse.decode(value),
   },
+  /**
+   * The fleet's erased records' tombstones, in erasure order (engram export
+   * carries them). No content: structural fields, leaf hash and erasure.
+   * Governor or admin role.
+   */
+  listTombstones: {
+    path: "/engram.shard.v1.ShardService/ListTombstones" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListTombstonesRequest): Buffer =>
+      Buffer.from(ListTombstonesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListTombstonesRequest => ListTombstonesRequest.decode(value),
+    responseSerialize: (value: ListTombstonesResponse): Buffer =>
+      Buffer.from(ListTombstonesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListTombstonesResponse => ListTombstonesResponse.decode(value),
+  },
+  /**
+   * Tombstones another instance kept (engram import-bundle): each must
+   * re-derive its record_hash (format 2) and be listed, under that hash, by an
+   * erasure governance here holds (import the erasures first); a record of
+   * that id stored here must be erased first (FAILED_PRECONDITION
+   * RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+   * tombstone already kept counts as already_present. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importTombstones: {
+    path: "/engram.shard.v1.ShardService/ImportTombstones" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ImportTombstonesRequest): Buffer =>
+      Buffer.from(ImportTombstonesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ImportTombstonesRequest => ImportTombstonesRequest.decode(value),
+    responseSerialize: (value: ImportTombstonesResponse): Buffer =>
+      Buffer.from(ImportTombstonesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ImportTombstonesResponse => ImportTombstonesResponse.decode(value),
+  },
 } as const;
 
 export interface ShardServiceServer extends UntypedServiceImplementation {
@@ -5559,6 +6349,22 @@ export interface ShardServiceServer extends UntypedServiceImplementation {
    * admin role; the erasure must be of the caller's fleet.
    */
   forgetRecords: handleUnaryCall<ForgetRecordsRequest, ForgetRecordsResponse>;
+  /**
+   * The fleet's erased records' tombstones, in erasure order (engram export
+   * carries them). No content: structural fields, leaf hash and erasure.
+   * Governor or admin role.
+   */
+  listTombstones: handleUnaryCall<ListTombstonesRequest, ListTombstonesResponse>;
+  /**
+   * Tombstones another instance kept (engram import-bundle): each must
+   * re-derive its record_hash (format 2) and be listed, under that hash, by an
+   * erasure governance here holds (import the erasures first); a record of
+   * that id stored here must be erased first (FAILED_PRECONDITION
+   * RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+   * tombstone already kept counts as already_present. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importTombstones: handleUnaryCall<ImportTombstonesRequest, ImportTombstonesResponse>;
 }
 
 export interface ShardServiceClient extends Client {
@@ -5816,6 +6622,50 @@ export interface ShardServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ForgetRecordsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * The fleet's erased records' tombstones, in erasure order (engram export
+   * carries them). No content: structural fields, leaf hash and erasure.
+   * Governor or admin role.
+   */
+  listTombstones(
+    request: ListTombstonesRequest,
+    callback: (error: ServiceError | null, response: ListTombstonesResponse) => void,
+  ): ClientUnaryCall;
+  listTombstones(
+    request: ListTombstonesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListTombstonesResponse) => void,
+  ): ClientUnaryCall;
+  listTombstones(
+    request: ListTombstonesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListTombstonesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Tombstones another instance kept (engram import-bundle): each must
+   * re-derive its record_hash (format 2) and be listed, under that hash, by an
+   * erasure governance here holds (import the erasures first); a record of
+   * that id stored here must be erased first (FAILED_PRECONDITION
+   * RECORD_NOT_ERASED: engram forget --resume ERASURE_ID). An identical
+   * tombstone already kept counts as already_present. At most
+   * ENGRAM_LIMITS_BATCH_ITEMS a call, all or nothing. Admin role, own fleet.
+   */
+  importTombstones(
+    request: ImportTombstonesRequest,
+    callback: (error: ServiceError | null, response: ImportTombstonesResponse) => void,
+  ): ClientUnaryCall;
+  importTombstones(
+    request: ImportTombstonesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ImportTombstonesResponse) => void,
+  ): ClientUnaryCall;
+  importTombstones(
+    request: ImportTombstonesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ImportTombstonesResponse) => void,
   ): ClientUnaryCall;
 }
 
