@@ -85,9 +85,7 @@ class RunEraser:
                 if done is not None:
                     already += 1
                     continue
-                forgotten = self._erase_run(session, order, run_id, leaves[run_id], now_us)
-            if forgotten is not None:
-                erased.append(forgotten)
+                erased.append(self._erase_run(session, order, run_id, leaves[run_id], now_us))
         self._purge_blobs(fleet_id, list(leaves))
         if self._purge_throttle.due(bool(erased)):
             self.service.db.vacuum(PURGED_TABLES)
@@ -151,13 +149,20 @@ class RunEraser:
         return places[:MAX_PLACES]
 
     def _erase_run(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
-                   now_us: int) -> ForgottenRun | None:
+                   now_us: int) -> ForgottenRun:
         fleet_id = order.fleet_id
         run = session.scalars(select(RunRow).where(RunRow.fleet_id == fleet_id,
                                                    RunRow.run_id == run_id)
                               .with_for_update()).first()
         if run is None:
-            return None  # never started here: nothing to erase
+            # Never started here (an import target that never held it): nothing to delete,
+            # but the id stays erased, so a bundle made before the erasure cannot bring the
+            # run back (ImportRun and StartRun refuse a tombstoned id).
+            session.execute(insert(RunTombstoneRow).values(
+                fleet_id=fleet_id, run_id=run_id, agent_id="", created_us=0, event_count=0,
+                head_hash=leaf, erasure_id=order.erasure_id, erased_us=now_us,
+                erased_by=order.requested_by, blobs_left_json="[]"))
+            return ForgottenRun(run_id, leaf, 0, 0, 0, 0, 0)
         if run.head_hash != leaf:
             raise FailedPrecondition(
                 f"run {run_id} has head hash {run.head_hash[:16]}… but erasure "

@@ -155,11 +155,17 @@ class IterationEraser:
 
     @staticmethod
     def _tombstone(session: Session, order: ErasureOrder, run_id: str, leaf: str,
-                   now_us: int) -> tuple[int, str] | None:
+                   now_us: int) -> tuple[int, str]:
         fleet_id = order.fleet_id
         run = session.get(RunRow, (fleet_id, run_id))
         if run is None:
-            return None  # nothing recorded here
+            # Nothing recorded here (an import target that never held the log): the id stays
+            # erased all the same, so a bundle made before the erasure cannot bring it back.
+            session.execute(insert(RunTombstoneRow).values(
+                fleet_id=fleet_id, run_id=run_id, last_iter=0, head_hash=leaf,
+                erasure_id=order.erasure_id, erased_us=now_us, erased_by=order.requested_by,
+                blobs_left=True))
+            return 0, leaf
         if run.head_hash != leaf:
             raise FailedPrecondition(
                 f"run {run_id} has iteration head {run.head_hash[:16]}… but erasure "

@@ -13,9 +13,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.json_format import ParseDict
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.bundle import BundleReader
 from engram.client import EngramRpcError, ShardClient
+from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 from services.shard.domain import records
@@ -53,8 +59,8 @@ def test_an_erasure_travels_and_an_older_bundle_brings_nothing_back(
             assert (exported["rows"]["erasures"], exported["rows"]["tombstones"]) == (1, 1)
         with ShardClient(origin.shard.address, admin) as shard:
             kept = list(shard.tombstones())
-    with full_stack(tmp_path / "b", engram_home, make_token) as target:
-        with cli_for(target, admin, monkeypatch) as run:
+    with full_stack(tmp_path / "b", engram_home, make_token) as target, \
+            cli_for(target, admin, monkeypatch) as run:
             run("import-bundle", str(before))
             with ShardClient(target.shard.address, admin) as shard:
                 assert shard.get(erased).content == ERASED  # the older copy is here
@@ -76,16 +82,17 @@ def test_an_erasure_travels_and_an_older_bundle_brings_nothing_back(
             assert run("gov", "chain", "verify")["ok"]
             refused = run("import-bundle", str(before), code=2)
             assert "RECORD_ERASED" in str(refused)
-            with ShardClient(target.shard.address, admin) as shard:
-                with pytest.raises(EngramRpcError):
-                    shard.get(erased)
+            with ShardClient(target.shard.address, admin) as shard, \
+                    pytest.raises(EngramRpcError):
+                shard.get(erased)
             again = run("import-bundle", str(after))
             assert (again["created"]["erasures"], again["created"]["tombstones"]) == (0, 0)
 
 
 @pytest.fixture
 def erased_stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory,
-                 monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FullStack, spb.RecordTombstone]]:
+                 monkeypatch: pytest.MonkeyPatch
+                 ) -> Iterator[tuple[FullStack, spb.RecordTombstone]]:
     with full_stack(tmp_path, engram_home, make_token) as stack:
         populate(stack, make_token)
         admin = make_token("op", "fleet-a", ADMIN)
@@ -169,3 +176,41 @@ def test_bad_tombstones_are_refused_and_nothing_is_stored(
         assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
     with ShardClient(stack.shard.address, make_token("op", "fleet-b", ADMIN)) as shard:
         assert list(shard.tombstones()) == []  # another fleet's are not listed
+
+
+def test_an_erased_run_stays_erased_on_a_target_that_never_held_it(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bundle made after `forget --run` holds nothing of the run; importing its erasure
+    into an empty instance leaves run tombstones there (artifacts, compactor), so the run
+    from a bundle made before the erasure is refused (it was accepted before: checked)."""
+    admin = make_token("op", "fleet-a", ADMIN)
+    before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        populate(origin, make_token)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(before))
+            run("forget", "--run", "run-1", "--reason", "the run held a secret")
+            exported = run("export", "--fleet", "fleet-a", "-o", str(after))
+            assert exported["rows"]["runs"] == 0 and exported["rows"]["erasures"] == 1
+    with BundleReader(before) as reader:
+        reader.verify()
+        old_run = ParseDict(next(iter(reader.rows("runs"))), apb.Run())
+        first = next(iter(reader.rows("iterations")))
+    line = cpb.ImportedIteration(summary=ParseDict(
+        {k: v for k, v in first.items() if k not in ("run_id", "detail_json", "guardrails_json")},
+        cpb.IterationSummary()), detail_json=first.get("detail_json", ""))
+    with full_stack(tmp_path / "b", engram_home, make_token, governed=True) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            loaded = run("import-bundle", str(after))
+            assert loaded["created"]["erasures"] == 1
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            with pytest.raises(EngramRpcError) as refused:
+                art.import_run(old_run)
+            assert refused.value.reason == "RUN_ERASED"
+        with CompactorClient(target.compactor.address, admin) as comp:
+            with pytest.raises(EngramRpcError) as refused:
+                comp.import_iterations("run-1", [line])
+            assert refused.value.reason == "RUN_ERASED"
