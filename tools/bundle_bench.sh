@@ -52,7 +52,8 @@ with BundleReader("$DIR/a.bundle") as a, BundleReader("$DIR/b.bundle") as b:
 carried = [p for p in one if p.startswith("blobs/") or p in (
     "parts/domains.jsonl", "parts/records.jsonl", "parts/runs.jsonl", "parts/artifacts.jsonl",
     "parts/events.jsonl", "parts/snapshots.jsonl", "parts/manifests.jsonl",
-    "parts/evidence.jsonl", "parts/iterations.jsonl", "parts/decisions.jsonl")]
+    "parts/evidence.jsonl", "parts/iterations.jsonl", "parts/decisions.jsonl",
+    "parts/erasures.jsonl", "parts/tombstones.jsonl")]
 for path in sorted(carried):
     print(path, "identical" if one[path] == two.get(path) else "DIFFERENT")
 PY

@@ -21,6 +21,7 @@ reported by name and row count.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -54,6 +55,8 @@ class ImportReport:
     created: dict[str, int] = field(default_factory=dict)
     already_present: dict[str, int] = field(default_factory=dict)
     not_imported: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall time of each step (verifying the bundle, then each part)."""
 
 
 class Importer:
@@ -64,6 +67,7 @@ class Importer:
         self.progress: Progress = progress or (lambda kind, rows, nbytes: None)
 
     def run(self, reader: BundleReader, expect_digest: str = "") -> ImportReport:
+        began = time.perf_counter()
         manifest = reader.verify(lambda n: self.progress("verifying", 0, n))
         if expect_digest and manifest.content_digest != expect_digest:
             raise BundleError(f"the bundle's content_digest is {manifest.content_digest}, not "
@@ -74,18 +78,25 @@ class Importer:
                               f"belongs to fleet {fleet!r}; import with a token of fleet "
                               f"{manifest.fleet_id!r}; nothing was imported")
         report = ImportReport(manifest=manifest)
-        self._rules(reader, report, fleet)
-        self._trust(reader, report, fleet)
-        self._decisions(reader, report)
-        self._erasures(reader, report)
-        self._tombstones(reader, report)
-        self._domains(reader, report)
-        self._records(reader, report)
-        self._runs(reader, report)
-        self._artifacts(reader, report)
-        for kind, message in RUN_ITEMS:
-            self._run_items(reader, report, kind, message)
-        self._iterations(reader, report)
+        report.seconds["verify"] = round(time.perf_counter() - began, 3)
+        steps: list[tuple[str, Callable[[], None]]] = [
+            ("rules", lambda: self._rules(reader, report, fleet)),
+            ("trust", lambda: self._trust(reader, report, fleet)),
+            ("decisions", lambda: self._decisions(reader, report)),
+            ("erasures", lambda: self._erasures(reader, report)),
+            ("tombstones", lambda: self._tombstones(reader, report)),
+            ("domains", lambda: self._domains(reader, report)),
+            ("records", lambda: self._records(reader, report)),
+            ("runs", lambda: self._runs(reader, report)),
+            ("artifacts", lambda: self._artifacts(reader, report)),
+            *[(kind, lambda kind=kind, message=message:
+               self._run_items(reader, report, kind, message)) for kind, message in RUN_ITEMS],
+            ("iterations", lambda: self._iterations(reader, report)),
+        ]
+        for name, step in steps:
+            began = time.perf_counter()
+            step()
+            report.seconds[name] = round(time.perf_counter() - began, 3)
         report.not_imported = {kind: manifest.rows(kind) for kind in KINDS
                                if kind not in IMPORTED and manifest.rows(kind)}
         return report

@@ -135,7 +135,7 @@ def import_bundle(
         "bundle": str(bundle), "fleet_id": report.manifest.fleet_id,
         "content_digest": report.manifest.content_digest, "created": report.created,
         "already_present": report.already_present, "not_imported": report.not_imported,
-        "seconds": round(seconds, 3),
+        "seconds": round(seconds, 3), "step_seconds": report.seconds,
         "records_per_second": round(records / seconds, 1),
         "mb_per_second": round(bundle.stat().st_size / 1e6 / seconds, 2),
         "peak_rss_mb": round(_peak_rss_mb(), 1),
