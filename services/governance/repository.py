@@ -229,9 +229,12 @@ class GovernanceRepository:
 
     def decisions_by_id(self, session: Session, fleet_id: str,
                         decision_ids: Collection[str]) -> dict[str, Decision]:
+        # By the primary key alone, the fleet checked here: with the fleet in the WHERE clause
+        # SQLite's planner walked the (fleet_id, chain_seq) index, every row of the fleet per
+        # call (an import of 100k decisions spent 41 s here, growing with the table).
         rows = session.scalars(select(DecisionRow).where(
-            DecisionRow.fleet_id == fleet_id, DecisionRow.decision_id.in_(list(decision_ids))))
-        return {row.decision_id: row.to_entity() for row in rows}
+            DecisionRow.decision_id.in_(list(decision_ids))))
+        return {row.decision_id: row.to_entity() for row in rows if row.fleet_id == fleet_id}
 
     def stored_decisions(self, session: Session) -> Iterator[Decision]:
         """Every decision, streamed."""
