@@ -64,7 +64,8 @@ def export(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Write a fleet's records, domains, governance state, runs, artifacts (with their blobs),
-    events, snapshots, evidence, manifests and iteration logs to one bundle file: a tar of
+    events, snapshots, evidence, manifests, iteration logs, erasures and erased records'
+    tombstones (no erased content) to one bundle file: a tar of
     JSON-lines parts and blobs with a MANIFEST.json of every member's SHA-256. Read through the
     services' own RPCs; memory stays bounded however large the fleet. Prints the manifest's
     content_digest: keep it to check the bundle later (engram import-bundle --expect)."""
@@ -110,11 +111,12 @@ def import_bundle(
     Every member's SHA-256 is checked against the manifest before anything is written; an
     altered bundle is refused with each failing member named (exit 1). Then everything is
     loaded as it was at the origin, each item re-checked by the service that stores it: rules,
-    pinned trust tiers, gate decisions (chained as imported entries), domains, records (ids,
-    authors, times and hashes kept), runs with their artifacts (bytes re-hashed), manifests,
-    evidence, events (the hash chain must extend), snapshots, and iteration logs
-    (docs/bundle.md). Running it again changes nothing; after an interruption it completes
-    what is missing."""
+    pinned trust tiers, gate decisions (chained as imported entries), erasures (chained, then
+    carried out here: what they erased stays erased), erased records' tombstones, domains,
+    records (ids, authors, times and hashes kept), runs with their artifacts (bytes
+    re-hashed), manifests, evidence, events (the hash chain must extend), snapshots, and
+    iteration logs (docs/bundle.md). Running it again changes nothing; after an interruption
+    it completes what is missing. --json adds each step's seconds."""
     started = time.perf_counter()
     with rpc_errors(as_json), _progress(as_json) as progress:
         clients = open_clients(cli_settings())
