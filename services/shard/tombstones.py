@@ -83,6 +83,7 @@ class TombstoneImports:
         ids = [t.id for t in imported]
         repo = self.service.repo
         with self.service.db.writing() as session:
+            self.service.lock_imports(session, imported[0].fleet_id)
             repo.lock_records(session, ids)
             live = repo.existing(session, ids)
             if live:
