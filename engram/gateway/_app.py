@@ -52,6 +52,9 @@ class GatewayConfig:
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     timeout_seconds: float = 30.0
+    body_idle_seconds: float = 30.0
+    """A request body (an upload, a JSON body) that sends nothing for this long is answered
+    408 and its call ended: a client trickling bytes cannot hold an upload thread for good."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
@@ -68,7 +71,8 @@ class GatewayConfig:
                        "artifacts": settings.artifacts_addr,
                        "compactor": settings.compactor_addr},
             tls_ca=read(settings.tls_ca), tls_cert=read(settings.tls_cert),
-            tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds)
+            tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds,
+            body_idle_seconds=settings.timeout_seconds)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -207,6 +211,9 @@ class Gateway:
                                                 error.reason))
             except ClientDisconnect:
                 return Response(status_code=499)
+            except BodyIdle as error:
+                return error_response(status_of(grpc.StatusCode.DEADLINE_EXCEEDED, str(error),
+                                                "BODY_IDLE_TIMEOUT"), http=408)
         if allowed:
             return error_response(
                 status_of(grpc.StatusCode.UNIMPLEMENTED, f"{request.method} is not served on "
@@ -225,7 +232,8 @@ class Gateway:
                     grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
                     "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
             return await self.upload(route, params, request)
-        raw = await _read_limited(request) if route.body else None
+        raw = (await _read_limited(request, self.config.body_idle_seconds) if route.body
+               else None)
         query = request.query_params.multi_items() if route.body != "*" else []
         # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
         # every other request (and /healthz) meanwhile.
@@ -265,7 +273,7 @@ class Gateway:
         async def parts() -> AsyncIterator[artifacts_pb.CreateArtifactRequest]:
             yield first
             size, digest = 0, hashlib.sha256()
-            async for piece in request.stream():
+            async for piece in _body(request, self.config.body_idle_seconds):
                 for start in range(0, len(piece), UPLOAD_CHUNK):
                     chunk = piece[start:start + UPLOAD_CHUNK]
                     size += len(chunk)
@@ -349,9 +357,27 @@ def _serialize(message: Message) -> bytes:
     return message.SerializeToString()
 
 
-async def _read_limited(request: Request) -> bytes:
+class BodyIdle(Exception):
+    """The client sent no byte of its body for ``body_idle_seconds`` (408)."""
+
+
+async def _body(request: Request, idle_seconds: float) -> AsyncIterator[bytes]:
+    """The request body's pieces; :class:`BodyIdle` when none comes for ``idle_seconds``."""
+    pieces = request.stream().__aiter__()
+    while True:
+        try:
+            piece = await asyncio.wait_for(pieces.__anext__(), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise BodyIdle(f"the request body sent nothing for {idle_seconds:g} s; nothing "
+                           "was stored") from None
+        yield piece
+
+
+async def _read_limited(request: Request, idle_seconds: float) -> bytes:
     received = bytearray()
-    async for piece in request.stream():
+    async for piece in _body(request, idle_seconds):
         received += piece
         if len(received) > MAX_JSON_BODY:
             raise TranscodeError(f"a JSON body may be at most {MAX_JSON_BODY} bytes; "

@@ -235,3 +235,44 @@ def test_a_service_down_is_503_naming_the_service_not_its_address(stack: Stack) 
         assert status["details"][0]["metadata"] == {"service": "compactor"}
         # The other services are unaffected.
         assert requests.get(f"{url}/v1/status", headers=_auth(stack), timeout=10).ok
+
+
+def _stalled(url: str, path: str, auth: dict[str, str], body: bytes, length: int) -> str:
+    """Send the headers and ``body`` of a ``length``-byte request, then nothing; the answer's
+    status line and body (the gateway must answer while the client still owes bytes)."""
+    host, port = url.removeprefix("http://").split(":")
+    head = "".join(f"{k}: {v}\r\n" for k, v in {
+        **auth, "Host": host, "Content-Length": str(length),
+        "Content-Type": "application/octet-stream"}.items())
+    with socket.create_connection((host, int(port)), timeout=15) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\n{head}\r\n".encode() + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            piece = conn.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    return answer.decode("latin-1")
+
+
+def test_a_body_that_stops_coming_is_408_and_nothing_is_stored(stack: Stack) -> None:
+    """A client that sends part of a body and then nothing held an upload thread (and its gRPC
+    call) until it went away; 32 such clients stopped every upload. Now the body may idle for
+    body_idle_seconds (checked: without it the read below times out after 15 s)."""
+    from engram.gateway import Gateway, GatewayConfig
+    from tests.integration.gateway.conftest import GatewayThread
+
+    auth = _auth(stack, "runner")
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=0.5)
+    with GatewayThread(Gateway(config)) as url:
+        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-idle"},
+                                timeout=10)
+        assert started.status_code == 200, started.text
+        upload = _stalled(url, "/v1/runs/run-idle/artifacts?step_id=s&name=slow.bin", auth,
+                          b"x" * 1000, 1_000_000)
+        assert upload.startswith("HTTP/1.1 408"), upload
+        assert "BODY_IDLE_TIMEOUT" in upload
+        record = _stalled(url, "/v1/records", auth, b'{"record": {"con', 200)
+        assert record.startswith("HTTP/1.1 408") and "BODY_IDLE_TIMEOUT" in record, record
+        listed = requests.get(f"{url}/v1/runs/run-idle/artifacts", headers=auth, timeout=10)
+        assert listed.status_code == 200 and not listed.json().get("artifacts"), listed.text
