@@ -42,7 +42,7 @@ VOLATILE = {
     "runs": ("event_count", "head_hash", "latest_snapshot_id"),
     "trust": ("update_time",),
     "decisions": ("chain_seq",),  # where this governance's chain holds it, not the decision
-    "erasures": ("chain_seq",),
+    "erasures": ("chain_seq", "imported"),  # where it was recorded, not the erasure
 }
 """Fields recomputed by a service on use, not carried."""
 

@@ -92,6 +92,9 @@ class Importer:
             *[(kind, lambda kind=kind, message=message:
                self._run_items(reader, report, kind, message)) for kind, message in RUN_ITEMS],
             ("iterations", lambda: self._iterations(reader, report)),
+            # Again, every kind, now that the bundle's items are here: an erasure the origin
+            # recorded but had not carried out yet (an interrupted forget) erases them.
+            ("erasures carried out", lambda: self._carry_out(reader, runs=True)),
         ]
         for name, step in steps:
             began = time.perf_counter()
@@ -153,9 +156,9 @@ class Importer:
         report.created["decisions"], report.already_present["decisions"] = created, present
 
     def _erasures(self, reader: BundleReader, report: ImportReport) -> None:
-        """The fleet's erasures, chained here as imported entries; each is then carried out
-        here too (as `engram forget --resume` does), so a copy of an erased record or run an
-        earlier import brought is erased now. Carrying out an erasure twice erases nothing."""
+        """The fleet's erasures, chained here as imported entries; their records are then
+        erased here (a copy an earlier import brought), before the tombstones come. Runs and
+        iteration logs are erased after the bundle's own runs are in (the last step)."""
         created = present = 0
         for batch in _batches((_parse(row, gpb.Erasure(), "erasures")
                                for row in reader.rows("erasures")), BATCH, BATCH_BYTES):
@@ -163,16 +166,22 @@ class Importer:
             created += reply.created
             present += reply.already_present
             self.progress("erasures", len(batch), sum(e.ByteSize() for e in batch))
+        self._carry_out(reader, runs=False)
+        report.created["erasures"], report.already_present["erasures"] = created, present
+
+    def _carry_out(self, reader: BundleReader, *, runs: bool) -> None:
+        """Each erasure carried out here, as `engram forget --resume` does (twice erases
+        nothing): its records, and with ``runs`` its runs and iteration logs. An imported
+        erasure leaves a run's tombstone here even where the run never was."""
         for row in reader.rows("erasures"):
             erasure = _parse(row, gpb.Erasure(), "erasures")
             kinds = {item.kind for item in erasure.items}
             if kinds & {"record", "summary"}:
                 self.clients.shard.forget(erasure_id=erasure.erasure_id)
-            if "run" in kinds:
+            if runs and "run" in kinds:
                 self.clients.artifacts.forget_runs(erasure.erasure_id)
-            if "iterations" in kinds:
+            if runs and "iterations" in kinds:
                 self.clients.compactor.forget_iterations(erasure.erasure_id)
-        report.created["erasures"], report.already_present["erasures"] = created, present
 
     def _tombstones(self, reader: BundleReader, report: ImportReport) -> None:
         """Erased records' tombstones, so an erased record stays erased here: ImportRecords

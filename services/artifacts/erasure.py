@@ -85,7 +85,9 @@ class RunEraser:
                 if done is not None:
                     already += 1
                     continue
-                erased.append(self._erase_run(session, order, run_id, leaves[run_id], now_us))
+                forgotten = self._erase_run(session, order, run_id, leaves[run_id], now_us)
+            if forgotten is not None:
+                erased.append(forgotten)
         self._purge_blobs(fleet_id, list(leaves))
         if self._purge_throttle.due(bool(erased)):
             self.service.db.vacuum(PURGED_TABLES)
@@ -149,20 +151,22 @@ class RunEraser:
         return places[:MAX_PLACES]
 
     def _erase_run(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
-                   now_us: int) -> ForgottenRun:
+                   now_us: int) -> ForgottenRun | None:
         fleet_id = order.fleet_id
         run = session.scalars(select(RunRow).where(RunRow.fleet_id == fleet_id,
                                                    RunRow.run_id == run_id)
                               .with_for_update()).first()
         if run is None:
-            # Never started here (an import target that never held it): nothing to delete,
-            # but the id stays erased, so a bundle made before the erasure cannot bring the
-            # run back (ImportRun and StartRun refuse a tombstoned id).
-            session.execute(insert(RunTombstoneRow).values(
-                fleet_id=fleet_id, run_id=run_id, agent_id="", created_us=0, event_count=0,
-                head_hash=leaf, erasure_id=order.erasure_id, erased_us=now_us,
-                erased_by=order.requested_by, blobs_left_json="[]"))
-            return ForgottenRun(run_id, leaf, 0, 0, 0, 0, 0)
+            # Never started here, or erased by a call that ran at once with this one. An
+            # imported erasure (a bundle's) keeps the id erased all the same, so a bundle made
+            # before the erasure cannot bring the run back; one recorded here does not (a
+            # governor could otherwise take any future run id away).
+            if order.imported and self.service.db.insert_once(session, RunTombstoneRow, dict(
+                    fleet_id=fleet_id, run_id=run_id, agent_id="", created_us=0, event_count=0,
+                    head_hash=leaf, erasure_id=order.erasure_id, erased_us=now_us,
+                    erased_by=order.requested_by, blobs_left_json="[]")):
+                return ForgottenRun(run_id, leaf, 0, 0, 0, 0, 0)
+            return None
         if run.head_hash != leaf:
             raise FailedPrecondition(
                 f"run {run_id} has head hash {run.head_hash[:16]}… but erasure "

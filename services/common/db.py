@@ -19,6 +19,8 @@ from typing import Any
 from alembic import command, context
 from alembic.config import Config
 from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -179,6 +181,14 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+    def insert_once(self, session: Session, table: Any, values: dict[str, Any]) -> bool:
+        """Insert ``values`` unless a row with its key is there already (committed by another
+        transaction meanwhile, too): True when this call inserted it."""
+        dialect_insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
+        key = list(getattr(table, "__table__", table).primary_key.columns)
+        statement = dialect_insert(table).values(**values).on_conflict_do_nothing()
+        return session.execute(statement.returning(*key)).first() is not None
 
 
 def run_migrations(target_metadata: MetaData, version_table: str) -> None:

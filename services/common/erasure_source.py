@@ -98,6 +98,9 @@ class ErasureOrder:
     requested_by: str
     items: tuple[tuple[str, str, str], ...]
     """``(kind, id, leaf_hash)``; kind ``record``, ``summary`` or ``run``."""
+    imported: bool = False
+    """Recorded by another governance (a bundle's): its runs stay erased here even where this
+    service never held them."""
 
     def ids(self, *kinds: str) -> list[str]:
         return [item_id for kind, item_id, _ in self.items if kind in kinds]
@@ -117,7 +120,7 @@ class ErasureSource(Protocol):
 
 def order_from_proto(found: gpb.Erasure) -> ErasureOrder:
     return ErasureOrder(found.erasure_id, found.fleet_id, found.requested_by,
-                        tuple((i.kind, i.id, i.leaf_hash) for i in found.items))
+                        tuple((i.kind, i.id, i.leaf_hash) for i in found.items), found.imported)
 
 
 def recorded_erasure(source: ErasureSource | None, service: str, erasure_id: str,

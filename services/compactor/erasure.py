@@ -153,19 +153,20 @@ class IterationEraser:
                 continue
         return False
 
-    @staticmethod
-    def _tombstone(session: Session, order: ErasureOrder, run_id: str, leaf: str,
-                   now_us: int) -> tuple[int, str]:
+    def _tombstone(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
+                   now_us: int) -> tuple[int, str] | None:
         fleet_id = order.fleet_id
         run = session.get(RunRow, (fleet_id, run_id))
         if run is None:
-            # Nothing recorded here (an import target that never held the log): the id stays
-            # erased all the same, so a bundle made before the erasure cannot bring it back.
-            session.execute(insert(RunTombstoneRow).values(
-                fleet_id=fleet_id, run_id=run_id, last_iter=0, head_hash=leaf,
-                erasure_id=order.erasure_id, erased_us=now_us, erased_by=order.requested_by,
-                blobs_left=True))
-            return 0, leaf
+            # Nothing recorded here. An imported erasure (a bundle's) keeps the id erased all
+            # the same, so a bundle made before the erasure cannot bring the log back; one
+            # recorded here does not (a governor could otherwise take any future run id).
+            if order.imported and self.db.insert_once(session, RunTombstoneRow, dict(
+                    fleet_id=fleet_id, run_id=run_id, last_iter=0, head_hash=leaf,
+                    erasure_id=order.erasure_id, erased_us=now_us,
+                    erased_by=order.requested_by, blobs_left=True)):
+                return 0, leaf
+            return None
         if run.head_hash != leaf:
             raise FailedPrecondition(
                 f"run {run_id} has iteration head {run.head_hash[:16]}… but erasure "

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, true, update
 from sqlalchemy.orm import Session
 
 from services.governance.domain.decisions import Decision
-from services.governance.domain.erasures import Erasure
+from services.governance.domain.erasures import IMPORTED_ERASURE, RECORDED_ERASURE, Erasure
 from services.governance.domain.revocation import AgentRevocation, TokenRevocation
 from services.governance.domain.rules import Rule
 from services.governance.domain.tiers import AgentTrust, TrustTier
@@ -299,9 +300,10 @@ class ErasureRepository:
     """Recorded erasures; every method takes an open session."""
 
     def get(self, session: Session, erasure_id: str) -> Erasure | None:
-        row = session.get(ErasureRow, erasure_id)
-        return (Erasure.from_state(json.loads(row.state_json), row.chain_seq)
-                if row is not None else None)
+        found = session.execute(select(ErasureRow, ChainRow.kind).join(
+            ChainRow, ChainRow.seq == ErasureRow.chain_seq).where(
+            ErasureRow.erasure_id == erasure_id)).first()
+        return _erasure(*found) if found is not None else None
 
     def insert(self, session: Session, erasure: Erasure, chain_seq: int) -> None:
         session.add(ErasureRow(erasure_id=erasure.erasure_id, fleet_id=erasure.fleet_id,
@@ -311,17 +313,20 @@ class ErasureRepository:
     def page(self, session: Session, fleet_id: str, after_seq: int | None,
              limit: int) -> list[Erasure]:
         """Oldest first: the fleet's erasures recorded after ``after_seq``."""
-        query = select(ErasureRow).where(ErasureRow.fleet_id == fleet_id)
+        query = select(ErasureRow, ChainRow.kind).join(
+            ChainRow, ChainRow.seq == ErasureRow.chain_seq).where(ErasureRow.fleet_id == fleet_id)
         if after_seq is not None:
             query = query.where(ErasureRow.chain_seq > after_seq)
-        rows = session.scalars(query.order_by(ErasureRow.chain_seq).limit(limit))
-        return [Erasure.from_state(json.loads(row.state_json), row.chain_seq) for row in rows]
+        rows = session.execute(query.order_by(ErasureRow.chain_seq).limit(limit))
+        return [_erasure(row, kind) for row, kind in rows]
 
     def bytes_since(self, session: Session, fleet_id: str, since_ms: int) -> int:
-        """The size of the fleet's erasures recorded since ``since_ms`` (their stored state)."""
+        """The size of the fleet's erasures recorded here since ``since_ms`` (their stored
+        state); imported ones do not count (they were recorded, and counted, elsewhere)."""
         return int(session.scalar(select(func.coalesce(func.sum(func.length(
-            ErasureRow.state_json)), 0)).where(ErasureRow.fleet_id == fleet_id,
-                                                ErasureRow.created_ms >= since_ms)) or 0)
+            ErasureRow.state_json)), 0)).join(ChainRow, ChainRow.seq == ErasureRow.chain_seq)
+            .where(ErasureRow.fleet_id == fleet_id, ErasureRow.created_ms >= since_ms,
+                   ChainRow.kind == RECORDED_ERASURE)) or 0)
 
     def stored(self, session: Session) -> Iterator[tuple[str, dict[str, Any], int]]:
         """Every erasure as ``(erasure_id, state, chain_seq)``; a row whose JSON no longer
@@ -346,3 +351,8 @@ def _decision_values(decision: Decision) -> dict[str, Any]:
             "content_hash": decision.content_hash, "allowed": decision.allowed,
             "rule_ids_json": json.dumps(list(decision.rule_ids)), "reason": decision.reason,
             "created_ms": decision.created_ms, "chain_seq": decision.chain_seq}
+
+
+def _erasure(row: ErasureRow, kind: str) -> Erasure:
+    stored = Erasure.from_state(json.loads(row.state_json), row.chain_seq)
+    return replace(stored, imported=kind == IMPORTED_ERASURE)

@@ -503,13 +503,24 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def ListErasures(self, request: pb.ListErasuresRequest,
                      context: grpc.ServicerContext) -> pb.ListErasuresResponse:
         fleet_id = current_principal().fleet_id
-        erasures, token = self._pages.paginate(
-            request.page_token, request.page_size, {"fleet_id": fleet_id, "list": "erasures"},
-            lambda after, limit: self._service.list_erasures(
-                fleet_id, int(after[0]) if after else None, limit),
-            lambda erasure: [erasure.chain_seq])
-        return pb.ListErasuresResponse(erasures=[erasure_to_proto(e) for e in erasures],
-                                       next_page_token=token)
+        filters = {"fleet_id": fleet_id, "list": "erasures"}
+        after = self._pages.decode(request.page_token, filters)
+        size = self._pages.page_size(request.page_size)
+        found = self._service.list_erasures(fleet_id, int(after[0]) if after else None,
+                                            size + 1)
+        # An erasure lists up to 10,000 items (about 1 MB): a page stops at a byte budget too,
+        # so it fits a client's 4 MiB message limit.
+        page: list[pb.Erasure] = []
+        used = 0
+        for erasure in found[:size]:
+            message = erasure_to_proto(erasure)
+            if page and used + message.ByteSize() > MAX_PAGE_BYTES:
+                break
+            page.append(message)
+            used += message.ByteSize()
+        token = (self._pages.encode([page[-1].chain_seq], filters) if len(page) < len(found)
+                 else "")
+        return pb.ListErasuresResponse(erasures=page, next_page_token=token)
 
     def ImportErasures(self, request: pb.ImportErasuresRequest,
                        context: grpc.ServicerContext) -> pb.ImportErasuresResponse:
@@ -551,6 +562,10 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
 
 
+MAX_PAGE_BYTES = 3 * 1024 * 1024
+"""What one ListErasures page holds at most (one erasure always goes)."""
+
+
 def erasure_to_proto(erasure: Erasure) -> pb.Erasure:
     return pb.Erasure(
         erasure_id=erasure.erasure_id, fleet_id=erasure.fleet_id,
@@ -558,7 +573,8 @@ def erasure_to_proto(erasure: Erasure) -> pb.Erasure:
         requested_by=erasure.requested_by, reason=erasure.reason,
         items=[pb.ErasedItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash)
                for i in erasure.items],
-        create_time=_timestamp(erasure.created_ms), chain_seq=erasure.chain_seq)
+        create_time=_timestamp(erasure.created_ms), chain_seq=erasure.chain_seq,
+        imported=erasure.imported)
 
 
 def add_to_server(servicer: GovernanceServicer, server: grpc.Server) -> None:

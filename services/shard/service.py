@@ -558,20 +558,20 @@ class ShardService:
         self.search_engine.notify_written(fresh)
         return len(fresh), total - len(fresh)
 
-    def lock_imports(self, session: Session, fleet: str) -> None:
-        """Imports of records and of tombstones into ``fleet`` take turns until the
-        transaction ends: each checks the other's table before it writes, and neither can lock
-        a row that is not there yet (both could commit, a record beside its tombstone). SQLite:
-        the write lock of ``db.writing()`` already serialises them; Postgres: an advisory
-        transaction lock per fleet."""
-        if self.db.dialect != "sqlite":
+    def lock_imports(self, session: Session) -> None:
+        """Imports of records and of tombstones take turns until the transaction ends: each
+        checks the other's table before it writes, and neither can lock a row that is not there
+        yet (both could commit, a record beside its tombstone). SQLite: the write lock of
+        ``db.writing()`` already serialises them; Postgres: one advisory transaction lock
+        (record ids are global, so not one per fleet; imports are rare)."""
+        if self.db.dialect != "sqlite":  # one key for every fleet: record ids are global
             session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-                            {"key": f"engram-import:{fleet}"})
+                            {"key": "engram-import"})
 
     def _store_imported(self, imported: Sequence[Record], fleet: str) -> list[Record]:
         total = len(imported)
         with self.db.writing() as session:
-            self.lock_imports(session, fleet)
+            self.lock_imports(session)
             stored = self.repo.existing(session, [r.id for r in imported])
             erased = self.repo.erased_among(session, [r.id for r in imported
                                                       if r.id not in stored])

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import insert, select
 
-from services.common.erasure_source import ErasureOrder, ErasureSource, recorded_erasure
+from services.common.erasure_source import ErasureSource, recorded_erasure
 from services.common.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -35,6 +35,7 @@ from services.shard.tables import TombstoneRow
 _RECORD_ID = re.compile(f"[0-9a-f]{{{records.ID_HEX_LEN}}}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_SOURCE_CHARS = 64
+MAX_CLOCK_SKEW_US = 5 * 60 * 1_000_000
 
 
 class TombstoneImports:
@@ -62,17 +63,16 @@ class TombstoneImports:
         check_limit("an import batch", len(imported), limits.batch_items,
                     "ENGRAM_LIMITS_BATCH_ITEMS", "tombstones", reason="BATCH_TOO_LARGE")
         fleet = principal.fleet_id
+        latest_us = int(self.service.clock() * 1_000_000) + MAX_CLOCK_SKEW_US
         for tombstone in imported:
-            _check(tombstone, fleet)
-        orders: dict[str, ErasureOrder] = {}
+            _check(tombstone, fleet, latest_us)
+        listed: dict[str, set[tuple[str, str]]] = {}
         for tombstone in imported:
-            order = orders.get(tombstone.erasure_id)
-            if order is None:
+            if tombstone.erasure_id not in listed:
                 order = recorded_erasure(self.source, "shard", tombstone.erasure_id, fleet)
-                orders[tombstone.erasure_id] = order
-            if (tombstone.id, tombstone.record_hash) not in {
-                    (item_id, leaf) for kind, item_id, leaf in order.items
-                    if kind in ("record", "summary")}:
+                listed[tombstone.erasure_id] = {(item_id, leaf) for kind, item_id, leaf
+                                                in order.items if kind in ("record", "summary")}
+            if (tombstone.id, tombstone.record_hash) not in listed[tombstone.erasure_id]:
                 raise FailedPrecondition(
                     f"erasure {tombstone.erasure_id} does not list record {tombstone.id} with "
                     f"record_hash {tombstone.record_hash[:16]}…; nothing was imported",
@@ -83,7 +83,7 @@ class TombstoneImports:
         ids = [t.id for t in imported]
         repo = self.service.repo
         with self.service.db.writing() as session:
-            self.service.lock_imports(session, imported[0].fleet_id)
+            self.service.lock_imports(session)
             repo.lock_records(session, ids)
             live = repo.existing(session, ids)
             if live:
@@ -112,7 +112,7 @@ class TombstoneImports:
         return len(fresh), len(imported) - len(fresh)
 
 
-def _check(tombstone: Tombstone, fleet: str) -> None:
+def _check(tombstone: Tombstone, fleet: str, latest_us: int) -> None:
     """INVALID_ARGUMENT (PERMISSION_DENIED for another fleet) naming what is wrong."""
     name = f"tombstone {tombstone.id[:40]!r}"
     if not _RECORD_ID.fullmatch(tombstone.id):
@@ -132,21 +132,25 @@ def _check(tombstone: Tombstone, fleet: str) -> None:
         value = getattr(tombstone, field)
         if value:
             validate_identifier(field, value)
+    for field in ("domain", "gate_decision_id"):  # the columns hold 64
+        if len(getattr(tombstone, field)) > 64:
+            raise InvalidArgument(f"{name}: {field} is longer than 64 characters",
+                                  reason="INVALID_TOMBSTONE")
     validate_identifier("agent_id", tombstone.agent_id)
     validate_identifier("erasure_id", tombstone.erasure_id)
     validate_identifier("erased_by", tombstone.erased_by)
-    if len(tombstone.source) > MAX_SOURCE_CHARS:
-        raise InvalidArgument(f"{name}: source is longer than {MAX_SOURCE_CHARS} characters",
-                              reason="INVALID_TOMBSTONE")
+    if len(tombstone.source) > MAX_SOURCE_CHARS or not tombstone.source.isprintable():
+        raise InvalidArgument(f"{name}: source must be at most {MAX_SOURCE_CHARS} printable "
+                              "characters", reason="INVALID_TOMBSTONE")
     if not 0.0 <= tombstone.importance <= 1.0:
         raise InvalidArgument(f"{name}: importance must be within 0..1",
                               reason="INVALID_TOMBSTONE")
     crossrefs.check_count(list(tombstone.cross_refs))
     for ref in tombstone.cross_refs:
         crossrefs.CrossRef.parse(ref)
-    if not 0 < tombstone.created_us <= tombstone.erased_us:
-        raise InvalidArgument(f"{name}: it must be created after 1970 and erased after it was "
-                              "created", reason="INVALID_TOMBSTONE")
+    if not 0 < tombstone.created_us <= tombstone.erased_us <= latest_us:
+        raise InvalidArgument(f"{name}: it must be created after 1970, erased after it was "
+                              "created, and not in the future", reason="INVALID_TOMBSTONE")
     if not records.verify_tombstone(tombstone):
         raise InvalidArgument(f"{name}: its fields do not derive its record_hash; nothing was "
                               "imported", reason="TOMBSTONE_HASH_MISMATCH",

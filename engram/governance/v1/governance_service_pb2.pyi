@@ -489,7 +489,7 @@ class ErasedItem(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
 
 class Erasure(_message.Message):
-    __slots__ = ("erasure_id", "fleet_id", "selector_kind", "selector_value", "requested_by", "reason", "items", "create_time", "chain_seq")
+    __slots__ = ("erasure_id", "fleet_id", "selector_kind", "selector_value", "requested_by", "reason", "items", "create_time", "chain_seq", "imported")
     ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     SELECTOR_KIND_FIELD_NUMBER: _ClassVar[int]
@@ -499,6 +499,7 @@ class Erasure(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     CHAIN_SEQ_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_FIELD_NUMBER: _ClassVar[int]
     erasure_id: str
     fleet_id: str
     selector_kind: str
@@ -508,7 +509,8 @@ class Erasure(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[ErasedItem]
     create_time: _timestamp_pb2.Timestamp
     chain_seq: int
-    def __init__(self, erasure_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., selector_kind: _Optional[str] = ..., selector_value: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ErasedItem, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ...) -> None: ...
+    imported: bool
+    def __init__(self, erasure_id: _Optional[str] = ..., fleet_id: _Optional[str] = ..., selector_kind: _Optional[str] = ..., selector_value: _Optional[str] = ..., requested_by: _Optional[str] = ..., reason: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ErasedItem, _Mapping]]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., chain_seq: _Optional[int] = ..., imported: _Optional[bool] = ...) -> None: ...
 
 class RecordErasureRequest(_message.Message):
     __slots__ = ("fleet_id", "selector_kind", "selector_value", "reason", "items", "request_id")

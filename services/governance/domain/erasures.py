@@ -42,6 +42,8 @@ class Erasure:
     items: tuple[ErasedItem, ...]
     created_ms: int
     chain_seq: int = -1
+    imported: bool = False
+    """Chained as ``erasure.imported`` (not part of the chained state)."""
 
     def state(self) -> dict[str, object]:
         """What the witness chain records (the entry's own seq is not part of it)."""

@@ -66,8 +66,10 @@ def test_erasures_move_as_they_were_and_the_chain_replays_them(
         assert (again.created, again.already_present) == (0, 3)
         moved = list(gov.erasures())
         for before, after in zip(exported, moved, strict=True):
-            before.ClearField("chain_seq")
-            after.ClearField("chain_seq")
+            assert after.imported and not before.imported  # where it was recorded
+            for message in (before, after):
+                message.ClearField("chain_seq")
+                message.ClearField("imported")
             assert before == after
         assert gov.erasure(exported[0].erasure_id).reason == "asked to"
         assert gov.verify_chain().ok  # replays the erasure.imported entries
@@ -138,3 +140,46 @@ def test_only_an_admin_imports_and_only_governors_list(
     with admin(target, make_token) as gov:
         error = refused(gov.import_erasures, [])
         assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_BATCH")
+
+
+def test_imported_erasures_do_not_use_up_the_fleets_daily_quota(
+        exported: list[pb.Erasure], engram_home: Path, tmp_path: Path,
+        make_token: TokenFactory) -> None:
+    """Found in review: they counted, so an import (or an admin's forged erasures dated now)
+    refused the governors' own erasures for a day (checked failing without the fix)."""
+    server = build_governance_server(GovernanceSettings(
+        home=engram_home, db_url=f"sqlite:///{tmp_path / 'small.db'}", port=0,
+        erasure_bytes_per_day=2000))
+    server.start()
+    try:
+        big = bad(exported, items=[_item(i) for i in range(100)])  # about 16 KB, dated now
+        with admin(server, make_token) as gov:
+            assert gov.import_erasures([big]).created == 1
+        with admin(server, make_token, role="governor") as gov:
+            assert gov.record_erasure("record", f"{1:032x}", [_item(1)]).created
+    finally:
+        server.stop(0)
+
+
+def test_a_page_of_erasures_stops_at_its_byte_budget(
+        exported: list[pb.Erasure], target: EngramServer, make_token: TokenFactory) -> None:
+    """An erasure lists up to 10,000 items (~1 MB); a page of 1,000 of them was 110 MB, past
+    every message limit (found in review)."""
+    with admin(target, make_token) as gov:
+        large = []
+        for n in range(4):
+            erasure = bad(exported, items=[_item(n * 10_000 + i) for i in range(10_000)])
+            erasure.erasure_id = f"era_{n:028x}"
+            gov.import_erasures([erasure])
+            large.append(erasure.erasure_id)
+        pages = []
+        request = pb.ListErasuresRequest(page_size=1000)
+        while True:
+            reply = gov.call(gov.stub.ListErasures, request)
+            pages.append([e.erasure_id for e in reply.erasures])
+            assert reply.ByteSize() <= 4 * 1024 * 1024
+            if not reply.next_page_token:
+                break
+            request.page_token = reply.next_page_token
+        assert [i for page in pages for i in page] == large and len(pages) >= 2
+        assert all(e.imported for e in gov.erasures())

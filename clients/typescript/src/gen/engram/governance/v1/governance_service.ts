@@ -503,6 +503,11 @@ export interface Erasure {
   items: ErasedItem[];
   createTime: Date | undefined;
   chainSeq: number;
+  /**
+   * Recorded by another governance and imported here (ImportErasures). Carrying
+   * out an imported erasure leaves a tombstone even for a run never held here.
+   */
+  imported: boolean;
 }
 
 export interface RecordErasureRequest {
@@ -5595,6 +5600,7 @@ function createBaseErasure(): Erasure {
     items: [],
     createTime: undefined,
     chainSeq: 0,
+    imported: false,
   };
 }
 
@@ -5626,6 +5632,9 @@ export const Erasure: MessageFns<Erasure> = {
     }
     if (message.chainSeq !== 0) {
       writer.uint32(72).int64(message.chainSeq);
+    }
+    if (message.imported !== false) {
+      writer.uint32(80).bool(message.imported);
     }
     return writer;
   },
@@ -5715,6 +5724,14 @@ export const Erasure: MessageFns<Erasure> = {
             message.chainSeq = longToNumber(reader.int64());
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.imported = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5768,6 +5785,7 @@ export const Erasure: MessageFns<Erasure> = {
         : isSet(object.chain_seq)
         ? globalThis.Number(object.chain_seq)
         : 0,
+      imported: isSet(object.imported) ? globalThis.Boolean(object.imported) : false,
     };
   },
 
@@ -5800,6 +5818,9 @@ export const Erasure: MessageFns<Erasure> = {
     if (message.chainSeq !== 0) {
       obj.chainSeq = Math.round(message.chainSeq);
     }
+    if (message.imported !== false) {
+      obj.imported = message.imported;
+    }
     return obj;
   },
 
@@ -5817,6 +5838,7 @@ export const Erasure: MessageFns<Erasure> = {
     message.items = object.items?.map((e) => ErasedItem.fromPartial(e)) || [];
     message.createTime = object.createTime ?? undefined;
     message.chainSeq = object.chainSeq ?? 0;
+    message.imported = object.imported ?? false;
     return message;
   },
 };
