@@ -146,28 +146,16 @@ class Importer:
     def _decisions(self, reader: BundleReader, report: ImportReport) -> None:
         """The gate decisions that admitted the records, appended to this governance's witness
         chain as imported entries, so `engram verify --gate` reconciles the records here."""
-        created = present = 0
-        for batch in _batches((_parse(row, gpb.GateDecision(), "decisions")
-                               for row in reader.rows("decisions")), BATCH, BATCH_BYTES):
-            reply = self.clients.governance.import_decisions(batch)
-            created += reply.created
-            present += reply.already_present
-            self.progress("decisions", len(batch), sum(d.ByteSize() for d in batch))
-        report.created["decisions"], report.already_present["decisions"] = created, present
+        self._batched(reader, report, "decisions", gpb.GateDecision,
+                      self.clients.governance.import_decisions)
 
     def _erasures(self, reader: BundleReader, report: ImportReport) -> None:
         """The fleet's erasures, chained here as imported entries; their records are then
         erased here (a copy an earlier import brought), before the tombstones come. Runs and
         iteration logs are erased after the bundle's own runs are in (the last step)."""
-        created = present = 0
-        for batch in _batches((_parse(row, gpb.Erasure(), "erasures")
-                               for row in reader.rows("erasures")), BATCH, BATCH_BYTES):
-            reply = self.clients.governance.import_erasures(batch)
-            created += reply.created
-            present += reply.already_present
-            self.progress("erasures", len(batch), sum(e.ByteSize() for e in batch))
+        self._batched(reader, report, "erasures", gpb.Erasure,
+                      self.clients.governance.import_erasures)
         self._carry_out(reader, runs=False)
-        report.created["erasures"], report.already_present["erasures"] = created, present
 
     def _carry_out(self, reader: BundleReader, *, runs: bool) -> None:
         """Each erasure carried out here, as `engram forget --resume` does (twice erases
@@ -186,14 +174,8 @@ class Importer:
     def _tombstones(self, reader: BundleReader, report: ImportReport) -> None:
         """Erased records' tombstones, so an erased record stays erased here: ImportRecords
         refuses an id with a tombstone. The shard checks each against its erasure above."""
-        created = present = 0
-        for batch in _batches((_parse(row, spb.RecordTombstone(), "tombstones")
-                               for row in reader.rows("tombstones")), BATCH, BATCH_BYTES):
-            reply = self.clients.shard.import_tombstones(batch)
-            created += reply.created
-            present += reply.already_present
-            self.progress("tombstones", len(batch), sum(t.ByteSize() for t in batch))
-        report.created["tombstones"], report.already_present["tombstones"] = created, present
+        self._batched(reader, report, "tombstones", spb.RecordTombstone,
+                      self.clients.shard.import_tombstones)
 
     def _domains(self, reader: BundleReader, report: ImportReport) -> None:
         present = {d.name: d for d in self.clients.shard.domains()}
@@ -214,14 +196,7 @@ class Importer:
         report.created["domains"], report.already_present["domains"] = created, same
 
     def _records(self, reader: BundleReader, report: ImportReport) -> None:
-        created = present = 0
-        for batch in _batches((_parse(row, spb.Record(), "records")
-                               for row in reader.rows("records")), BATCH, BATCH_BYTES):
-            reply = self.clients.shard.import_records(batch)
-            created += reply.created
-            present += reply.already_present
-            self.progress("records", len(batch), sum(r.ByteSize() for r in batch))
-        report.created["records"], report.already_present["records"] = created, present
+        self._batched(reader, report, "records", spb.Record, self.clients.shard.import_records)
 
     def _runs(self, reader: BundleReader, report: ImportReport) -> None:
         """Each run as it was at the origin (author, status, times); its events follow."""
@@ -252,10 +227,17 @@ class Importer:
 
     def _run_items(self, reader: BundleReader, report: ImportReport, kind: str,
                    message: type[Any]) -> None:
+        self._batched(reader, report, kind, message,
+                      lambda batch: self.clients.artifacts.import_run_items(**{kind: batch}))
+
+    def _batched(self, reader: BundleReader, report: ImportReport, kind: str,
+                 message: type[Any], send: Callable[[list[Any]], Any]) -> None:
+        """A part's rows, parsed, in batches of at most ``BATCH`` items and ``BATCH_BYTES``,
+        each sent with ``send``; counts what it created and what was there already."""
         created = present = 0
         for batch in _batches((_parse(row, message(), kind) for row in reader.rows(kind)),
                               BATCH, BATCH_BYTES):
-            reply = self.clients.artifacts.import_run_items(**{kind: batch})
+            reply = send(batch)
             created += reply.created
             present += reply.already_present
             self.progress(kind, len(batch), sum(m.ByteSize() for m in batch))

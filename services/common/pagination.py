@@ -131,19 +131,31 @@ class PageTokens:
         filters: dict[str, Any],
         fetch: Callable[[list[Any] | None, int], Sequence[Row]],
         key_of: Callable[[Row], list[Any]],
+        size_of: Callable[[Row], int] | None = None,
+        max_bytes: int = 0,
     ) -> tuple[list[Row], str]:
         """One page and the token for the next (``""`` on the last page).
 
         ``fetch(after_key, limit)`` returns up to ``limit`` rows after ``after_key`` (``None``
         for the first page) in the listing's order; ``key_of(row)`` is that row's sort key.
+        With ``size_of``, a page also stops before its rows' sizes pass ``max_bytes`` (its
+        first row always goes), for rows whose size varies by orders of magnitude.
         The token is bound to the caller of the RPC being served.
         """
         after = self.decode(page_token, filters)
         size = self.page_size(requested_size)
         rows = list(fetch(after, size + 1))
-        if len(rows) <= size:
-            return rows, ""
-        return rows[:size], self.encode(key_of(rows[size - 1]), filters)
+        page = rows[:size]
+        if size_of is not None:
+            used = 0
+            for index, row in enumerate(page):
+                used += size_of(row)
+                if index and used > max_bytes:
+                    page = page[:index]
+                    break
+        if len(page) == len(rows):
+            return page, ""
+        return page, self.encode(key_of(page[-1]), filters)
 
 
 def _create_secret(path: Path) -> None:

@@ -12,6 +12,9 @@ from services.common.errors import InvalidArgument
 
 MIN_TIME_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z, RFC 3339's first instant
 MAX_TIME_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+MAX_CLOCK_SKEW_US = 5 * 60 * 1_000_000
+"""How far past this instance's clock an imported item may be dated (another instance's
+clock ran ahead); further is refused: it would count in every rate window from now on."""
 
 
 def time_us(ts: Timestamp, name: str, reason: str = "INVALID_TIMESTAMP") -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -26,10 +27,9 @@ from services.common.errors import InvalidArgument, NotFound, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
-from services.common.timestamps import time_us
+from services.common.timestamps import MAX_CLOCK_SKEW_US, time_us
 from services.common.tokens import MAX_TTL_SECONDS, Principal, validate_identifier
 from services.governance.domain.decisions import (
-    MAX_CLOCK_SKEW_MS,
     MAX_DECISION_RULES,
     Decision,
     PositionSearch,
@@ -407,20 +407,14 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                         context: grpc.ServicerContext) -> pb.ImportDecisionsResponse:
         self._service.require_writable()
         principal = current_principal()
-        if not request.decisions:
-            raise InvalidArgument("send at least one decision", reason="EMPTY_BATCH")
-        check_limit("decisions", len(request.decisions), self._limits.batch_items,
-                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        latest_ms = self._import_batch(request.decisions, "decision")
         search = PositionSearch(self._limits.batch_items)
-        latest_ms = self._service.now_ms() + MAX_CLOCK_SKEW_MS
         decisions = []
         for d in request.decisions:
             check_limit("a decision's rule_ids", len(d.rule_ids), MAX_DECISION_RULES,
                         "the decision format", reason="INVALID_DECISION")
-            created_ms = time_us(d.create_time, "create_time", reason="INVALID_DECISION") // 1000
-            if created_ms > latest_ms:  # it would count in every rate window from now on
-                raise InvalidArgument(f"decision {d.decision_id[:80]!r} is dated in the future",
-                                      reason="INVALID_DECISION")
+            created_ms = _imported_ms(d.create_time, latest_ms,
+                                      f"decision {d.decision_id[:80]!r}", "INVALID_DECISION")
             decisions.append(search.checked(Decision(
                 decision_id=validate_identifier("decision_id", d.decision_id),
                 fleet_id=target_fleet(principal, d.fleet_id),
@@ -503,43 +497,28 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def ListErasures(self, request: pb.ListErasuresRequest,
                      context: grpc.ServicerContext) -> pb.ListErasuresResponse:
         fleet_id = current_principal().fleet_id
-        filters = {"fleet_id": fleet_id, "list": "erasures"}
-        after = self._pages.decode(request.page_token, filters)
-        size = self._pages.page_size(request.page_size)
-        found = self._service.list_erasures(fleet_id, int(after[0]) if after else None,
-                                            size + 1)
         # An erasure lists up to 10,000 items (about 1 MB): a page stops at a byte budget too,
         # so it fits a client's 4 MiB message limit.
-        page: list[pb.Erasure] = []
-        used = 0
-        for erasure in found[:size]:
-            message = erasure_to_proto(erasure)
-            if page and used + message.ByteSize() > MAX_PAGE_BYTES:
-                break
-            page.append(message)
-            used += message.ByteSize()
-        token = (self._pages.encode([page[-1].chain_seq], filters) if len(page) < len(found)
-                 else "")
+        page, token = self._pages.paginate(
+            request.page_token, request.page_size, {"fleet_id": fleet_id, "list": "erasures"},
+            lambda after, limit: [erasure_to_proto(e) for e in self._service.list_erasures(
+                fleet_id, int(after[0]) if after else None, limit)],
+            lambda erasure: [erasure.chain_seq], lambda erasure: erasure.ByteSize(),
+            MAX_PAGE_BYTES)
         return pb.ListErasuresResponse(erasures=page, next_page_token=token)
 
     def ImportErasures(self, request: pb.ImportErasuresRequest,
                        context: grpc.ServicerContext) -> pb.ImportErasuresResponse:
         self._service.require_writable()
         principal = current_principal()
-        if not request.erasures:
-            raise InvalidArgument("send at least one erasure", reason="EMPTY_BATCH")
-        check_limit("erasures", len(request.erasures), self._limits.batch_items,
-                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
-        latest_ms = self._service.now_ms() + MAX_CLOCK_SKEW_MS
+        latest_ms = self._import_batch(request.erasures, "erasure")
         erasures = []
         for e in request.erasures:
             erasure_id = check_erasure_id(e.erasure_id)
             items = tuple(ErasedItem(i.kind, i.id, i.leaf_hash) for i in e.items)
             check_erasure(e.selector_kind, e.selector_value, e.reason, items)
-            created_ms = time_us(e.create_time, "create_time", reason="INVALID_ERASURE") // 1000
-            if created_ms > latest_ms:
-                raise InvalidArgument(f"erasure {erasure_id} is dated in the future",
-                                      reason="INVALID_ERASURE")
+            created_ms = _imported_ms(e.create_time, latest_ms, f"erasure {erasure_id}",
+                                      "INVALID_ERASURE")
             erasures.append(Erasure(
                 erasure_id=erasure_id, fleet_id=target_fleet(principal, e.fleet_id),
                 selector_kind=e.selector_kind, selector_value=e.selector_value,
@@ -547,6 +526,15 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 reason=e.reason, items=items, created_ms=created_ms))
         created, present = self._service.import_erasures(erasures, principal.agent_id)
         return pb.ImportErasuresResponse(created=created, already_present=present)
+
+    def _import_batch(self, items: Sequence[Any], what: str) -> int:
+        """An import call's items are 1..ENGRAM_LIMITS_BATCH_ITEMS; the latest time one of
+        them may be dated (ms)."""
+        if not items:
+            raise InvalidArgument(f"send at least one {what}", reason="EMPTY_BATCH")
+        check_limit(f"{what}s", len(items), self._limits.batch_items,
+                    "ENGRAM_LIMITS_BATCH_ITEMS", reason="BATCH_TOO_LARGE")
+        return self._service.now_ms() + MAX_CLOCK_SKEW_US // 1000
 
     def ListAccessRestrictions(self, request: pb.ListAccessRestrictionsRequest,
                                context: grpc.ServicerContext
@@ -560,6 +548,15 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             revoked_tokens=[revoked_token_to_proto(t) for t in snapshot.tokens],
             revoked_agents=[revoked_agent_to_proto(a) for a in snapshot.agents],
             suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
+
+
+def _imported_ms(created: Timestamp, latest_ms: int, what: str, reason: str) -> int:
+    """An imported item's creation time (ms), refused outside 0001..9999 or when dated past
+    ``latest_ms``: it would count in every rate window from now on."""
+    created_ms = time_us(created, "create_time", reason=reason) // 1000
+    if created_ms > latest_ms:
+        raise InvalidArgument(f"{what} is dated in the future", reason=reason)
+    return created_ms
 
 
 MAX_PAGE_BYTES = 3 * 1024 * 1024

@@ -34,7 +34,7 @@ from services.common.erasure_source import (
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.text_match import holds, needle_of
 from services.common.tokens import Principal, validate_identifier
-from services.shard.domain.records import Record
+from services.shard.domain.records import Record, tombstone_of
 from services.shard.repository import RecordFilter
 from services.shard.service import ShardService
 from services.shard.tables import (
@@ -44,6 +44,7 @@ from services.shard.tables import (
     TombstoneRow,
     WriteKeyRow,
     WriteRequestRow,
+    tombstone_values,
 )
 
 log = logging.getLogger("engram.shard.erasure")
@@ -205,7 +206,9 @@ class RecordEraser:
             seqs = self._seqs(session, list(stored))
             if stored:
                 session.execute(insert(TombstoneRow), [
-                    _tombstone_values(r, seqs[r.id], order, now_us) for r in stored.values()])
+                    tombstone_values(tombstone_of(r, order.erasure_id, now_us,
+                                                  order.requested_by), seqs[r.id])
+                    for r in stored.values()])
                 # After a write (SQLite's write lock held): what quotes them now is current.
                 self._refuse_unlisted_summaries(session, order, list(stored), set(ids) | done)
                 self._drop_derived(session, order.fleet_id, list(stored.values()))
@@ -276,16 +279,3 @@ def _ids_of(listed: str) -> list[str]:
     except ValueError:
         return []
     return [str(i) for i in found] if isinstance(found, list) else []
-
-
-def _tombstone_values(record: Record, seq: int, order: ErasureOrder,
-                      now_us: int) -> dict[str, object]:
-    return {
-        "id": record.id, "seq": seq, "fleet_id": record.fleet_id, "run_id": record.run_id,
-        "agent_id": record.agent_id, "format": record.format,
-        "body_commitment": record.body_commitment, "record_hash": record.record_hash,
-        "domain": record.domain, "source": record.source, "importance": record.importance,
-        "cross_refs_json": json.dumps(list(record.cross_refs)),
-        "created_us": record.created_us, "gate_decision_id": record.gate_decision_id,
-        "erasure_id": order.erasure_id, "erased_us": now_us, "erased_by": order.requested_by,
-    }

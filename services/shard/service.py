@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -62,7 +61,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
 _ERASURE_RACE_ATTEMPTS = 3
-_RECORD_ID = re.compile(f"[0-9a-f]{{{records.ID_HEX_LEN}}}")
 _LATEST_CREATED_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 """Times a write is prepared again when an erasure takes the record it was landing on."""
 
@@ -635,7 +633,7 @@ class ShardService:
                                          summary.created_us)
 
     def _check_import(self, record: Record, fleet: str, known: set[str]) -> None:
-        if not _RECORD_ID.fullmatch(record.id):
+        if not records.is_record_id(record.id):
             raise InvalidArgument(f"record id {record.id[:40]!r} is not a record id "
                                   f"({records.ID_HEX_LEN} lowercase hexadecimal characters)",
                                   reason="INVALID_RECORD_ID")

@@ -144,7 +144,8 @@ def record_from_proto(message: pb.Record) -> Record:
         record_hash=message.record_hash, domain=message.domain, source=message.source,
         importance=message.importance, tags=tuple(message.tags),
         metadata=dict(message.metadata), cross_refs=tuple(message.cross_refs),
-        created_us=_micros(message),
+        created_us=time_us(message.create_time, f"record {message.id[:40]!r}'s create_time",
+                           reason="INVALID_CREATE_TIME"),
         gate_decision_id=message.gate_decision_id,
         format=message.format or 1, salt=message.salt, body_commitment=message.body_commitment,
     )
@@ -178,14 +179,6 @@ def tombstone_from_proto(message: pb.RecordTombstone) -> Tombstone:
         erased_by=message.erased_by)
 
 
-def _micros(message: pb.Record) -> int:
-    try:
-        return int(message.create_time.ToMicroseconds())
-    except ValueError:  # seconds or nanos beyond what a Timestamp holds
-        raise InvalidArgument(f"record {message.id[:40]!r} has a create_time outside "
-                              "0001..9999", reason="INVALID_CREATE_TIME") from None
-
-
 def _result(result: WriteResult) -> pb.CreateRecordResponse:
     return pb.CreateRecordResponse(
         record=record_to_proto(result.record),
@@ -206,10 +199,6 @@ class FilterLimits:
     ENGRAM_LIMITS_TAGS_PER_FILTER with every other list's."""
 
     max_metadata: int = 16
-
-
-def _time_us(ts: Timestamp, name: str) -> int:
-    return time_us(ts, name)
 
 
 def _one(legacy: str | None, filtered: str | None, name: str) -> str | None:
@@ -241,8 +230,8 @@ def record_filter(fleet_id: str, flt: pb.RecordFilter, limits: FilterLimits, *,
         if not 0.0 <= minimum <= 1.0:  # NaN fails too
             raise InvalidArgument(f"min_importance must be 0..1, got {minimum}",
                                   reason="INVALID_IMPORTANCE")
-    after = _time_us(flt.created_after, "created_after") if flt.HasField("created_after") else None
-    before = (_time_us(flt.created_before, "created_before")
+    after = time_us(flt.created_after, "created_after") if flt.HasField("created_after") else None
+    before = (time_us(flt.created_before, "created_before")
               if flt.HasField("created_before") else None)
     if after is not None and before is not None and after >= before:
         raise InvalidArgument("created_after must be earlier than created_before",

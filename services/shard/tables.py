@@ -283,6 +283,21 @@ class TombstoneRow(Base):
             erasure_id=self.erasure_id, erased_us=self.erased_us, erased_by=self.erased_by)
 
 
+def tombstone_values(tombstone: Tombstone, seq: int) -> dict[str, object]:
+    """``tombstone`` as a ``record_tombstones`` row (``seq``: the erased record's)."""
+    return {
+        "id": tombstone.id, "seq": seq, "fleet_id": tombstone.fleet_id,
+        "run_id": tombstone.run_id, "agent_id": tombstone.agent_id,
+        "format": tombstone.format, "body_commitment": tombstone.body_commitment,
+        "record_hash": tombstone.record_hash, "domain": tombstone.domain,
+        "source": tombstone.source, "importance": tombstone.importance,
+        "cross_refs_json": json.dumps(list(tombstone.cross_refs)),
+        "created_us": tombstone.created_us, "gate_decision_id": tombstone.gate_decision_id,
+        "erasure_id": tombstone.erasure_id, "erased_us": tombstone.erased_us,
+        "erased_by": tombstone.erased_by,
+    }
+
+
 # Core table handles for the hot paths (typed as Table, which ``__table__`` is not).
 RECORDS = cast(Table, RecordRow.__table__)
 RECORD_TAGS = cast(Table, RecordTagRow.__table__)

@@ -12,7 +12,6 @@ hash (so nobody can plant a tombstone to block a record, or name an erasure that
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
@@ -26,16 +25,14 @@ from services.common.errors import (
     PermissionDenied,
 )
 from services.common.limits import check_limit
+from services.common.timestamps import MAX_CLOCK_SKEW_US
 from services.common.tokens import Principal, validate_identifier
 from services.shard.domain import crossrefs, records
 from services.shard.domain.records import Tombstone
 from services.shard.service import ShardService
-from services.shard.tables import TombstoneRow
+from services.shard.tables import TombstoneRow, tombstone_values
 
-_RECORD_ID = re.compile(f"[0-9a-f]{{{records.ID_HEX_LEN}}}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-MAX_SOURCE_CHARS = 64
-MAX_CLOCK_SKEW_US = 5 * 60 * 1_000_000
 
 
 class TombstoneImports:
@@ -108,14 +105,16 @@ class TombstoneImports:
                         "imported", reason="TOMBSTONE_CONFLICT",
                         metadata={"record_id": tombstone.id})
             if fresh:
-                session.execute(insert(TombstoneRow), [_values(t) for t in fresh.values()])
+                # seq 0: no record of this id was ever stored here for the index to pass
+                session.execute(insert(TombstoneRow),
+                                [tombstone_values(t, 0) for t in fresh.values()])
         return len(fresh), len(imported) - len(fresh)
 
 
 def _check(tombstone: Tombstone, fleet: str, latest_us: int) -> None:
     """INVALID_ARGUMENT (PERMISSION_DENIED for another fleet) naming what is wrong."""
     name = f"tombstone {tombstone.id[:40]!r}"
-    if not _RECORD_ID.fullmatch(tombstone.id):
+    if not records.is_record_id(tombstone.id):
         raise InvalidArgument(f"{name}: not a record id ({records.ID_HEX_LEN} lowercase "
                               "hexadecimal characters)", reason="INVALID_RECORD_ID")
     if tombstone.fleet_id != fleet:
@@ -139,8 +138,8 @@ def _check(tombstone: Tombstone, fleet: str, latest_us: int) -> None:
     validate_identifier("agent_id", tombstone.agent_id)
     validate_identifier("erasure_id", tombstone.erasure_id)
     validate_identifier("erased_by", tombstone.erased_by)
-    if len(tombstone.source) > MAX_SOURCE_CHARS or not tombstone.source.isprintable():
-        raise InvalidArgument(f"{name}: source must be at most {MAX_SOURCE_CHARS} printable "
+    if len(tombstone.source) > records.MAX_SOURCE_LEN or not tombstone.source.isprintable():
+        raise InvalidArgument(f"{name}: source must be at most {records.MAX_SOURCE_LEN} printable "
                               "characters", reason="INVALID_TOMBSTONE")
     if not 0.0 <= tombstone.importance <= 1.0:
         raise InvalidArgument(f"{name}: importance must be within 0..1",
@@ -155,17 +154,3 @@ def _check(tombstone: Tombstone, fleet: str, latest_us: int) -> None:
         raise InvalidArgument(f"{name}: its fields do not derive its record_hash; nothing was "
                               "imported", reason="TOMBSTONE_HASH_MISMATCH",
                               metadata={"record_id": tombstone.id})
-
-
-def _values(tombstone: Tombstone) -> dict[str, object]:
-    return {
-        "id": tombstone.id, "seq": 0, "fleet_id": tombstone.fleet_id,
-        "run_id": tombstone.run_id, "agent_id": tombstone.agent_id,
-        "format": tombstone.format, "body_commitment": tombstone.body_commitment,
-        "record_hash": tombstone.record_hash, "domain": tombstone.domain,
-        "source": tombstone.source, "importance": tombstone.importance,
-        "cross_refs_json": json.dumps(list(tombstone.cross_refs)),
-        "created_us": tombstone.created_us, "gate_decision_id": tombstone.gate_decision_id,
-        "erasure_id": tombstone.erasure_id, "erased_us": tombstone.erased_us,
-        "erased_by": tombstone.erased_by,
-    }

@@ -60,8 +60,6 @@ def check_same_request(recorded: Sequence[Decision], candidates: Sequence[Candid
 
 MAX_DECISION_RULES = 64
 """Rules one imported decision may name (a denial names the rules that refused it)."""
-MAX_CLOCK_SKEW_MS = 5 * 60 * 1000
-"""How far past this governance's clock an imported decision may be dated."""
 SEARCH_BUDGET = 20_000
 """Position derivations one import call may try (about 20 ms of CPU in the process that
 gates every fleet's writes)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 import secrets
 import unicodedata
 from dataclasses import dataclass, field, replace
@@ -36,6 +37,7 @@ MAX_CONTENT_BYTES = LIMIT_DEFAULTS.content_bytes
 MAX_SOURCE_LEN = 64
 DEFAULT_IMPORTANCE = 0.5
 ID_HEX_LEN = 32
+_RECORD_ID = re.compile(f"[0-9a-f]{{{ID_HEX_LEN}}}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,22 @@ _COMMIT_LABEL = b"engram-commit-v2\x1f"
 
 def new_salt() -> str:
     return secrets.token_hex(32)
+
+
+def is_record_id(value: str) -> bool:
+    """``ID_HEX_LEN`` lowercase hex digits, as every record id is."""
+    return _RECORD_ID.fullmatch(value) is not None
+
+
+def tombstone_of(record: Record, erasure_id: str, erased_us: int, erased_by: str) -> Tombstone:
+    """What stays of ``record`` once the erasure ``erasure_id`` erased it."""
+    return Tombstone(
+        id=record.id, fleet_id=record.fleet_id, run_id=record.run_id, agent_id=record.agent_id,
+        format=record.format, body_commitment=record.body_commitment,
+        record_hash=record.record_hash, domain=record.domain, source=record.source,
+        importance=record.importance, cross_refs=record.cross_refs,
+        created_us=record.created_us, gate_decision_id=record.gate_decision_id,
+        erasure_id=erasure_id, erased_us=erased_us, erased_by=erased_by)
 
 
 def new_record_id() -> str:

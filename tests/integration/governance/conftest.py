@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engram.client import EngramRpcError
 from engram.client.governance import GovernanceClient
 from services.common.server import EngramServer
 from services.governance.server import build_governance_server
@@ -47,6 +48,18 @@ def gov_for(governance: EngramServer,
 
 
 @pytest.fixture
+def target(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
+    """A second governance (SQLite) to import into."""
+    server = build_governance_server(GovernanceSettings(
+        home=engram_home, db_url=f"sqlite:///{tmp_path / 'target.db'}", port=0))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
 def governor(gov_for: GovClientFactory) -> GovernanceClient:
     return gov_for()
 
@@ -55,3 +68,14 @@ def governor(gov_for: GovClientFactory) -> GovernanceClient:
 def shard_service(gov_for: GovClientFactory) -> GovernanceClient:
     """The shard's principal: role "service", fleet "system"."""
     return gov_for("svc-shard", "system", ("service",))
+
+
+def admin(server: EngramServer, make_token: TokenFactory, fleet: str = "fleet-a",
+          role: str = "admin") -> GovernanceClient:
+    return GovernanceClient(server.address, make_token("op", fleet, (role,)))
+
+
+def refused(call: object, *args: object) -> EngramRpcError:
+    with pytest.raises(EngramRpcError) as failure:
+        call(*args)  # type: ignore[operator]
+    return failure.value

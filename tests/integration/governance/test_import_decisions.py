@@ -6,32 +6,16 @@ nothing stored."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import grpc
 import pytest
 
-from engram.client import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.server import EngramServer
 from services.governance.domain.decisions import decision_id
-from services.governance.server import build_governance_server
-from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory
+from tests.integration.governance.conftest import admin, refused
 from tests.integration.governance.test_contract import candidate
-
-
-@pytest.fixture
-def target(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
-    server = build_governance_server(GovernanceSettings(
-        home=engram_home, db_url=f"sqlite:///{tmp_path / 'target.db'}", port=0))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(0)
 
 
 @pytest.fixture
@@ -47,17 +31,6 @@ def exported(shard_service: GovernanceClient, governor: GovernanceClient) -> lis
     decisions = list(governor.decisions())
     assert sorted(d.allowed for d in decisions) == [False, True, True, True]
     return decisions
-
-
-def admin(server: EngramServer, make_token: TokenFactory, fleet: str = "fleet-a",
-          role: str = "admin") -> GovernanceClient:
-    return GovernanceClient(server.address, make_token("op", fleet, (role,)))
-
-
-def refused(call: object, *args: object) -> EngramRpcError:
-    with pytest.raises(EngramRpcError) as failure:
-        call(*args)  # type: ignore[operator]
-    return failure.value
 
 
 def _without_seq(decisions: list[pb.GateDecision]) -> list[pb.GateDecision]:

@@ -5,30 +5,18 @@ conflicting, future-dated or unbounded erasure is refused with nothing chained."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
-from engram.client import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.server import EngramServer
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory
-
-
-@pytest.fixture
-def target(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
-    server = build_governance_server(GovernanceSettings(
-        home=engram_home, db_url=f"sqlite:///{tmp_path / 'target.db'}", port=0))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(0)
+from tests.integration.governance.conftest import admin, refused
 
 
 def _item(i: int, kind: str = "record") -> pb.ErasedItem:
@@ -44,17 +32,6 @@ def exported(governor: GovernanceClient) -> list[pb.Erasure]:
     erasures = list(governor.erasures(page_size=2))  # pages follow on
     assert [e.selector_kind for e in erasures] == ["record", "agent", "match"]
     return erasures
-
-
-def admin(server: EngramServer, make_token: TokenFactory, fleet: str = "fleet-a",
-          role: str = "admin") -> GovernanceClient:
-    return GovernanceClient(server.address, make_token("op", fleet, (role,)))
-
-
-def refused(call: object, *args: object) -> EngramRpcError:
-    with pytest.raises(EngramRpcError) as failure:
-        call(*args)  # type: ignore[operator]
-    return failure.value
 
 
 def test_erasures_move_as_they_were_and_the_chain_replays_them(
