@@ -153,6 +153,25 @@ _WRITE_KEYS = WRITE_KEYS
 _IDS_FOR_KEYS = select(_WRITE_KEYS.c.key, _WRITE_KEYS.c.record_id).where(
     _WRITE_KEYS.c.fleet_id == bindparam("fleet"),
     _WRITE_KEYS.c.key.in_(bindparam("keys", expanding=True)))
+# Each new record's write key; RETURNING names the claims stored (a key taken first is not).
+# The dialects' ON CONFLICT inserts are never cached (compiled on every call): a single claim,
+# the common write, goes as text in the syntax SQLite and Postgres share, compiled once; a
+# batch runs the dialect's statement once with every row's parameters (insertmanyvalues).
+_CLAIM_WRITE_KEY = text(
+    "INSERT INTO write_keys (fleet_id, \"key\", record_id) VALUES (:fleet_id, :key, :record_id) "
+    "ON CONFLICT DO NOTHING RETURNING record_id")
+_CLAIM_WRITE_KEYS = {
+    "sqlite": sqlite_insert(_WRITE_KEYS).on_conflict_do_nothing()
+    .returning(_WRITE_KEYS.c.record_id),
+    "postgresql": pg_insert(_WRITE_KEYS).on_conflict_do_nothing()
+    .returning(_WRITE_KEYS.c.record_id),
+}
+_TOMBSTONES = TombstoneRow.__table__
+_ERASED_AMONG = select(_TOMBSTONES.c.id, _TOMBSTONES.c.erasure_id).where(
+    _TOMBSTONES.c.id.in_(_IDS))
+# SQLite only: the highest seq held and the highest erased (see ShardRepository.insert).
+_TOP_SEQS = select(select(func.max(RECORDS.c.seq)).scalar_subquery(),
+                   select(func.max(_TOMBSTONES.c.seq)).scalar_subquery())
 _INSERT_TAGS = insert(RECORD_TAGS)
 _INSERT_LINKS = insert(LINKS)
 _DOMAINS_OF = (
@@ -214,8 +233,8 @@ class ShardRepository:
             # erased it would hand out their seqs again, which the search index's cursor has
             # passed (the record would never be indexed). Seqs continue past the erased ones.
             # (Postgres's sequence never goes back.) Called with the write lock held.
-            top = session.scalar(select(func.max(RecordRow.seq))) or 0
-            erased = session.scalar(select(func.max(TombstoneRow.seq))) or 0
+            top, erased = session.execute(_TOP_SEQS).one()
+            top, erased = top or 0, erased or 0
             if erased > top:
                 for offset, row in enumerate(values, start=1):
                     row["seq"] = erased + offset
@@ -294,12 +313,10 @@ class ShardRepository:
         stored: a concurrent or earlier write of the same text landed first)."""
         if not triples:
             return {}
-        dialect_insert = pg_insert if self.dialect == "postgresql" else sqlite_insert
-        statement = dialect_insert(_WRITE_KEYS).values([
-            {"fleet_id": fleet, "key": key, "record_id": record_id}
-            for fleet, record_id, key in triples
-        ]).on_conflict_do_nothing().returning(_WRITE_KEYS.c.record_id)
-        claimed = set(session.execute(statement).scalars())
+        rows = [{"fleet_id": fleet, "key": key, "record_id": record_id}
+                for fleet, record_id, key in triples]
+        statement = _CLAIM_WRITE_KEY if len(rows) == 1 else _CLAIM_WRITE_KEYS[self.dialect]
+        claimed = set(session.execute(statement, rows[0] if len(rows) == 1 else rows).scalars())
         lost: dict[str, str] = {}
         for fleet, record_id, key in triples:
             if record_id not in claimed:
@@ -408,8 +425,7 @@ class ShardRepository:
         """Those of ``ids`` erased (any fleet: an id is never reused) -> their erasure."""
         found: dict[str, str] = {}
         for start in range(0, len(ids), 500):
-            rows = session.execute(select(TombstoneRow.id, TombstoneRow.erasure_id).where(
-                TombstoneRow.id.in_(list(ids[start:start + 500]))))
+            rows = session.execute(_ERASED_AMONG, {"ids": list(ids[start:start + 500])})
             found.update((record_id, erasure_id) for record_id, erasure_id in rows)
         return found
 
