@@ -19,6 +19,12 @@ def gateway(
                                                 "behind TLS"),
     port: int = typer.Option(8080, help="port to listen on"),
     log_level: str = typer.Option("warning", help="uvicorn's log level"),
+    body_min_rate: float = typer.Option(
+        16 * 1024, min=0, help="bytes a second a request body (an upload) must average once "
+        "its first ENGRAM_TIMEOUT_SECONDS have passed, else 408 BODY_TOO_SLOW and nothing is "
+        "stored; 0 turns it off. A body that sends nothing for ENGRAM_TIMEOUT_SECONDS is 408 "
+        "BODY_IDLE_TIMEOUT, and a download or NDJSON stream whose client takes nothing (or "
+        "whose service sends nothing) for as long is ended"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""
@@ -34,6 +40,7 @@ def gateway(
                           "the network in clear; serve it behind a TLS-terminating proxy",
                           soft_wrap=True)
     try:
-        serve(settings(), host=host, port=port, log_level=log_level)
+        serve(settings(), host=host, port=port, log_level=log_level,
+              body_min_bytes_per_s=body_min_rate)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

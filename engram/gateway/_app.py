@@ -6,7 +6,9 @@ import asyncio
 import functools
 import hashlib
 import json
+import logging
 import queue
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -29,6 +31,8 @@ from engram.gateway._errors import http_status, status_from_rpc_error, status_js
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
 from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
+
+log = logging.getLogger("engram.gateway")
 
 NDJSON = "application/x-ndjson"
 UPLOAD_CHUNK = 256 * 1024
@@ -55,11 +59,19 @@ class GatewayConfig:
     body_idle_seconds: float = 30.0
     """A request body (an upload, a JSON body) that sends nothing for this long is answered
     408 and its call ended: a client trickling bytes cannot hold an upload thread for good."""
+    body_min_bytes_per_s: float = 16 * 1024
+    """After its first ``body_idle_seconds``, a body must keep up this average rate (Apache's
+    mod_reqtimeout MinRate): one byte just inside every idle limit held an upload thread for
+    as long as the client liked. 0 turns the rate off (the idle limit stays)."""
+    stream_idle_seconds: float = 30.0
+    """A response stream (a download, a snapshot) whose client takes nothing, or whose service
+    sends nothing, for this long is ended and its gRPC call cancelled: a client that stops
+    reading cannot hold one of the service's stream slots for good."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
     @classmethod
-    def from_settings(cls, settings: ClientSettings) -> GatewayConfig:
+    def from_settings(cls, settings: ClientSettings, **overrides: Any) -> GatewayConfig:
         def read(path: Any) -> bytes | None:
             return path.read_bytes() if path is not None else None
 
@@ -72,7 +84,8 @@ class GatewayConfig:
                        "compactor": settings.compactor_addr},
             tls_ca=read(settings.tls_ca), tls_cert=read(settings.tls_cert),
             tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds,
-            body_idle_seconds=settings.timeout_seconds)
+            body_idle_seconds=settings.timeout_seconds,
+            stream_idle_seconds=settings.timeout_seconds, **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -213,7 +226,7 @@ class Gateway:
                 return Response(status_code=499)
             except BodyIdle as error:
                 return error_response(status_of(grpc.StatusCode.DEADLINE_EXCEEDED, str(error),
-                                                "BODY_IDLE_TIMEOUT"), http=408)
+                                                error.reason), http=408)
         if allowed:
             return error_response(
                 status_of(grpc.StatusCode.UNIMPLEMENTED, f"{request.method} is not served on "
@@ -232,7 +245,7 @@ class Gateway:
                     grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
                     "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
             return await self.upload(route, params, request)
-        raw = (await _read_limited(request, self.config.body_idle_seconds) if route.body
+        raw = (await _read_limited(request, self._body_pace()) if route.body
                else None)
         query = request.query_params.multi_items() if route.body != "*" else []
         # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
@@ -248,16 +261,25 @@ class Gateway:
             return _grpc_error(error, route)
         return JSONResponse(to_json(response))
 
+    def _body_pace(self) -> BodyPace:
+        return BodyPace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s)
+
     async def server_stream(self, route: Route, message: Message,
                             request: Request) -> Response:
         call = self.callable(route, "unary_stream")(message, metadata=_metadata(request))
+        idle = self.config.stream_idle_seconds
         try:
-            first = await call.read()
+            first = await _read(call, idle, route)
         except grpc.aio.AioRpcError as error:
             return _grpc_error(error, route)
+        except StreamIdle as error:
+            call.cancel()
+            return error_response(status_of(grpc.StatusCode.DEADLINE_EXCEEDED, str(error),
+                                            "STREAM_IDLE_TIMEOUT"), http=504)
         if "chunk" in route.response_class.DESCRIPTOR.fields_by_name:
-            return _download(call, first)
-        return StreamingResponse(_ndjson(call, first), media_type=NDJSON)
+            return _download(call, first, route, idle)
+        return _GuardedStream(_ndjson(call, first, route, idle), idle, call,
+                              media_type=NDJSON)
 
     async def upload(self, route: Route, params: dict[str, str], request: Request) -> Response:
         """``POST /v1/runs/{run_id}/artifacts?step_id=..&name=..``: the body is the bytes."""
@@ -273,7 +295,7 @@ class Gateway:
         async def parts() -> AsyncIterator[artifacts_pb.CreateArtifactRequest]:
             yield first
             size, digest = 0, hashlib.sha256()
-            async for piece in _body(request, self.config.body_idle_seconds):
+            async for piece in _body(request, self._body_pace()):
                 for start in range(0, len(piece), UPLOAD_CHUNK):
                     chunk = piece[start:start + UPLOAD_CHUNK]
                     size += len(chunk)
@@ -358,26 +380,56 @@ def _serialize(message: Message) -> bytes:
 
 
 class BodyIdle(Exception):
-    """The client sent no byte of its body for ``body_idle_seconds`` (408)."""
+    """The client's body stalled (408): nothing for ``body_idle_seconds``
+    (``BODY_IDLE_TIMEOUT``) or slower than ``body_min_bytes_per_s`` (``BODY_TOO_SLOW``)."""
+
+    def __init__(self, message: str, reason: str = "BODY_IDLE_TIMEOUT") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
-async def _body(request: Request, idle_seconds: float) -> AsyncIterator[bytes]:
-    """The request body's pieces; :class:`BodyIdle` when none comes for ``idle_seconds``."""
+@dataclass(frozen=True)
+class BodyPace:
+    """How a request body must come: a piece at least every ``idle_seconds``, and, once the
+    first ``idle_seconds`` have passed, ``min_bytes_per_s`` on average since its start."""
+
+    idle_seconds: float
+    min_bytes_per_s: float = 0.0
+
+    def next_wait(self, started: float, received: int, now: float) -> tuple[float, bool]:
+        """How long the next piece may take, and whether the rate (not idling) sets it."""
+        if self.min_bytes_per_s <= 0:
+            return self.idle_seconds, False
+        # The rate's deadline moves on by a second for every min_bytes_per_s received.
+        by_rate = started + self.idle_seconds + received / self.min_bytes_per_s - now
+        return (by_rate, True) if by_rate < self.idle_seconds else (self.idle_seconds, False)
+
+
+async def _body(request: Request, pace: BodyPace) -> AsyncIterator[bytes]:
+    """The request body's pieces; :class:`BodyIdle` when the body stalls (see BodyPace)."""
     pieces = request.stream().__aiter__()
+    started, received = time.monotonic(), 0
     while True:
+        wait, by_rate = pace.next_wait(started, received, time.monotonic())
         try:
-            piece = await asyncio.wait_for(pieces.__anext__(), idle_seconds)
+            piece = await asyncio.wait_for(pieces.__anext__(), max(wait, 0.0))
         except StopAsyncIteration:
             return
         except TimeoutError:
-            raise BodyIdle(f"the request body sent nothing for {idle_seconds:g} s; nothing "
-                           "was stored") from None
+            if by_rate:
+                raise BodyIdle(
+                    f"the request body came slower than {pace.min_bytes_per_s:g} bytes/s "
+                    f"({received} bytes in {time.monotonic() - started:.1f} s); nothing was "
+                    "stored", "BODY_TOO_SLOW") from None
+            raise BodyIdle(f"the request body sent nothing for {pace.idle_seconds:g} s; "
+                           "nothing was stored") from None
+        received += len(piece)
         yield piece
 
 
-async def _read_limited(request: Request, idle_seconds: float) -> bytes:
+async def _read_limited(request: Request, pace: BodyPace) -> bytes:
     received = bytearray()
-    async for piece in _body(request, idle_seconds):
+    async for piece in _body(request, pace):
         received += piece
         if len(received) > MAX_JSON_BODY:
             raise TranscodeError(f"a JSON body may be at most {MAX_JSON_BODY} bytes; "
@@ -385,21 +437,73 @@ async def _read_limited(request: Request, idle_seconds: float) -> bytes:
     return bytes(received)
 
 
-async def _ndjson(call: Any, first: Any) -> AsyncIterator[bytes]:
+class StreamIdle(Exception):
+    """The service sent nothing on a response stream for ``stream_idle_seconds``."""
+
+
+async def _read(call: Any, idle_seconds: float, route: Route) -> Any:
+    """The stream's next message; :class:`StreamIdle` if none comes for ``idle_seconds``."""
+    try:
+        return await asyncio.wait_for(call.read(), idle_seconds)
+    except TimeoutError:
+        raise StreamIdle(f"{route.backend} sent nothing on {route.method.full_name} for "
+                         f"{idle_seconds:g} s; the stream was ended") from None
+
+
+class _GuardedStream(StreamingResponse):
+    """A streaming response that ends, and cancels its gRPC call, when a send waits more than
+    ``idle_seconds`` (the client stopped reading). The connection is then closed short of the
+    body, so the client cannot take what it got for the whole."""
+
+    def __init__(self, content: AsyncIterator[bytes], idle_seconds: float, call: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._idle_seconds = idle_seconds
+        self._call = call
+
+    async def stream_response(self, send: Send) -> None:
+        async def guarded(message: Any) -> None:
+            try:
+                await asyncio.wait_for(send(message), self._idle_seconds)
+            except TimeoutError:
+                raise _ClientStalled from None
+
+        try:
+            await super().stream_response(guarded)
+        except _ClientStalled:
+            log.warning("a client took nothing of a response stream for %g s; the stream "
+                        "was ended and its call cancelled", self._idle_seconds)
+        except StreamIdle as error:  # a download's headers are sent: only a cut body says it
+            log.warning("%s", error)
+        finally:
+            self._call.cancel()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+class _ClientStalled(Exception):
+    pass
+
+
+async def _ndjson(call: Any, first: Any, route: Route,
+                  idle_seconds: float) -> AsyncIterator[bytes]:
     """One response message per line; a failure after the first line is a last line
     ``{"error": Status}`` (the HTTP status has already been sent)."""
     try:
         message = first
         while message is not EOF:
             yield json.dumps(to_json(message), separators=(",", ":")).encode() + b"\n"
-            message = await call.read()
+            message = await _read(call, idle_seconds, route)
     except grpc.aio.AioRpcError as error:
         yield json.dumps({"error": status_json(status_from_rpc_error(error))}).encode() + b"\n"
+    except StreamIdle as error:
+        yield json.dumps({"error": status_json(status_of(
+            grpc.StatusCode.DEADLINE_EXCEEDED, str(error), "STREAM_IDLE_TIMEOUT"))}).encode() \
+            + b"\n"
     finally:
         call.cancel()
 
 
-def _download(call: Any, first: Any) -> Response:
+def _download(call: Any, first: Any, route: Route, idle_seconds: float) -> Response:
     """The first message's metadata as headers, then the bytes as they come. A failure after
     the headers (DATA_LOSS on a hash mismatch) cuts the connection short of Content-Length,
     so no client takes a truncated body for the artifact."""
@@ -427,11 +531,11 @@ def _download(call: Any, first: Any) -> Response:
             while message is not EOF:
                 if message.WhichOneof("part") == "chunk":
                     yield message.chunk
-                message = await call.read()
+                message = await _read(call, idle_seconds, route)
         finally:
             call.cancel()
 
     # Served as a download, never rendered by a browser as the gateway's own page.
     headers["x-content-type-options"] = "nosniff"
     headers["content-disposition"] = "attachment"
-    return StreamingResponse(body(), media_type=media_type, headers=headers)
+    return _GuardedStream(body(), idle_seconds, call, media_type=media_type, headers=headers)

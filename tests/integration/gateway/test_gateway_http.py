@@ -263,7 +263,8 @@ def test_a_body_that_stops_coming_is_408_and_nothing_is_stored(stack: Stack) -> 
     from tests.integration.gateway.conftest import GatewayThread
 
     auth = _auth(stack, "runner")
-    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=0.5)
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=0.5,
+                           body_min_bytes_per_s=0)  # the idle limit alone (rate: test_slow_http)
     with GatewayThread(Gateway(config)) as url:
         started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-idle"},
                                 timeout=10)

@@ -1,0 +1,155 @@
+"""Slow clients and a silent service cannot hold the gateway's threads or a service's streams.
+
+- A body trickled just inside the idle limit held an upload thread (32 in all) for as long as
+  the client liked: it must now keep a minimum average rate, or be answered 408 BODY_TOO_SLOW.
+- A client that stops reading a download held the artifacts service's stream (a thread, and
+  one of the agent's 32 stream slots) for good: the gateway now ends such a response and
+  cancels its call.
+- A service that sends nothing on a stream held the HTTP request open for good: it is now
+  504 STREAM_IDLE_TIMEOUT before the headers, and a cut body after them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+import requests
+
+from engram.gateway import Gateway, GatewayConfig
+from tests.integration.gateway.conftest import GatewayThread, Stack
+
+pytestmark = pytest.mark.slow
+
+
+def _auth(stack: Stack, agent: str = "runner") -> dict[str, str]:
+    return {"Authorization": f"Bearer {stack.tokens(agent, 'fleet-gw', ('agent',))}"}
+
+
+def _head(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[str, int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    lines = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Host": host}.items())
+    return host, int(port), f"{method} {path} HTTP/1.1\r\n{lines}\r\n".encode()
+
+
+def test_a_body_trickled_below_the_minimum_rate_is_408(stack: Stack) -> None:
+    """100 bytes every 0.2 s: each piece well inside the 1 s idle limit, 500 bytes/s against a
+    minimum of 2,000. Checked: with the rate off, no answer came in the 10 s the test waits."""
+    auth = _auth(stack)
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=1.0,
+                           body_min_bytes_per_s=2000)
+    with GatewayThread(Gateway(config)) as url:
+        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-trickle"},
+                                timeout=10)
+        assert started.status_code == 200, started.text
+        host, port, head = _head(url, "POST", "/v1/runs/run-trickle/artifacts?step_id=s&"
+                                 "name=trickle.bin", {**auth, "Content-Length": "1000000",
+                                                      "Content-Type": "application/x-test"})
+        began = time.monotonic()
+        with socket.create_connection((host, port), timeout=15) as conn:
+            conn.sendall(head)
+            answer = b""
+            while time.monotonic() - began < 10:
+                readable, _, _ = select.select([conn], [], [], 0.2)
+                if readable:
+                    piece = conn.recv(65536)
+                    answer += piece
+                    if not piece or answer.rstrip().endswith(b"}"):
+                        break
+                    continue
+                try:
+                    conn.sendall(b"x" * 100)
+                except OSError:  # the gateway answered and closed meanwhile: read it
+                    continue
+        took = time.monotonic() - began
+        text = answer.decode("latin-1")
+        assert text.startswith("HTTP/1.1 408"), (took, text)
+        assert "BODY_TOO_SLOW" in text and "bytes/s" in text, text
+        assert took < 8, took  # 1 s + what it sent at 2,000 bytes/s: about 1.3 s
+        listed = requests.get(f"{url}/v1/runs/run-trickle/artifacts", headers=auth, timeout=10)
+        assert listed.status_code == 200 and not listed.json().get("artifacts"), listed.text
+
+
+def test_a_download_the_client_stops_reading_is_ended(stack: Stack) -> None:
+    """The client reads the headers, then nothing for 3 s (the limit is 0.5 s): the gateway
+    cuts the body short and cancels the call, and the next download is whole. Checked: without
+    the guard the stalled client, reading again, received all 24 MiB."""
+    auth = _auth(stack)
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, stream_idle_seconds=0.5)
+    blob = os.urandom(24 * 1024 * 1024)
+    with GatewayThread(Gateway(config)) as url:
+        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-stall"},
+                                timeout=10)
+        assert started.status_code == 200, started.text
+        uploaded = requests.post(f"{url}/v1/runs/run-stall/artifacts", headers=auth,
+                                 params={"step_id": "s", "name": "big.bin"}, data=blob,
+                                 timeout=60)
+        assert uploaded.status_code == 200, uploaded.text
+        artifact_id = uploaded.json()["artifact"]["artifactId"]
+        path = f"/v1/artifacts/{artifact_id}:read"
+        host, port, head = _head(url, "GET", path, auth)
+        with socket.socket() as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.settimeout(15)
+            conn.connect((host, port))
+            conn.sendall(head)
+            received = conn.recv(4096)
+            assert received.startswith(b"HTTP/1.1 200"), received[:200]
+            time.sleep(3)  # reads nothing: the gateway's sends wait, then the limit passes
+            while piece := conn.recv(1 << 20):
+                received += piece
+        body = received.split(b"\r\n\r\n", 1)[1]
+        assert len(body) < len(blob), "the stalled download was not ended"
+        with requests.get(f"{url}{path}", headers=auth, stream=True, timeout=30) as again:
+            assert again.status_code == 200
+            digest = hashlib.sha256()
+            for piece in again.iter_content(1 << 20):
+                digest.update(piece)
+        assert digest.hexdigest() == hashlib.sha256(blob).hexdigest()
+
+
+class _SilentArtifacts:
+    """A server answering ReadArtifact and ReplayEvents with nothing, until cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handler = grpc.unary_stream_rpc_method_handler(
+            self._silent, request_deserializer=lambda b: b, response_serializer=lambda b: b)
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "engram.artifacts.v1.ArtifactsService",
+            {"ReadArtifact": handler, "ReplayEvents": handler}),))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    def _silent(self, _request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        while context.is_active():
+            time.sleep(0.05)
+        self.cancelled.set()
+        yield from ()
+
+
+@pytest.mark.parametrize("path", ["/v1/artifacts/a1:read", "/v1/runs/r1/events:replay"])
+def test_a_stream_the_service_sends_nothing_on_is_504(stack: Stack, path: str) -> None:
+    """Checked: without the limit the request below timed out after 10 s."""
+    silent = _SilentArtifacts()
+    silent.server.start()
+    try:
+        config = GatewayConfig({**stack.addresses, "artifacts": silent.address},
+                               timeout_seconds=10.0, stream_idle_seconds=0.5)
+        with GatewayThread(Gateway(config)) as url:
+            answer = requests.get(f"{url}{path}", headers=_auth(stack), timeout=10)
+        assert answer.status_code == 504, answer.text
+        status = answer.json()
+        assert status["code"] == 4 and status["details"][0]["reason"] == "STREAM_IDLE_TIMEOUT"
+        assert "sent nothing" in status["message"]
+        assert silent.cancelled.wait(5), "the gateway did not cancel the silent call"
+    finally:
+        silent.server.stop(0)
