@@ -11,6 +11,8 @@ inside each service package and applied with :meth:`Database.upgrade`.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -179,7 +181,24 @@ class Database:
             for name in tables:
                 conn.exec_driver_sql(f'VACUUM "{name}"')
 
-    def dispose(self) -> None:
+    def dispose(self, wait_seconds: float = 2.0) -> None:
+        """Close the pool's connections. One still checked out (a handler thread that a
+        ``stop(0)`` did not wait for, a worker ending) is waited for up to ``wait_seconds``, and
+        closed when it comes back even later: the engine's dispose leaves such a connection in
+        the abandoned pool, open until the garbage collector finds it (psycopg then warns)."""
+        pool = self.engine.pool
+        disposed = threading.Event()
+
+        def close_late(dbapi_connection: Any, _record: Any) -> None:
+            if disposed.is_set():
+                dbapi_connection.close()
+
+        event.listen(pool, "checkin", close_late)
+        checked_out = getattr(pool, "checkedout", None)  # QueuePool's count; NullPool has none
+        deadline = time.monotonic() + wait_seconds
+        while checked_out is not None and checked_out() > 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        disposed.set()
         self.engine.dispose()
 
     def insert_once(self, session: Session, table: Any, values: dict[str, Any]) -> bool:
