@@ -25,6 +25,9 @@ def gateway(
         "stored; 0 turns it off. A body that sends nothing for ENGRAM_TIMEOUT_SECONDS is 408 "
         "BODY_IDLE_TIMEOUT, and a download or NDJSON stream whose client takes nothing (or "
         "whose service sends nothing) for as long is ended"),
+    uploads_per_token: int = typer.Option(
+        8, min=1, help="uploads one Authorization header may have running at once (of the "
+        "gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with Retry-After"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""
@@ -41,6 +44,6 @@ def gateway(
                           soft_wrap=True)
     try:
         serve(settings(), host=host, port=port, log_level=log_level,
-              body_min_bytes_per_s=body_min_rate)
+              body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

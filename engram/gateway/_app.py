@@ -63,6 +63,9 @@ class GatewayConfig:
     """After its first ``body_idle_seconds``, a body must keep up this average rate (Apache's
     mod_reqtimeout MinRate): one byte just inside every idle limit held an upload thread for
     as long as the client liked. 0 turns the rate off (the idle limit stays)."""
+    uploads_per_token: int = UPLOAD_THREADS // 4
+    """Uploads one Authorization header may have running at once; one more is 429
+    RESOURCE_EXHAUSTED (UPLOAD_LIMIT): one token cannot take every upload thread."""
     stream_idle_seconds: float = 30.0
     """A response stream (a download, a snapshot) whose client takes nothing, or whose service
     sends nothing, for this long is ended and its gRPC call cancelled: a client that stops
@@ -151,6 +154,8 @@ class Gateway:
         # Uploads block a thread each for their whole length: their own pool, not asyncio's.
         self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
                                                   thread_name_prefix="engram-gateway-upload")
+        self._uploads: dict[bytes, int] = {}
+        """Uploads running, by the SHA-256 of their Authorization header (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
         # Opened on first use, inside the server's event loop (grpc.aio binds to it).
@@ -283,6 +288,24 @@ class Gateway:
 
     async def upload(self, route: Route, params: dict[str, str], request: Request) -> Response:
         """``POST /v1/runs/{run_id}/artifacts?step_id=..&name=..``: the body is the bytes."""
+        holder = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+        running = self._uploads.get(holder, 0)
+        if running >= self.config.uploads_per_token:
+            return error_response(status_of(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"this token has {running} uploads running, "
+                f"the most one token may have at once; retry when one ends", "UPLOAD_LIMIT"),
+                headers={"retry-after": "1"})
+        self._uploads[holder] = running + 1
+        try:
+            return await self._upload(route, params, request)
+        finally:
+            if self._uploads[holder] <= 1:
+                del self._uploads[holder]
+            else:
+                self._uploads[holder] -= 1
+
+    async def _upload(self, route: Route, params: dict[str, str],
+                      request: Request) -> Response:
         query = list(request.query_params.multi_items())
         names = {name.removeprefix("header.") for name, _ in query}
         if "mime_type" not in names and request.headers.get("content-type"):

@@ -7,6 +7,8 @@
   cancels its call.
 - A service that sends nothing on a stream held the HTTP request open for good: it is now
   504 STREAM_IDLE_TIMEOUT before the headers, and a cut body after them.
+- One token could take all 32 upload threads: it now has its share (8 by default), and its
+  next upload is 429 UPLOAD_LIMIT.
 """
 
 from __future__ import annotations
@@ -153,3 +155,51 @@ def test_a_stream_the_service_sends_nothing_on_is_504(stack: Stack, path: str) -
         assert silent.cancelled.wait(5), "the gateway did not cancel the silent call"
     finally:
         silent.server.stop(0)
+
+
+def test_one_token_may_hold_only_its_share_of_the_upload_threads(stack: Stack) -> None:
+    """Two uploads of one token stall (each inside the limits); its third is 429 UPLOAD_LIMIT
+    at once while another token still uploads, and once the two end the token uploads again.
+    Checked: without the limit the third upload was served too (a third thread taken)."""
+    auth, other = _auth(stack, "runner"), _auth(stack, "runner-2")
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=10.0,
+                           body_min_bytes_per_s=0, uploads_per_token=2)
+    with GatewayThread(Gateway(config)) as url:
+        for headers, run in ((auth, "run-share"), (other, "run-share-2")):
+            started = requests.post(f"{url}/v1/runs", headers=headers, json={"runId": run},
+                                    timeout=10)
+            assert started.status_code == 200, started.text
+        host, port, head = _head(url, "POST", "/v1/runs/run-share/artifacts?step_id=s&"
+                                 "name=held.bin", {**auth, "Content-Length": "1000000",
+                                                   "Content-Type": "application/x-test"})
+        held = [socket.create_connection((host, port), timeout=15) for _ in range(2)]
+        try:
+            for conn in held:
+                conn.sendall(head + b"x" * 1000)
+            upload = f"{url}/v1/runs/run-share/artifacts"
+            deadline = time.monotonic() + 5
+            while True:  # the two held uploads reach the gateway in their own time
+                third = requests.post(upload, headers=auth, params={"step_id": "s",
+                                                                    "name": "third.bin"},
+                                      data=b"third", timeout=10)
+                if third.status_code != 200 or time.monotonic() > deadline:
+                    break
+            assert third.status_code == 429, third.text
+            assert third.json()["details"][0]["reason"] == "UPLOAD_LIMIT"
+            assert third.headers["retry-after"] == "1"
+            theirs = requests.post(f"{url}/v1/runs/run-share-2/artifacts", headers=other,
+                                   params={"step_id": "s", "name": "theirs.bin"},
+                                   data=b"theirs", timeout=10)
+            assert theirs.status_code == 200, theirs.text
+        finally:
+            for conn in held:
+                conn.close()
+        deadline = time.monotonic() + 10
+        while True:
+            again = requests.post(upload, headers=auth, params={"step_id": "s",
+                                                                "name": "again.bin"},
+                                  data=b"again", timeout=10)
+            if again.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert again.status_code == 200, again.text

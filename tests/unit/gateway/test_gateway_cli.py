@@ -35,3 +35,27 @@ def test_the_route_table_in_the_docs_is_generated_from_the_annotations() -> None
                              "--check"], capture_output=True, text=True, check=False,
                             cwd=root)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    from engram.gateway import _serve
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: served.append(asgi))
+    made: list[object] = []
+    real = _serve.Gateway
+    monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    result = CliRunner().invoke(app, ["gateway", "--port", "0", "--body-min-rate", "0",
+                                      "--uploads-per-token", "3"])
+    assert result.exit_code == 0, result.output
+    config = made[0]
+    assert (config.body_min_bytes_per_s, config.uploads_per_token) == (0, 3)  # type: ignore[attr-defined]
+    assert served
+    # Defaults when the flags are not given.
+    made.clear()
+    assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
+    assert (made[0].body_min_bytes_per_s, made[0].uploads_per_token) == (16384, 8)  # type: ignore[attr-defined]
+    refused = CliRunner().invoke(app, ["gateway", "--uploads-per-token", "0"])
+    assert refused.exit_code == 2 and "uploads-per-token" in refused.output
