@@ -762,6 +762,16 @@ class ShardRepository:
         ).tuples()
         return {record_id: vector for record_id, vector in rows}
 
+    def vectors_of_model(self, session: Session, model: str, after_seq: int,
+                         limit: int) -> list[Any]:
+        """The next ``limit`` stored vectors of ``model`` past record seq ``after_seq``, in seq
+        order (rows with ``record_id``, ``fleet_id``, ``record_seq``, ``vector``)."""
+        return list(session.execute(
+            select(RECORD_VECTORS.c.record_id, RECORD_VECTORS.c.fleet_id,
+                   RECORD_VECTORS.c.record_seq, RECORD_VECTORS.c.vector)
+            .where(RECORD_VECTORS.c.model == model, RECORD_VECTORS.c.record_seq > after_seq)
+            .order_by(RECORD_VECTORS.c.record_seq).limit(limit)))
+
     def replace_vectors(self, session: Session, model: str,
                         vectors: Sequence[StoredVector]) -> None:
         """Store these records' vectors from ``model`` in place of any they had."""

@@ -105,8 +105,12 @@ def build_shard_server(
     if settings.index_snapshot:
         snapshot = settings.index_snapshot_path or (
             settings.data_dir("shard") / "lexical-index.snapshot")
+    previous = None
+    if settings.previous_embedder and provider is not None:
+        previous = embedding_provider(settings.model_copy(
+            update={"embedder": settings.previous_embedder}))
     index = SearchIndex(database, provider, niceness=settings.index_niceness,
-                        snapshot_path=snapshot)
+                        snapshot_path=snapshot, previous=previous)
     service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,
                            limits=settings.limits)
@@ -121,6 +125,8 @@ def build_shard_server(
         index.stop()
         if provider is not None:
             provider.close()  # the embedder's child process, if it runs in one
+        if index.previous is not None:  # a re-embedding still going on
+            index.previous.close()
         database.dispose()
 
     eraser = RecordEraser(service, gate if isinstance(gate, GovernanceGate) else None)

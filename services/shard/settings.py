@@ -39,6 +39,13 @@ class ShardSettings(ServerSettings):
     the path of a sentence-transformers model directory (BERT family: config.json,
     model.safetensors, tokenizer.json, 1_Pooling/config.json) an operator mounts, such as
     BGE, E5 or GTE; the shard refuses to start when a file is missing or malformed."""
+    previous_embedder: str = ""
+    """While the records are re-embedded after a change of ``embedder``: the model they were
+    embedded with (the same forms: minilm, minilm-fp32, mpnet or a directory). Its stored
+    vectors then rank the records the new model has not reached yet (each query is embedded
+    by both models), so semantic recall holds through the re-embedding; once it ends (or
+    when no vector of that model is stored) the model is let go. Empty: only the new model's
+    vectors are served, and semantic search covers the re-embedded records alone meanwhile."""
     embed_int8: bool = True
     """A model directory's encoder in int8 (dynamic quantization, ~2x faster) or float32."""
     embed_threads: int = 2

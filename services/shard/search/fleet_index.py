@@ -131,6 +131,10 @@ def _term_counts(tokens: list[str]) -> dict[str, float]:
     return {t: float(c) for t, c in Counter(analyze_tokens(tokens, stop_words=STOP_WORDS)).items()}
 
 
+_VECTOR_STATE = ("vectors", "_has_vector", "previous", "_has_previous")
+"""Not in a snapshot: vectors are stored in the database."""
+
+
 class FleetIndex:
     """Not thread-safe: the owner (:class:`SemanticIndex`) serialises access."""
 
@@ -160,13 +164,14 @@ class FleetIndex:
         self._domain_numbers: dict[str, int] = {}
         self._by_tag: dict[str, list[int]] = {}
         self._by_metadata: dict[tuple[str, str], list[int]] = {}
+        self.drop_previous()
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getstate__(self) -> dict[str, object]:
         """Everything but the vectors (an index snapshot: vectors are stored in the database)."""
-        return {k: v for k, v in self.__dict__.items() if k not in ("vectors", "_has_vector")}
+        return {k: v for k, v in self.__dict__.items() if k not in _VECTOR_STATE}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -176,6 +181,12 @@ class FleetIndex:
         """An empty vector index (after loading a snapshot: vectors come from the database)."""
         self.vectors = TieredVectorIndex(dimension, threshold=hnsw_threshold)
         self._has_vector = np.zeros(len(self._prev), dtype=bool)
+        self.drop_previous()
+
+    def drop_previous(self) -> None:
+        """No vectors of a previous model (a re-embedding ended, or none is going on)."""
+        self.previous: TieredVectorIndex | None = None
+        self._has_previous = np.zeros(0, dtype=bool)
 
     # -- growing ------------------------------------------------------------
 
@@ -306,6 +317,29 @@ class FleetIndex:
         self.vectors.add([docs[i] for i in fresh], vectors[fresh])
         self._has_vector[[docs[i] for i in fresh]] = True
 
+    def add_previous_vectors(self, docs: list[int], vectors: Floats,
+                             hnsw_threshold: int = 10_000) -> None:
+        """Vectors of the model being replaced, served for the documents the new model has
+        not embedded yet (``previous_vector`` in :meth:`search`); never compared with the
+        new model's query."""
+        if self.previous is None:
+            self.previous = TieredVectorIndex(vectors.shape[1], threshold=hnsw_threshold)
+        if len(self._has_previous) < len(self._prev):
+            grown = np.zeros(len(self._prev), dtype=bool)
+            grown[: len(self._has_previous)] = self._has_previous
+            self._has_previous = grown
+        fresh = [i for i, d in enumerate(docs) if not self._has_previous[d]]
+        if fresh:
+            self.previous.add([docs[i] for i in fresh], vectors[fresh])
+            self._has_previous[[docs[i] for i in fresh]] = True
+
+    def _only_previous(self, n: int) -> npt.NDArray[np.bool_]:
+        """Documents with a previous model's vector and none of the new model's yet."""
+        out = np.zeros(n, dtype=bool)
+        held = min(n, len(self._has_previous))
+        out[:held] = self._has_previous[:held] & ~self._has_vector[:held]
+        return out
+
     def has_vector(self, record_id: str) -> bool:
         doc = self.doc_of.get(record_id)
         return doc is not None and bool(self._has_vector[doc])
@@ -329,12 +363,19 @@ class FleetIndex:
             cols += [before, after]
         return np.stack(cols, axis=1) if cols else np.zeros((len(docs), 0), dtype=np.int64)
 
-    def similarities(self, docs: Ints, query_vector: Floats) -> Floats:
-        """Cosine of each doc to the query; NaN where the doc has no vector yet."""
+    def similarities(self, docs: Ints, query_vector: Floats | None,
+                     previous_vector: Floats | None = None) -> Floats:
+        """Cosine of each doc to the query; NaN where the doc has no vector yet. During a
+        re-embedding, a doc the new model has not reached is scored by the previous model's
+        vector against the query embedded by that model."""
         out = np.full(len(docs), np.nan, dtype=np.float32)
         have = self._has_vector[docs]
-        if have.any():
+        if query_vector is not None and have.any():
             out[have] = self.vectors.vectors(docs[have]) @ query_vector
+        if previous_vector is not None and self.previous is not None:
+            old = self._only_previous(len(self.ids))[docs]
+            if old.any():
+                out[old] = self.previous.vectors(docs[old]) @ previous_vector
         return out
 
     def search(
@@ -343,11 +384,14 @@ class FleetIndex:
         query_vector: Floats | Callable[[], Floats | None] | None,
         mode: str,
         allowed: npt.NDArray[np.bool_] | None = None,
+        previous_vector: Floats | Callable[[], Floats | None] | None = None,
     ) -> list[tuple[int, float]]:
         """Candidate documents with relevance, best first (lexical | semantic | hybrid).
 
         ``query_vector`` may be a callable (a pending embedding): it is called only after
-        the lexical scores are computed, so the two can overlap.
+        the lexical scores are computed, so the two can overlap. ``previous_vector`` (the
+        query embedded by the model being replaced, or a callable giving it) ranks the
+        documents the new model has not embedded yet by their previous vectors.
         """
         cfg = self.settings
         n = len(self.ids)
@@ -368,6 +412,13 @@ class FleetIndex:
             seeds += [
                 d for d, sim in self._dense(query_vector, allowed) if sim >= cfg.min_similarity
             ]
+        if self.previous is None:
+            previous_vector = None
+        elif callable(previous_vector):
+            previous_vector = previous_vector()
+        if previous_vector is not None:
+            seeds += [d for d, sim in self._dense_previous(previous_vector, allowed)
+                      if sim >= cfg.min_similarity]
         if not seeds:
             return []
         candidates = np.unique(np.asarray(seeds, dtype=np.int64))
@@ -375,11 +426,7 @@ class FleetIndex:
         pool = np.unique(np.concatenate([candidates, near[near >= 0]]))
         if allowed is not None:
             pool = pool[allowed[pool]]
-        sims = (
-            self.similarities(pool, query_vector)
-            if query_vector is not None
-            else np.full(len(pool), np.nan, dtype=np.float32)
-        )
+        sims = self.similarities(pool, query_vector, previous_vector)
         own_sim = np.nan_to_num(sims, nan=0.0)
         pool_near = self.neighbours(pool)
         near_idx = _positions(pool, pool_near)
@@ -425,6 +472,22 @@ class FleetIndex:
             if len(found) >= depth or width >= total:
                 return found[:depth]
             width = min(total, width * 2)
+
+    def _dense_previous(self, previous_vector: Floats,
+                        allowed: Mask | None) -> list[tuple[int, float]]:
+        """The ``depth`` nearest documents by the previous model's vectors, among those the
+        new model has not embedded yet (exact: a re-embedding shrinks them as it goes)."""
+        assert self.previous is not None
+        n = len(self.ids)
+        only = self._only_previous(n)
+        if allowed is not None:
+            only &= allowed[:n]
+        docs = np.flatnonzero(only)
+        if not len(docs):
+            return []
+        sims = self.previous.vectors(docs) @ previous_vector
+        best = _top(sims, self.settings.depth)
+        return list(zip(docs[best].tolist(), sims[best].tolist(), strict=True))
 
     def _lexical(
         self, query: str, allowed: npt.NDArray[np.bool_] | None

@@ -124,6 +124,17 @@ def _lexical_if_unavailable(
     return vector
 
 
+def _previous_query(previous: EmbeddingProvider, text: str) -> np.ndarray | None:
+    """The query embedded by the model being replaced; None if it cannot be (the model was
+    let go as the re-embedding ended, or it failed): only the new model's vectors rank then."""
+    try:
+        vector: np.ndarray = previous.embed([text])[0]
+    except Exception as error:  # an aid to ranking, never a reason to fail a search
+        log.warning("query not embedded by the previous model: %s", error)
+        return None
+    return vector
+
+
 class SearchIndex:
     def __init__(
         self,
@@ -138,8 +149,12 @@ class SearchIndex:
         niceness: int = 10,
         snapshot_path: Path | None = None,
         snapshot_every: int = 100_000,
+        previous: EmbeddingProvider | None = None,
     ) -> None:
         self.db = database
+        self.previous = previous
+        """The model the stored vectors were made with, while ``embedder`` re-embeds them:
+        its vectors rank the records not re-embedded yet (None: no re-embedding served)."""
         self.snapshot_path = snapshot_path
         self.snapshot_every = snapshot_every
         self.repo = ShardRepository(database.dialect)
@@ -220,6 +235,7 @@ class SearchIndex:
         with self._sync_lock:
             self._read_new(5000)
             self._synced_tick = next(self._ticks)
+        self._load_previous_vectors()
         total = self.records()
         log.info("search index ready", extra={
             "records": total, "from_snapshot": loaded, "snapshot_records": self._saved_records,
@@ -292,6 +308,65 @@ class SearchIndex:
                                                 "bytes": header.payload_bytes})
         return records
 
+    def _load_previous_vectors(self) -> None:
+        """Every stored vector of the previous model into its fleet's index (a re-embedding
+        replaces them one by one); none left: the previous model is let go at once."""
+        previous = self.previous
+        if previous is None:
+            return
+        if self.embedder is None or previous.name == self.embedder.name:
+            log.warning("ENGRAM_SHARD_PREVIOUS_EMBEDDER (%s) is ignored: it is the model this "
+                        "shard runs, or the shard runs none", previous.name)
+            self._retire_previous()
+            return
+        loaded, after = 0, 0
+        while True:
+            with self.db.session() as session:
+                rows = self.repo.vectors_of_model(session, previous.name, after, 5000)
+            if not rows:
+                break
+            after = rows[-1].record_seq
+            by_fleet: dict[str, tuple[list[str], list[np.ndarray]]] = {}
+            for row in rows:
+                ids, vectors = by_fleet.setdefault(row.fleet_id, ([], []))
+                ids.append(row.record_id)
+                vectors.append(np.frombuffer(row.vector, dtype="<f4"))
+            for fleet_id, (ids, vectors) in by_fleet.items():
+                with self._lock:
+                    slot = self._fleets.get(fleet_id)
+                if slot is None:
+                    continue
+                with slot.lock:
+                    slot.apply_inbox()
+                    known = [i for i, r in enumerate(ids) if r in slot.index.doc_of]
+                    if known:
+                        slot.index.add_previous_vectors(
+                            [slot.index.doc_of[ids[i]] for i in known],
+                            np.stack([vectors[i] for i in known]).astype(np.float32),
+                            self.hnsw_threshold)
+                        loaded += len(known)
+        if not loaded:
+            log.info("no stored vector of the previous model %s is left; it is not used",
+                     previous.name)
+            self._retire_previous()
+            return
+        log.info("serving the previous model's vectors while the records are re-embedded",
+                 extra={"previous_model": previous.name, "model": self.embedder.name,
+                        "vectors": loaded})
+
+    def _retire_previous(self) -> None:
+        """The re-embedding is complete (or there is none): drop the previous model's vectors
+        and close the model."""
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return
+        with self._lock:
+            slots = list(self._fleets.values())
+        for slot in slots:
+            with slot.lock:
+                slot.index.drop_previous()
+        previous.close()
+
     def _grown_since_saved(self) -> bool:
         """``snapshot_every`` records (or a tenth of the index, if fewer) since the last save."""
         grown = self._handed - self._saved_records
@@ -310,6 +385,11 @@ class SearchIndex:
             try:
                 while self.catch_up() and not self._stop.is_set():
                     pass
+                if self.previous is not None and self.lag() == 0:
+                    log.info("re-embedding complete; the previous model's vectors are no "
+                             "longer served", extra={"model": self.embedder and
+                                                     self.embedder.name})
+                    self._retire_previous()
                 self._apply_erasures()
                 self._save_if_grown()
             except Exception:  # the loop must survive a transient database error
@@ -446,6 +526,19 @@ class SearchIndex:
             index.add_vectors([index.doc_of[i] for i in found], np.stack(
                 [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
 
+    def _add_previous_vectors(self, index: FleetIndex, ids: list[str]) -> None:
+        """The previous model's stored vectors of those of ``ids`` that have one."""
+        previous = self.previous
+        if previous is None or not ids:
+            return
+        with self.db.session() as session:
+            stored = self.repo.stored_vectors(session, ids, previous.name)
+        if stored:
+            found = list(stored)
+            index.add_previous_vectors([index.doc_of[i] for i in found], np.stack(
+                [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32),
+                self.hnsw_threshold)
+
     def _apply_erasures(self) -> None:
         """Erasures carried out since the last look, by this replica or another sharing the
         store: their records leave this replica's indexes within one poll interval."""
@@ -477,6 +570,7 @@ class SearchIndex:
             after = rows[-1].seq
             if self.embedder is not None:
                 self._add_stored_vectors(index, [row.id for row in rows])
+                self._add_previous_vectors(index, [row.id for row in rows])
         return index
 
     @contextmanager
@@ -619,12 +713,16 @@ class SearchIndex:
         if self.embedder is None:
             mode = "lexical"
         vector: np.ndarray | Callable[[], np.ndarray | None] | None = None
+        previous_vector: Callable[[], np.ndarray | None] | None = None
         if mode != "lexical":
             if query_vector is not None:
                 vector = query_vector
             else:
                 pending = self._query_pool.submit(self.embed_query, text).result
                 vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
+            previous = self.previous
+            if previous is not None and query_vector is None:
+                previous_vector = self._query_pool.submit(_previous_query, previous, text).result
         self.sync()
         with self._fleet(fleet_id) as index:
             if index is None:
@@ -633,7 +731,7 @@ class SearchIndex:
             allowed = index.mask(flt)
             if allowed is not None and not allowed.any():
                 return []
-            found = index.search(text, vector, mode, allowed)
+            found = index.search(text, vector, mode, allowed, previous_vector)
             return [(index.ids[doc], score) for doc, score in found]
 
     def nearest(self, fleet_id: str, text: str, k: int) -> list[tuple[str, float]]:

@@ -165,21 +165,16 @@ def test_a_record_committed_after_a_higher_seq_is_still_found(
         server.stop(0)  # type: ignore[attr-defined]
 
 
-def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
-    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path
-) -> None:
-    """Changing the model keeps search answering and re-embeds in the background: status
-    names the model and counts what it has left; no vector of the old model is served as the
-    new one's, and none is left behind."""
-    from sqlalchemy import create_engine, text
-
+def _written_under_minilm(settings: ShardSettings, token: str, tmp_path: Path,
+                          name: str) -> tuple[str, Path]:
+    """21 records embedded by minilm-fp32 (the target first), and an operator's directory
+    holding the same model under another name (another identity): the id and the directory."""
     from services.shard.retrieval.embedding import default_minilm_dir
 
-    operator_dir = tmp_path / "operator-model"
+    operator_dir = tmp_path / name
     operator_dir.mkdir()
     for entry in default_minilm_dir().iterdir():
         (operator_dir / entry.name).symlink_to(entry)
-    token = make_token("agent-model", "fleet-model")
     first = settings.model_copy(update={"embedder": "minilm-fp32", "embed_process": False})
     client, _service, server = _serve(first, token)
     try:
@@ -190,6 +185,19 @@ def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
         assert client.status().embedding_model == "all-MiniLM-L6-v2"
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+    return target.id, operator_dir
+
+
+def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path
+) -> None:
+    """Changing the model keeps search answering and re-embeds in the background: status
+    names the model and counts what it has left; no vector of the old model is served as the
+    new one's, and none is left behind."""
+    from sqlalchemy import create_engine, text
+
+    token = make_token("agent-model", "fleet-model")
+    target_id, operator_dir = _written_under_minilm(settings, token, tmp_path, "operator-model")
     second = settings.model_copy(update={"embedder": str(operator_dir), "embed_int8": False,
                                          "embed_process": False})
     client, _service, server = _serve(second, token)
@@ -197,10 +205,10 @@ def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
         status = client.status()
         assert status.embedding_model.startswith("operator-model@")
         # Answers meanwhile, by its lexical half at least.
-        assert client.search("dog on the beach", mode="hybrid")[0].record.id == target.id
+        assert client.search("dog on the beach", mode="hybrid")[0].record.id == target_id
         _caught_up(client)
         assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
-            target.id
+            target_id
     finally:
         server.stop(0)  # type: ignore[attr-defined]
     engine = create_engine(settings.database_url())
@@ -209,3 +217,59 @@ def test_a_new_model_re_embeds_every_record_and_never_mixes_vectors(
             "SELECT model, count(*) FROM record_vectors GROUP BY model")).all()
     engine.dispose()
     assert [(m, n) for m, n in models] == [(status.embedding_model, 21)]
+
+
+def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ENGRAM_SHARD_PREVIOUS_EMBEDDER naming the model the records were embedded with,
+    semantic search finds them before the new model has re-embedded any (its queries embedded
+    by both); once the re-embedding ends the previous model is let go. Checked: without the
+    setting the paraphrase below found nothing while the re-embedding was held."""
+    import threading
+
+    from services.shard.search.index import SearchIndex
+
+    token = make_token("agent-prev", "fleet-prev")
+    target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
+                                                    "operator-model-2")
+    release = threading.Event()
+    reembed = SearchIndex._index_vectors
+
+    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
+        release.wait(60)
+        reembed(index, work)
+
+    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    second = settings.model_copy(update={
+        "embedder": str(operator_dir), "embed_int8": False, "embed_process": False,
+        "previous_embedder": "minilm-fp32"})
+    client, service, server = _serve(second, token)
+    try:
+        assert client.status().indexing_lag == 21  # nothing re-embedded yet
+        hits = client.search("puppy playing by the sea", mode="semantic")
+        assert hits and hits[0].record.id == target_id
+        assert client.search("puppy playing by the sea", mode="hybrid")[0].record.id == \
+            target_id
+        release.set()
+        _caught_up(client)
+        index = service.search_engine.index
+        assert index is not None
+        deadline = time.monotonic() + 30  # a bound on waiting, not a speed assertion
+        while index.previous is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous is None, "the previous model was kept after the re-embedding"
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target_id
+    finally:
+        release.set()
+        server.stop(0)  # type: ignore[attr-defined]
+    # Started again with the setting left on: no vector of that model is left, so it is let
+    # go at once rather than held in memory for good.
+    client, service, server = _serve(second, token)
+    try:
+        assert service.search_engine.index is not None
+        assert service.search_engine.index.previous is None
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
