@@ -211,6 +211,8 @@ def status(as_json: bool = JSON_OPTION) -> None:
         f"{reply.runs} runs, {reply.total_links} links, "
         f"indexing lag {reply.indexing_lag}"
         + (f" (model {reply.embedding_model})" if reply.embedding_model else " (lexical only)")
+        + (f"; the previous model {reply.previous_embedding_model}'s vectors serve the records "
+           "not re-embedded yet" if reply.previous_embedding_model else "")
     )
 
 

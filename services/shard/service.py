@@ -113,6 +113,8 @@ class FleetStatus:
     indexing_lag: int
     embedding_model: str
     """The embedder's identity (stored vectors are keyed by it); empty when lexical only."""
+    previous_embedding_model: str = ""
+    """The model whose vectors a re-embedding still serves (ENGRAM_SHARD_PREVIOUS_EMBEDDER)."""
 
 
 @dataclass(frozen=True)
@@ -796,7 +798,8 @@ class ShardService:
             incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
         return FleetStatus(principal.fleet_id, total, runs, links, domains, incoming,
                            self.search_engine.indexing_lag(),
-                           self.search_engine.embedding_model())
+                           self.search_engine.embedding_model(),
+                           self.search_engine.previous_embedding_model())
 
     def summary(self, principal: Principal) -> dict[str, object]:
         """The seed's global summary (section 2.4.3)."""

@@ -413,6 +413,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             runs=status.runs,
             indexing_lag=status.indexing_lag,
             embedding_model=status.embedding_model,
+            previous_embedding_model=status.previous_embedding_model,
         )
 
     def ExportSummary(

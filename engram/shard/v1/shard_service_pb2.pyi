@@ -414,7 +414,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ("fleet_id", "total_records", "domains", "total_links", "runs", "indexing_lag", "embedding_model")
+    __slots__ = ("fleet_id", "total_records", "domains", "total_links", "runs", "indexing_lag", "embedding_model", "previous_embedding_model")
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     TOTAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     DOMAINS_FIELD_NUMBER: _ClassVar[int]
@@ -422,6 +422,7 @@ class GetStatusResponse(_message.Message):
     RUNS_FIELD_NUMBER: _ClassVar[int]
     INDEXING_LAG_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_EMBEDDING_MODEL_FIELD_NUMBER: _ClassVar[int]
     fleet_id: str
     total_records: int
     domains: _containers.RepeatedCompositeFieldContainer[Domain]
@@ -429,7 +430,8 @@ class GetStatusResponse(_message.Message):
     runs: int
     indexing_lag: int
     embedding_model: str
-    def __init__(self, fleet_id: _Optional[str] = ..., total_records: _Optional[int] = ..., domains: _Optional[_Iterable[_Union[Domain, _Mapping]]] = ..., total_links: _Optional[int] = ..., runs: _Optional[int] = ..., indexing_lag: _Optional[int] = ..., embedding_model: _Optional[str] = ...) -> None: ...
+    previous_embedding_model: str
+    def __init__(self, fleet_id: _Optional[str] = ..., total_records: _Optional[int] = ..., domains: _Optional[_Iterable[_Union[Domain, _Mapping]]] = ..., total_links: _Optional[int] = ..., runs: _Optional[int] = ..., indexing_lag: _Optional[int] = ..., embedding_model: _Optional[str] = ..., previous_embedding_model: _Optional[str] = ...) -> None: ...
 
 class ExportSummaryRequest(_message.Message):
     __slots__ = ()

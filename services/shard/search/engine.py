@@ -205,6 +205,11 @@ class SearchEngine:
             return ""
         return self.index.embedder.name
 
+    def previous_embedding_model(self) -> str:
+        """The model whose vectors a re-embedding still serves; empty when none."""
+        previous = self.index.previous if self.index is not None else None
+        return previous.name if previous is not None else ""
+
 
 def record_authors(record: Record) -> frozenset[str]:
     """The record's author and the authors it names as its sources (``source_authors``, a JSON

@@ -247,7 +247,9 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
         "previous_embedder": "minilm-fp32"})
     client, service, server = _serve(second, token)
     try:
-        assert client.status().indexing_lag == 21  # nothing re-embedded yet
+        status = client.status()
+        assert status.indexing_lag == 21  # nothing re-embedded yet
+        assert status.previous_embedding_model == "all-MiniLM-L6-v2"
         hits = client.search("puppy playing by the sea", mode="semantic")
         assert hits and hits[0].record.id == target_id
         assert client.search("puppy playing by the sea", mode="hybrid")[0].record.id == \
@@ -260,6 +262,7 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
         while index.previous is not None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert index.previous is None, "the previous model was kept after the re-embedding"
+        assert client.status().previous_embedding_model == ""
         assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
             target_id
     finally:

@@ -395,6 +395,11 @@ export interface GetStatusResponse {
    * or name@digest for a model directory; empty when search is lexical only.
    */
   embeddingModel: string;
+  /**
+   * While a re-embedding serves the previous model's vectors for the records not re-embedded
+   * yet (ENGRAM_SHARD_PREVIOUS_EMBEDDER): that model's identity; empty otherwise.
+   */
+  previousEmbeddingModel: string;
 }
 
 export interface ExportSummaryRequest {
@@ -4747,7 +4752,16 @@ export const GetStatusRequest: MessageFns<GetStatusRequest> = {
 };
 
 function createBaseGetStatusResponse(): GetStatusResponse {
-  return { fleetId: "", totalRecords: 0, domains: [], totalLinks: 0, runs: 0, indexingLag: 0, embeddingModel: "" };
+  return {
+    fleetId: "",
+    totalRecords: 0,
+    domains: [],
+    totalLinks: 0,
+    runs: 0,
+    indexingLag: 0,
+    embeddingModel: "",
+    previousEmbeddingModel: "",
+  };
 }
 
 export const GetStatusResponse: MessageFns<GetStatusResponse> = {
@@ -4772,6 +4786,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     }
     if (message.embeddingModel !== "") {
       writer.uint32(58).string(message.embeddingModel);
+    }
+    if (message.previousEmbeddingModel !== "") {
+      writer.uint32(66).string(message.previousEmbeddingModel);
     }
     return writer;
   },
@@ -4845,6 +4862,14 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
             message.embeddingModel = reader.string();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.previousEmbeddingModel = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4886,6 +4911,11 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
         : isSet(object.embedding_model)
         ? globalThis.String(object.embedding_model)
         : "",
+      previousEmbeddingModel: isSet(object.previousEmbeddingModel)
+        ? globalThis.String(object.previousEmbeddingModel)
+        : isSet(object.previous_embedding_model)
+        ? globalThis.String(object.previous_embedding_model)
+        : "",
     };
   },
 
@@ -4912,6 +4942,9 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     if (message.embeddingModel !== "") {
       obj.embeddingModel = message.embeddingModel;
     }
+    if (message.previousEmbeddingModel !== "") {
+      obj.previousEmbeddingModel = message.previousEmbeddingModel;
+    }
     return obj;
   },
 
@@ -4927,6 +4960,7 @@ export const GetStatusResponse: MessageFns<GetStatusResponse> = {
     message.runs = object.runs ?? 0;
     message.indexingLag = object.indexingLag ?? 0;
     message.embeddingModel = object.embeddingModel ?? "";
+    message.previousEmbeddingModel = object.previousEmbeddingModel ?? "";
     return message;
   },
 };
