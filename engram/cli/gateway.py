@@ -23,8 +23,13 @@ def gateway(
         16 * 1024, min=0, help="bytes a second a request body (an upload) must average once "
         "its first ENGRAM_TIMEOUT_SECONDS have passed, else 408 BODY_TOO_SLOW and nothing is "
         "stored; 0 turns it off. A body that sends nothing for ENGRAM_TIMEOUT_SECONDS is 408 "
-        "BODY_IDLE_TIMEOUT, and a download or NDJSON stream whose client takes nothing (or "
-        "whose service sends nothing) for as long is ended"),
+        "BODY_IDLE_TIMEOUT"),
+    stream_min_rate: float = typer.Option(
+        16 * 1024, min=0, help="bytes a second the client of a download or NDJSON stream must "
+        "take on average once ENGRAM_TIMEOUT_SECONDS of waiting on it have passed, else the "
+        "stream is ended and its call cancelled (a client that stopped reading); 0: "
+        "ENGRAM_TIMEOUT_SECONDS for each send. A stream whose service sends nothing for "
+        "ENGRAM_TIMEOUT_SECONDS is ended too"),
     uploads_per_token: int = typer.Option(
         8, min=1, help="uploads one Authorization header may have running at once (of the "
         "gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with Retry-After"),
@@ -44,6 +49,7 @@ def gateway(
                           soft_wrap=True)
     try:
         serve(settings(), host=host, port=port, log_level=log_level,
-              body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token)
+              body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token,
+              stream_min_bytes_per_s=stream_min_rate)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

@@ -37,6 +37,8 @@ log = logging.getLogger("engram.gateway")
 NDJSON = "application/x-ndjson"
 UPLOAD_CHUNK = 256 * 1024
 """Bytes per gRPC message on upload: the HTTP body is re-cut to this, never held whole."""
+SEND_PIECE = 64 * 1024
+"""Bytes per send of a response stream (see _GuardedStream)."""
 UPLOAD_THREADS = 32
 """Uploads at once; more wait for a thread."""
 UPLOAD_QUEUE = 8
@@ -67,9 +69,15 @@ class GatewayConfig:
     """Uploads one Authorization header may have running at once; one more is 429
     RESOURCE_EXHAUSTED (UPLOAD_LIMIT): one token cannot take every upload thread."""
     stream_idle_seconds: float = 30.0
-    """A response stream (a download, a snapshot) whose client takes nothing, or whose service
-    sends nothing, for this long is ended and its gRPC call cancelled: a client that stops
-    reading cannot hold one of the service's stream slots for good."""
+    """A response stream (a download, a snapshot) whose service sends nothing for this long,
+    or whose client takes nothing for this long and then less than ``stream_min_bytes_per_s``
+    on average over the time the gateway waited on it, is ended and its gRPC call cancelled:
+    a client that stops reading cannot hold one of the service's stream slots for good."""
+    stream_min_bytes_per_s: float = 16 * 1024
+    """The average rate a response stream's client must take once its first
+    ``stream_idle_seconds`` of waiting have passed (an average, because the kernel reports a
+    slow reader's progress in steps of up to half its send buffer, megabytes); 0: only the
+    idle limit, on each send."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
@@ -134,6 +142,14 @@ def _malformed_authorization(request: Request) -> JSONResponse | None:
     return error_response(status_of(
         grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a token "
         "never has; send 'Bearer <token>'", "TOKEN_MALFORMED"))
+
+
+def _upload_holder(authorization: str) -> bytes:
+    """Whose upload this is: the token as the services read it (scheme in any case, spaces
+    around the token ignored), so respelling the header does not make another holder."""
+    scheme, _, token = authorization.partition(" ")
+    key = token.strip() if scheme.lower() == "bearer" else authorization
+    return hashlib.sha256(key.encode()).digest()
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
@@ -266,13 +282,14 @@ class Gateway:
             return _grpc_error(error, route)
         return JSONResponse(to_json(response))
 
-    def _body_pace(self) -> BodyPace:
-        return BodyPace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s)
+    def _body_pace(self) -> Pace:
+        return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s)
 
     async def server_stream(self, route: Route, message: Message,
                             request: Request) -> Response:
         call = self.callable(route, "unary_stream")(message, metadata=_metadata(request))
-        idle = self.config.stream_idle_seconds
+        pace = Pace(self.config.stream_idle_seconds, self.config.stream_min_bytes_per_s)
+        idle = pace.idle_seconds
         try:
             first = await _read(call, idle, route)
         except grpc.aio.AioRpcError as error:
@@ -282,13 +299,13 @@ class Gateway:
             return error_response(status_of(grpc.StatusCode.DEADLINE_EXCEEDED, str(error),
                                             "STREAM_IDLE_TIMEOUT"), http=504)
         if "chunk" in route.response_class.DESCRIPTOR.fields_by_name:
-            return _download(call, first, route, idle)
-        return _GuardedStream(_ndjson(call, first, route, idle), idle, call,
+            return _download(call, first, route, pace)
+        return _GuardedStream(_ndjson(call, first, route, idle), pace, call,
                               media_type=NDJSON)
 
     async def upload(self, route: Route, params: dict[str, str], request: Request) -> Response:
         """``POST /v1/runs/{run_id}/artifacts?step_id=..&name=..``: the body is the bytes."""
-        holder = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+        holder = _upload_holder(request.headers.get("authorization", ""))
         running = self._uploads.get(holder, 0)
         if running >= self.config.uploads_per_token:
             return error_response(status_of(
@@ -412,45 +429,62 @@ class BodyIdle(Exception):
 
 
 @dataclass(frozen=True)
-class BodyPace:
-    """How a request body must come: a piece at least every ``idle_seconds``, and, once the
-    first ``idle_seconds`` have passed, ``min_bytes_per_s`` on average since its start."""
+class Pace:
+    """How a client must keep up with a request body it sends or a response stream it reads:
+    a piece at least every ``idle_seconds``, and, once the first ``idle_seconds`` of waiting
+    have passed, ``min_bytes_per_s`` on average over the time the gateway waited on it. Only
+    waiting counts: while the gateway itself is busy (every upload thread taken, a slow
+    service) the client is not held to the rate."""
 
     idle_seconds: float
     min_bytes_per_s: float = 0.0
 
-    def next_wait(self, started: float, received: int, now: float) -> tuple[float, bool]:
+    def next_wait(self, waited: float, received: int) -> tuple[float, bool]:
         """How long the next piece may take, and whether the rate (not idling) sets it."""
         if self.min_bytes_per_s <= 0:
             return self.idle_seconds, False
-        # The rate's deadline moves on by a second for every min_bytes_per_s received.
-        by_rate = started + self.idle_seconds + received / self.min_bytes_per_s - now
+        by_rate = self.allowance(waited, received)
         return (by_rate, True) if by_rate < self.idle_seconds else (self.idle_seconds, False)
 
+    def allowance(self, waited: float, transferred: int) -> float:
+        """What is left of the waiting the rate allows: ``idle_seconds``, and a second more for
+        every ``min_bytes_per_s`` transferred (without a rate: ``idle_seconds`` each time)."""
+        if self.min_bytes_per_s <= 0:
+            return self.idle_seconds
+        return self.idle_seconds + transferred / self.min_bytes_per_s - waited
 
-async def _body(request: Request, pace: BodyPace) -> AsyncIterator[bytes]:
-    """The request body's pieces; :class:`BodyIdle` when the body stalls (see BodyPace)."""
+
+_MIN_PIECE_WAIT = 0.05
+"""A piece already received (buffered while the gateway was busy) is taken even when the
+allowance is spent: a zero timeout would refuse it unread."""
+
+
+async def _body(request: Request, pace: Pace) -> AsyncIterator[bytes]:
+    """The request body's pieces; :class:`BodyIdle` when the body stalls (see Pace)."""
     pieces = request.stream().__aiter__()
-    started, received = time.monotonic(), 0
+    waited, received = 0.0, 0
     while True:
-        wait, by_rate = pace.next_wait(started, received, time.monotonic())
+        wait, by_rate = pace.next_wait(waited, received)
+        began = time.monotonic()
         try:
-            piece = await asyncio.wait_for(pieces.__anext__(), max(wait, 0.0))
+            piece = await asyncio.wait_for(pieces.__anext__(), max(wait, _MIN_PIECE_WAIT))
         except StopAsyncIteration:
             return
         except TimeoutError:
+            waited += time.monotonic() - began
             if by_rate:
                 raise BodyIdle(
                     f"the request body came slower than {pace.min_bytes_per_s:g} bytes/s "
-                    f"({received} bytes in {time.monotonic() - started:.1f} s); nothing was "
+                    f"({received} bytes in {waited:.1f} s of waiting for them); nothing was "
                     "stored", "BODY_TOO_SLOW") from None
             raise BodyIdle(f"the request body sent nothing for {pace.idle_seconds:g} s; "
                            "nothing was stored") from None
+        waited += time.monotonic() - began
         received += len(piece)
         yield piece
 
 
-async def _read_limited(request: Request, pace: BodyPace) -> bytes:
+async def _read_limited(request: Request, pace: Pace) -> bytes:
     received = bytearray()
     async for piece in _body(request, pace):
         received += piece
@@ -474,28 +508,54 @@ async def _read(call: Any, idle_seconds: float, route: Route) -> Any:
 
 
 class _GuardedStream(StreamingResponse):
-    """A streaming response that ends, and cancels its gRPC call, when a send waits more than
-    ``idle_seconds`` (the client stopped reading). The connection is then closed short of the
-    body, so the client cannot take what it got for the whole."""
+    """A streaming response that ends, and cancels its gRPC call, when its client falls behind
+    its :class:`Pace` (it stopped reading). The connection is then closed short of the body,
+    so the client cannot take what it got for the whole."""
 
-    def __init__(self, content: AsyncIterator[bytes], idle_seconds: float, call: Any,
+    def __init__(self, content: AsyncIterator[bytes], pace: Pace, call: Any,
                  **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
-        self._idle_seconds = idle_seconds
+        self._pace = pace
         self._call = call
+        self._waited = 0.0
+        self._sent = 0
 
     async def stream_response(self, send: Send) -> None:
         async def guarded(message: Any) -> None:
+            # No idle limit per send here, only the average: a send can wait seconds on a
+            # client that reads all along (see stream_min_bytes_per_s).
+            wait = self._pace.allowance(self._waited, self._sent)
+            began = time.monotonic()
             try:
-                await asyncio.wait_for(send(message), self._idle_seconds)
+                await asyncio.wait_for(send(message), max(wait, _MIN_PIECE_WAIT))
             except TimeoutError:
                 raise _ClientStalled from None
+            finally:
+                self._waited += time.monotonic() - began
+            self._sent += len(message.get("body", b""))
+
+        async def sent_in_pieces() -> None:
+            # A send waits for the one before it to drain: in pieces of SEND_PIECE the limit
+            # judges a client that stopped reading, not one that reads a 1 MiB chunk slowly
+            # (a client taking 64 KiB per ENGRAM_TIMEOUT_SECONDS is never cut).
+            await guarded({"type": "http.response.start", "status": self.status_code,
+                           "headers": self.raw_headers})
+            async for chunk in self.body_iterator:
+                data = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(
+                    self.charset)
+                view = memoryview(data)
+                for start in range(0, len(view), SEND_PIECE):
+                    await guarded({"type": "http.response.body",
+                                   "body": bytes(view[start:start + SEND_PIECE]),
+                                   "more_body": True})
+            await guarded({"type": "http.response.body", "body": b"", "more_body": False})
 
         try:
-            await super().stream_response(guarded)
+            await sent_in_pieces()
         except _ClientStalled:
-            log.warning("a client took nothing of a response stream for %g s; the stream "
-                        "was ended and its call cancelled", self._idle_seconds)
+            log.warning("a client fell behind a response stream (%d bytes taken in %.1f s of "
+                        "waiting on it); the stream was ended and its call cancelled",
+                        self._sent, self._waited)
         except StreamIdle as error:  # a download's headers are sent: only a cut body says it
             log.warning("%s", error)
         finally:
@@ -526,7 +586,7 @@ async def _ndjson(call: Any, first: Any, route: Route,
         call.cancel()
 
 
-def _download(call: Any, first: Any, route: Route, idle_seconds: float) -> Response:
+def _download(call: Any, first: Any, route: Route, pace: Pace) -> Response:
     """The first message's metadata as headers, then the bytes as they come. A failure after
     the headers (DATA_LOSS on a hash mismatch) cuts the connection short of Content-Length,
     so no client takes a truncated body for the artifact."""
@@ -554,11 +614,11 @@ def _download(call: Any, first: Any, route: Route, idle_seconds: float) -> Respo
             while message is not EOF:
                 if message.WhichOneof("part") == "chunk":
                     yield message.chunk
-                message = await _read(call, idle_seconds, route)
+                message = await _read(call, pace.idle_seconds, route)
         finally:
             call.cancel()
 
     # Served as a download, never rendered by a browser as the gateway's own page.
     headers["x-content-type-options"] = "nosniff"
     headers["content-disposition"] = "attachment"
-    return _GuardedStream(body(), idle_seconds, call, media_type=media_type, headers=headers)
+    return _GuardedStream(body(), pace, call, media_type=media_type, headers=headers)

@@ -89,15 +89,20 @@ def _row_to_record(row: Mapping[Any, Any]) -> Record:
         domain=row["domain"],
         source=row["source"],
         importance=row["importance"],
-        tags=tuple(json.loads(row["tags_json"])),
-        metadata=dict(json.loads(row["metadata_json"])),
-        cross_refs=tuple(json.loads(row["cross_refs_json"])),
+        tags=_json_tuple(row["tags_json"]),
+        metadata=dict(json.loads(row["metadata_json"])) if row["metadata_json"] != "{}" else {},
+        cross_refs=_json_tuple(row["cross_refs_json"]),
         created_us=row["created_us"],
         gate_decision_id=row["gate_decision_id"],
         format=int(row["format"]),
         salt=row["salt"],
         body_commitment=row["body_commitment"],
     )
+
+
+def _json_tuple(stored: str) -> tuple[str, ...]:
+    """A stored JSON list as a tuple; most are empty (search reads 40 records a query)."""
+    return () if stored == "[]" else tuple(json.loads(stored))
 
 
 def record_values(record: Record) -> dict[str, object]:

@@ -81,11 +81,13 @@ def test_a_body_trickled_below_the_minimum_rate_is_408(stack: Stack) -> None:
 
 
 def test_a_download_the_client_stops_reading_is_ended(stack: Stack) -> None:
-    """The client reads the headers, then nothing for 3 s (the limit is 0.5 s): the gateway
-    cuts the body short and cancels the call, and the next download is whole. Checked: without
-    the guard the stalled client, reading again, received all 24 MiB."""
+    """The client reads the headers, then nothing for 3 s: with 0.5 s of waiting allowed plus
+    a second per 10 MB the kernel took, the gateway cuts the body short and cancels the call,
+    and the next download is whole. Checked: without the guard the stalled client, reading
+    again, received all 24 MiB."""
     auth = _auth(stack)
-    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, stream_idle_seconds=0.5)
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, stream_idle_seconds=0.5,
+                           stream_min_bytes_per_s=10_000_000)
     blob = os.urandom(24 * 1024 * 1024)
     with GatewayThread(Gateway(config)) as url:
         started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-stall"},
@@ -116,6 +118,43 @@ def test_a_download_the_client_stops_reading_is_ended(stack: Stack) -> None:
             for piece in again.iter_content(1 << 20):
                 digest.update(piece)
         assert digest.hexdigest() == hashlib.sha256(blob).hexdigest()
+
+
+def test_a_slow_but_steady_download_is_served_whole(stack: Stack) -> None:
+    """A client reading 16 KiB every 16 ms (1 MiB/s) never stops, yet a send may wait longer
+    than the 0.5 s idle limit: it waits for the previous 1 MiB chunk to drain, and the kernel
+    wakes a writer only when half its send buffer (megabytes) is free. Judged send by send, the
+    download was cut near its end (checked); judged by its average rate (64 KiB/s asked) it is
+    whole."""
+    auth = _auth(stack)
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, stream_idle_seconds=0.5,
+                           stream_min_bytes_per_s=64 * 1024)
+    blob = os.urandom(4 * 1024 * 1024)
+    with GatewayThread(Gateway(config)) as url:
+        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-steady"},
+                                timeout=10)
+        assert started.status_code == 200, started.text
+        uploaded = requests.post(f"{url}/v1/runs/run-steady/artifacts", headers=auth,
+                                 params={"step_id": "s", "name": "steady.bin"}, data=blob,
+                                 timeout=60)
+        assert uploaded.status_code == 200, uploaded.text
+        path = f"/v1/artifacts/{uploaded.json()['artifact']['artifactId']}:read"
+        host, port, head = _head(url, "GET", path, auth)
+        received = b""
+        with socket.socket() as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            conn.settimeout(15)
+            conn.connect((host, port))
+            conn.sendall(head)
+            while piece := conn.recv(16 * 1024):
+                received += piece
+                if len(received) >= len(blob) and b"\r\n\r\n" in received and len(
+                        received.split(b"\r\n\r\n", 1)[1]) >= len(blob):
+                    break
+                time.sleep(0.016)
+        body = received.split(b"\r\n\r\n", 1)[1]
+        assert len(body) == len(blob), f"cut at {len(body)} of {len(blob)} bytes"
+        assert hashlib.sha256(body).digest() == hashlib.sha256(blob).digest()
 
 
 class _SilentArtifacts:
@@ -187,6 +226,13 @@ def test_one_token_may_hold_only_its_share_of_the_upload_threads(stack: Stack) -
             assert third.status_code == 429, third.text
             assert third.json()["details"][0]["reason"] == "UPLOAD_LIMIT"
             assert third.headers["retry-after"] == "1"
+            # The same token spelt otherwise (as the services accept it) is the same holder.
+            token = auth["Authorization"].split(" ", 1)[1]
+            for spelling in (f"bearer {token}", f"BEARER {token}", f"Bearer  {token} "):
+                respelt = requests.post(upload, headers={"Authorization": spelling},
+                                        params={"step_id": "s", "name": "respelt.bin"},
+                                        data=b"respelt", timeout=10)
+                assert respelt.status_code == 429, (spelling, respelt.text)
             theirs = requests.post(f"{url}/v1/runs/run-share-2/artifacts", headers=other,
                                    params={"step_id": "s", "name": "theirs.bin"},
                                    data=b"theirs", timeout=10)

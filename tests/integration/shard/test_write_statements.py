@@ -9,6 +9,7 @@ form.)"""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,9 +28,12 @@ WHO = Principal(agent_id="agent-a", fleet_id="fleet-a", roles=frozenset({"agent"
 def compiled_anew(db: Database) -> Iterator[list[str]]:
     """The SQL of every statement sent to ``db`` inside the block that was not a cache hit."""
     missed: list[str] = []
+    writer = threading.get_ident()  # a write runs in its caller's thread (its group's leader)
 
     def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
                executemany: bool) -> None:
+        if threading.get_ident() != writer:  # the background indexer's own statements
+            return
         compiled = getattr(context, "compiled", None)
         if compiled is not None and context.cache_hit is not context.dialect.CACHE_HIT:
             missed.append(statement)

@@ -48,14 +48,16 @@ def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> N
     real = _serve.Gateway
     monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
     result = CliRunner().invoke(app, ["gateway", "--port", "0", "--body-min-rate", "0",
-                                      "--uploads-per-token", "3"])
+                                      "--uploads-per-token", "3", "--stream-min-rate", "5"])
     assert result.exit_code == 0, result.output
     config = made[0]
-    assert (config.body_min_bytes_per_s, config.uploads_per_token) == (0, 3)  # type: ignore[attr-defined]
+    assert (config.body_min_bytes_per_s, config.uploads_per_token,  # type: ignore[attr-defined]
+            config.stream_min_bytes_per_s) == (0, 3, 5)  # type: ignore[attr-defined]
     assert served
     # Defaults when the flags are not given.
     made.clear()
     assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
-    assert (made[0].body_min_bytes_per_s, made[0].uploads_per_token) == (16384, 8)  # type: ignore[attr-defined]
+    assert (made[0].body_min_bytes_per_s, made[0].uploads_per_token,  # type: ignore[attr-defined]
+            made[0].stream_min_bytes_per_s) == (16384, 8, 16384)  # type: ignore[attr-defined]
     refused = CliRunner().invoke(app, ["gateway", "--uploads-per-token", "0"])
     assert refused.exit_code == 2 and "uploads-per-token" in refused.output

@@ -167,3 +167,32 @@ def test_the_openapi_document_is_valid(routes: list[Route]) -> None:
     assert "application/octet-stream" in upload["requestBody"]["content"]
     snapshot = document["paths"]["/v1/runs/{run_id}/records:snapshot"]["get"]
     assert "application/x-ndjson" in snapshot["responses"]["200"]["content"]
+
+
+class _Body:
+    """A request whose body pieces are all there at once (buffered while the gateway was busy)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+
+    async def stream(self):  # type: ignore[no-untyped-def]
+        for piece in self._pieces:
+            yield piece
+
+
+def test_a_body_is_not_held_to_the_rate_while_the_gateway_reads_nothing() -> None:
+    """Only the time spent waiting for the client counts: a fast client whose pieces waited
+    while the gateway was busy (every upload thread taken) was refused BODY_TOO_SLOW. Checked
+    failing with the rate measured from the body's start."""
+    import asyncio
+
+    from engram.gateway._app import Pace, _body
+
+    async def consume() -> int:
+        taken = 0
+        async for piece in _body(_Body([b"x" * 100] * 4), Pace(0.2, 1_000_000)):  # type: ignore[arg-type]
+            taken += len(piece)
+            await asyncio.sleep(0.3)  # the gateway busy: longer than the whole allowance
+        return taken
+
+    assert asyncio.run(consume()) == 400
