@@ -15,6 +15,7 @@ typer and rich alone.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -103,7 +104,10 @@ def _path(value: str | None) -> Path | None:
 
 def _seconds(value: str) -> float:
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"ENGRAM_TIMEOUT_SECONDS must be a number of seconds, "
-                         f"got {value!r}") from None
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:  # 0 or NaN: every call at once past its
+        raise ValueError(f"ENGRAM_TIMEOUT_SECONDS must be a positive number of seconds, "
+                         f"got {value!r}") from None  # deadline, every stream cut
+    return seconds

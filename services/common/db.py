@@ -11,7 +11,6 @@ inside each service package and applied with :meth:`Database.upgrade`.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -83,6 +82,11 @@ class Database:
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        # Each connection is marked with the pool generation it was opened in; one that comes
+        # back after a dispose (a newer generation) is closed (see dispose).
+        self._generation = 0
+        event.listen(self.engine, "connect", self._mark_generation)
+        event.listen(self.engine, "checkin", self._close_if_disposed)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
@@ -185,21 +189,23 @@ class Database:
         """Close the pool's connections. One still checked out (a handler thread that a
         ``stop(0)`` did not wait for, a worker ending) is waited for up to ``wait_seconds``, and
         closed when it comes back even later: the engine's dispose leaves such a connection in
-        the abandoned pool, open until the garbage collector finds it (psycopg then warns)."""
+        the abandoned pool, open until the garbage collector finds it (psycopg then warns).
+        The Database stays usable: later sessions open connections in a new pool."""
         pool = self.engine.pool
-        disposed = threading.Event()
-
-        def close_late(dbapi_connection: Any, _record: Any) -> None:
-            if disposed.is_set():
-                dbapi_connection.close()
-
-        event.listen(pool, "checkin", close_late)
         checked_out = getattr(pool, "checkedout", None)  # QueuePool's count; NullPool has none
         deadline = time.monotonic() + wait_seconds
         while checked_out is not None and checked_out() > 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        disposed.set()
+        self._generation += 1
         self.engine.dispose()
+
+    def _mark_generation(self, _dbapi_connection: Any, record: Any) -> None:
+        record.info["engram_generation"] = self._generation
+
+    def _close_if_disposed(self, dbapi_connection: Any, record: Any) -> None:
+        if dbapi_connection is not None and record.info.get(
+                "engram_generation", self._generation) != self._generation:
+            dbapi_connection.close()
 
     def insert_once(self, session: Session, table: Any, values: dict[str, Any]) -> bool:
         """Insert ``values`` unless a row with its key is there already (committed by another

@@ -172,6 +172,7 @@ class ProcessEmbedder:
                  niceness: int = 10, foreground: int = 2, log_level: str = "INFO") -> None:
         self._settings = (spec, threads, int8, niceness, max(1, foreground), log_level)
         self._lock = threading.Lock()
+        self._closed = False
         self._child = _Child(*self._settings)
         self.name: str = self._child.name
         self.dimension: int = self._child.dimension
@@ -215,10 +216,14 @@ class ProcessEmbedder:
         if child.process.is_alive():
             return child
         with self._lock:
+            if self._closed:  # a call racing close() must not start a child nobody stops
+                raise EmbedderUnavailable("the embedder was closed")
             if self._child is child:  # the first caller to find it dead starts the next one
                 child.close()
                 self._child = _Child(*self._settings)
             return self._child
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self._child.close()

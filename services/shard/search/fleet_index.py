@@ -50,7 +50,7 @@ from services.shard.retrieval.text import (
     date_mentions,
     tokenize,
 )
-from services.shard.retrieval.vector_index import TieredVectorIndex
+from services.shard.retrieval.vector_index import ExactVectorIndex, TieredVectorIndex
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
@@ -185,7 +185,9 @@ class FleetIndex:
 
     def drop_previous(self) -> None:
         """No vectors of a previous model (a re-embedding ended, or none is going on)."""
-        self.previous: TieredVectorIndex | None = None
+        # Exact rows, no graph: they are only ever scanned, and shrink in use as the
+        # re-embedding goes (building an HNSW graph over them cost minutes at 200k).
+        self.previous: ExactVectorIndex | None = None
         self._has_previous = np.zeros(0, dtype=bool)
 
     # -- growing ------------------------------------------------------------
@@ -317,13 +319,12 @@ class FleetIndex:
         self.vectors.add([docs[i] for i in fresh], vectors[fresh])
         self._has_vector[[docs[i] for i in fresh]] = True
 
-    def add_previous_vectors(self, docs: list[int], vectors: Floats,
-                             hnsw_threshold: int = 10_000) -> None:
+    def add_previous_vectors(self, docs: list[int], vectors: Floats) -> None:
         """Vectors of the model being replaced, served for the documents the new model has
         not embedded yet (``previous_vector`` in :meth:`search`); never compared with the
         new model's query."""
         if self.previous is None:
-            self.previous = TieredVectorIndex(vectors.shape[1], threshold=hnsw_threshold)
+            self.previous = ExactVectorIndex(vectors.shape[1])
         if len(self._has_previous) < len(self._prev):
             grown = np.zeros(len(self._prev), dtype=bool)
             grown[: len(self._has_previous)] = self._has_previous
@@ -482,10 +483,12 @@ class FleetIndex:
         only = self._only_previous(n)
         if allowed is not None:
             only &= allowed[:n]
-        docs = np.flatnonzero(only)
-        if not len(docs):
+        keys, rows = self.previous.items()  # views: one product over every row, no copy
+        usable = only[keys]
+        if not usable.any():
             return []
-        sims = self.previous.vectors(docs) @ previous_vector
+        docs = keys[usable]
+        sims = (rows @ previous_vector.astype(np.float32))[usable]
         best = _top(sims, self.settings.depth)
         return list(zip(docs[best].tolist(), sims[best].tolist(), strict=True))
 

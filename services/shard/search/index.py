@@ -235,7 +235,6 @@ class SearchIndex:
         with self._sync_lock:
             self._read_new(5000)
             self._synced_tick = next(self._ticks)
-        self._load_previous_vectors()
         total = self.records()
         log.info("search index ready", extra={
             "records": total, "from_snapshot": loaded, "snapshot_records": self._saved_records,
@@ -342,8 +341,7 @@ class SearchIndex:
                     if known:
                         slot.index.add_previous_vectors(
                             [slot.index.doc_of[ids[i]] for i in known],
-                            np.stack([vectors[i] for i in known]).astype(np.float32),
-                            self.hnsw_threshold)
+                            np.stack([vectors[i] for i in known]).astype(np.float32))
                         loaded += len(known)
         if not loaded:
             log.info("no stored vector of the previous model %s is left; it is not used",
@@ -353,6 +351,17 @@ class SearchIndex:
         log.info("serving the previous model's vectors while the records are re-embedded",
                  extra={"previous_model": previous.name, "model": self.embedder.name,
                         "vectors": loaded})
+
+    def previous_held(self, fleet_id: str) -> int:
+        """The previous model's vectors this fleet's index holds (loaded in the background
+        after a start; 0 once the re-embedding has ended)."""
+        with self._fleet(fleet_id) as index:
+            return len(index.previous) if index is not None and index.previous else 0
+
+    def _holds_previous(self, fleet_id: str) -> bool:
+        with self._lock:
+            slot = self._fleets.get(fleet_id)
+        return slot is not None and slot.index.previous is not None  # a glance, no fleet lock
 
     def _retire_previous(self) -> None:
         """The re-embedding is complete (or there is none): drop the previous model's vectors
@@ -381,6 +390,14 @@ class SearchIndex:
 
     def _run(self) -> None:
         lower_this_thread(self.niceness)
+        try:
+            # In the background, not in warm_up: at a million records this reads gigabytes,
+            # and a restart must not wait for it; until it is done fewer records rank by them.
+            self._load_previous_vectors()
+        except Exception:
+            log.exception("the previous model's vectors were not loaded; only the new "
+                          "model's are served")
+            self._retire_previous()
         while not self._stop.is_set():
             try:
                 while self.catch_up() and not self._stop.is_set():
@@ -491,6 +508,8 @@ class SearchIndex:
                     old = slot.index
                 later = [i for i in old.ids if i not in rebuilt.doc_of and i not in gone]
                 self._carry_over(fleet_id, old, rebuilt, later)
+                if self.previous is None:  # retired while this fleet was rebuilt
+                    rebuilt.drop_previous()
                 slot.index = rebuilt
             log.info("fleet index rebuilt after an erasure", extra={
                 "fleet_id": fleet_id, "erased": len(present), "records": len(rebuilt.ids),
@@ -536,8 +555,7 @@ class SearchIndex:
         if stored:
             found = list(stored)
             index.add_previous_vectors([index.doc_of[i] for i in found], np.stack(
-                [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32),
-                self.hnsw_threshold)
+                [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
 
     def _apply_erasures(self) -> None:
         """Erasures carried out since the last look, by this replica or another sharing the
@@ -721,7 +739,7 @@ class SearchIndex:
                 pending = self._query_pool.submit(self.embed_query, text).result
                 vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
             previous = self.previous
-            if previous is not None and query_vector is None:
+            if previous is not None and query_vector is None and self._holds_previous(fleet_id):
                 previous_vector = self._query_pool.submit(_previous_query, previous, text).result
         self.sync()
         with self._fleet(fleet_id) as index:

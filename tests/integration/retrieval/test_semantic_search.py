@@ -247,6 +247,12 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
         "previous_embedder": "minilm-fp32"})
     client, service, server = _serve(second, token)
     try:
+        index = service.search_engine.index
+        assert index is not None
+        deadline = time.monotonic() + 30  # loaded in the background after the start
+        while index.previous_held("fleet-prev") < 21 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous_held("fleet-prev") == 21
         status = client.status()
         assert status.indexing_lag == 21  # nothing re-embedded yet
         assert status.previous_embedding_model == "all-MiniLM-L6-v2"
@@ -256,8 +262,6 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
             target_id
         release.set()
         _caught_up(client)
-        index = service.search_engine.index
-        assert index is not None
         deadline = time.monotonic() + 30  # a bound on waiting, not a speed assertion
         while index.previous is not None and time.monotonic() < deadline:
             time.sleep(0.05)

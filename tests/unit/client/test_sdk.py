@@ -145,7 +145,8 @@ def test_settings_read_the_environment_and_endpoints_json(tmp_path: Path) -> Non
 
 
 def test_settings_refuse_a_timeout_that_is_not_a_number() -> None:
-    with pytest.raises(ValueError, match="ENGRAM_TIMEOUT_SECONDS"):
-        ClientSettings({"ENGRAM_TIMEOUT_SECONDS": "soon"})
+    for bad in ("soon", "0", "-5", "nan", "inf"):
+        with pytest.raises(ValueError, match="ENGRAM_TIMEOUT_SECONDS must be a positive"):
+            ClientSettings({"ENGRAM_TIMEOUT_SECONDS": bad})
     with pytest.raises(AttributeError):
         ClientSettings({}).shard_addr = "elsewhere"  # type: ignore[misc]

@@ -41,3 +41,25 @@ def test_a_connection_checked_out_at_dispose_is_closed(fresh_postgres_url: str,
     database.dispose(wait_seconds=0.3)
     thread.join(10)
     assert raw and raw[0].closed, "a connection checked out at dispose was left open"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_disposed_store_is_used_again_with_its_connections_kept(
+        backend: str, tmp_path: Any, request: pytest.FixtureRequest) -> None:
+    """After a dispose the store opens a new pool; its connections are kept between sessions,
+    not closed at every check-in (the first version's listener carried over to the new pool:
+    every second SQLite session failed with AttributeError, every Postgres session opened a
+    new backend)."""
+    url = (f"sqlite:///{tmp_path / 'store.db'}" if backend == "sqlite"
+           else str(request.getfixturevalue("fresh_postgres_url")))
+    database = Database(url)
+    with database.session() as session:
+        session.execute(text("SELECT 1"))
+    database.dispose()
+    seen = []
+    for _ in range(4):
+        with database.session() as session:
+            session.execute(text("SELECT 1"))
+            seen.append(id(session.connection().connection.dbapi_connection))
+    assert len(set(seen)) == 1, "each session after the dispose opened a new connection"
+    database.dispose()

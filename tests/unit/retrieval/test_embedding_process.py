@@ -108,6 +108,20 @@ def test_a_dead_child_is_replaced_and_a_call_it_broke_says_so(
     assert not os.path.exists(f"/proc/{second}")  # closed and reaped
 
 
+def test_a_closed_embedder_starts_no_child() -> None:
+    """A call racing close() (a search holding the previous model as a re-embedding ends and
+    lets it go) started a new child that nothing would ever stop; it is now refused.
+    Checked failing without the closed flag (a new pid, alive)."""
+    embedder = ProcessEmbedder(threads=1, int8=True)
+    first = embedder.pid
+    embedder.close()
+    with pytest.raises(EmbedderUnavailable, match="closed"):
+        embedder.embed(TEXTS)
+    with pytest.raises(EmbedderUnavailable, match="closed"):
+        embedder.embed_background(TEXTS)
+    assert embedder.pid == first and not os.path.exists(f"/proc/{first}")
+
+
 def test_a_query_the_death_broke_is_answered_by_the_next_child(
     in_process: OnnxBertEmbedder,
 ) -> None:
