@@ -42,6 +42,16 @@ def _head(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[st
     return host, int(port), f"{method} {path} HTTP/1.1\r\n{lines}\r\n".encode()
 
 
+def _download_path(url: str, auth: dict[str, str], run_id: str, blob: bytes) -> str:
+    """Start ``run_id``, upload ``blob`` as an artifact of it: the artifact's download path."""
+    started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": run_id}, timeout=10)
+    assert started.status_code == 200, started.text
+    uploaded = requests.post(f"{url}/v1/runs/{run_id}/artifacts", headers=auth,
+                             params={"step_id": "s", "name": "blob.bin"}, data=blob, timeout=60)
+    assert uploaded.status_code == 200, uploaded.text
+    return f"/v1/artifacts/{uploaded.json()['artifact']['artifactId']}:read"
+
+
 def test_a_body_trickled_below_the_minimum_rate_is_408(stack: Stack) -> None:
     """100 bytes every 0.2 s: each piece well inside the 1 s idle limit, 500 bytes/s against a
     minimum of 2,000. Checked: with the rate off, no answer came in the 10 s the test waits."""
@@ -90,15 +100,7 @@ def test_a_download_the_client_stops_reading_is_ended(stack: Stack) -> None:
                            stream_min_bytes_per_s=10_000_000)
     blob = os.urandom(24 * 1024 * 1024)
     with GatewayThread(Gateway(config)) as url:
-        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-stall"},
-                                timeout=10)
-        assert started.status_code == 200, started.text
-        uploaded = requests.post(f"{url}/v1/runs/run-stall/artifacts", headers=auth,
-                                 params={"step_id": "s", "name": "big.bin"}, data=blob,
-                                 timeout=60)
-        assert uploaded.status_code == 200, uploaded.text
-        artifact_id = uploaded.json()["artifact"]["artifactId"]
-        path = f"/v1/artifacts/{artifact_id}:read"
+        path = _download_path(url, auth, "run-stall", blob)
         host, port, head = _head(url, "GET", path, auth)
         with socket.socket() as conn:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -131,14 +133,7 @@ def test_a_slow_but_steady_download_is_served_whole(stack: Stack) -> None:
                            stream_min_bytes_per_s=64 * 1024)
     blob = os.urandom(4 * 1024 * 1024)
     with GatewayThread(Gateway(config)) as url:
-        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-steady"},
-                                timeout=10)
-        assert started.status_code == 200, started.text
-        uploaded = requests.post(f"{url}/v1/runs/run-steady/artifacts", headers=auth,
-                                 params={"step_id": "s", "name": "steady.bin"}, data=blob,
-                                 timeout=60)
-        assert uploaded.status_code == 200, uploaded.text
-        path = f"/v1/artifacts/{uploaded.json()['artifact']['artifactId']}:read"
+        path = _download_path(url, auth, "run-steady", blob)
         host, port, head = _head(url, "GET", path, auth)
         received = b""
         with socket.socket() as conn:
