@@ -176,6 +176,15 @@ def test_bad_tombstones_are_refused_and_nothing_is_stored(
         with pytest.raises(EngramRpcError) as empty:
             shard.import_tombstones([])
         assert empty.value.reason == "EMPTY_BATCH"
+        with pytest.raises(EngramRpcError) as large:  # ENGRAM_LIMITS_BATCH_ITEMS
+            shard.import_tombstones([tombstone] * 1001)
+        assert (large.value.code, large.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                          "BATCH_TOO_LARGE")
+        for token in ("not-a-token", "x" * 2000):
+            with pytest.raises(EngramRpcError) as bad_token:
+                shard.call(shard.stub.ListTombstones, spb.ListTombstonesRequest(page_token=token))
+            assert (bad_token.value.code, bad_token.value.reason) == (
+                grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PAGE_TOKEN"), token
     for roles in (("governor",), ("agent",)):
         with ShardClient(stack.shard.address, make_token("op", "fleet-a", roles)) as shard:
             with pytest.raises(EngramRpcError) as denied:

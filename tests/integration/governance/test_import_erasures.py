@@ -117,6 +117,15 @@ def test_only_an_admin_imports_and_only_governors_list(
     with admin(target, make_token) as gov:
         error = refused(gov.import_erasures, [])
         assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, "EMPTY_BATCH")
+        error = refused(gov.import_erasures, exported[:1] * 1001)  # ENGRAM_LIMITS_BATCH_ITEMS
+        assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                              "BATCH_TOO_LARGE")
+        assert list(gov.erasures()) == []
+        for token in ("not-a-token", "x" * 2000):
+            error = refused(gov.call, gov.stub.ListErasures,
+                            pb.ListErasuresRequest(page_token=token))
+            assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                  "INVALID_PAGE_TOKEN"), token
 
 
 def test_imported_erasures_do_not_use_up_the_fleets_daily_quota(
