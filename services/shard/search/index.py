@@ -536,25 +536,24 @@ class SearchIndex:
     def _add_stored_vectors(self, index: FleetIndex, ids: list[str]) -> None:
         """The stored vectors of those of ``ids`` that have one, into ``index``."""
         assert self.embedder is not None
-        if not ids:
-            return
-        with self.db.session() as session:
-            stored = self.repo.stored_vectors(session, ids, self.embedder.name)
-        if stored:
-            found = list(stored)
-            index.add_vectors([index.doc_of[i] for i in found], np.stack(
-                [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
+        self._stored_into(index, ids, self.embedder.name, index.add_vectors)
 
     def _add_previous_vectors(self, index: FleetIndex, ids: list[str]) -> None:
         """The previous model's stored vectors of those of ``ids`` that have one."""
         previous = self.previous
-        if previous is None or not ids:
+        if previous is not None:
+            self._stored_into(index, ids, previous.name, index.add_previous_vectors)
+
+    def _stored_into(self, index: FleetIndex, ids: list[str], model: str,
+                     add: Callable[[list[int], np.ndarray], None]) -> None:
+        """``model``'s stored vectors of those of ``ids`` that have one, handed to ``add``."""
+        if not ids:
             return
         with self.db.session() as session:
-            stored = self.repo.stored_vectors(session, ids, previous.name)
+            stored = self.repo.stored_vectors(session, ids, model)
         if stored:
             found = list(stored)
-            index.add_previous_vectors([index.doc_of[i] for i in found], np.stack(
+            add([index.doc_of[i] for i in found], np.stack(
                 [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
 
     def _apply_erasures(self) -> None:
