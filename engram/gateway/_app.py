@@ -473,15 +473,22 @@ async def _body(request: Request, pace: Pace) -> AsyncIterator[bytes]:
         except TimeoutError:
             waited += time.monotonic() - began
             if by_rate:
-                raise BodyIdle(
-                    f"the request body came slower than {pace.min_bytes_per_s:g} bytes/s "
-                    f"({received} bytes in {waited:.1f} s of waiting for them); nothing was "
-                    "stored", "BODY_TOO_SLOW") from None
+                raise _too_slow(pace, received, waited) from None
             raise BodyIdle(f"the request body sent nothing for {pace.idle_seconds:g} s; "
                            "nothing was stored") from None
         waited += time.monotonic() - began
         received += len(piece)
+        # The floor above takes a piece even past the allowance: a client trickling within
+        # the floor would otherwise never be judged.
+        if pace.min_bytes_per_s > 0 and pace.allowance(waited, received) < 0:
+            raise _too_slow(pace, received, waited)
         yield piece
+
+
+def _too_slow(pace: Pace, received: int, waited: float) -> BodyIdle:
+    return BodyIdle(f"the request body came slower than {pace.min_bytes_per_s:g} bytes/s "
+                    f"({received} bytes in {waited:.1f} s of waiting for them); nothing was "
+                    "stored", "BODY_TOO_SLOW")
 
 
 async def _read_limited(request: Request, pace: Pace) -> bytes:

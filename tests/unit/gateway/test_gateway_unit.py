@@ -3,6 +3,8 @@ transcoding, error mapping and the OpenAPI document."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
@@ -196,3 +198,33 @@ def test_a_body_is_not_held_to_the_rate_while_the_gateway_reads_nothing() -> Non
         return taken
 
     assert asyncio.run(consume()) == 400
+
+
+class _Trickle:
+    """A body arriving a byte every 20 ms: inside the 0.05 s minimum wait each piece gets."""
+
+    async def stream(self):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            yield b"x"
+
+
+def test_a_trickle_inside_the_minimum_wait_is_still_too_slow() -> None:
+    """Found in review: once the rate's allowance was spent, every piece still got 0.05 s, so
+    a byte every 20 ms (50 bytes/s against 2,000) was never refused. Checked failing without
+    the check after each piece."""
+    import asyncio
+
+    from engram.gateway._app import BodyIdle, Pace, _body
+
+    async def consume() -> None:
+        async for _piece in _body(_Trickle(), Pace(0.2, 2000)):  # type: ignore[arg-type]
+            pass
+
+    began = time.monotonic()
+    with pytest.raises(BodyIdle) as refused:
+        asyncio.run(consume())
+    assert refused.value.reason == "BODY_TOO_SLOW"
+    assert time.monotonic() - began < 2  # the whole trickle would take 4 s
