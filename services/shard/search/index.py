@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +107,11 @@ class _FleetSlot:
 
 _NEAR_CANDIDATES = 16
 """Nearest stored records a semantic duplicate check considers (others' may come first)."""
+PREVIOUS_PAGE = 5000
+"""Stored vectors of the previous model read per query while they are loaded."""
+PREVIOUS_RETRY_SECONDS = 0.5
+PREVIOUS_RETRY_MAX_SECONDS = 30.0
+"""A failed page is read again after 0.5 s, doubling up to 30 s, until the shard stops."""
 
 
 def _lexical_if_unavailable(
@@ -178,6 +184,7 @@ class SearchIndex:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loader: threading.Thread | None = None  # the previous model's vectors
         self._ready = threading.Event()  # warmed up: searches and duplicate checks answered
         self._last_id = ""  # id of the record at the cursor's position
         self._saved_records = 0  # records in the last snapshot written or loaded
@@ -194,14 +201,21 @@ class SearchIndex:
         """Warm up (load the snapshot, catch up), then index in the background."""
         if self._thread is None:
             self.warm_up()
+            if self.previous is not None:
+                # Beside the indexer, not before it: at a million records this reads
+                # gigabytes, and new records must be indexed (re-embedded) meanwhile.
+                self._loader = threading.Thread(target=self._load_previous, daemon=True,
+                                                name="previous-vectors")
+                self._loader.start()
             self._thread = threading.Thread(target=self._run, name="search-indexer", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in (self._loader, self._thread):
+            if thread is not None:
+                thread.join(timeout=5)
         self._query_pool.shutdown(wait=False, cancel_futures=True)
         if self._ready.is_set() and self._handed != self._saved_records:
             try:
@@ -307,9 +321,20 @@ class SearchIndex:
                                                 "bytes": header.payload_bytes})
         return records
 
+    def _load_previous(self) -> None:
+        """The loader thread: the previous model's vectors, retried after a database error
+        (a failed page is read again, nothing is let go for it) until the shard stops."""
+        lower_this_thread(self.niceness)
+        try:
+            self._load_previous_vectors()
+        except Exception:  # what was loaded is served; the rest ranks by its lexical score
+            log.exception("the previous model's vectors were not all loaded")
+
     def _load_previous_vectors(self) -> None:
         """Every stored vector of the previous model into its fleet's index (a re-embedding
-        replaces them one by one); none left: the previous model is let go at once."""
+        replaces them one by one); none left: the previous model is let go at once. Reads a
+        page at a time and stops between pages when the shard stops; the indexer retires
+        the model only once this has returned."""
         previous = self.previous
         if previous is None:
             return
@@ -318,31 +343,25 @@ class SearchIndex:
                         "shard runs, or the shard runs none", previous.name)
             self._retire_previous()
             return
-        loaded, after = 0, 0
-        while True:
-            with self.db.session() as session:
-                rows = self.repo.vectors_of_model(session, previous.name, after, 5000)
+        loaded, after, pause = 0, 0, PREVIOUS_RETRY_SECONDS
+        while not self._stop.is_set():
+            try:
+                with self.db.session() as session:
+                    rows = self.repo.vectors_of_model(session, previous.name, after,
+                                                      PREVIOUS_PAGE)
+            except Exception as error:  # a database away for a while: read the page again
+                log.warning("the previous model's vectors: a page failed to load, retrying in "
+                            "%.1f s: %s", pause, error)
+                self._stop.wait(pause)
+                pause = min(pause * 2, PREVIOUS_RETRY_MAX_SECONDS)
+                continue
+            pause = PREVIOUS_RETRY_SECONDS
             if not rows:
                 break
             after = rows[-1].record_seq
-            by_fleet: dict[str, tuple[list[str], list[np.ndarray]]] = {}
-            for row in rows:
-                ids, vectors = by_fleet.setdefault(row.fleet_id, ([], []))
-                ids.append(row.record_id)
-                vectors.append(np.frombuffer(row.vector, dtype="<f4"))
-            for fleet_id, (ids, vectors) in by_fleet.items():
-                with self._lock:
-                    slot = self._fleets.get(fleet_id)
-                if slot is None:
-                    continue
-                with slot.lock:
-                    slot.apply_inbox()
-                    known = [i for i, r in enumerate(ids) if r in slot.index.doc_of]
-                    if known:
-                        slot.index.add_previous_vectors(
-                            [slot.index.doc_of[ids[i]] for i in known],
-                            np.stack([vectors[i] for i in known]).astype(np.float32))
-                        loaded += len(known)
+            loaded += self._hand_previous(rows)
+        if self._stop.is_set():
+            return
         if not loaded:
             log.info("no stored vector of the previous model %s is left; it is not used",
                      previous.name)
@@ -351,6 +370,30 @@ class SearchIndex:
         log.info("serving the previous model's vectors while the records are re-embedded",
                  extra={"previous_model": previous.name, "model": self.embedder.name,
                         "vectors": loaded})
+
+    def _hand_previous(self, rows: Sequence[Any]) -> int:
+        """One page of the previous model's vectors into the fleets' indexes; returns how
+        many records were known to them."""
+        by_fleet: dict[str, tuple[list[str], list[np.ndarray]]] = {}
+        for row in rows:
+            ids, vectors = by_fleet.setdefault(row.fleet_id, ([], []))
+            ids.append(row.record_id)
+            vectors.append(np.frombuffer(row.vector, dtype="<f4"))
+        loaded = 0
+        for fleet_id, (ids, vectors) in by_fleet.items():
+            with self._lock:
+                slot = self._fleets.get(fleet_id)
+            if slot is None:
+                continue
+            with slot.lock:
+                slot.apply_inbox()
+                known = [i for i, r in enumerate(ids) if r in slot.index.doc_of]
+                if known:
+                    slot.index.add_previous_vectors(
+                        [slot.index.doc_of[ids[i]] for i in known],
+                        np.stack([vectors[i] for i in known]).astype(np.float32))
+                    loaded += len(known)
+        return loaded
 
     def previous_held(self, fleet_id: str) -> int:
         """The previous model's vectors this fleet's index holds (loaded in the background
@@ -390,19 +433,12 @@ class SearchIndex:
 
     def _run(self) -> None:
         lower_this_thread(self.niceness)
-        try:
-            # In the background, not in warm_up: at a million records this reads gigabytes,
-            # and a restart must not wait for it; until it is done fewer records rank by them.
-            self._load_previous_vectors()
-        except Exception:
-            log.exception("the previous model's vectors were not loaded; only the new "
-                          "model's are served")
-            self._retire_previous()
         while not self._stop.is_set():
             try:
                 while self.catch_up() and not self._stop.is_set():
                     pass
-                if self.previous is not None and self.lag() == 0:
+                loading = self._loader is not None and self._loader.is_alive()
+                if self.previous is not None and not loading and self.lag() == 0:
                     log.info("re-embedding complete; the previous model's vectors are no "
                              "longer served", extra={"model": self.embedder and
                                                      self.embedder.name})

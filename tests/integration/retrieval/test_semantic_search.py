@@ -284,3 +284,123 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
         assert index.previous is None and index.previous_held("fleet-prev") == 0
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def _previous_settings(settings: ShardSettings, operator_dir: Path) -> ShardSettings:
+    return settings.model_copy(update={
+        "embedder": str(operator_dir), "embed_int8": False, "embed_process": False,
+        "previous_embedder": "minilm-fp32"})
+
+
+def test_the_previous_models_vectors_load_beside_the_indexer_and_outlive_a_database_error(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The load of the previous model's vectors does not hold up the indexer (it re-embeds
+    while the load's first query hangs), and a query that fails is read again: the previous
+    model is not let go for one database error. Checked failing with the load run inside the
+    indexer before its loop, and with a failed page retiring the model."""
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    from services.shard.repository import ShardRepository
+    from services.shard.search import index as index_module
+    from services.shard.search.index import SearchIndex
+
+    token = make_token("agent-prev-load", "fleet-prev-load")
+    target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
+                                                    "operator-model-3")
+    load_release, reembedding, reembed_release = (threading.Event() for _ in range(3))
+    calls: list[int] = []
+    real_page = ShardRepository.vectors_of_model
+    reembed = SearchIndex._index_vectors
+
+    def hanging_then_failing(repo: ShardRepository, session: object, model: str,
+                             after: int, limit: int) -> list[object]:
+        calls.append(after)
+        if len(calls) == 1:  # the database hangs, then the query fails
+            load_release.wait(60)
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return real_page(repo, session, model, after, limit)  # type: ignore[arg-type]
+
+    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
+        reembedding.set()
+        reembed_release.wait(60)
+        reembed(index, work)
+
+    monkeypatch.setattr(ShardRepository, "vectors_of_model", hanging_then_failing)
+    monkeypatch.setattr(index_module, "PREVIOUS_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    client, service, server = _serve(_previous_settings(settings, operator_dir), token)
+    try:
+        index = service.search_engine.index
+        assert index is not None
+        assert reembedding.wait(30), "the indexer waited for the previous vectors' load"
+        load_release.set()
+        deadline = time.monotonic() + 30  # a bound on waiting, not a speed assertion
+        while index.previous_held("fleet-prev-load") < 21 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous_held("fleet-prev-load") == 21, "one failed query let it go"
+        assert calls[:2] == [0, 0]  # the failed page was read again
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target_id
+        reembed_release.set()
+        _caught_up(client)
+        deadline = time.monotonic() + 30
+        while index.previous is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous is None
+    finally:
+        load_release.set()
+        reembed_release.set()
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_stop_ends_the_previous_models_load_between_pages(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shard stopped while it loads the previous model's vectors stops reading them (no
+    query after the stop, so no connection held past it). Checked failing with the load
+    reading on to its last page regardless of the stop."""
+    import threading
+
+    from services.shard.repository import ShardRepository
+    from services.shard.search import index as index_module
+    from services.shard.search.index import SearchIndex
+
+    token = make_token("agent-prev-stop", "fleet-prev-stop")
+    _target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
+                                                     "operator-model-4")
+    calls: list[int] = []
+    real_page = ShardRepository.vectors_of_model
+
+    def slow_page(repo: ShardRepository, session: object, model: str,
+                  after: int, limit: int) -> list[object]:
+        calls.append(after)
+        time.sleep(0.5)  # 21 pages of one: about 10 s to load them all
+        return real_page(repo, session, model, after, limit)  # type: ignore[arg-type]
+
+    finished = threading.Event()  # no re-embedding: the previous vectors stay in the store
+    monkeypatch.setattr(SearchIndex, "_index_vectors", lambda *_: finished.wait(60))
+    monkeypatch.setattr(ShardRepository, "vectors_of_model", slow_page)
+    monkeypatch.setattr(index_module, "PREVIOUS_PAGE", 1)
+    _client, _service, server = _serve(_previous_settings(settings, operator_dir), token)
+    stopped = False
+    try:
+        deadline = time.monotonic() + 30
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(calls) >= 2
+        finished.set()
+        server.stop(0)  # type: ignore[attr-defined]
+        stopped = True
+        after_stop = len(calls)
+        time.sleep(1.5)
+        assert len(calls) == after_stop, "the load went on reading after the shard stopped"
+        assert after_stop < 21
+    finally:
+        finished.set()
+        if not stopped:
+            server.stop(0)  # type: ignore[attr-defined]
