@@ -55,6 +55,8 @@ NOT_RETRIED: dict[str, str] = {
         "a second delete of a deleted rule is NOT_FOUND",
     "engram.governance.v1.GovernanceService/DecideWrites":
         "the shard's own channel (retries off); its caller retries the whole write",
+    "engram.governance.v1.GovernanceService/DecideWriteBatches":
+        "the shard's own channel (retries off); each write's caller retries it",
 }
 
 RETRY_POLICY = {

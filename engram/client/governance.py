@@ -48,6 +48,12 @@ class GovernanceClient(BaseClient):
                                          neighbours_omitted=neighbours_omitted)
         return self.call(self.stub.DecideWrites, request)
 
+    def decide_batches(self, requests: Sequence[pb.DecideWritesRequest]
+                       ) -> pb.DecideWriteBatchesResponse:
+        """Several gate requests in one call (service principals only): one result each."""
+        return self.call(self.stub.DecideWriteBatches,
+                         pb.DecideWriteBatchesRequest(requests=list(requests)))
+
     def trust(self, agent_id: str = "", *, fleet_id: str = "") -> pb.AgentTrust:
         request = pb.GetTrustRequest(fleet_id=fleet_id, agent_id=agent_id)
         return self.call(self.stub.GetTrust, request).trust

@@ -65,6 +65,28 @@ class GroupCommit(Generic[Job, Result]):
         self._lead()
         return self._unwrap(slot)
 
+    def submit_all(self, jobs: Sequence[Job]) -> list[Result | BaseException]:
+        """Several jobs at once, each applied as if submitted alone (in this order, in one
+        group when they fit): a job's result, or the error it alone failed with."""
+        slots: list[_Slot[Job, Result]] = [_Slot(job) for job in jobs]
+        if not slots:
+            return []
+        with self._lock:
+            self._queue.extend(slots)
+            lead = not self._leading
+            if lead:
+                self._leading = True
+        if lead:
+            self._lead()
+        for slot in slots:
+            # Released when its group is done, or handed leadership (it is then the oldest
+            # waiting job, so every slot before it is done): lead its group.
+            slot.wake.acquire()
+            if not slot.done:
+                self._lead()
+        return [slot.error if slot.error is not None else slot.result  # type: ignore[misc]
+                for slot in slots]
+
     def _lead_after_wait(self, slot: _Slot[Job, Result]) -> Result:
         self._lead()
         return self._unwrap(slot)

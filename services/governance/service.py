@@ -247,6 +247,11 @@ class GovernanceService:
         return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates),
                                              neighbours_omitted))
 
+    def decide_all(self, requests: Sequence[GateRequest]) -> list[GateOutcome | BaseException]:
+        """Several gate requests at once (a coalesced call): each judged and recorded as if
+        sent alone, in one group commit when they fit; an outcome or the error it alone got."""
+        return self._gate.submit_all(requests)
+
     def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
         try:
             return self._record_group(requests, replays=False)

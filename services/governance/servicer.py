@@ -23,7 +23,7 @@ from services.common.auth import (
     is_caller,
     target_fleet,
 )
-from services.common.errors import InvalidArgument, NotFound, PermissionDenied
+from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
@@ -51,7 +51,12 @@ from services.governance.domain.rules import (
 )
 from services.governance.domain.tiers import AgentTrust, TrustTier
 from services.governance.domain.witness import Checkpoint
-from services.governance.service import GovernanceService
+from services.governance.service import (
+    MAX_GATE_GROUP,
+    GateOutcome,
+    GateRequest,
+    GovernanceService,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
@@ -66,6 +71,7 @@ def _m(name: str) -> str:
 
 POLICY: MethodPolicy = {  # a service token may call only the gate RPCs, and only the shard's
     _m("DecideWrites"): frozenset({SHARD_SERVICE}),
+    _m("DecideWriteBatches"): frozenset({SHARD_SERVICE}),
     _m("GetTrust"): PEOPLE,
     _m("BatchGetTrust"): frozenset({SHARD_SERVICE, "governor", "admin"}),
     _m("SetTier"): _GOVERNORS,
@@ -94,9 +100,10 @@ assert set(POLICY) == {
     _m(m.name) for m in pb.DESCRIPTOR.services_by_name["GovernanceService"].methods
 }
 KINDS: MethodKinds = {  # which rate limit each RPC counts against
-    **{_m(name): WRITE for name in ("DecideWrites", "SetTier", "CreateRule", "DeleteRule",
-                                    "RevokeToken", "RevokeAgentTokens", "RecordErasure",
-                                    "ImportDecisions", "ImportErasures")},
+    **{_m(name): WRITE for name in ("DecideWrites", "DecideWriteBatches", "SetTier",
+                                    "CreateRule", "DeleteRule", "RevokeToken",
+                                    "RevokeAgentTokens", "RecordErasure", "ImportDecisions",
+                                    "ImportErasures")},
     **{_m(name): READ for name in (
         "GetTrust", "BatchGetTrust", "ListRules", "ListDecisions", "GetChainCheckpoint",
         "VerifyChain", "BatchGetDecisions", "ListAccessRestrictions", "GetErasure",
@@ -248,6 +255,14 @@ def revoked_agent_to_proto(revocation: AgentRevocation) -> pb.RevokedAgent:
         reason=revocation.reason)
 
 
+def _gate_reply(outcome: GateOutcome) -> pb.DecideWritesResponse:
+    if outcome.needs_neighbours:
+        return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
+    return pb.DecideWritesResponse(
+        decisions=[decision_to_proto(d) for d in outcome.decisions],
+        replayed=outcome.replayed, status=pb.GATE_STATUS_DECIDED)
+
+
 class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def __init__(self, service: GovernanceService, *, pages: PageTokens | None = None,
                  limits: LimitsSettings = LIMIT_DEFAULTS,
@@ -260,6 +275,39 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
         self._service.require_writable()
+        gate = self._gate_request(request)
+        return _gate_reply(self._service.decide(
+            gate.fleet_id, gate.agent_id, gate.request_id, gate.candidates,
+            neighbours_omitted=gate.neighbours_omitted))
+
+    def DecideWriteBatches(self, request: pb.DecideWriteBatchesRequest,
+                           context: grpc.ServicerContext) -> pb.DecideWriteBatchesResponse:
+        self._service.require_writable()
+        if not request.requests:
+            raise InvalidArgument("send at least one request", reason="INVALID_CANDIDATE")
+        check_limit("requests", len(request.requests), MAX_GATE_GROUP,
+                    "the gate's group size")
+        check_limit("candidates of all requests", sum(len(r.candidates) for r in request.requests),
+                    self._limits.batch_items, "ENGRAM_LIMITS_BATCH_ITEMS")
+        gates = []
+        for i, one in enumerate(request.requests):
+            try:
+                gates.append(self._gate_request(one))
+            except EngramError as error:  # the whole call is refused: nothing recorded
+                raise type(error)(f"requests[{i}]: {error.message}", reason=error.reason,
+                                  metadata=error.metadata) from None
+        results = []
+        for outcome in self._service.decide_all(gates):
+            if isinstance(outcome, EngramError):
+                results.append(pb.DecideWriteBatchResult(error=pb.GateError(
+                    code=outcome.code, reason=outcome.reason, message=outcome.message)))
+            elif isinstance(outcome, BaseException):
+                raise outcome  # not a refusal: the call fails as DecideWrites would
+            else:
+                results.append(pb.DecideWriteBatchResult(reply=_gate_reply(outcome)))
+        return pb.DecideWriteBatchesResponse(results=results)
+
+    def _gate_request(self, request: pb.DecideWritesRequest) -> GateRequest:
         fleet_id = validate_identifier("fleet_id", request.fleet_id)
         agent_id = validate_identifier("agent_id", request.agent_id)
         if not request.request_id or len(request.request_id) > 128:
@@ -275,13 +323,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
             raise InvalidArgument("neighbours_omitted is set but candidates carry neighbours; "
                                   "send all of them with neighbours_omitted false",
                                   reason="INVALID_CANDIDATE")
-        outcome = self._service.decide(fleet_id, agent_id, request.request_id, candidates,
-                                       neighbours_omitted=request.neighbours_omitted)
-        if outcome.needs_neighbours:
-            return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
-        return pb.DecideWritesResponse(
-            decisions=[decision_to_proto(d) for d in outcome.decisions],
-            replayed=outcome.replayed, status=pb.GATE_STATUS_DECIDED)
+        return GateRequest(fleet_id, agent_id, request.request_id, tuple(candidates),
+                           request.neighbours_omitted)
 
     def GetTrust(self, request: pb.GetTrustRequest,
                  context: grpc.ServicerContext) -> pb.GetTrustResponse:

@@ -26,7 +26,8 @@ def governance(settings: ShardSettings) -> tuple[GovernanceGate | None, Governan
                 "ENGRAM_SHARD_SERVICE_TOKEN_FILE must name a service token for governance")
         try:
             return connect_governance(settings.governance_addr, settings.service_token_file,
-                                      tls=settings.governance_tls())
+                                      tls=settings.governance_tls(),
+                                      max_candidates=settings.limits.batch_items)
         except (OSError, ValueError) as error:  # a TLS file missing or settings that clash
             raise StartupError(f"cannot reach governance as configured: {error}") from error
     if not settings.allow_ungated:

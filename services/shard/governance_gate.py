@@ -1,8 +1,12 @@
 """The shard's side of the trust boundary: WriteGate and TrustSource over governance's gRPC API.
 
 The shard holds only governance's address and a service token, never its
-store. The gate first asks without neighbours (``neighbours_omitted``) and
-searches for them only when governance answers ``NEEDS_NEIGHBOURS`` (a
+store. Concurrent writes' gate calls are coalesced: while one call is in
+flight, the calls that arrive wait and go together in the next
+``DecideWriteBatches`` (each still its own request, decided and recorded as if
+sent alone, in one governance commit); a call that finds none in flight goes
+at once as a plain ``DecideWrites``. The gate first asks without neighbours
+(``neighbours_omitted``) and searches for them only when governance answers ``NEEDS_NEIGHBOURS`` (a
 contradiction rule applies to the writer); it then remembers that writer for
 a few seconds and sends neighbours straight away. A write governance did
 not decide is never stored: a refusal (INVALID_ARGUMENT, PERMISSION_DENIED…)
@@ -21,18 +25,22 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from engram.client._channel import open_channel
 from engram.client._errors import EngramRpcError
 from engram.client._settings import TlsFiles
+from engram.client._tracing import tracing_active
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.erasure_source import ErasureOrder, order_from_proto
 from services.common.errors import EngramError, Unavailable
+from services.common.group_commit import GroupCommit
+from services.common.metrics import Tally
 from services.common.outbound import dependency_error
 from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
 
@@ -45,6 +53,13 @@ GATE_SEND_BYTES = 64 * 1024 * 1024
 GATE_RECONNECT_MS = 150
 """How often the gate channel tries a lost governance again: writes resume within a few
 hundred ms of governance's restart, not after gRPC's default backoff (1 s growing to 120 s)."""
+MAX_COALESCED = 128
+"""Gate requests in one DecideWriteBatches call (governance's limit)."""
+MAX_COALESCED_CANDIDATES = 1000
+"""Candidates in one call, all requests together (governance's ENGRAM_LIMITS_BATCH_ITEMS)."""
+_REFUSED_AS_A_WHOLE = frozenset({grpc.StatusCode.INVALID_ARGUMENT,
+                                 grpc.StatusCode.RESOURCE_EXHAUSTED})
+"""A batch refused with these may hold one bad request: each is then sent alone."""
 _UNNAMED = "(address not given)"
 _TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
@@ -70,16 +85,41 @@ def _failed(address: str, error: EngramRpcError) -> EngramError:
     return dependency_error("governance", address, error, credential_hint=_TOKEN_SETTING)
 
 
+GateAnswer = gpb.DecideWritesResponse | EngramRpcError
+
+
+@dataclass(frozen=True)
+class _GateJob:
+    request: gpb.DecideWritesRequest
+    span: Any = None
+    """The write's gate span context (tracing on), linked from a call that carries others."""
+
+
+def _is_current(span_context: Any) -> bool:
+    from opentelemetry import trace
+
+    return bool(span_context == trace.get_current_span().get_span_context())
+
+
 class GovernanceGate:
     """WriteGate: ask without neighbours, again with them if governance needs them."""
 
     def __init__(self, client: GovernanceClient, *, address: str = _UNNAMED,
                  hint_seconds: float = NEIGHBOURS_HINT_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 max_candidates: int = MAX_COALESCED_CANDIDATES) -> None:
         self._client = client
         self._address = address
         self._hint_seconds = hint_seconds
         self._clock = clock
+        self._max_candidates = max_candidates
+        self._batches = True  # False once governance answered UNIMPLEMENTED (older)
+        self._calls: GroupCommit[_GateJob, GateAnswer] = GroupCommit(
+            self._send, max_group=MAX_COALESCED)
+        self.calls = Tally()
+        """Gate calls sent, by kind: "single" (DecideWrites) or "batch" (DecideWriteBatches)."""
+        self.requests = Tally()
+        """Gate requests those calls carried: with ``calls``, what the coalescing saves."""
         # (fleet, agent) -> until when to send neighbours without asking first (a hint only).
         self._needs_neighbours: dict[tuple[str, str], float] = {}
 
@@ -124,15 +164,84 @@ class GovernanceGate:
 
     def _call(self, fleet_id: str, agent_id: str, request_id: str,
               candidates: Sequence[GateCandidate], *, omitted: bool) -> gpb.DecideWritesResponse:
-        try:
-            return self._client.decide(fleet_id, agent_id, request_id,
-                                       [_candidate(c) for c in candidates],
-                                       neighbours_omitted=omitted)
-        except EngramRpcError as error:
-            failure = _failed(self._address, error)
+        request = gpb.DecideWritesRequest(
+            fleet_id=fleet_id, agent_id=agent_id, request_id=request_id,
+            candidates=[_candidate(c) for c in candidates], neighbours_omitted=omitted)
+        if tracing_active():  # the write's trace shows its gate time, however it was sent
+            from opentelemetry import trace
+
+            with trace.get_tracer(__name__).start_as_current_span("governance gate") as span:
+                answer = self._calls.submit(_GateJob(request, span.get_span_context()))
+        else:
+            answer = self._calls.submit(_GateJob(request))
+        if isinstance(answer, EngramRpcError):
+            failure = _failed(self._address, answer)
             if isinstance(failure, Unavailable):  # no decision: the write fails closed
                 raise _unavailable(f"{failure.message}; retry later") from None
             raise failure from None
+        return answer
+
+    def _send(self, jobs: Sequence[_GateJob]) -> list[GateAnswer]:
+        """The coalesced calls of one group, in chunks governance takes; never raises for
+        an answer (each request gets its reply or its error)."""
+        answers: list[GateAnswer] = []
+        chunk: list[_GateJob] = []
+        held = 0
+        for job in jobs:
+            size = len(job.request.candidates)
+            if chunk and held + size > self._max_candidates:
+                answers += self._send_traced(chunk)
+                chunk, held = [], 0
+            chunk.append(job)
+            held += size
+        answers += self._send_traced(chunk)
+        return answers
+
+    def _send_traced(self, jobs: list[_GateJob]) -> list[GateAnswer]:
+        """A chunk sent on behalf of other writes is a span linked to each write's gate span
+        (OpenTelemetry's way for batches): each write's trace leads to the call that carried
+        it. A write's own lone call is simply a child of its gate span."""
+        requests = [job.request for job in jobs]
+        if not tracing_active() or (len(jobs) == 1 and _is_current(jobs[0].span)):
+            return self._send_chunk(requests)
+        from opentelemetry import trace
+
+        links = [trace.Link(job.span) for job in jobs if job.span is not None]
+        with trace.get_tracer(__name__).start_as_current_span(
+                "governance gate: coalesced call", links=links,
+                attributes={"engram.gate.requests": len(jobs)}):
+            return self._send_chunk(requests)
+
+    def _send_chunk(self, requests: list[gpb.DecideWritesRequest]) -> list[GateAnswer]:
+        if len(requests) == 1 or not self._batches:
+            return [self._send_one(request) for request in requests]
+        self.calls.add("batch")
+        self.requests.add(amount=len(requests))
+        try:
+            reply = self._client.decide_batches(requests)
+        except EngramRpcError as error:
+            if error.code == grpc.StatusCode.UNIMPLEMENTED:
+                log.warning("governance at %s does not take DecideWriteBatches (older than "
+                            "the shard): gate calls are no longer coalesced", self._address)
+                self._batches = False
+            elif error.code not in _REFUSED_AS_A_WHOLE:
+                return [error] * len(requests)  # no answer for any of them
+            return [self._send_one(request) for request in requests]
+        if len(reply.results) != len(requests):
+            wrong = EngramRpcError(grpc.StatusCode.UNAVAILABLE,
+                                   "governance answered with the wrong number of results")
+            return [wrong] * len(requests)
+        return [_answer(result) for result in reply.results]
+
+    def _send_one(self, request: gpb.DecideWritesRequest) -> GateAnswer:
+        self.calls.add("single")
+        self.requests.add()
+        try:
+            return self._client.decide(request.fleet_id, request.agent_id, request.request_id,
+                                       request.candidates,
+                                       neighbours_omitted=request.neighbours_omitted)
+        except EngramRpcError as error:
+            return error
 
     def erasure(self, erasure_id: str) -> ErasureOrder:
         """ErasureSource: the erasure as governance recorded it."""
@@ -149,6 +258,16 @@ class GovernanceGate:
         return [GateDecision(allowed=d.allowed, decision_id=d.decision_id,
                              rule_ids=tuple(d.rule_ids), reason=d.reason)
                 for d in reply.decisions]
+
+
+def _answer(result: gpb.DecideWriteBatchResult) -> GateAnswer:
+    if result.WhichOneof("result") == "reply":
+        return result.reply
+    error = result.error
+    code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+    if not isinstance(code, grpc.StatusCode):
+        code = grpc.StatusCode.UNKNOWN
+    return EngramRpcError(code, error.message or "governance gave no reason", error.reason)
 
 
 class GovernanceTrust:
@@ -209,7 +328,9 @@ class GovernanceTrust:
 
 def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 5.0,
                        trust_timeout: float = 0.5, ttl_seconds: float = DEFAULT_TTL_SECONDS,
-                       tls: TlsFiles | None = None) -> tuple[GovernanceGate, GovernanceTrust]:
+                       tls: TlsFiles | None = None,
+                       max_candidates: int = MAX_COALESCED_CANDIDATES,
+                       ) -> tuple[GovernanceGate, GovernanceTrust]:
     """Both adapters over one channel; the token file holds a "service" principal's token.
     ``tls``: plaintext when absent or without a CA; TLS, or mutual TLS with a cert and key."""
     token = token_file.read_text().strip()
@@ -220,5 +341,5 @@ def connect_governance(address: str, token_file: Path, *, gate_timeout: float = 
     gate_client = GovernanceClient(address, token, timeout=gate_timeout, channel=channel)
     trust_client = GovernanceClient(address, token, timeout=trust_timeout,
                                     channel=gate_client.channel)
-    return (GovernanceGate(gate_client, address=address),
+    return (GovernanceGate(gate_client, address=address, max_candidates=max_candidates),
             GovernanceTrust(trust_client, address=address, ttl_seconds=ttl_seconds))

@@ -9,6 +9,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from services.common.metrics import counter, gauge
+from services.shard.governance_gate import GovernanceGate
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 
@@ -28,6 +29,15 @@ class ShardMetrics(Collector):
         yield counter("engram_integrity_failures",
                       "Items found altered or unreadable by a verify or a verified read.",
                       ["reason"], self._service.integrity_failures)
+        gate = self._service.gate
+        if isinstance(gate, GovernanceGate):
+            yield counter("engram_shard_gate_calls",
+                          "Calls to governance's gate, by kind: single (DecideWrites) or batch "
+                          "(DecideWriteBatches, concurrent writes' requests coalesced).",
+                          ["kind"], gate.calls)
+            yield counter("engram_shard_gate_requests",
+                          "Gate requests those calls carried (one per write, two when "
+                          "governance asked for neighbours).", [], gate.requests)
         yield gauge("engram_shard_index_lag_records",
                     "Committed records not yet in the vector index.", self._index.lag())
         yield gauge("engram_shard_index_lag_seconds",

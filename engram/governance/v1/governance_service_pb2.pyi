@@ -146,6 +146,36 @@ class DecideWritesResponse(_message.Message):
     status: GateStatus
     def __init__(self, decisions: _Optional[_Iterable[_Union[GateDecision, _Mapping]]] = ..., replayed: _Optional[bool] = ..., status: _Optional[_Union[GateStatus, str]] = ...) -> None: ...
 
+class DecideWriteBatchesRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[DecideWritesRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[DecideWritesRequest, _Mapping]]] = ...) -> None: ...
+
+class GateError(_message.Message):
+    __slots__ = ("code", "reason", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    reason: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DecideWriteBatchResult(_message.Message):
+    __slots__ = ("reply", "error")
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    reply: DecideWritesResponse
+    error: GateError
+    def __init__(self, reply: _Optional[_Union[DecideWritesResponse, _Mapping]] = ..., error: _Optional[_Union[GateError, _Mapping]] = ...) -> None: ...
+
+class DecideWriteBatchesResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DecideWriteBatchResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DecideWriteBatchResult, _Mapping]]] = ...) -> None: ...
+
 class GetTrustRequest(_message.Message):
     __slots__ = ("fleet_id", "agent_id")
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]

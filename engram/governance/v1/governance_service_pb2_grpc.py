@@ -43,6 +43,11 @@ class GovernanceServiceStub:
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesRequest.SerializeToString,
                 response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesResponse.FromString,
                 _registered_method=True)
+        self.DecideWriteBatches = channel.unary_unary(
+                '/engram.governance.v1.GovernanceService/DecideWriteBatches',
+                request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesRequest.SerializeToString,
+                response_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesResponse.FromString,
+                _registered_method=True)
         self.GetTrust = channel.unary_unary(
                 '/engram.governance.v1.GovernanceService/GetTrust',
                 request_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetTrustRequest.SerializeToString,
@@ -146,6 +151,17 @@ class GovernanceServiceServicer:
         """The mandatory write gate, called by the shard (service principals only).
         One decision per candidate, in order. Idempotent on request_id: a retry
         returns the recorded decisions and records nothing new.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideWriteBatches(self, request, context):
+        """Several DecideWrites requests in one call (the shard coalesces concurrent
+        writes' gate calls): each is decided as if sent alone (its own
+        request_id, replay and status), and all are recorded in one commit. A
+        request that fails alone gets its error in its result; an invalid request
+        fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -311,6 +327,11 @@ def add_GovernanceServiceServicer_to_server(servicer, server):
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesRequest.FromString,
                     response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesResponse.SerializeToString,
             ),
+            'DecideWriteBatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideWriteBatches,
+                    request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesRequest.FromString,
+                    response_serializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesResponse.SerializeToString,
+            ),
             'GetTrust': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTrust,
                     request_deserializer=engram_dot_governance_dot_v1_dot_governance__service__pb2.GetTrustRequest.FromString,
@@ -433,6 +454,33 @@ class GovernanceService:
             '/engram.governance.v1.GovernanceService/DecideWrites',
             engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesRequest.SerializeToString,
             engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWritesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideWriteBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engram.governance.v1.GovernanceService/DecideWriteBatches',
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesRequest.SerializeToString,
+            engram_dot_governance_dot_v1_dot_governance__service__pb2.DecideWriteBatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,13 @@ class GovernanceServiceStub:
     One decision per candidate, in order. Idempotent on request_id: a retry
     returns the recorded decisions and records nothing new.
     """
+    DecideWriteBatches: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.DecideWriteBatchesRequest, _governance_service_pb2.DecideWriteBatchesResponse]
+    """Several DecideWrites requests in one call (the shard coalesces concurrent
+    writes' gate calls): each is decided as if sent alone (its own
+    request_id, replay and status), and all are recorded in one commit. A
+    request that fails alone gets its error in its result; an invalid request
+    fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+    """
     GetTrust: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.GetTrustRequest, _governance_service_pb2.GetTrustResponse]
     """One agent's trust. Agents may read only their own."""
     BatchGetTrust: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.BatchGetTrustRequest, _governance_service_pb2.BatchGetTrustResponse]
@@ -128,6 +135,13 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     """The mandatory write gate, called by the shard (service principals only).
     One decision per candidate, in order. Idempotent on request_id: a retry
     returns the recorded decisions and records nothing new.
+    """
+    DecideWriteBatches: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.DecideWriteBatchesRequest, _governance_service_pb2.DecideWriteBatchesResponse]  # type: ignore[assignment]
+    """Several DecideWrites requests in one call (the shard coalesces concurrent
+    writes' gate calls): each is decided as if sent alone (its own
+    request_id, replay and status), and all are recorded in one commit. A
+    request that fails alone gets its error in its result; an invalid request
+    fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
     """
     GetTrust: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.GetTrustRequest, _governance_service_pb2.GetTrustResponse]  # type: ignore[assignment]
     """One agent's trust. Agents may read only their own."""
@@ -218,6 +232,19 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
         """The mandatory write gate, called by the shard (service principals only).
         One decision per candidate, in order. Idempotent on request_id: a retry
         returns the recorded decisions and records nothing new.
+        """
+
+    @_abc_1.abstractmethod
+    def DecideWriteBatches(
+        self,
+        request: _governance_service_pb2.DecideWriteBatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_governance_service_pb2.DecideWriteBatchesResponse, _abc.Awaitable[_governance_service_pb2.DecideWriteBatchesResponse]]:
+        """Several DecideWrites requests in one call (the shard coalesces concurrent
+        writes' gate calls): each is decided as if sent alone (its own
+        request_id, replay and status), and all are recorded in one commit. A
+        request that fails alone gets its error in its result; an invalid request
+        fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
         """
 
     @_abc_1.abstractmethod

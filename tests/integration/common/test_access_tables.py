@@ -79,8 +79,8 @@ GENERIC_SERVICE_METHODS = {"ListAccessRestrictions"}
 """Methods any service principal may call (a feed every service reads), where they exist."""
 
 SERVICE_GRANTS = {
-    "service:shard": {"GovernanceService/DecideWrites", "GovernanceService/BatchGetTrust",
-                      "GovernanceService/GetErasure"},
+    "service:shard": {"GovernanceService/DecideWrites", "GovernanceService/DecideWriteBatches",
+                      "GovernanceService/BatchGetTrust", "GovernanceService/GetErasure"},
     "service:compactor": {"ShardService/CompactRecords", "ShardService/ApplyRetention",
                           "GovernanceService/GetErasure"},
     "service:artifacts": {"GovernanceService/GetErasure"},  # each erases what governance lists

@@ -103,6 +103,8 @@ def test_a_tour_moves_every_domain_metric(tmp_path: Path, engram_home: Path,
         assert delta >= by, f"{service} {name}{labels}: moved by {delta}, expected >= {by}"
 
     moved("shard", "engram_shard_records_written_total")
+    moved("shard", "engram_shard_gate_calls_total", kind="single")
+    moved("shard", "engram_shard_gate_requests_total", by=2)
     moved("shard", "engram_shard_records_erased_total", kind="record")
     assert ("engram_shard_index_lag_records", ()) in after["shard"]
     assert ("engram_shard_index_lag_seconds", ()) in after["shard"]

@@ -46,6 +46,29 @@ SCRIPT = textwrap.dedent('''
     with ShardClient(shard.address, signer.issue("agent-t", "fleet-t", {"agent"})) as client:
         exporter.clear()
         client.add("a traced fact")
+    single = list(exporter.get_finished_spans())
+
+    # Writes arriving while a gate call is in flight are carried together by one call.
+    import threading, time
+    from services.governance.service import GovernanceService
+    decide_group = GovernanceService._decide_group
+    def slow_group(service, requests):
+        time.sleep(0.2)
+        return decide_group(service, requests)
+    GovernanceService._decide_group = slow_group
+    exporter.clear()
+    clients = [ShardClient(shard.address, signer.issue(f"agent-{n}", "fleet-t", {"agent"}))
+               for n in range(6)]
+    start = threading.Barrier(len(clients))
+    def write(n):
+        start.wait()
+        clients[n].add(f"coalesced fact {n}")
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(len(clients))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    coalesced = list(exporter.get_finished_spans())
     shard.stop(0)
     governance.stop(0)
     stream = io.StringIO()
@@ -54,11 +77,15 @@ SCRIPT = textwrap.dedent('''
     with trace.get_tracer("test").start_as_current_span("logged") as span:
         record = logging.makeLogRecord({"msg": "inside a span", "levelname": "INFO"})
         line = json.loads(handler.format(record))
+    def described(spans):
+        return [{"name": s.name, "kind": s.kind.name,
+                 "trace": format(s.context.trace_id, "032x"),
+                 "id": format(s.context.span_id, "016x"),
+                 "parent": format(s.parent.span_id, "016x") if s.parent else None,
+                 "links": [format(link.context.span_id, "016x") for link in s.links]}
+                for s in spans]
     print(json.dumps({
-        "spans": [{"name": s.name, "kind": s.kind.name, "trace": format(s.context.trace_id, "032x"),
-                   "id": format(s.context.span_id, "016x"),
-                   "parent": format(s.parent.span_id, "016x") if s.parent else None}
-                  for s in exporter.get_finished_spans()],
+        "spans": described(single), "coalesced": described(coalesced),
         "log": line, "log_span": format(span.get_span_context().trace_id, "032x")}))
 ''')
 
@@ -72,12 +99,33 @@ def test_a_write_is_one_trace_from_client_through_shard_into_governance(tmp_path
     spans = {(s["name"].rsplit("/", 1)[-1], s["kind"]): s for s in report["spans"]}
     client = spans[("CreateRecord", "CLIENT")]
     server = spans[("CreateRecord", "SERVER")]
+    gate = spans[("governance gate", "INTERNAL")]
     gate_client = spans[("DecideWrites", "CLIENT")]
     gate_server = spans[("DecideWrites", "SERVER")]
     assert len({client["trace"], server["trace"], gate_client["trace"],
                 gate_server["trace"]}) == 1, report["spans"]
     assert client["parent"] is None
     assert server["parent"] == client["id"]
-    assert gate_client["parent"] == server["id"]
+    assert gate["parent"] == server["id"]
+    assert gate_client["parent"] == gate["id"]
     assert gate_server["parent"] == gate_client["id"]
     assert report["log"]["trace_id"] == report["log_span"]
+
+    # Coalesced writes: each write's trace has its gate span; the call that carried others'
+    # requests is a span linked to each of their gate spans, its RPC a child of it.
+    spans = report["coalesced"]
+    gates = {s["trace"]: s for s in spans if s["name"] == "governance gate"}
+    writes = [s for s in spans if s["name"].endswith("CreateRecord") and s["kind"] == "SERVER"]
+    assert len(writes) == 6 and all(w["trace"] in gates for w in writes), spans
+    carriers = [s for s in spans if s["name"] == "governance gate: coalesced call"]
+    assert carriers, "no call carried another write's request"
+    linked = {link for carrier in carriers for link in carrier["links"]}
+    assert linked <= {g["id"] for g in gates.values()}
+    batch_rpcs = [s for s in spans if s["name"].endswith("DecideWriteBatches")
+                  and s["kind"] == "CLIENT"]
+    assert batch_rpcs and all(any(r["parent"] == c["id"] for c in carriers)
+                              for r in batch_rpcs), spans
+    # Every write's gate span is either the parent of its own call or linked from a carrier.
+    own_calls = {s["parent"] for s in spans if s["name"].endswith("DecideWrites")
+                 and s["kind"] == "CLIENT"}
+    assert all(g["id"] in linked | own_calls for g in gates.values()), spans

@@ -219,3 +219,56 @@ def test_writes_search_for_neighbours_only_under_a_contradiction_rule(stack: Sta
     assert governor.verify_chain().ok
     for client in (honest, shady, governor):
         client.close()
+
+
+def test_concurrent_writes_share_gate_calls_and_each_keeps_its_own_decision(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes that arrive while a gate call is in flight go to governance together in one
+    DecideWriteBatches; each write is still judged alone (a denied one fails, the others are
+    stored) and each stored record carries its own recorded decision."""
+    import threading
+    import time
+
+    governor = GovernanceClient(stack.governance.address,
+                                stack.tokens("ops", FLEET, ("governor",)))
+    governor.add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="forbidden")))
+    decide_group = GovernanceService._decide_group
+
+    def slow_group(service: GovernanceService, requests: list[GateRequest]) -> object:
+        time.sleep(0.2)  # a call stays in flight while the other writers arrive
+        return decide_group(service, requests)
+
+    monkeypatch.setattr(GovernanceService, "_decide_group", slow_group)
+    writers = [stack.writer(f"agent-{n}") for n in range(16)]
+    start = threading.Barrier(len(writers))
+    outcomes: dict[int, object] = {}
+
+    def write(n: int) -> None:
+        start.wait()
+        text = "a forbidden note" if n == 5 else f"note {n}: the queue drains at night"
+        try:
+            outcomes[n] = writers[n].add(text).record
+        except EngramRpcError as error:
+            outcomes[n] = error
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(len(writers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    denied = outcomes.pop(5)
+    assert isinstance(denied, EngramRpcError)
+    assert denied.code == grpc.StatusCode.PERMISSION_DENIED
+    records = list(outcomes.values())
+    assert all(not isinstance(r, BaseException) for r in records), records
+    decisions = {d.decision_id: d for d in governor.decisions()}
+    assert len(decisions) == 16
+    for n, record in outcomes.items():
+        decision = decisions[record.gate_decision_id]  # type: ignore[attr-defined]
+        assert decision.allowed and decision.agent_id == f"agent-{n}"
+    gate = stack.service.gate
+    calls = dict(gate.calls.items())  # type: ignore[union-attr]
+    assert calls.get(("batch",), 0) >= 1, calls
+    assert dict(gate.requests.items()) == {(): 16}  # type: ignore[union-attr]
+    assert sum(calls.values()) < 16  # fewer calls than writes
+    assert governor.verify_chain().ok

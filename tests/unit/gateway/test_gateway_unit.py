@@ -26,9 +26,10 @@ from engram.gateway._routes import SERVICE_MODULES
 from engram.shard.v1 import shard_service_pb2 as shard_pb
 
 UNMAPPED = {"engram.governance.v1.GovernanceService.DecideWrites",
+            "engram.governance.v1.GovernanceService.DecideWriteBatches",
             "engram.governance.v1.GovernanceService.ListAccessRestrictions",
             "engram.artifacts.v1.ArtifactsService.ImportArtifact"}
-"""Called only by a service principal (the first two), or a client stream only engram
+"""Called only by a service principal (the first three), or a client stream only engram
 import-bundle makes (the gateway streams CreateArtifact alone): no HTTP form."""
 
 

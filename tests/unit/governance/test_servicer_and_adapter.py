@@ -24,10 +24,11 @@ def test_every_method_has_a_policy_entry() -> None:
     for name in writes:
         assert POLICY[f"/{SERVICE_NAME}/{name}"] == frozenset({"governor", "admin"})
     assert POLICY[f"/{SERVICE_NAME}/DecideWrites"] == frozenset({SHARD_SERVICE})
+    assert POLICY[f"/{SERVICE_NAME}/DecideWriteBatches"] == frozenset({SHARD_SERVICE})
     service_methods = {name.rsplit("/", 1)[1] for name, kinds in POLICY.items()
                        if any(kind.startswith("service") for kind in kinds)}
-    assert service_methods == {"DecideWrites", "BatchGetTrust", "ListAccessRestrictions",
-                               "GetErasure"}
+    assert service_methods == {"DecideWrites", "DecideWriteBatches", "BatchGetTrust",
+                               "ListAccessRestrictions", "GetErasure"}
 
 
 def test_target_fleet_is_the_callers_own_unless_a_gate_caller() -> None:

@@ -62,3 +62,43 @@ def test_single_caller_leads_itself() -> None:
     assert committer.submit("a") == "A"
     with pytest.raises(ZeroDivisionError):
         GroupCommit(lambda jobs: [1 // 0 for _ in jobs]).submit(1)
+
+
+def test_submit_all_applies_many_jobs_beside_single_submitters() -> None:
+    """Batches larger than a group, from several threads, mixed with single jobs and a job that
+    fails alone: every job gets its own result or error, in order, and none is lost."""
+    groups: list[int] = []
+
+    def apply(jobs: Sequence[int]) -> list[int]:
+        if -1 in jobs:
+            raise ValueError("bad job")
+        groups.append(len(jobs))
+        threading.Event().wait(0.002)
+        return [job * 2 for job in jobs]
+
+    committer: GroupCommit[int, int] = GroupCommit(apply, max_group=7)
+    batches: dict[int, list[int | BaseException]] = {}
+    singles: dict[int, int] = {}
+
+    def batch_worker(n: int) -> None:
+        jobs = [n * 100 + i for i in range(25)] + ([-1] if n == 2 else [])
+        batches[n] = committer.submit_all(jobs)
+
+    def single_worker(n: int) -> None:
+        singles[n] = committer.submit(10_000 + n)
+
+    threads = [threading.Thread(target=batch_worker, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=single_worker, args=(n,)) for n in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    for n in range(4):
+        expected: list[object] = [(n * 100 + i) * 2 for i in range(25)]
+        assert batches[n][:25] == expected
+    assert isinstance(batches[2][25], ValueError)
+    assert singles == {n: (10_000 + n) * 2 for n in range(20)}
+    assert max(groups) <= 7
+    assert committer.submit_all([]) == []
+    assert committer.submit_all([3]) == [6]  # alone: its own leader

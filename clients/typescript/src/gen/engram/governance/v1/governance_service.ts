@@ -221,6 +221,32 @@ export interface DecideWritesResponse {
   status: GateStatus;
 }
 
+export interface DecideWriteBatchesRequest {
+  /** 1..128 requests; their candidates together at most ENGRAM_LIMITS_BATCH_ITEMS. */
+  requests: DecideWritesRequest[];
+}
+
+/** Why one request of a DecideWriteBatches call was not decided. */
+export interface GateError {
+  /**
+   * The name of the gRPC status code it would have failed with alone
+   * (for example "RESOURCE_EXHAUSTED").
+   */
+  code: string;
+  /** The google.rpc.ErrorInfo reason it would have carried. */
+  reason: string;
+  message: string;
+}
+
+export interface DecideWriteBatchResult {
+  result: { $case: "reply"; value: DecideWritesResponse } | { $case: "error"; value: GateError } | undefined;
+}
+
+export interface DecideWriteBatchesResponse {
+  /** One per request, in order. */
+  results: DecideWriteBatchResult[];
+}
+
 export interface GetTrustRequest {
   /** Empty: the caller's fleet. */
   fleetId: string;
@@ -1766,6 +1792,350 @@ export const DecideWritesResponse: MessageFns<DecideWritesResponse> = {
     message.decisions = object.decisions?.map((e) => GateDecision.fromPartial(e)) || [];
     message.replayed = object.replayed ?? false;
     message.status = object.status ?? 0;
+    return message;
+  },
+};
+
+function createBaseDecideWriteBatchesRequest(): DecideWriteBatchesRequest {
+  return { requests: [] };
+}
+
+export const DecideWriteBatchesRequest: MessageFns<DecideWriteBatchesRequest> = {
+  encode(message: DecideWriteBatchesRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.requests) {
+      DecideWritesRequest.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DecideWriteBatchesRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDecideWriteBatchesRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.requests.push(DecideWritesRequest.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DecideWriteBatchesRequest {
+    return {
+      requests: globalThis.Array.isArray(object?.requests)
+        ? object.requests.map((e: any) => DecideWritesRequest.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: DecideWriteBatchesRequest): unknown {
+    const obj: any = {};
+    if (message.requests?.length) {
+      obj.requests = message.requests.map((e) => DecideWritesRequest.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DecideWriteBatchesRequest>, I>>(base?: I): DecideWriteBatchesRequest {
+    return DecideWriteBatchesRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DecideWriteBatchesRequest>, I>>(object: I): DecideWriteBatchesRequest {
+    const message = createBaseDecideWriteBatchesRequest();
+    message.requests = object.requests?.map((e) => DecideWritesRequest.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseGateError(): GateError {
+  return { code: "", reason: "", message: "" };
+}
+
+export const GateError: MessageFns<GateError> = {
+  encode(message: GateError, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.code !== "") {
+      writer.uint32(10).string(message.code);
+    }
+    if (message.reason !== "") {
+      writer.uint32(18).string(message.reason);
+    }
+    if (message.message !== "") {
+      writer.uint32(26).string(message.message);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GateError {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGateError();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.code = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GateError {
+    return {
+      code: isSet(object.code) ? globalThis.String(object.code) : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      message: isSet(object.message) ? globalThis.String(object.message) : "",
+    };
+  },
+
+  toJSON(message: GateError): unknown {
+    const obj: any = {};
+    if (message.code !== "") {
+      obj.code = message.code;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.message !== "") {
+      obj.message = message.message;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GateError>, I>>(base?: I): GateError {
+    return GateError.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GateError>, I>>(object: I): GateError {
+    const message = createBaseGateError();
+    message.code = object.code ?? "";
+    message.reason = object.reason ?? "";
+    message.message = object.message ?? "";
+    return message;
+  },
+};
+
+function createBaseDecideWriteBatchResult(): DecideWriteBatchResult {
+  return { result: undefined };
+}
+
+export const DecideWriteBatchResult: MessageFns<DecideWriteBatchResult> = {
+  encode(message: DecideWriteBatchResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.result?.$case) {
+      case "reply":
+        DecideWritesResponse.encode(message.result.value, writer.uint32(10).fork()).join();
+        break;
+      case "error":
+        GateError.encode(message.result.value, writer.uint32(18).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DecideWriteBatchResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDecideWriteBatchResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.result = { $case: "reply", value: DecideWritesResponse.decode(reader, reader.uint32()) };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.result = { $case: "error", value: GateError.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DecideWriteBatchResult {
+    return {
+      result: isSet(object.reply)
+        ? { $case: "reply", value: DecideWritesResponse.fromJSON(object.reply) }
+        : isSet(object.error)
+        ? { $case: "error", value: GateError.fromJSON(object.error) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: DecideWriteBatchResult): unknown {
+    const obj: any = {};
+    if (message.result?.$case === "reply") {
+      obj.reply = DecideWritesResponse.toJSON(message.result.value);
+    } else if (message.result?.$case === "error") {
+      obj.error = GateError.toJSON(message.result.value);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DecideWriteBatchResult>, I>>(base?: I): DecideWriteBatchResult {
+    return DecideWriteBatchResult.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DecideWriteBatchResult>, I>>(object: I): DecideWriteBatchResult {
+    const message = createBaseDecideWriteBatchResult();
+    switch (object.result?.$case) {
+      case "reply": {
+        if (object.result?.value !== undefined && object.result?.value !== null) {
+          message.result = { $case: "reply", value: DecideWritesResponse.fromPartial(object.result.value) };
+        }
+        break;
+      }
+      case "error": {
+        if (object.result?.value !== undefined && object.result?.value !== null) {
+          message.result = { $case: "error", value: GateError.fromPartial(object.result.value) };
+        }
+        break;
+      }
+    }
+    return message;
+  },
+};
+
+function createBaseDecideWriteBatchesResponse(): DecideWriteBatchesResponse {
+  return { results: [] };
+}
+
+export const DecideWriteBatchesResponse: MessageFns<DecideWriteBatchesResponse> = {
+  encode(message: DecideWriteBatchesResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.results) {
+      DecideWriteBatchResult.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DecideWriteBatchesResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDecideWriteBatchesResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.results.push(DecideWriteBatchResult.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DecideWriteBatchesResponse {
+    return {
+      results: globalThis.Array.isArray(object?.results)
+        ? object.results.map((e: any) => DecideWriteBatchResult.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: DecideWriteBatchesResponse): unknown {
+    const obj: any = {};
+    if (message.results?.length) {
+      obj.results = message.results.map((e) => DecideWriteBatchResult.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DecideWriteBatchesResponse>, I>>(base?: I): DecideWriteBatchesResponse {
+    return DecideWriteBatchesResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DecideWriteBatchesResponse>, I>>(object: I): DecideWriteBatchesResponse {
+    const message = createBaseDecideWriteBatchesResponse();
+    message.results = object.results?.map((e) => DecideWriteBatchResult.fromPartial(e)) || [];
     return message;
   },
 };
@@ -6760,6 +7130,24 @@ export const GovernanceServiceService = {
       Buffer.from(DecideWritesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): DecideWritesResponse => DecideWritesResponse.decode(value),
   },
+  /**
+   * Several DecideWrites requests in one call (the shard coalesces concurrent
+   * writes' gate calls): each is decided as if sent alone (its own
+   * request_id, replay and status), and all are recorded in one commit. A
+   * request that fails alone gets its error in its result; an invalid request
+   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   */
+  decideWriteBatches: {
+    path: "/engram.governance.v1.GovernanceService/DecideWriteBatches" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DecideWriteBatchesRequest): Buffer =>
+      Buffer.from(DecideWriteBatchesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DecideWriteBatchesRequest => DecideWriteBatchesRequest.decode(value),
+    responseSerialize: (value: DecideWriteBatchesResponse): Buffer =>
+      Buffer.from(DecideWriteBatchesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DecideWriteBatchesResponse => DecideWriteBatchesResponse.decode(value),
+  },
   /** One agent's trust. Agents may read only their own. */
   getTrust: {
     path: "/engram.governance.v1.GovernanceService/GetTrust" as const,
@@ -7012,6 +7400,14 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
    * returns the recorded decisions and records nothing new.
    */
   decideWrites: handleUnaryCall<DecideWritesRequest, DecideWritesResponse>;
+  /**
+   * Several DecideWrites requests in one call (the shard coalesces concurrent
+   * writes' gate calls): each is decided as if sent alone (its own
+   * request_id, replay and status), and all are recorded in one commit. A
+   * request that fails alone gets its error in its result; an invalid request
+   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   */
+  decideWriteBatches: handleUnaryCall<DecideWriteBatchesRequest, DecideWriteBatchesResponse>;
   /** One agent's trust. Agents may read only their own. */
   getTrust: handleUnaryCall<GetTrustRequest, GetTrustResponse>;
   /**
@@ -7116,6 +7512,28 @@ export interface GovernanceServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DecideWritesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Several DecideWrites requests in one call (the shard coalesces concurrent
+   * writes' gate calls): each is decided as if sent alone (its own
+   * request_id, replay and status), and all are recorded in one commit. A
+   * request that fails alone gets its error in its result; an invalid request
+   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   */
+  decideWriteBatches(
+    request: DecideWriteBatchesRequest,
+    callback: (error: ServiceError | null, response: DecideWriteBatchesResponse) => void,
+  ): ClientUnaryCall;
+  decideWriteBatches(
+    request: DecideWriteBatchesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DecideWriteBatchesResponse) => void,
+  ): ClientUnaryCall;
+  decideWriteBatches(
+    request: DecideWriteBatchesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DecideWriteBatchesResponse) => void,
   ): ClientUnaryCall;
   /** One agent's trust. Agents may read only their own. */
   getTrust(
