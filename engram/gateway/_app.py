@@ -39,6 +39,13 @@ UPLOAD_CHUNK = 256 * 1024
 """Bytes per gRPC message on upload: the HTTP body is re-cut to this, never held whole."""
 SEND_PIECE = 64 * 1024
 """Bytes per send of a response stream (see _GuardedStream)."""
+STREAM_BURST = 4 * 1024 * 1024
+"""How far ahead of ``--stream-min-rate`` a response stream's client may get (Pace.burst_bytes):
+twice what the kernel may take before it wakes a writer again (half a default 4 MiB send
+buffer), so a client reading steadily at the rate is never cut between two of those steps."""
+BODY_BURST = 1024 * 1024
+"""How far ahead of ``--body-min-rate`` a request body may get: bodies arrive as the socket
+reads them (256 KiB at most), not in the kernel's steps."""
 UPLOAD_THREADS = 32
 """Uploads at once; more wait for a thread."""
 UPLOAD_QUEUE = 8
@@ -64,7 +71,9 @@ class GatewayConfig:
     body_min_bytes_per_s: float = 16 * 1024
     """After its first ``body_idle_seconds``, a body must keep up this average rate (Apache's
     mod_reqtimeout MinRate): one byte just inside every idle limit held an upload thread for
-    as long as the client liked. 0 turns the rate off (the idle limit stays)."""
+    as long as the client liked. Bytes sent more than ``BODY_BURST`` ahead of the rate earn
+    nothing (a fast start banked hours of trickling). 0 turns the rate off (the idle limit
+    stays)."""
     uploads_per_token: int = UPLOAD_THREADS // 4
     """Uploads one Authorization header may have running at once; one more is 429
     RESOURCE_EXHAUSTED (UPLOAD_LIMIT): one token cannot take every upload thread."""
@@ -76,7 +85,10 @@ class GatewayConfig:
     stream_min_bytes_per_s: float = 16 * 1024
     """The average rate a response stream's client must take once its first
     ``stream_idle_seconds`` of waiting have passed (an average, because the kernel reports a
-    slow reader's progress in steps of up to half its send buffer, megabytes); 0: only the
+    slow reader's progress in steps of up to half its send buffer, megabytes). Bytes taken
+    more than ``STREAM_BURST`` ahead of the rate earn nothing: a client that read fast at
+    first and then stopped is cut after at most ``stream_idle_seconds + STREAM_BURST /
+    stream_min_bytes_per_s`` of waiting (4.8 min by default), not hours later. 0: only the
     idle limit, on each send."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
@@ -283,7 +295,8 @@ class Gateway:
         return JSONResponse(to_json(response))
 
     def _body_pace(self) -> Pace:
-        return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s)
+        return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s,
+                    BODY_BURST)
 
     async def server_stream(self, route: Route, message: Message,
                             request: Request) -> Response:
@@ -430,28 +443,37 @@ class BodyIdle(Exception):
 
 @dataclass(frozen=True)
 class Pace:
-    """How a client must keep up with a request body it sends or a response stream it reads:
-    a piece at least every ``idle_seconds``, and, once the first ``idle_seconds`` of waiting
-    have passed, ``min_bytes_per_s`` on average over the time the gateway waited on it. Only
-    waiting counts: while the gateway itself is busy (every upload thread taken, a slow
-    service) the client is not held to the rate."""
+    """How a client must keep up with a request body it sends or a response stream it reads.
+
+    The client holds credit: the seconds of waiting on it the gateway still allows. It starts
+    at ``idle_seconds``; each second the gateway waits on the client spends one, each
+    ``min_bytes_per_s`` bytes the client moves earn one back, and the credit never rises above
+    ``idle_seconds + burst_bytes / min_bytes_per_s`` (:attr:`most_credit`): a client that went
+    fast at first cannot bank hours of stalling for later. Credit spent is the rate not kept.
+    Only waiting counts: while the gateway itself is busy (every upload thread taken, a slow
+    service) the client is not held to the rate. A body also sends a piece at least every
+    ``idle_seconds``, whatever its credit."""
 
     idle_seconds: float
     min_bytes_per_s: float = 0.0
+    """0: no rate."""
+    burst_bytes: int = STREAM_BURST
+    """How far ahead of the rate a client may get: what it moved beyond that earns nothing."""
 
-    def next_wait(self, waited: float, received: int) -> tuple[float, bool]:
-        """How long the next piece may take, and whether the rate (not idling) sets it."""
-        if self.min_bytes_per_s <= 0:
-            return self.idle_seconds, False
-        by_rate = self.allowance(waited, received)
-        return (by_rate, True) if by_rate < self.idle_seconds else (self.idle_seconds, False)
+    @property
+    def rated(self) -> bool:
+        return self.min_bytes_per_s > 0
 
-    def allowance(self, waited: float, transferred: int) -> float:
-        """What is left of the waiting the rate allows: ``idle_seconds``, and a second more for
-        every ``min_bytes_per_s`` transferred (without a rate: ``idle_seconds`` each time)."""
-        if self.min_bytes_per_s <= 0:
-            return self.idle_seconds
-        return self.idle_seconds + transferred / self.min_bytes_per_s - waited
+    @property
+    def most_credit(self) -> float:
+        """The most waiting a client can have in hand: after any start, a client that stops
+        is cut within this many seconds of waiting."""
+        return self.idle_seconds + self.burst_bytes / self.min_bytes_per_s
+
+    def earn(self, credit: float, waited: float, transferred: int) -> float:
+        """The credit left after the gateway waited ``waited`` seconds for ``transferred``
+        bytes; below 0, the client fell behind the rate."""
+        return min(credit - waited + transferred / self.min_bytes_per_s, self.most_credit)
 
 
 _MIN_PIECE_WAIT = 0.05
@@ -462,9 +484,11 @@ allowance is spent: a zero timeout would refuse it unread."""
 async def _body(request: Request, pace: Pace) -> AsyncIterator[bytes]:
     """The request body's pieces; :class:`BodyIdle` when the body stalls (see Pace)."""
     pieces = request.stream().__aiter__()
+    credit = pace.idle_seconds
     waited, received = 0.0, 0
     while True:
-        wait, by_rate = pace.next_wait(waited, received)
+        by_rate = pace.rated and credit < pace.idle_seconds
+        wait = credit if by_rate else pace.idle_seconds
         began = time.monotonic()
         try:
             piece = await asyncio.wait_for(pieces.__anext__(), max(wait, _MIN_PIECE_WAIT))
@@ -476,18 +500,22 @@ async def _body(request: Request, pace: Pace) -> AsyncIterator[bytes]:
                 raise _too_slow(pace, received, waited) from None
             raise BodyIdle(f"the request body sent nothing for {pace.idle_seconds:g} s; "
                            "nothing was stored") from None
-        waited += time.monotonic() - began
+        spent = time.monotonic() - began
+        waited += spent
         received += len(piece)
-        # The floor above takes a piece even past the allowance: a client trickling within
-        # the floor would otherwise never be judged.
-        if pace.min_bytes_per_s > 0 and pace.allowance(waited, received) < 0:
-            raise _too_slow(pace, received, waited)
+        # The floor above takes a piece even past the credit: a client trickling within the
+        # floor would otherwise never be judged.
+        if pace.rated:
+            credit = pace.earn(credit, spent, len(piece))
+            if credit < 0:
+                raise _too_slow(pace, received, waited)
         yield piece
 
 
 def _too_slow(pace: Pace, received: int, waited: float) -> BodyIdle:
     return BodyIdle(f"the request body came slower than {pace.min_bytes_per_s:g} bytes/s "
-                    f"({received} bytes in {waited:.1f} s of waiting for them); nothing was "
+                    f"({received} bytes in {waited:.1f} s of waiting for them, of which at "
+                    f"most {pace.burst_bytes} bytes ahead of the rate count); nothing was "
                     "stored", "BODY_TOO_SLOW")
 
 
@@ -524,22 +552,26 @@ class _GuardedStream(StreamingResponse):
         super().__init__(content, **kwargs)
         self._pace = pace
         self._call = call
+        self._credit = pace.idle_seconds
         self._waited = 0.0
         self._sent = 0
 
     async def stream_response(self, send: Send) -> None:
         async def guarded(message: Any) -> None:
-            # No idle limit per send here, only the average: a send can wait seconds on a
+            # No idle limit per send here, only the credit: a send can wait seconds on a
             # client that reads all along (see stream_min_bytes_per_s).
-            wait = self._pace.allowance(self._waited, self._sent)
             began = time.monotonic()
             try:
-                await asyncio.wait_for(send(message), max(wait, _MIN_PIECE_WAIT))
+                await asyncio.wait_for(send(message), max(self._credit, _MIN_PIECE_WAIT))
             except TimeoutError:
                 raise _ClientStalled from None
             finally:
-                self._waited += time.monotonic() - began
-            self._sent += len(message.get("body", b""))
+                spent = time.monotonic() - began
+                self._waited += spent
+            moved = len(message.get("body", b""))
+            self._sent += moved
+            if self._pace.rated:
+                self._credit = self._pace.earn(self._credit, spent, moved)
 
         async def sent_in_pieces() -> None:
             # A send waits for the one before it to drain: in pieces of SEND_PIECE the limit

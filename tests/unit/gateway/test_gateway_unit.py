@@ -229,3 +229,93 @@ def test_a_trickle_inside_the_minimum_wait_is_still_too_slow() -> None:
         asyncio.run(consume())
     assert refused.value.reason == "BODY_TOO_SLOW"
     assert time.monotonic() - began < 2  # the whole trickle would take 4 s
+
+
+def test_credit_a_client_earns_ahead_of_the_rate_is_capped() -> None:
+    """Bytes moved beyond ``burst_bytes`` ahead of the rate earn no more waiting."""
+    from engram.gateway._app import Pace
+
+    pace = Pace(1.0, 1000, burst_bytes=2000)
+    assert pace.most_credit == 3.0
+    banked = pace.earn(1.0, 0.5, 100_000_000)  # 100 MB in half a second: 100,000 s uncapped
+    assert banked == 3.0
+    assert pace.earn(banked, 3.5, 0) < 0  # then a stall of 3.5 s is past the rate
+
+
+class _FastThenTrickle:
+    """1 MB at once, then a byte every 20 ms for 6 s (50 bytes/s)."""
+
+    def __init__(self) -> None:
+        self.trickled = 0
+
+    async def stream(self):  # type: ignore[no-untyped-def]
+        import asyncio
+
+        yield b"x" * 1_000_000
+        for _ in range(300):
+            await asyncio.sleep(0.02)
+            self.trickled += 1
+            yield b"x"
+
+
+def test_a_body_that_trickles_after_a_fast_start_is_still_too_slow() -> None:
+    """Found in review: the rate was an average since the body's start, so 1 MB sent at once
+    banked 100 s of trickling at 10,000 bytes/s asked. With the credit capped at 10,000 bytes
+    ahead (1 s) the trickle is refused after about 1.2 s of it, not served whole (6 s).
+    Checked failing with the cap removed."""
+    import asyncio
+
+    from engram.gateway._app import BodyIdle, Pace, _body
+
+    body = _FastThenTrickle()
+
+    async def consume() -> None:
+        async for _piece in _body(body, Pace(0.2, 10_000, burst_bytes=10_000)):  # type: ignore[arg-type]
+            pass
+
+    with pytest.raises(BodyIdle) as refused:
+        asyncio.run(consume())
+    assert refused.value.reason == "BODY_TOO_SLOW"
+    assert body.trickled < 300, "the whole trickle was taken"
+
+
+class _Call:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_a_download_that_stops_after_a_fast_start_is_ended() -> None:
+    """Found in review: a client that took 10 MiB at once banked 10 s of stalling at 1 MB/s
+    asked (hours at the default rate, with a large artifact). With the credit capped at
+    100,000 bytes ahead, the stall is cut after about 0.3 s of waiting; the test allows 5 s.
+    Checked failing (a 10.7 s stall allowed) with the cap removed."""
+    import asyncio
+
+    from engram.gateway._app import Pace, _GuardedStream
+
+    taken = 0
+    stalled = asyncio.Event()
+
+    async def client(message: dict[str, object]) -> None:  # reads 10 MiB, then nothing
+        nonlocal taken
+        if taken >= 10 * 1024 * 1024:
+            stalled.set()
+            await asyncio.Event().wait()
+        taken += len(message.get("body", b""))  # type: ignore[arg-type]
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(20):
+            yield b"x" * (1024 * 1024)
+
+    call = _Call()
+    stream = _GuardedStream(chunks(), Pace(0.2, 1_000_000, burst_bytes=100_000), call)
+
+    async def serve() -> None:
+        await asyncio.wait_for(stream.stream_response(client), 5)
+
+    asyncio.run(serve())
+    assert stalled.is_set() and call.cancelled
+    assert taken == 10 * 1024 * 1024
