@@ -27,9 +27,10 @@ def gateway(
     stream_min_rate: float = typer.Option(
         16 * 1024, min=0, help="bytes a second the client of a download or NDJSON stream must "
         "take on average once ENGRAM_TIMEOUT_SECONDS of waiting on it have passed, else the "
-        "stream is ended and its call cancelled (a client that stopped reading); 0: "
-        "ENGRAM_TIMEOUT_SECONDS for each send. A stream whose service sends nothing for "
-        "ENGRAM_TIMEOUT_SECONDS is ended too"),
+        "stream is ended and its call cancelled (a client that stopped reading); 0 turns this "
+        "off: no limit on how slowly a client reads, so one that stops holds its stream until "
+        "it disconnects. A stream whose service sends nothing for ENGRAM_TIMEOUT_SECONDS is "
+        "ended either way"),
     uploads_per_token: int = typer.Option(
         8, min=1, help="uploads one Authorization header may have running at once (of the "
         "gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with Retry-After"),

@@ -81,15 +81,17 @@ class GatewayConfig:
     """A response stream (a download, a snapshot) whose service sends nothing for this long,
     or whose client takes nothing for this long and then less than ``stream_min_bytes_per_s``
     on average over the time the gateway waited on it, is ended and its gRPC call cancelled:
-    a client that stops reading cannot hold one of the service's stream slots for good."""
+    a client that stops reading cannot hold one of the service's stream slots for good (unless
+    the rate is 0)."""
     stream_min_bytes_per_s: float = 16 * 1024
     """The average rate a response stream's client must take once its first
     ``stream_idle_seconds`` of waiting have passed (an average, because the kernel reports a
     slow reader's progress in steps of up to half its send buffer, megabytes). Bytes taken
     more than ``STREAM_BURST`` ahead of the rate earn nothing: a client that read fast at
     first and then stopped is cut after at most ``stream_idle_seconds + STREAM_BURST /
-    stream_min_bytes_per_s`` of waiting (4.8 min by default), not hours later. 0: only the
-    idle limit, on each send."""
+    stream_min_bytes_per_s`` of waiting (4.8 min by default), not hours later. 0 turns the
+    guard on the client off: no rate, and no limit per send either (one would cut a steady
+    slow reader, for the same kernel steps); the limit on a silent service stays."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
@@ -559,10 +561,12 @@ class _GuardedStream(StreamingResponse):
     async def stream_response(self, send: Send) -> None:
         async def guarded(message: Any) -> None:
             # No idle limit per send here, only the credit: a send can wait seconds on a
-            # client that reads all along (see stream_min_bytes_per_s).
+            # client that reads all along (see stream_min_bytes_per_s). Without a rate, no
+            # limit on the client at all.
+            limit = max(self._credit, _MIN_PIECE_WAIT) if self._pace.rated else None
             began = time.monotonic()
             try:
-                await asyncio.wait_for(send(message), max(self._credit, _MIN_PIECE_WAIT))
+                await asyncio.wait_for(send(message), limit)
             except TimeoutError:
                 raise _ClientStalled from None
             finally:

@@ -319,3 +319,28 @@ def test_a_download_that_stops_after_a_fast_start_is_ended() -> None:
     asyncio.run(serve())
     assert stalled.is_set() and call.cancelled
     assert taken == 10 * 1024 * 1024
+
+
+def test_without_a_stream_rate_a_slow_steady_reader_is_served_whole() -> None:
+    """``--stream-min-rate 0`` turns the guard on the client off: found in review, it still
+    cut a reader whose sends each took longer than the idle limit (0.3 s against 0.2 s here,
+    as the kernel's steps make them) after its first piece. Checked failing with the idle
+    limit per send back."""
+    import asyncio
+
+    from engram.gateway._app import Pace, _GuardedStream
+
+    taken = 0
+
+    async def client(message: dict[str, object]) -> None:  # each send waits 0.3 s
+        nonlocal taken
+        await asyncio.sleep(0.3)
+        taken += len(message.get("body", b""))  # type: ignore[arg-type]
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            yield b"x" * 1000
+
+    call = _Call()
+    asyncio.run(_GuardedStream(chunks(), Pace(0.2, 0), call).stream_response(client))
+    assert taken == 3000
