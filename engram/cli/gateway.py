@@ -6,12 +6,25 @@ Needs the gateway extra; starlette and uvicorn are imported only when the comman
 
 from __future__ import annotations
 
+import math
+
 import typer
 
 from engram.cli._output import err_console, fail, settings
 
 GATEWAY_EXTRA = "pip install 'engram[gateway]'"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MIN_RATE = 1.0
+"""As engram.gateway._app.MIN_RATE (not imported: the extra may be missing)."""
+
+
+def _rate(value: float) -> float:
+    """0 (off) or a finite rate of at least MIN_RATE: a rate of 1e-320 made every byte worth
+    more waiting than a float holds, which switched the guard off; nan and inf likewise."""
+    if value == 0 or (math.isfinite(value) and value >= MIN_RATE):
+        return value
+    raise typer.BadParameter(f"must be 0 (off) or a finite number of bytes a second of at least "
+                             f"{MIN_RATE:g}, got {value}")
 
 
 def gateway(
@@ -20,17 +33,17 @@ def gateway(
     port: int = typer.Option(8080, help="port to listen on"),
     log_level: str = typer.Option("warning", help="uvicorn's log level"),
     body_min_rate: float = typer.Option(
-        16 * 1024, min=0, help="bytes a second a request body (an upload) must average once "
-        "its first ENGRAM_TIMEOUT_SECONDS have passed, else 408 BODY_TOO_SLOW and nothing is "
-        "stored; 0 turns it off. A body that sends nothing for ENGRAM_TIMEOUT_SECONDS is 408 "
-        "BODY_IDLE_TIMEOUT"),
+        16 * 1024, callback=_rate, help="bytes a second a request body (an upload) must "
+        "average once its first ENGRAM_TIMEOUT_SECONDS have passed, else 408 BODY_TOO_SLOW and "
+        "nothing is stored; 0 turns it off, else at least 1. A body that sends nothing for "
+        "ENGRAM_TIMEOUT_SECONDS is 408 BODY_IDLE_TIMEOUT"),
     stream_min_rate: float = typer.Option(
-        16 * 1024, min=0, help="bytes a second the client of a download or NDJSON stream must "
-        "take on average once ENGRAM_TIMEOUT_SECONDS of waiting on it have passed, else the "
-        "stream is ended and its call cancelled (a client that stopped reading); 0 turns this "
-        "off: no limit on how slowly a client reads, so one that stops holds its stream until "
-        "it disconnects. A stream whose service sends nothing for ENGRAM_TIMEOUT_SECONDS is "
-        "ended either way"),
+        16 * 1024, callback=_rate, help="bytes a second the client of a download or "
+        "NDJSON stream must take on average once ENGRAM_TIMEOUT_SECONDS of waiting on it have "
+        "passed, else the stream is ended and its call cancelled (a client that stopped "
+        "reading); at least 1, or 0 to turn this off: no limit on how slowly a client reads, so "
+        "one that stops holds its stream until it disconnects. A stream whose service sends "
+        "nothing for ENGRAM_TIMEOUT_SECONDS is ended either way"),
     uploads_per_token: int = typer.Option(
         8, min=1, help="uploads one Authorization header may have running at once (of the "
         "gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with Retry-After"),

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import queue
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -56,6 +57,19 @@ EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 
+MIN_RATE = 1.0
+"""The least a minimum rate may be, bytes a second, when it is not 0 (off): a rate of 1e-320
+made every byte worth more waiting than a float holds, which switched the guard off."""
+
+
+def rate_problem(bytes_per_s: float) -> str:
+    """What is wrong with a minimum rate (``--body-min-rate``, ``--stream-min-rate``), or ''."""
+    if bytes_per_s == 0 or (math.isfinite(bytes_per_s) and bytes_per_s >= MIN_RATE):
+        return ""
+    return (f"must be 0 (off) or a finite number of bytes a second of at least {MIN_RATE:g}, "
+            f"got {bytes_per_s}")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """Where each service listens, how to reach it (TLS files) and the unary deadline."""
@@ -94,6 +108,19 @@ class GatewayConfig:
     slow reader, for the same kernel steps); the limit on a silent service stays."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name in ("body_idle_seconds", "stream_idle_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        for name in ("body_min_bytes_per_s", "stream_min_bytes_per_s"):
+            problem = rate_problem(getattr(self, name))
+            if problem:
+                raise ValueError(f"{name} {problem}")
+        if self.uploads_per_token < 1:
+            raise ValueError(f"uploads_per_token must be at least 1, got "
+                             f"{self.uploads_per_token}")
 
     @classmethod
     def from_settings(cls, settings: ClientSettings, **overrides: Any) -> GatewayConfig:

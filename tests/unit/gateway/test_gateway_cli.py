@@ -61,3 +61,32 @@ def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> N
             made[0].stream_min_bytes_per_s) == (16384, 8, 16384)  # type: ignore[attr-defined]
     refused = CliRunner().invoke(app, ["gateway", "--uploads-per-token", "0"])
     assert refused.exit_code == 2 and "uploads-per-token" in refused.output
+
+
+@pytest.mark.parametrize("flag", ["--body-min-rate", "--stream-min-rate"])
+@pytest.mark.parametrize("value", ["1e-320", "0.5", "nan", "inf", "-1"])
+def test_a_rate_that_would_switch_its_guard_off_is_refused(flag: str, value: str) -> None:
+    """Found in review: 1e-320 bytes/s made every byte worth more waiting than a float holds
+    (the guard off, silently); nan and inf likewise. Exit 2, naming the flag, before anything
+    is served. Checked failing without the check (1e-320, 0.5, nan and inf were served)."""
+    import uvicorn
+
+    served: list[object] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uvicorn, "run", lambda asgi, **_kw: served.append(asgi))
+        result = CliRunner().invoke(app, ["gateway", "--port", "0", flag, value])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())  # rich wraps it in a box
+    assert flag in said and not served
+    assert f"must be 0 (off) or a finite number of bytes a second of at least 1, got {value}" \
+        in said
+
+
+def test_rates_of_0_and_1_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: None)
+    for value in ("0", "1", "1e9"):
+        result = CliRunner().invoke(app, ["gateway", "--port", "0", "--body-min-rate", value,
+                                          "--stream-min-rate", value])
+        assert result.exit_code == 0, (value, result.output)

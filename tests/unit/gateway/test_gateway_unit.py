@@ -344,3 +344,14 @@ def test_without_a_stream_rate_a_slow_steady_reader_is_served_whole() -> None:
     call = _Call()
     asyncio.run(_GuardedStream(chunks(), Pace(0.2, 0), call).stream_response(client))
     assert taken == 3000
+
+
+@pytest.mark.parametrize("rate", [1e-320, 0.5, float("nan"), float("inf"), -1.0])
+def test_the_config_refuses_a_rate_that_would_switch_its_guard_off(rate: float) -> None:
+    """As the CLI does (test_gateway_cli), for a gateway made in code."""
+    from engram.gateway import GatewayConfig
+
+    for name in ("body_min_bytes_per_s", "stream_min_bytes_per_s"):
+        with pytest.raises(ValueError, match=f"{name} must be 0 \\(off\\) or a finite"):
+            GatewayConfig({}, **{name: rate})
+    assert GatewayConfig({}, body_min_bytes_per_s=0, stream_min_bytes_per_s=1)
