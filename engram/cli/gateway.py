@@ -45,8 +45,9 @@ def gateway(
         "one that stops holds its stream until it disconnects. A stream whose service sends "
         "nothing for ENGRAM_TIMEOUT_SECONDS is ended either way"),
     uploads_per_token: int = typer.Option(
-        8, min=1, help="uploads one Authorization header may have running at once (of the "
-        "gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with Retry-After"),
+        8, min=1, help="uploads one token may have running at once, however its header spells "
+        "it (of the gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with "
+        "Retry-After"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""

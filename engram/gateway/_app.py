@@ -187,10 +187,17 @@ def _malformed_authorization(request: Request) -> JSONResponse | None:
 
 def _upload_holder(authorization: str) -> bytes:
     """Whose upload this is: the token as the services read it (scheme in any case, spaces
-    around the token ignored), so respelling the header does not make another holder."""
+    around the token ignored), and of a JWT only what its signature signs, ``header.payload``
+    (the claims, jti included), byte for byte. Each token has exactly one, which nobody can
+    change without the signing key; the signature's own spelling can vary (PyJWT accepts it
+    with ``==`` padding appended, older versions more), and each spelling counted as another
+    holder. A made-up signature gains nothing: the service refuses it at once."""
     scheme, _, token = authorization.partition(" ")
-    key = token.strip() if scheme.lower() == "bearer" else authorization
-    return hashlib.sha256(key.encode()).digest()
+    if scheme.lower() != "bearer":
+        return hashlib.sha256(authorization.encode()).digest()
+    token = token.strip()
+    signed, dot, _signature = token.rpartition(".")
+    return hashlib.sha256((signed if dot and "." in signed else token).encode()).digest()
 
 
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
