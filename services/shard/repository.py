@@ -6,6 +6,7 @@ transaction can span several calls (a write batch is all or nothing).
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,10 +29,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BindParameter, TextClause
 
 from services.common.errors import IntegrityError
 from services.shard.domain.crossrefs import CrossRef
@@ -141,10 +140,6 @@ _WRITE_REQUESTS = WriteRequestRow.__table__
 # says whether this claim is the one stored. As text, in the syntax SQLite (3.35+) and Postgres
 # share: the ORM's and the dialects' ON CONFLICT inserts were compiled anew on every write,
 # uncached (2.7 ms of a 9 ms write, cProfile, in process); a text statement is compiled once.
-_CLAIM_REQUEST = text(
-    "INSERT INTO write_requests (fleet_id, agent_id, request_id, digest, record_ids_json, "
-    "created_us) VALUES (:fleet_id, :agent_id, :request_id, :digest, :record_ids_json, "
-    ":created_us) ON CONFLICT DO NOTHING RETURNING digest")
 _FIND_REQUEST = select(_WRITE_REQUESTS.c.digest, _WRITE_REQUESTS.c.record_ids_json).where(
     _WRITE_REQUESTS.c.fleet_id == bindparam("fleet"),
     _WRITE_REQUESTS.c.agent_id == bindparam("agent"),
@@ -153,19 +148,37 @@ _WRITE_KEYS = WRITE_KEYS
 _IDS_FOR_KEYS = select(_WRITE_KEYS.c.key, _WRITE_KEYS.c.record_id).where(
     _WRITE_KEYS.c.fleet_id == bindparam("fleet"),
     _WRITE_KEYS.c.key.in_(bindparam("keys", expanding=True)))
-# Each new record's write key; RETURNING names the claims stored (a key taken first is not).
-# The dialects' ON CONFLICT inserts are never cached (compiled on every call): a single claim,
-# the common write, goes as text in the syntax SQLite and Postgres share, compiled once; a
-# batch runs the dialect's statement once with every row's parameters (insertmanyvalues).
-_CLAIM_WRITE_KEY = text(
-    "INSERT INTO write_keys (fleet_id, \"key\", record_id) VALUES (:fleet_id, :key, :record_id) "
-    "ON CONFLICT DO NOTHING RETURNING record_id")
-_CLAIM_WRITE_KEYS = {
-    "sqlite": sqlite_insert(_WRITE_KEYS).on_conflict_do_nothing()
-    .returning(_WRITE_KEYS.c.record_id),
-    "postgresql": pg_insert(_WRITE_KEYS).on_conflict_do_nothing()
-    .returning(_WRITE_KEYS.c.record_id),
-}
+# Claims (write keys, request ids) go as one multi-row INSERT ... ON CONFLICT DO NOTHING
+# RETURNING, in the syntax SQLite and Postgres share, as text compiled once per row count: the
+# dialects' ON CONFLICT inserts are never cached (compiled on every call, ~2 ms for a group's
+# claims). RETURNING names the rows stored; a row whose key was taken first (by a concurrent
+# write, or an earlier row of the same statement) is not stored and not named.
+_CLAIM_ROWS = 300
+"""Rows per claim statement (SQLite allows 32,766 parameters in one)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _claim_statement(table: str, columns: tuple[str, ...], rows: int,
+                     returning: str) -> TextClause:
+    names = ", ".join(f'"{c}"' for c in columns)
+    values = ", ".join("(" + ", ".join(f":{c}_{i}" for c in columns) + ")" for i in range(rows))
+    return text(f"INSERT INTO {table} ({names}) VALUES {values} "
+                f"ON CONFLICT DO NOTHING RETURNING {returning}")
+
+
+def _claim(session: Session, table: str, rows: Sequence[dict[str, Any]],
+           returning: str) -> list[Any]:
+    """Insert ``rows`` (all with the same keys) unless their key is taken; the rows stored."""
+    stored: list[Any] = []
+    for start in range(0, len(rows), _CLAIM_ROWS):
+        chunk = rows[start:start + _CLAIM_ROWS]
+        columns = tuple(chunk[0])
+        params = {f"{c}_{i}": row[c] for i, row in enumerate(chunk) for c in columns}
+        statement = _claim_statement(table, columns, len(chunk), returning)
+        stored += session.connection().execute(statement, params).all()
+    return stored
+
+
 _TOMBSTONES = TombstoneRow.__table__
 _ERASED_AMONG = select(_TOMBSTONES.c.id, _TOMBSTONES.c.erasure_id).where(
     _TOMBSTONES.c.id.in_(_IDS))
@@ -208,6 +221,16 @@ _RECORD_USAGE = (
         updated_ts=bindparam("updated_ts"),
     )
 )
+
+
+class RequestClaim(NamedTuple):
+    """A write's request_id, claimed with the digest of its request and the ids it wrote."""
+
+    fleet_id: str
+    agent_id: str
+    request_id: str
+    digest: str
+    record_ids: Sequence[str]
 
 
 class ShardRepository:
@@ -315,8 +338,7 @@ class ShardRepository:
             return {}
         rows = [{"fleet_id": fleet, "key": key, "record_id": record_id}
                 for fleet, record_id, key in triples]
-        statement = _CLAIM_WRITE_KEY if len(rows) == 1 else _CLAIM_WRITE_KEYS[self.dialect]
-        claimed = set(session.execute(statement, rows[0] if len(rows) == 1 else rows).scalars())
+        claimed = {row.record_id for row in _claim(session, "write_keys", rows, "record_id")}
         lost: dict[str, str] = {}
         for fleet, record_id, key in triples:
             if record_id not in claimed:
@@ -332,30 +354,31 @@ class ShardRepository:
             return None
         return row.digest, list(json.loads(row.record_ids_json))
 
-    def claim_request(
-        self,
-        session: Session,
-        fleet_id: str,
-        agent_id: str,
-        request_id: str,
-        digest: str,
-        record_ids: Sequence[str],
-        now_us: int,
-    ) -> str | None:
-        """Record a request_id; ``None`` if this call stored it, else the digest stored first.
+    def claim_requests(self, session: Session, claims: Sequence[RequestClaim],
+                       now_us: int) -> dict[tuple[str, str, str], str]:
+        """Record each claim's request_id, the group's in one statement; returns
+        ``(fleet, agent, request_id) -> the digest stored first`` for the request ids that
+        were taken (by an earlier write, or an earlier claim of the same group).
 
         On Postgres a claim racing an uncommitted one waits for it, then reads what it stored.
         """
-        stored = session.connection().execute(_CLAIM_REQUEST, {
-            "fleet_id": fleet_id, "agent_id": agent_id, "request_id": request_id,
-            "digest": digest, "record_ids_json": json.dumps(list(record_ids)),
-            "created_us": now_us,
-        }).first()
-        if stored is not None:
-            return None
-        found = self.find_request(session, fleet_id, agent_id, request_id)
-        assert found is not None, "a conflicting request row must be visible after the wait"
-        return found[0]
+        if not claims:
+            return {}
+        rows = [{"fleet_id": c.fleet_id, "agent_id": c.agent_id, "request_id": c.request_id,
+                 "digest": c.digest, "record_ids_json": json.dumps(list(c.record_ids)),
+                 "created_us": now_us} for c in claims]
+        stored = {(r.fleet_id, r.agent_id, r.request_id) for r in _claim(
+            session, "write_requests", rows, "fleet_id, agent_id, request_id")}
+        taken: dict[tuple[str, str, str], str] = {}
+        for claim in claims:
+            key = (claim.fleet_id, claim.agent_id, claim.request_id)
+            if key in stored:
+                stored.discard(key)  # a second claim of the same key in this group lost
+                continue
+            found = self.find_request(session, *key)
+            assert found is not None, "a conflicting request row must be visible after the wait"
+            taken[key] = found[0]
+        return taken
 
     # -- domains ------------------------------------------------------------
 

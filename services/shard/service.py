@@ -49,7 +49,7 @@ from services.shard.domain.domains import (
 )
 from services.shard.domain.records import Record, RecordDraft
 from services.shard.ports import GateCandidate, TrustSource, WriteGate
-from services.shard.repository import RecordFilter, ShardRepository
+from services.shard.repository import RecordFilter, RequestClaim, ShardRepository
 from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery
 from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDuplicate
 
@@ -459,6 +459,7 @@ class ShardService:
             ids = [r.id for job in jobs for r in job.records]
             already = self.repo.existing(session, ids)
             inserted: set[str] = set()
+            unsent: list[Record] = []
             usage: dict[tuple[str, str], int] = {}
             # Every new record's write key, the group's in one statement; a key a concurrent
             # write (or an earlier job of this group) claimed first answers with its record.
@@ -470,18 +471,21 @@ class ShardService:
                 stored = self.repo.existing(session, set(lost.values()))
                 already.update({mine: stored.get(won) or pending[won]
                                 for mine, won in lost.items()})
+            # Every job's request_id, the group's in one statement, before the records go in:
+            # a refused reuse stores nothing.
+            taken = self.repo.claim_requests(session, [
+                RequestClaim(job.fleet_id, job.agent_id, job.request_id, job.digest,
+                             list(job.request_ids or [r.id for r in job.records]))
+                for job in jobs if job.request_id], int(now * 1_000_000))
             for job in jobs:
-                if job.request_id:
-                    # Claimed before the records go in: a refused reuse stores nothing.
-                    recorded = self.repo.claim_request(
-                        session, job.fleet_id, job.agent_id, job.request_id, job.digest,
-                        list(job.request_ids or [r.id for r in job.records]),
-                        int(now * 1_000_000))
-                    if recorded is not None and recorded != job.digest:
-                        raise _request_id_reused(job.request_id)
+                recorded = taken.get((job.fleet_id, job.agent_id, job.request_id))
+                if job.request_id and recorded is not None and recorded != job.digest:
+                    raise _request_id_reused(job.request_id)
                 fresh = [r for r in job.records if r.id not in already and r.id not in inserted]
-                self.repo.insert(session, fresh)
+                unsent += fresh  # the group's records go in together: two statements, not 2N
                 if job.compacts:
+                    self.repo.insert(session, unsent)  # the summary exists before it is named
+                    unsent = []
                     summary = already.get(job.records[0].id, job.records[0])
                     self._mark_compacted(session, job.fleet_id, summary.id, job.compacts,
                                          int(now * 1_000_000))
@@ -492,6 +496,7 @@ class ShardService:
                     WriteResult(already.get(r.id, r), created=r.id not in already)
                     for r in job.records
                 ])
+            self.repo.insert(session, unsent)
             # An id this group inserts was erased meanwhile (a write that found it through its
             # write key before the erasure committed): never store content under an erased id.
             # Checked after the inserts: they hold SQLite's write lock, and on Postgres wait

@@ -7,6 +7,7 @@ import grpc
 from engram.client import EngramRpcError, ShardClient
 from engram.client.shard import record_input
 from engram.shard.v1 import shard_service_pb2 as pb
+from services.shard.service import ShardService
 from tests.integration.races import at_once
 from tests.integration.shard.conftest import ClientFactory
 
@@ -79,3 +80,31 @@ def test_the_same_text_written_at_once_under_other_request_ids_is_one_record(
     assert len({r.record.id for r in replies}) == 1
     assert sum(r.created for r in replies) == 1
     assert len(list(clients[0].list(run_id="run-k"))) == 1
+
+
+def test_a_groups_request_ids_are_claimed_together_and_the_first_claim_wins(
+        shard: tuple[str, ShardService]) -> None:
+    """claim_requests: one multi-row insert; a key claimed earlier, or twice in the same group,
+    reports the digest stored first; the others are stored (SQLite and Postgres alike)."""
+    from services.shard.repository import RequestClaim
+
+    _, service = shard
+    repo, db = service.repo, service.db
+    with db.session() as session:
+        assert repo.claim_requests(session, [
+            RequestClaim("fleet-c", "agent-c", "req-old", "digest-old", ["r0"])], 1) == {}
+    claims = [RequestClaim("fleet-c", "agent-c", "req-1", "digest-1", ["r1"]),
+              RequestClaim("fleet-c", "agent-c", "req-old", "digest-new", ["r2"]),
+              RequestClaim("fleet-c", "agent-c", "req-1", "digest-1b", ["r3"]),
+              RequestClaim("fleet-c", "agent-d", "req-1", "digest-d", ["r4"])]
+    with db.session() as session:
+        taken = repo.claim_requests(session, claims, 2)
+    assert taken == {("fleet-c", "agent-c", "req-old"): "digest-old",
+                     ("fleet-c", "agent-c", "req-1"): "digest-1"}
+    with db.session() as session:
+        assert repo.find_request(session, "fleet-c", "agent-c", "req-1") == ("digest-1", ["r1"])
+        assert repo.find_request(session, "fleet-c", "agent-d", "req-1") == ("digest-d", ["r4"])
+        many = [RequestClaim("fleet-c", "agent-m", f"req-{n}", f"d{n}", [f"m{n}"])
+                for n in range(700)]  # more than one statement's rows
+        assert repo.claim_requests(session, many, 3) == {}
+        assert repo.find_request(session, "fleet-c", "agent-m", "req-699") == ("d699", ["m699"])
