@@ -407,8 +407,21 @@ class Gateway:
         loop = asyncio.get_running_loop()
         finished = loop.run_in_executor(self._upload_threads, functools.partial(
             _blocking_call, stub, requests(), metadata))
+        body = parts().__aiter__()
+        coming: asyncio.Future[artifacts_pb.CreateArtifactRequest] | None = None
         try:
-            async for part in parts():
+            while True:
+                # The next piece, or the service's answer if it comes first (a refused token
+                # or header): a client that then sends nothing must not keep the upload
+                # waiting on its body for the idle limit.
+                coming = asyncio.ensure_future(body.__anext__())
+                await asyncio.wait((coming, finished), return_when=asyncio.FIRST_COMPLETED)
+                if not coming.done():
+                    break  # the service has answered: the rest of the body is not needed
+                try:
+                    part = coming.result()
+                except StopAsyncIteration:
+                    break
                 while not finished.done():
                     try:
                         feed.put_nowait(part)
@@ -420,6 +433,8 @@ class Gateway:
             await _put_end(feed, finished)
             outcome = await finished
         finally:
+            if coming is not None and not coming.done():
+                coming.cancel()
             _drain_and_end(feed)
         if isinstance(outcome, grpc.RpcError):
             return error_response(status_from_rpc_error(outcome, route.backend))

@@ -246,3 +246,48 @@ def test_one_token_may_hold_only_its_share_of_the_upload_threads(stack: Stack) -
                 break
             time.sleep(0.1)
         assert again.status_code == 200, again.text
+
+
+def _answer(conn: socket.socket, within: float) -> str:
+    """What the gateway answers on ``conn`` (the whole of a JSON answer), waiting ``within`` s."""
+    conn.settimeout(within)
+    answer = b""
+    while not answer.rstrip().endswith(b"}"):
+        try:
+            piece = conn.recv(65536)
+        except TimeoutError:
+            break
+        if not piece:
+            break
+        answer += piece
+    return answer.decode("latin-1")
+
+
+@pytest.mark.parametrize("refused", ["forged signature", "no name"])
+def test_an_upload_the_service_refuses_is_answered_though_its_body_stalls(
+        stack: Stack, refused: str) -> None:
+    """Found in review: after the service refused an upload (a forged token, a header without
+    a name), the gateway still waited for the body's next piece, up to the idle limit, before
+    answering, holding the upload's place (its token's share, and the gateway's cap on
+    uploads) all that time. Checked failing without the race between the next piece and the
+    service's answer: 408 BODY_IDLE_TIMEOUT after the 5 s idle limit instead of the refusal."""
+    auth = _auth(stack)
+    token = auth["Authorization"].split(" ", 1)[1]
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=5.0,
+                           body_min_bytes_per_s=0)
+    with GatewayThread(Gateway(config)) as url:
+        started = requests.post(f"{url}/v1/runs", headers=auth, json={"runId": "run-refused"},
+                                timeout=10)
+        assert started.status_code == 200, started.text
+        if refused == "forged signature":
+            headers = {"Authorization": f"Bearer {token.rsplit('.', 1)[0]}.{'A' * 86}"}
+            query, expected = "step_id=s&name=forged.bin", "HTTP/1.1 401"
+        else:
+            headers, query, expected = auth, "step_id=s", "HTTP/1.1 400"
+        host, port, head = _head(url, "POST", f"/v1/runs/run-refused/artifacts?{query}",
+                                 {**headers, "Content-Length": "1000000",
+                                  "Content-Type": "application/x-test"})
+        with socket.create_connection((host, port), timeout=15) as conn:
+            conn.sendall(head + b"x" * 1000)  # then nothing
+            text = _answer(conn, 15)
+        assert text.startswith(expected), text
