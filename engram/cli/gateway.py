@@ -48,6 +48,10 @@ def gateway(
         8, min=1, help="uploads one token may have running at once, however its header spells "
         "it (of the gateway's 32 upload threads); one more is 429 UPLOAD_LIMIT with "
         "Retry-After"),
+    uploads_max: int = typer.Option(
+        24, min=1, max=24, help="uploads the gateway runs at once, whoever sends them; one more "
+        "is 503 UPLOADS_BUSY with Retry-After at once. At most 24: 8 of the 32 upload threads "
+        "stay free, so an upload let in never waits for a thread"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""
@@ -65,6 +69,6 @@ def gateway(
     try:
         serve(settings(), host=host, port=port, log_level=log_level,
               body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token,
-              stream_min_bytes_per_s=stream_min_rate)
+              stream_min_bytes_per_s=stream_min_rate, uploads_max=uploads_max)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

@@ -48,7 +48,12 @@ BODY_BURST = 1024 * 1024
 """How far ahead of ``--body-min-rate`` a request body may get: bodies arrive as the socket
 reads them (256 KiB at most), not in the kernel's steps."""
 UPLOAD_THREADS = 32
-"""Uploads at once; more wait for a thread."""
+"""Threads for uploads (each holds one for its whole length)."""
+UPLOAD_HEADROOM = 8
+"""Upload threads the cap on uploads (``uploads_max``) always leaves free: a thread may still
+be finishing the call of an upload whose client has gone (the service answering the stream
+the gateway ended), so an upload let in never waits for a thread. One that waited kept up to
+2 MiB of its body and polled the event loop, which serves every other request, every 2 ms."""
 UPLOAD_QUEUE = 8
 """Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
@@ -89,8 +94,13 @@ class GatewayConfig:
     nothing (a fast start banked hours of trickling). 0 turns the rate off (the idle limit
     stays)."""
     uploads_per_token: int = UPLOAD_THREADS // 4
-    """Uploads one Authorization header may have running at once; one more is 429
-    RESOURCE_EXHAUSTED (UPLOAD_LIMIT): one token cannot take every upload thread."""
+    """Uploads one token may have running at once; one more is 429 RESOURCE_EXHAUSTED
+    (UPLOAD_LIMIT): one token cannot take every upload thread."""
+    uploads_max: int = UPLOAD_THREADS - UPLOAD_HEADROOM
+    """Uploads the gateway runs at once, whoever sends them, at most ``UPLOAD_THREADS -
+    UPLOAD_HEADROOM``; one more is 503 UNAVAILABLE (UPLOADS_BUSY) at once. Without it, uploads
+    past the threads queued with no bound, each holding its connection, up to 2 MiB of body and
+    a 2 ms poll on the event loop, so uploads alone could starve every other request."""
     stream_idle_seconds: float = 30.0
     """A response stream (a download, a snapshot) whose service sends nothing for this long,
     or whose client takes nothing for this long and then less than ``stream_min_bytes_per_s``
@@ -121,6 +131,10 @@ class GatewayConfig:
         if self.uploads_per_token < 1:
             raise ValueError(f"uploads_per_token must be at least 1, got "
                              f"{self.uploads_per_token}")
+        if not 1 <= self.uploads_max <= UPLOAD_THREADS - UPLOAD_HEADROOM:
+            raise ValueError(f"uploads_max must be 1..{UPLOAD_THREADS - UPLOAD_HEADROOM} (the "
+                             f"gateway keeps {UPLOAD_HEADROOM} of its {UPLOAD_THREADS} upload "
+                             f"threads free), got {self.uploads_max}")
 
     @classmethod
     def from_settings(cls, settings: ClientSettings, **overrides: Any) -> GatewayConfig:
@@ -219,6 +233,8 @@ class Gateway:
         self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
                                                   thread_name_prefix="engram-gateway-upload")
         self._uploads: dict[bytes, int] = {}
+        self._uploads_running = 0
+        """Uploads running, whoever sent them (event loop only)."""
         """Uploads running, by the SHA-256 of their Authorization header (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
@@ -361,10 +377,18 @@ class Gateway:
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"this token has {running} uploads running, "
                 f"the most one token may have at once; retry when one ends", "UPLOAD_LIMIT"),
                 headers={"retry-after": "1"})
+        if self._uploads_running >= self.config.uploads_max:
+            return error_response(status_of(
+                grpc.StatusCode.UNAVAILABLE, f"the gateway is running {self._uploads_running} "
+                "uploads, the most it takes at once; retry in a moment", "UPLOADS_BUSY",
+                {"uploads_max": str(self.config.uploads_max)}),
+                headers={"retry-after": "1"})
         self._uploads[holder] = running + 1
+        self._uploads_running += 1
         try:
             return await self._upload(route, params, request)
         finally:
+            self._uploads_running -= 1
             if self._uploads[holder] <= 1:
                 del self._uploads[holder]
             else:

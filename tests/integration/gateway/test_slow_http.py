@@ -8,7 +8,9 @@
 - A service that sends nothing on a stream held the HTTP request open for good: it is now
   504 STREAM_IDLE_TIMEOUT before the headers, and a cut body after them.
 - One token could take all 32 upload threads: it now has its share (8 by default), and its
-  next upload is 429 UPLOAD_LIMIT.
+  next upload is 429 UPLOAD_LIMIT. Several tokens could, and uploads past the threads queued
+  with no bound: the gateway now runs 24 at once (--uploads-max), one more is 503
+  UPLOADS_BUSY.
 """
 
 from __future__ import annotations
@@ -291,3 +293,55 @@ def test_an_upload_the_service_refuses_is_answered_though_its_body_stalls(
             conn.sendall(head + b"x" * 1000)  # then nothing
             text = _answer(conn, 15)
         assert text.startswith(expected), text
+
+
+def test_uploads_past_the_gateways_cap_are_503_at_once(stack: Stack) -> None:
+    """Found in review: several tokens together could take every upload thread, and uploads
+    past the threads queued with no bound. With --uploads-max 2, two tokens holding one
+    stalled upload each fill it: a third token's upload is 503 UPLOADS_BUSY with Retry-After
+    at once while JSON requests are served, and uploads run again once the two end. Checked
+    failing without the cap (the third upload was served: a third thread taken)."""
+    tokens = [_auth(stack, f"capper-{n}") for n in range(3)]
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0, body_idle_seconds=10.0,
+                           body_min_bytes_per_s=0, uploads_per_token=8, uploads_max=2)
+    with GatewayThread(Gateway(config)) as url:
+        for n, headers in enumerate(tokens):
+            started = requests.post(f"{url}/v1/runs", headers=headers,
+                                    json={"runId": f"run-cap-{n}"}, timeout=10)
+            assert started.status_code == 200, started.text
+        held = []
+        try:
+            for n, headers in enumerate(tokens[:2]):
+                host, port, head = _head(url, "POST", f"/v1/runs/run-cap-{n}/artifacts?"
+                                         "step_id=s&name=held.bin",
+                                         {**headers, "Content-Length": "1000000",
+                                          "Content-Type": "application/x-test"})
+                conn = socket.create_connection((host, port), timeout=15)
+                held.append(conn)
+                conn.sendall(head + b"x" * 1000)
+            upload = f"{url}/v1/runs/run-cap-2/artifacts"
+            deadline = time.monotonic() + 5
+            while True:  # the two held uploads reach the gateway in their own time
+                third = requests.post(upload, headers=tokens[2], params={
+                    "step_id": "s", "name": "third.bin"}, data=b"third", timeout=10)
+                if third.status_code != 200 or time.monotonic() > deadline:
+                    break
+            assert third.status_code == 503, third.text
+            status = third.json()
+            assert status["code"] == 14 and status["details"][0]["reason"] == "UPLOADS_BUSY"
+            assert status["details"][0]["metadata"] == {"uploads_max": "2"}
+            assert "retry" in status["message"] and third.headers["retry-after"] == "1"
+            listed = requests.get(f"{url}/v1/runs/run-cap-2/artifacts", headers=tokens[2],
+                                  timeout=10)
+            assert listed.status_code == 200, listed.text
+        finally:
+            for conn in held:
+                conn.close()
+        deadline = time.monotonic() + 10
+        while True:
+            again = requests.post(upload, headers=tokens[2], params={
+                "step_id": "s", "name": "again.bin"}, data=b"again", timeout=10)
+            if again.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert again.status_code == 200, again.text

@@ -90,3 +90,25 @@ def test_rates_of_0_and_1_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
         result = CliRunner().invoke(app, ["gateway", "--port", "0", "--body-min-rate", value,
                                           "--stream-min-rate", value])
         assert result.exit_code == 0, (value, result.output)
+
+
+def test_the_cap_on_uploads_reaches_the_gateway_and_keeps_threads_free(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--uploads-max (default 24) reaches the config; more than 24 (8 of the 32 upload threads
+    stay free) or 0 is exit 2."""
+    import uvicorn
+
+    from engram.gateway import _serve
+
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: None)
+    made: list[object] = []
+    real = _serve.Gateway
+    monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
+    assert made[-1].uploads_max == 24  # type: ignore[attr-defined]
+    result = CliRunner().invoke(app, ["gateway", "--port", "0", "--uploads-max", "3"])
+    assert result.exit_code == 0, result.output
+    assert made[-1].uploads_max == 3  # type: ignore[attr-defined]
+    for value in ("25", "0"):
+        refused = CliRunner().invoke(app, ["gateway", "--uploads-max", value])
+        assert refused.exit_code == 2 and "uploads-max" in refused.output

@@ -373,3 +373,13 @@ def test_every_spelling_of_one_token_is_one_upload_holder() -> None:
     assert _upload_holder(f"Bearer {other}") != holder  # another jti: another token
     assert _upload_holder("Bearer not-a-jwt") != _upload_holder("Bearer not-a-jwt2")
     assert _upload_holder("") == _upload_holder("")  # no token: one holder for all of them
+
+
+def test_the_cap_on_uploads_leaves_upload_threads_free() -> None:
+    from engram.gateway import GatewayConfig
+    from engram.gateway._app import UPLOAD_HEADROOM, UPLOAD_THREADS
+
+    assert GatewayConfig({}).uploads_max == UPLOAD_THREADS - UPLOAD_HEADROOM
+    for wrong in (0, UPLOAD_THREADS - UPLOAD_HEADROOM + 1):
+        with pytest.raises(ValueError, match=r"uploads_max must be 1\.\.24"):
+            GatewayConfig({}, uploads_max=wrong)
