@@ -233,9 +233,9 @@ class Gateway:
         self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
                                                   thread_name_prefix="engram-gateway-upload")
         self._uploads: dict[bytes, int] = {}
+        """Uploads running, by their holder (_upload_holder; event loop only)."""
         self._uploads_running = 0
         """Uploads running, whoever sent them (event loop only)."""
-        """Uploads running, by the SHA-256 of their Authorization header (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
         # Opened on first use, inside the server's event loop (grpc.aio binds to it).
