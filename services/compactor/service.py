@@ -27,8 +27,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.blobstore import BlobStore
@@ -79,14 +79,14 @@ from services.compactor.domain.warm_chain import (
 )
 from services.compactor.repository import CompactorRepository, ConcurrentAppend
 from services.compactor.tiers.cold import ColdArchive
-from services.compactor.tiers.steps import StepHook, no_step_hook
+from services.compactor.tiers.steps import StepHook, StoredBlob, no_step_hook
 from services.compactor.tiers.warm import WarmArchive
 
 log = logging.getLogger("engram.compactor")
 
 _APPEND_ATTEMPTS = 5
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_REREAD_ATTEMPTS = 3  # a read whose chosen files a seal or a retirement deleted: tries
+_REREAD_ATTEMPTS = 3  # a read whose chosen snapshot a retirement deleted: tries
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -442,21 +442,22 @@ class IterationLog:
 
     def verify(self, fleet_id: str, run_id: str) -> VerifyReport:
         """Check the run's warm log, index, and stored snapshots against its head, all as read
-        at one moment. A seal or a snapshot's retirement committed meanwhile deletes files that
-        moment still names (an older index, a retired snapshot): when a check found problems
-        and those moved, it is made again on a fresh view (at most ``_REREAD_ATTEMPTS``)."""
-        for _ in range(_REREAD_ATTEMPTS):
+        at one moment.
+
+        A seal deletes the index file it supersedes and a retirement its snapshot's file, both
+        under the run's lock: the view and the files only a seal or a retirement deletes (the
+        index file it names, its stored snapshots) are read holding that lock, so each named
+        file is there unless it is really missing. Segment files are not deleted by either;
+        they are read and every check made after the lock is released (an erasure deleting
+        them meanwhile is NOT_FOUND, not damage)."""
+        with self.run_lock(fleet_id, run_id):
             view = self._view(fleet_id, run_id)
-            report = self._verify_view(view)
-            if report.ok:
-                break
-            fresh = self._view(fleet_id, run_id)
-            if not _files_moved(view, fresh):
-                break
-        else:
-            # Retirements kept moving files under every read: a problem of a snapshot the
-            # latest view no longer holds is its retirement, not damage.
-            report = _without_retired(report, fresh)
+            index = self._warm.load_index(fleet_id, run_id, view.head.index_version,
+                                          view.sealed)
+            snapshots = self._cold.load(view.snapshots)
+        report = self._verify_view(view, index, snapshots)
+        if not report.ok:
+            self._head(fleet_id, run_id)  # erased meanwhile (ForgetIterations): NOT_FOUND
         self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(report.problems))
         return report
 
@@ -466,11 +467,12 @@ class IterationLog:
             raise _run_not_found(fleet_id, run_id)
         return view
 
-    def _verify_view(self, view: RunView) -> VerifyReport:
+    def _verify_view(self, view: RunView, index: StoredBlob | None,
+                     snapshots: Mapping[int, StoredBlob]) -> VerifyReport:
         head, sealed = view.head, view.sealed
         fleet_id, run_id = head.fleet_id, head.run_id
         walker = ChainWalker(genesis_hash(fleet_id, run_id))
-        problems = self._warm.check_index(fleet_id, run_id, head.index_version, sealed)
+        problems = self._warm.check_index(index, sealed)
         segment_problems, hashes = self._warm.check_segments(sealed, walker)
         problems.extend(segment_problems)
         for iteration, text in view.line_texts:
@@ -481,7 +483,7 @@ class IterationLog:
         if walker.expected_iter - 1 != head.last_iter or walker.expected_prev != head.head_hash:
             problems.append(("head", f"the run's head is iteration {head.last_iter}; the warm "
                                      f"log ends at {walker.expected_iter - 1} with another hash"))
-        problems.extend(self._cold.check(view.snapshots, hashes))
+        problems.extend(self._cold.check(view.snapshots, snapshots, hashes))
         failure = self.repairs.failure((fleet_id, run_id))
         if failure is not None:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
@@ -491,10 +493,11 @@ class IterationLog:
 
     def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
         """The newest index file's segment list (what operators and tools read)."""
-        head = self._head(fleet_id, run_id)
-        if head.index_version == 0:
-            return []
-        return self._warm.read_index(fleet_id, run_id, head.index_version)
+        with self.run_lock(fleet_id, run_id):  # no seal replaces it between the two reads
+            head = self._head(fleet_id, run_id)
+            if head.index_version == 0:
+                return []
+            return self._warm.read_index(fleet_id, run_id, head.index_version)
 
 
 class MemoryCompactionPort(Protocol):
@@ -505,21 +508,6 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
-
-
-def _without_retired(report: VerifyReport, now: RunView) -> VerifyReport:
-    """``report`` without the problems of snapshots ``now`` no longer holds."""
-    held = {f"snapshot {s.iteration}" for s in now.snapshots}
-    kept = tuple(p for p in report.problems
-                 if not p[0].startswith("snapshot ") or p[0] in held)
-    return replace(report, problems=kept)
-
-
-def _files_moved(before: RunView, now: RunView) -> bool:
-    """Whether a seal (a new index version) or a snapshot's retirement came between the views:
-    the files the first one names may have been deleted since."""
-    return (before.head.index_version != now.head.index_version
-            or [s.iteration for s in before.snapshots] != [s.iteration for s in now.snapshots])
 
 
 def _run_not_found(fleet_id: str, run_id: str) -> NotFound:

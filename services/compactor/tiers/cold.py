@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from services.common.blobstore import BlobStore
-from services.common.errors import IntegrityError, NotFound
+from services.common.errors import IntegrityError
 from services.compactor.domain.blob_layout import (
     SnapshotContent,
     digest_of,
@@ -15,7 +15,7 @@ from services.compactor.domain.blob_layout import (
 )
 from services.compactor.domain.model import HotEntry, SnapshotInfo
 from services.compactor.domain.warm_chain import detail_digest
-from services.compactor.tiers.steps import StepHook, hooked, put_once
+from services.compactor.tiers.steps import StepHook, StoredBlob, hooked, load, put_once
 
 
 class ColdArchive:
@@ -42,25 +42,27 @@ class ColdArchive:
             self._hook("retention:mid")
 
     def read(self, snapshot: SnapshotInfo) -> SnapshotContent:
-        data = b"".join(self._blobs.open(snapshot.key))
-        if digest_of(data) != snapshot.sha256:
-            raise IntegrityError(f"cold snapshot {snapshot.key} does not match its digest",
-                                 reason="SNAPSHOT_TAMPERED")
-        try:
-            return read_snapshot(data)
-        except ValueError as exc:
-            raise IntegrityError(f"cold snapshot {snapshot.key}: {exc}",
-                                 reason="SNAPSHOT_TAMPERED") from None
+        return _content(snapshot, b"".join(self._blobs.open(snapshot.key)))
 
-    def check(self, snapshots: Sequence[SnapshotInfo],
+    def load(self, snapshots: Sequence[SnapshotInfo]) -> dict[int, StoredBlob]:
+        """The ``snapshots``' files as stored now, by iteration, for :meth:`check`."""
+        return {s.iteration: load(self._blobs, s.key) for s in snapshots}
+
+    @staticmethod
+    def check(snapshots: Sequence[SnapshotInfo], files: Mapping[int, StoredBlob],
               hashes: Mapping[int, str]) -> list[tuple[str, str]]:
-        """Problems of stored ``snapshots`` against the warm log's line ``hashes``."""
+        """Problems of stored ``snapshots`` (their ``files`` as loaded) against the warm log's
+        line ``hashes``."""
         problems: list[tuple[str, str]] = []
         for snapshot in snapshots:
             where = f"snapshot {snapshot.iteration}"
+            data = files[snapshot.iteration].data
+            if data is None:
+                problems.append((where, f"cold snapshot {snapshot.key} is missing"))
+                continue
             try:
-                content = self.read(snapshot)
-            except (NotFound, IntegrityError) as exc:
+                content = _content(snapshot, data)
+            except IntegrityError as exc:
                 problems.append((where, str(exc)))
                 continue
             if hashes.get(snapshot.iteration) != content.summary.hash:
@@ -69,3 +71,15 @@ class ColdArchive:
                     content.summary.detail_digest:
                 problems.append((where, "its detail does not match the line's detailDigest"))
         return problems
+
+
+def _content(snapshot: SnapshotInfo, data: bytes) -> SnapshotContent:
+    """The snapshot's content, checked against its recorded digest."""
+    if digest_of(data) != snapshot.sha256:
+        raise IntegrityError(f"cold snapshot {snapshot.key} does not match its digest",
+                             reason="SNAPSHOT_TAMPERED")
+    try:
+        return read_snapshot(data)
+    except ValueError as exc:
+        raise IntegrityError(f"cold snapshot {snapshot.key}: {exc}",
+                             reason="SNAPSHOT_TAMPERED") from None

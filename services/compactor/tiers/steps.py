@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from services.common.blobstore import BlobStore
-from services.common.errors import IntegrityError
+from services.common.errors import IntegrityError, NotFound
 from services.compactor.domain.blob_layout import digest_of
 
 StepHook = Callable[[str], None]
@@ -42,3 +43,18 @@ def hooked(chunks: Iterable[bytes], hook: StepHook, mid: str | None,
             hook(mid)
         yield chunk
     hook(end)  # the adapter has every byte in its temp file, nothing renamed yet
+
+
+@dataclass(frozen=True)
+class StoredBlob:
+    """A blob as read at one moment: its bytes, or None when it was missing."""
+
+    key: str
+    data: bytes | None
+
+
+def load(blobs: BlobStore, key: str) -> StoredBlob:
+    try:
+        return StoredBlob(key, b"".join(blobs.open(key)))
+    except NotFound:
+        return StoredBlob(key, None)

@@ -18,7 +18,7 @@ from services.compactor.domain.blob_layout import (
     segment_key,
 )
 from services.compactor.domain.warm_chain import ChainWalker, WarmLine
-from services.compactor.tiers.steps import StepHook, hooked, put_once
+from services.compactor.tiers.steps import StepHook, StoredBlob, hooked, load, put_once
 
 
 class WarmArchive:
@@ -63,20 +63,28 @@ class WarmArchive:
     def read_index(self, fleet_id: str, run_id: str, version: int) -> list[SegmentEntry]:
         return parse_index(b"".join(self._blobs.open(index_key(fleet_id, run_id, version))))
 
-    def check_index(self, fleet_id: str, run_id: str, version: int,
-                    sealed: Sequence[SegmentEntry]) -> list[tuple[str, str]]:
-        """Problems of index file ``version``: missing, unreadable, or not listing ``sealed``."""
+    def load_index(self, fleet_id: str, run_id: str, version: int,
+                   sealed: Sequence[SegmentEntry]) -> StoredBlob | None:
+        """Index file ``version`` as stored now, for :meth:`check_index`; None when no segment
+        is sealed (there is no index to check)."""
         if not sealed:
+            return None
+        return load(self._blobs, index_key(fleet_id, run_id, version))
+
+    @staticmethod
+    def check_index(index: StoredBlob | None,
+                    sealed: Sequence[SegmentEntry]) -> list[tuple[str, str]]:
+        """Problems of the ``index`` file: missing, unreadable, or not listing ``sealed``."""
+        if index is None:
             return []
-        key = index_key(fleet_id, run_id, version)
+        if index.data is None:
+            return [("index", f"index file {index.key} is missing")]
         try:
-            listed = self.read_index(fleet_id, run_id, version)
-        except NotFound:
-            return [("index", f"index file {key} is missing")]
+            listed = parse_index(index.data)
         except (ValueError, KeyError, TypeError) as exc:
-            return [("index", f"index file {key} is unreadable: {exc}")]
+            return [("index", f"index file {index.key} is unreadable: {exc}")]
         if listed != sealed:
-            return [("index", f"index file {key} does not list the sealed segments")]
+            return [("index", f"index file {index.key} does not list the sealed segments")]
         return []
 
     def check_segments(self, sealed: Sequence[SegmentEntry], walker: ChainWalker,

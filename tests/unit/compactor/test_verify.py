@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from sqlalchemy import text
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.errors import IntegrityError
+from services.compactor.domain.model import RunView
 from services.compactor.service import IterationLog
 from tests.unit.compactor.support import LogFactory, make_iteration
 
@@ -106,3 +110,77 @@ def test_tampered_cold_snapshot_and_missing_index(log: IterationLog,
     assert f"snapshot {snapshot.iteration}" in found and "index file" in found
     with pytest.raises(IntegrityError, match="does not match its digest"):
         log.reconstruct(F, R, snapshot.iteration)
+
+
+class _WatchedLock:
+    """A run lock that says when a thread had to wait for it."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.waited = threading.Event()
+
+    def __enter__(self) -> _WatchedLock:
+        if not self._lock.acquire(blocking=False):
+            self.waited.set()
+            self._lock.acquire()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+
+def test_a_seal_and_a_retirement_between_the_view_and_its_reads_are_not_damage(
+        make_log: LogFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VerifyRun reads the run's view (head, sealed segments, stored snapshots), then the index
+    file and the snapshot files it names. A seal committing in between deletes that index file
+    (a newer one replaces it), a retirement a snapshot: on a run being appended to, verify
+    reported "index file .../000047.json is missing" when that happened under each of its
+    re-reads. Here appends seal and retire right after every view verify takes, until they
+    are done or have to wait for the run's lock."""
+    log = make_log(rotate_bytes=1500, snapshot_every=5, keep_snapshots=3)
+    for n in range(1, 31):
+        log.record(F, R, make_iteration(n))
+    assert log.verify(F, R).ok
+    watched = _WatchedLock(log.run_lock(F, R))
+    monkeypatch.setattr(log, "run_lock", lambda _fleet, _run: watched)
+    next_iteration = itertools.count(31)
+    appenders: list[threading.Thread] = []
+    errors: list[BaseException] = []
+    real_view = log.repo.view
+
+    def view_then_seal_and_retire(fleet_id: str, run_id: str) -> RunView | None:
+        view = real_view(fleet_id, run_id)
+        assert view is not None and view.sealed and view.snapshots
+        index, oldest = view.head.index_version, view.snapshots[0].iteration
+
+        def moved_on() -> bool:
+            head = log.repo.head(F, R)
+            stored = [s.iteration for s in log.repo.snapshots(F, R)]
+            return head is not None and head.index_version > index and oldest not in stored
+
+        def append() -> None:
+            try:
+                while not moved_on():
+                    log.record(F, R, make_iteration(next(next_iteration)))
+            except BaseException as error:  # reported by the test, not lost in the thread
+                errors.append(error)
+
+        watched.waited.clear()
+        appender = threading.Thread(target=append)
+        appenders.append(appender)
+        appender.start()
+        deadline = time.monotonic() + 30
+        while appender.is_alive() and not watched.waited.is_set() \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return view
+
+    monkeypatch.setattr(log.repo, "view", view_then_seal_and_retire)
+    report = log.verify(F, R)
+    for appender in appenders:
+        appender.join(timeout=30)
+    monkeypatch.undo()
+    assert not errors and not any(a.is_alive() for a in appenders)
+    assert report.ok, list(report.problems)
+    assert appenders and log.last_iteration(F, R) > 30
+    assert log.verify(F, R).ok
