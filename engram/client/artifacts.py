@@ -12,16 +12,23 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import grpc
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
-from engram.client._channel import BaseClient, idempotency_key, string_list
+from engram.client._channel import (
+    RETRY_BUFFER_BYTES,
+    BaseClient,
+    UnaryCall,
+    idempotency_key,
+    string_list,
+)
 from engram.client._errors import EngramRpcError
 
 CHUNK_SIZE = 1 << 20
@@ -73,6 +80,41 @@ def _streamed(kind: type[M], first: M, chunks: Iterable[bytes]) -> Iterator[M]:
         sent += len(chunk)
         yield kind(chunk=chunk)
     yield kind(trailer=pb.ArtifactTrailer(size_bytes=sent, sha256=digest.hexdigest()))
+
+
+R = TypeVar("R")
+
+
+class _Sent(Generic[M]):
+    """The messages of one streamed upload as gRPC takes them, kept while they fit in
+    ``RETRY_BUFFER_BYTES`` so that the whole stream can be sent again; ``complete`` once the
+    last one (the trailer) was taken, ``sent`` the size that trailer declares."""
+
+    def __init__(self, messages: Iterator[M]) -> None:
+        self._messages: Iterator[M] = messages
+        self.kept: list[M] | None = []
+        self._kept_bytes = 0
+        self.complete = False
+        self.sent: int | None = None
+
+    def __iter__(self) -> _Sent[M]:
+        return self
+
+    def __next__(self) -> M:
+        try:
+            message = next(self._messages)
+        except StopIteration:
+            self.complete = True
+            raise
+        if message.WhichOneof("part") == "trailer":
+            self.sent = message.trailer.size_bytes
+        if self.kept is not None:
+            self._kept_bytes += message.ByteSize()
+            if self._kept_bytes > RETRY_BUFFER_BYTES:
+                self.kept = None
+            else:
+                self.kept.append(message)
+        return message
 
 
 class ArtifactsClient(BaseClient):
@@ -137,8 +179,7 @@ class ArtifactsClient(BaseClient):
 
         requests = _streamed(pb.CreateArtifactRequest, pb.CreateArtifactRequest(header=header),
                              chunks)
-        return self.call(self.stub.CreateArtifact, requests,
-                         timeout=self.stream_timeout).artifact
+        return self._send_stream(self.stub.CreateArtifact, requests, size_bytes).artifact
 
     # -- imports (engram import-bundle; admin) --------------------------------
 
@@ -150,7 +191,44 @@ class ArtifactsClient(BaseClient):
         """The artifact as its origin returned it, with its bytes (which must be its own)."""
         requests = _streamed(pb.ImportArtifactRequest, pb.ImportArtifactRequest(
             artifact=artifact), chunks)
-        return self.call(self.stub.ImportArtifact, requests, timeout=self.stream_timeout)
+        return self._send_stream(self.stub.ImportArtifact, requests, artifact.size_bytes)
+
+    def _send_stream(self, method: UnaryCall[Iterator[M], R], requests: Iterator[M],
+                     declared: int | None) -> R:
+        """An upload's stream, sent again whole when the service received it cut short
+        although all of it was sent.
+
+        gRPC's retry of a stream whose attempt failed while it was still being sent (an I/O
+        error of the service, say) can deliver the next attempt without some of the messages
+        taken meanwhile (seen with grpcio 1.85: the trailer, or chunks in the middle, missing;
+        every later attempt replays the same). The trailer lets the service see it and store
+        nothing (``UPLOAD_TRUNCATED``); the stream this SDK sent was whole, so it is sent
+        again from what was kept (at most ``max_retries`` times, within ``stream_timeout``).
+        A stream too large to keep is the caller's to send again: that failure is
+        ``UNAVAILABLE``, not the ``INVALID_ARGUMENT`` of a stream the caller cut short.
+        """
+        deadline = None if self.stream_timeout is None else \
+            time.monotonic() + self.stream_timeout
+        sent, resends = _Sent(requests), self.max_retries
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return self.call(method, sent, timeout=remaining)
+            except EngramRpcError as failure:
+                whole = (failure.reason == "UPLOAD_TRUNCATED" and sent.complete
+                         and (declared is None or sent.sent == declared))
+                if not whole:
+                    raise
+                if (sent.kept is None or resends <= 0
+                        or (deadline is not None and time.monotonic() >= deadline)):
+                    raise EngramRpcError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the service received this upload incomplete although all of it was "
+                        "sent (cut on the way: gRPC's retry of an attempt that failed mid-stream "
+                        f"can drop messages); {failure.message}; send it again",
+                        failure.reason, failure.metadata) from failure
+            resends -= 1
+            sent = _Sent(iter(sent.kept))
 
     def import_run_items(self, *, manifests: Iterable[pb.Manifest] = (),
                          evidence: Iterable[pb.Evidence] = (), events: Iterable[pb.Event] = (),

@@ -11,6 +11,12 @@ no blob file is left that no artifact row names; a failure that happens once is 
 the SDK and the upload lands exactly once; once the fault is gone, uploads succeed on the
 same server (no restart) and VerifyArtifacts finds nothing wrong. The compactor acknowledges
 an iteration by its database commit, so there the criterion is the second test's.
+
+gRPC's retry of an upload that failed while it was still being sent can deliver the next
+attempt without some of its messages (grpcio 1.85: the trailer or chunks in the middle,
+about 1 failure in 100 on two cores); the service refuses such a stream (UPLOAD_TRUNCATED,
+nothing stored) and the SDK sends it again whole. The cut tests make that cut happen every
+time, with an interceptor on the client's channel.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 import services.common.blobstore.file as file_store
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
-from engram.client import EngramRpcError
+from engram.client import EngramRpcError, open_channel
+from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from services.common.tokens import write_token_file
@@ -171,6 +179,101 @@ def test_an_io_error_is_unavailable_leaves_nothing_and_passes(
     assert checked.checked == 3 and not checked.problems
     published, temporary = _blob_files(env)
     assert temporary == [] and published == {a.path for a in client.list_artifacts(run_id)}
+
+
+class CutStreams(grpc.StreamUnaryClientInterceptor):
+    """Delivers the first ``times`` request streams of a channel without the messages
+    ``dropped`` picks (index, message), as gRPC's retry of a stream cut mid-send did: the
+    SDK hands every message over, the service receives the stream short of some."""
+
+    def __init__(self, dropped: Callable[[int, Message], bool], times: int = 1) -> None:
+        self.dropped, self.times, self.calls = dropped, times, 0
+
+    def intercept_stream_unary(self, continuation: Callable[..., Any], details: Any,
+                               requests: Iterator[Message]) -> Any:
+        self.calls += 1
+        if self.calls <= self.times:
+            requests = (m for i, m in enumerate(requests) if not self.dropped(i, m))
+        return continuation(details, requests)
+
+
+def _trailer(_index: int, message: Message) -> bool:
+    return message.WhichOneof("part") == "trailer"
+
+
+def _second_chunk(index: int, _message: Message) -> bool:
+    return index == 2
+
+
+def _cut_client(env: RunningArtifacts, cut: CutStreams, token: str) -> ArtifactsClient:
+    channel = grpc.intercept_channel(open_channel(env.server.address), cut)
+    return ArtifactsClient(env.server.address, token, channel=channel, timeout=30)
+
+
+@pytest.mark.parametrize("dropped", [_trailer, _second_chunk], ids=["trailer", "a-chunk"])
+def test_an_upload_received_cut_short_is_sent_again_whole_and_lands_once(
+        artifacts: RunningArtifacts, make_token: Callable[..., str],
+        dropped: Callable[[int, Message], bool]) -> None:
+    """Without the SDK's resend: INVALID_ARGUMENT UPLOAD_TRUNCATED for a whole upload."""
+    env = artifacts
+    cut = CutStreams(dropped)
+    with _cut_client(env, cut, make_token("agent-1", "fleet-a")) as client:
+        run_id = client.start_run("cut-run").run.run_id
+        landed = client.upload(iter(PAYLOAD), run_id=run_id, step_id="s", name="cut.bin")
+        assert cut.calls == 2, "the upload was not sent again"
+        assert [a.artifact_id for a in client.list_artifacts(run_id)] == [landed.artifact_id]
+        _meta, chunks = client.read(landed.artifact_id)
+        assert b"".join(chunks) == b"".join(PAYLOAD)
+        assert not client.verify(run_id).problems
+    published, temporary = _blob_files(env)
+    assert temporary == [] and published == {landed.path}
+
+
+def test_an_upload_cut_every_time_or_too_large_to_resend_is_unavailable_and_a_short_one_is_not(
+        artifacts: RunningArtifacts, make_token: Callable[..., str]) -> None:
+    """Resent at most max_retries times; a stream larger than the SDK keeps is not resent;
+    either way the caller is told to send it again (UNAVAILABLE), and nothing is stored. A
+    stream shorter than its declared size is the caller's error and is not sent again."""
+    env = artifacts
+    token = make_token("agent-1", "fleet-a")
+    run_id = env.client.start_run("cut-run").run.run_id
+    for chunks, times, sends in (
+            (PAYLOAD, 100, 1 + ArtifactsClient.max_retries),
+            ([b"y" * (1 << 20)] * 5, 1, 1)):  # over the 4 MiB the SDK keeps
+        cut = CutStreams(_trailer, times=times)
+        with _cut_client(env, cut, token) as client, pytest.raises(EngramRpcError) as caught:
+            client.upload(iter(chunks), run_id=run_id, step_id="s", name="cut.bin")
+        assert (caught.value.code, caught.value.reason) == (
+            grpc.StatusCode.UNAVAILABLE, "UPLOAD_TRUNCATED"), caught.value
+        assert cut.calls == sends
+    cut = CutStreams(lambda _index, _message: False)
+    with _cut_client(env, cut, token) as client, pytest.raises(EngramRpcError) as caught:
+        client.upload(iter(PAYLOAD), run_id=run_id, step_id="s", name="short.bin",
+                      size_bytes=sum(map(len, PAYLOAD)) + 1)
+    assert (caught.value.code, caught.value.reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "UPLOAD_TRUNCATED"), caught.value
+    assert cut.calls == 1
+    assert list(env.client.list_artifacts(run_id)) == []
+    assert _blob_files(env) == (set(), [])
+
+
+def test_an_import_received_cut_short_is_sent_again_whole(
+        tmp_path: Path, engram_home: Path, make_token: Callable[..., str]) -> None:
+    with running_artifacts(f"sqlite:///{tmp_path / 'origin.db'}", tmp_path / "origin",
+                           engram_home, make_token) as origin, \
+            running_artifacts(f"sqlite:///{tmp_path / 'target.db'}", tmp_path / "target",
+                              engram_home, make_token) as target:
+        source = origin.client
+        source.start_run("run-1")
+        artifact = source.upload(iter(PAYLOAD), run_id="run-1", step_id="s", name="a.bin")
+        run = source.get_run("run-1")
+        cut = CutStreams(_trailer)
+        with _cut_client(target, cut, make_token("op", "fleet-a", ("admin",))) as admin:
+            admin.import_run(run)
+            assert admin.import_artifact(artifact, iter(PAYLOAD)).created
+            assert cut.calls == 2
+            _meta, chunks = admin.read(artifact.artifact_id)
+            assert b"".join(chunks) == b"".join(PAYLOAD)
 
 
 def test_the_compactor_keeps_every_iteration_through_io_errors_and_repairs_its_tiers(
