@@ -123,6 +123,11 @@ class GroupCommit(Generic[Job, Result]):
                     slot.error = single_exc
                 slot.done = True
             return
+        if len(results) != len(group):  # an apply that lost count answers nobody wrongly
+            wrong = RuntimeError(f"group commit: {len(results)} results for {len(group)} jobs")
+            for slot in group:
+                slot.error, slot.done = wrong, True
+            return
         for slot, result in zip(group, results, strict=True):
             slot.result, slot.done = result, True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,6 +59,7 @@ from services.governance.service import (
     GovernanceService,
 )
 
+log = logging.getLogger("engram.governance.gate")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["GovernanceService"].full_name
 _GOVERNORS = frozenset({"governor", "admin"})
 _ERASING = frozenset({SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE})
@@ -302,7 +304,14 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 results.append(pb.DecideWriteBatchResult(error=pb.GateError(
                     code=outcome.code, reason=outcome.reason, message=outcome.message)))
             elif isinstance(outcome, BaseException):
-                raise outcome  # not a refusal: the call fails as DecideWrites would
+                # Not a refusal, but the call must not fail as a whole: the others' decisions
+                # are recorded, and a failed call would have the shard decide them again.
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                log.error("a coalesced gate request failed", exc_info=outcome)
+                results.append(pb.DecideWriteBatchResult(error=pb.GateError(
+                    code="INTERNAL", reason="GATE_REQUEST_FAILED",
+                    message="governance failed to decide this request (logged); retry")))
             else:
                 results.append(pb.DecideWriteBatchResult(reply=_gate_reply(outcome)))
         return pb.DecideWriteBatchesResponse(results=results)

@@ -57,9 +57,9 @@ MAX_COALESCED = 128
 """Gate requests in one DecideWriteBatches call (governance's limit)."""
 MAX_COALESCED_CANDIDATES = 1000
 """Candidates in one call, all requests together (governance's ENGRAM_LIMITS_BATCH_ITEMS)."""
-_REFUSED_AS_A_WHOLE = frozenset({grpc.StatusCode.INVALID_ARGUMENT,
-                                 grpc.StatusCode.RESOURCE_EXHAUSTED})
-"""A batch refused with these may hold one bad request: each is then sent alone."""
+BATCHES_RETRY_SECONDS = 60.0
+"""After governance answered UNIMPLEMENTED (older than the shard), how long single calls are
+made before a batch is tried again (governance may have been upgraded meanwhile)."""
 _UNNAMED = "(address not given)"
 _TOKEN_SETTING = "ENGRAM_SHARD_SERVICE_TOKEN_FILE"
 
@@ -86,6 +86,10 @@ def _failed(address: str, error: EngramRpcError) -> EngramError:
 
 
 GateAnswer = gpb.DecideWritesResponse | EngramRpcError
+SEND_ALONE = None
+"""A coalesced call's answer telling the waiting write to send its own DecideWrites: its
+group was refused as a whole (one request may be bad), or its request was too large to share
+a call. Those calls go in parallel from each write's thread, never one after another."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,8 @@ class GovernanceGate:
         self._hint_seconds = hint_seconds
         self._clock = clock
         self._max_candidates = max_candidates
-        self._batches = True  # False once governance answered UNIMPLEMENTED (older)
-        self._calls: GroupCommit[_GateJob, GateAnswer] = GroupCommit(
+        self._batches_from = 0.0  # clock time from which batches are tried (UNIMPLEMENTED)
+        self._calls: GroupCommit[_GateJob, GateAnswer | None] = GroupCommit(
             self._send, max_group=MAX_COALESCED)
         self.calls = Tally()
         """Gate calls sent, by kind: "single" (DecideWrites) or "batch" (DecideWriteBatches)."""
@@ -171,9 +175,9 @@ class GovernanceGate:
             from opentelemetry import trace
 
             with trace.get_tracer(__name__).start_as_current_span("governance gate") as span:
-                answer = self._calls.submit(_GateJob(request, span.get_span_context()))
+                answer = self._decide_one(request, span.get_span_context())
         else:
-            answer = self._calls.submit(_GateJob(request))
+            answer = self._decide_one(request, None)
         if isinstance(answer, EngramRpcError):
             failure = _failed(self._address, answer)
             if isinstance(failure, Unavailable):  # no decision: the write fails closed
@@ -181,23 +185,39 @@ class GovernanceGate:
             raise failure from None
         return answer
 
-    def _send(self, jobs: Sequence[_GateJob]) -> list[GateAnswer]:
+    def _decide_one(self, request: gpb.DecideWritesRequest, span: Any) -> GateAnswer:
+        """Through the coalescer while governance takes batches; alone (in parallel with
+        other writes) otherwise, or when the coalescer says so."""
+        answer: GateAnswer | None = SEND_ALONE
+        if self._clock() >= self._batches_from:
+            answer = self._calls.submit(_GateJob(request, span))
+        return self._send_one(request) if answer is SEND_ALONE else answer
+
+    def _send(self, jobs: Sequence[_GateJob]) -> list[GateAnswer | None]:
         """The coalesced calls of one group, in chunks governance takes; never raises for
-        an answer (each request gets its reply or its error)."""
-        answers: list[GateAnswer] = []
+        an answer (each request gets its reply, its error, or SEND_ALONE). A lone write's
+        call is made here: while it is in flight the next writes gather behind it."""
+        if len(jobs) == 1:
+            return self._send_traced(list(jobs))
+        answers: list[GateAnswer | None] = []
         chunk: list[_GateJob] = []
         held = 0
         for job in jobs:
             size = len(job.request.candidates)
             if chunk and held + size > self._max_candidates:
-                answers += self._send_traced(chunk)
+                answers += self._send_shared(chunk)
                 chunk, held = [], 0
             chunk.append(job)
             held += size
-        answers += self._send_traced(chunk)
+        answers += self._send_shared(chunk)
         return answers
 
-    def _send_traced(self, jobs: list[_GateJob]) -> list[GateAnswer]:
+    def _send_shared(self, chunk: list[_GateJob]) -> list[GateAnswer | None]:
+        """A chunk of several requests as one call; a request alone in its chunk (too many
+        candidates to share one) is sent by its own write, in parallel with the others."""
+        return [SEND_ALONE] if len(chunk) == 1 else self._send_traced(chunk)
+
+    def _send_traced(self, jobs: list[_GateJob]) -> list[GateAnswer | None]:
         """A chunk sent on behalf of other writes is a span linked to each write's gate span
         (OpenTelemetry's way for batches): each write's trace leads to the call that carried
         it. A write's own lone call is simply a child of its gate span."""
@@ -212,9 +232,9 @@ class GovernanceGate:
                 attributes={"engram.gate.requests": len(jobs)}):
             return self._send_chunk(requests)
 
-    def _send_chunk(self, requests: list[gpb.DecideWritesRequest]) -> list[GateAnswer]:
-        if len(requests) == 1 or not self._batches:
-            return [self._send_one(request) for request in requests]
+    def _send_chunk(self, requests: list[gpb.DecideWritesRequest]) -> list[GateAnswer | None]:
+        if len(requests) == 1:
+            return [self._send_one(requests[0])]
         self.calls.add("batch")
         self.requests.add(amount=len(requests))
         try:
@@ -222,11 +242,13 @@ class GovernanceGate:
         except EngramRpcError as error:
             if error.code == grpc.StatusCode.UNIMPLEMENTED:
                 log.warning("governance at %s does not take DecideWriteBatches (older than "
-                            "the shard): gate calls are no longer coalesced", self._address)
-                self._batches = False
-            elif error.code not in _REFUSED_AS_A_WHOLE:
-                return [error] * len(requests)  # no answer for any of them
-            return [self._send_one(request) for request in requests]
+                            "the shard): gate calls are not coalesced for %.0f s",
+                            self._address, BATCHES_RETRY_SECONDS)
+                self._batches_from = self._clock() + BATCHES_RETRY_SECONDS
+                return [SEND_ALONE] * len(requests)
+            if _refused_as_a_whole(error):
+                return [SEND_ALONE] * len(requests)  # each write asks alone, in parallel
+            return [error] * len(requests)  # no answer (or overload) for any of them
         if len(reply.results) != len(requests):
             wrong = EngramRpcError(grpc.StatusCode.UNAVAILABLE,
                                    "governance answered with the wrong number of results")
@@ -258,6 +280,14 @@ class GovernanceGate:
         return [GateDecision(allowed=d.allowed, decision_id=d.decision_id,
                              rule_ids=tuple(d.rule_ids), reason=d.reason)
                 for d in reply.decisions]
+
+
+def _refused_as_a_whole(error: EngramRpcError) -> bool:
+    """A batch refused for what one of its requests holds (an invalid request, a limit, a
+    message too large for the transport), not for governance's state (overload, storage)."""
+    if error.code == grpc.StatusCode.INVALID_ARGUMENT:
+        return True
+    return error.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not error.reason
 
 
 def _answer(result: gpb.DecideWriteBatchResult) -> GateAnswer:

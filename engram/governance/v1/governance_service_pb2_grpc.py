@@ -159,9 +159,10 @@ class GovernanceServiceServicer:
     def DecideWriteBatches(self, request, context):
         """Several DecideWrites requests in one call (the shard coalesces concurrent
         writes' gate calls): each is decided as if sent alone (its own
-        request_id, replay and status), and all are recorded in one commit. A
-        request that fails alone gets its error in its result; an invalid request
-        fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+        request_id, replay and status), recorded in one commit when they fit in
+        one group. A request that fails alone gets its error in its result; an
+        invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+        nothing is recorded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,9 +45,10 @@ class GovernanceServiceStub:
     DecideWriteBatches: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.DecideWriteBatchesRequest, _governance_service_pb2.DecideWriteBatchesResponse]
     """Several DecideWrites requests in one call (the shard coalesces concurrent
     writes' gate calls): each is decided as if sent alone (its own
-    request_id, replay and status), and all are recorded in one commit. A
-    request that fails alone gets its error in its result; an invalid request
-    fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+    request_id, replay and status), recorded in one commit when they fit in
+    one group. A request that fails alone gets its error in its result; an
+    invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+    nothing is recorded.
     """
     GetTrust: _grpc.UnaryUnaryMultiCallable[_governance_service_pb2.GetTrustRequest, _governance_service_pb2.GetTrustResponse]
     """One agent's trust. Agents may read only their own."""
@@ -139,9 +140,10 @@ class GovernanceServiceAsyncStub(GovernanceServiceStub):
     DecideWriteBatches: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.DecideWriteBatchesRequest, _governance_service_pb2.DecideWriteBatchesResponse]  # type: ignore[assignment]
     """Several DecideWrites requests in one call (the shard coalesces concurrent
     writes' gate calls): each is decided as if sent alone (its own
-    request_id, replay and status), and all are recorded in one commit. A
-    request that fails alone gets its error in its result; an invalid request
-    fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+    request_id, replay and status), recorded in one commit when they fit in
+    one group. A request that fails alone gets its error in its result; an
+    invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+    nothing is recorded.
     """
     GetTrust: _aio.UnaryUnaryMultiCallable[_governance_service_pb2.GetTrustRequest, _governance_service_pb2.GetTrustResponse]  # type: ignore[assignment]
     """One agent's trust. Agents may read only their own."""
@@ -242,9 +244,10 @@ class GovernanceServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_governance_service_pb2.DecideWriteBatchesResponse, _abc.Awaitable[_governance_service_pb2.DecideWriteBatchesResponse]]:
         """Several DecideWrites requests in one call (the shard coalesces concurrent
         writes' gate calls): each is decided as if sent alone (its own
-        request_id, replay and status), and all are recorded in one commit. A
-        request that fails alone gets its error in its result; an invalid request
-        fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+        request_id, replay and status), recorded in one commit when they fit in
+        one group. A request that fails alone gets its error in its result; an
+        invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+        nothing is recorded.
         """
 
     @_abc_1.abstractmethod

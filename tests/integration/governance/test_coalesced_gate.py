@@ -112,3 +112,28 @@ def test_bad_batches_are_refused_whole_and_record_nothing(
         _refused(lambda c=caller: c.decide_batches([_request("agent-1", "req-z", "note")]),
                  grpc.StatusCode.PERMISSION_DENIED, "ROLE_REQUIRED")
     assert list(governor.decisions()) == []
+
+
+def test_a_request_that_breaks_alone_does_not_fail_the_others_recorded_decisions(
+        shard_service: GovernanceClient, governor: GovernanceClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error in one request is that request's INTERNAL result: failing the whole
+    call would leave the others' decisions recorded and have the shard ask for them again."""
+    from services.governance import service as service_module
+
+    decide = service_module._GateGroup.decide
+
+    def broken_for_agent_7(group: object, request: service_module.GateRequest
+                           ) -> service_module.GateOutcome:
+        if request.agent_id == "agent-7":
+            raise RuntimeError("a bug")
+        return decide(group, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service_module._GateGroup, "decide", broken_for_agent_7)
+    answer = shard_service.decide_batches([_request("agent-1", "req-1", "first note"),
+                                           _request("agent-7", "req-7", "second note")])
+    assert answer.results[0].WhichOneof("result") == "reply"
+    error = answer.results[1].error
+    assert (error.code, error.reason) == ("INTERNAL", "GATE_REQUEST_FAILED")
+    assert "a bug" not in error.message  # no internals in what callers read
+    assert [d.agent_id for d in governor.decisions()] == ["agent-1"]

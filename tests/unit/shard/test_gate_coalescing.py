@@ -130,31 +130,69 @@ def test_no_answer_to_a_batch_fails_every_write_in_it_closed_without_retrying_ea
     assert fake.singles == ["req-0"]  # a governance away is not asked five more times
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.INVALID_ARGUMENT,
-                                  grpc.StatusCode.RESOURCE_EXHAUSTED])
-def test_a_batch_refused_as_a_whole_is_sent_again_one_request_at_a_time(
-        code: grpc.StatusCode) -> None:
+@pytest.mark.parametrize("code, reason", [
+    (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IDENTIFIER"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, ""),  # the transport's message size, say
+])
+def test_a_batch_refused_as_a_whole_is_asked_again_by_each_write_in_parallel(
+        code: grpc.StatusCode, reason: str) -> None:
     fake = _Governance()
-    fake.batch_error = EngramRpcError(code, "requests[2]: bad", "INVALID_IDENTIFIER")
+    fake.batch_error = EngramRpcError(code, "requests[2]: bad", reason)
+    active, most = [0], [0]
+    lock = threading.Lock()
+    decide = fake.decide
+
+    def overlapping(*args: object, **kwargs: object) -> pb.DecideWritesResponse:
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            if len(fake.singles) >= 1:  # the resends take a while: do they overlap?
+                time.sleep(0.2)
+            return decide(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                active[0] -= 1
+
+    fake.decide = overlapping  # type: ignore[method-assign]
     gate = GovernanceGate(fake)  # type: ignore[arg-type]
-    answers = _concurrently(gate, fake, 4)
+    answers = _concurrently(gate, fake, 6)
     assert all(isinstance(a, list) for a in answers), answers
-    assert sorted(fake.singles) == ["req-0", "req-1", "req-2", "req-3"]
+    assert sorted(fake.singles) == [f"req-{n}" for n in range(6)]
+    assert most[0] > 1, "the writes of a refused batch asked again one after another"
 
 
-def test_an_older_governance_without_batches_gets_single_calls_from_then_on() -> None:
+def test_an_overloaded_governance_is_not_asked_once_per_write() -> None:
+    fake = _Governance()
+    fake.batch_error = EngramRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", "OVERLOADED")
+    gate = GovernanceGate(fake)  # type: ignore[arg-type]
+    answers = _concurrently(gate, fake, 5)
+    assert all(isinstance(a, EngramError) and a.reason == "OVERLOADED"
+               for a in answers[1:]), answers
+    assert fake.singles == ["req-0"]
+
+
+def test_an_older_governance_gets_single_calls_then_batches_are_tried_again() -> None:
     fake = _Governance()
     fake.batch_error = EngramRpcError(grpc.StatusCode.UNIMPLEMENTED, "unknown method")
-    gate = GovernanceGate(fake)  # type: ignore[arg-type]
+    now = [1000.0]
+    gate = GovernanceGate(fake, clock=lambda: now[0])  # type: ignore[arg-type]
     answers = _concurrently(gate, fake, 4)
     assert all(isinstance(a, list) for a in answers), answers
     assert len(fake.batches) == 1
+    fake.singles.clear()
+    for n in range(3):  # straight to single calls, not through the coalescer
+        gate.decide("fleet", f"agent-{n}", [_candidate(n)], f"again-{n}", lambda _c: [])
+    assert fake.singles == ["again-0", "again-1", "again-2"]
+    assert len(fake.batches) == 1, "a batch was sent to a governance that has none"
+    now[0] += 61  # governance may have been upgraded: batches are tried again
+    fake.batch_error = None
     fake.started.clear()
     fake.release.clear()
-    fake.singles.clear()  # the next group is held again by its first call
+    fake.singles.clear()
     answers = _concurrently(gate, fake, 4)
     assert all(isinstance(a, list) for a in answers), answers
-    assert len(fake.batches) == 1, "a batch was sent to a governance that has none"
+    assert len(fake.batches) == 2
 
 
 def test_a_group_is_sent_in_chunks_governance_takes() -> None:

@@ -102,3 +102,22 @@ def test_submit_all_applies_many_jobs_beside_single_submitters() -> None:
     assert max(groups) <= 7
     assert committer.submit_all([]) == []
     assert committer.submit_all([3]) == [6]  # alone: its own leader
+
+
+def test_an_apply_that_loses_count_fails_its_group_and_strands_nobody() -> None:
+    committer: GroupCommit[int, int] = GroupCommit(lambda jobs: [1] * (len(jobs) + 1),
+                                                   max_group=3)
+    answers = committer.submit_all(list(range(7)))
+    assert all(isinstance(a, RuntimeError) for a in answers), answers
+    later: list[BaseException] = []
+
+    def submit_later() -> None:  # hung forever when a failed group left the queue led
+        try:
+            committer.submit(1)
+        except RuntimeError as error:
+            later.append(error)
+
+    thread = threading.Thread(target=submit_later)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive() and len(later) == 1

@@ -7133,9 +7133,10 @@ export const GovernanceServiceService = {
   /**
    * Several DecideWrites requests in one call (the shard coalesces concurrent
    * writes' gate calls): each is decided as if sent alone (its own
-   * request_id, replay and status), and all are recorded in one commit. A
-   * request that fails alone gets its error in its result; an invalid request
-   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   * request_id, replay and status), recorded in one commit when they fit in
+   * one group. A request that fails alone gets its error in its result; an
+   * invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+   * nothing is recorded.
    */
   decideWriteBatches: {
     path: "/engram.governance.v1.GovernanceService/DecideWriteBatches" as const,
@@ -7403,9 +7404,10 @@ export interface GovernanceServiceServer extends UntypedServiceImplementation {
   /**
    * Several DecideWrites requests in one call (the shard coalesces concurrent
    * writes' gate calls): each is decided as if sent alone (its own
-   * request_id, replay and status), and all are recorded in one commit. A
-   * request that fails alone gets its error in its result; an invalid request
-   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   * request_id, replay and status), recorded in one commit when they fit in
+   * one group. A request that fails alone gets its error in its result; an
+   * invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+   * nothing is recorded.
    */
   decideWriteBatches: handleUnaryCall<DecideWriteBatchesRequest, DecideWriteBatchesResponse>;
   /** One agent's trust. Agents may read only their own. */
@@ -7516,9 +7518,10 @@ export interface GovernanceServiceClient extends Client {
   /**
    * Several DecideWrites requests in one call (the shard coalesces concurrent
    * writes' gate calls): each is decided as if sent alone (its own
-   * request_id, replay and status), and all are recorded in one commit. A
-   * request that fails alone gets its error in its result; an invalid request
-   * fails the whole call (INVALID_ARGUMENT naming it) and nothing is recorded.
+   * request_id, replay and status), recorded in one commit when they fit in
+   * one group. A request that fails alone gets its error in its result; an
+   * invalid request fails the whole call (INVALID_ARGUMENT naming it) and
+   * nothing is recorded.
    */
   decideWriteBatches(
     request: DecideWriteBatchesRequest,
