@@ -50,13 +50,18 @@ class GroupCommit(Generic[Job, Result]):
         self._queue: list[_Slot[Job, Result]] = []
         self._leading = False
 
-    def submit(self, job: Job) -> Result:
-        slot: _Slot[Job, Result] = _Slot(job)
+    def _enqueue(self, slots: list[_Slot[Job, Result]]) -> bool:
+        """Queue ``slots``; whether the caller must lead (no group is being applied)."""
         with self._lock:
-            self._queue.append(slot)
+            self._queue.extend(slots)
             lead = not self._leading
             if lead:
                 self._leading = True
+        return lead
+
+    def submit(self, job: Job) -> Result:
+        slot: _Slot[Job, Result] = _Slot(job)
+        lead = self._enqueue([slot])
         if not lead:
             slot.wake.acquire()
             if not slot.done:
@@ -71,12 +76,7 @@ class GroupCommit(Generic[Job, Result]):
         slots: list[_Slot[Job, Result]] = [_Slot(job) for job in jobs]
         if not slots:
             return []
-        with self._lock:
-            self._queue.extend(slots)
-            lead = not self._leading
-            if lead:
-                self._leading = True
-        if lead:
+        if self._enqueue(slots):
             self._lead()
         for slot in slots:
             # Released when its group is done, or handed leadership (it is then the oldest

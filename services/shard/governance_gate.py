@@ -4,10 +4,12 @@ The shard holds only governance's address and a service token, never its
 store. Concurrent writes' gate calls are coalesced: while one call is in
 flight, the calls that arrive wait and go together in the next
 ``DecideWriteBatches`` (each still its own request, decided and recorded as if
-sent alone, in one governance commit); a call that finds none in flight goes
-at once as a plain ``DecideWrites``. The gate first asks without neighbours
-(``neighbours_omitted``) and searches for them only when governance answers ``NEEDS_NEIGHBOURS`` (a
-contradiction rule applies to the writer); it then remembers that writer for
+sent alone, in one governance commit when they fit); a call that finds none in
+flight goes at once as a plain ``DecideWrites``. A batch refused as a whole, a
+request too large to share a call, or a governance without batches: each write
+asks alone, from its own thread. The gate first asks without neighbours
+(``neighbours_omitted``) and searches for them only when governance answers
+``NEEDS_NEIGHBOURS`` (a contradiction rule applies to the writer); it then remembers that writer for
 a few seconds and sends neighbours straight away. A write governance did
 not decide is never stored: a refusal (INVALID_ARGUMENT, PERMISSION_DENIED…)
 keeps its code, and no answer is ``Unavailable`` (GOVERNANCE_UNAVAILABLE).

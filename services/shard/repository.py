@@ -136,10 +136,6 @@ _LIVE_BY_IDS = _EXISTING.where(
 )
 _INSERT_RECORDS = insert(RECORDS)
 _WRITE_REQUESTS = WriteRequestRow.__table__
-# A request_id claimed concurrently (same group, or another replica): no error, and RETURNING
-# says whether this claim is the one stored. As text, in the syntax SQLite (3.35+) and Postgres
-# share: the ORM's and the dialects' ON CONFLICT inserts were compiled anew on every write,
-# uncached (2.7 ms of a 9 ms write, cProfile, in process); a text statement is compiled once.
 _FIND_REQUEST = select(_WRITE_REQUESTS.c.digest, _WRITE_REQUESTS.c.record_ids_json).where(
     _WRITE_REQUESTS.c.fleet_id == bindparam("fleet"),
     _WRITE_REQUESTS.c.agent_id == bindparam("agent"),
@@ -149,10 +145,12 @@ _IDS_FOR_KEYS = select(_WRITE_KEYS.c.key, _WRITE_KEYS.c.record_id).where(
     _WRITE_KEYS.c.fleet_id == bindparam("fleet"),
     _WRITE_KEYS.c.key.in_(bindparam("keys", expanding=True)))
 # Claims (write keys, request ids) go as one multi-row INSERT ... ON CONFLICT DO NOTHING
-# RETURNING, in the syntax SQLite and Postgres share, as text compiled once per row count: the
-# dialects' ON CONFLICT inserts are never cached (compiled on every call, ~2 ms for a group's
-# claims). RETURNING names the rows stored; a row whose key was taken first (by a concurrent
-# write, or an earlier row of the same statement) is not stored and not named.
+# RETURNING, in the syntax SQLite (3.35+) and Postgres share, as text compiled once per row
+# count: the ORM's and the dialects' ON CONFLICT inserts are never cached (compiled on every
+# call: 2.7 ms of a 9 ms write, cProfile, in process; ~2 ms for a group's claims). A claim made
+# concurrently (same group, or another replica) is no error: RETURNING names the rows stored,
+# and a row whose key was taken first (by a concurrent write, or an earlier row of the same
+# statement, VALUES being inserted in order) is not stored and not named.
 _CLAIM_ROWS = 300
 """Rows per claim statement (SQLite allows 32,766 parameters in one)."""
 

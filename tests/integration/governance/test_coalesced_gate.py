@@ -9,7 +9,7 @@ from engram.client._errors import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.errors import ResourceExhausted
-from tests.integration.governance.conftest import GovClientFactory
+from tests.integration.governance.conftest import GovClientFactory, refused
 from tests.integration.governance.test_contract import candidate
 
 
@@ -19,10 +19,9 @@ def _request(agent: str, request_id: str, *contents: str) -> pb.DecideWritesRequ
 
 
 def _refused(call, code: grpc.StatusCode, reason: str) -> EngramRpcError:  # type: ignore[no-untyped-def]
-    with pytest.raises(EngramRpcError) as caught:
-        call()
-    assert (caught.value.code, caught.value.reason) == (code, reason), caught.value
-    return caught.value
+    error = refused(call)
+    assert (error.code, error.reason) == (code, reason), error
+    return error
 
 
 def test_each_request_of_a_batch_is_decided_and_replayed_as_if_sent_alone(
