@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -136,17 +136,22 @@ class GrowingBM25:
     gaining a term later ones already have) is set aside and merged in by the next query
     that reads the term. A query then reads each term's postings as they are, in the size
     of those postings: no sort, no pass over the whole collection per term.
+
+    A document taken out (:meth:`drop`) leaves a hole: its number is never given again and
+    it holds no term; the collection statistics (document count, average length, each
+    term's document frequency) count only the documents left, as if built without it.
     """
 
     def __init__(self, *, k1: float = 0.9, b: float = 0.4) -> None:
         self.k1, self.b = k1, b
         self._postings: dict[str, _Postings] = {}
         self._lengths = np.zeros(1024, dtype=np.float32)
-        self._count = 0
+        self._count = 0  # document numbers given, holes included
+        self._holes = 0
         self._total_length = 0.0
 
     def __len__(self) -> int:
-        return self._count
+        return self._count - self._holes
 
     def __getstate__(self) -> dict[str, Any]:
         """Every term's postings packed into two arrays: a snapshot holds one object per term
@@ -157,7 +162,8 @@ class GrowingBM25:
             postings.merge_late()
         sizes = np.fromiter((p.size for p in lists), dtype=np.int64, count=len(lists))
         return {
-            "k1": self.k1, "b": self.b, "count": self._count, "total": self._total_length,
+            "k1": self.k1, "b": self.b, "count": self._count, "holes": self._holes,
+            "total": self._total_length,
             "lengths": self._lengths[: self._count].copy(), "terms": terms, "sizes": sizes,
             "ascending": np.fromiter((p.ascending for p in lists), dtype=bool, count=len(lists)),
             "doc_ids": np.concatenate([p.doc_ids[: p.size] for p in lists] or
@@ -169,6 +175,7 @@ class GrowingBM25:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.k1, self.b = state["k1"], state["b"]
         self._count, self._total_length = state["count"], state["total"]
+        self._holes = state.get("holes", 0)  # none before snapshot format 4
         self._lengths = np.zeros(max(1024, 2 * self._count), dtype=np.float32)
         self._lengths[: self._count] = state["lengths"]
         doc_ids, freqs = state["doc_ids"], state["freqs"]
@@ -202,12 +209,49 @@ class GrowingBM25:
         self._lengths[doc] += added
         self._total_length += added
 
+    def drop(self, docs: Collection[int], holes: Collection[int]) -> None:
+        """Take ``docs`` out of every term's postings and zero their lengths; those among
+        them in ``holes`` are gone for good (no longer counted), the others are about to be
+        extended again (a neighbour's terms they held changed). A term no document holds any
+        more leaves the vocabulary. One pass over the vocabulary (the terms a document holds
+        are not kept per document)."""
+        if not docs:
+            return
+        wanted = np.zeros(self._count, dtype=bool)
+        wanted[np.fromiter(docs, dtype=np.int64)] = True
+        terms = list(self._postings)
+        lists = list(self._postings.values())
+        for postings in lists:
+            if postings.late:
+                postings.merge_late()
+        # Every list in one array: a pass in numpy instead of one numpy call per term.
+        ends = np.cumsum(np.fromiter((p.size for p in lists), dtype=np.int64, count=len(lists)))
+        flat = np.concatenate([p.doc_ids[: p.size] for p in lists] or [np.zeros(0, np.int32)])
+        holding = np.unique(np.searchsorted(ends, np.flatnonzero(wanted[flat]), side="right"))
+        emptied = []
+        for at in holding.tolist():
+            term, postings = terms[at], lists[at]
+            keep = ~wanted[postings.doc_ids[: postings.size]]
+            postings.doc_ids = postings.doc_ids[: postings.size][keep]
+            postings.freqs = postings.freqs[: postings.size][keep]
+            postings.size = len(postings.doc_ids)
+            if not postings.size:
+                emptied.append(term)
+        for term in emptied:
+            del self._postings[term]
+        for doc in docs:
+            self._total_length -= float(self._lengths[doc])
+            self._lengths[doc] = 0.0
+        self._holes += len(set(holes))
+        if self._holes == self._count:  # none left: no rounding residue in the total
+            self._total_length = 0.0
+
     def sparse_scores(
         self, query: Mapping[str, float]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """(documents with a matching term, ascending; their BM25): work in the size of the
         query terms' postings, not of the collection."""
-        n = self._count
+        n = len(self)  # documents counted (holes are not); numbers run to self._count
         empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         if not n:
             return empty
@@ -229,7 +273,7 @@ class GrowingBM25:
                 docs, where = np.unique(ids, return_inverse=True)
                 tf = np.bincount(where, weights=freqs)
             else:  # a common term: a dense pass is cheaper than sorting its postings
-                tf_all = np.bincount(ids, weights=freqs, minlength=n)
+                tf_all = np.bincount(ids, weights=freqs, minlength=self._count)
                 docs = np.flatnonzero(tf_all)
                 tf = tf_all[docs]
             idf = math.log(1.0 + (n - len(docs) + 0.5) / (len(docs) + 0.5))
@@ -249,7 +293,7 @@ class GrowingBM25:
         # Many matches (common terms): add into one dense row instead of sorting them all.
         # Each term lists a document once, and the sum runs in float64 in the same term
         # order as the sorting path's bincount, so both give the same scores.
-        total = np.zeros(n, dtype=np.float64)
+        total = np.zeros(self._count, dtype=np.float64)
         for term_docs, term_scores in zip(found_docs, found_scores, strict=True):
             total[term_docs] += term_scores
         docs = np.flatnonzero(total)  # every match scores > 0 (idf > 0, tf > 0)

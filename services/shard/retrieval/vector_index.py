@@ -64,6 +64,23 @@ class ExactVectorIndex:
                 self._keys[slot] = key
             self._matrix[slot] = vector
 
+    def remove(self, keys: Keys) -> None:
+        """Drop the rows of ``keys`` (absent ones are skipped): the last row moves into each
+        freed one, and the row it left is zeroed."""
+        for given in keys:
+            key = int(given)
+            slot = int(self._slots[key]) if 0 <= key < len(self._slots) else -1
+            if slot < 0:
+                continue
+            last = self._size - 1
+            if slot != last:
+                self._matrix[slot] = self._matrix[last]
+                self._keys[slot] = self._keys[last]
+                self._slots[self._keys[slot]] = slot
+            self._matrix[last] = 0
+            self._slots[key] = -1
+            self._size = last
+
     def vectors(self, keys: Keys) -> Vectors:
         wanted = np.asarray(keys, dtype=np.int64)
         inside = (wanted >= 0) & (wanted < len(self._slots))
@@ -119,6 +136,11 @@ class HnswVectorIndex:
             self._index.remove(present)
         self._index.add(key_array, np.asarray(vectors, dtype=np.float32))
 
+    def remove(self, keys: Keys) -> None:
+        present = [int(k) for k in keys if self._index.contains(int(k))]
+        if present:
+            self._index.remove(present)
+
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if not len(self._index) or k <= 0:
             return []
@@ -166,6 +188,12 @@ class TieredVectorIndex:
             hnsw.add(key_list, all_vectors)
             store.add(key_list, all_vectors)
             self._hnsw, self._store, self._exact = hnsw, store, None
+
+    def remove(self, keys: Keys) -> None:
+        """Drop the vectors of ``keys`` (absent ones are skipped)."""
+        for index in (self._hnsw, self._store, self._exact):
+            if index is not None:
+                index.remove(keys)
 
     def vectors(self, keys: Keys) -> Vectors:
         """The stored vectors of ``keys`` (each must have been added; KeyError otherwise)."""

@@ -30,14 +30,23 @@ exactly over their rows when they are few, else the vector index widened and pos
 
 Only records with a lexical match (own or neighbours' terms) or a cosine above
 ``min_similarity`` are candidates, so an unrelated query returns nothing.
+
+Erasure (:meth:`FleetIndex.remove`) takes records out in place and leaves the index a
+rebuild from the remaining records would give (in the order they were added): their
+documents become holes (numbers never given again, in no candidate set, no vector, no
+terms, no filter entry), their run neighbours are linked to each other and get their
+documents recomputed from their own texts (which the caller reads from the store: the
+index keeps no document's own terms, only each run's last ``window``), and a term,
+tag or metadata pair only they held leaves the index.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -55,9 +64,14 @@ from services.shard.retrieval.vector_index import ExactVectorIndex, TieredVector
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
 Mask = npt.NDArray[np.bool_]
+_Key = TypeVar("_Key")
+_Doc = TypeVar("_Doc")
 
 EXACT_FILTERED = 8192
 """A filter matching at most this many vectors is searched exactly over their rows."""
+IN_PLACE_MAX_HOLES = 0.25
+"""Erasure removes in place while at most this share of the fleet's document numbers are
+holes afterwards; past it the fleet is rebuilt (and compacted) instead."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +145,21 @@ def _term_counts(tokens: list[str]) -> dict[str, float]:
     return {t: float(c) for t, c in Counter(analyze_tokens(tokens, stop_words=STOP_WORDS)).items()}
 
 
+@dataclass(frozen=True)
+class _Removal:
+    """What taking records out in place touches (document numbers)."""
+
+    gone: set[int]
+    runs: dict[int, str]
+    """The run of each erased document ("" for none)."""
+    changed: dict[int, tuple[list[int], list[int]]]
+    """Remaining documents whose neighbour window changes: their new (before, after)."""
+    tails: dict[str, list[int]]
+    """Runs whose kept tail held an erased record: their new tail, oldest first."""
+    needed: set[int]
+    """Documents whose own terms the changed documents and tails are made of."""
+
+
 _VECTOR_STATE = ("vectors", "_has_vector", "previous", "_has_previous")
 """Not in a snapshot: vectors are stored in the database."""
 
@@ -156,6 +185,9 @@ class FleetIndex:
         self._run_tail: OrderedDict[str, list[tuple[int, dict[str, float]]]] = OrderedDict()
         self._last_of_run: dict[str, int] = {}
         self.text_keys: dict[bytes, str] = {}  # hash of normalised text -> first record id
+        self._key_later: dict[bytes, list[str]] | None = {}
+        """Later records of a held text key, in order (None: not known, loaded from a
+        format-3 snapshot; an erasure then rebuilds the fleet)."""
         self._agent_of = np.full(1024, -1, dtype=np.int32)
         self._domain_of = np.full(1024, -1, dtype=np.int32)
         self._created = np.zeros(1024, dtype=np.int64)
@@ -167,7 +199,8 @@ class FleetIndex:
         self.drop_previous()
 
     def __len__(self) -> int:
-        return len(self.ids)
+        """Records held (``ids`` also has an empty slot for each one erased in place)."""
+        return len(self.doc_of)
 
     def __getstate__(self) -> dict[str, object]:
         """Everything but the vectors (an index snapshot: vectors are stored in the database)."""
@@ -175,6 +208,7 @@ class FleetIndex:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_key_later", None)  # a format-3 snapshot
         self.reset_vectors(0, 10_000)
 
     def reset_vectors(self, dimension: int, hnsw_threshold: int) -> None:
@@ -204,8 +238,9 @@ class FleetIndex:
         """Add one record (in ``seq`` order, ``day`` its date if known); returns its number."""
         if record_id in self.doc_of:
             return self.doc_of[record_id]
-        if text_key:
-            self.text_keys.setdefault(text_key, record_id)
+        holder = self.text_keys.setdefault(text_key, record_id) if text_key else record_id
+        if holder != record_id and self._key_later is not None:
+            self._key_later.setdefault(text_key, []).append(record_id)
         tokens = tokenize(text)
         own = _term_counts(tokens)
         doc = len(self.ids)
@@ -285,6 +320,8 @@ class FleetIndex:
         if flt.min_importance is not None:
             # float32 holds importance: compare at that precision so 0.3 >= 0.3 stays true
             narrow(self._importance[:n] >= np.float32(flt.min_importance))
+        if mask is not None and len(self.doc_of) < n:
+            mask &= self._run_of[:n] >= 0  # erased in place: a hole matches no condition
         return mask
 
     @staticmethod
@@ -351,6 +388,171 @@ class FleetIndex:
 
     def indexed_vectors(self) -> int:
         return len(self.vectors)
+
+    # -- erasing in place -----------------------------------------------------
+
+    def in_place_allowed(self, record_ids: Collection[str]) -> bool:
+        """Whether :meth:`remove` may take these records out, else the caller rebuilds: not
+        once more runs were seen than ``max_open_runs`` (a run's kept tail may have been let
+        go: which records shared terms then depends on the order of every record), nor when
+        the later holders of text keys are not known (loaded from a format-3 snapshot), nor
+        when more than ``IN_PLACE_MAX_HOLES`` of the document numbers would be holes (a
+        large erasure: a rebuild compacts them)."""
+        runs = len(self._run_numbers) - ("" in self._run_numbers)
+        if runs > self.settings.max_open_runs or self._key_later is None:
+            return False
+        held = sum(1 for record_id in set(record_ids) if record_id in self.doc_of)
+        holes = len(self.ids) - len(self.doc_of) + held
+        return holes <= IN_PLACE_MAX_HOLES * len(self.ids)
+
+    def removal_texts(self, record_ids: Collection[str]) -> list[str]:
+        """The records whose texts :meth:`remove` needs for these (held) records: their run
+        neighbours, whose documents change, and those documents' new neighbours."""
+        return [self.ids[doc] for doc in sorted(self._removal(record_ids).needed)]
+
+    def remove(self, record_ids: Collection[str], texts: Mapping[str, str]) -> None:
+        """Take these records out in place (ids not held are skipped); ``texts`` holds the
+        text of each record :meth:`removal_texts` names. Afterwards the index answers as
+        one built from the remaining records would: see the module docstring."""
+        plan = self._removal(record_ids)
+        if not plan.gone:
+            return
+        own = {doc: terms_of(texts[self.ids[doc]]) for doc in plan.needed}
+        gone = sorted(plan.gone)
+        for doc in gone:
+            self._unlink(doc, plan.runs.get(doc, ""))
+        self._retail(plan.tails, own)
+        self.lexical.drop(plan.gone | set(plan.changed), holes=plan.gone)
+        for doc, (before, after) in sorted(plan.changed.items()):
+            self._readd(doc, own, before, after)
+        self._drop_keys({self.ids[doc] for doc in gone})
+        self._drop_facts(plan.gone)
+        self.vectors.remove(gone)
+        self._has_vector[gone] = False
+        if self.previous is not None:
+            self.previous.remove(gone)
+            self._has_previous[[d for d in gone if d < len(self._has_previous)]] = False
+        for doc in gone:
+            del self.doc_of[self.ids[doc]]
+            self.ids[doc] = ""
+
+    def _removal(self, record_ids: Collection[str]) -> _Removal:
+        gone = {self.doc_of[i] for i in set(record_ids) if i in self.doc_of}
+        window = self.settings.window
+        changed: dict[int, tuple[list[int], list[int]]] = {}
+        for doc in gone:  # within ``window`` steps of an erased record: its window changes
+            for links in (self._prev, self._next):
+                at = doc
+                for _ in range(window):
+                    at = int(links[at])
+                    if at < 0:
+                        break
+                    if at not in gone and at not in changed:
+                        changed[at] = (self._live_steps(at, self._prev, gone),
+                                       self._live_steps(at, self._next, gone))
+        needed = set(changed)
+        for before, after in changed.values():
+            needed.update(before, after)
+        numbers = {int(self._run_of[doc]) for doc in gone}
+        names = {n: run_id for run_id, n in self._run_numbers.items() if n in numbers}
+        runs = {doc: names[int(self._run_of[doc])] for doc in gone}
+        tails: dict[str, list[int]] = {}
+        for run_id in set(runs.values()) - {""}:
+            tail = self._run_tail.get(run_id)
+            if tail is not None and any(doc in gone for doc, _ in tail):
+                last = self._last_of_run[run_id]
+                if last in gone:
+                    last = self._live_step(last, self._prev, gone)
+                kept = [] if last < 0 else [last, *self._live_steps(last, self._prev, gone)]
+                tails[run_id] = kept[: self.settings.window][::-1]
+                needed.update(tails[run_id])
+        return _Removal(gone, runs, changed, tails, needed)
+
+    def _live_step(self, doc: int, links: Ints, gone: set[int]) -> int:
+        """The nearest document along ``links`` that is not in ``gone`` (-1: none)."""
+        doc = int(links[doc])
+        while doc >= 0 and doc in gone:
+            doc = int(links[doc])
+        return doc
+
+    def _live_steps(self, doc: int, links: Ints, gone: set[int]) -> list[int]:
+        """The ``window`` nearest documents along ``links`` not in ``gone``, nearest first."""
+        found: list[int] = []
+        while len(found) < self.settings.window:
+            doc = self._live_step(doc, links, gone)
+            if doc < 0:
+                break
+            found.append(doc)
+        return found
+
+    def _unlink(self, doc: int, run_id: str) -> None:
+        """Join the document's run neighbours to each other; its run ends before it if it
+        was the last."""
+        before, after = int(self._prev[doc]), int(self._next[doc])
+        if before >= 0:
+            self._next[before] = after
+        if after >= 0:
+            self._prev[after] = before
+        self._prev[doc] = self._next[doc] = -1
+        if run_id and self._last_of_run.get(run_id) == doc:
+            if before >= 0:
+                self._last_of_run[run_id] = before
+            else:
+                del self._last_of_run[run_id]
+
+    def _retail(self, tails: dict[str, list[int]], own: dict[int, dict[str, float]]) -> None:
+        """Runs whose kept tail held an erased record keep their last remaining ones, in the
+        order a rebuild would have touched them (a run that lost all goes)."""
+        moved = False
+        for run_id, docs in tails.items():
+            if not docs:
+                del self._run_tail[run_id]
+                continue
+            moved |= self._run_tail[run_id][-1][0] != docs[-1]  # its last record went
+            self._run_tail[run_id] = [(doc, own[doc]) for doc in docs]
+        if moved:  # least recently extended first, as the runs' last records came
+            ordered = sorted(self._run_tail.items(), key=lambda item: item[1][-1][0])
+            self._run_tail = OrderedDict(ordered)
+
+    def _readd(self, doc: int, own: dict[int, dict[str, float]], before: list[int],
+               after: list[int]) -> None:
+        """Extend ``doc``'s (emptied) document as :meth:`add` and its later neighbours'
+        arrivals would have: own and earlier terms at once, each later record's after."""
+        cfg = self.settings
+        bag = dict(own[doc])
+        tail = before[::-1]  # oldest first, as add() reads a run's tail
+        for i, earlier in enumerate(tail):
+            step = cfg.distance_decay ** (len(tail) - 1 - i)
+            for term, count in own[earlier].items():
+                bag[term] = bag.get(term, 0.0) + step * cfg.before_weight * count
+        self.lexical.extend(doc, bag)
+        for k, later in enumerate(after):
+            weight = cfg.distance_decay ** k * cfg.after_weight
+            self.lexical.extend(doc, {t: weight * c for t, c in own[later].items()})
+
+    def _drop_keys(self, gone: set[str]) -> None:
+        """Erased records leave the text keys; a later record of a key its erased first
+        holder held becomes the holder."""
+        assert self._key_later is not None, "in_place_allowed() said no"
+        _drop_docs(self._key_later, gone)
+        for key in [key for key, holder in self.text_keys.items() if holder in gone]:
+            later = self._key_later.pop(key, [])
+            if later:
+                self.text_keys[key] = later[0]
+                if later[1:]:
+                    self._key_later[key] = later[1:]
+            else:
+                del self.text_keys[key]
+
+    def _drop_facts(self, gone: set[int]) -> None:
+        """Erased documents leave every filter; a tag or metadata pair only they had goes."""
+        _drop_docs(self._by_tag, gone)
+        _drop_docs(self._by_metadata, gone)
+        holes = np.fromiter(gone, dtype=np.int64)
+        self._run_of[holes] = self._agent_of[holes] = self._domain_of[holes] = -1
+        self._created[holes] = 0
+        self._importance[holes] = self._prior[holes] = 0.0
+        self._dates[holes] = 0
 
     # -- querying -----------------------------------------------------------
 
@@ -531,6 +733,16 @@ class FleetIndex:
         number = self._run_numbers.get(run_id, -2)
         mask: npt.NDArray[np.bool_] = self._run_of[: len(self.ids)] == number
         return mask
+
+
+def _drop_docs(table: dict[_Key, list[_Doc]], gone: set[_Doc]) -> None:
+    """``gone`` out of each key's documents (numbers or ids); a key left with none goes."""
+    for key in [key for key, docs in table.items() if not gone.isdisjoint(docs)]:
+        kept = [doc for doc in table[key] if doc not in gone]
+        if kept:
+            table[key] = kept
+        else:
+            del table[key]
 
 
 def _asks(text: str) -> bool:

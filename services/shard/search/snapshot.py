@@ -36,8 +36,11 @@ from typing import Any
 log = logging.getLogger("engram.shard.index")
 
 MAGIC = b"ENGRAM-SHARD-LEXICAL-INDEX\n"
-FORMAT = 3
+FORMAT = 4
 """Raised whenever what the payload holds or how text is analysed changes."""
+READABLE = (3, 4)
+"""Format 3 lacks what erasure in place needs (holes, later text-key holders): loaded, its
+fleets are rebuilt at their first erasure instead (``FleetIndex.in_place_allowed``)."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +173,8 @@ def read_snapshot(path: Path, settings: str) -> tuple[SnapshotHeader, dict[str, 
         header = SnapshotHeader(**fields)
     except (ValueError, TypeError) as error:
         raise SnapshotRejected(f"the header does not parse: {error}") from error
-    if header.format != FORMAT:
-        raise SnapshotRejected(f"format {header.format}, this shard reads {FORMAT}")
+    if header.format not in READABLE:
+        raise SnapshotRejected(f"format {header.format}, this shard reads {READABLE}")
     if header.settings != settings:
         raise SnapshotRejected("saved with other analyser settings")
     payload = memoryview(data)[end + 1:]

@@ -5,12 +5,28 @@ it instead of rebuilding."""
 
 from __future__ import annotations
 
+import math
+import pickle
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pytest
 from sqlalchemy import delete
 
 from services.common.db import Database
-from services.shard.search.index import SearchIndex
+from services.shard.retrieval.embedding import HashEmbedder
+from services.shard.retrieval.lexical import GrowingBM25
+from services.shard.search.fleet_index import (
+    ContextSettings,
+    DocFacts,
+    DocFilter,
+    FleetIndex,
+    metadata_day,
+    terms_of,
+)
+from services.shard.search.index import SearchIndex, text_key
+from services.shard.search.snapshot import READABLE, fleet_frame
 from services.shard.tables import RECORDS
 from tests.unit.retrieval.test_index_snapshot import OTHER, _store, _write
 
@@ -70,3 +86,304 @@ def test_the_fleet_is_searched_while_it_is_rebuilt_and_keeps_what_arrived(
     late = seen_meanwhile[0][0][0]  # the note itself ranks first (its run neighbours after)
     assert index.search("f", "orchard", "lexical")[0][0] == late
     assert index.search("f", "vault combination", "lexical") == []
+
+
+RUN = ["we met at the lake on monday", "the boat was painted blue", "the vault code is zqxwvt",
+       "the boat sank near the dock", "lunch at the lake house", "the dock needs repair",
+       "a storm hit the lake", "the boat was insured", "repairs start next week",
+       "the insurance paid for the boat", "the lake froze in winter", "skating on the lake"]
+RUN_QUERIES = ["boat lake", "dock repair", "vault code", "insurance", "storm winter"]
+
+
+def _never_rebuilt(*args: object) -> object:
+    raise AssertionError("the fleet was rebuilt")
+
+
+def test_forget_removes_in_place_as_a_rebuild_would(tmp_path: Path) -> None:
+    database = _store(tmp_path / "shard.db")
+    _write(database, RUN)
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    secret = index.search("f", "zqxwvt", "lexical")[0][0]
+    assert len(index.search("f", "zqxwvt", "lexical")) == 5  # four neighbours share it
+
+    _erase(database, secret)
+    index._rebuilt = _never_rebuilt  # type: ignore[method-assign]
+    assert index.forget("f", [secret])
+    assert index.search("f", "zqxwvt", "lexical") == []
+    assert index.records() == len(RUN) - 1
+    assert b"zqxwvt" not in path.read_bytes() and secret.encode() not in path.read_bytes()
+    rebuilt = SearchIndex(database, None)
+    rebuilt.warm_up()
+    answers = [index.search("f", q, "lexical") for q in RUN_QUERIES]
+    assert answers == [rebuilt.search("f", q, "lexical") for q in RUN_QUERIES]
+
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert [restarted.search("f", q, "lexical") for q in RUN_QUERIES] == answers
+
+
+def test_forget_rebuilds_when_a_neighbours_text_is_gone_from_the_store(tmp_path: Path) -> None:
+    database = _store(tmp_path / "shard.db")
+    _write(database, RUN)
+    index = SearchIndex(database, None)
+    index.warm_up()
+    secret = index.search("f", "zqxwvt", "lexical")[0][0]
+    neighbour = next(rid for rid, _ in index.search("f", "painted", "lexical") if rid != secret)
+    _erase(database, secret)
+    _erase(database, neighbour)  # erased meanwhile: its own forget has not come yet
+    rebuilds: list[object] = []
+    build = index._rebuilt
+
+    def counted(*args: object) -> object:
+        rebuilds.append(args)
+        return build(*args)  # type: ignore[arg-type]
+
+    index._rebuilt = counted  # type: ignore[method-assign]
+    assert index.forget("f", [secret])
+    assert rebuilds and index.records() == len(RUN) - 2
+    assert index.search("f", "zqxwvt painted", "lexical") == []
+
+
+# -- in place: the same index a rebuild from the remaining records gives --------------------
+
+WORDS = ["lake", "boat", "river", "garden", "hose", "deploy", "pipeline", "schema", "migration",
+         "revenue", "quarter", "budget", "kids", "school", "dinner", "recipe", "trip", "flight",
+         "hotel", "weather", "storm", "doctor", "visit", "piano", "lesson", "camera", "photo",
+         "market", "price", "vault", "key"]
+DATES = ("13 October 2023", "2 June 2023", "20 May 2022")
+QUERY_TEXTS = ("lake boat", "deploy pipeline migration", "garden hose weather", "vault key",
+               "revenue budget quarter", "piano lesson on 13 October, 2023", "trip in June",
+               "doctor visit in 2022", "dinner recipe kids", "storm flight hotel price")
+FILTERS = (None, DocFilter(run_id="run-1"), DocFilter(run_id=""), DocFilter(agent_id="ann"),
+           DocFilter(domain="home"), DocFilter(tags_any=("blue", "green")),
+           DocFilter(tags_all=("blue",)), DocFilter(metadata=(("place", "paris"),)),
+           DocFilter(created_before_us=1_000_030), DocFilter(min_importance=0.5))
+NEW = HashEmbedder(64)
+OLD = HashEmbedder(32)  # a previous model's vectors, for the records not re-embedded yet
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: str
+    run: str
+    text: str
+    agent: str
+    tags: tuple[str, ...]
+    metadata: dict[str, str]
+    created_us: int
+    importance: float
+    marker: str  # a word no other record has
+
+    def add_to(self, index: FleetIndex) -> int:
+        facts = DocFacts(self.agent, "home" if self.agent == "ann" else "ops", self.tags,
+                         self.metadata, self.created_us, self.importance)
+        return index.add(self.id, self.run, self.text, text_key(self.text, self.run, self.agent),
+                         metadata_day(self.metadata, self.created_us), facts)
+
+
+def _marker(rng: np.random.Generator) -> str:
+    return "".join(rng.choice(list("bcdfghjklmnpqrstvwxz"), 9).tolist())
+
+
+def _rows(rng: np.random.Generator, count: int, start: int = 0) -> list[_Row]:
+    rows: list[_Row] = []
+    for n in range(start, start + count):
+        run = str(rng.choice(["run-1", "run-2", "run-3", "run-4", ""], p=[.3, .25, .2, .1, .15]))
+        agent = str(rng.choice(["ann", "bob"]))
+        marker = _marker(rng)
+        text = " ".join(rng.choice(WORDS, int(rng.integers(2, 7))).tolist())
+        earlier = [r for r in rows if r.run == run and r.agent == agent]
+        if earlier and rng.random() < 0.2:  # the same text again: it shares a text key
+            text = earlier[int(rng.integers(len(earlier)))].text
+        else:
+            text = f"{text} {marker}" + ("?" if rng.random() < 0.2 else "")
+        metadata = {"place": str(rng.choice(["paris", "rome"]))}
+        if rng.random() < 0.4:
+            metadata["session"] = str(rng.choice(DATES))
+        if rng.random() < 0.3:
+            metadata[f"note-{marker}"] = marker
+        tags = tuple(rng.choice(["blue", "green", "red"], int(rng.integers(0, 3))).tolist())
+        if rng.random() < 0.3:
+            tags += (f"tag-{marker}",)
+        rows.append(_Row(f"rec-{n:04d}", run, text, agent, tags, metadata, 1_000_000 + n,
+                         float(rng.choice([0.2, 0.5, 0.9])), marker))
+    return rows
+
+
+def _built(rows: list[_Row]) -> FleetIndex:
+    index = FleetIndex(NEW.dimension, ContextSettings())
+    _grow(index, rows)
+    return index
+
+
+def _grow(index: FleetIndex, rows: list[_Row]) -> None:
+    docs = [row.add_to(index) for row in rows]
+    texts = [row.text for row in rows]
+    # Every third record waits for the new model: it ranks by its previous model's vector.
+    newer = [i for i in range(len(rows)) if int(rows[i].id[4:]) % 3]
+    if newer:
+        index.add_vectors([docs[i] for i in newer], NEW.embed([texts[i] for i in newer]))
+    index.add_previous_vectors(docs, OLD.embed(texts))
+
+
+def _answers(index: FleetIndex, vectors: bool = True) -> list[list[tuple[str, float]]]:
+    out = []
+    for query in QUERY_TEXTS:
+        vector = NEW.embed([query])[0] if vectors else None
+        previous = OLD.embed([query])[0] if vectors else None
+        for flt in FILTERS:
+            allowed = index.mask(flt) if flt is not None else None
+            for mode in ("lexical", "semantic", "hybrid") if vectors else ("lexical",):
+                found = index.search(query, vector, mode, allowed, previous)
+                out.append([(index.ids[doc], score) for doc, score in found])
+    return out
+
+
+def _assert_same_answers(got: list[list[tuple[str, float]]],
+                         want: list[list[tuple[str, float]]]) -> None:
+    """The same ranked ids with scores within 1e-6 (relative, for BM25's larger scores); two
+    records may trade places only where their scores tie within that."""
+    assert len(got) == len(want)
+    for got_one, want_one in zip(got, want, strict=True):
+        assert len(got_one) == len(want_one), (got_one, want_one)
+        want_score = dict(want_one)
+        for (got_id, got_s), (want_id, want_s) in zip(got_one, want_one, strict=True):
+            assert math.isclose(got_s, want_s, rel_tol=1e-6, abs_tol=1e-6), (got_one, want_one)
+            if got_id != want_id:
+                assert got_id in want_score, (got_one, want_one)
+                assert math.isclose(want_score[got_id], want_s, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def _structure(index: FleetIndex) -> dict[str, object]:
+    """What the answers rest on besides scores, by record id."""
+    live = [d for d, rid in enumerate(index.ids) if rid]
+    docs = np.asarray(live, dtype=np.int64)
+    near = index.neighbours(docs) if live else np.zeros((0, 0), dtype=np.int64)
+    return {
+        "ids": [index.ids[d] for d in live], "len": len(index),
+        "neighbours": {index.ids[d]: [index.ids[n] if n >= 0 else None for n in row]
+                       for d, row in zip(live, near.tolist(), strict=True)},
+        "text_keys": dict(index.text_keys),
+        "masks": [sorted(index.ids[d] for d in np.flatnonzero(m)) if m is not None else None
+                  for m in (index.mask(f) if f is not None else None for f in FILTERS)],
+        "vocabulary": len(index.lexical._postings), "bm25_docs": len(index.lexical),
+        "vectors": index.indexed_vectors(),
+        "previous": len(index.previous) if index.previous is not None else 0,
+        "run_tails": [(run, [(index.ids[d], own) for d, own in tail])
+                      for run, tail in index._run_tail.items()],  # in their LRU order
+        "last_of_run": {run: index.ids[d] for run, d in index._last_of_run.items()},
+    }
+
+
+def _erasable(rng: np.random.Generator, rows: list[_Row]) -> set[str]:
+    """A random subset, and the first, a middle and the last record of a run, a whole run,
+    and a text key's first holder while a later record holds the key too."""
+    chosen = {r.id for r in rows if rng.random() < 0.08}
+    run = [r.id for r in rows if r.run == "run-2"]
+    if run:
+        chosen |= {run[0], run[len(run) // 2], run[-1]}
+    chosen |= {r.id for r in rows if r.run == "run-4"}
+    seen: dict[tuple[str, str, str], str] = {}
+    for row in rows:
+        key = (row.run, row.agent, row.text)
+        if key in seen:
+            chosen.add(seen[key])
+            break
+        seen[key] = row.id
+    return chosen
+
+
+def _remove_in_place(index: FleetIndex, rows: list[_Row], erased: set[str]) -> None:
+    texts = {r.id: r.text for r in rows}
+    needed = index.removal_texts(erased)
+    assert not set(needed) & erased
+    index.remove(erased, {i: texts[i] for i in needed})
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_removal_in_place_answers_as_a_rebuild_from_the_remaining_records(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = _rows(rng, 60)
+    index = _built(rows)
+    first = _erasable(rng, rows)
+    _remove_in_place(index, rows, first)
+    kept = [r for r in rows if r.id not in first]
+    _assert_same_answers(_answers(index), _answers(_built(kept)))
+    assert _structure(index) == _structure(_built(kept))
+
+    # Holes stay holes as the fleet grows and shrinks again: later records join the runs
+    # (their tails, last records and text keys), a second erasure, a snapshot round trip.
+    later = _rows(rng, 15, start=len(rows))
+    _grow(index, later)
+    rows += later
+    second = {r.id for r in rows if r.id not in first and rng.random() < 0.15}
+    _remove_in_place(index, rows, second)
+    kept = [r for r in rows if r.id not in first | second]
+    rebuilt = _built(kept)
+    _assert_same_answers(_answers(index), _answers(rebuilt))
+    assert _structure(index) == _structure(rebuilt)
+
+    restored = pickle.loads(pickle.dumps(index))
+    _assert_same_answers(_answers(restored, vectors=False), _answers(rebuilt, vectors=False))
+    more = _rows(rng, 5, start=len(rows))
+    for fleet in (restored, rebuilt):
+        for row in more:
+            row.add_to(fleet)
+    _assert_same_answers(_answers(restored, vectors=False), _answers(rebuilt, vectors=False))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_snapshot_after_removal_in_place_holds_nothing_of_the_erased_records(
+        seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    rows = _rows(rng, 60)
+    index = _built(rows)
+    erased = _erasable(rng, rows)
+    _remove_in_place(index, rows, erased)
+    blob = fleet_frame("f", index)[1]
+    gone = [r for r in rows if r.id in erased]
+    kept_text = " ".join(r.text for r in rows if r.id not in erased)
+    for row in gone:
+        assert row.id.encode() not in blob
+        unique = [row.marker, *terms_of(row.marker)]
+        if row.marker in kept_text:  # a duplicate text kept under another record
+            continue
+        for word in unique:
+            assert word.encode() not in blob, (row, word)
+    assert any(r.marker.encode() in blob for r in rows if r.id not in erased)  # the check bites
+
+
+def test_in_place_is_refused_once_run_tails_were_let_go() -> None:
+    """A run that lost its kept tail (more open runs than ``max_open_runs``) shared no terms
+    with its next record; a rebuild decides again which runs those are."""
+    index = FleetIndex(0, ContextSettings(max_open_runs=2))
+    for n, run in enumerate(["a", "b", "c", "a"]):
+        index.add(f"r{n}", run, f"note {n} about {run}")
+    assert not index.in_place_allowed(["r1"])
+    small = FleetIndex(0, ContextSettings())
+    for n in range(20):
+        small.add(f"r{n}", "a", f"note {n}")
+    assert small.in_place_allowed(["r1"])
+    assert not small.in_place_allowed([f"r{n}" for n in range(6)])  # a large share: rebuild
+
+
+def test_a_format_3_snapshot_loads_and_its_fleet_is_rebuilt_at_the_first_erasure() -> None:
+    """Format 3 kept no holes and no later holders of text keys: it loads and answers as
+    before, and an erasure rebuilds the fleet rather than guess the keys' next holders."""
+    rows = _rows(np.random.default_rng(5), 40)
+    index = _built(rows)
+    state = index.__getstate__()
+    del state["_key_later"]
+    lexical_state = index.lexical.__getstate__()
+    del lexical_state["holes"]
+    lexical = GrowingBM25.__new__(GrowingBM25)
+    lexical.__setstate__(lexical_state)
+    loaded = FleetIndex.__new__(FleetIndex)
+    loaded.__setstate__({**state, "lexical": lexical})
+    assert 3 in READABLE
+    _assert_same_answers(_answers(loaded, vectors=False), _answers(index, vectors=False))
+    assert index.in_place_allowed([rows[0].id])
+    assert not loaded.in_place_allowed([rows[0].id])
