@@ -75,9 +75,10 @@ def _tables_holding(url: str, needles: list[str]) -> list[str]:
     return hits
 
 
+@pytest.mark.parametrize("others", [0, 24], ids=["index-rebuilt", "index-in-place"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_forget_leaves_no_byte_of_the_marker(
-        backend: str, tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        backend: str, others: int, tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     make_db = request.getfixturevalue("fresh_postgres_urls") if backend == "postgres" else None
     urls = ({name: make_db() for name in ("shard", "governance", "artifacts", "compactor")}
@@ -98,6 +99,8 @@ def test_forget_leaves_no_byte_of_the_marker(
             kept = shard.add("an unrelated lesson about idempotency keys", run_id="run-3",
                              importance=0.9).record
             shard.add(f"run nine found {marker} in the logs", run_id="run-9")
+            for n in range(others):  # a fleet this size erases from its search index in place
+                shard.add(f"a weather report, number {n}", run_id="run-4", importance=0.9)
         with ArtifactsClient(stack.artifacts.address, agent) as art:
             art.start_run("run-9", {"goal": "plant"})
             blob = f"tool output with {marker}\n".encode() * 100

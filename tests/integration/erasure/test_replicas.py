@@ -1,5 +1,6 @@
 """A second shard replica over the same store drops erased records from its in-memory index
-within its poll interval (the change feed is the tombstones table), without a restart."""
+within its poll interval (the change feed is the tombstones table), without a restart: in a
+fleet of two records (both replicas rebuild it) and of eight (both remove it in place)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from tests.stack import full_stack
 FLEET = "fleet-r"
 
 
+@pytest.mark.parametrize("others", [0, 6], ids=["rebuilt", "in-place"])
 def test_another_replica_forgets_within_its_poll(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, others: int) -> None:
     admin = make_token("op", FLEET, ADMIN)
     agent = make_token("scout-1", FLEET)
     data = tmp_path / "data"
@@ -28,6 +30,8 @@ def test_another_replica_forgets_within_its_poll(
         with ShardClient(stack.shard.address, agent) as shard:
             secret = shard.add("the vault combination is 4-8-15", run_id="run-1").record
             shard.add("the next step of the same run", run_id="run-1")
+            for n in range(others):  # one erased record of eight: removed in place
+                shard.add(f"an unrelated note number {n}", run_id="run-2")
         replica, _ = build_shard_server(ShardSettings(
             home=engram_home, port=0, db_url=f"sqlite:///{data / 'shard.db'}",
             embedder="none", allow_ungated=True,
