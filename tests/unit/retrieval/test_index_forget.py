@@ -387,3 +387,21 @@ def test_a_format_3_snapshot_loads_and_its_fleet_is_rebuilt_at_the_first_erasure
     _assert_same_answers(_answers(loaded, vectors=False), _answers(index, vectors=False))
     assert index.in_place_allowed([rows[0].id])
     assert not loaded.in_place_allowed([rows[0].id])
+
+
+@pytest.mark.parametrize("threshold", [10_000, 8], ids=["exact", "hnsw"])
+def test_removed_vectors_leave_the_vector_index_and_the_others_keep_theirs(
+        threshold: int) -> None:
+    rows = _rows(np.random.default_rng(9), 30)
+    index = FleetIndex(NEW.dimension, ContextSettings(), hnsw_threshold=threshold)
+    docs = [row.add_to(index) for row in rows]
+    vectors = NEW.embed([row.text for row in rows])
+    index.add_vectors(docs, vectors)
+    assert index.vectors.approximate == (threshold == 8)
+    erased = {rows[3].id, rows[0].id, rows[-1].id}
+    _remove_in_place(index, rows, erased)
+    assert index.indexed_vectors() == len(rows) - len(erased)
+    kept = [d for d, row in zip(docs, rows, strict=True) if row.id not in erased]
+    assert np.allclose(index.vectors.vectors(kept), vectors[kept], atol=1e-3)  # float16 rows
+    found = {index.ids[d] for d, _ in index.vectors.search(vectors[3], len(rows))}
+    assert found == {row.id for row in rows} - erased
