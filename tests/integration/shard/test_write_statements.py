@@ -47,9 +47,10 @@ def compiled_anew(db: Database) -> Iterator[list[str]]:
 
 def test_a_warm_single_write_compiles_no_statement(shard: tuple[str, ShardService]) -> None:
     _address, service = shard
-    for serial in range(3):  # warm: every statement of the path compiled once
+    for serial in range(3):  # warm: every statement of both paths compiled once
         service.write(WHO, [RecordDraft(f"warming note {serial}", run_id="run-1")],
                       request_id=f"warm-{serial}")
+    service.write(WHO, [RecordDraft("warming note 0", run_id="run-1")])  # lands on its record
     with compiled_anew(service.db) as missed:
         for serial in range(5):
             results = service.write(WHO, [RecordDraft(f"note number {serial}", run_id="run-1")],
