@@ -155,7 +155,16 @@ _CLAIM_ROWS = 300
 """Rows per claim statement (SQLite allows 32,766 parameters in one)."""
 
 
-@functools.lru_cache(maxsize=256)
+def _fleet_and_key(triple: tuple[str, str, str]) -> tuple[str, str]:
+    return triple[0], triple[2]
+
+
+def _request_key(claim: RequestClaim) -> tuple[str, str, str]:
+    return claim.fleet_id, claim.agent_id, claim.request_id
+
+
+# One statement per table and row count: two tables of up to _CLAIM_ROWS shapes each.
+@functools.lru_cache(maxsize=2 * _CLAIM_ROWS)
 def _claim_statement(table: str, columns: tuple[str, ...], rows: int,
                      returning: str) -> TextClause:
     names = ", ".join(f'"{c}"' for c in columns)
@@ -166,7 +175,13 @@ def _claim_statement(table: str, columns: tuple[str, ...], rows: int,
 
 def _claim(session: Session, table: str, rows: Sequence[dict[str, Any]],
            returning: str) -> list[Any]:
-    """Insert ``rows`` (all with the same keys) unless their key is taken; the rows stored."""
+    """Insert ``rows`` (all with the same keys) unless their key is taken; the rows stored.
+
+    Callers sort ``rows`` by the unique key (a stable sort: of two rows with one key, the
+    first still wins). Postgres inserts a statement's rows in order and a row whose key an
+    uncommitted transaction holds waits for it: two replicas claiming overlapping keys in
+    different orders would each hold one the other waits for (a deadlock, 40P01); in one order
+    the second waits before it takes any."""
     stored: list[Any] = []
     for start in range(0, len(rows), _CLAIM_ROWS):
         chunk = rows[start:start + _CLAIM_ROWS]
@@ -335,7 +350,7 @@ class ShardRepository:
         if not triples:
             return {}
         rows = [{"fleet_id": fleet, "key": key, "record_id": record_id}
-                for fleet, record_id, key in triples]
+                for fleet, record_id, key in sorted(triples, key=_fleet_and_key)]
         claimed = {row.record_id for row in _claim(session, "write_keys", rows, "record_id")}
         lost: dict[str, str] = {}
         for fleet, record_id, key in triples:
@@ -364,7 +379,7 @@ class ShardRepository:
             return {}
         rows = [{"fleet_id": c.fleet_id, "agent_id": c.agent_id, "request_id": c.request_id,
                  "digest": c.digest, "record_ids_json": json.dumps(list(c.record_ids)),
-                 "created_us": now_us} for c in claims]
+                 "created_us": now_us} for c in sorted(claims, key=_request_key)]
         stored = {(r.fleet_id, r.agent_id, r.request_id) for r in _claim(
             session, "write_requests", rows, "fleet_id, agent_id, request_id")}
         taken: dict[tuple[str, str, str], str] = {}

@@ -108,3 +108,60 @@ def test_a_groups_request_ids_are_claimed_together_and_the_first_claim_wins(
                 for n in range(700)]  # more than one statement's rows
         assert repo.claim_requests(session, many, 3) == {}
         assert repo.find_request(session, "fleet-c", "agent-m", "req-699") == ("d699", ["m699"])
+
+
+def test_replicas_claiming_overlapping_keys_in_other_orders_do_not_deadlock(
+        fresh_postgres_url: str) -> None:
+    """Two replicas' groups claim write keys and request ids that overlap, listed in other
+    orders. Postgres inserts a statement's rows in order and waits on a key an uncommitted
+    transaction holds, so a group that took key b and waits for a, beside one that took a and
+    waits for b, was a deadlock (40P01: one group's writes failed). Claims go in key order:
+    the second group waits before it takes anything. Replayed here step by step (two
+    statements stand for one group's rows as the race interleaves them)."""
+    import threading
+    import time
+
+    from services.common.db import Database
+    from services.shard.repository import RequestClaim, ShardRepository
+    from services.shard.server import MIGRATIONS
+
+    db = Database(fresh_postgres_url)
+    try:
+        db.upgrade(MIGRATIONS)
+        repo = ShardRepository(db.dialect)
+        errors: list[BaseException] = []
+        lost: dict[str, dict[str, str]] = {}
+        taken: dict[str, dict[tuple[str, str, str], str]] = {}
+
+        def claim(replica: str, keys: list[str], requests: list[str]) -> tuple[
+                dict[str, str], dict[tuple[str, str, str], str]]:
+            with db.session() as session:
+                return (repo.claim_write_keys(session, [("f", f"{replica}-{k}", k) for k in keys]),
+                        repo.claim_requests(session, [RequestClaim("f", "a", r, replica, [])
+                                                      for r in requests], 1))
+
+        def second() -> None:  # takes "k-b" and "req-b" first unless claims are sorted
+            try:
+                lost["two"], taken["two"] = claim("two", ["k-b", "k-a"], ["req-b", "req-a"])
+            except BaseException as error:  # 40P01 without the fix
+                errors.append(error)
+
+        with db.session() as first:
+            repo.claim_write_keys(first, [("f", "one-k-a", "k-a")])
+            repo.claim_requests(first, [RequestClaim("f", "a", "req-a", "one", [])], 1)
+            other = threading.Thread(target=second)
+            other.start()
+            time.sleep(0.5)  # the second replica now waits for "k-a"
+            try:
+                assert repo.claim_write_keys(first, [("f", "one-k-b", "k-b")]) == {}
+                assert repo.claim_requests(
+                    first, [RequestClaim("f", "a", "req-b", "one", [])], 1) == {}
+            except BaseException:
+                first.rollback()
+                raise
+        other.join(30)
+        assert not errors, errors
+        assert lost["two"] == {"two-k-a": "one-k-a", "two-k-b": "one-k-b"}
+        assert taken["two"] == {("f", "a", "req-a"): "one", ("f", "a", "req-b"): "one"}
+    finally:
+        db.dispose()
