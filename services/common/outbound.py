@@ -49,8 +49,9 @@ def dependency_error(service: str, address: str, error: EngramRpcError, *,
     if kind is not None:
         if error.code == grpc.StatusCode.UNAUTHENTICATED and credential_hint:
             message += f" (it refused this service's token: check {credential_hint})"
-        return kind(message, reason=error.reason or None, metadata=error.metadata)
+        return kind(message, reason=error.reason or None, metadata=error.metadata,
+                    retry_delay=error.retry_delay)
     what = _NO_ANSWER.get(error.code, f"answered {error.code.name}")
     return Unavailable(f"{service} service at {address} {what}: {error.message}",
                        reason=error.reason or f"{service.upper()}_UNAVAILABLE",
-                       metadata=error.metadata)
+                       metadata=error.metadata, retry_delay=error.retry_delay)

@@ -257,6 +257,15 @@ def revoked_agent_to_proto(revocation: AgentRevocation) -> pb.RevokedAgent:
         reason=revocation.reason)
 
 
+def _gate_error(error: EngramError) -> pb.GateError:
+    """What ``error`` would have said as the status of a call of its own."""
+    failed = pb.GateError(code=error.code, reason=error.reason, message=error.message,
+                          metadata={k: str(v) for k, v in error.metadata.items()})
+    if error.retry_delay is not None:
+        failed.retry_delay.FromNanoseconds(int(error.retry_delay * 1e9))
+    return failed
+
+
 def _gate_reply(outcome: GateOutcome) -> pb.DecideWritesResponse:
     if outcome.needs_neighbours:
         return pb.DecideWritesResponse(status=pb.GATE_STATUS_NEEDS_NEIGHBOURS)
@@ -301,8 +310,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         results = []
         for outcome in self._service.decide_all(gates):
             if isinstance(outcome, EngramError):
-                results.append(pb.DecideWriteBatchResult(error=pb.GateError(
-                    code=outcome.code, reason=outcome.reason, message=outcome.message)))
+                results.append(pb.DecideWriteBatchResult(error=_gate_error(outcome)))
             elif isinstance(outcome, BaseException):
                 # Not a refusal, but the call must not fail as a whole: the others' decisions
                 # are recorded, and a failed call would have the shard decide them again.

@@ -299,7 +299,10 @@ def _answer(result: gpb.DecideWriteBatchResult) -> GateAnswer:
     code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
     if not isinstance(code, grpc.StatusCode):
         code = grpc.StatusCode.UNKNOWN
-    return EngramRpcError(code, error.message or "governance gave no reason", error.reason)
+    return EngramRpcError(code, error.message or "governance gave no reason", error.reason,
+                          dict(error.metadata),
+                          error.retry_delay.ToNanoseconds() / 1e9
+                          if error.HasField("retry_delay") else None)
 
 
 class GovernanceTrust:

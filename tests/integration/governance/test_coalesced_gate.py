@@ -67,7 +67,8 @@ def test_a_request_that_fails_alone_gets_its_error_and_the_others_their_decision
     def failing_for_agent_9(group: object, request: service_module.GateRequest
                             ) -> service_module.GateOutcome:
         if request.agent_id == "agent-9":
-            raise ResourceExhausted("agent-9 is over its budget", reason="RATE_LIMITED")
+            raise ResourceExhausted("agent-9 is over its budget", reason="RATE_LIMITED",
+                                    metadata={"agent_id": "agent-9"}, retry_delay=2.5)
         return decide(group, request)  # type: ignore[arg-type]
 
     monkeypatch.setattr(service_module._GateGroup, "decide", failing_for_agent_9)
@@ -79,6 +80,9 @@ def test_a_request_that_fails_alone_gets_its_error_and_the_others_their_decision
     error = answer.results[1].error
     assert (error.code, error.reason) == ("RESOURCE_EXHAUSTED", "RATE_LIMITED")
     assert "over its budget" in error.message
+    assert dict(error.metadata) == {"agent_id": "agent-9"}
+    assert error.retry_delay.ToMilliseconds() == 2500
+    assert not answer.results[0].HasField("error")
     assert sorted(d.agent_id for d in governor.decisions()) == ["agent-1", "agent-2"]
 
 

@@ -41,3 +41,12 @@ def test_a_refused_token_names_the_setting_to_check() -> None:
                              credential_hint="ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE")
     assert isinstance(error, Unauthenticated)
     assert "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE" in error.message
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE])
+def test_the_retry_delay_a_dependency_asked_for_is_passed_on(code: grpc.StatusCode) -> None:
+    """A dependency that said when to retry (RetryInfo): this service's caller is told the
+    same, not left to guess (the gate dropped governance's delay before)."""
+    error = dependency_error("governance", "127.0.0.1:1",
+                             EngramRpcError(code, "busy", "BUSY", retry_delay=2.5))
+    assert error.retry_delay == 2.5

@@ -107,13 +107,17 @@ def test_writes_queued_behind_a_call_go_together_in_one_batch() -> None:
 
 def test_a_request_that_failed_alone_fails_its_write_only() -> None:
     fake = _Governance()
-    fake.item_errors["agent-3"] = pb.GateError(code="RESOURCE_EXHAUSTED", reason="RATE_LIMITED",
-                                               message="agent-3 writes too fast")
+    refusal = pb.GateError(code="RESOURCE_EXHAUSTED", reason="RATE_LIMITED",
+                           message="agent-3 writes too fast", metadata={"agent_id": "agent-3"})
+    refusal.retry_delay.FromMilliseconds(1500)
+    fake.item_errors["agent-3"] = refusal
     gate = GovernanceGate(fake)  # type: ignore[arg-type]
     answers = _concurrently(gate, fake, 5)
     failed = answers[3]
     assert isinstance(failed, EngramError) and failed.code == "RESOURCE_EXHAUSTED"
     assert failed.reason == "RATE_LIMITED" and "too fast" in failed.message
+    # What it would have said alone: a caller told when to retry is told here too.
+    assert failed.metadata == {"agent_id": "agent-3"} and failed.retry_delay == 1.5
     assert all(isinstance(a, list) for n, a in enumerate(answers) if n != 3)
 
 

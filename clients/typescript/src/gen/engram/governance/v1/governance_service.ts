@@ -18,6 +18,7 @@ import {
   type ServiceError,
   type UntypedServiceImplementation,
 } from "@grpc/grpc-js";
+import { Duration } from "../../../google/protobuf/duration.js";
 import { Timestamp } from "../../../google/protobuf/timestamp.js";
 
 export const protobufPackage = "engram.governance.v1";
@@ -236,6 +237,18 @@ export interface GateError {
   /** The google.rpc.ErrorInfo reason it would have carried. */
   reason: string;
   message: string;
+  /** The google.rpc.ErrorInfo metadata it would have carried. */
+  metadata: { [key: string]: string };
+  /**
+   * The google.rpc.RetryInfo delay it would have carried: when a retry may succeed
+   * (unset when the error says nothing of it).
+   */
+  retryDelay: Duration | undefined;
+}
+
+export interface GateError_MetadataEntry {
+  key: string;
+  value: string;
 }
 
 export interface DecideWriteBatchResult {
@@ -1868,7 +1881,7 @@ export const DecideWriteBatchesRequest: MessageFns<DecideWriteBatchesRequest> = 
 };
 
 function createBaseGateError(): GateError {
-  return { code: "", reason: "", message: "" };
+  return { code: "", reason: "", message: "", metadata: {}, retryDelay: undefined };
 }
 
 export const GateError: MessageFns<GateError> = {
@@ -1881,6 +1894,12 @@ export const GateError: MessageFns<GateError> = {
     }
     if (message.message !== "") {
       writer.uint32(26).string(message.message);
+    }
+    globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
+      GateError_MetadataEntry.encode({ key: key as any, value }, writer.uint32(34).fork()).join();
+    });
+    if (message.retryDelay !== undefined) {
+      Duration.encode(message.retryDelay, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -1922,6 +1941,25 @@ export const GateError: MessageFns<GateError> = {
             message.message = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            const entry4 = GateError_MetadataEntry.decode(reader, reader.uint32());
+            if (entry4.value !== undefined) {
+              message.metadata[entry4.key] = entry4.value;
+            }
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.retryDelay = Duration.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1939,6 +1977,25 @@ export const GateError: MessageFns<GateError> = {
       code: isSet(object.code) ? globalThis.String(object.code) : "",
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
       message: isSet(object.message) ? globalThis.String(object.message) : "",
+      metadata: isObject(object.metadata)
+        ? (globalThis.Object.entries(object.metadata) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      retryDelay: isSet(object.retryDelay)
+        ? Duration.fromJSON(object.retryDelay)
+        : isSet(object.retry_delay)
+        ? Duration.fromJSON(object.retry_delay)
+        : undefined,
     };
   },
 
@@ -1953,6 +2010,18 @@ export const GateError: MessageFns<GateError> = {
     if (message.message !== "") {
       obj.message = message.message;
     }
+    if (message.metadata) {
+      const entries = globalThis.Object.entries(message.metadata) as [string, string][];
+      if (entries.length > 0) {
+        obj.metadata = {};
+        entries.forEach(([k, v]) => {
+          obj.metadata[k] = v;
+        });
+      }
+    }
+    if (message.retryDelay !== undefined) {
+      obj.retryDelay = Duration.toJSON(message.retryDelay);
+    }
     return obj;
   },
 
@@ -1964,6 +2033,103 @@ export const GateError: MessageFns<GateError> = {
     message.code = object.code ?? "";
     message.reason = object.reason ?? "";
     message.message = object.message ?? "";
+    message.metadata = (globalThis.Object.entries(object.metadata ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.retryDelay = (object.retryDelay !== undefined && object.retryDelay !== null)
+      ? Duration.fromPartial(object.retryDelay)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseGateError_MetadataEntry(): GateError_MetadataEntry {
+  return { key: "", value: "" };
+}
+
+export const GateError_MetadataEntry: MessageFns<GateError_MetadataEntry> = {
+  encode(message: GateError_MetadataEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): GateError_MetadataEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseGateError_MetadataEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): GateError_MetadataEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: GateError_MetadataEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<GateError_MetadataEntry>, I>>(base?: I): GateError_MetadataEntry {
+    return GateError_MetadataEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<GateError_MetadataEntry>, I>>(object: I): GateError_MetadataEntry {
+    const message = createBaseGateError_MetadataEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
