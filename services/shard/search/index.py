@@ -540,9 +540,6 @@ class SearchIndex:
                     if not present:
                         return False
                     position, gaps = self._cursor.position, self._cursor.gaps()
-                    self._handed -= len(present)
-                    if self._last_id in gone:
-                        self._last_id = ""
                 began = time.monotonic()
                 in_place = self._removed_in_place(slot.index, present)
             if in_place:
@@ -551,6 +548,10 @@ class SearchIndex:
                     "seconds": round(time.monotonic() - began, 4)})
             else:
                 self._rebuild_without(fleet_id, slot, gone, len(present), position, gaps)
+            with self._lock:  # only now: a failed removal or rebuild left them counted
+                self._handed -= len(present)
+                if self._last_id in gone:
+                    self._last_id = ""
             if self.snapshot_path is not None and self._ready.is_set():
                 self.save_snapshot()
         return True

@@ -147,6 +147,31 @@ def test_forget_rebuilds_when_a_neighbours_text_is_gone_from_the_store(tmp_path:
     assert index.search("f", "zqxwvt painted", "lexical") == []
 
 
+def test_a_removal_that_fails_leaves_the_fleet_and_its_count_as_they_were(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store read for the neighbours' texts fails: nothing is removed or uncounted (the
+    saved snapshot's record count stays true), and the next forget removes them."""
+    database = _store(tmp_path / "shard.db")
+    _write(database, RUN)
+    index = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
+    index.warm_up()
+    secret = index.search("f", "zqxwvt", "lexical")[0][0]
+    _erase(database, secret)
+    read = index.repo.texts_by_ids
+
+    def unavailable(*args: object) -> object:
+        raise OSError("the database went away")
+
+    monkeypatch.setattr(index.repo, "texts_by_ids", unavailable)
+    with pytest.raises(OSError):
+        index.forget("f", [secret])
+    assert index.records() == len(RUN) and index._handed == len(RUN)
+    monkeypatch.setattr(index.repo, "texts_by_ids", read)
+    assert index.forget("f", [secret])
+    assert index.records() == len(RUN) - 1 and index._handed == len(RUN) - 1
+    assert index.search("f", "zqxwvt", "lexical") == []
+
+
 # -- in place: the same index a rebuild from the remaining records gives --------------------
 
 WORDS = ["lake", "boat", "river", "garden", "hose", "deploy", "pipeline", "schema", "migration",
