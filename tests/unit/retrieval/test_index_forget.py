@@ -39,14 +39,21 @@ def _erase(database: Database, record_id: str) -> None:
         session.execute(delete(RECORDS).where(RECORDS.c.id == record_id))
 
 
-def test_forget_rebuilds_the_fleet_and_the_snapshot_stays_loadable(tmp_path: Path) -> None:
+def _indexed(tmp_path: Path, texts: list[str],
+             query: str) -> tuple[Database, SearchIndex, str]:
+    """``texts`` stored in fleet f and indexed (snapshot at index.snapshot); the store, the
+    index and the record ``query`` ranks first."""
     database = _store(tmp_path / "shard.db")
-    _write(database, TEXTS)
+    _write(database, texts)
+    index = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
+    index.warm_up()
+    return database, index, index.search("f", query, "lexical")[0][0]
+
+
+def test_forget_rebuilds_the_fleet_and_the_snapshot_stays_loadable(tmp_path: Path) -> None:
+    database, index, secret = _indexed(tmp_path, TEXTS, "vault combination")
     _write(database, ["the vault in another fleet"], OTHER)
     path = tmp_path / "index.snapshot"
-    index = SearchIndex(database, None, snapshot_path=path)
-    index.warm_up()
-    secret = index.search("f", "vault combination", "lexical")[0][0]
     assert len(index.search("f", "vault combination", "lexical")) >= 2  # neighbours share it
 
     _erase(database, secret)
@@ -66,11 +73,7 @@ def test_forget_rebuilds_the_fleet_and_the_snapshot_stays_loadable(tmp_path: Pat
 
 def test_the_fleet_is_searched_while_it_is_rebuilt_and_keeps_what_arrived(
         tmp_path: Path) -> None:
-    database = _store(tmp_path / "shard.db")
-    _write(database, TEXTS)
-    index = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
-    index.warm_up()
-    secret = index.search("f", "vault combination", "lexical")[0][0]
+    database, index, secret = _indexed(tmp_path, TEXTS, "vault combination")
     _erase(database, secret)
     build = index._rebuilt
     seen_meanwhile: list[list[tuple[str, float]]] = []
@@ -100,12 +103,8 @@ def _never_rebuilt(*args: object) -> object:
 
 
 def test_forget_removes_in_place_as_a_rebuild_would(tmp_path: Path) -> None:
-    database = _store(tmp_path / "shard.db")
-    _write(database, RUN)
+    database, index, secret = _indexed(tmp_path, RUN, "zqxwvt")
     path = tmp_path / "index.snapshot"
-    index = SearchIndex(database, None, snapshot_path=path)
-    index.warm_up()
-    secret = index.search("f", "zqxwvt", "lexical")[0][0]
     assert len(index.search("f", "zqxwvt", "lexical")) == 5  # four neighbours share it
 
     _erase(database, secret)
@@ -126,11 +125,7 @@ def test_forget_removes_in_place_as_a_rebuild_would(tmp_path: Path) -> None:
 
 
 def test_forget_rebuilds_when_a_neighbours_text_is_gone_from_the_store(tmp_path: Path) -> None:
-    database = _store(tmp_path / "shard.db")
-    _write(database, RUN)
-    index = SearchIndex(database, None)
-    index.warm_up()
-    secret = index.search("f", "zqxwvt", "lexical")[0][0]
+    database, index, secret = _indexed(tmp_path, RUN, "zqxwvt")
     neighbour = next(rid for rid, _ in index.search("f", "painted", "lexical") if rid != secret)
     _erase(database, secret)
     _erase(database, neighbour)  # erased meanwhile: its own forget has not come yet
@@ -151,11 +146,7 @@ def test_a_removal_that_fails_leaves_the_fleet_and_its_count_as_they_were(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The store read for the neighbours' texts fails: nothing is removed or uncounted (the
     saved snapshot's record count stays true), and the next forget removes them."""
-    database = _store(tmp_path / "shard.db")
-    _write(database, RUN)
-    index = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
-    index.warm_up()
-    secret = index.search("f", "zqxwvt", "lexical")[0][0]
+    database, index, secret = _indexed(tmp_path, RUN, "zqxwvt")
     _erase(database, secret)
     read = index.repo.texts_by_ids
 
