@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -245,6 +245,28 @@ class GrowingBM25:
         self._holes += len(set(holes))
         if self._holes == self._count:  # none left: no rounding residue in the total
             self._total_length = 0.0
+
+    def refill(self, docs: Iterable[tuple[int, Sequence[Mapping[str, float]]]]) -> None:
+        """Give documents :meth:`drop` emptied (and did not make holes) their terms again:
+        each with its bags in the order :meth:`extend` would have had them. Each term's list
+        takes them in one merge rather than one search per document."""
+        touched: dict[str, _Postings] = {}
+        for doc, bags in docs:
+            for bag in bags:
+                added = 0.0
+                for term, weight in bag.items():
+                    postings = touched.get(term) or self._postings.get(term)
+                    if postings is None:
+                        postings = self._postings[term] = _Postings()
+                    if postings.late is None:
+                        postings.late = []
+                    postings.late.append((doc, float(weight)))
+                    touched[term] = postings
+                    added += float(weight)
+                self._lengths[doc] += added
+                self._total_length += added
+        for postings in touched.values():  # none stays aside: a later append could list it
+            postings.merge_late()
 
     def sparse_scores(
         self, query: Mapping[str, float]

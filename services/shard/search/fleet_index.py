@@ -423,8 +423,8 @@ class FleetIndex:
             self._unlink(doc, plan.runs.get(doc, ""))
         self._retail(plan.tails, own)
         self.lexical.drop(plan.gone | set(plan.changed), holes=plan.gone)
-        for doc, (before, after) in sorted(plan.changed.items()):
-            self._readd(doc, own, before, after)
+        self.lexical.refill((doc, self._bags(doc, own, before, after))
+                            for doc, (before, after) in sorted(plan.changed.items()))
         self._drop_keys({self.ids[doc] for doc in gone})
         self._drop_facts(plan.gone)
         self.vectors.remove(gone)
@@ -514,10 +514,10 @@ class FleetIndex:
             ordered = sorted(self._run_tail.items(), key=lambda item: item[1][-1][0])
             self._run_tail = OrderedDict(ordered)
 
-    def _readd(self, doc: int, own: dict[int, dict[str, float]], before: list[int],
-               after: list[int]) -> None:
-        """Extend ``doc``'s (emptied) document as :meth:`add` and its later neighbours'
-        arrivals would have: own and earlier terms at once, each later record's after."""
+    def _bags(self, doc: int, own: dict[int, dict[str, float]], before: list[int],
+              after: list[int]) -> list[dict[str, float]]:
+        """``doc``'s document as :meth:`add` and its later neighbours' arrivals would have
+        made it: own and earlier records' terms at once, then each later record's."""
         cfg = self.settings
         bag = dict(own[doc])
         tail = before[::-1]  # oldest first, as add() reads a run's tail
@@ -525,10 +525,11 @@ class FleetIndex:
             step = cfg.distance_decay ** (len(tail) - 1 - i)
             for term, count in own[earlier].items():
                 bag[term] = bag.get(term, 0.0) + step * cfg.before_weight * count
-        self.lexical.extend(doc, bag)
+        bags = [bag]
         for k, later in enumerate(after):
             weight = cfg.distance_decay ** k * cfg.after_weight
-            self.lexical.extend(doc, {t: weight * c for t, c in own[later].items()})
+            bags.append({t: weight * c for t, c in own[later].items()})
+        return bags
 
     def _drop_keys(self, gone: set[str]) -> None:
         """Erased records leave the text keys; a later record of a key its erased first

@@ -421,3 +421,21 @@ def test_removed_vectors_leave_the_vector_index_and_the_others_keep_theirs(
     assert np.allclose(index.vectors.vectors(kept), vectors[kept], atol=1e-3)  # float16 rows
     found = {index.ids[d] for d, _ in index.vectors.search(vectors[3], len(rows))}
     assert found == {row.id for row in rows} - erased
+
+
+def test_a_refilled_document_extended_again_is_listed_once() -> None:
+    """A document made again after a removal (its run's next record has not come yet) then
+    gains terms from that record: each term still lists it once, with the sum."""
+    bm25 = GrowingBM25()
+    for bag in ({"lake": 1.0}, {"boat": 1.0}, {"dock": 1.0}):
+        bm25.add(bag)
+    bm25.drop([1], holes=[])
+    bm25.refill([(1, [{"boat": 1.0, "oar": 1.0}])])
+    bm25.extend(1, {"oar": 0.5, "lake": 0.4})
+    docs, _ = bm25.sparse_scores({"oar": 1.0, "lake": 1.0})
+    assert docs.tolist() == [0, 1]
+    for term, listed in (("oar", [(1, 1.5)]), ("lake", [(0, 1.0), (1, 0.4)])):
+        postings = bm25._postings[term]
+        entries = zip(postings.doc_ids[: postings.size].tolist(),
+                      postings.freqs[: postings.size].tolist(), strict=True)
+        assert [(d, round(f, 5)) for d, f in entries] == listed
