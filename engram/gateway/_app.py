@@ -12,7 +12,7 @@ import queue
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -53,7 +53,7 @@ UPLOAD_HEADROOM = 8
 """Upload threads the cap on uploads (``uploads_max``) always leaves free: a thread may still
 be finishing the call of an upload whose client has gone (the service answering the stream
 the gateway ended), so an upload let in never waits for a thread. One that waited kept up to
-2 MiB of its body and polled the event loop, which serves every other request, every 2 ms."""
+2 MiB of its body and its connection, with no bound on how many."""
 UPLOAD_QUEUE = 8
 """Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
@@ -99,8 +99,8 @@ class GatewayConfig:
     uploads_max: int = UPLOAD_THREADS - UPLOAD_HEADROOM
     """Uploads the gateway runs at once, whoever sends them, at most ``UPLOAD_THREADS -
     UPLOAD_HEADROOM``; one more is 503 UNAVAILABLE (UPLOADS_BUSY) at once. Without it, uploads
-    past the threads queued with no bound, each holding its connection, up to 2 MiB of body and
-    a 2 ms poll on the event loop, so uploads alone could starve every other request."""
+    past the threads queued with no bound on how many, each holding its connection and up to
+    2 MiB of body."""
     stream_idle_seconds: float = 30.0
     """A response stream (a download, a snapshot) whose service sends nothing for this long,
     or whose client takes nothing for this long and then less than ``stream_min_bytes_per_s``
@@ -423,12 +423,18 @@ class Gateway:
         feed: queue.Queue[artifacts_pb.CreateArtifactRequest | None] = queue.Queue(UPLOAD_QUEUE)
         stub = self.blocking_callable(route)
         metadata = _metadata(request)
+        loop = asyncio.get_running_loop()
+        taken = asyncio.Event()
+        """Set each time the service's side takes a part off the feed (from gRPC's thread)."""
 
         def requests() -> Iterator[artifacts_pb.CreateArtifactRequest]:
-            while (part := feed.get()) is not None:
+            while True:
+                part = feed.get()
+                _wake(loop, taken)
+                if part is None:
+                    return
                 yield part
 
-        loop = asyncio.get_running_loop()
         finished = loop.run_in_executor(self._upload_threads, functools.partial(
             _blocking_call, stub, requests(), metadata))
         body = parts().__aiter__()
@@ -446,15 +452,9 @@ class Gateway:
                     part = coming.result()
                 except StopAsyncIteration:
                     break
-                while not finished.done():
-                    try:
-                        feed.put_nowait(part)
-                        break
-                    except queue.Full:
-                        await asyncio.sleep(0.002)
-                if finished.done():
+                if not await _hand_over(feed, part, taken, finished):
                     break  # the service has answered: the rest of the body is not needed
-            await _put_end(feed, finished)
+            await _hand_over(feed, None, taken, finished)
             outcome = await finished
         finally:
             if coming is not None and not coming.done():
@@ -484,13 +484,29 @@ def _blocking_call(stub: Any, parts: Iterator[Message],
     return response
 
 
-async def _put_end(feed: queue.Queue[Any], finished: asyncio.Future[Any]) -> None:
+def _wake(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set ``event`` from another thread (gRPC's, taking an upload's parts)."""
+    with suppress(RuntimeError):  # the loop has closed (the gateway stopped)
+        loop.call_soon_threadsafe(event.set)
+
+
+async def _hand_over(feed: queue.Queue[Any], part: Any, taken: asyncio.Event,
+                     finished: asyncio.Future[Any]) -> bool:
+    """Put ``part`` on the feed once it has room; False if the service answered first.
+    Woken by the service taking a part, not by polling the queue."""
     while not finished.done():
+        taken.clear()  # before trying: a part taken from here on wakes the wait below
         try:
-            feed.put_nowait(None)
-            return
+            feed.put_nowait(part)
+            return True
         except queue.Full:
-            await asyncio.sleep(0.002)
+            pass
+        woken = asyncio.ensure_future(taken.wait())
+        try:
+            await asyncio.wait((woken, finished), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            woken.cancel()
+    return False
 
 
 def _drain_and_end(feed: queue.Queue[Any]) -> None:
