@@ -111,7 +111,11 @@ PREVIOUS_PAGE = 5000
 """Stored vectors of the previous model read per query while they are loaded."""
 PREVIOUS_RETRY_SECONDS = 0.5
 PREVIOUS_RETRY_MAX_SECONDS = 30.0
-"""A failed page is read again after 0.5 s, doubling up to 30 s, until the shard stops."""
+"""A failed page is read again after 0.5 s, doubling up to 30 s, until the shard stops..."""
+PREVIOUS_GIVE_UP_SECONDS = 600.0
+"""...or until pages have failed for this long without one read: the load ends (logged as an
+error), what was loaded is served, and the re-embedding retires the previous model when it
+ends rather than the model being held for good by a query that never succeeds."""
 
 
 def _lexical_if_unavailable(
@@ -344,18 +348,27 @@ class SearchIndex:
             self._retire_previous()
             return
         loaded, after, pause = 0, 0, PREVIOUS_RETRY_SECONDS
+        failing_since: float | None = None
         while not self._stop.is_set():
             try:
                 with self.db.session() as session:
                     rows = self.repo.vectors_of_model(session, previous.name, after,
                                                       PREVIOUS_PAGE)
             except Exception as error:  # a database away for a while: read the page again
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= PREVIOUS_GIVE_UP_SECONDS:
+                    log.error("the previous model's vectors: pages failed to load for %.0f s; "
+                              "giving up with %d loaded (the others rank by their lexical "
+                              "score until re-embedded): %s", now - failing_since, loaded,
+                              error)
+                    return
                 log.warning("the previous model's vectors: a page failed to load, retrying in "
                             "%.1f s: %s", pause, error)
                 self._stop.wait(pause)
                 pause = min(pause * 2, PREVIOUS_RETRY_MAX_SECONDS)
                 continue
-            pause = PREVIOUS_RETRY_SECONDS
+            pause, failing_since = PREVIOUS_RETRY_SECONDS, None
             if not rows:
                 break
             after = rows[-1].record_seq
@@ -363,8 +376,8 @@ class SearchIndex:
         if self._stop.is_set():
             return
         if not loaded:
-            log.info("no stored vector of the previous model %s is left; it is not used",
-                     previous.name)
+            log.info("no record still needs a stored vector of the previous model %s; it is "
+                     "not used", previous.name)
             self._retire_previous()
             return
         log.info("serving the previous model's vectors while the records are re-embedded",
@@ -372,8 +385,9 @@ class SearchIndex:
                         "vectors": loaded})
 
     def _hand_previous(self, rows: Sequence[Any]) -> int:
-        """One page of the previous model's vectors into the fleets' indexes; returns how
-        many records were known to them."""
+        """One page of the previous model's vectors into the fleets' indexes, for the records
+        not re-embedded yet (a record the current model has embedded never needs its old
+        vector: holding it would only cost memory); returns how many were handed."""
         by_fleet: dict[str, tuple[list[str], list[np.ndarray]]] = {}
         for row in rows:
             ids, vectors = by_fleet.setdefault(row.fleet_id, ([], []))
@@ -387,7 +401,7 @@ class SearchIndex:
                 continue
             with slot.lock:
                 slot.apply_inbox()
-                known = [i for i, r in enumerate(ids) if r in slot.index.doc_of]
+                known = [i for i, r in enumerate(ids) if slot.index.needs_vector(r)]
                 if known:
                     slot.index.add_previous_vectors(
                         [slot.index.doc_of[ids[i]] for i in known],

@@ -404,3 +404,89 @@ def test_a_stop_ends_the_previous_models_load_between_pages(
         finished.set()
         if not stopped:
             server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_records_already_re_embedded_get_no_vector_of_the_previous_model(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The load of the previous model's vectors hands over only those of records the current
+    model has not embedded yet. A re-embedding replaces a record's stored vector, so an old
+    vector reaches the loader only when the record is re-embedded between the page's read and
+    its hand-over: here every record is, so none is held and the model is let go. Checked
+    failing with every known record's old vector handed over (21 held for nothing)."""
+    import threading
+
+    from services.shard.repository import ShardRepository
+    from services.shard.search.fleet_index import FleetIndex
+
+    token = make_token("agent-prev-done", "fleet-prev-done")
+    _target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
+                                                     "operator-model-5")
+    release = threading.Event()
+    handed: list[int] = []
+    real_page = ShardRepository.vectors_of_model
+    real_add = FleetIndex.add_previous_vectors
+
+    def read_before_the_re_embedding(repo: ShardRepository, session: object, model: str,
+                                     after: int, limit: int) -> list[object]:
+        rows = real_page(repo, session, model, after, limit)  # type: ignore[arg-type]
+        release.wait(60)  # handed over once every record is re-embedded
+        return rows
+
+    def counted(index: FleetIndex, docs: list[int], vectors: object) -> None:
+        handed.append(len(docs))
+        real_add(index, docs, vectors)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ShardRepository, "vectors_of_model", read_before_the_re_embedding)
+    monkeypatch.setattr(FleetIndex, "add_previous_vectors", counted)
+    client, service, server = _serve(_previous_settings(settings, operator_dir), token)
+    try:
+        index = service.search_engine.index
+        assert index is not None
+        _caught_up(client)  # every record re-embedded while the load's first page is held
+        release.set()
+        deadline = time.monotonic() + 30  # a bound on waiting, not a speed assertion
+        while index.previous is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous is None
+        assert sum(handed) == 0, f"{sum(handed)} old vectors held for re-embedded records"
+    finally:
+        release.set()
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_load_whose_pages_never_read_gives_up_and_the_model_is_let_go(
+    settings: ShardSettings, make_token: TokenFactory, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page query that fails every time (a broken table, a permission taken away) ends the
+    load after PREVIOUS_GIVE_UP_SECONDS, so the re-embedding's end lets the previous model go;
+    it was held for good, retried every 30 s. Checked failing with the give-up taken out."""
+    from sqlalchemy.exc import OperationalError
+
+    from services.shard.repository import ShardRepository
+    from services.shard.search import index as index_module
+
+    token = make_token("agent-prev-fail", "fleet-prev-fail")
+    _target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
+                                                     "operator-model-6")
+
+    def failing(*_: object) -> list[object]:
+        raise OperationalError("SELECT", {}, Exception("permission denied for record_vectors"))
+
+    monkeypatch.setattr(ShardRepository, "vectors_of_model", failing)
+    monkeypatch.setattr(index_module, "PREVIOUS_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(index_module, "PREVIOUS_RETRY_MAX_SECONDS", 0.05)
+    monkeypatch.setattr(index_module, "PREVIOUS_GIVE_UP_SECONDS", 0.5)
+    client, service, server = _serve(_previous_settings(settings, operator_dir), token)
+    try:
+        index = service.search_engine.index
+        assert index is not None
+        _caught_up(client)
+        deadline = time.monotonic() + 30  # a bound on waiting, not a speed assertion
+        while index.previous is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index.previous is None, "a load that never reads a page kept the model"
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
