@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import json
 import logging
@@ -51,9 +50,9 @@ UPLOAD_THREADS = 32
 """Threads for uploads (each holds one for its whole length)."""
 UPLOAD_HEADROOM = 8
 """Upload threads the cap on uploads (``uploads_max``) always leaves free: a thread may still
-be finishing the call of an upload whose client has gone (the service answering the stream
-the gateway ended), so an upload let in never waits for a thread. One that waited kept up to
-2 MiB of its body and its connection, with no bound on how many."""
+be finishing the call of an upload whose client has gone (the call's cancel reaching it), so
+an upload let in never waits for a thread. One that waited kept up to 2 MiB of its body and
+its connection, with no bound on how many."""
 UPLOAD_QUEUE = 8
 """Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
@@ -116,11 +115,19 @@ class GatewayConfig:
     stream_min_bytes_per_s`` of waiting (4.8 min by default), not hours later. 0 turns the
     guard on the client off: no rate, and no limit per send either (one would cut a steady
     slow reader, for the same kernel steps); the limit on a silent service stays."""
+    upload_answer_seconds: float = 300.0
+    """How long an upload waits on the artifacts service, to take the next part of the body
+    or, once it has the whole body, to answer; then its call is cancelled and it is 504
+    DEADLINE_EXCEEDED (UPLOAD_ANSWER_TIMEOUT). A service that stalled (stuck storage, a hung
+    S3 put) held the upload's thread and place for good, until every upload was 503
+    UPLOADS_BUSY. 300 s by default: the service spools the whole body and only then puts it to
+    its store, S3 in one PutObject up to 1 GiB, so a large blob's answer comes minutes after
+    its last byte (1 GiB at 3.5 MB/s is 300 s)."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for name in ("body_idle_seconds", "stream_idle_seconds"):
+        for name in ("body_idle_seconds", "stream_idle_seconds", "upload_answer_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -419,10 +426,9 @@ class Gateway:
 
         # grpc.aio replaces the service's status with INTERNAL when the service answers while
         # the client is still writing (a refused header, bytes still coming), so uploads run
-        # on a blocking channel in a worker thread, fed through a small bounded queue.
+        # on a blocking channel (an upload thread waits for the answer), fed through a small
+        # bounded queue.
         feed: queue.Queue[artifacts_pb.CreateArtifactRequest | None] = queue.Queue(UPLOAD_QUEUE)
-        stub = self.blocking_callable(route)
-        metadata = _metadata(request)
         loop = asyncio.get_running_loop()
         taken = asyncio.Event()
         """Set each time the service's side takes a part off the feed (from gRPC's thread)."""
@@ -435,8 +441,10 @@ class Gateway:
                     return
                 yield part
 
-        finished = loop.run_in_executor(self._upload_threads, functools.partial(
-            _blocking_call, stub, requests(), metadata))
+        # The future form, so that the event loop can cancel a call whose service stalls.
+        call = self.blocking_callable(route).future(requests(), metadata=_metadata(request))
+        finished = loop.run_in_executor(self._upload_threads, _answer, call)
+        limit = self.config.upload_answer_seconds
         body = parts().__aiter__()
         coming: asyncio.Future[artifacts_pb.CreateArtifactRequest] | None = None
         try:
@@ -452,14 +460,31 @@ class Gateway:
                     part = coming.result()
                 except StopAsyncIteration:
                     break
-                if not await _hand_over(feed, part, taken, finished):
+                if not await _hand_over(feed, part, taken, finished, limit):
                     break  # the service has answered: the rest of the body is not needed
-            await _hand_over(feed, None, taken, finished)
-            outcome = await finished
+            await _hand_over(feed, None, taken, finished, limit)
+            while not finished.done():  # the service has the whole body: its answer
+                taken.clear()
+                await _service_moves(taken, finished, limit)
+        except _ServiceStalled:
+            pass  # its call is cancelled below, and answered 504
         finally:
             if coming is not None and not coming.done():
                 coming.cancel()
+            if not finished.done():
+                # A stalled service, or a client gone: the call ends now, nothing stored, and
+                # its upload thread is free at once, not once the service moves again.
+                call.cancel()
             _drain_and_end(feed)
+        outcome = await finished
+        if outcome is None:  # cancelled above: the service stalled
+            return error_response(status_of(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"the {route.backend} service neither took "
+                f"the upload's next part nor answered within {limit:g} s, the most the gateway "
+                "waits on it; the call was cancelled. Retry later; the service may have stored "
+                "the artifact just before the cancel reached it, so list the run's artifacts "
+                "first if a duplicate matters", "UPLOAD_ANSWER_TIMEOUT",
+                {"service": route.backend, "timeout_seconds": f"{limit:g}"}))
         if isinstance(outcome, grpc.RpcError):
             return error_response(status_from_rpc_error(outcome, route.backend))
         return JSONResponse(to_json(outcome), status_code=200)
@@ -475,10 +500,13 @@ class Gateway:
         return self._callables[key]
 
 
-def _blocking_call(stub: Any, parts: Iterator[Message],
-                   metadata: tuple[tuple[str, str], ...]) -> Message | grpc.RpcError:
+def _answer(call: Any) -> Message | grpc.RpcError | None:
+    """The service's answer to an upload's call (waited for in an upload thread), its error,
+    or None when the gateway cancelled the call."""
     try:
-        response: Message = stub(parts, metadata=metadata)
+        response: Message = call.result()
+    except grpc.FutureCancelledError:
+        return None
     except grpc.RpcError as error:
         return error
     return response
@@ -490,8 +518,13 @@ def _wake(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
         loop.call_soon_threadsafe(event.set)
 
 
+class _ServiceStalled(Exception):
+    """The service took no part of an upload and gave no answer for
+    ``upload_answer_seconds``."""
+
+
 async def _hand_over(feed: queue.Queue[Any], part: Any, taken: asyncio.Event,
-                     finished: asyncio.Future[Any]) -> bool:
+                     finished: asyncio.Future[Any], limit: float) -> bool:
     """Put ``part`` on the feed once it has room; False if the service answered first.
     Woken by the service taking a part, not by polling the queue."""
     while not finished.done():
@@ -501,12 +534,22 @@ async def _hand_over(feed: queue.Queue[Any], part: Any, taken: asyncio.Event,
             return True
         except queue.Full:
             pass
-        woken = asyncio.ensure_future(taken.wait())
-        try:
-            await asyncio.wait((woken, finished), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            woken.cancel()
+        await _service_moves(taken, finished, limit)
     return False
+
+
+async def _service_moves(taken: asyncio.Event, finished: asyncio.Future[Any],
+                         limit: float) -> None:
+    """Until the service takes a part or answers; :class:`_ServiceStalled` if it does
+    neither within ``limit`` seconds."""
+    woken = asyncio.ensure_future(taken.wait())
+    try:
+        done, _ = await asyncio.wait((woken, finished), timeout=limit,
+                                     return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        woken.cancel()
+    if not done:
+        raise _ServiceStalled
 
 
 def _drain_and_end(feed: queue.Queue[Any]) -> None:

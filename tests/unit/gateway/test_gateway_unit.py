@@ -383,3 +383,14 @@ def test_the_cap_on_uploads_leaves_upload_threads_free() -> None:
     for wrong in (0, UPLOAD_THREADS - UPLOAD_HEADROOM + 1):
         with pytest.raises(ValueError, match=r"uploads_max must be 1\.\.24"):
             GatewayConfig({}, uploads_max=wrong)
+
+
+@pytest.mark.parametrize("wrong", [0.0, -1.0, float("nan"), float("inf")])
+def test_the_upload_answer_limit_must_be_a_positive_time(wrong: float) -> None:
+    """upload_answer_seconds (default 300) bounds the wait on a stalled artifacts service: 0
+    would refuse every upload, and nan or inf would switch the limit off."""
+    from engram.gateway import GatewayConfig
+
+    assert GatewayConfig({}).upload_answer_seconds == 300.0
+    with pytest.raises(ValueError, match="upload_answer_seconds must be a positive number"):
+        GatewayConfig({}, upload_answer_seconds=wrong)
