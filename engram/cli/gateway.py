@@ -27,6 +27,14 @@ def _rate(value: float) -> float:
                              f"{MIN_RATE:g}, got {value}")
 
 
+def _seconds(value: float) -> float:
+    """A positive, finite number of seconds: 0 would end every upload at once, nan and inf
+    would switch the limit off."""
+    if math.isfinite(value) and value > 0:
+        return value
+    raise typer.BadParameter(f"must be a positive number of seconds, got {value}")
+
+
 def gateway(
     host: str = typer.Option("127.0.0.1", help="address to listen on; put anything else "
                                                 "behind TLS"),
@@ -52,6 +60,11 @@ def gateway(
         24, min=1, max=24, help="uploads the gateway runs at once, whoever sends them; one more "
         "is 503 UPLOADS_BUSY with Retry-After at once. At most 24: 8 of the 32 upload threads "
         "stay free, so an upload let in never waits for a thread"),
+    upload_answer_timeout: float = typer.Option(
+        300.0, callback=_seconds, help="seconds an upload waits on the artifacts service to "
+        "take the next part of its body or, once it has it whole, to answer; then the call is "
+        "cancelled and the upload is 504 UPLOAD_ANSWER_TIMEOUT. Generous: the service stores a "
+        "blob only once it has all of it (to S3 in one put up to 1 GiB)"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""
@@ -69,6 +82,7 @@ def gateway(
     try:
         serve(settings(), host=host, port=port, log_level=log_level,
               body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token,
-              stream_min_bytes_per_s=stream_min_rate, uploads_max=uploads_max)
+              stream_min_bytes_per_s=stream_min_rate, uploads_max=uploads_max,
+              upload_answer_seconds=upload_answer_timeout)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

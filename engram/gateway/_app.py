@@ -481,9 +481,10 @@ class Gateway:
             return error_response(status_of(
                 grpc.StatusCode.DEADLINE_EXCEEDED, f"the {route.backend} service neither took "
                 f"the upload's next part nor answered within {limit:g} s, the most the gateway "
-                "waits on it; the call was cancelled. Retry later; the service may have stored "
-                "the artifact just before the cancel reached it, so list the run's artifacts "
-                "first if a duplicate matters", "UPLOAD_ANSWER_TIMEOUT",
+                "waits on it (--upload-answer-timeout); the call was cancelled. Retry later; "
+                "the service may have stored the artifact just before the cancel reached it, "
+                "so list the run's artifacts first if a duplicate matters",
+                "UPLOAD_ANSWER_TIMEOUT",
                 {"service": route.backend, "timeout_seconds": f"{limit:g}"}))
         if isinstance(outcome, grpc.RpcError):
             return error_response(status_from_rpc_error(outcome, route.backend))

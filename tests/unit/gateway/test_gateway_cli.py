@@ -112,3 +112,29 @@ def test_the_cap_on_uploads_reaches_the_gateway_and_keeps_threads_free(
     for value in ("25", "0"):
         refused = CliRunner().invoke(app, ["gateway", "--uploads-max", value])
         assert refused.exit_code == 2 and "uploads-max" in refused.output
+
+
+def test_the_upload_answer_timeout_reaches_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--upload-answer-timeout (default 300 s) reaches the config; 0, a negative number, nan
+    and inf are exit 2, naming the flag, before anything is served."""
+    import uvicorn
+
+    from engram.gateway import _serve
+
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: served.append(asgi))
+    made: list[object] = []
+    real = _serve.Gateway
+    monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
+    assert made[-1].upload_answer_seconds == 300.0  # type: ignore[attr-defined]
+    result = CliRunner().invoke(app, ["gateway", "--port", "0", "--upload-answer-timeout", "12"])
+    assert result.exit_code == 0, result.output
+    assert made[-1].upload_answer_seconds == 12.0  # type: ignore[attr-defined]
+    served.clear()
+    for value in ("0", "-1", "nan", "inf"):
+        refused = CliRunner().invoke(app, ["gateway", "--upload-answer-timeout", value])
+        said = " ".join(refused.output.replace("│", " ").split())
+        assert refused.exit_code == 2 and "--upload-answer-timeout" in said, (value, said)
+        assert "must be a positive number of seconds" in said
+    assert not served
