@@ -102,6 +102,10 @@ class ExactVectorIndex:
         return [(int(self._keys[i]), float(sims[i])) for i in best]
 
 
+_FILLER_KEY = 1 << 63
+"""Keys of the filler vectors that overwrite removed ones (document numbers never reach it)."""
+
+
 class HnswVectorIndex:
     def __init__(
         self,
@@ -137,9 +141,17 @@ class HnswVectorIndex:
         self._index.add(key_array, np.asarray(vectors, dtype=np.float32))
 
     def remove(self, keys: Keys) -> None:
+        """Take ``keys`` out of the graph, and their vectors out of its memory: usearch only
+        marks a removed entry (its bytes stay in the index), so as many filler vectors are
+        added at once, which take the freed slots over, and removed again (an erased record's
+        vector must not survive in memory, docs/erasure.md)."""
         present = [int(k) for k in keys if self._index.contains(int(k))]
         if present:
             self._index.remove(present)
+            fillers = np.arange(_FILLER_KEY, _FILLER_KEY + len(present), dtype=np.uint64)
+            self._index.add(fillers, np.full((len(present), self.dimension),
+                                             1.0 / np.sqrt(self.dimension), dtype=np.float32))
+            self._index.remove(fillers)
 
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if not len(self._index) or k <= 0:

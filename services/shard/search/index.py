@@ -35,7 +35,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -194,6 +194,11 @@ class SearchIndex:
         self._saved_records = 0  # records in the last snapshot written or loaded
         self._handed = 0  # records handed to the fleet indexes: those through the cursor
         self._save_lock = threading.RLock()  # a forget holds it through its own save
+        # Erased ids, with the tick of their forget, kept while a read or an embedding batch
+        # that began before it is still going: what such a read hands over after the forget
+        # (it read the row before the erasure committed) is dropped instead of coming back.
+        self._erased_recent: dict[str, int] = {}
+        self._active: Counter[int] = Counter()  # ticks at which those reads and batches began
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
         self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
         self._tombstones_checked = -float("inf")  # when it last looked (monotonic seconds)
@@ -488,25 +493,46 @@ class SearchIndex:
         """Read committed records past the cursor (and the gaps it left) into the indexes."""
         while True:
             gaps = self._cursor.gaps()
-            with self.db.session() as session:
-                rows = self.repo.texts_after(session, self._cursor.position, gaps, chunk)
-            if not rows:
-                return
-            touched: dict[str, _FleetSlot] = {}
-            with self._lock:
-                for row in rows:
-                    slot = touched[row.fleet_id] = self._slot(row.fleet_id)
-                    slot.inbox.append(_adder(row))
-                    self._pending.append((row.seq, row.fleet_id, row.id, row.content))
-                self._cursor.advance(row.seq for row in rows)
-                self._handed += len(rows)
-                last = max(rows, key=lambda row: row.seq)
-                if last.seq == self._cursor.position:
-                    self._last_id = last.id
+            with self._handing():
+                with self.db.session() as session:
+                    rows = self.repo.texts_after(session, self._cursor.position, gaps, chunk)
+                if not rows:
+                    return
+                touched: dict[str, _FleetSlot] = {}
+                with self._lock:
+                    # A row erased (and forgotten) since it was read is passed over.
+                    kept = [row for row in rows if row.id not in self._erased_recent]
+                    for row in kept:
+                        slot = touched[row.fleet_id] = self._slot(row.fleet_id)
+                        slot.inbox.append(_adder(row))
+                        self._pending.append((row.seq, row.fleet_id, row.id, row.content))
+                    self._cursor.advance(row.seq for row in rows)
+                    self._handed += len(kept)
+                    last = max(rows, key=lambda row: row.seq)
+                    if last.seq == self._cursor.position:
+                        self._last_id = last.id if last in kept else ""
             for slot in touched.values():
                 _apply_if_idle(slot)
             if len(rows) < chunk:
                 return
+
+    @contextmanager
+    def _handing(self) -> Iterator[None]:
+        """Around a read of the store, or an embedding batch, whose records are handed over
+        afterwards: erasures forgotten meanwhile are remembered until it ends."""
+        with self._lock:
+            began = next(self._ticks)
+            self._active[began] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active[began] -= 1
+                if not self._active[began]:
+                    del self._active[began]
+                oldest = min(self._active, default=None)
+                self._erased_recent = {i: tick for i, tick in self._erased_recent.items()
+                                       if oldest is not None and oldest < tick}
 
     def _slot(self, fleet_id: str) -> _FleetSlot:
         """Under ``_lock``: the fleet's slot, created empty on first sight."""
@@ -541,6 +567,9 @@ class SearchIndex:
         """
         gone = set(erased)
         with self._lock:
+            tick = next(self._ticks)
+            if self._active:  # a read or batch going on may hand them over after this
+                self._erased_recent.update(dict.fromkeys(gone, tick))
             self._pending = deque(item for item in self._pending if item[2] not in gone)
             self._fresh_vectors.clear()  # keyed by text: a cache, refilled by the next writes
             slot = self._fleets.get(fleet_id)
@@ -556,14 +585,15 @@ class SearchIndex:
                     position, gaps = self._cursor.position, self._cursor.gaps()
                 began = time.monotonic()
                 in_place = self._removed_in_place(slot.index, present)
+            left = len(present)
             if in_place:
                 log.info("records removed from the fleet index in place", extra={
                     "fleet_id": fleet_id, "erased": len(present), "records": len(slot.index),
                     "seconds": round(time.monotonic() - began, 4)})
-            else:
-                self._rebuild_without(fleet_id, slot, gone, len(present), position, gaps)
+            else:  # may drop more: a neighbour erased meanwhile (its own forget finds none)
+                left = self._rebuild_without(fleet_id, slot, gone, len(present), position, gaps)
             with self._lock:  # only now: a failed removal or rebuild left them counted
-                self._handed -= len(present)
+                self._handed -= left
                 if self._last_id in gone:
                     self._last_id = ""
             if self.snapshot_path is not None and self._ready.is_set():
@@ -586,8 +616,9 @@ class SearchIndex:
         return True
 
     def _rebuild_without(self, fleet_id: str, slot: _FleetSlot, gone: set[str], erased: int,
-                         position: int, gaps: Sequence[int]) -> None:
-        """Swap the fleet's index for one rebuilt from the store through ``position``."""
+                         position: int, gaps: Sequence[int]) -> int:
+        """Swap the fleet's index for one rebuilt from the store through ``position``; returns
+        how many records left it (``erased``, and any other erased since)."""
         rebuilt = self._rebuilt(fleet_id, position, gaps)
         with slot.lock:
             with self._lock:
@@ -601,6 +632,7 @@ class SearchIndex:
         log.info("fleet index rebuilt after an erasure", extra={
             "fleet_id": fleet_id, "erased": erased,
             "records": len(rebuilt), "handed_meanwhile": len(later)})
+        return len(old) - len(rebuilt)
 
     def _carry_over(self, fleet_id: str, old: FleetIndex, rebuilt: FleetIndex,
                     later: list[str]) -> None:
@@ -694,20 +726,23 @@ class SearchIndex:
                 self._pending.clear()
             return 0
         self._queue_backfill()
-        with self._lock:
-            work = [self._pending.popleft() for _ in range(min(self.batch, len(self._pending)))]
-            self._in_flight = len(work)
-        if not work:
-            return 0
-        try:
-            self._index_vectors(work)
-        except BaseException:  # put the batch back: a failed round must not drop records
+        with self._handing():
             with self._lock:
-                self._pending.extendleft(reversed(work))
-            raise
-        finally:
-            with self._lock:
-                self._in_flight = 0
+                work = [self._pending.popleft()
+                        for _ in range(min(self.batch, len(self._pending)))]
+                self._in_flight = len(work)
+            if not work:
+                return 0
+            try:
+                self._index_vectors(work)
+            except BaseException:  # put the batch back: a failed round must not drop records
+                with self._lock:  # (but not those erased meanwhile: they would fail it again)
+                    self._pending.extendleft(reversed(
+                        [item for item in work if item[2] not in self._erased_recent]))
+                raise
+            finally:
+                with self._lock:
+                    self._in_flight = 0
         return len(work)
 
     def _queue_backfill(self) -> None:
@@ -716,13 +751,15 @@ class SearchIndex:
         with self._lock:
             if after >= through or len(self._pending) >= self.batch:
                 return
-        with self.db.session() as session:
-            rows = [row for row in self.repo.texts_after(session, after, [], self.batch * 4)
-                    if row.seq <= through]
-        with self._lock:
-            self._pending.extendleft(reversed(
-                [(row.seq, row.fleet_id, row.id, row.content) for row in rows]))
-            self._backfill = (rows[-1].seq if rows else through, through)
+        with self._handing():
+            with self.db.session() as session:
+                rows = [row for row in self.repo.texts_after(session, after, [], self.batch * 4)
+                        if row.seq <= through]
+            with self._lock:
+                self._pending.extendleft(reversed(
+                    [(row.seq, row.fleet_id, row.id, row.content) for row in rows
+                     if row.id not in self._erased_recent]))
+                self._backfill = (rows[-1].seq if rows else through, through)
 
     def _index_vectors(self, work: list[Pending]) -> None:
         """Stored vectors are reused; the rest are embedded (outside any transaction), stored
@@ -739,6 +776,9 @@ class SearchIndex:
             vectors = self.embedder.embed_background([item[3] for item in to_embed])
             for item, vector in zip(to_embed, vectors, strict=True):
                 ready[item[2]] = vector
+            with self._lock:  # erased while it was embedded: no vector to store (or hand over)
+                work = [item for item in work if item[2] not in self._erased_recent]
+                missing = [item for item in missing if item[2] not in self._erased_recent]
             for item in missing:
                 stored[item[2]] = np.asarray(ready[item[2]]).astype("<f4").tobytes()
             with self.db.session() as session:

@@ -439,3 +439,109 @@ def test_a_refilled_document_extended_again_is_listed_once() -> None:
         entries = zip(postings.doc_ids[: postings.size].tolist(),
                       postings.freqs[: postings.size].tolist(), strict=True)
         assert [(d, round(f, 5)) for d, f in entries] == listed
+
+
+# -- found in review (2026-11-28): each checked failing before its fix -----------------------
+
+
+def test_a_rebuild_that_drops_a_neighbour_erased_meanwhile_uncounts_it(tmp_path: Path) -> None:
+    """Two neighbours erased at once: the first forget cannot read the neighbour's text and
+    rebuilds, which drops the neighbour too; its own forget then finds nothing. The count
+    (the snapshot header's) lost only the first, so the next start refused the snapshot."""
+    database, index, secret = _indexed(tmp_path, RUN, "zqxwvt")
+    neighbour = next(rid for rid, _ in index.search("f", "painted", "lexical") if rid != secret)
+    _erase(database, secret)
+    _erase(database, neighbour)
+    assert index.forget("f", [secret])  # falls back to the rebuild
+    index.forget("f", [neighbour])
+    assert index.records() == len(RUN) - 2
+    assert index._handed == len(RUN) - 2
+    restarted = SearchIndex(database, None, snapshot_path=tmp_path / "index.snapshot")
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+
+
+def test_a_record_read_before_its_erasure_and_handed_after_its_forget_stays_out(
+        tmp_path: Path) -> None:
+    """A catch-up reads a record, its erasure commits and is forgotten, then the catch-up
+    hands the row over: it came back into the index (and the embedding queue)."""
+    from tests.unit.retrieval.test_index_snapshot import _store, _write
+
+    database = _store(tmp_path / "shard.db")
+    _write(database, RUN)
+    index = SearchIndex(database, None)
+    index.warm_up()
+    _write(database, ["the late secret is plmqkz"])
+    read = index.repo.texts_after
+    late: list[str] = []
+
+    def read_then_erased(*args: object, **kw: object) -> object:
+        rows = read(*args, **kw)  # type: ignore[arg-type]
+        for row in rows:
+            if "plmqkz" in row.content:
+                _erase(database, row.id)  # its erasure commits ...
+                late.append(row.id)
+                index.forget("f", [row.id])  # ... and its forget runs
+        return rows
+
+    index.repo.texts_after = read_then_erased  # type: ignore[method-assign]
+    index.sync()
+    index.repo.texts_after = read  # type: ignore[method-assign]
+    assert late
+    assert index.search("f", "plmqkz", "lexical") == []
+    assert late[0] not in [item[2] for item in index._pending]
+    assert index._handed == index.records() == len(RUN)
+    assert not index._erased_recent  # let go once the read ended
+
+
+def test_a_record_erased_while_its_vector_is_embedded_does_not_stall_the_indexer(
+        tmp_path: Path) -> None:
+    """The batch the indexer had taken still held the erased record: storing its vector
+    failed the foreign key, the batch went back whole, and every later round failed alike
+    (no new record got a vector)."""
+    from services.shard.retrieval.embedding import HashEmbedder
+    from tests.unit.retrieval.test_index_snapshot import _store, _write
+
+    database = _store(tmp_path / "shard.db")
+    embedder = HashEmbedder(16)
+    index = SearchIndex(database, embedder)
+    index.warm_up()
+    _write(database, RUN)
+    index.sync()
+    victim = index.search("f", "zqxwvt", "lexical")[0][0]
+    embed = embedder.embed_background
+
+    def erased_meanwhile(texts):  # type: ignore[no-untyped-def]
+        _erase(database, victim)
+        index.forget("f", [victim])
+        return embed(texts)
+
+    embedder.embed_background = erased_meanwhile  # type: ignore[method-assign]
+    assert index.catch_up() == len(RUN)
+    embedder.embed_background = embed  # type: ignore[method-assign]
+    assert victim not in [item[2] for item in index._pending]
+    assert index.lag() == 0
+    _write(database, ["written after the erasure"])
+    while index.catch_up():
+        pass
+    assert index.lag() == 0
+
+
+def test_an_erased_vector_leaves_the_hnsw_graphs_memory() -> None:
+    """usearch only marks a removed entry: its bytes stayed in the graph's memory."""
+    from services.shard.retrieval.vector_index import TieredVectorIndex
+
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((40, 16)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    tiered = TieredVectorIndex(16, threshold=8)
+    tiered.add(list(range(40)), v)
+    tiered.remove([5, 7, 30])
+    assert tiered._hnsw is not None and len(tiered) == 37
+    graph = bytes(tiered._hnsw._index.save())  # what the usearch index holds in memory
+    assert v[6].astype(np.float16).tobytes() in graph  # the check bites
+    for gone in (5, 7, 30):
+        assert v[gone].astype(np.float16).tobytes() not in graph
+    assert tiered.search(v[6], 3)[0][0] == 6
+    tiered.add([41], v[5:6])  # and it grows on as before
+    assert len(tiered) == 38
