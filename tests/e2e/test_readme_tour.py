@@ -28,7 +28,9 @@ def _tour() -> str:
 
 def _free_base() -> int:
     for _ in range(100):
-        base = random.randint(20_000, 40_000)
+        # Below Linux's ephemeral range (32768-60999): a port found free there can be taken
+        # as the local port of any outgoing connection before `engram up` binds it.
+        base = random.randint(20_000, 32_700)
         ports = [base + i for i in range(4)] + [base + 10 + i for i in range(4)]
         try:
             for port in ports:

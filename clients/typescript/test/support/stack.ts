@@ -55,7 +55,10 @@ function portFree(port: number): Promise<boolean> {
 
 async function freeBasePort(): Promise<number> {
   for (let tries = 0; tries < 50; tries += 1) {
-    const base = 20_000 + Math.floor(Math.random() * 30_000);
+    // Below Linux's ephemeral range (32768-60999): a port found free there can be taken as
+    // the local port of any outgoing connection before `engram up` binds it (seen in CI:
+    // the compactor's "Address already in use").
+    const base = 20_000 + Math.floor(Math.random() * 12_700);
     const free = await Promise.all(PORT_OFFSETS.map((offset) => portFree(base + offset)));
     if (free.every(Boolean)) {
       return base;
