@@ -193,12 +193,12 @@ class GovernanceService:
             seconds = round(time.monotonic() - began, 2)
             if problems:
                 self._chain_intact = False
+                on_broken(problems)  # before the log line says so: whoever reads it sees it done
                 log.error(
                     "WITNESS CHAIN BROKEN: governance state does not match its chain; refusing "
                     "to record anything and reporting NOT_SERVING until it is restored",
                     extra={"problems": problems[:20], "problem_count": len(problems),
                            "chain_length": reached.length, "seconds": seconds})
-                on_broken(problems)
             else:
                 log.info("full witness chain verification passed",
                          extra={"chain_length": reached.length, "head": reached.head,
