@@ -223,6 +223,11 @@ class ShardService:
         digest = _digest(normalized)
         shas = [records.content_hash(d.content) for d in normalized]
         secret, legacy_held = self._fleet_secret(fleet)
+
+        def assign(session: Session) -> tuple[list[str], dict[str, str]]:
+            return self._assign_ids(session, fleet, agent, normalized, shas, secret,
+                                    legacy_held)
+
         # The replay lookup and the ids' lookup share one read session (each session costs
         # a pool checkout, a commit and a close: about a tenth of an ungated write's CPU).
         with self.db.session() as session:
@@ -230,8 +235,7 @@ class ShardService:
                 replay = self._replay(session, fleet, agent, request_id, digest)
                 if replay is not None:
                     return replay
-            assigned = self._assign_ids(session, fleet, agent, normalized, shas, secret,
-                                        legacy_held)
+            assigned = assign(session)
         for _ in range(_ERASURE_RACE_ATTEMPTS):
             try:
                 return self._write_attempt(principal, normalized, digest, request_id,
@@ -240,8 +244,7 @@ class ShardService:
                 # An erasure took the record this write's text had landed on (its write key)
                 # while the write was prepared: write it anew, under a new id.
                 with self.db.session() as session:
-                    assigned = self._assign_ids(session, fleet, agent, normalized, shas,
-                                                secret, legacy_held)
+                    assigned = assign(session)
                 continue
         raise Aborted("erasures kept taking the records this write was landing on; retry",
                       reason="ERASURE_RACE")

@@ -35,7 +35,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -198,7 +198,7 @@ class SearchIndex:
         # that began before it is still going: what such a read hands over after the forget
         # (it read the row before the erasure committed) is dropped instead of coming back.
         self._erased_recent: dict[str, int] = {}
-        self._active: Counter[int] = Counter()  # ticks at which those reads and batches began
+        self._active: set[int] = set()  # ticks at which those reads and batches began
         self._backfill = (0, 0)  # (after, through): seqs whose vectors the indexer still loads
         self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
         self._tombstones_checked = -float("inf")  # when it last looked (monotonic seconds)
@@ -521,15 +521,13 @@ class SearchIndex:
         """Around a read of the store, or an embedding batch, whose records are handed over
         afterwards: erasures forgotten meanwhile are remembered until it ends."""
         with self._lock:
-            began = next(self._ticks)
-            self._active[began] += 1
+            began = next(self._ticks)  # each tick is drawn once: its own entry
+            self._active.add(began)
         try:
             yield
         finally:
             with self._lock:
-                self._active[began] -= 1
-                if not self._active[began]:
-                    del self._active[began]
+                self._active.discard(began)
                 oldest = min(self._active, default=None)
                 self._erased_recent = {i: tick for i, tick in self._erased_recent.items()
                                        if oldest is not None and oldest < tick}

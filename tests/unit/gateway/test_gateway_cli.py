@@ -37,7 +37,9 @@ def test_the_route_table_in_the_docs_is_generated_from_the_annotations() -> None
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+def _captured(monkeypatch: pytest.MonkeyPatch) -> tuple[list[object], list[object]]:
+    """The GatewayConfig each `engram gateway` run builds, and the apps it would have served
+    (uvicorn is not started)."""
     import uvicorn
 
     from engram.gateway import _serve
@@ -47,6 +49,11 @@ def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> N
     made: list[object] = []
     real = _serve.Gateway
     monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    return made, served
+
+
+def test_the_limit_flags_reach_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
+    made, served = _captured(monkeypatch)
     result = CliRunner().invoke(app, ["gateway", "--port", "0", "--body-min-rate", "0",
                                       "--uploads-per-token", "3", "--stream-min-rate", "5"])
     assert result.exit_code == 0, result.output
@@ -96,14 +103,7 @@ def test_the_cap_on_uploads_reaches_the_gateway_and_keeps_threads_free(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """--uploads-max (default 24) reaches the config; more than 24 (8 of the 32 upload threads
     stay free) or 0 is exit 2."""
-    import uvicorn
-
-    from engram.gateway import _serve
-
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: None)
-    made: list[object] = []
-    real = _serve.Gateway
-    monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    made, _served = _captured(monkeypatch)
     assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
     assert made[-1].uploads_max == 24  # type: ignore[attr-defined]
     result = CliRunner().invoke(app, ["gateway", "--port", "0", "--uploads-max", "3"])
@@ -117,15 +117,7 @@ def test_the_cap_on_uploads_reaches_the_gateway_and_keeps_threads_free(
 def test_the_upload_answer_timeout_reaches_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
     """--upload-answer-timeout (default 300 s) reaches the config; 0, a negative number, nan
     and inf are exit 2, naming the flag, before anything is served."""
-    import uvicorn
-
-    from engram.gateway import _serve
-
-    served: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **_kw: served.append(asgi))
-    made: list[object] = []
-    real = _serve.Gateway
-    monkeypatch.setattr(_serve, "Gateway", lambda config: made.append(config) or real(config))
+    made, served = _captured(monkeypatch)
     assert CliRunner().invoke(app, ["gateway", "--port", "0"]).exit_code == 0
     assert made[-1].upload_answer_seconds == 300.0  # type: ignore[attr-defined]
     result = CliRunner().invoke(app, ["gateway", "--port", "0", "--upload-answer-timeout", "12"])
