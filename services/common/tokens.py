@@ -67,10 +67,16 @@ class Principal:
         return bool(self.roles & roles)
 
 
+def is_identifier(value: str) -> bool:
+    """Whether ``value`` is an id every service takes (what :func:`validate_identifier` checks)."""
+    return (0 < len(value) <= _MAX_ID_LEN and bool(value.strip("."))
+            and all(c.isalnum() or c in "-_.:@" for c in value))
+
+
 def validate_identifier(kind: str, value: str) -> str:
     if not value or len(value) > _MAX_ID_LEN:
         raise InvalidArgument(f"{kind} must be 1..{_MAX_ID_LEN} characters, got {len(value)}")
-    if not all(c.isalnum() or c in "-_.:@" for c in value) or not value.strip("."):
+    if not is_identifier(value):
         raise InvalidArgument(
             f"{kind} {value!r} may hold only letters, digits and - _ . : @, and not only dots",
             reason="INVALID_IDENTIFIER",

@@ -17,7 +17,9 @@ Trust multipliers are cached for ``ttl_seconds`` so ranking costs a dict
 lookup. When a lookup fails, every agent seen before keeps its last known
 multiplier however old (a suspension stays in force while governance is
 down); only agents never seen are left out, which ranks them at 1.0, and a
-warning is logged (fail-open for them alone).
+warning is logged (fail-open for them alone). A lookup governance answers with a refusal
+(INVALID_ARGUMENT, PERMISSION_DENIED…) is not an outage: agents never seen rank at 0 then
+(fail closed), and an error is logged. Lookups go in parts of at most ``TRUST_BATCH`` agents.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ from services.shard.ports import GateCandidate, GateDecision, NeighbourSearch
 log = logging.getLogger("engram.shard.trust")
 
 DEFAULT_TTL_SECONDS = 1.5
+TRUST_BATCH = 500
+"""Agents a trust lookup names at most (governance takes ``ENGRAM_LIMITS_BATCH_ITEMS``, 1,000 by
+default): a search whose candidates name more asks in parts."""
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
 GATE_SEND_BYTES = 64 * 1024 * 1024
@@ -331,17 +336,27 @@ class GovernanceTrust:
                 found[agent_id] = hit[1]
             else:
                 missing.append(agent_id)
-        if missing:
+        for start in range(0, len(missing), TRUST_BATCH):
+            part = missing[start:start + TRUST_BATCH]
             try:
-                found.update(self._fetch(fleet_id, missing, now))
+                found.update(self._fetch(fleet_id, part, now))
             except Unavailable as error:
-                stale = {a: hit[1] for a in missing
+                stale = {a: hit[1] for a in part
                          if (hit := cache.get((fleet_id, a))) is not None}
                 found.update(stale)
-                unseen = len(missing) - len(stale)
+                unseen = len(part) - len(stale)
                 log.warning("trust lookup failed; %d agent(s) keep their last known "
                             "multiplier, %d never seen rank at 1.0", len(stale), unseen,
                             extra={"error": error.message, "fleet_id": fleet_id})
+            except EngramError as error:  # governance answered and refused the lookup
+                refused = {a: (hit[1] if (hit := cache.get((fleet_id, a))) is not None
+                               else 0.0) for a in part}
+                found.update(refused)
+                log.error("trust lookup refused by governance; %d agent(s) never seen rank "
+                          "at 0 until it answers", sum(1 for a in part
+                                                       if (fleet_id, a) not in cache),
+                          extra={"error": error.message, "reason": error.reason,
+                                 "fleet_id": fleet_id})
         return found
 
     def _fetch(self, fleet_id: str, agent_ids: list[str], now: float) -> dict[str, float]:
@@ -349,6 +364,8 @@ class GovernanceTrust:
             trusts = self._client.trusts(fleet_id, agent_ids)
         except EngramRpcError as error:
             failure = _failed(self._address, error)
+            if not isinstance(failure, Unavailable):
+                raise failure from None
             raise Unavailable(f"trust lookup failed: {failure.message}",
                               reason="GOVERNANCE_UNAVAILABLE") from None
         fetched = {t.agent_id: t.multiplier for t in trusts}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from services.common.db import Database
 from services.common.errors import FailedPrecondition, InvalidArgument
+from services.common.tokens import is_identifier
 from services.shard.domain.compaction import SOURCE_AUTHORS_KEY
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.records import Record
@@ -213,17 +214,23 @@ class SearchEngine:
 
 def record_authors(record: Record) -> frozenset[str]:
     """The record's author and the authors it names as its sources (``source_authors``, a JSON
-    list): its trust is the lowest of theirs, so naming more can only lower it."""
+    list): its trust is the lowest of theirs, so naming more can only lower it.
+
+    The value is free text any writer may set, read by every search of the fleet: anything
+    but a list of agent ids (JSON nested past the parser's depth, a name no agent can have)
+    is left out here, never sent on to governance, whose refusal of the whole lookup would
+    otherwise reach every author in it."""
     named = record.metadata.get(SOURCE_AUTHORS_KEY)
     if not named:
         return frozenset((record.agent_id,))
     try:
         listed = json.loads(named)
-    except ValueError:
+    except (ValueError, RecursionError):
         listed = None
     if not isinstance(listed, list):  # the writer's own free text: it can only lower its rank
         return frozenset((record.agent_id,))
-    return frozenset((record.agent_id, *(a for a in listed if isinstance(a, str))))
+    return frozenset((record.agent_id,
+                      *(a for a in listed if isinstance(a, str) and is_identifier(a))))
 
 
 def _doc_filter(flt: RecordFilter) -> DocFilter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -13,8 +14,11 @@ from services.common.auth import SHARD_SERVICE, Authorizer, target_fleet
 from services.common.errors import PermissionDenied, Unavailable
 from services.common.tokens import Principal
 from services.governance.servicer import POLICY, SERVICE_NAME, is_gate_caller
-from services.shard.governance_gate import GovernanceGate, GovernanceTrust
+from services.shard.domain.compaction import SOURCE_AUTHORS_KEY
+from services.shard.domain.records import Record
+from services.shard.governance_gate import TRUST_BATCH, GovernanceGate, GovernanceTrust
 from services.shard.ports import GateCandidate, Neighbour
+from services.shard.search.engine import record_authors
 
 
 def test_every_method_has_a_policy_entry() -> None:
@@ -95,6 +99,56 @@ def test_trust_cache_and_failure() -> None:
     fake.down = False
     fake.tiers["bad"] = 1.0
     assert trust.multipliers("f", ["bad"]) == {"bad": 1.0}  # back up: fresh answers again
+
+
+def test_a_refused_trust_lookup_ranks_agents_never_seen_at_zero_not_one() -> None:
+    """A lookup governance answers with a refusal is not an outage: ranking everyone it named
+    at 1.0 would bring a suspended agent's records back into search (a writer could make
+    governance refuse a search's lookup by naming a malformed author)."""
+    fake, now = _FakeGovernance(), [0.0]
+    trust = GovernanceTrust(fake, ttl_seconds=1.5, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert trust.multipliers("f", ["good"]) == {"good": 1.25}
+    now[0] = 2.0
+
+    def refuse(fleet_id: str, agent_ids: Sequence[str]) -> list[pb.AgentTrust]:
+        raise EngramRpcError(grpc.StatusCode.INVALID_ARGUMENT, "agent_id 'x y' may hold only")
+
+    fake.trusts = refuse  # type: ignore[method-assign]
+    assert trust.multipliers("f", ["good", "bad"]) == {"good": 1.25, "bad": 0.0}
+
+
+def test_trust_lookups_go_in_parts_governance_takes() -> None:
+    fake = _FakeGovernance()
+    sizes: list[int] = []
+    answer = fake.trusts
+
+    def counted(fleet_id: str, agent_ids: Sequence[str]) -> list[pb.AgentTrust]:
+        sizes.append(len(agent_ids))
+        return answer(fleet_id, agent_ids)
+
+    fake.trusts = counted  # type: ignore[method-assign]
+    trust = GovernanceTrust(fake)  # type: ignore[arg-type]
+    names = [f"agent-{i}" for i in range(TRUST_BATCH * 2 + 1)] + ["bad"]
+    found = trust.multipliers("f", names)
+    assert len(found) == len(names) and found["bad"] == 0.0
+    assert sizes == [TRUST_BATCH, TRUST_BATCH, 2]
+
+
+_RECORD = Record(id="r-1", fleet_id="f", run_id="run", agent_id="writer", content="c",
+                 content_hash="h", record_hash="rh", domain="", source="", importance=0.5,
+                 tags=(), metadata={}, cross_refs=(), created_us=1)
+
+
+def test_source_authors_that_are_not_agent_ids_are_left_out() -> None:
+    def authors(value: str) -> frozenset[str]:
+        record = dataclasses.replace(_RECORD, metadata={SOURCE_AUTHORS_KEY: value})
+        return record_authors(record)
+
+    assert authors('["scout-1", "scout-2"]') == {"writer", "scout-1", "scout-2"}
+    assert authors('["not an id!", "", 7, "' + "a" * 129 + '", "..", "ok@x"]') == {
+        "writer", "ok@x"}
+    assert authors("[" * 5000) == {"writer"}  # past the JSON parser's depth: free text
+    assert authors("free text") == {"writer"}
 
 
 def test_gate_fails_closed() -> None:

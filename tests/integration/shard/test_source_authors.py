@@ -1,0 +1,53 @@
+"""A record's ``source_authors`` metadata is free text any writer sets, and every search of
+the fleet reads it: a writer must not be able to break the fleet's searches with it, nor lift
+a suspended agent's records back into them (found by review, 2026-11-28).
+
+Before the fix: ``"[" * 5000`` made every search whose candidates held the record INTERNAL
+(RecursionError in the JSON parser); a name governance refuses as an agent id made the
+shard's whole trust lookup fail, which it took for an outage and ranked every author it had
+not cached at 1.0, a suspended one included.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from engram.client import GovernanceClient, ShardClient
+from tests.stack import gated_stack
+
+
+def _wait_searchable(client: ShardClient, query: str, want: int) -> None:
+    deadline = time.monotonic() + 20
+    while len(client.search(query, limit=10, mode="lexical")) < want:
+        assert time.monotonic() < deadline, f"{query!r} not searchable after 20 s"
+        time.sleep(0.05)
+
+
+def test_source_authors_cannot_break_search_or_lift_a_suspension(
+        tmp_path: Path, engram_home: Path, make_token) -> None:
+    with gated_stack(tmp_path, engram_home, make_token) as stack:
+        address = stack.shard.address
+        mallory = ShardClient(address, make_token("mallory", "fleet-a"))
+        reader = ShardClient(address, make_token("reader", "fleet-a"))
+        suspect = ShardClient(address, make_token("bad-agent", "fleet-a"))
+        governor = GovernanceClient(stack.governance.address,
+                                    make_token("gov-1", "fleet-a", ("governor",)))
+        suspect.add("launch codes rotation procedure from bad-agent", run_id="r1")
+        governor.set_tier("bad-agent", "suspended", reason="compromised")
+        mallory.add("launch codes rotation notes zebra", run_id="r2",
+                    metadata={"source_authors": '["not an id!"]'})
+        mallory.add("launch codes rotation deeply nested zebra", run_id="r3",
+                    metadata={"source_authors": "[" * 5000})
+        # a query only mallory's records answer: once they are in, the suspect's is too, and
+        # the suspect's trust has not been looked up yet (nothing of it was a candidate)
+        _wait_searchable(reader, "zebra", 2)
+
+        hits = reader.search("launch codes rotation", limit=10, mode="lexical")
+        authors = [hit.record.agent_id for hit in hits]
+        assert authors.count("mallory") == 2
+        assert "bad-agent" not in authors, "a suspended agent's record ranked again"
+        for client in (reader, mallory):
+            client.close()
+        governor.close()
+        suspect.close()
