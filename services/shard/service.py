@@ -44,6 +44,7 @@ from services.shard.domain.domains import (
     Domain,
     route,
     validate_domain_name,
+    validate_domain_text,
     validate_keywords,
     with_importance,
 )
@@ -177,6 +178,7 @@ class ShardService:
                       description: str, keywords: Sequence[str]) -> tuple[Domain, bool]:
         name = validate_domain_name(name)
         words = validate_keywords(keywords)
+        validate_domain_text(display_name, description)
         try:
             return self._upsert_domain(principal.fleet_id, name, display_name, description,
                                        words)

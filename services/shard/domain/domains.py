@@ -20,6 +20,9 @@ from services.common.errors import InvalidArgument
 
 USAGE_HALF_LIFE_S = 7 * 24 * 3600.0
 MAX_KEYWORDS = 64
+MAX_DISPLAY_NAME = 128
+"""Characters of a domain's display name (the column holds 128)."""
+MAX_DESCRIPTION = 4096
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 
 
@@ -105,6 +108,18 @@ def validate_keywords(keywords: Sequence[str]) -> tuple[str, ...]:
             f"at most {MAX_KEYWORDS} keywords of at most 64 characters", reason="INVALID_KEYWORDS"
         )
     return cleaned
+
+
+def validate_domain_text(display_name: str, description: str) -> None:
+    """A domain's display name and description within their limits, checked before the store
+    is (Postgres refuses a display name past its column; SQLite would keep it). NUL in any text
+    field is refused for every RPC by the interceptors (``refuse_nul``)."""
+    for field, value, most in (("display_name", display_name, MAX_DISPLAY_NAME),
+                               ("description", description, MAX_DESCRIPTION)):
+        if len(value) > most:
+            raise InvalidArgument(f"{field} holds {len(value)} characters; at most {most}",
+                                  reason="LIMIT_EXCEEDED", metadata={"field": field,
+                                                                     "limit": str(most)})
 
 
 def with_importance(domains: Sequence[Domain], now: float) -> list[Domain]:

@@ -75,7 +75,10 @@ def test_a_service_error_is_status_json_with_its_http_code(stack: Stack,
                                   # nested past what the parser recurses into: was a 500
                                   b"[" * 200_000,
                                   b'{"record": {"metadata": ' + b'{"a": ' * 5000 + b"1"
-                                  + b"}" * 5002])
+                                  + b"}" * 5002,
+                                  # past Python's 4,300-digit int limit: was a 500 (review)
+                                  b'{"record": {"content": "x", "importance": ' + b"1" * 5000
+                                  + b"}}"])
 def test_malformed_json_or_a_wrong_type_is_400(stack: Stack, gateway_url: str,
                                                body: bytes) -> None:
     answer = requests.post(f"{gateway_url}/v1/records", headers={
@@ -106,6 +109,12 @@ def test_a_malformed_authorization_header_is_401_not_500(gateway_url: str,
     for path in ("/v1/status", "/v1/runs/r/records:snapshot"):
         answer = requests.get(f"{gateway_url}{path}", timeout=10,
                               headers={"Authorization": header})
+        if "\x7f" in header and answer.status_code == 400:
+            # DEL is not allowed in a header value at all (RFC 9110): uvicorn's httptools
+            # parser, when installed (uvicorn[standard], chromadb), refuses the request
+            # before the app sees it; its h11 parser lets the app answer
+            assert answer.text == "Invalid HTTP request received.", answer.text
+            continue
         assert answer.status_code == 401, (path, answer.text)
         assert answer.json()["details"][0]["reason"] == "TOKEN_MALFORMED"
 

@@ -124,6 +124,11 @@ def test_domains_route_and_upsert(client_for: ClientFactory) -> None:
     assert agent.add("budget invoice for Q3 budget").record.domain == "finance"
     assert agent.search("budget", domain="finance")[0].record.domain == "finance"
     assert not admin.upsert_domain("finance", keywords=["budget", "cost"]).created
+    # past the display name's column: Postgres failed INTERNAL, SQLite kept it (review)
+    _invalid(lambda: admin.upsert_domain("finance", display_name="x" * 129), "LIMIT_EXCEEDED")
+    _invalid(lambda: admin.upsert_domain("legal", description="x" * 4097), "LIMIT_EXCEEDED")
+    assert {d.name: d.display_name for d in agent.domains()}["finance"] == "Finance"
+    assert "legal" not in {d.name for d in agent.domains()}
     summary = json.loads(agent.summary())
     assert summary["total_shards"] == 6 and summary["total_transactions"] == 1
     finance = next(s for s in summary["shards_status"] if s["domain"] == "finance")
