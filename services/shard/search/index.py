@@ -64,6 +64,7 @@ from services.shard.search.snapshot import (
     fleet_frame,
     header_for,
     read_snapshot,
+    temporary_of,
     write_snapshot,
 )
 
@@ -594,9 +595,27 @@ class SearchIndex:
                 self._handed -= left
                 if self._last_id in gone:
                     self._last_id = ""
-            if self.snapshot_path is not None and self._ready.is_set():
-                self.save_snapshot()
+            self._resave_after_erasure()
         return True
+
+    def _resave_after_erasure(self) -> None:
+        """Under ``_save_lock``: the saved snapshot holds the erased terms; replace it, or,
+        when it cannot be saved now (not ready yet, a full disk), remove it. The store is the
+        truth: a start without a snapshot rebuilds from it, slower but holding nothing erased,
+        and the next save (soon: nothing counts as saved) writes a new one."""
+        path = self.snapshot_path
+        if path is None:
+            return
+        if self._ready.is_set():
+            try:
+                self.save_snapshot()
+                return
+            except Exception:
+                log.exception("index snapshot save after an erasure failed; removing the "
+                              "old snapshot, which holds the erased records' terms")
+        path.unlink(missing_ok=True)
+        temporary_of(path).unlink(missing_ok=True)
+        self._saved_records = 0
 
     def _removed_in_place(self, index: FleetIndex, present: list[str]) -> bool:
         """Under the fleet's lock: take ``present`` out of ``index`` in place; False (nothing

@@ -107,18 +107,27 @@ def _frame_parts(frames: Iterable[Frame]) -> Iterable[bytes]:
         yield blob
 
 
+def temporary_of(path: Path) -> Path:
+    """Where a save writes before it replaces ``path``."""
+    return path.with_name(path.name + ".tmp")
+
+
 def write_snapshot(path: Path, header: SnapshotHeader, frames: list[Frame]) -> None:
     """Atomically replace ``path``: a reader sees the old file or the new one, whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as out:
-        out.write(MAGIC)
-        out.write(json.dumps(asdict(header), sort_keys=True).encode() + b"\n")
-        for part in _frame_parts(frames):
-            out.write(part)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    temporary = temporary_of(path)
+    try:
+        with temporary.open("wb") as out:
+            out.write(MAGIC)
+            out.write(json.dumps(asdict(header), sort_keys=True).encode() + b"\n")
+            for part in _frame_parts(frames):
+                out.write(part)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # a full disk: no half-written copy left behind to hold old terms
+        temporary.unlink(missing_ok=True)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)

@@ -5,6 +5,7 @@ it instead of rebuilding."""
 
 from __future__ import annotations
 
+import errno
 import math
 import pickle
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from services.shard.search.fleet_index import (
     terms_of,
 )
 from services.shard.search.index import SearchIndex, text_key
-from services.shard.search.snapshot import READABLE, fleet_frame
+from services.shard.search.snapshot import READABLE, fleet_frame, temporary_of
 from services.shard.tables import RECORDS
 from tests.unit.retrieval.test_index_snapshot import OTHER, _store, _write
 
@@ -61,7 +62,7 @@ def test_forget_rebuilds_the_fleet_and_the_snapshot_stays_loadable(tmp_path: Pat
     assert index.search("f", "vault combination", "lexical") == []
     assert index.search("g", "vault", "lexical")  # the other fleet untouched
     assert not index.forget("f", [secret])  # idempotent: nothing left to drop
-    assert b"combination" not in path.read_bytes()
+    assert b"combin" not in path.read_bytes()  # its stem: the index holds stems
 
     restarted = SearchIndex(database, None, snapshot_path=path)
     restarted.warm_up()
@@ -161,6 +162,47 @@ def test_a_removal_that_fails_leaves_the_fleet_and_its_count_as_they_were(
     assert index.forget("f", [secret])
     assert index.records() == len(RUN) - 1 and index._handed == len(RUN) - 1
     assert index.search("f", "zqxwvt", "lexical") == []
+
+
+def test_a_snapshot_that_cannot_be_saved_after_an_erasure_is_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk at the save that follows an erasure: the old snapshot (and a half-written
+    copy) held the erased record's terms on disk until the next save, which could be far
+    off. Now it is removed; the erasure itself stands, and the next start rebuilds from the
+    store (before, the file still held 'combin', the stem of 'combination', here)."""
+    database, index, secret = _indexed(tmp_path, TEXTS, "vault combination")
+    path = tmp_path / "index.snapshot"
+    assert b"combin" in path.read_bytes()  # the stem of "combination"
+    temporary_of(path).write_bytes(path.read_bytes())  # an earlier save cut short
+    _erase(database, secret)
+
+    def full_disk(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("services.shard.search.index.write_snapshot", full_disk)
+    assert index.forget("f", [secret])  # not an error: nothing erased is left anywhere
+    assert not path.exists() and not temporary_of(path).exists()
+    assert index.search("f", "vault combination", "lexical") == []
+
+    monkeypatch.undo()  # space again: the next save writes a snapshot without the erased text
+    index._save_if_grown()
+    assert path.exists() and b"combin" not in path.read_bytes()
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert restarted.search("f", "vault combination", "lexical") == []
+
+
+def test_an_erasure_before_the_index_is_ready_removes_the_snapshot_it_loaded(
+        tmp_path: Path) -> None:
+    """Not ready yet (a start still catching up): no save can run, so the loaded snapshot,
+    which holds the erased terms, is removed rather than kept until the next save."""
+    database, index, secret = _indexed(tmp_path, TEXTS, "vault combination")
+    path = tmp_path / "index.snapshot"
+    _erase(database, secret)
+    index._ready.clear()
+    assert index.forget("f", [secret])
+    assert not path.exists()
 
 
 # -- in place: the same index a rebuild from the remaining records gives --------------------
