@@ -25,7 +25,14 @@ from sqlalchemy.orm import Session
 
 from engram.client.artifacts import MIME_TYPE
 from services.artifacts.domain import validation as check
-from services.artifacts.domain.chain import evidence_id, expected_hash, manifest_id, sha256_text
+from services.artifacts.domain.chain import (
+    FORMATS,
+    event_intact,
+    evidence_id,
+    expected_state_hash,
+    manifest_id,
+    sha256_text,
+)
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -109,6 +116,12 @@ def _canonical(kind: str, text: str, canonical: str) -> str:
         raise InvalidArgument(f"{kind} is not in canonical JSON form (sorted keys, no spaces) "
                               "as the origin stored it", reason="NOT_CANONICAL")
     return text
+
+
+def _format(what: str, format: int) -> None:
+    if format not in FORMATS:
+        raise InvalidArgument(f"{what}: format {format} is not one this service stores "
+                              f"({', '.join(map(str, FORMATS))})", reason="INVALID_FORMAT")
 
 
 def _conflict(kind: str, item_id: str) -> AlreadyExists:
@@ -378,8 +391,10 @@ class RunImports:
         if event.agent_id:  # the service's own events (a stop after a lost pointer) have none
             check.identifier("agent_id", event.agent_id)
         _time("create_time", event.created_us)
+        _format(f"run {event.run_id}: event {event.seq}", event.format)
+        # Format 2: the commitment must recompute from payload and salt, the hash from it.
         if not _SHA256.fullmatch(event.prev_hash or "0" * 64) or \
-                expected_hash(event, event.prev_hash) != event.hash:
+                not event_intact(event, event.prev_hash):
             raise InvalidArgument(f"run {event.run_id}: event {event.seq} does not match its "
                                   "hash (altered?)", reason="EVENT_HASH_MISMATCH",
                                   metadata={"run_id": event.run_id, "seq": str(event.seq)})
@@ -392,7 +407,8 @@ class RunImports:
             raise InvalidArgument("a snapshot's seq must be >= 0", reason="INVALID_SEQ")
         state = _canonical("state_json", snapshot.state_json,
                            self.limits.document("state_json", snapshot.state_json))
-        if snapshot.state_hash != sha256_text(state):
+        _format(f"snapshot {snapshot.snapshot_id}", snapshot.format)
+        if snapshot.state_hash != expected_state_hash(snapshot.format, snapshot.salt, state):
             raise InvalidArgument(f"snapshot {snapshot.snapshot_id}: its state does not match "
                                   "its state_hash (altered?)", reason="SNAPSHOT_HASH_MISMATCH")
         if snapshot.manifest_id:

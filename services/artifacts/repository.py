@@ -135,7 +135,8 @@ class ArtifactsRepository:
             payload_json=event.payload_json, manifest_id=event.manifest_id,
             artifact_ids_json=json.dumps(list(event.artifact_ids)), created_us=event.created_us,
             agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
-            request_id=request_id or None))
+            request_id=request_id or None, format=event.format, salt=event.salt,
+            payload_commitment=event.payload_commitment))
         run = session.get_one(RunRow, (fleet_id, event.run_id))
         run.event_count = event.seq
         run.head_hash = event.hash
@@ -230,7 +231,7 @@ class ArtifactsRepository:
             state_json=snapshot.state_json, state_hash=snapshot.state_hash,
             manifest_id=snapshot.manifest_id,
             artifact_ids_json=json.dumps(list(snapshot.artifact_ids)),
-            created_us=snapshot.created_us))
+            created_us=snapshot.created_us, format=snapshot.format, salt=snapshot.salt))
         run = session.get_one(RunRow, (fleet_id, snapshot.run_id))
         run.latest_snapshot_id = snapshot.snapshot_id
 

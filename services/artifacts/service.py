@@ -29,6 +29,7 @@ from services.artifacts.domain.chain import (
     evidence_id,
     manifest_id,
     new_id,
+    new_snapshot_state,
     next_event,
     sha256_text,
 )
@@ -489,11 +490,11 @@ class ArtifactsService:
         if seq < 0:
             raise InvalidArgument("seq must be >= 0 (0 means the run's current head)")
         state = self.limits.document("state_json", state_json)
-        draft = Snapshot(
+        draft = new_snapshot_state(Snapshot(
             snapshot_id=new_id("snap"), run_id=check.identifier("run_id", run_id), seq=seq,
-            state_json=state, state_hash=sha256_text(state),
+            state_json=state, state_hash="",
             manifest_id=check.identifier("manifest_id", manifest_id) if manifest_id else "",
-            artifact_ids=check.references("artifact_id", artifact_ids), created_us=now_us())
+            artifact_ids=check.references("artifact_id", artifact_ids), created_us=now_us()))
         request_id = check.identifier("request_id", request_id) if request_id else ""
 
         def create(session: Session) -> tuple[Snapshot, bool]:

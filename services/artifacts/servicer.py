@@ -111,7 +111,9 @@ def event_to_proto(event: Event) -> pb.Event:
     return pb.Event(run_id=event.run_id, seq=event.seq, type=event.type,
                     payload_json=event.payload_json, manifest_id=event.manifest_id,
                     artifact_ids=list(event.artifact_ids), create_time=_ts(event.created_us),
-                    prev_hash=event.prev_hash, hash=event.hash, agent_id=event.agent_id)
+                    prev_hash=event.prev_hash, hash=event.hash, agent_id=event.agent_id,
+                    format=event.format, salt=event.salt,
+                    payload_commitment=event.payload_commitment)
 
 
 def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
@@ -119,7 +121,8 @@ def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
                        seq=snapshot.seq, state_json=snapshot.state_json,
                        state_hash=snapshot.state_hash, manifest_id=snapshot.manifest_id,
                        artifact_ids=list(snapshot.artifact_ids),
-                       create_time=_ts(snapshot.created_us))
+                       create_time=_ts(snapshot.created_us), format=snapshot.format,
+                       salt=snapshot.salt)
 
 
 def evidence_to_proto(evidence: Evidence) -> pb.Evidence:
@@ -163,7 +166,9 @@ def event_from_proto(event: pb.Event) -> Event:
     return Event(run_id=event.run_id, seq=event.seq, type=event.type,
                  payload_json=event.payload_json, manifest_id=event.manifest_id,
                  artifact_ids=tuple(event.artifact_ids), created_us=_us(event.create_time),
-                 agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash)
+                 agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
+                 format=event.format or 1, salt=event.salt,
+                 payload_commitment=event.payload_commitment)
 
 
 def snapshot_from_proto(snapshot: pb.Snapshot) -> Snapshot:
@@ -171,7 +176,8 @@ def snapshot_from_proto(snapshot: pb.Snapshot) -> Snapshot:
                     state_json=snapshot.state_json, state_hash=snapshot.state_hash,
                     manifest_id=snapshot.manifest_id,
                     artifact_ids=tuple(snapshot.artifact_ids),
-                    created_us=_us(snapshot.create_time))
+                    created_us=_us(snapshot.create_time), format=snapshot.format or 1,
+                    salt=snapshot.salt)
 
 
 def evidence_from_proto(evidence: pb.Evidence, fleet_id: str) -> Evidence:

@@ -11,11 +11,11 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, DateTime, Index, String, Text
+from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.artifacts.domain.chain import sha256_text
+from services.artifacts.domain.chain import expected_state_hash
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -120,6 +120,11 @@ class EventRow(Base):
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    format: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """1 (stored before migration 0004: the hash covers the payload) or 2 (the hash covers
+    ``payload_commitment``, SHA-256 of the label, ``salt`` and the payload)."""
+    salt: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    payload_commitment: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     __table_args__ = (
         Index("uq_events_run_request", "fleet_id", "run_id", "request_id", unique=True),
@@ -130,7 +135,8 @@ class EventRow(Base):
                      payload_json=self.payload_json, manifest_id=self.manifest_id,
                      artifact_ids=tuple(json.loads(self.artifact_ids_json)),
                      created_us=self.created_us, agent_id=self.agent_id,
-                     prev_hash=self.prev_hash, hash=self.hash)
+                     prev_hash=self.prev_hash, hash=self.hash, format=self.format,
+                     salt=self.salt, payload_commitment=self.payload_commitment)
 
 
 class SnapshotRow(Base):
@@ -146,6 +152,9 @@ class SnapshotRow(Base):
     artifact_ids_json: Mapped[str] = mapped_column(Text, default="[]")
     created_us: Mapped[int] = mapped_column(BigInteger)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    format: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """1 (before migration 0004): state_hash = SHA-256(state); 2: its commitment under salt."""
+    salt: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     __table_args__ = (
         Index("ix_snapshots_run_created", "fleet_id", "run_id", "created_us", "snapshot_id"),
@@ -154,7 +163,7 @@ class SnapshotRow(Base):
 
     def problem(self) -> SnapshotProblem | None:
         """What is wrong with this stored snapshot (its state re-hashed), or None."""
-        actual = sha256_text(self.state_json)
+        actual = expected_state_hash(self.format, self.salt, self.state_json)
         if actual != self.state_hash:
             return SnapshotProblem(self.snapshot_id, self.run_id, "SNAPSHOT_HASH_MISMATCH",
                                    self.state_hash, actual)
@@ -182,7 +191,7 @@ class SnapshotRow(Base):
                         state_json=self.state_json, state_hash=self.state_hash,
                         manifest_id=self.manifest_id,
                         artifact_ids=tuple(json.loads(self.artifact_ids_json)),
-                        created_us=self.created_us)
+                        created_us=self.created_us, format=self.format, salt=self.salt)
 
 
 class EvidenceRow(Base):

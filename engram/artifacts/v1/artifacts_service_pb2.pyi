@@ -344,7 +344,7 @@ class SnapshotProblem(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., problem: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("run_id", "seq", "type", "payload_json", "manifest_id", "artifact_ids", "create_time", "prev_hash", "hash", "agent_id")
+    __slots__ = ("run_id", "seq", "type", "payload_json", "manifest_id", "artifact_ids", "create_time", "prev_hash", "hash", "agent_id", "format", "salt", "payload_commitment")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,9 @@ class Event(_message.Message):
     PREV_HASH_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     seq: int
     type: str
@@ -365,7 +368,10 @@ class Event(_message.Message):
     prev_hash: str
     hash: str
     agent_id: str
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., agent_id: _Optional[str] = ...) -> None: ...
+    format: int
+    salt: str
+    payload_commitment: str
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., agent_id: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., payload_commitment: _Optional[str] = ...) -> None: ...
 
 class AppendEventRequest(_message.Message):
     __slots__ = ("run_id", "type", "payload_json", "manifest_id", "artifact_ids", "request_id")
@@ -424,7 +430,7 @@ class ReplayEventsResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("snapshot_id", "run_id", "seq", "state_json", "state_hash", "manifest_id", "artifact_ids", "create_time")
+    __slots__ = ("snapshot_id", "run_id", "seq", "state_json", "state_hash", "manifest_id", "artifact_ids", "create_time", "format", "salt")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +439,8 @@ class Snapshot(_message.Message):
     MANIFEST_ID_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_IDS_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     run_id: str
     seq: int
@@ -441,7 +449,9 @@ class Snapshot(_message.Message):
     manifest_id: str
     artifact_ids: _containers.RepeatedScalarFieldContainer[str]
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state_json: _Optional[str] = ..., state_hash: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    format: int
+    salt: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state_json: _Optional[str] = ..., state_hash: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ...) -> None: ...
 
 class CreateSnapshotRequest(_message.Message):
     __slots__ = ("run_id", "state_json", "seq", "manifest_id", "artifact_ids", "request_id")

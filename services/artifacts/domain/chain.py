@@ -1,8 +1,11 @@
-"""The per-run event hash chain and the content-derived ids.
+"""The per-run event hash chain, snapshot state commitments and the content-derived ids.
 
 ``hash = SHA-256(canonical JSON of prev_hash, run, seq, type, payload, manifest,
 artifacts, author, time)``: altering, removing or reordering any stored event
-breaks every link after it.
+breaks every link after it. Format 2 (every event appended now) chains the payload's salted
+commitment (``services.common.commitment``) in the payload's place, so once an erasure
+deleted the payload and its salt, no hash it left confirms a guess of the payload; format-1
+events (stored before) keep their hashes and verify as they always did.
 """
 
 from __future__ import annotations
@@ -10,12 +13,18 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable
+from dataclasses import replace
 
-from services.artifacts.domain.entities import Event, EventDraft, Run
+from services.artifacts.domain.entities import Event, EventDraft, Run, Snapshot
 from services.common.canonical import canonical_json
+from services.common.commitment import commitment, commits_to, new_salt
 from services.common.errors import IntegrityError
 
 GENESIS = ""
+FORMAT = 2
+"""The format of events and snapshots made now (1: plain hashes of the content; 2: salted
+commitments to it, docs/erasure.md)."""
+FORMATS = (1, 2)
 
 
 def event_hash(*, prev_hash: str, run_id: str, seq: int, type: str, payload_json: str,
@@ -29,24 +38,81 @@ def event_hash(*, prev_hash: str, run_id: str, seq: int, type: str, payload_json
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+def event_hash_v2(*, prev_hash: str, run_id: str, seq: int, type: str,
+                  payload_commitment: str, manifest_id: str, artifact_ids: tuple[str, ...],
+                  agent_id: str, created_us: int) -> str:
+    """Format 2: the payload enters only through its salted commitment."""
+    body = canonical_json({
+        "v": 2, "prev": prev_hash, "run": run_id, "seq": seq, "type": type,
+        "payload_commitment": payload_commitment, "manifest": manifest_id,
+        "artifacts": list(artifact_ids), "agent": agent_id, "ts": created_us,
+    })
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def payload_commitment(salt: str, payload_json: str) -> str:
+    return commitment(salt, payload_json.encode())
+
+
+def state_commitment(salt: str, state_json: str) -> str:
+    return commitment(salt, state_json.encode())
+
+
 def next_event(run: Run, draft: EventDraft, created_us: int) -> Event:
-    """The event that extends ``run``'s chain by one link."""
-    seq = run.event_count + 1
-    digest = event_hash(prev_hash=run.head_hash, run_id=run.run_id, seq=seq, type=draft.type,
-                        payload_json=draft.payload_json, manifest_id=draft.manifest_id,
-                        artifact_ids=draft.artifact_ids, agent_id=draft.agent_id,
-                        created_us=created_us)
-    return Event(run_id=run.run_id, seq=seq, type=draft.type, payload_json=draft.payload_json,
-                 manifest_id=draft.manifest_id, artifact_ids=draft.artifact_ids,
-                 created_us=created_us, agent_id=draft.agent_id, prev_hash=run.head_hash,
-                 hash=digest)
+    """The event that extends ``run``'s chain by one link (format 2, a new salt)."""
+    salt = new_salt()
+    event = Event(run_id=run.run_id, seq=run.event_count + 1, type=draft.type,
+                  payload_json=draft.payload_json, manifest_id=draft.manifest_id,
+                  artifact_ids=draft.artifact_ids, created_us=created_us,
+                  agent_id=draft.agent_id, prev_hash=run.head_hash, hash="", format=FORMAT,
+                  salt=salt, payload_commitment=payload_commitment(salt, draft.payload_json))
+    return replace(event, hash=expected_hash(event, run.head_hash))
 
 
 def expected_hash(event: Event, prev_hash: str) -> str:
+    """The hash ``event`` must have after ``prev_hash`` (format 2: over its stored commitment,
+    which :func:`event_intact` checks against the payload and salt)."""
+    if event.format == 2:
+        return event_hash_v2(prev_hash=prev_hash, run_id=event.run_id, seq=event.seq,
+                             type=event.type, payload_commitment=event.payload_commitment,
+                             manifest_id=event.manifest_id, artifact_ids=event.artifact_ids,
+                             agent_id=event.agent_id, created_us=event.created_us)
     return event_hash(prev_hash=prev_hash, run_id=event.run_id, seq=event.seq, type=event.type,
                       payload_json=event.payload_json, manifest_id=event.manifest_id,
                       artifact_ids=event.artifact_ids, agent_id=event.agent_id,
                       created_us=event.created_us)
+
+
+def event_intact(event: Event, prev_hash: str) -> bool:
+    """Whether ``event`` hashes to its hash after ``prev_hash``; format 2 also needs its
+    commitment to recompute from its payload and salt (format 1 has neither)."""
+    if event.format == 2:
+        if not commits_to(event.salt, event.payload_json.encode(), event.payload_commitment):
+            return False
+    elif event.format != 1 or event.salt or event.payload_commitment:
+        return False
+    return expected_hash(event, prev_hash) == event.hash
+
+
+def new_snapshot_state(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` in format 2: a new salt, its state_hash the state's commitment."""
+    salt = new_salt()
+    return replace(snapshot, format=FORMAT, salt=salt,
+                   state_hash=state_commitment(salt, snapshot.state_json))
+
+
+def expected_state_hash(format: int, salt: str, state_json: str) -> str:
+    """What a snapshot's ``state_hash`` must be: format 1 the SHA-256 of its state, format 2
+    the state's commitment under its salt ("" for a malformed salt or an unknown format:
+    that matches no hash)."""
+    if format == 1 and not salt:
+        return sha256_text(state_json)
+    if format == 2:
+        try:
+            return state_commitment(salt, state_json)
+        except ValueError:
+            return ""
+    return ""
 
 
 class ChainVerifier:
@@ -63,7 +129,7 @@ class ChainVerifier:
                 f"run {self.run_id}: event seq {event.seq} follows {self.length} (gap or reorder)",
                 reason="EVENT_CHAIN_BROKEN", metadata={"run_id": self.run_id,
                                                        "seq": str(event.seq)})
-        if event.prev_hash != self.head or expected_hash(event, self.head) != event.hash:
+        if event.prev_hash != self.head or not event_intact(event, self.head):
             raise IntegrityError(
                 f"run {self.run_id}: event {event.seq} does not match its hash chain "
                 "(altered or removed events)", reason="EVENT_CHAIN_BROKEN",

@@ -68,6 +68,12 @@ class Event:
     agent_id: str
     prev_hash: str
     hash: str
+    format: int = 1
+    """1: ``hash`` covers the payload itself; 2: its salted commitment (docs/erasure.md)."""
+    salt: str = ""
+    """Format 2: 32 random bytes (hex), kept beside the payload and erased with it."""
+    payload_commitment: str = ""
+    """Format 2: SHA-256("engram-commit-v2" 0x1f salt payload_json)."""
 
 
 @dataclass(frozen=True)
@@ -89,9 +95,12 @@ class Snapshot:
     seq: int
     state_json: str
     state_hash: str
+    """Format 1: SHA-256 of state_json; format 2: its commitment under ``salt``."""
     manifest_id: str
     artifact_ids: tuple[str, ...]
     created_us: int
+    format: int = 1
+    salt: str = ""
 
 
 @dataclass(frozen=True)

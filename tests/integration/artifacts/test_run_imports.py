@@ -20,7 +20,7 @@ import sqlalchemy
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
-from services.artifacts.domain.chain import event_hash
+from services.artifacts.domain.chain import event_hash, event_hash_v2, payload_commitment
 from services.artifacts.erasure import RunEraser
 from services.artifacts.imports import RunImports
 from services.artifacts.servicer import manifest_from_proto
@@ -92,6 +92,16 @@ def imported(client: ArtifactsClient, run: Origin) -> list[tuple[int, int]]:
                                     snapshots=sorted(run.snapshots, key=lambda s: s.seq))
     counts.append((items.created, items.already_present))
     return counts
+
+
+def _flip(value: str) -> str:
+    return value[:5] + ("0" if value[5] != "0" else "1") + value[6:]
+
+
+def _recommitted(event: pb.Event, payload: str) -> dict[str, object]:
+    """Another payload under the event's salt, its commitment made again to match."""
+    return {"payload_json": payload, "payload_commitment": payload_commitment(event.salt,
+                                                                              payload)}
 
 
 def refused(call: object, *args: object, **kwargs: object) -> EngramRpcError:
@@ -168,6 +178,24 @@ def test_altered_items_are_refused_by_name_and_nothing_of_the_call_is_stored(
              grpc.StatusCode.INVALID_ARGUMENT, "EVIDENCE_ID_MISMATCH"),
             ({"snapshots": [altered(run.snapshots[0], state_json='{"step":3}')]},
              grpc.StatusCode.INVALID_ARGUMENT, "SNAPSHOT_HASH_MISMATCH"),
+            # Format 2: salt, commitment and hash each bind the payload (salt and commitment
+            # travel with it so the target re-checks them).
+            *[({"events": [altered(run.events[0], **change)]},
+               grpc.StatusCode.INVALID_ARGUMENT, "EVENT_HASH_MISMATCH") for change in (
+                {"salt": _flip(run.events[0].salt)},
+                {"salt": ""},
+                {"payload_commitment": _flip(run.events[0].payload_commitment)},
+                {"format": 1},  # as if its hash covered the payload itself
+                _recommitted(run.events[0], '{"tool":"rm"}'),  # the hash kept
+            )],
+            ({"events": [altered(run.events[0], format=3)]},
+             grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FORMAT"),
+            *[({"snapshots": [altered(run.snapshots[0], **change)]},
+               grpc.StatusCode.INVALID_ARGUMENT, "SNAPSHOT_HASH_MISMATCH") for change in (
+                {"salt": _flip(run.snapshots[0].salt)},
+                {"state_hash": _flip(run.snapshots[0].state_hash)},
+                {"format": 1},
+            )],
             # The first event left out: the second does not extend an empty chain.
             ({"manifests": run.manifests, "events": run.events[1:]},
              grpc.StatusCode.FAILED_PRECONDITION, "EVENT_CHAIN_GAP"),
@@ -201,10 +229,12 @@ def test_another_chain_under_a_stored_run_is_a_conflict(
         forged = pb.Event()
         forged.CopyFrom(first)
         forged.payload_json = '{"tool":"rm -rf"}'
-        forged.hash = event_hash(prev_hash="", run_id="run-1", seq=1, type=first.type,
-                                 payload_json=forged.payload_json, manifest_id=first.manifest_id,
-                                 artifact_ids=tuple(first.artifact_ids), agent_id=first.agent_id,
-                                 created_us=first.create_time.ToMicroseconds())
+        forged.payload_commitment = payload_commitment(first.salt, forged.payload_json)
+        forged.hash = event_hash_v2(
+            prev_hash="", run_id="run-1", seq=1, type=first.type,
+            payload_commitment=forged.payload_commitment, manifest_id=first.manifest_id,
+            artifact_ids=tuple(first.artifact_ids), agent_id=first.agent_id,
+            created_us=first.create_time.ToMicroseconds())
         error = refused(client.import_run_items, events=[forged])
         assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS, "EVENT_CONFLICT")
         other = pb.Run()
@@ -408,3 +438,43 @@ def test_an_id_another_fleet_holds_is_taken_and_nothing_is_said_of_it(
         assert (error.code, error.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "ID_TAKEN")
         assert not list(other.list_snapshots("run-1"))
     assert not [p for p in target.blob_root.rglob("*") if "fleet-b" in str(p) and p.is_file()]
+
+
+def test_format_1_events_and_snapshots_of_an_older_bundle_import_and_verify(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory) -> None:
+    """Written before salted commitments (no format field: 0), the chain hashing the payloads
+    themselves: imported as format 1, replayed and read as at the origin."""
+    _origin, target = pair
+    events, head = [], ""
+    for seq in (1, 2):
+        event = pb.Event(run_id="run-old", seq=seq, type="said", payload_json=f'{{"n":{seq}}}',
+                         agent_id="scout-1", prev_hash=head)
+        event.create_time.FromMicroseconds(2_000_000 + seq)
+        event.hash = head = event_hash(
+            prev_hash=head, run_id="run-old", seq=seq, type="said",
+            payload_json=event.payload_json, manifest_id="", artifact_ids=(),
+            agent_id="scout-1", created_us=2_000_000 + seq)
+        events.append(event)
+    snapshot = pb.Snapshot(snapshot_id="snap_old", run_id="run-old", seq=2, state_json='{"n":2}',
+                           state_hash=hashlib.sha256(b'{"n":2}').hexdigest())
+    snapshot.create_time.FromMicroseconds(2_000_003)
+    run = pb.Run(run_id="run-old", agent_id="scout-1", status=pb.RUN_STATUS_RUNNING,
+                 metadata_json="{}")
+    run.create_time.FromMicroseconds(2_000_000)
+    with admin_of(target, make_token) as client:
+        client.import_run(run)
+        salted = pb.Event()
+        salted.CopyFrom(events[0])
+        salted.salt = "ab" * 32  # a format-1 event carries no salt
+        error = refused(client.import_run_items, events=[salted])
+        assert error.reason == "EVENT_HASH_MISMATCH"
+        assert client.import_run_items(events=events, snapshots=[snapshot]).created == 3
+        replayed = list(client.replay("run-old"))
+        assert [(e.hash, e.format, e.salt) for e in replayed] == [
+            (e.hash, 1, "") for e in events]
+        latest = client.latest_snapshot("run-old")
+        assert (latest.state_hash, latest.format) == (snapshot.state_hash, 1)
+        assert not client.verify("run-old").snapshot_problems
+        nxt = client.append_event("run-old", "said", {"n": 3}).event  # the chain goes on
+        assert (nxt.prev_hash, nxt.format) == (head, 2)
+        assert client.import_run_items(events=replayed).already_present == 2

@@ -179,8 +179,16 @@ def test_migration_carries_runs_events_snapshots_and_blobs_over(
     _meta, chunks = mine.read("art_old")
     assert b"".join(chunks) == b"old bytes"
     assert mine.verify("run-old").checked == 1 and not mine.verify("run-old").problems
-    # The chain goes on from the old head; an old request_id still answers with its event.
-    assert mine.append_event("run-old", "said", {"word": "three"}).event.prev_hash == hashes[-1]
+    # Migration 0004 left them format 1 (no salt): their chained hashes are not rewritten.
+    assert {(e.format, e.salt, e.payload_commitment) for e in mine.replay("run-old")} == {
+        (1, "", "")}
+    assert (mine.latest_snapshot("run-old").format, mine.latest_snapshot("run-old").salt) == (
+        1, "")
+    # The chain goes on from the old head (in format 2); an old request_id still answers with
+    # its event.
+    third = mine.append_event("run-old", "said", {"word": "three"}).event
+    assert (third.prev_hash, third.format) == (hashes[-1], 2)
+    assert [e.hash for e in mine.replay("run-old")] == [*hashes, third.hash]
     retried = mine.append_event("run-old", "said", {"word": "one"}, request_id="req-1")
     assert (retried.created, retried.event.seq) == (False, 1)
     # The old artifact's name stays taken in its run and step.

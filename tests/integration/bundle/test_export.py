@@ -11,6 +11,7 @@ import pytest
 
 from engram.bundle import BundleReader
 from engram.client import ShardClient
+from services.common.commitment import commitment
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, BLOB, cli_for, populate
 from tests.stack import full_stack
@@ -50,7 +51,17 @@ def test_export_carries_every_kind_and_only_its_fleet(
         times = [(r["create_time"], r["id"]) for r in records]
         assert times == sorted(times)
         assert reader.blob(hashlib.sha256(BLOB).hexdigest()).read() == BLOB
-        assert [e["seq"] for e in reader.rows("events")] == ["1", "2", "3"]
+        events = list(reader.rows("events"))
+        assert [e["seq"] for e in events] == ["1", "2", "3"]
+        # Format 2: salt and commitment travel with the payload, so the target re-checks both
+        for event in events:
+            assert event["format"] == 2
+            assert event["payload_commitment"] == commitment(
+                event["salt"], event["payload_json"].encode())
+        snapshots = list(reader.rows("snapshots"))
+        assert {s["format"] for s in snapshots} == {2}
+        assert all(s["state_hash"] == commitment(s["salt"], s["state_json"].encode())
+                   for s in snapshots)
         assert [i["iteration"] for i in reader.rows("iterations")] == ["1", "2"]
 
 

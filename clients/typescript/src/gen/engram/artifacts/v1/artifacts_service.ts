@@ -356,11 +356,21 @@ export interface Event {
   createTime:
     | Date
     | undefined;
-  /** hash = SHA-256(prev_hash, seq, type, payload, references, time). */
+  /**
+   * Format 1: hash = SHA-256(prev_hash, run, seq, type, payload, references,
+   * author, time). Format 2: the same with payload_commitment in the payload's
+   * place (docs/erasure.md).
+   */
   prevHash: string;
   hash: string;
   /** The authenticated caller that appended it ("" for the service itself). */
   agentId: string;
+  /** 1 (appended before salted commitments; 0 in an older bundle means 1) or 2. */
+  format: number;
+  /** Format 2: 32 random bytes (hex) kept beside the payload, erased with it. */
+  salt: string;
+  /** Format 2: SHA-256("engram-commit-v2" 0x1f salt payload_json) (hex). */
+  payloadCommitment: string;
 }
 
 export interface AppendEventRequest {
@@ -406,12 +416,21 @@ export interface Snapshot {
   /** The last event this state includes. */
   seq: number;
   stateJson: string;
-  /** SHA-256 (hex) of state_json. */
+  /**
+   * Format 1: SHA-256 (hex) of state_json. Format 2: SHA-256("engram-commit-v2"
+   * 0x1f salt state_json) (hex), the state's salted commitment.
+   */
   stateHash: string;
   manifestId: string;
   /** Artifacts the state needs (critical pointers on rehydrate). */
   artifactIds: string[];
-  createTime: Date | undefined;
+  createTime:
+    | Date
+    | undefined;
+  /** 1 (made before salted commitments; 0 in an older bundle means 1) or 2. */
+  format: number;
+  /** Format 2: 32 random bytes (hex) kept beside the state, erased with it. */
+  salt: string;
 }
 
 export interface CreateSnapshotRequest {
@@ -4025,6 +4044,9 @@ function createBaseEvent(): Event {
     prevHash: "",
     hash: "",
     agentId: "",
+    format: 0,
+    salt: "",
+    payloadCommitment: "",
   };
 }
 
@@ -4059,6 +4081,15 @@ export const Event: MessageFns<Event> = {
     }
     if (message.agentId !== "") {
       writer.uint32(82).string(message.agentId);
+    }
+    if (message.format !== 0) {
+      writer.uint32(88).uint32(message.format);
+    }
+    if (message.salt !== "") {
+      writer.uint32(98).string(message.salt);
+    }
+    if (message.payloadCommitment !== "") {
+      writer.uint32(106).string(message.payloadCommitment);
     }
     return writer;
   },
@@ -4156,6 +4187,30 @@ export const Event: MessageFns<Event> = {
             message.agentId = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.format = reader.uint32();
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.salt = reader.string();
+            continue;
+          }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.payloadCommitment = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4208,6 +4263,13 @@ export const Event: MessageFns<Event> = {
         : isSet(object.agent_id)
         ? globalThis.String(object.agent_id)
         : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
+      payloadCommitment: isSet(object.payloadCommitment)
+        ? globalThis.String(object.payloadCommitment)
+        : isSet(object.payload_commitment)
+        ? globalThis.String(object.payload_commitment)
+        : "",
     };
   },
 
@@ -4243,6 +4305,15 @@ export const Event: MessageFns<Event> = {
     if (message.agentId !== "") {
       obj.agentId = message.agentId;
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.salt !== "") {
+      obj.salt = message.salt;
+    }
+    if (message.payloadCommitment !== "") {
+      obj.payloadCommitment = message.payloadCommitment;
+    }
     return obj;
   },
 
@@ -4261,6 +4332,9 @@ export const Event: MessageFns<Event> = {
     message.prevHash = object.prevHash ?? "";
     message.hash = object.hash ?? "";
     message.agentId = object.agentId ?? "";
+    message.format = object.format ?? 0;
+    message.salt = object.salt ?? "";
+    message.payloadCommitment = object.payloadCommitment ?? "";
     return message;
   },
 };
@@ -4891,6 +4965,8 @@ function createBaseSnapshot(): Snapshot {
     manifestId: "",
     artifactIds: [],
     createTime: undefined,
+    format: 0,
+    salt: "",
   };
 }
 
@@ -4919,6 +4995,12 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     if (message.createTime !== undefined) {
       Timestamp.encode(toTimestamp(message.createTime), writer.uint32(66).fork()).join();
+    }
+    if (message.format !== 0) {
+      writer.uint32(72).uint32(message.format);
+    }
+    if (message.salt !== "") {
+      writer.uint32(82).string(message.salt);
     }
     return writer;
   },
@@ -5000,6 +5082,22 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.format = reader.uint32();
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.salt = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5050,6 +5148,8 @@ export const Snapshot: MessageFns<Snapshot> = {
         : isSet(object.create_time)
         ? fromJsonTimestamp(object.create_time)
         : undefined,
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
     };
   },
 
@@ -5079,6 +5179,12 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.createTime !== undefined) {
       obj.createTime = message.createTime.toISOString();
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.salt !== "") {
+      obj.salt = message.salt;
+    }
     return obj;
   },
 
@@ -5095,6 +5201,8 @@ export const Snapshot: MessageFns<Snapshot> = {
     message.manifestId = object.manifestId ?? "";
     message.artifactIds = object.artifactIds?.map((e) => e) || [];
     message.createTime = object.createTime ?? undefined;
+    message.format = object.format ?? 0;
+    message.salt = object.salt ?? "";
     return message;
   },
 };
