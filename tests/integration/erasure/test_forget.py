@@ -3,9 +3,12 @@ record's content, another's tag, another's metadata, a compaction summary quotin
 and in a run's record, event payload, snapshot state, artifact blob, manifest, evidence and
 iteration detail is gone afterwards from every byte under the data directories and
 $ENGRAM_HOME (database files and their WAL, blobs, segments, the index snapshot) and from
-every shard table; searches and reads no longer return it; verification passes and counts the
-tombstones; the erasure is a verified governance chain entry; a dry run changes nothing; an
-agent is refused; a second forget erases nothing more; an unrelated record survives."""
+every shard table, and so is every hash that would confirm a guess of the run's event payload
+or snapshot state without their salts (their plain SHA-256, the event's link as a chain over
+the payload itself would make it: the run tombstone keeps the head hash); searches and reads
+no longer return it; verification passes and counts the tombstones; the erasure is a verified
+governance chain entry; a dry run changes nothing; an agent is refused; a second forget erases
+nothing more; an unrelated record survives."""
 
 from __future__ import annotations
 
@@ -23,11 +26,13 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
+from services.artifacts.domain.chain import event_hash
 from services.common.db import normalize_url
 from services.shard.compaction import MemoryCompactor
 from services.shard.erasure import RecordEraser
@@ -75,6 +80,19 @@ def _tables_holding(url: str, needles: list[str]) -> list[str]:
     return hits
 
 
+def _guessable_hashes(event: apb.Event, snapshot: apb.Snapshot) -> list[str]:
+    """What a guess of the run's event payload or snapshot state confirms without their salts:
+    their plain SHA-256, and the event's chain hash (the run tombstone's head hash) as a
+    payload-hashing chain would make it from the guess and the event's structural fields."""
+    assert event.seq == 1  # the run's only event: its hash is the head the tombstone keeps
+    return [hashlib.sha256(event.payload_json.encode()).hexdigest(),
+            hashlib.sha256(snapshot.state_json.encode()).hexdigest(),
+            event_hash(prev_hash=event.prev_hash, run_id=event.run_id, seq=event.seq,
+                       type=event.type, payload_json=event.payload_json,
+                       manifest_id=event.manifest_id, artifact_ids=tuple(event.artifact_ids),
+                       agent_id=event.agent_id, created_us=event.create_time.ToMicroseconds())]
+
+
 @pytest.mark.parametrize("others", [0, 24], ids=["index-rebuilt", "index-in-place"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_forget_leaves_no_byte_of_the_marker(
@@ -106,8 +124,8 @@ def test_forget_leaves_no_byte_of_the_marker(
             blob = f"tool output with {marker}\n".encode() * 100
             uploaded = art.upload([blob], run_id="run-9", step_id="s1", name="out.txt",
                                   sha256=hashlib.sha256(blob).hexdigest())
-            art.append_event("run-9", "tool.called", {"query": marker})
-            art.create_snapshot("run-9", {"seen": marker}, seq=1)
+            event = art.append_event("run-9", "tool.called", {"query": marker}).event
+            snapshot = art.create_snapshot("run-9", {"seen": marker}, seq=1)
             art.create_manifest({"files": [marker]}, run_id="run-9")
             art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
                                 artifact_id=uploaded.artifact_id,
@@ -127,7 +145,9 @@ def test_forget_leaves_no_byte_of_the_marker(
             summary_ids = {g.summary.id for g in summaries if quoted.id in g.replaced_ids}
         assert quoted.format == 2 and quoted.salt and quoted.body_commitment
 
-        needles = [marker, hashlib.sha256(planted.encode()).hexdigest()]
+        assert event.format == 2 and event.salt and snapshot.format == 2 and snapshot.salt
+        needles = [marker, hashlib.sha256(planted.encode()).hexdigest(),
+                   *_guessable_hashes(event, snapshot)]
         if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
