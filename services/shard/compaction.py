@@ -120,4 +120,8 @@ class MemoryCompactor:
             ids = self.service.repo.covered_before(session, fleet_id, cutoff_us)
             if not dry_run:
                 self.service.repo.remove(session, fleet_id, ids)
+        index = self.service.search_engine.index
+        if ids and not dry_run and index is not None:
+            # their terms and vectors leave this replica's index and its saved snapshot too
+            index.forget(fleet_id, ids)
         return ids

@@ -718,20 +718,20 @@ class ShardRepository:
         return list(rows)
 
     def remove(self, session: Session, fleet_id: str, ids: Sequence[str]) -> None:
-        """Retention only: originals whose hashes a summary record keeps."""
-        if not ids:
-            return
-        session.execute(delete(RecordTagRow).where(RecordTagRow.record_id.in_(list(ids))))
-        session.execute(
-            delete(LinkRow).where(
-                or_(
-                    LinkRow.source_id.in_(list(ids)),
-                    and_(LinkRow.target_kind == "record", LinkRow.target.in_(list(ids))),
-                )
-            )
-        )
-        session.execute(delete(RecordRow).where(
-            _not_by_index(RecordRow.fleet_id) == fleet_id, RecordRow.id.in_(list(ids))))
+        """Retention only: originals whose hashes a summary record keeps. What derives from
+        their content goes with them: tags, links, stored vectors and write keys (a write of
+        the same text again is then stored anew)."""
+        for start in range(0, len(ids), 500):
+            part = list(ids[start:start + 500])
+            session.execute(delete(RecordTagRow).where(RecordTagRow.record_id.in_(part)))
+            session.execute(delete(LinkRow).where(or_(
+                LinkRow.source_id.in_(part),
+                and_(LinkRow.target_kind == "record", LinkRow.target.in_(part)))))
+            session.execute(delete(RECORD_VECTORS).where(RECORD_VECTORS.c.record_id.in_(part)))
+            session.execute(delete(WRITE_KEYS).where(WRITE_KEYS.c.fleet_id == fleet_id,
+                                                     WRITE_KEYS.c.record_id.in_(part)))
+            session.execute(delete(RecordRow).where(
+                _not_by_index(RecordRow.fleet_id) == fleet_id, RecordRow.id.in_(part)))
 
     # -- the search index: catch-up and stored vectors ----------------------
 

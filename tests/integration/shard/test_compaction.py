@@ -6,9 +6,11 @@ import json
 
 import grpc
 import pytest
+from sqlalchemy import select
 
 from engram.client import EngramRpcError
 from services.shard.service import ShardService
+from services.shard.tables import WRITE_KEYS
 from tests.integration.shard.conftest import ClientFactory
 
 DAY = 86400.0
@@ -63,7 +65,18 @@ def test_old_unimportant_records_are_summarised_not_lost(
     assert compactor.apply_retention("fleet-a", 365) == []
     removed = compactor.apply_retention("fleet-a", 30, dry_run=True)
     assert set(removed) == {r.id for r in old}
+    index = service.search_engine.index
+    assert index is not None
+    held = index.records()
     assert set(compactor.apply_retention("fleet-a", 30)) == {r.id for r in old}
     with pytest.raises(EngramRpcError):
         agent.get(old[0].id)
     assert agent.get(group.summary.id).content.startswith("Summary of 3 older memories")
+    # What derived from their content went with them: the search index (and its snapshot)
+    # and the write keys; the same text again is stored anew (before: the index kept them)
+    assert index.records() == held - 3
+    with service.db.session() as session:
+        assert session.execute(select(WRITE_KEYS.c.record_id).where(
+            WRITE_KEYS.c.record_id.in_([r.id for r in old]))).all() == []
+    again = agent.add("task: minor chore number 0", importance=0.2, run_id="r1")
+    assert again.created and again.record.id not in {r.id for r in old}
