@@ -555,6 +555,8 @@ class ArtifactsService:
             events = self.repository.events_after(
                 session, fleet_id, run.run_id, snapshot.seq if snapshot is not None else 0,
                 limit + 1)
+        _check_tail(run, snapshot.seq if snapshot is not None else 0, events[:limit],
+                    complete=len(events) <= limit)
         manifest = None
         if snapshot is not None:
             if snapshot.manifest_id:
@@ -710,6 +712,20 @@ class ArtifactsService:
             f"{outcome.attempts} attempts; run {run.run_id} is {status.value}",
             reason="CRITICAL_POINTER_UNRESOLVED",
             metadata={**diagnostics, "run_status": status.value})
+
+
+def _check_tail(run: Run, after_seq: int, events: list[Event], complete: bool) -> None:
+    """The events after seq ``after_seq``, each re-hashed (format 2: its commitment from payload
+    and salt) and linked to the one before; a ``complete`` tail must end at the run's head."""
+    verifier = ChainVerifier(run.run_id, events[0].prev_hash if events and after_seq else "",
+                             after_seq)
+    verifier.check_all(events)
+    if complete and (verifier.length != run.event_count or
+                     (events and verifier.head != run.head_hash)):
+        raise IntegrityError(
+            f"run {run.run_id}: the events after seq {after_seq} do not end at the run's head "
+            f"({run.event_count} events; altered or removed events)",
+            reason="EVENT_CHAIN_BROKEN", metadata={"run_id": run.run_id})
 
 
 def _artifact_exists(artifact_id: str, upload: ArtifactUpload) -> AlreadyExists:

@@ -118,10 +118,12 @@ def expected_state_hash(format: int, salt: str, state_json: str) -> str:
 class ChainVerifier:
     """Checks events fed in order from seq 1; raises IntegrityError at the first broken link."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, head: str = GENESIS, length: int = 0) -> None:
+        """From the start of the chain, or from its ``length``-th event, whose hash is
+        ``head`` (a tail, as Rehydrate reads it)."""
         self.run_id = run_id
-        self.head = GENESIS
-        self.length = 0
+        self.head = head
+        self.length = length
 
     def check(self, event: Event) -> Event:
         if event.seq != self.length + 1:

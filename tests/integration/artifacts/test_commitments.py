@@ -1,7 +1,7 @@
 """Format-2 events and snapshots over real gRPC, on SQLite and Postgres (docs/erasure.md): each
 gets a salt, an event's chain hash covers its payload's commitment and a snapshot's state_hash
 is its state's commitment; a byte changed in a stored payload, state, salt or commitment is
-DATA_LOSS on replay and read, and a snapshot's is listed by VerifyArtifacts."""
+DATA_LOSS on replay, read and rehydrate, and a snapshot's is listed by VerifyArtifacts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from engram.client._errors import EngramRpcError
 from services.artifacts.domain.chain import event_hash_v2
@@ -115,3 +115,43 @@ def test_a_changed_byte_in_a_stored_snapshot_is_found_on_read_and_verify(
     assert [(p.snapshot_id, p.problem) for p in report.snapshot_problems] == [
         (altered.snapshot_id, "SNAPSHOT_HASH_MISMATCH")]
     assert kept.snapshot_id != altered.snapshot_id
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("payload_json", lambda v: v.replace("secret", "secreT")),
+    ("salt", _flipped),
+    ("payload_commitment", _flipped),
+], ids=["payload", "salt", "commitment"])
+def test_rehydrate_re_hashes_the_events_it_returns(
+        artifacts_server: RunningArtifacts, column: str, value: Callable[[Any], object]) -> None:
+    """The events after the latest snapshot are checked as replay checks them, and must end at
+    the run's head: an altered one is DATA_LOSS, not handed back as the run's state."""
+    env = artifacts_server
+    run_id = env.client.start_run("run-1").run.run_id
+    env.client.append_event(run_id, "step", {"said": "before"})
+    env.client.create_snapshot(run_id, {"upto": 1})
+    for i in range(3):
+        env.client.append_event(run_id, "step", {"said": f"secret {i}"})
+    assert [e.seq for e in env.client.rehydrate(run_id).events] == [2, 3, 4]
+    assert [e.seq for e in env.client.rehydrate(run_id, max_events=2).events] == [2, 3]
+    with env.service.db.session() as session:
+        where = (EventRow.run_id == run_id, EventRow.seq == 3)
+        stored = session.scalar(select(getattr(EventRow, column)).where(*where))
+        session.execute(update(EventRow).where(*where).values({column: value(stored)}))
+    for max_events in (0, 2):
+        with pytest.raises(EngramRpcError) as caught:
+            env.client.rehydrate(run_id, max_events=max_events)
+        assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.DATA_LOSS,
+                                                            "EVENT_CHAIN_BROKEN")
+
+
+def test_rehydrate_finds_the_last_events_removed(artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    run_id = env.client.start_run("run-1").run.run_id
+    for i in range(3):
+        env.client.append_event(run_id, "step", {"i": i})
+    with env.service.db.session() as session:
+        session.execute(delete(EventRow).where(EventRow.run_id == run_id, EventRow.seq >= 2))
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.rehydrate(run_id)
+    assert caught.value.reason == "EVENT_CHAIN_BROKEN"
