@@ -147,7 +147,8 @@ def test_forget_leaves_no_byte_of_the_marker(
 
         assert event.format == 2 and event.salt and snapshot.format == 2 and snapshot.salt
         needles = [marker, hashlib.sha256(planted.encode()).hexdigest(),
-                   *_guessable_hashes(event, snapshot)]
+                   *_guessable_hashes(event, snapshot),
+                   event.salt, snapshot.salt]  # erased with the rows that hold them
         if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -158,6 +159,10 @@ def test_forget_leaves_no_byte_of_the_marker(
         else:
             assert _tables_holding(urls["shard"], needles)
             assert _tables_holding(urls["artifacts"], [marker])
+        salts = [event.salt, snapshot.salt]
+        assert {hit.rsplit(": ", 1)[1] for hit in (
+            _files_holding([data], [salt.encode() for salt in salts]) if backend == "sqlite"
+            else _tables_holding(urls["artifacts"], salts))} == set(salts)
 
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
