@@ -116,7 +116,8 @@ def expected_state_hash(format: int, salt: str, state_json: str) -> str:
 
 
 class ChainVerifier:
-    """Checks events fed in order from seq 1; raises IntegrityError at the first broken link."""
+    """Checks events fed in order (from seq 1, or from a tail's first); raises IntegrityError
+    at the first broken link."""
 
     def __init__(self, run_id: str, head: str = GENESIS, length: int = 0) -> None:
         """From the start of the chain, or from its ``length``-th event, whose hash is
