@@ -245,8 +245,9 @@ class RecordEraser:
         for start in range(0, len(ids), 500):
             part = ids[start:start + 500]
             session.execute(delete(RECORD_VECTORS).where(RECORD_VECTORS.c.record_id.in_(part)))
-            session.execute(delete(WriteKeyRow).where(WriteKeyRow.fleet_id == fleet_id,
-                                                      WriteKeyRow.record_id.in_(part)))
+            session.execute(delete(WriteKeyRow).where(
+                WriteKeyRow.fleet_id.concat("") == fleet_id,  # by record id, not the fleet
+                WriteKeyRow.record_id.in_(part)))
             session.execute(delete(CompactionRow).where(or_(
                 CompactionRow.original_id.in_(part), CompactionRow.summary_id.in_(part))))
         # A request claim keeps a digest of the request's body: it goes with any record it

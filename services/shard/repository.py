@@ -728,8 +728,9 @@ class ShardRepository:
                 LinkRow.source_id.in_(part),
                 and_(LinkRow.target_kind == "record", LinkRow.target.in_(part)))))
             session.execute(delete(RECORD_VECTORS).where(RECORD_VECTORS.c.record_id.in_(part)))
-            session.execute(delete(WRITE_KEYS).where(WRITE_KEYS.c.fleet_id == fleet_id,
-                                                     WRITE_KEYS.c.record_id.in_(part)))
+            session.execute(delete(WRITE_KEYS).where(
+                _not_by_index(WRITE_KEYS.c.fleet_id) == fleet_id,
+                WRITE_KEYS.c.record_id.in_(part)))
             session.execute(delete(RecordRow).where(
                 _not_by_index(RecordRow.fleet_id) == fleet_id, RecordRow.id.in_(part)))
 

@@ -19,6 +19,8 @@ from sqlalchemy import event, text
 from services.common.db import Database
 from services.governance.repository import GovernanceRepository
 from services.governance.server import MIGRATIONS as GOVERNANCE_MIGRATIONS
+from services.shard.domain.records import Record
+from services.shard.erasure import RecordEraser
 from services.shard.repository import ShardRepository
 from services.shard.server import MIGRATIONS as SHARD_MIGRATIONS
 
@@ -64,7 +66,15 @@ CALLS: dict[str, tuple[Path, Callable[[Any], None]]] = {
         s, "fleet-a", IDS)),
     "shard remove": (SHARD_MIGRATIONS, lambda s: ShardRepository("sqlite").remove(
         s, "fleet-a", IDS)),
+    "shard erasure's derived rows": (SHARD_MIGRATIONS, lambda s: RecordEraser._drop_derived(
+        s, "fleet-a", [_record(record_id) for record_id in IDS])),
 }
+
+
+def _record(record_id: str) -> Record:
+    return Record(id=record_id, fleet_id="fleet-a", run_id="r", agent_id="a", content="c",
+                  content_hash="h", record_hash="rh", domain="", source="", importance=0.5,
+                  tags=(), metadata={}, cross_refs=(), created_us=1)
 
 
 @pytest.mark.parametrize("name", sorted(CALLS))
