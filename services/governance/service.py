@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError as SqlIntegrityError
@@ -35,6 +35,7 @@ from services.common.access import Restrictions
 from services.common.db import Database
 from services.common.errors import (
     AlreadyExists,
+    FailedPrecondition,
     IntegrityError,
     InvalidArgument,
     NotFound,
@@ -60,10 +61,14 @@ from services.governance.domain.revocation import (
     TokenRevocation,
 )
 from services.governance.domain.rules import (
+    MAX_RULES_PER_FLEET,
     SUSPENDED_RULE_ID,
     Candidate,
+    PatternVerdicts,
     Rule,
+    RuleKind,
     Violation,
+    denied_by_patterns,
     judge,
     needs_neighbours,
 )
@@ -100,6 +105,9 @@ class GateRequest:
     request_id: str
     candidates: tuple[Candidate, ...]
     neighbours_omitted: bool = False
+    patterns: tuple[PatternVerdicts, ...] = field(default=(), compare=False)
+    """Per candidate, the fleet's deny patterns searched before the gate's lock is taken
+    (:meth:`GovernanceService._with_patterns`); empty: searched under it."""
 
     @property
     def key(self) -> RequestKey:
@@ -244,13 +252,28 @@ class GovernanceService:
         With ``neighbours_omitted``, an agent a contradiction rule applies to gets
         ``needs_neighbours`` and nothing is recorded.
         """
-        return self._gate.submit(GateRequest(fleet_id, agent_id, request_id, tuple(candidates),
-                                             neighbours_omitted))
+        return self._gate.submit(self._with_patterns(GateRequest(
+            fleet_id, agent_id, request_id, tuple(candidates), neighbours_omitted)))
 
     def decide_all(self, requests: Sequence[GateRequest]) -> list[GateOutcome | BaseException]:
         """Several gate requests at once (a coalesced call): each judged and recorded as if
         sent alone, in one group commit when they fit; an outcome or the error it alone got."""
-        return self._gate.submit_all(requests)
+        return self._gate.submit_all([self._with_patterns(r) for r in requests])
+
+    def _with_patterns(self, request: GateRequest) -> GateRequest:
+        """``request`` with its candidates searched by the fleet's deny patterns, here in the
+        caller's thread and outside the append lock: the lock is one for every fleet, and a
+        fleet's patterns over a batch of long writes may take a while (RE2 lets go of the GIL
+        meanwhile). The rules are those last seen; a rule made since is searched under the
+        lock, and one deleted since is simply not asked."""
+        rules = self._cache.rules(request.fleet_id)
+        if rules is None:
+            with self._db.session() as session:
+                rules = self._repo.fleet_rules(session, request.fleet_id)
+        if not any(rule.kind is RuleKind.DENY_PATTERN for rule in rules):
+            return request
+        return replace(request, patterns=tuple(denied_by_patterns(candidate, rules)
+                                               for candidate in request.candidates))
 
     def _decide_group(self, requests: Sequence[GateRequest]) -> list[GateOutcome]:
         try:
@@ -498,6 +521,13 @@ class GovernanceService:
                     raise InvalidArgument("request_id already used in another fleet",
                                           reason="REQUEST_ID_REUSED")
                 return existing, False
+            held = len(self._repo.fleet_rules(session, rule.fleet_id))
+            if held >= MAX_RULES_PER_FLEET:
+                raise FailedPrecondition(
+                    f"fleet {rule.fleet_id!r} holds {held} rules, the most one fleet may hold "
+                    "(every write is judged against them all); delete one first "
+                    "(`engram gov rules list`, `engram gov rules delete`)", reason="RULE_LIMIT",
+                    metadata={"limit": str(MAX_RULES_PER_FLEET)})
             head = self._repo.lock_head(session)
             seq = self._append(session, head, "rule.created", {"rule": rule.state()},
                                rule.created_ms, rules_changed=True)
@@ -633,10 +663,11 @@ class _GateGroup:
 
         # Judge every candidate before recording any: the tier can move mid-request.
         verdicts: list[tuple[list[Violation], AgentTrust]] = []
-        for candidate in request.candidates:
+        for i, candidate in enumerate(request.candidates):
             if request.neighbours_omitted and needs_neighbours(trust, rules):
                 return GateOutcome([], needs_neighbours=True)
-            violations = judge(candidate, trust, rules, writes_within)
+            found = request.patterns[i] if request.patterns else None
+            violations = judge(candidate, trust, rules, writes_within, found)
             if not violations:
                 accepted += 1
             trust = self._accumulator.record_outcome(trust, not violations, self._now_ms)

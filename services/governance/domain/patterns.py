@@ -17,6 +17,12 @@ from __future__ import annotations
 import re2
 
 MAX_PATTERN_LENGTH = 500
+MAX_PROGRAM_SIZE = 2000
+"""RE2 instructions a compiled pattern may hold. RE2 is linear in the text, but its cost per
+byte grows with the program, steeply once the DFA's states outgrow its memory and it falls back
+to the NFA: over 32 KB of text, ``(a|aa){200}#`` (1,005 instructions) takes ~2 ms, ``{500}``
+(2,505) ~14 ms and ``{1000}`` (5,005) 1.3 s. Patterns people write to deny secrets or words
+are tens to hundreds of instructions."""
 _MAX_PROGRAM_BYTES = 8 << 20
 """RE2's memory budget per compiled pattern (program and DFA cache)."""
 
@@ -67,6 +73,12 @@ class DenyPattern:
             self._compiled = re2.compile(pattern, options)
         except re2.error as error:
             raise PatternError(_explain(pattern, error)) from None
+        size = self._compiled.programsize
+        if size > MAX_PROGRAM_SIZE:
+            raise PatternError(
+                f"pattern {pattern!r} compiles to {size} RE2 instructions; the limit is "
+                f"{MAX_PROGRAM_SIZE} (large counted repetitions such as {{1000}} cost the most: "
+                "every write is searched with it)")
         self.pattern = pattern
         self.case_sensitive = case_sensitive
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from services.common.db import Database
-from services.common.errors import InvalidArgument
-from services.governance.domain.rules import Candidate, Rule, RuleKind
+from services.common.errors import FailedPrecondition, InvalidArgument
+from services.governance.domain.patterns import DenyPattern
+from services.governance.domain.rules import MAX_RULES_PER_FLEET, Candidate, Rule, RuleKind
 from services.governance.domain.tiers import ACCEPTED_DELTA, INITIAL_SCORE, TrustTier
 from services.governance.server import MIGRATIONS
 from services.governance.service import GateRequest, GovernanceService
@@ -159,3 +160,53 @@ def test_concurrent_gate_calls_record_every_decision_in_one_valid_chain(
     trusts = first.trust_of(FLEET, list(per_agent))
     for agent, count in per_agent.items():
         assert trusts[agent].score == min(1000, INITIAL_SCORE + count * ACCEPTED_DELTA)
+
+
+def test_a_fleets_deny_patterns_are_searched_outside_the_gates_lock(
+        replicas: tuple[GovernanceService, GovernanceService],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The append lock is one for every fleet: while fleet A's write is being searched by
+    fleet A's patterns (slow here: the search waits), fleet B's write is decided. Before, the
+    search ran under the lock and B waited for it (49 s in the review's reproduction)."""
+    repo, _ = replicas
+    _deny(repo, "r-slow", "forbidden")
+    searching, release = threading.Event(), threading.Event()
+    search = DenyPattern.search
+
+    def slow(self: DenyPattern, text: str) -> bool:
+        if "fleet a's long write" in text:
+            searching.set()
+            assert release.wait(30)
+        return search(self, text)
+
+    monkeypatch.setattr(DenyPattern, "search", slow)
+    outcome: list[bool] = []
+    writer = threading.Thread(target=lambda: outcome.append(
+        _allowed(repo, "agent-a", "a1", "fleet a's long write")))
+    writer.start()
+    try:
+        assert searching.wait(30)
+        other = repo.decide("fleet-b", "agent-b", "b1", [_candidate("fleet b's write")])
+        assert other.decisions[0].allowed
+    finally:
+        release.set()
+        writer.join(30)
+    assert outcome == [True]
+    # a rule made after the search was done is still applied, under the lock
+    _deny(repo, "r-new", "forbidden")
+    assert not _allowed(repo, "agent-a", "a2", "a forbidden write")
+    assert repo.verify()[1] == []
+
+
+def test_a_fleet_holds_at_most_a_hundred_rules(
+        replicas: tuple[GovernanceService, GovernanceService]) -> None:
+    repo, _ = replicas
+    for n in range(MAX_RULES_PER_FLEET):
+        _deny(repo, f"r-{n}", f"word{n}")
+    with pytest.raises(FailedPrecondition) as refused:
+        _deny(repo, "r-one-more", "one more")
+    assert refused.value.reason == "RULE_LIMIT"
+    repo.create_rule(Rule("r-other", "fleet-b", RuleKind.DENY_PATTERN,
+                          {"pattern": "x", "case_sensitive": False}, created_ms=repo.now_ms()))
+    assert _allowed(repo, "agent-1", "w1", "every rule still applies") is True
+    assert not _allowed(repo, "agent-1", "w2", "this has word99 in it")

@@ -69,3 +69,18 @@ def test_catastrophic_shapes_run_in_linear_time(pattern: str, expected: bool) ->
     # These take exponential or high-polynomial time in a backtracking engine.
     hostile = "a" * 65535 + "!"
     assert DenyPattern(pattern).search(hostile) is expected
+
+
+@pytest.mark.parametrize("pattern", [r"(a|aa){1000}#", r".{1000}x", r"[^x]{0,500}y"])
+def test_a_pattern_compiling_to_a_huge_program_is_refused(pattern: str) -> None:
+    """Short, no backtracking construct, and RE2 compiles it; but over one 32 KB write
+    ``(a|aa){1000}#`` searched for 1.3 s (the DFA outgrew its memory and RE2 fell back to
+    the NFA), and every write of the fleet is searched with it (found by review)."""
+    with pytest.raises(PatternError, match="RE2 instructions; the limit is 2000"):
+        DenyPattern(pattern)
+
+
+def test_patterns_people_write_stay_well_inside_the_program_limit() -> None:
+    for pattern in (r"(?i)password|api[_-]?key|secret", r"\b\d{3}-\d{2}-\d{4}\b",
+                    r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}", r"(\w+\s){1,50}end"):
+        DenyPattern(pattern)
