@@ -39,8 +39,9 @@ class Restrictions:
     """One version of the set governance holds."""
 
     version: int
-    revoked_tokens: Mapping[str, int] = field(default_factory=dict)
-    """jti -> the token's expiry (seconds since the epoch)."""
+    revoked_tokens: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """(fleet_id, jti) -> the token's expiry (seconds since the epoch). A revocation is its
+    fleet's: a token of another fleet with the same jti is not refused by it."""
     revoked_agents: Mapping[AgentKey, int] = field(default_factory=dict)
     """Tokens of the agent issued at or before this second are refused."""
     suspended: frozenset[AgentKey] = frozenset()
@@ -127,7 +128,7 @@ class AccessRestrictions:
                 "(revoked tokens, suspended agents); retry shortly",
                 reason="ACCESS_RESTRICTIONS_UNKNOWN")
         key = (principal.fleet_id, principal.agent_id)
-        if principal.token_id in current.revoked_tokens:
+        if (principal.fleet_id, principal.token_id) in current.revoked_tokens:
             raise Unauthenticated(f"bearer token {principal.token_id} was revoked",
                                   reason="TOKEN_REVOKED")
         cutoff = current.revoked_agents.get(key)
@@ -146,7 +147,8 @@ def restrictions_from_proto(reply: gpb.ListAccessRestrictionsResponse) -> Restri
         return None
     return Restrictions(
         version=reply.version,
-        revoked_tokens={t.jti: t.expire_time.seconds for t in reply.revoked_tokens},
+        revoked_tokens={(t.fleet_id, t.jti): t.expire_time.seconds
+                        for t in reply.revoked_tokens},
         revoked_agents={(a.fleet_id, a.agent_id): a.issued_before.seconds
                         for a in reply.revoked_agents},
         suspended=frozenset((a.fleet_id, a.agent_id) for a in reply.suspended_agents))

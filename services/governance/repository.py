@@ -262,8 +262,10 @@ class AccessRepository:
         session.execute(update(_ACCESS_HEAD).where(_ACCESS_HEAD.c.id == 1).values(
             version=_ACCESS_HEAD.c.version + 1))
 
-    def revoked_token(self, session: Session, jti: str) -> TokenRevocation | None:
-        row = session.get(RevokedTokenRow, jti)
+    def revoked_token(self, session: Session, fleet_id: str,
+                      jti: str) -> TokenRevocation | None:
+        row = session.scalars(select(RevokedTokenRow).where(
+            RevokedTokenRow.fleet_id == fleet_id, RevokedTokenRow.jti == jti)).first()
         return row.to_entity() if row is not None else None
 
     def insert_revoked_token(self, session: Session, revocation: TokenRevocation,
@@ -297,7 +299,8 @@ class AccessRepository:
                                                                     int]]:
         """Every revocation as ``(key, state, chain_seq)``, keyed as the chain replay keys it."""
         for token in session.scalars(select(RevokedTokenRow)):
-            yield f"token {token.jti}", token.to_entity().state(), token.chain_seq
+            yield (f"token {token.fleet_id}/{token.jti}", token.to_entity().state(),
+                   token.chain_seq)
         for agent in session.scalars(select(RevokedAgentRow)):
             yield (f"agent {agent.fleet_id}/{agent.agent_id}", agent.to_entity().state(),
                    agent.chain_seq)

@@ -391,7 +391,7 @@ class GovernanceService:
     def revoke_token(self, revocation: TokenRevocation) -> tuple[TokenRevocation, bool]:
         """Record it; ``(stored, created)``, the earlier one when the jti was revoked already."""
         with self._state_change() as session:
-            existing = self._access.revoked_token(session, revocation.jti)
+            existing = self._access.revoked_token(session, revocation.fleet_id, revocation.jti)
             if existing is not None:
                 return existing, False
             head = self._repo.lock_head(session)
@@ -498,7 +498,7 @@ class GovernanceService:
             return None
         return Restrictions(
             version=snapshot.version,
-            revoked_tokens={t.jti: t.expires_ms // 1000 for t in snapshot.tokens},
+            revoked_tokens={(t.fleet_id, t.jti): t.expires_ms // 1000 for t in snapshot.tokens},
             revoked_agents={(a.fleet_id, a.agent_id): a.issued_before_s for a in snapshot.agents},
             suspended=frozenset(snapshot.suspended))
 

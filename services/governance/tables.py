@@ -150,7 +150,8 @@ class RevokedTokenRow(Base):
     __tablename__ = "revoked_tokens"
 
     jti: Mapped[str] = mapped_column(String(128), primary_key=True)
-    fleet_id: Mapped[str] = mapped_column(String(128))
+    # Its fleet's: one fleet's revocation of a jti leaves another fleet's token alone (0006)
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     agent_id: Mapped[str] = mapped_column(String(128))
     expires_ms: Mapped[int] = mapped_column(BigInteger, index=True)
     revoked_ms: Mapped[int] = mapped_column(BigInteger)

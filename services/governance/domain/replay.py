@@ -62,7 +62,8 @@ class ChainReplay:
             self.rules.pop(payload["rule_id"], None)
         elif entry.kind == "token.revoked":
             revoked = payload["revocation"]
-            self.revocations[f"token {revoked['jti']}"] = (entry.seq, state_digest(revoked))
+            self.revocations[f"token {revoked['fleet_id']}/{revoked['jti']}"] = (
+                entry.seq, state_digest(revoked))
         elif entry.kind in (RECORDED_ERASURE, IMPORTED_ERASURE):
             erasure = payload["erasure"]
             self.erasures[erasure["erasure_id"]] = (entry.seq, state_digest(erasure))

@@ -71,6 +71,31 @@ def test_a_revoked_token_is_refused_by_every_service_within_the_bound(
         assert stack.probe(service, other) == OK, "only that one token is revoked"
 
 
+def test_a_revocation_is_its_fleets_alone(stack: Stack, governor: GovernanceClient,
+                                          make_token: TokenFactory) -> None:
+    """Found by review: revocations were keyed by the jti alone. Fleet A's governor, knowing
+    a fleet-B token's jti, recorded it first with an expiry already past; fleet B's own
+    revocation then answered fleet A's record (created=false) and the token kept working.
+    Fleet A's revocation of it also refused it in fleet B. Now each is its fleet's."""
+    token_b = make_token("agent-b", "fleet-b")
+    claims = inspect_token(token_b)["claims"]
+    jti, expires = claims["jti"], datetime.fromtimestamp(claims["exp"], UTC)
+    governor.revoke_token(jti, datetime.fromtimestamp(time.time() - 60, UTC), reason="x")
+    governor.revoke_token(jti, expires, reason="fleet a has no say over fleet b's tokens")
+    time.sleep(BOUND)
+    for service in SERVICES:
+        assert stack.probe(service, token_b) == OK, service  # fleet A's revocation: not B's
+    with GovernanceClient(stack.address("governance"),
+                          make_token("ops-b", "fleet-b", ("governor",))) as governor_b:
+        reply = governor_b.revoke_token(jti, expires, agent_id="agent-b", reason="compromised")
+    assert reply.created and reply.revoked.fleet_id == "fleet-b"
+    assert reply.revoked.revoked_by == "ops-b"
+    for service in SERVICES:
+        _until(service, stack, token_b, REVOKED)
+    verified = governor.verify_chain()  # both revocations replay from the chain
+    assert verified.ok and not verified.problems, verified.problems
+
+
 def test_revoking_an_agent_refuses_its_older_tokens_everywhere(
         stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
     token = make_token("agent-1", "fleet-a")
@@ -219,6 +244,6 @@ def test_a_revocation_deleted_behind_governances_back_is_found(
     engine.dispose()
     report = governor.verify_chain()
     assert not report.ok
-    assert any(f"token {claims['jti']}" in p and "missing from the store" in p
+    assert any(f"token fleet-a/{claims['jti']}" in p and "missing from the store" in p
                for p in report.problems), report.problems
     assert any("agent fleet-a/agent-3" in p and "differs" in p for p in report.problems)

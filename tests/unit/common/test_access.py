@@ -45,7 +45,7 @@ def test_cold_start_with_governance_down_refuses_until_the_first_set_arrives() -
 
 def test_refusals_and_the_last_known_set_while_governance_is_down() -> None:
     source = Source()
-    source.current = Restrictions(version=3, revoked_tokens={"j-bad": 9_999},
+    source.current = Restrictions(version=3, revoked_tokens={("f1", "j-bad"): 9_999},
                                   revoked_agents={("f1", "a2"): 200},
                                   suspended=frozenset({("f1", "a3")}))
     restrictions = AccessRestrictions(source, refresh_seconds=60,
@@ -55,6 +55,8 @@ def test_refusals_and_the_last_known_set_while_governance_is_down() -> None:
     with pytest.raises(Unauthenticated) as revoked:
         restrictions.check(_agent(jti="j-bad"), "/svc/Read")
     assert revoked.value.reason == "TOKEN_REVOKED"
+    # the revocation is fleet f1's: a token of another fleet under the same jti is not refused
+    restrictions.check(Principal("a1", "f2", frozenset({"agent"}), token_id="j-bad"), "/svc/Read")
     for iat in (150, 200):
         with pytest.raises(Unauthenticated):
             restrictions.check(_agent("a2", iat=iat), "/svc/Read")
