@@ -98,7 +98,9 @@ class RunEraser:
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True) -> tuple[list[FoundRun], bool]:
-        """The fleet's runs holding ``match`` anywhere (oldest first), reading every blob;
+        """The fleet's runs holding ``match`` anywhere (oldest first): the run's metadata and
+        stop reason, its events, snapshots, manifests, artifacts and the evidence citing them,
+        reading every blob;
         stops when ``active`` says the caller has gone."""
         needle = needle_of(match)
         limit = selection_limit(limit)
@@ -108,16 +110,22 @@ class RunEraser:
     def _find(self, fleet_id: str, needle: str, limit: int,
               active: Callable[[], bool]) -> tuple[list[FoundRun], bool]:
         with self.service.db.session() as session:
-            runs = session.execute(select(RunRow.run_id, RunRow.head_hash).where(
+            runs = session.execute(select(
+                RunRow.run_id, RunRow.head_hash, RunRow.metadata_json, RunRow.stop_reason).where(
                 RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundRun] = []
-        for run_id, head_hash in runs:
+        for run_id, head_hash, metadata_json, stop_reason in runs:
             still_wanted(active)
-            places = self._places(fleet_id, run_id, needle)
+            # The run's own record first: StartRun's metadata and StopRun's reason, which
+            # GetRun and ListRuns hand every agent of the fleet.
+            places = [place for place, held in (
+                ("run metadata", json_holds(metadata_json or "", needle)),
+                ("run stop_reason", holds(stop_reason or "", needle))) if held]
+            places += self._places(fleet_id, run_id, needle)
             if places:
                 if len(found) == limit:
                     return found, True
-                found.append(FoundRun(run_id, head_hash, places))
+                found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES]))
         return found, False
 
     def _places(self, fleet_id: str, run_id: str, needle: str) -> list[str]:

@@ -300,6 +300,43 @@ def test_forget_an_agent_takes_its_records_and_the_runs_it_started(
             assert again.created
 
 
+def test_forget_match_whole_runs_erases_a_run_holding_the_text_in_its_metadata_or_stop_reason(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """StartRun's metadata and StopRun's reason are the run's data too (GetRun and ListRuns
+    hand them to every agent of the fleet): FindRuns names a run holding the text only there,
+    case-folded as elsewhere, and --whole-runs erases it."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    marker = "jane.doe@example.com"
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            art.start_run("run-meta", {"customer": marker.upper()})
+            art.start_run("run-stopped", {"goal": "triage"})
+            art.start_run("run-kept", {"customer": "someone else"})
+            for run_id in ("run-meta", "run-stopped", "run-kept"):
+                art.append_event(run_id, "tool.called", {"q": "nothing to see"})
+            art.stop_run("run-stopped", "failed", reason=f"mail to {marker} bounced")
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            found = {r.run_id: list(r.places) for r in art.find_runs(marker).runs}
+            # the reason is also in the stop event StopRun appends
+            assert found == {"run-meta": ["run metadata"],
+                             "run-stopped": ["run stop_reason", "event 2"]}
+        with cli_for(stack, admin, monkeypatch) as run:
+            assert run("forget", "--match", marker, "--dry-run")["runs_holding_text"] \
+                == ["run-meta", "run-stopped"]
+            done = run("forget", "--match", marker, "--whole-runs")
+            assert done["runs_holding_text"] == []
+            assert sorted(r["run_id"] for r in done["erasures"][0]["runs"]) \
+                == ["run-meta", "run-stopped"]
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            for run_id in ("run-meta", "run-stopped"):
+                with pytest.raises(EngramRpcError) as gone:
+                    art.get_run(run_id)
+                assert gone.value.reason == "RUN_ERASED"
+            assert art.get_run("run-kept").event_count == 1
+            assert not art.find_runs(marker).runs
+
+
 def test_a_write_racing_the_erasure_of_the_record_it_lands_on_never_revives_its_id(
         urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
