@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -73,7 +74,12 @@ def _refuse_constant(name: str) -> float:
 
 def parse_json(text: str, what: str, *, max_bytes: int, setting: str,
                max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
-    """Parse one JSON document a client sent; every way it can be bad is INVALID_ARGUMENT."""
+    """Parse one JSON document a client sent; every way it can be bad is INVALID_ARGUMENT.
+
+    Besides text that does not parse: a number too large for a float, and a string or key
+    holding a lone surrogate (an escape such as ``\\ud800`` with no partner: valid JSON text,
+    but no Unicode character, so its value has no UTF-8 form to store or hash).
+    """
     check_limit(what, len(text.encode()), max_bytes, setting, "bytes")
     check_limit(f"{what}'s nesting depth", json_depth(text), max_depth,
                 "ENGRAM_LIMITS_JSON_DEPTH")
@@ -81,20 +87,33 @@ def parse_json(text: str, what: str, *, max_bytes: int, setting: str,
         value = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as error:
         raise InvalidArgument(f"{what} is not valid JSON: {error}", reason="INVALID_JSON") from None
-    if _has_infinity(value):
-        raise InvalidArgument(f"{what} is not valid JSON: a number too large for a float",
-                              reason="INVALID_JSON")
+    problem = _unrepresentable(value)
+    if problem:
+        raise InvalidArgument(f"{what} is not valid JSON: {problem}", reason="INVALID_JSON")
     return value
 
 
-def _has_infinity(value: Any) -> bool:
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A surrogate code point left alone in a decoded string (the parser pairs the valid ones)."""
+
+LONE_SURROGATE_PROBLEM = ("a string holds a lone surrogate escape (\\ud800 to \\udfff "
+                          "without its pair), which is no character and has no UTF-8 form")
+
+
+def _unrepresentable(value: Any) -> str:
+    """What in the parsed ``value`` has no JSON or UTF-8 form, or ""."""
     stack = [value]
     while stack:
         item = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return True
-        if isinstance(item, dict):
+        if isinstance(item, str):
+            if LONE_SURROGATE.search(item):
+                return LONE_SURROGATE_PROBLEM
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "a number too large for a float"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return False
+    return ""

@@ -13,7 +13,13 @@ from typing import Any
 from services.common.blobstore import validate_key
 from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
-from services.common.limits import DEFAULT_JSON_DEPTH, LimitExceeded, check_limit, json_depth
+from services.common.limits import (
+    DEFAULT_JSON_DEPTH,
+    LONE_SURROGATE_PROBLEM,
+    LimitExceeded,
+    check_limit,
+    json_depth,
+)
 from services.common.tokens import validate_identifier
 
 MAX_NAME_LEN = 512
@@ -99,7 +105,9 @@ def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
 
     Size and depth are checked before parsing (a deep document would exhaust the parser's
     recursion); NUL is refused anywhere in it (Postgres' JSON columns cannot hold it, and one
-    rule for every document is simpler to state).
+    rule for every document is simpler to state); so is a lone surrogate escape
+    (``"\\ud800"``: valid JSON text, but no character, so the canonical text has no UTF-8
+    form to store or hash).
     """
     text = text.strip() or default
     raw = len(text.encode())
@@ -120,7 +128,11 @@ def json_document(kind: str, text: str, *, limit: int = MAX_DOCUMENT_BYTES,
     if _holds_nul(value):
         raise InvalidArgument(f"{kind} holds a NUL character (\\u0000), which cannot be "
                               "stored", reason="NUL_CHARACTER")
-    size = len(canonical.encode())
+    try:
+        size = len(canonical.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{kind} is not valid JSON: {LONE_SURROGATE_PROBLEM}",
+                              reason="INVALID_JSON") from None
     if size > limit:
         raise _too_large(kind, size, limit, setting)
     return canonical

@@ -16,7 +16,13 @@ from sqlalchemy import inspect, select, text, update
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client._errors import EngramRpcError
-from services.artifacts.tables import ArtifactRow, EventRow
+from services.artifacts.tables import (
+    ArtifactRow,
+    EventRow,
+    EvidenceRow,
+    ManifestRow,
+    SnapshotRow,
+)
 from services.common.blobstore import BlobInfo, BlobStore
 from services.common.errors import InvalidArgument
 from tests.integration.artifacts.conftest import RunningArtifacts
@@ -283,6 +289,41 @@ def test_nan_and_infinity_are_invalid_argument_never_internal(
             assert "NaN" in caught.value.message
     assert client.get_run(run_id).event_count == 0
     assert _no_blobs(env) and _artifact_rows(env) == 0
+
+
+def test_a_lone_surrogate_escape_is_invalid_json_never_internal(
+        artifacts_server: RunningArtifacts) -> None:
+    """``"\\ud800"`` is valid JSON text (ASCII on the wire) but decodes to no character: its
+    canonical form has no UTF-8 bytes to store or hash (was INTERNAL, UnicodeEncodeError)."""
+    env = artifacts_server
+    run_id = _start(env)
+    client = env.client
+    calls: dict[str, Callable[[str], object]] = {
+        "metadata_json": lambda document: client.start_run("run-s", document),
+        "payload_json": lambda document: client.append_event(run_id, "step", document),
+        "state_json": lambda document: client.create_snapshot(run_id, document),
+        "content_json": client.create_manifest,
+        "upload metadata": lambda document: client.upload(
+            iter([b"x"]), run_id=run_id, step_id="s", name="a", metadata=document),
+        "evidence metadata": lambda document: client.create_evidence(
+            "corpus-a", "idx-1", "chunk-1", 0, 1, metadata=document),
+    }
+    for document in ('{"note": "\\ud800"}', '{"\\udfff": 1}', '{"list": ["ok", "x\\udc00y"]}'):
+        for field, call in calls.items():
+            with pytest.raises(EngramRpcError) as caught:
+                call(document)
+            assert (caught.value.code, caught.value.reason) == (
+                grpc.StatusCode.INVALID_ARGUMENT, "INVALID_JSON"), (field, document)
+            assert "lone surrogate" in caught.value.message
+    assert [r.run_id for r in client.list_runs()] == [run_id]
+    assert client.get_run(run_id).event_count == 0
+    assert _no_blobs(env) and _artifact_rows(env) == 0
+    with env.service.db.session() as session:
+        for table in (SnapshotRow, ManifestRow, EvidenceRow):
+            assert session.scalars(select(table)).all() == [], table.__tablename__
+    # a surrogate pair is one character (U+1F600), stored as such
+    paired = client.append_event(run_id, "step", '{"note": "\\ud83d\\ude00"}').event
+    assert json.loads(paired.payload_json) == {"note": "\U0001F600"}
 
 
 @pytest.mark.parametrize("name", ["../escape", "a/../../b", "/etc/passwd", "a//b"])

@@ -93,6 +93,14 @@ def test_nan_and_infinities_are_refused_as_invalid_json(text: str) -> None:
     assert caught.value.message.startswith("payload_json is not valid JSON: NaN")
 
 
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"note": "\\udfff"}', '{"\\udc00": 1}'])
+def test_a_lone_surrogate_escape_is_refused_as_invalid_json(text: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check.json_document("payload_json", text)
+    assert caught.value.reason == "INVALID_JSON"
+    assert "lone surrogate" in caught.value.message
+
+
 class _Lookups:
     def __init__(self, answers: list[Resolution]) -> None:
         self.answers = answers

@@ -36,6 +36,22 @@ def test_what_json_cannot_hold_is_invalid_json(text: str) -> None:
     assert bad.value.reason == "INVALID_JSON"
 
 
+@pytest.mark.parametrize("text", ['"\\ud800"', '{"note": "x\\udfffy"}', '{"\\udc00": 1}',
+                                  '[[["\\ude00\\ud83d"]]]', '{"a": {"b": ["ok", "\\ud83d"]}}'])
+def test_a_lone_surrogate_escape_is_invalid_json(text: str) -> None:
+    """Valid JSON text whose string decodes to no character: the value has no UTF-8 form, so
+    a caller encoding, storing or hashing it would fail (UnicodeEncodeError, INTERNAL)."""
+    with pytest.raises(InvalidArgument) as bad:
+        parse_json(text, "detail_json", max_bytes=1 << 20, setting="X")
+    assert bad.value.reason == "INVALID_JSON"
+    assert "lone surrogate" in bad.value.message
+
+
+def test_a_surrogate_pair_is_one_character() -> None:
+    value = parse_json('{"\\ud83d\\ude00": "\\ud83d\\ude00"}', "p", max_bytes=100, setting="X")
+    assert value == {"\U0001F600": "\U0001F600"}
+
+
 def test_size_is_checked_in_bytes() -> None:
     with pytest.raises(LimitExceeded):
         parse_json('"' + "é" * 6 + '"', "payload", max_bytes=10, setting="X")
