@@ -8,11 +8,13 @@ started again and the store's verify command is run:
   the two hashes); found by VerifyRecords of each id and SnapshotForRun(verify) of each run.
 - blobs: one byte of an artifact's blob file; found by VerifyArtifacts (`engram artifacts
   verify`).
-- events: the type or payload of one `events` row; found by ReplayEvents of its run (the event
-  hash chain).
+- events: the type, payload, salt or payload commitment of one `events` row (format 2, each
+  column in turn); found by ReplayEvents of its run (the event hash chain, each commitment
+  recomputed from payload and salt).
 - warm: one byte of a warm line, in a sealed segment file or an active line in the compactor
   DB; found by VerifyRun (`engram compactor verify RUN`).
-- snapshots: one byte of a `snapshots` row's state; VerifyArtifacts and every read re-hash it.
+- snapshots: one byte of a `snapshots` row's state or salt (format 2, in turn); VerifyArtifacts
+  and every read re-hash it.
 
 Criterion: 100% of the flipped items reported, 0 untouched items reported (no false alarm).
 100 flips in `make test` (40 records, 20 blobs, 15 events, 15 warm, 10 snapshots), 1,000 in
@@ -45,6 +47,8 @@ FLIPS = {"records": scale(40, 400), "blobs": scale(20, 200), "events": scale(15,
 PRINTABLE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 {}[]\":,.-_"
 RECORD_FIELDS = ("content", "agent_id", "run_id", "domain", "source", "tags_json",
                  "metadata_json", "content_hash", "record_hash")
+EVENT_FIELDS = ("type", "payload_json", "salt", "payload_commitment")
+SNAPSHOT_FIELDS = ("state_json", "salt")
 
 
 def flip_text(value: str, rng: random.Random) -> str:
@@ -155,9 +159,10 @@ def events(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[str]
                 art.append_event(run, f"tool.step{j}", {"tool": "search", "n": j,
                                                          "q": str(rng.random())})
     stack.stop_all()
+    _all_format_2(stack, "events", len(runs) * 5)
     flipped = set(rng.sample(runs, n))
-    for run in flipped:
-        flip_row(stack.db_path("artifacts"), "events", rng.choice(("type", "payload_json")),
+    for i, run in enumerate(sorted(flipped)):  # every column is flipped (n >= 4)
+        flip_row(stack.db_path("artifacts"), "events", EVENT_FIELDS[i % len(EVENT_FIELDS)],
                  "run_id=? AND seq=?", (run, rng.randrange(1, 6)), rng)
     stack.start("artifacts")
     reported = set()
@@ -169,6 +174,18 @@ def events(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[str]
                 assert error.code.name == "DATA_LOSS", error
                 reported.add(run)
     return flipped, reported
+
+
+def _all_format_2(stack: Stack, table: str, rows: int) -> None:
+    """Every row written is format 2, with a salt (and an event its payload commitment), so
+    the flips of those columns hit what they are meant to."""
+    with sqlite3.connect(stack.db_path("artifacts")) as conn:
+        (salted,) = conn.execute(f"SELECT count(*) FROM {table} WHERE format=2 "
+                                 "AND length(salt)=64").fetchone()
+        (committed,) = conn.execute("SELECT count(*) FROM events WHERE format=2 "
+                                    "AND length(payload_commitment)=64").fetchone()
+    assert salted == rows, (table, salted, rows)
+    assert table != "events" or committed == rows, (committed, rows)
 
 
 def warm(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[str]]:
@@ -212,9 +229,11 @@ def snapshots(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[s
             art.append_event(run, "tool.called", {"n": 1})
             art.create_snapshot(run, {"step": 1, "notes": f"state {rng.random()}"})
     stack.stop_all()
+    _all_format_2(stack, "snapshots", len(runs))
     flipped = set(rng.sample(runs, n))
-    for run in flipped:
-        flip_row(stack.db_path("artifacts"), "snapshots", "state_json", "run_id=?", (run,), rng)
+    for i, run in enumerate(sorted(flipped)):  # each column in turn
+        flip_row(stack.db_path("artifacts"), "snapshots",
+                 SNAPSHOT_FIELDS[i % len(SNAPSHOT_FIELDS)], "run_id=?", (run,), rng)
     stack.start("artifacts")
     with ArtifactsClient(stack.address("artifacts"), stack.token("flipper")) as art:
         report = art.verify()
