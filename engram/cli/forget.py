@@ -116,9 +116,9 @@ def forget(
                               "metadata key or value holds this text (case-insensitive); the "
                               "text itself is not recorded anywhere"),
     whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: also erase "
-                                    "whole every run whose events, snapshots, artifacts, "
-                                    "manifests, evidence or iteration log hold the text (they "
-                                    "cannot be erased item by item yet)"),
+                                    "whole every run whose metadata, stop reason, events, "
+                                    "snapshots, artifacts, manifests, evidence or iteration log "
+                                    "hold the text (they cannot be erased item by item yet)"),
     resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
                                "(after a service was down or a run was interrupted)"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
