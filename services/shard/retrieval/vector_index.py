@@ -202,10 +202,19 @@ class TieredVectorIndex:
             self._hnsw, self._store, self._exact = hnsw, store, None
 
     def remove(self, keys: Keys) -> None:
-        """Drop the vectors of ``keys`` (absent ones are skipped)."""
+        """Drop the vectors of ``keys`` (absent ones are skipped). Once removals (erasures)
+        take an HNSW-served index below half its threshold, it is exact again: a graph whose
+        removed nodes stay in it as filler serves a fleet that small worse than a scan. Half,
+        not the threshold itself, so a fleet near it does not rebuild its graph back and forth
+        as records are erased and written."""
         for index in (self._hnsw, self._store, self._exact):
             if index is not None:
                 index.remove(keys)
+        if self._store is not None and len(self._store) < self.threshold // 2:
+            exact = ExactVectorIndex(self.dimension)
+            kept_keys, kept_vectors = self._store.items()
+            exact.add([int(k) for k in kept_keys], kept_vectors.astype(np.float32))
+            self._exact, self._hnsw, self._store = exact, None, None
 
     def vectors(self, keys: Keys) -> Vectors:
         """The stored vectors of ``keys`` (each must have been added; KeyError otherwise)."""

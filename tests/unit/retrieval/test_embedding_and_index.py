@@ -116,6 +116,29 @@ def test_tiered_index_switches_to_hnsw_past_threshold_and_keeps_results() -> Non
     assert np.allclose(stored, data[[3, 110]], atol=1e-3)
 
 
+def test_tiered_index_is_exact_again_once_removals_take_it_below_half_its_threshold() -> None:
+    """Erasures shrink a fleet: below half the threshold its searches scan exactly again
+    (before, the graph, holding its removed nodes as filler, served it for good)."""
+    data = _clustered(120, 16, 3)
+    tiered = TieredVectorIndex(16, threshold=100)
+    tiered.add(list(range(120)), data)
+    tiered.remove(list(range(70)))  # 50 left: half the threshold, still a graph
+    assert tiered.approximate and len(tiered) == 50
+    tiered.remove([70])
+    assert not tiered.approximate and len(tiered) == 49
+    exact = ExactVectorIndex(16)
+    exact.add(list(range(71, 120)), data[71:])
+    for query in data[60:80]:
+        assert [k for k, _ in tiered.search(query, 5)] == [k for k, _ in exact.search(query, 5)]
+    assert np.allclose(tiered.vectors([71, 119]), data[[71, 119]], atol=1e-3)
+    tiered.remove([71])
+    assert tiered.search(data[71], 1)[0][0] != 71
+    tiered.add(list(range(200, 251)), data[:51])  # grows on: 99, still exact
+    assert not tiered.approximate and len(tiered) == 99
+    tiered.add([251], data[51:52])  # and is a graph again at the threshold
+    assert tiered.approximate and len(tiered) == 100
+
+
 def test_float16_hnsw_recall_against_exact_is_high() -> None:
     data = _clustered(2000, 32, 2)
     exact, tiered = ExactVectorIndex(32), TieredVectorIndex(32, threshold=1000)
