@@ -21,6 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session
 
+from services.common.commitment import new_salt
 from services.common.db import Database
 from services.common.errors import (
     Aborted,
@@ -272,7 +273,7 @@ class ShardService:
                         "(add one with UpsertDomain)", reason="UNKNOWN_DOMAIN"))
             else:
                 domain = route(draft.content, domains)
-            salt = records.new_salt()
+            salt = new_salt()
             prepared.append(Record(
                 id=ids[index],
                 fleet_id=fleet, run_id=draft.run_id, agent_id=agent, content=draft.content,

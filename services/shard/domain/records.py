@@ -27,6 +27,7 @@ import unicodedata
 from dataclasses import dataclass, field, replace
 
 from services.common.canonical import canonical_bytes
+from services.common.commitment import commitment as salted_commitment
 from services.common.errors import IntegrityError, InvalidArgument
 from services.common.limits import check_limit
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
@@ -101,13 +102,6 @@ class Tombstone:
 
 FORMAT = 2
 """The format of records written now."""
-_COMMIT_LABEL = b"engram-commit-v2\x1f"
-
-
-def new_salt() -> str:
-    return secrets.token_hex(32)
-
-
 def is_record_id(value: str) -> bool:
     """``ID_HEX_LEN`` lowercase hex digits, as every record id is."""
     return _RECORD_ID.fullmatch(value) is not None
@@ -131,9 +125,8 @@ def new_record_id() -> str:
 def body_commitment(salt: str, content: str, tags: tuple[str, ...],
                     metadata: dict[str, str]) -> str:
     """A salted commitment to what erasure deletes: without the salt it confirms no guess."""
-    body = canonical_bytes({"content": content, "tags": sorted(tags),
-                            "metadata": dict(sorted(metadata.items()))})
-    return hashlib.sha256(_COMMIT_LABEL + bytes.fromhex(salt) + body).hexdigest()
+    return salted_commitment(salt, canonical_bytes({
+        "content": content, "tags": sorted(tags), "metadata": dict(sorted(metadata.items()))}))
 
 
 def write_key(fleet_secret: bytes, run_id: str, agent_id: str, content: str) -> str:

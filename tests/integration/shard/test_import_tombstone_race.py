@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from services.common.commitment import new_salt
 from services.common.db import Database
 from services.common.erasure_source import ErasureOrder
 from services.common.errors import EngramError
@@ -51,7 +52,7 @@ def test_a_record_and_its_tombstone_are_never_both_stored(service: ShardService)
         id=records.new_record_id(), fleet_id="fleet-a", run_id="run-1", agent_id="scout-1",
         content=content, content_hash=records.content_hash(content), record_hash="",
         domain="insights", source="manual", importance=0.5, tags=(), metadata={},
-        cross_refs=(), created_us=1_700_000_000_000_000, format=2, salt=records.new_salt()))
+        cross_refs=(), created_us=1_700_000_000_000_000, format=2, salt=new_salt()))
     tombstone = Tombstone(
         id=record.id, fleet_id="fleet-a", run_id="run-1", agent_id="scout-1", format=2,
         body_commitment=record.body_commitment, record_hash=record.record_hash,

@@ -9,13 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from services.common.commitment import new_salt
 from services.common.errors import IntegrityError
 from services.shard.domain import records
 from services.shard.domain.records import Record, Tombstone
 
 
 def _v2(content: str = "the door code is 4-8-15", **fields: object) -> Record:
-    salt = records.new_salt()
+    salt = new_salt()
     base = Record(id=records.new_record_id(), fleet_id="f", run_id="r", agent_id="a",
                   content=content, content_hash=records.content_hash(content), record_hash="",
                   domain="insights", source="manual", importance=0.5, tags=("x",),
