@@ -183,6 +183,10 @@ def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:
     return type(exc) is Exception and status_code(context) not in (None, grpc.StatusCode.OK)
 
 
+STREAM_RECHECK_SECONDS = 1.0
+"""How often a response stream's caller is authorized again while the stream runs."""
+
+
 class AuthInterceptor(_BehaviorInterceptor):
     def __init__(self, authorizer: Authorizer) -> None:
         super().__init__()
@@ -193,23 +197,32 @@ class AuthInterceptor(_BehaviorInterceptor):
         if authorizer.is_public(method):
             return behavior
 
-        def authorize(context: grpc.ServicerContext) -> Any:
-            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
-            return bind_principal(authorizer.authorize(method, metadata))
+        def metadata_of(context: grpc.ServicerContext) -> dict[str, str]:
+            return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
 
         if streaming:
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                token = authorize(context)
+                metadata = metadata_of(context)
+                token = bind_principal(authorizer.authorize(method, metadata))
                 try:
-                    yield from behavior(request, context)
+                    checked = time.monotonic()
+                    for message in behavior(request, context):
+                        # A token revoked or expired, or its agent suspended, while the stream
+                        # runs: the stream ends there (TOKEN_REVOKED, TOKEN_EXPIRED...), not
+                        # when its data does. Checked against the verifier's cache and the
+                        # restrictions in memory: no call to governance.
+                        if time.monotonic() - checked >= STREAM_RECHECK_SECONDS:
+                            authorizer.authorize(method, metadata)
+                            checked = time.monotonic()
+                        yield message
                 finally:
                     unbind_principal(token)
 
             return stream
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            token = authorize(context)
+            token = bind_principal(authorizer.authorize(method, metadata_of(context)))
             try:
                 return behavior(request, context)
             finally:

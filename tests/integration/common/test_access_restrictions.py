@@ -14,6 +14,7 @@ import sqlalchemy
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.client import EngramRpcError
+from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
@@ -94,6 +95,29 @@ def test_a_revocation_is_its_fleets_alone(stack: Stack, governor: GovernanceClie
         _until(service, stack, token_b, REVOKED)
     verified = governor.verify_chain()  # both revocations replay from the chain
     assert verified.ok and not verified.problems, verified.problems
+
+
+def test_a_stream_open_when_its_token_is_revoked_ends_there(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    """Found by review: a response stream was authorized once, at its start, so a download
+    begun with a token revoked a moment later ran to its end. Now the stream's caller is
+    authorized again each second while it runs (STREAM_RECHECK_SECONDS)."""
+    token = make_token("agent-1", "fleet-a")
+    size = 16 * 1024 * 1024  # far more than gRPC's flow-control windows hold
+    with ArtifactsClient(stack.address("artifacts"), token) as agent:
+        agent.start_run("run-s")
+        stored = agent.upload((b"x" * (1 << 20) for _ in range(size >> 20)), run_id="run-s",
+                              step_id="s", name="big.bin")
+        _meta, chunks = agent.read(stored.artifact_id)
+        received = len(next(chunks))
+        claims = inspect_token(token)["claims"]
+        governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC))
+        time.sleep(BOUND + 1.0)  # the restrictions refreshed, and a recheck is due
+        with pytest.raises(EngramRpcError) as ended:
+            for chunk in chunks:
+                received += len(chunk)
+        assert (ended.value.code, ended.value.reason) == REVOKED
+        assert received < size
 
 
 def test_revoking_an_agent_refuses_its_older_tokens_everywhere(
