@@ -17,7 +17,7 @@ from services.shard.domain.records import RecordDraft
 from services.shard.retrieval.embedding import HashEmbedder
 from services.shard.search import index as index_module
 from services.shard.search import snapshot as snapshot_module
-from services.shard.search.fleet_index import ContextSettings
+from services.shard.search.fleet_index import ContextSettings, FleetIndex
 from services.shard.search.index import SearchIndex
 from services.shard.search.snapshot import (
     MAGIC,
@@ -238,3 +238,43 @@ def _rebuilt_index(database: Database) -> SearchIndex:
     index = SearchIndex(database, None)
     index.warm_up()
     return index
+
+
+def test_one_fleets_new_records_are_analysed_outside_the_lock_every_fleet_syncs_under(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the thread that synced analysed every fleet's new records under the
+    sync lock, which every search and write of every fleet takes, so one fleet's batch of 120
+    records of 32 KB (about 50 ms each) held another fleet's next search for 6 s. Here fleet
+    f's new record takes as long as the test likes to analyse: fleet g is searched meanwhile
+    (before, g's search waited for it)."""
+    database = _store(tmp_path / "shard.db")
+    _write(database, FIRST)
+    _write(database, LATER, OTHER)
+    index = SearchIndex(database, None)
+    index.warm_up()
+    analysing, release = threading.Event(), threading.Event()
+    add = FleetIndex.add
+
+    def slow_add(self: FleetIndex, record_id: str, run_id: str, text: str,
+                 *args: object, **kwargs: object) -> None:
+        if "bulky" in text:
+            analysing.set()
+            assert release.wait(30)
+        add(self, record_id, run_id, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FleetIndex, "add", slow_add)
+    _write(database, ["a bulky note for fleet f"])
+    searching_f = threading.Thread(target=lambda: index.search("f", "bulky", "lexical"))
+    searching_f.start()
+    try:
+        assert analysing.wait(30)
+        answered: list[object] = []
+        searching_g = threading.Thread(
+            target=lambda: answered.append(index.search("g", "garden", "lexical")))
+        searching_g.start()
+        searching_g.join(10)
+        assert answered and answered[0], "fleet g's search waited for fleet f's analysis"
+    finally:
+        release.set()
+        searching_f.join(30)
+    assert index.search("f", "bulky", "lexical")
