@@ -630,14 +630,16 @@ class ShardRepository:
         ).tuples()
         return [CrossRef(kind, target) for kind, target in rows]
 
-    def linking_to(self, session: Session, fleet_id: str, ids: Sequence[str]) -> list[str]:
-        """Records that reference any of ``ids`` (the reverse direction of a link)."""
+    def linking_to(self, session: Session, fleet_id: str, ids: Sequence[str],
+                   limit: int) -> list[str]:
+        """At most ``limit`` records that reference any of ``ids`` (the reverse direction of
+        a link): nothing bounds how many records may cite one record."""
         rows = session.scalars(
             select(LinkRow.source_id).where(
                 LinkRow.fleet_id == fleet_id,
                 LinkRow.target_kind == "record",
                 LinkRow.target.in_(list(ids)),
-            )
+            ).limit(limit)
         )
         return list(rows)
 

@@ -39,6 +39,9 @@ from services.shard.search.index import Duplicate, SearchIndex
 
 MAX_LIMIT = 100
 CROSS_DISCOUNT = 0.5
+CROSS_FAN_IN = 20
+"""Records linking to the direct hits read per result asked for: any number of records may
+cite one record, and a search with ``cross`` read them all (34,000 links: 1.8 s)."""
 _OVERFETCH = 4
 _MIN_CHUNK = 16  # candidate records loaded from the store at a time: limit x overfetch or this
 
@@ -156,7 +159,8 @@ class SearchEngine:
         ids = [hit.record.id for hit in hits]
         refs = self.repo.links_from(session, query.fleet_id, ids)
         linked_ids = {r.target for r in refs if r.kind == "record"}
-        linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids))
+        linked_ids.update(self.repo.linking_to(session, query.fleet_id, ids,
+                                               CROSS_FAN_IN * query.limit))
         # Linked records obey the query's filters too, and compacted originals stay out.
         linked = self.repo.by_ids(session, query.fleet_id, sorted(linked_ids - seen),
                                   exclude_compacted=True)
