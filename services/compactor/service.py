@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.common.blobstore import BlobStore
+from services.common.commitment import is_salt, new_salt
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -70,11 +71,11 @@ from services.compactor.domain.model import (
 )
 from services.compactor.domain.repairs import RepairBackoff
 from services.compactor.domain.warm_chain import (
+    LINE_FORMAT,
     ChainWalker,
     IterationInput,
     WarmLine,
-    canonical_detail_digest,
-    detail_digest,
+    detail_commitment,
     genesis_hash,
 )
 from services.compactor.repository import CompactorRepository, ConcurrentAppend
@@ -144,9 +145,10 @@ class IterationLog:
         item = item.validated(self.limits)
         if request_id:
             validate_request_id(request_id)
+        salt = new_salt()  # a format-2 line (docs/erasure.md)
         request = AppendRequest(fleet_id, run_id, item,
-                                canonical_detail_digest(item.detail_json, item.guardrails_json),
-                                request_id)
+                                detail_commitment(salt, item.detail_json, item.guardrails_json),
+                                request_id, salt=salt)
         outcome = self._submit(request)
         if outcome.plan is None:
             return self._existing(fleet_id, run_id, item, outcome.recorded_iteration,
@@ -203,10 +205,26 @@ class IterationLog:
         line = imported.line
         if line.iteration < 1:
             raise InvalidArgument(f"an imported iteration is >= 1, got {line.iteration}")
-        for name in ("detail_digest", "hash"):
+        if line.format not in (1, LINE_FORMAT) or (
+                line.format == 1 and (line.salt or line.summary_commitment)):
+            raise InvalidArgument(
+                f"iteration {line.iteration}: format {line.format} is not a warm line format "
+                "(1 without salt and commitment, or 2 with them)", reason="INVALID_FORMAT",
+                metadata={"iteration": str(line.iteration)})
+        hashes = ("detail_digest", "hash", "summary_commitment")
+        for name in hashes if line.format == LINE_FORMAT else hashes[:2]:
             if not _SHA256.fullmatch(getattr(line, name)):
                 raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
                                       "(64 lowercase hex characters)", reason="INVALID_HASH")
+        if line.format == LINE_FORMAT and not is_salt(line.salt):
+            raise InvalidArgument(f"iteration {line.iteration}: a format-2 line's salt is 64 "
+                                  "lowercase hex characters", reason="INVALID_SALT",
+                                  metadata={"iteration": str(line.iteration)})
+        if not line.intact():  # its summaryCommitment too, not only what the hash re-derives
+            raise InvalidArgument(
+                f"iteration {line.iteration}: its summary does not hash to its hash or its "
+                "commitment (altered)", reason="ITERATION_HASH_MISMATCH",
+                metadata={"iteration": str(line.iteration)})
         known = bool(imported.detail_json or imported.guardrails_json)
         item = IterationInput(
             iteration=line.iteration, plan_digest=line.plan_digest,
@@ -215,14 +233,13 @@ class IterationLog:
             risk_score=line.risk_score, status=line.status,
             detail_json=imported.detail_json or "null",
             guardrails_json=imported.guardrails_json or "null").validated(self.limits)
-        if known and canonical_detail_digest(item.detail_json, item.guardrails_json) != \
-                line.detail_digest:
+        if known and not line.commits_detail(item.detail_json, item.guardrails_json):
             raise InvalidArgument(
-                f"iteration {line.iteration}: its detail does not hash to its summary's "
-                "detail_digest (altered)", reason="DETAIL_DIGEST_MISMATCH",
-                metadata={"iteration": str(line.iteration)})
+                f"iteration {line.iteration}: its detail does not hash (format 1) or commit "
+                "(format 2, under its salt) to its summary's detail_digest (altered)",
+                reason="DETAIL_DIGEST_MISMATCH", metadata={"iteration": str(line.iteration)})
         return AppendRequest(fleet_id, run_id, item, line.detail_digest, detail_known=known,
-                             expected_hash=line.hash)
+                             expected_hash=line.hash, salt=line.salt)
 
     def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
         """The iteration is committed: a failed seal or snapshot is not a failed write."""
@@ -426,7 +443,7 @@ class IterationLog:
 
     @staticmethod
     def _check_detail(line: WarmLine, detail: str, guardrails: str, where: str) -> None:
-        if detail_digest(detail, guardrails) != line.detail_digest:
+        if not line.commits_detail(detail, guardrails):
             raise IntegrityError(f"detail of iteration {line.iteration} in {where} does not "
                                  "match the warm line's detailDigest", reason="DETAIL_TAMPERED")
 

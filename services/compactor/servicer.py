@@ -98,7 +98,8 @@ def summary_pb(line: WarmLine) -> pb.IterationSummary:
         start_time=_timestamp(line.start_ts), end_time=_timestamp(line.end_ts),
         files_touched=line.files_touched, net_add=line.net_add, net_del=line.net_del,
         risk_score=line.risk_score, status=line.status, detail_digest=line.detail_digest,
-        prev_hash=line.prev_hash, hash=line.hash)
+        prev_hash=line.prev_hash, hash=line.hash, format=line.format, salt=line.salt,
+        summary_commitment=line.summary_commitment)
 
 
 def summary_line(summary: pb.IterationSummary) -> WarmLine:
@@ -109,7 +110,9 @@ def summary_line(summary: pb.IterationSummary) -> WarmLine:
         end_ts=_timestamp_text(summary, "end_time"), files_touched=summary.files_touched,
         net_add=summary.net_add, net_del=summary.net_del, risk_score=summary.risk_score,
         status=summary.status, detail_digest=summary.detail_digest,
-        prev_hash=summary.prev_hash, hash=summary.hash)
+        prev_hash=summary.prev_hash, hash=summary.hash,
+        format=summary.format or 1,  # 0: a bundle made before formats were carried
+        salt=summary.salt, summary_commitment=summary.summary_commitment)
 
 
 def pin_pb(pin: Pin) -> pb.Pin:

@@ -34,7 +34,7 @@ POLICY_KIND_COMPACT: PolicyKind
 POLICY_KIND_RETENTION: PolicyKind
 
 class IterationSummary(_message.Message):
-    __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_digest", "prev_hash", "hash")
+    __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_digest", "prev_hash", "hash", "format", "salt", "summary_commitment")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PARENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,9 @@ class IterationSummary(_message.Message):
     DETAIL_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PREV_HASH_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     plan_digest: str
     parent_digest: str
@@ -61,7 +64,10 @@ class IterationSummary(_message.Message):
     detail_digest: str
     prev_hash: str
     hash: str
-    def __init__(self, iteration: _Optional[int] = ..., plan_digest: _Optional[str] = ..., parent_digest: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files_touched: _Optional[int] = ..., net_add: _Optional[int] = ..., net_del: _Optional[int] = ..., risk_score: _Optional[float] = ..., status: _Optional[str] = ..., detail_digest: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+    format: int
+    salt: str
+    summary_commitment: str
+    def __init__(self, iteration: _Optional[int] = ..., plan_digest: _Optional[str] = ..., parent_digest: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files_touched: _Optional[int] = ..., net_add: _Optional[int] = ..., net_del: _Optional[int] = ..., risk_score: _Optional[float] = ..., status: _Optional[str] = ..., detail_digest: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., summary_commitment: _Optional[str] = ...) -> None: ...
 
 class IterationInput(_message.Message):
     __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_json", "guardrails_json")

@@ -125,7 +125,10 @@ class CompactorServiceServicer:
         docs/bundle.md), in order, as they were there: each summary's hash must
         recompute and extend the run's stored warm log (prev_hash its head:
         INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
-        carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+        carried, must hash (format 1) or commit under the summary's salt (format 2)
+        to its detail_digest (DETAIL_DIGEST_MISMATCH); a format-2 summary's
+        summary_commitment must be its fields' under its salt (ITERATION_HASH_MISMATCH),
+        its salt 64 lowercase hex (INVALID_SALT), its format 1 or 2 (INVALID_FORMAT).
         An iteration without its detail (the origin kept only its summary) is
         recorded in the warm log only. An identical iteration already recorded
         counts as already_present; another one is ALREADY_EXISTS. Each iteration

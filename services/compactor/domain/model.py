@@ -96,12 +96,16 @@ class AppendRequest:
     run_id: str
     item: IterationInput
     detail_digest: str
+    """The line's ``detailDigest``: a commitment under ``salt`` (format 2), or the detail's
+    SHA-256 when ``salt`` is empty (a format-1 line imported as its origin chained it)."""
     request_id: str = ""
     detail_known: bool = True
     """False for an imported iteration whose origin kept only its summary: the warm log gets
     its line, the hot ring and the cold tier nothing (no detail to keep)."""
     expected_hash: str = ""
     """An imported iteration's hash at its origin: the line must come out the same."""
+    salt: str = ""
+    """The line's salt (format 2); empty for a format-1 line."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,7 @@ def plan_append(config: TierConfig, request: AppendRequest,
             f"not {iteration}", reason="ITERATION_OUT_OF_ORDER",
             metadata={"next_iteration": str(last + 1)})
     prev = head.head_hash if head else genesis_hash(fleet_id, run_id)
-    line = WarmLine.chained(item, iteration, prev, request.detail_digest)
+    line = WarmLine.chained(item, iteration, prev, request.detail_digest, request.salt)
     if request.expected_hash and line.hash != request.expected_hash:
         raise InvalidArgument(
             f"run {run_id}: imported iteration {iteration} does not hash to its summary's hash "

@@ -1,9 +1,18 @@
 """Warm summary lines and their hash chain (seed 003 plus the integrity follow-up).
 
 A line is the canonical JSON of the seed's fields plus ``detailDigest``,
-``prevHash`` and ``hash``; ``hash`` = SHA-256 over the canonical JSON of every
-other field, so each line commits to its predecessor. The first line's
+``prevHash`` and ``hash``; each line commits to its predecessor. The first line's
 ``prevHash`` is a run-specific genesis value: lines cannot be moved between runs.
+
+Two formats live side by side (``v``, absent in format 1; docs/erasure.md):
+
+- format 1 (lines recorded before salted commitments): ``detailDigest`` is the SHA-256 of the
+  canonical detail and guardrails, ``hash`` the SHA-256 of the canonical JSON of every other
+  field;
+- format 2: the line carries a random ``salt``; ``summaryCommitment`` commits to the seed's
+  fields and ``detailDigest`` to the detail (services/common/commitment.py), and ``hash`` is
+  the SHA-256 of the canonical ``{v, iter, prevHash, summaryCommitment, detailDigest}``, so
+  once a line and its salt are erased no kept hash confirms a guess of what it held.
 """
 
 from __future__ import annotations
@@ -16,11 +25,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.canonical import canonical_json
+from services.common.commitment import commitment, commits_to, is_salt
 from services.common.errors import InvalidArgument
 from services.common.limits import parse_json
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 
 _MAX_TEXT = 256
+LINE_FORMAT = 2
+"""The format new lines are recorded in."""
+_SUMMARY_KEYS = ("planDigest", "parentDigest", "startTs", "endTs", "filesTouched", "netAdd",
+                 "netDel", "riskScore", "status")
 
 
 def sha256_hex(data: str | bytes) -> str:
@@ -32,14 +46,35 @@ def genesis_hash(fleet_id: str, run_id: str) -> str:
     return sha256_hex(f"engram.compactor.v1/{fleet_id}/{run_id}")
 
 
+def detail_content(detail_json: str, guardrails_json: str) -> bytes:
+    """The canonical bytes a line's ``detailDigest`` covers (format 1 hashes them, format 2
+    commits to them)."""
+    return canonical_json({"detail": json.loads(detail_json),
+                           "guardrails": json.loads(guardrails_json)}).encode()
+
+
+def canonical_detail_content(detail_json: str, guardrails_json: str) -> bytes:
+    """``detail_content`` of values already in canonical form, without parsing them again."""
+    return f'{{"detail":{detail_json},"guardrails":{guardrails_json}}}'.encode()
+
+
 def detail_digest(detail_json: str, guardrails_json: str) -> str:
-    return sha256_hex(canonical_json({"detail": json.loads(detail_json),
-                                      "guardrails": json.loads(guardrails_json)}))
+    """A format-1 line's ``detailDigest``: the plain SHA-256 of the detail."""
+    return sha256_hex(detail_content(detail_json, guardrails_json))
 
 
 def canonical_detail_digest(detail_json: str, guardrails_json: str) -> str:
     """``detail_digest`` of values already in canonical form, without parsing them again."""
-    return sha256_hex(f'{{"detail":{detail_json},"guardrails":{guardrails_json}}}')
+    return sha256_hex(canonical_detail_content(detail_json, guardrails_json))
+
+
+def detail_commitment(salt: str, detail_json: str, guardrails_json: str) -> str:
+    """A format-2 line's ``detailDigest`` of canonical detail and guardrails under ``salt``."""
+    return commitment(salt, canonical_detail_content(detail_json, guardrails_json))
+
+
+def _summary_content(fields: dict[str, Any]) -> bytes:
+    return canonical_json({key: fields[key] for key in _SUMMARY_KEYS}).encode()
 
 
 def canonical_value(text: str, what: str, limits: LimitsSettings = LIMIT_DEFAULTS) -> str:
@@ -100,19 +135,40 @@ class WarmLine:
     risk_score: float
     status: str
     detail_digest: str
+    """Format 1: the detail's SHA-256; format 2: its commitment under ``salt``."""
     prev_hash: str
     hash: str
+    format: int = 1
+    salt: str = ""
+    """Format 2: 32 random bytes as hex, stored in the line (erased with it)."""
+    summary_commitment: str = ""
+    """Format 2: the commitment to the seed's fields under ``salt``."""
 
     @classmethod
     def chained(cls, item: IterationInput, iteration: int, prev_hash: str,
-                digest: str | None = None) -> WarmLine:
+                digest: str | None = None, salt: str = "") -> WarmLine:
+        """The line recording ``item`` after ``prev_hash``: format 2 under ``salt``, format 1
+        without one. ``digest`` is the line's ``detailDigest`` when the caller has it (an
+        imported line whose detail is gone)."""
         if digest is None:
-            digest = detail_digest(item.detail_json, item.guardrails_json)
+            digest = (detail_commitment(salt, item.detail_json, item.guardrails_json) if salt
+                      else detail_digest(item.detail_json, item.guardrails_json))
         body = _body(iteration, item, digest, prev_hash)
-        return cls.from_dict({**body, "hash": sha256_hex(canonical_json(body))})
+        if not salt:
+            return cls.from_dict({**body, "hash": sha256_hex(canonical_json(body))})
+        body = {**body, "v": LINE_FORMAT, "salt": salt,
+                "summaryCommitment": commitment(salt, _summary_content(body))}
+        return cls.from_dict({**body, "hash": sha256_hex(canonical_json(_linked(body)))})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WarmLine:
+        """The line ``data`` holds; raises ``ValueError`` for an unknown format, a format-1
+        line carrying format-2 fields or a format-2 line without them."""
+        line_format = data.get("v", 1)
+        if type(line_format) is not int or line_format not in (1, LINE_FORMAT):
+            raise ValueError(f"unknown warm line format {line_format!r}")
+        if line_format == 1 and ("salt" in data or "summaryCommitment" in data):
+            raise ValueError("a format-1 warm line carries no salt or commitment")
         return cls(
             iteration=int(data["iter"]), plan_digest=str(data["planDigest"]),
             parent_digest=str(data["parentDigest"]), start_ts=str(data["startTs"]),
@@ -120,7 +176,10 @@ class WarmLine:
             net_add=int(data["netAdd"]), net_del=int(data["netDel"]),
             risk_score=float(data["riskScore"]), status=str(data["status"]),
             detail_digest=str(data["detailDigest"]), prev_hash=str(data["prevHash"]),
-            hash=str(data["hash"]),
+            hash=str(data["hash"]), format=line_format,
+            salt=str(data["salt"]) if line_format == LINE_FORMAT else "",
+            summary_commitment=(str(data["summaryCommitment"]) if line_format == LINE_FORMAT
+                                else ""),
         )
 
     @classmethod
@@ -132,29 +191,53 @@ class WarmLine:
             raise ValueError(f"not a warm summary line: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        fields: dict[str, Any] = {
             "iter": self.iteration, "planDigest": self.plan_digest,
             "parentDigest": self.parent_digest, "startTs": self.start_ts, "endTs": self.end_ts,
             "filesTouched": self.files_touched, "netAdd": self.net_add, "netDel": self.net_del,
             "riskScore": self.risk_score, "status": self.status,
             "detailDigest": self.detail_digest, "prevHash": self.prev_hash, "hash": self.hash,
         }
+        if self.format != 1:
+            fields.update(v=self.format, salt=self.salt,
+                          summaryCommitment=self.summary_commitment)
+        return fields
 
     def text(self) -> str:
         """The JSONL line, without its newline."""
         return canonical_json(self.to_dict())
 
     def computed_hash(self) -> str:
+        """The hash the line's fields give: format 1 over every field, format 2 over the
+        chained ones (its commitments as stored; :meth:`intact` re-derives them)."""
         body = self.to_dict()
         del body["hash"]
-        return sha256_hex(canonical_json(body))
+        return sha256_hex(canonical_json(body if self.format == 1 else _linked(body)))
+
+    def intact(self) -> bool:
+        """Whether the line's fields give its hash; for format 2 also whether the seed's fields
+        and the salt give its summaryCommitment (a change to either, to the commitment, or a
+        salt that is not 64 lowercase hex is not intact)."""
+        if self.computed_hash() != self.hash:
+            return False
+        return self.format == 1 or commits_to(self.salt, _summary_content(self.to_dict()),
+                                              self.summary_commitment)
+
+    def commits_detail(self, detail_json: str, guardrails_json: str) -> bool:
+        """Whether the detail and guardrails (JSON values) are what ``detailDigest`` covers."""
+        try:
+            content = detail_content(detail_json, guardrails_json)
+        except ValueError:
+            return False
+        if self.format == 1:
+            return sha256_hex(content) == self.detail_digest
+        return commits_to(self.salt, content, self.detail_digest)
 
     def same_content(self, item: IterationInput) -> bool:
         """Whether ``item`` is what this line recorded (a retry, not a conflict)."""
-        mine = self.to_dict()
-        theirs = _body(self.iteration, item,
-                       detail_digest(item.detail_json, item.guardrails_json), self.prev_hash)
-        return all(mine[k] == v for k, v in theirs.items())
+        theirs = WarmLine.chained(item, self.iteration, self.prev_hash, salt=self.salt) \
+            if self.format == 1 or is_salt(self.salt) else None
+        return theirs is not None and theirs.to_dict() == self.to_dict()
 
 
 def _body(iteration: int, item: IterationInput, digest: str, prev_hash: str) -> dict[str, Any]:
@@ -164,6 +247,12 @@ def _body(iteration: int, item: IterationInput, digest: str, prev_hash: str) -> 
         "netAdd": item.net_add, "netDel": item.net_del, "riskScore": float(item.risk_score),
         "status": item.status, "detailDigest": digest, "prevHash": prev_hash,
     }
+
+
+def _linked(body: dict[str, Any]) -> dict[str, Any]:
+    """What a format-2 line's hash covers: its place in the chain and its commitments."""
+    return {key: body[key]
+            for key in ("v", "iter", "prevHash", "summaryCommitment", "detailDigest")}
 
 
 @dataclass(frozen=True)
@@ -196,10 +285,10 @@ class ChainWalker:
             self.problems.append(ChainProblem(
                 location, f"expected iteration {self.expected_iter}, found {line.iteration} "
                 "(a line was deleted, duplicated or reordered)"))
-        if line.computed_hash() != line.hash:
+        if not line.intact():
             self.problems.append(ChainProblem(
                 location, f"iteration {line.iteration}: line content does not match its hash "
-                "(tampered)"))
+                "or its commitment (tampered)"))
         if line.prev_hash != self.expected_prev:
             self.problems.append(ChainProblem(
                 location, f"iteration {line.iteration}: prevHash does not link to the line "

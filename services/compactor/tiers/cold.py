@@ -14,7 +14,6 @@ from services.compactor.domain.blob_layout import (
     snapshot_payload,
 )
 from services.compactor.domain.model import HotEntry, SnapshotInfo
-from services.compactor.domain.warm_chain import detail_digest
 from services.compactor.tiers.steps import StepHook, StoredBlob, hooked, load, put_once
 
 
@@ -67,8 +66,8 @@ class ColdArchive:
                 continue
             if hashes.get(snapshot.iteration) != content.summary.hash:
                 problems.append((where, "its summary is not the warm log's line"))
-            elif detail_digest(content.detail_json, content.guardrails_json) != \
-                    content.summary.detail_digest:
+            elif not content.summary.commits_detail(content.detail_json,
+                                                    content.guardrails_json):
                 problems.append((where, "its detail does not match the line's detailDigest"))
         return problems
 

@@ -62,7 +62,15 @@ def test_export_carries_every_kind_and_only_its_fleet(
         assert {s["format"] for s in snapshots} == {2}
         assert all(s["state_hash"] == commitment(s["salt"], s["state_json"].encode())
                    for s in snapshots)
-        assert [i["iteration"] for i in reader.rows("iterations")] == ["1", "2"]
+        iterations = list(reader.rows("iterations"))
+        assert [i["iteration"] for i in iterations] == ["1", "2"]
+        for line in iterations:  # a warm line's salt and commitments travel with it too
+            assert line["format"] == 2 and len(line["salt"]) == 64
+            assert len(line["summary_commitment"]) == 64
+            if line.get("detail_json"):
+                assert line["detail_digest"] == commitment(line["salt"], (
+                    f'{{"detail":{line["detail_json"]},'
+                    f'"guardrails":{line["guardrails_json"]}}}').encode())
 
 
 def test_a_domain_created_while_records_are_listed_comes_with_its_record(

@@ -23,7 +23,7 @@ F, R = "fleet-a", "run-v"
 
 @pytest.fixture
 def log(make_log: LogFactory) -> IterationLog:
-    built = make_log(rotate_bytes=1500, snapshot_every=5, keep_snapshots=10)
+    built = make_log(rotate_bytes=2500, snapshot_every=5, keep_snapshots=10)
     for n in range(1, 31):
         built.record(F, R, make_iteration(n))
     assert built.verify(F, R).ok

@@ -130,12 +130,36 @@ export interface IterationSummary {
   netDel: number;
   riskScore: number;
   status: string;
-  /** SHA-256 (hex) of the canonical full detail and guardrail outputs. */
+  /**
+   * Format 1: SHA-256 (hex) of the canonical full detail and guardrail
+   * outputs. Format 2: their salted commitment, SHA-256("engram-commit-v2"
+   * 0x1f || salt || canonical {detail, guardrails}) (docs/erasure.md).
+   */
   detailDigest: string;
   /** Hash of the previous line (a run-specific genesis value for the first). */
   prevHash: string;
-  /** SHA-256 (hex) over prev_hash and this line's canonical JSON. */
+  /**
+   * Format 1: SHA-256 (hex) over prev_hash and this line's canonical JSON.
+   * Format 2: SHA-256 (hex) of the canonical {v, iter, prevHash,
+   * summaryCommitment, detailDigest}: commitments only, no content.
+   */
   hash: string;
+  /**
+   * The line's format: 2 for lines recorded since salted commitments, 1 for
+   * older ones (0, from a bundle made before this field, means 1).
+   */
+  format: number;
+  /**
+   * Format 2: 32 random bytes as 64 lowercase hex characters; erased with the
+   * line, after which no kept hash confirms a guess of its content.
+   */
+  salt: string;
+  /**
+   * Format 2: the salted commitment to the seed's fields (plan_digest through
+   * status, as the canonical JSON of the line's planDigest, parentDigest,
+   * startTs, endTs, filesTouched, netAdd, netDel, riskScore, status).
+   */
+  summaryCommitment: string;
 }
 
 export interface IterationInput {
@@ -405,6 +429,9 @@ function createBaseIterationSummary(): IterationSummary {
     detailDigest: "",
     prevHash: "",
     hash: "",
+    format: 0,
+    salt: "",
+    summaryCommitment: "",
   };
 }
 
@@ -448,6 +475,15 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     }
     if (message.hash !== "") {
       writer.uint32(106).string(message.hash);
+    }
+    if (message.format !== 0) {
+      writer.uint32(112).int32(message.format);
+    }
+    if (message.salt !== "") {
+      writer.uint32(122).string(message.salt);
+    }
+    if (message.summaryCommitment !== "") {
+      writer.uint32(130).string(message.summaryCommitment);
     }
     return writer;
   },
@@ -569,6 +605,30 @@ export const IterationSummary: MessageFns<IterationSummary> = {
             message.hash = reader.string();
             continue;
           }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.format = reader.int32();
+            continue;
+          }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.salt = reader.string();
+            continue;
+          }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.summaryCommitment = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -636,6 +696,13 @@ export const IterationSummary: MessageFns<IterationSummary> = {
         ? globalThis.String(object.prev_hash)
         : "",
       hash: isSet(object.hash) ? globalThis.String(object.hash) : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
+      summaryCommitment: isSet(object.summaryCommitment)
+        ? globalThis.String(object.summaryCommitment)
+        : isSet(object.summary_commitment)
+        ? globalThis.String(object.summary_commitment)
+        : "",
     };
   },
 
@@ -680,6 +747,15 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     if (message.hash !== "") {
       obj.hash = message.hash;
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.salt !== "") {
+      obj.salt = message.salt;
+    }
+    if (message.summaryCommitment !== "") {
+      obj.summaryCommitment = message.summaryCommitment;
+    }
     return obj;
   },
 
@@ -701,6 +777,9 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     message.detailDigest = object.detailDigest ?? "";
     message.prevHash = object.prevHash ?? "";
     message.hash = object.hash ?? "";
+    message.format = object.format ?? 0;
+    message.salt = object.salt ?? "";
+    message.summaryCommitment = object.summaryCommitment ?? "";
     return message;
   },
 };
@@ -4610,7 +4689,10 @@ export const CompactorServiceService = {
    * docs/bundle.md), in order, as they were there: each summary's hash must
    * recompute and extend the run's stored warm log (prev_hash its head:
    * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
-   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * carried, must hash (format 1) or commit under the summary's salt (format 2)
+   * to its detail_digest (DETAIL_DIGEST_MISMATCH); a format-2 summary's
+   * summary_commitment must be its fields' under its salt (ITERATION_HASH_MISMATCH),
+   * its salt 64 lowercase hex (INVALID_SALT), its format 1 or 2 (INVALID_FORMAT).
    * An iteration without its detail (the origin kept only its summary) is
    * recorded in the warm log only. An identical iteration already recorded
    * counts as already_present; another one is ALREADY_EXISTS. Each iteration
@@ -4777,7 +4859,10 @@ export interface CompactorServiceServer extends UntypedServiceImplementation {
    * docs/bundle.md), in order, as they were there: each summary's hash must
    * recompute and extend the run's stored warm log (prev_hash its head:
    * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
-   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * carried, must hash (format 1) or commit under the summary's salt (format 2)
+   * to its detail_digest (DETAIL_DIGEST_MISMATCH); a format-2 summary's
+   * summary_commitment must be its fields' under its salt (ITERATION_HASH_MISMATCH),
+   * its salt 64 lowercase hex (INVALID_SALT), its format 1 or 2 (INVALID_FORMAT).
    * An iteration without its detail (the origin kept only its summary) is
    * recorded in the warm log only. An identical iteration already recorded
    * counts as already_present; another one is ALREADY_EXISTS. Each iteration
@@ -4853,7 +4938,10 @@ export interface CompactorServiceClient extends Client {
    * docs/bundle.md), in order, as they were there: each summary's hash must
    * recompute and extend the run's stored warm log (prev_hash its head:
    * INVALID_ARGUMENT ITERATION_HASH_MISMATCH otherwise), and a detail, when
-   * carried, must hash to the summary's detail_digest (DETAIL_DIGEST_MISMATCH).
+   * carried, must hash (format 1) or commit under the summary's salt (format 2)
+   * to its detail_digest (DETAIL_DIGEST_MISMATCH); a format-2 summary's
+   * summary_commitment must be its fields' under its salt (ITERATION_HASH_MISMATCH),
+   * its salt 64 lowercase hex (INVALID_SALT), its format 1 or 2 (INVALID_FORMAT).
    * An iteration without its detail (the origin kept only its summary) is
    * recorded in the warm log only. An identical iteration already recorded
    * counts as already_present; another one is ALREADY_EXISTS. Each iteration
