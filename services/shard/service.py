@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from services.common.commitment import new_salt
 from services.common.db import Database
+from services.common.erasure_source import TextScans, still_wanted
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -144,6 +145,9 @@ class ShardService:
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
         self.written = Tally()
+        self.whole_fleet_checks = TextScans()
+        """``VerifyRecords`` with ``all`` re-hashes every record of a fleet (about 50 µs each):
+        at most two at once on a replica (SCAN_BUSY beyond), each stopped when its caller goes."""
         self.erased = Tally()
         """Records erased (engram forget), by kind: record, or a summary that quoted one."""
         """Records stored by committed writes (not those a retry or a duplicate found)."""
@@ -737,10 +741,18 @@ class ShardService:
 
     # -- integrity ----------------------------------------------------------
 
-    def verify(self, principal: Principal, ids: Sequence[str], everything: bool) -> VerifyReport:
+    def verify(self, principal: Principal, ids: Sequence[str], everything: bool,
+               active: Callable[[], bool] = lambda: True) -> VerifyReport:
         if not ids and not everything:
             raise InvalidArgument("name record ids to verify, or ask for all",
                                   reason="NOTHING_TO_VERIFY")
+        if everything:
+            with self.whole_fleet_checks.slot("verifying every record of the fleet"):
+                return self._verify(principal, ids, everything, active)
+        return self._verify(principal, ids, everything, active)
+
+    def _verify(self, principal: Principal, ids: Sequence[str], everything: bool,
+                active: Callable[[], bool]) -> VerifyReport:
         check_limit("ids to verify", len(ids), self.limits.batch_items,
                     "ENGRAM_LIMITS_BATCH_ITEMS", "ids")
         for record_id in ids:
@@ -765,6 +777,8 @@ class ShardService:
                 source = iter(found[i] for i in dict.fromkeys(ids) if i in found)
             for record in source:
                 checked += 1
+                if checked % 1000 == 0:
+                    still_wanted(active)
                 if isinstance(record, IntegrityError):
                     failures.append(record)
                     continue

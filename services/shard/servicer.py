@@ -382,7 +382,8 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def VerifyRecords(
         self, request: pb.VerifyRecordsRequest, context: Any
     ) -> pb.VerifyRecordsResponse:
-        report = self.service.verify(current_principal(), list(request.ids), request.all)
+        report = self.service.verify(current_principal(), list(request.ids), request.all,
+                                     context.is_active)
         return pb.VerifyRecordsResponse(
             checked=report.checked, tombstoned=report.tombstoned,
             failures=[

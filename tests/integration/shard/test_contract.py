@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import grpc
@@ -10,6 +11,7 @@ import pytest
 
 from engram.client import EngramRpcError, ShardClient, record_input
 from engram.shard.v1 import shard_service_pb2 as pb
+from services.shard.domain import records
 from services.shard.search.engine import CROSS_FAN_IN
 from services.shard.service import ShardService
 from tests.integration.shard.conftest import ClientFactory
@@ -110,6 +112,43 @@ def test_a_cross_search_reads_a_bounded_number_of_records_citing_a_hit(
     assert hits[0].record.id == target.id
     assert [h.via for h in hits[1:]] == ["cross_ref", "cross_ref"]
     assert max(asked) <= CROSS_FAN_IN * 2  # not 150
+
+
+def test_whole_fleet_verifications_take_a_scan_slot(
+        client_for: ClientFactory, shard: tuple[str, ShardService],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: VerifyRecords with all re-hashes every record of the fleet (about
+    50 µs each: a minute at 1M records) for one read of any agent's budget, as many at once as
+    it liked. Now at most two run on a replica; a third is RESOURCE_EXHAUSTED SCAN_BUSY."""
+    agent = client_for("agent-1", "fleet-a")
+    stored = agent.add("one record to verify").record
+    started, release = threading.Semaphore(0), threading.Event()
+    verify = records.verify
+
+    def held(record):  # type: ignore[no-untyped-def]
+        started.release()
+        assert release.wait(30)
+        return verify(record)
+
+    monkeypatch.setattr(records, "verify", held)
+    answers: list[int] = []
+    running = [threading.Thread(
+        target=lambda: answers.append(agent.verify(all_records=True).checked)) for _ in range(2)]
+    for thread in running:
+        thread.start()
+    try:
+        for _ in running:
+            assert started.acquire(timeout=30)
+        with pytest.raises(EngramRpcError) as busy:
+            agent.verify(all_records=True)
+        assert (busy.value.code, busy.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                         "SCAN_BUSY")
+    finally:
+        release.set()
+        for thread in running:
+            thread.join(30)
+    assert answers == [1, 1]
+    assert agent.verify(all_records=True).checked == 1 and agent.verify([stored.id]).checked == 1
 
 
 def test_links_stay_in_the_fleet(client_for: ClientFactory) -> None:
