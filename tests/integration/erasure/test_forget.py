@@ -3,9 +3,10 @@ record's content, another's tag, another's metadata, a compaction summary quotin
 and in a run's record, event payload, snapshot state, artifact blob, manifest, evidence and
 iteration detail is gone afterwards from every byte under the data directories and
 $ENGRAM_HOME (database files and their WAL, blobs, segments, the index snapshot) and from
-every shard table, and so is every hash that would confirm a guess of the run's event payload
-or snapshot state without their salts (their plain SHA-256, the event's link as a chain over
-the payload itself would make it: the run tombstone keeps the head hash); searches and reads
+every shard table, and so is every hash that would confirm a guess of the run's event payload,
+snapshot state or iteration log without their salts (their plain SHA-256, the event's link as
+a chain over the payload itself would make it, the iteration log's head as a chain over the
+lines' content would: the run tombstones keep the head hashes); searches and reads
 no longer return it; verification passes and counts the tombstones; the erasure is a verified
 governance chain entry; a dry run changes nothing; an agent is refused; a second forget erases
 nothing more; an unrelated record survives."""
@@ -31,9 +32,18 @@ from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.artifacts.domain.chain import event_hash
+from services.common.canonical import canonical_json
 from services.common.db import normalize_url
+from services.compactor.domain.warm_chain import (
+    IterationInput,
+    WarmLine,
+    detail_digest,
+    genesis_hash,
+)
+from services.compactor.servicer import summary_line
 from services.shard.compaction import MemoryCompactor
 from services.shard.erasure import RecordEraser
 from services.shard.service import ShardService
@@ -93,6 +103,23 @@ def _guessable_hashes(event: apb.Event, snapshot: apb.Snapshot) -> list[str]:
                        agent_id=event.agent_id, created_us=event.create_time.ToMicroseconds())]
 
 
+def _guessable_log(run_id: str, lines: list[cpb.IterationSummary], detail: object) -> list[str]:
+    """What a guess of an iteration log (each line's fields and ``detail``) confirms without
+    its salts: the detail's plain SHA-256 (a format-1 detailDigest), and the log's head as a
+    chain over the lines' content (format 1) would make it, which the run tombstone would keep."""
+    detail_json = canonical_json(detail)
+    prev = genesis_hash(FLEET, run_id)
+    for summary in lines:
+        kept = summary_line(summary)
+        prev = WarmLine.chained(IterationInput(
+            iteration=kept.iteration, plan_digest=kept.plan_digest,
+            parent_digest=kept.parent_digest, start_ts=kept.start_ts, end_ts=kept.end_ts,
+            files_touched=kept.files_touched, net_add=kept.net_add, net_del=kept.net_del,
+            risk_score=kept.risk_score, status=kept.status, detail_json=detail_json,
+            guardrails_json="null"), kept.iteration, prev).hash
+    return [detail_digest(detail_json, "null"), prev]
+
+
 @pytest.mark.parametrize("others", [0, 24], ids=["index-rebuilt", "index-in-place"])
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_forget_leaves_no_byte_of_the_marker(
@@ -131,14 +158,13 @@ def test_forget_leaves_no_byte_of_the_marker(
                                 artifact_id=uploaded.artifact_id,
                                 metadata={"quote": marker})
         with CompactorClient(stack.compactor.address, agent) as comp:
-            for n in range(1, 31):  # 25 makes a cold snapshot (a gzip blob) with the detail
-                comp.record("run-9", iteration_from_json(
-                    {"iter": n, "planDigest": f"p{n}", "status": "ok",
-                     "detail": {"said": marker}}))
-            for n in range(1, 3):  # a run only the compactor knows
-                comp.record("run-10", iteration_from_json(
-                    {"iter": n, "planDigest": f"q{n}", "status": "ok",
-                     "detail": {"quoted": marker.upper()}}))
+            # 25 makes a cold snapshot (a gzip blob) with the detail
+            lines9 = [comp.record("run-9", iteration_from_json(
+                {"iter": n, "planDigest": f"p{n}", "status": "ok",
+                 "detail": {"said": marker}})).summary for n in range(1, 31)]
+            lines10 = [comp.record("run-10", iteration_from_json(  # a run only the compactor
+                {"iter": n, "planDigest": f"q{n}", "status": "ok",  # knows
+                 "detail": {"quoted": marker.upper()}})).summary for n in range(1, 3)]
         with ShardClient(stack.shard.address, admin) as shard:
             summaries = shard.compact(importance_below=0.35, older_than_days=0).groups
             assert any(marker in g.summary.content for g in summaries)
@@ -146,9 +172,13 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert quoted.format == 2 and quoted.salt and quoted.body_commitment
 
         assert event.format == 2 and event.salt and snapshot.format == 2 and snapshot.salt
+        assert all(line.format == 2 and line.salt for line in lines9 + lines10)
+        line_salts = [line.salt for line in lines9 + lines10]
         needles = [marker, hashlib.sha256(planted.encode()).hexdigest(),
                    *_guessable_hashes(event, snapshot),
-                   event.salt, snapshot.salt]  # erased with the rows that hold them
+                   *_guessable_log("run-9", lines9, {"said": marker}),
+                   *_guessable_log("run-10", lines10, {"quoted": marker.upper()}),
+                   event.salt, snapshot.salt, *line_salts]  # erased with what holds them
         if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -163,6 +193,11 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert {hit.rsplit(": ", 1)[1] for hit in (
             _files_holding([data], [salt.encode() for salt in salts]) if backend == "sqlite"
             else _tables_holding(urls["artifacts"], salts))} == set(salts)
+        # the lines' salts are in the compactor's store (database, segments, snapshots)
+        found = _files_holding([data], [salt.encode() for salt in line_salts])
+        if backend == "postgres":
+            found += _tables_holding(urls["compactor"], line_salts)
+        assert {hit.rsplit(": ", 1)[1] for hit in found} == set(line_salts)
 
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
