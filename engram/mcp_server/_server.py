@@ -78,6 +78,9 @@ class RecallFilters(BaseModel):
         return self.model_dump(exclude_defaults=True)
 
 
+VERIFY_PART = 500
+"""Record ids a verify_run sends in one VerifyRecords (the shard takes up to its
+ENGRAM_LIMITS_BATCH_ITEMS, 1,000 by default)."""
 RECALL_ARGUMENTS = frozenset({"query", "limit", "run_id", "domain", "cross", "mode"})
 """``ShardClient.search`` parameters that `recall` takes as its own arguments; every other
 parameter is a filter and must be a field of ``RecallFilters`` (a unit test checks it)."""
@@ -229,11 +232,18 @@ def build_mcp_server(backends: Backends, tokens: TokenSource) -> MCPServer:
                 if error.code != grpc.StatusCode.DATA_LOSS:
                     raise
                 tampered = error
-            # The snapshot stops at the first bad record; VerifyRecords reports them all.
-            report = shard.verify([record.id for record in shard.snapshot(run, verify=False)])
-        failures = [message_dict(failure) for failure in report.failures] or [
+            # The snapshot stops at the first bad record; VerifyRecords reports them all, in
+            # parts the shard takes (a run may hold more than one call's ids).
+            ids = (record.id for record in shard.snapshot(run, verify=False))
+            checked = 0
+            found: list[Any] = []
+            while part := list(islice(ids, VERIFY_PART)):
+                report = shard.verify(part)
+                checked += report.checked
+                found.extend(report.failures)
+        failures = [message_dict(failure) for failure in found] or [
             {"id": tampered.metadata.get("record_id", ""), "detail": error_text(tampered)}]
-        return {"run_id": run, "checked": report.checked, "ok": False, "failures": failures}
+        return {"run_id": run, "checked": checked, "ok": False, "failures": failures}
 
     @server.tool(title="Start a run", annotations=writes)
     def start_run(
