@@ -142,6 +142,10 @@ def reconstruction_pb(view: Reconstruction) -> pb.ReconstructIterationResponse:
         base_iteration=view.base_iteration, trail=[summary_pb(x) for x in view.trail])
 
 
+RECENT_PAGE_BYTES = 16 * 1024 * 1024
+"""What one ListRecentIterations page holds at most (the SDK receives up to 64 MiB)."""
+
+
 def _run_id(run_id: str) -> str:
     return validate_identifier("run_id", run_id)
 
@@ -207,11 +211,15 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
                              context: grpc.ServicerContext) -> pb.ListRecentIterationsResponse:
         fleet = current_principal().fleet_id
         run_id = _run_id(request.run_id)
+        # A detail and its guardrails may each be ENGRAM_LIMITS_JSON_BYTES (4 MiB): a page
+        # of 1,000 of them was far past any message limit, so a page stops at a byte budget
+        # too (its first iteration always goes).
         rows, token = self._pages.paginate(
             request.page_token, request.page_size, {"run": run_id, "fleet": fleet},
             lambda below, limit: self._log.recent(fleet, run_id,
                                                   int(below[0]) if below else None, limit),
-            lambda row: [row[0].iteration])
+            lambda row: [row[0].iteration],
+            lambda row: len(row[1]) + len(row[2]) + 1024, RECENT_PAGE_BYTES)
         return pb.ListRecentIterationsResponse(
             iterations=[pb.HotIteration(summary=summary_pb(line), detail_json=detail,
                                         guardrails_json=guard) for line, detail, guard in rows],

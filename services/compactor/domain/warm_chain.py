@@ -27,7 +27,7 @@ from typing import Any
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, commits_to, is_salt
 from services.common.errors import InvalidArgument
-from services.common.limits import parse_json
+from services.common.limits import check_limit, parse_json
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 
 _MAX_TEXT = 256
@@ -78,10 +78,15 @@ def _summary_content(fields: dict[str, Any]) -> bytes:
 
 
 def canonical_value(text: str, what: str, limits: LimitsSettings = LIMIT_DEFAULTS) -> str:
-    """Parse a JSON value within the size and depth limits and return its canonical text."""
-    return canonical_json(parse_json(text or "null", what, max_bytes=limits.json_bytes,
-                                     setting="ENGRAM_LIMITS_JSON_BYTES",
-                                     max_depth=limits.json_depth))
+    """Parse a JSON value within the size and depth limits and return its canonical text,
+    which is held to the size limit too: canonical numbers can be several times longer than
+    sent (``1e15`` is ``1000000000000000.0``), and a 3.8 MiB detail was stored as 15 MB."""
+    canonical = canonical_json(parse_json(text or "null", what, max_bytes=limits.json_bytes,
+                                          setting="ENGRAM_LIMITS_JSON_BYTES",
+                                          max_depth=limits.json_depth))
+    check_limit(f"{what} in canonical form", len(canonical.encode()), limits.json_bytes,
+                "ENGRAM_LIMITS_JSON_BYTES", "bytes")
+    return canonical
 
 
 @dataclass(frozen=True)

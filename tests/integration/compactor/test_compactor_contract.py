@@ -200,3 +200,29 @@ def test_pages_end_without_a_trailing_empty_page(compactor_for: CompactorFactory
     hot = client.call(client.stub.ListRecentIterations,
                       pb.ListRecentIterationsRequest(run_id=RUN, page_size=4))
     assert len(hot.iterations) == 4 and not hot.next_page_token
+
+
+def test_details_are_held_to_the_json_limit_as_stored_and_pages_to_a_byte_budget(
+        compactor_for: CompactorFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the 4 MiB limit was checked on the detail as sent, and its canonical
+    form was stored: ``1e15`` becomes ``1000000000000000.0``, so a 3.77 MiB detail was kept as
+    15 MB, and five such iterations made every ListRecentIterations of the run fail past the
+    64 MiB message limit. A page also stops at a byte budget now."""
+    client = compactor_for()
+    client.record(RUN, iteration(1))
+    swollen = iteration(2)
+    swollen.detail_json = "[" + ",".join(["1e15"] * 790_000) + "]"  # 3.77 MiB as sent
+    with pytest.raises(EngramRpcError) as refused:
+        client.record(RUN, swollen)
+    assert (refused.value.code, refused.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                          "LIMIT_EXCEEDED")
+    assert "canonical form" in refused.value.message
+    monkeypatch.setattr("services.compactor.servicer.RECENT_PAGE_BYTES", 150_000)
+    for n in range(2, 6):
+        bulky = iteration(n)
+        bulky.detail_json = json.dumps({"notes": "x" * 60_000, "n": n})
+        client.record(RUN, bulky)
+    page = client.call(client.stub.ListRecentIterations,
+                       pb.ListRecentIterationsRequest(run_id=RUN))
+    assert [h.summary.iteration for h in page.iterations] == [5, 4] and page.next_page_token
+    assert [h.summary.iteration for h in client.recent(RUN)][:4] == [5, 4, 3, 2]  # all pages
