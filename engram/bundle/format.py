@@ -263,6 +263,9 @@ class _PartContext:
 def _outside(info: tarfile.TarInfo) -> str | None:
     """Why a tar member may not be in a bundle, or None."""
     name = info.name
+    if info.issparse() or any(key.startswith("GNU.sparse.") for key in info.pax_headers):
+        # Its holes read as zeros the file does not hold: a few bytes could claim a petabyte.
+        return "is a sparse member (no bundle has one)"
     pure = PurePosixPath(name)
     if name.startswith("/") or pure.is_absolute() or "\\" in name or ":" in pure.parts[0]:
         return "is an absolute path, outside the bundle"
@@ -288,7 +291,7 @@ class BundleReader:
 
     def payload_bytes(self) -> int:
         """The bytes :meth:`verify` will hash (every member but the manifest)."""
-        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and i.isreg())
+        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and not _outside(i))
 
     def verify(self, progress: Any = None) -> Manifest:
         """Hashes every member and compares it with the manifest; raises ``BundleError`` naming
@@ -322,7 +325,15 @@ class BundleReader:
             if found is None:
                 problems.append(f"{path} is missing (listed in {MANIFEST_PATH})")
                 continue
-            sha, size, rows = self._hash(found, progress)
+            if found.size != member.size:  # checked before a byte is read
+                problems.append(f"{path} was altered: {found.size} bytes, the manifest says "
+                                f"{member.size}")
+                continue
+            try:
+                sha, size, rows = self._hash(found, progress, member.size)
+            except (tarfile.TarError, OSError) as error:
+                problems.append(f"{path} cannot be read ({error})")
+                continue
             if size != member.size or sha != member.sha256:
                 problems.append(f"{path} was altered: SHA-256 {sha[:16]}… and {size} bytes, "
                                 f"the manifest says {member.sha256[:16]}… and {member.size}")
@@ -336,11 +347,13 @@ class BundleReader:
         self.manifest = manifest
         return manifest
 
-    def _hash(self, info: tarfile.TarInfo, progress: Any) -> tuple[str, int, int]:
+    def _hash(self, info: tarfile.TarInfo, progress: Any,
+              most: int) -> tuple[str, int, int]:
+        """SHA-256, size and line count of a member, reading at most ``most`` + 1 bytes."""
         handle = self._tar.extractfile(info)
         assert handle is not None
         digest, size, rows = hashlib.sha256(), 0, 0
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
+        while chunk := handle.read(min(CHUNK, most + 1 - size)):
             digest.update(chunk)
             size += len(chunk)
             rows += chunk.count(b"\n")

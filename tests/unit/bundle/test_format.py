@@ -17,6 +17,7 @@ from engram.bundle.format import (
     BundleReader,
     BundleWriter,
     Manifest,
+    Member,
 )
 
 BLOB = b"tool output\n" * 100
@@ -182,3 +183,44 @@ def test_a_file_that_is_not_a_tar_is_refused(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"not a tar at all" * 100)
     with pytest.raises(BundleError, match="not a readable bundle"):
         BundleReader(tmp_path / "junk")
+
+
+def test_a_sparse_member_is_refused_without_reading_its_holes(tmp_path: Path) -> None:
+    """A pax GNU sparse member of 10 bytes in the file claiming 1 PiB (its holes read as
+    zeros) is named, and verify hashes no more than the bundle holds."""
+    blob = b"x" * 10
+    sha = hashlib.sha256(blob).hexdigest()
+    manifest = Manifest(fleet_id="fleet-a", members=[Member(f"blobs/{sha}", 10, sha)])
+    out = tmp_path / "sparse.bundle"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(f"blobs/{sha}")
+        info.size = len(blob)
+        info.pax_headers = {"GNU.sparse.map": "0,10", "GNU.sparse.size": str(1 << 50)}
+        tar.addfile(info, io.BytesIO(blob))
+        data = manifest.to_bytes()
+        info = tarfile.TarInfo(MANIFEST_PATH)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    hashed: list[int] = []
+
+    def progress(n: int) -> None:
+        hashed.append(n)
+        assert sum(hashed) <= out.stat().st_size, f"hashed {sum(hashed)} bytes"
+
+    with BundleReader(out) as reader, pytest.raises(BundleError) as failure:
+        reader.verify(progress)
+    assert any("sparse member" in p for p in failure.value.problems), failure.value.problems
+
+
+def test_a_member_of_another_size_than_listed_is_not_read(tmp_path: Path) -> None:
+    """A member whose tar size is not the manifest's is named before a byte of it is hashed."""
+    out, edited = tmp_path / "a.bundle", tmp_path / "b.bundle"
+    written = write_bundle(out)
+    rewrite(out, edited, lambda info, data: [
+        (info, data + b"more\n" if info.name == "parts/records.jsonl" else data)])
+    hashed: list[int] = []
+    with BundleReader(edited) as reader, pytest.raises(BundleError) as failure:
+        reader.verify(hashed.append)
+    assert any(p.startswith("parts/records.jsonl was altered") for p in failure.value.problems)
+    assert sum(hashed) == sum(m.size for m in written.members
+                              if m.path != "parts/records.jsonl")
