@@ -24,7 +24,7 @@ import hashlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import groupby, islice
 from typing import Any
 
 from google.protobuf.json_format import ParseDict, ParseError
@@ -126,10 +126,10 @@ class Importer:
     def _trust(self, reader: BundleReader, report: ImportReport, fleet: str) -> None:
         """Tiers an operator pinned (a suspension, a promotion) are set again; scores the
         accumulator moved are not carried (they follow this instance's outcomes)."""
-        pinned = [row for row in reader.rows("trust") if row.get("pinned")]
+        pinned = (row for row in reader.rows("trust") if row.get("pinned"))
         changed = same = 0
-        for start in range(0, len(pinned), 100):
-            wanted = [_parse(row, gpb.AgentTrust(), "trust") for row in pinned[start:start + 100]]
+        while chunk := list(islice(pinned, 100)):  # a chunk at a time: the part may be huge
+            wanted = [_parse(row, gpb.AgentTrust(), "trust") for row in chunk]
             current = {t.agent_id: t for t in self.clients.governance.trusts(
                 fleet, [t.agent_id for t in wanted])}
             for trust in wanted:
