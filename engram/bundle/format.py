@@ -35,6 +35,11 @@ CHUNK = 1024 * 1024
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """A part's line (one item) may not exceed this; the services' own messages are smaller."""
+MAX_HEADER_BYTES = 64 * 1024
+"""A pax extended header or GNU long name may not exceed this (the writer makes none, or a
+few bytes for a blob over 8 GiB); tarfile would read it whole into memory."""
+MAX_MEMBERS = 2_000_000
+"""A bundle may not have more tar members than this (a 256 MiB manifest lists fewer)."""
 
 
 class BundleError(Exception):
@@ -276,16 +281,52 @@ def _outside(info: tarfile.TarInfo) -> str | None:
     return None
 
 
+class _Refused(Exception):
+    """A tar header no bundle has, refused before tarfile reads it."""
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A TarInfo that refuses, before reading it, an extended header over
+    ``MAX_HEADER_BYTES`` and any global pax header (tarfile reads a header's whole body into
+    memory, and copies global values onto every later member)."""
+
+    def _proc_pax(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.XGLTYPE:
+            raise _Refused("it has a global pax header (no bundle has one)")
+        if self.size > MAX_HEADER_BYTES:
+            raise _Refused(f"a pax extended header of {self.size} bytes, over the "
+                           f"{MAX_HEADER_BYTES} a bundle's may have")
+        return super()._proc_pax(tar)  # type: ignore[misc, no-any-return]
+
+    def _proc_gnulong(self, tar: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.size > MAX_HEADER_BYTES:
+            raise _Refused(f"a GNU long name of {self.size} bytes, over the "
+                           f"{MAX_HEADER_BYTES} a bundle's may have")
+        return super()._proc_gnulong(tar)  # type: ignore[misc, no-any-return]
+
+
 class BundleReader:
     """Reads a bundle; nothing comes out of it before :meth:`verify` has passed."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._infos: list[tarfile.TarInfo] = []
         try:
-            self._tar = tarfile.open(self.path, "r:")  # noqa: SIM115 - closed by close()
-            self._infos = self._tar.getmembers()
-        except (tarfile.TarError, OSError) as error:
+            self._tar = tarfile.open(  # noqa: SIM115 - closed by close()
+                self.path, "r:", tarinfo=_BoundedTarInfo)
+        except _Refused as error:
+            raise BundleError(f"{self.path} is refused: {error}") from None
+        except (tarfile.TarError, OSError, RecursionError) as error:
             raise BundleError(f"{self.path} is not a readable bundle ({error})") from None
+        try:
+            while (info := self._tar.next()) is not None:
+                if len(self._infos) >= MAX_MEMBERS:
+                    raise _Refused(f"it has more than {MAX_MEMBERS} members")
+                self._infos.append(info)
+        except (_Refused, tarfile.TarError, OSError, RecursionError) as error:
+            self._tar.close()
+            reason = "is refused:" if isinstance(error, _Refused) else "is not a readable bundle:"
+            raise BundleError(f"{self.path} {reason} {error}") from None
         self._index: dict[str, tarfile.TarInfo] = {}
         self.manifest: Manifest | None = None
 

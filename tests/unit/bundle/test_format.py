@@ -6,12 +6,15 @@ import hashlib
 import io
 import json
 import tarfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from engram.bundle import format as format_module
 from engram.bundle.format import (
     MANIFEST_PATH,
+    MAX_HEADER_BYTES,
     SPOOL_BYTES,
     BundleError,
     BundleReader,
@@ -224,3 +227,60 @@ def test_a_member_of_another_size_than_listed_is_not_read(tmp_path: Path) -> Non
     assert any(p.startswith("parts/records.jsonl was altered") for p in failure.value.problems)
     assert sum(hashed) == sum(m.size for m in written.members
                               if m.path != "parts/records.jsonl")
+
+
+def _bundle_with_header(out: Path, pax: dict[str, str], name: str = "parts/domains.jsonl",
+                        fmt: int = tarfile.PAX_FORMAT) -> None:
+    data = b"{}\n"
+    manifest = Manifest(fleet_id="fleet-a", members=[
+        Member(name, len(data), hashlib.sha256(data).hexdigest(), 1)]).to_bytes()
+    with tarfile.open(out, "w", format=fmt) as tar:
+        for path, content, headers in ((name, data, pax), (MANIFEST_PATH, manifest, {})):
+            info = tarfile.TarInfo(path)
+            info.size = len(content)
+            info.pax_headers = headers
+            tar.addfile(info, io.BytesIO(content))
+
+
+def test_a_huge_pax_header_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """tarfile reads an extended header whole into memory: one over 64 KiB (the writer makes
+    none) is refused before it is read, with memory far below its size."""
+    out = tmp_path / "pax.bundle"
+    _bundle_with_header(out, {"comment": "c" * (32 << 20)})
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match=r"pax extended header of \d+ bytes, over"):
+            BundleReader(out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak / 1e6:.0f} MB"
+
+
+def test_a_huge_gnu_long_name_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "gnu.bundle"
+    _bundle_with_header(out, {}, name="parts/" + "a" * (MAX_HEADER_BYTES + 10),
+                        fmt=tarfile.GNU_FORMAT)
+    with pytest.raises(BundleError, match=r"GNU long name of \d+ bytes, over"):
+        BundleReader(out)
+
+
+def test_a_global_pax_header_is_refused(tmp_path: Path) -> None:
+    """A global header's values are copied onto every later member: no bundle has one."""
+    out = tmp_path / "global.bundle"
+    data = b"{}\n"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT, pax_headers={"k": "v"}) as tar:
+        info = tarfile.TarInfo("parts/domains.jsonl")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BundleError, match="global pax header"):
+        BundleReader(out)
+
+
+def test_a_bundle_with_too_many_members_is_refused(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(format_module, "MAX_MEMBERS", 2)
+    out = tmp_path / "fleet.bundle"
+    write_bundle(out)  # three parts and blobs, and the manifest
+    with pytest.raises(BundleError, match="more than 2 members"):
+        BundleReader(out)
