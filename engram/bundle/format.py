@@ -130,7 +130,7 @@ class Manifest:
             claimed = str(document["content_digest"])
         except BundleError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise BundleError(f"{MANIFEST_PATH} is not a bundle manifest ({error!r})") from None
         if claimed != manifest.content_digest:
             raise BundleError(f"{MANIFEST_PATH} was altered: its content_digest {claimed[:16]}… "
@@ -428,7 +428,7 @@ class BundleReader:
                 raise BundleError(f"{path} line {number} is over {MAX_LINE_BYTES} bytes")
             try:
                 row = json.loads(line)
-            except ValueError as error:
+            except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
                 raise BundleError(f"{path} line {number} is not JSON ({error})") from None
             if not isinstance(row, dict):
                 raise BundleError(f"{path} line {number} is not a JSON object")

@@ -214,7 +214,12 @@ class Importer:
         created = present = 0
         for row in reader.rows("artifacts"):
             artifact = _parse(row, apb.Artifact(), "artifacts")
-            if not reader.has(blob_path(artifact.hash)):
+            try:
+                path = blob_path(artifact.hash)
+            except ValueError:
+                raise BundleError(f"artifact {artifact.artifact_id}'s hash {artifact.hash[:80]!r} "
+                                  "is not a lowercase hex SHA-256; stopped before it") from None
+            if not reader.has(path):
                 raise BundleError(f"artifact {artifact.artifact_id}'s bytes (blobs/"
                                   f"{artifact.hash}) are not in the bundle; stopped before it")
             with reader.blob(artifact.hash) as blob:

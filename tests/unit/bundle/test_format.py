@@ -284,3 +284,31 @@ def test_a_bundle_with_too_many_members_is_refused(tmp_path: Path,
     write_bundle(out)  # three parts and blobs, and the manifest
     with pytest.raises(BundleError, match="more than 2 members"):
         BundleReader(out)
+
+
+def test_a_deeply_nested_line_is_a_bundle_error(tmp_path: Path) -> None:
+    """json.loads raises RecursionError on a line nested too deep: named, not a traceback."""
+    line = b'{"name":' + b"[" * 200_000 + b"]" * 200_000 + b"}\n"
+    out = tmp_path / "deep.bundle"
+    manifest = Manifest(fleet_id="fleet-a", members=[
+        Member("parts/domains.jsonl", len(line), hashlib.sha256(line).hexdigest(), 1)])
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for path, content in (("parts/domains.jsonl", line), (MANIFEST_PATH, manifest.to_bytes())):
+            info = tarfile.TarInfo(path)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    with BundleReader(out) as reader:
+        reader.verify()
+        with pytest.raises(BundleError, match=r"parts/domains\.jsonl line 1 is not JSON"):
+            list(reader.rows("domains"))
+
+
+def test_a_deeply_nested_manifest_is_a_bundle_error(tmp_path: Path) -> None:
+    data = b'{"format":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    out = tmp_path / "deep-manifest.bundle"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(MANIFEST_PATH)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with BundleReader(out) as reader, pytest.raises(BundleError, match="not a bundle manifest"):
+        reader.verify()

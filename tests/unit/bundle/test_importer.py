@@ -10,8 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from engram.bundle.format import (
     MANIFEST_PATH,
+    BundleError,
     BundleReader,
     Manifest,
     Member,
@@ -90,3 +93,14 @@ def test_trust_rows_are_read_a_chunk_at_a_time(tmp_path: Path) -> None:
     assert [len(ids) for ids in clients.trust_calls] == [100] * 10
     assert read_at_lookup == [100 * n for n in range(1, 11)]
     assert report.created["trust"] == 1000
+
+
+def test_an_artifact_with_a_malformed_hash_is_a_bundle_error(tmp_path: Path) -> None:
+    """blob_path refuses a hash that is not 64 lowercase hex (ValueError): the import stops
+    with a BundleError naming the artifact, not a traceback."""
+    out = tmp_path / "artifact.bundle"
+    bundle_with_part(out, "artifacts", [canonical_line({"artifact_id": "a1", "hash": "../x"})])
+    with BundleReader(out) as reader:
+        reader.verify()
+        with pytest.raises(BundleError, match=r"artifact a1's hash '\.\./x' is not"):
+            Importer(FakeClients()).run(reader)  # type: ignore[arg-type]
