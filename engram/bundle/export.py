@@ -2,10 +2,10 @@
 
 Nothing reads a service's store behind its back: every row comes from a List/Read RPC with
 the caller's token (which must belong to the fleet exported), as protobuf's JSON with proto
-field names. Rows are staged in a temporary SQLite file keyed by a sort key that depends on
-the content only (a record's create time and id, an event's run and seq, ...) and written out
-in that order, so the same state exported from SQLite or Postgres, or before and after an
-import, gives the same bytes, and the memory used does not grow with the fleet.
+field names. Rows are staged in a SQLite file (unlinked once open) keyed by a sort key that
+depends on the content only (a record's create time and id, an event's run and seq, ...) and
+written out in that order, so the same state exported from SQLite or Postgres, or before and
+after an import, gives the same bytes, and the memory used does not grow with the fleet.
 
 Fields a service recomputes on use (a domain's record count, importance and update time, a
 run's event count) are left out: they are not the fleet's content.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,15 +79,21 @@ class ExportReport:
 
 
 class _Stage:
-    """Rows waiting to be written in their sort order, on disk."""
+    """Rows waiting to be written in their sort order, on disk: ``<out>.stage``, unlinked as
+    soon as SQLite has it open, so nothing holding the fleet's rows is left behind however
+    the export ends (a kill included); one left by a kill in between is removed first."""
 
-    def __init__(self, directory: str) -> None:
-        self._file = tempfile.NamedTemporaryFile(dir=directory, suffix=".stage")  # noqa: SIM115
-        self.db = sqlite3.connect(self._file.name)
-        self.db.execute("PRAGMA journal_mode=OFF")
-        self.db.execute("PRAGMA synchronous=OFF")
-        self.db.execute("CREATE TABLE rows (kind TEXT, sort_key TEXT, row TEXT, "
-                        "PRIMARY KEY (kind, sort_key)) WITHOUT ROWID")
+    def __init__(self, out: Path) -> None:
+        path = out.with_name(out.name + ".stage")
+        path.unlink(missing_ok=True)
+        self.db = sqlite3.connect(path)
+        try:
+            self.db.execute("PRAGMA journal_mode=OFF")
+            self.db.execute("PRAGMA synchronous=OFF")
+            self.db.execute("CREATE TABLE rows (kind TEXT, sort_key TEXT, row TEXT, "
+                            "PRIMARY KEY (kind, sort_key)) WITHOUT ROWID")
+        finally:
+            path.unlink(missing_ok=True)  # the open file lives on until close
 
     def put(self, kind: str, key: str, row: dict[str, Any]) -> None:
         # A repeated key (an item listed twice across pages) keeps one copy.
@@ -108,7 +113,6 @@ class _Stage:
 
     def close(self) -> None:
         self.db.close()
-        self._file.close()
 
 
 def _ignore_missing(items: Iterable[Any]) -> Iterator[Any]:
@@ -137,7 +141,7 @@ class Exporter:
                               f"with a token of fleet {fleet_id!r} (engram token create "
                               f"--fleet {fleet_id} --role admin)")
         report = ExportReport(manifest=Manifest(fleet_id=fleet_id))
-        stage = _Stage(str(Path(out).parent))
+        stage = _Stage(Path(out))
         try:
             with BundleWriter(out, fleet_id, run_id or "") as bundle:
                 self._stage_all(stage, run_id)

@@ -232,6 +232,11 @@ class BundleWriter:
         with open(self.partial, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(self.partial, self.out)
+        directory = os.open(self.out.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # the rename itself survives a power loss
+        finally:
+            os.close(directory)
         return self.manifest
 
     def abort(self) -> None:
