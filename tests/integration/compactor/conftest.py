@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engram.client import EngramRpcError
 from engram.client.compactor import CompactorClient
 from engram.client.shard import ShardClient
 from services.common.server import EngramServer
@@ -56,6 +57,23 @@ def compactor_server(compactor_settings: CompactorSettings) -> Iterator[EngramSe
     server = build_compactor_server(compactor_settings).start()
     yield server
     server.stop(0)
+
+
+@pytest.fixture
+def target(compactor_settings: CompactorSettings, tmp_path: Path) -> Iterator[EngramServer]:
+    """A second compactor, on its own SQLite store and blobs: where an import lands."""
+    server = build_compactor_server(compactor_settings.model_copy(update={
+        "db_url": f"sqlite:///{tmp_path / 'target.db'}",
+        "blob_url": (tmp_path / "target-blobs").resolve().as_uri()})).start()
+    yield server
+    server.stop(0)
+
+
+def refused(call: object, *args: object) -> EngramRpcError:
+    """The error ``call(*args)`` raises (the test fails if it raises none)."""
+    with pytest.raises(EngramRpcError) as failure:
+        call(*args)  # type: ignore[operator]
+    return failure.value
 
 
 CompactorFactory = Callable[..., CompactorClient]

@@ -5,35 +5,20 @@ the run's own fleet only; altered, out-of-order or unbounded input refused, noth
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from types import SimpleNamespace
 
 import grpc
-import pytest
 
 from engram.bundle.export import Exporter
-from engram.client import EngramRpcError
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from services.common.server import EngramServer
 from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
-from services.compactor.server import build_compactor_server
 from services.compactor.servicer import summary_line, summary_pb
-from services.compactor.settings import CompactorSettings
 from tests.conftest import TokenFactory
-from tests.integration.compactor.conftest import CompactorFactory
+from tests.integration.compactor.conftest import CompactorFactory, refused
 
 RUN = "run-9"
-
-
-@pytest.fixture
-def target(compactor_settings: CompactorSettings, tmp_path: Path) -> Iterator[EngramServer]:
-    server = build_compactor_server(compactor_settings.model_copy(update={
-        "db_url": f"sqlite:///{tmp_path / 'target.db'}",
-        "blob_url": (tmp_path / "target-blobs").resolve().as_uri()})).start()
-    yield server
-    server.stop(0)
 
 
 def recorded(origin: CompactorClient, count: int = 12) -> list[pb.ImportedIteration]:
@@ -51,12 +36,6 @@ def recorded(origin: CompactorClient, count: int = 12) -> list[pb.ImportedIterat
     return [pb.ImportedIteration(summary=s, detail_json=details.get(s.iteration, ("", ""))[0],
                                  guardrails_json=details.get(s.iteration, ("", ""))[1])
             for s in origin.summaries(RUN)]
-
-
-def refused(call: object, *args: object) -> EngramRpcError:
-    with pytest.raises(EngramRpcError) as failure:
-        call(*args)  # type: ignore[operator]
-    return failure.value
 
 
 def admin(server: EngramServer, make_token: TokenFactory, fleet: str = "fleet-a") -> \

@@ -6,14 +6,11 @@ lines (an older bundle's, without the format field) imports, verifies and goes o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
 import sqlalchemy as sa
 
-from engram.client import EngramRpcError
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from services.common.canonical import canonical_json
@@ -26,22 +23,11 @@ from services.compactor.domain.warm_chain import (
     canonical_detail_content,
     genesis_hash,
 )
-from services.compactor.server import build_compactor_server
 from services.compactor.servicer import summary_pb
-from services.compactor.settings import CompactorSettings
 from tests.conftest import TokenFactory
-from tests.integration.compactor.conftest import CompactorFactory
+from tests.integration.compactor.conftest import CompactorFactory, refused
 
 RUN = "run-fmt"
-
-
-@pytest.fixture
-def target(compactor_settings: CompactorSettings, tmp_path: Path) -> Iterator[EngramServer]:
-    server = build_compactor_server(compactor_settings.model_copy(update={
-        "db_url": f"sqlite:///{tmp_path / 'target.db'}",
-        "blob_url": (tmp_path / "target-blobs").resolve().as_uri()})).start()
-    yield server
-    server.stop(0)
 
 
 def _iteration(n: int) -> pb.IterationInput:
@@ -49,12 +35,6 @@ def _iteration(n: int) -> pb.IterationInput:
         "iter": n, "planDigest": f"plan-{n}", "status": "ok", "riskScore": n / 10,
         "startTs": "2026-11-28T10:00:00Z", "detail": {"step": n, "said": f"secret {n}"},
         "guardrails": {"lint": n % 2 == 0}})
-
-
-def _refused(call: object, *args: object) -> EngramRpcError:
-    with pytest.raises(EngramRpcError) as failure:
-        call(*args)  # type: ignore[operator]
-    return failure.value
 
 
 def _change_line(db_url: str, iteration: int, field: str, value: object) -> None:
@@ -102,7 +82,7 @@ def test_a_changed_salt_commitment_or_field_is_found_by_verify_and_reconstruct(
     report = client.verify(RUN)
     assert not report.ok and any("active line 2" in p.location for p in report.problems), report
     if field in ("salt", "detailDigest"):  # the hot detail no longer commits under the line
-        error = _refused(client.reconstruct, RUN, 2)
+        error = refused(client.reconstruct, RUN, 2)
         assert (error.code, error.reason) == (grpc.StatusCode.DATA_LOSS, "DETAIL_TAMPERED")
 
 
@@ -141,10 +121,10 @@ def test_an_import_re_checks_salts_and_commitments(
                 # the detail re-committed under the kept salt: the hash covers the commitment
                 (altered(detail_json=detail, detail_digest=recommitted),
                  "ITERATION_HASH_MISMATCH")):
-            error = _refused(client.import_iterations, RUN, [item])
+            error = refused(client.import_iterations, RUN, [item])
             assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason), \
                 (reason, error.message)
-        assert _refused(client.verify, RUN).code == grpc.StatusCode.NOT_FOUND
+        assert refused(client.verify, RUN).code == grpc.StatusCode.NOT_FOUND
         assert client.import_iterations(RUN, log).created == 3
         assert list(client.summaries(RUN)) == [item.summary for item in log]
         assert client.verify(RUN).ok
