@@ -340,22 +340,22 @@ class GovernanceTrust:
             part = missing[start:start + TRUST_BATCH]
             try:
                 found.update(self._fetch(fleet_id, part, now))
-            except Unavailable as error:
-                stale = {a: hit[1] for a in part
-                         if (hit := cache.get((fleet_id, a))) is not None}
-                found.update(stale)
-                unseen = len(part) - len(stale)
+                continue
+            except EngramError as error:
+                failure = error
+            # Every agent seen before keeps its last known multiplier, however old.
+            stale = {a: hit[1] for a in part if (hit := cache.get((fleet_id, a))) is not None}
+            found.update(stale)
+            unseen = len(part) - len(stale)
+            if isinstance(failure, Unavailable):  # no answer: the caller ranks them 1.0
                 log.warning("trust lookup failed; %d agent(s) keep their last known "
                             "multiplier, %d never seen rank at 1.0", len(stale), unseen,
-                            extra={"error": error.message, "fleet_id": fleet_id})
-            except EngramError as error:  # governance answered and refused the lookup
-                refused = {a: (hit[1] if (hit := cache.get((fleet_id, a))) is not None
-                               else 0.0) for a in part}
-                found.update(refused)
+                            extra={"error": failure.message, "fleet_id": fleet_id})
+            else:  # governance answered and refused the lookup: not an outage
+                found.update({a: 0.0 for a in part if a not in stale})
                 log.error("trust lookup refused by governance; %d agent(s) never seen rank "
-                          "at 0 until it answers", sum(1 for a in part
-                                                       if (fleet_id, a) not in cache),
-                          extra={"error": error.message, "reason": error.reason,
+                          "at 0 until it answers", unseen,
+                          extra={"error": failure.message, "reason": failure.reason,
                                  "fleet_id": fleet_id})
         return found
 
