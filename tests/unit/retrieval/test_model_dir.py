@@ -237,3 +237,43 @@ def test_an_operator_model_quantized_too_far_from_float32_is_refused(
     monkeypatch.setattr(embedding_onnx, "INT8_MIN_COSINE", 1.01)  # nothing can pass this
     with pytest.raises(ModelDirError, match="ENGRAM_SHARD_EMBED_INT8=false"):
         OnnxBertEmbedder(spec, int8=True)
+
+
+def test_the_float32_reference_session_is_gone_before_the_heap_is_trimmed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The int8 check's float32 session was kept until the constructor returned, after the
+    heap trim, so the embedder process held ~60 MB more; the packaged model needs no check."""
+    import gc
+    import weakref
+
+    import onnxruntime
+
+    from services.shard.retrieval import embedding_onnx
+
+    made: list[int] = []
+    live: weakref.WeakSet[object] = weakref.WeakSet()
+
+    class Counted(onnxruntime.InferenceSession):  # type: ignore[misc]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(1)
+            live.add(self)
+
+    at_trim: list[int] = []
+
+    def trim() -> bool:
+        gc.collect()
+        at_trim.append(len(live))
+        return True
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", Counted)
+    monkeypatch.setattr(embedding_onnx, "trim_heap", trim)
+    OnnxBertEmbedder(int8=True)  # the packaged MiniLM: its int8 graph is tested, not checked
+    assert len(made) == 1 and at_trim == [1]
+    copy = tmp_path / "minilm"
+    shutil.copytree(default_minilm_dir(), copy)
+    made.clear()
+    OnnxBertEmbedder(inspect_model_dir(copy), int8=True)  # an operator's: checked
+    assert len(made) == 2, "the operator's model is compared with a float32 session"
+    assert at_trim == [1, 1], "only the embedder's own session is alive at the trim"
