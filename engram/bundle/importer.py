@@ -166,7 +166,7 @@ class Importer:
             kinds = {item.kind for item in erasure.items}
             if kinds & {"record", "summary"}:
                 self.clients.shard.forget(erasure_id=erasure.erasure_id)
-            if runs and "run" in kinds:
+            if runs and kinds & {"run", "event", "snapshot"}:
                 self.clients.artifacts.forget_runs(erasure.erasure_id)
             if runs and "iterations" in kinds:
                 self.clients.compactor.forget_iterations(erasure.erasure_id)

@@ -180,8 +180,10 @@ def verify(
         emit_json(message_dict(report))
     else:
         console.print(f"checked {report.checked} artifacts, {len(report.problems)} problems; "
-                      f"{report.snapshots_checked} snapshots, "
-                      f"{len(report.snapshot_problems)} problems")
+                      f"{report.snapshots_checked} snapshots"
+                      + (f" ({report.snapshots_tombstoned} erased: tombstones)"
+                         if report.snapshots_tombstoned else "")
+                      + f", {len(report.snapshot_problems)} problems")
         for p in report.problems:
             console.print(f"  [red]{p.problem}[/red] {p.artifact_id} {p.path}")
         for s in report.snapshot_problems:
@@ -303,21 +305,26 @@ def event_ls(
     for column in ("seq", "type", "payload", "hash"):
         table.add_column(column)
     for e in events:
-        table.add_row(str(e.seq), e.type, e.payload_json[:60], e.hash[:16] + "…")
+        payload = f"(erased, {e.erasure_id})" if e.erasure_id else e.payload_json[:60]
+        table.add_row(str(e.seq), e.type, payload, e.hash[:16] + "…")
     console.print(table)
 
 
 @events_app.command("verify")
 def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION) -> None:
-    """Full replay of a run's log, re-checking the hash chain from seq 1."""
-    count, head = 0, ""
+    """Full replay of a run's log, re-checking the hash chain from seq 1 (an event erased in
+    place is checked by its kept commitment and counted as a tombstone)."""
+    count, head, tombstoned = 0, "", 0
     with rpc_errors(as_json), _client() as client:
         for event in client.replay(run_id):
             count, head = event.seq, event.hash
+            tombstoned += bool(event.erasure_id)
     if as_json:
-        emit_json({"run_id": run_id, "events": count, "head_hash": head, "intact": True})
+        emit_json({"run_id": run_id, "events": count, "head_hash": head, "intact": True,
+                   "tombstoned": tombstoned})
         return
-    console.print(f"{count} events, chain intact, head {head[:16]}…")
+    erased = f" ({tombstoned} erased: tombstones)" if tombstoned else ""
+    console.print(f"{count} events{erased}, chain intact, head {head[:16]}…")
 
 
 @snapshots_app.command("put")

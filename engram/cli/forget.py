@@ -4,7 +4,9 @@
 Three steps, each through a service's own RPC: the services list what the selector matches
 (the shard its records and the compaction summaries quoting them; for ``--run`` also the
 artifacts service's run and the compactor's iteration log, with the head hashes their
-tombstones keep); governance chains the erasure (who, why, which items); each service then
+tombstones keep; for ``--match`` the format-2 events and snapshots holding the text, and for
+``--agent`` the agent's format-2 events in runs other agents started, each erased in place
+with its run kept); governance chains the erasure (who, why, which items); each service then
 erases exactly what governance recorded. A selection larger than one erasure's 10,000 items
 is erased in rounds. ``--dry-run`` runs the first step only; ``--resume ERASURE_ID`` runs the
 last again (after a service was down or a run was interrupted).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -66,16 +69,39 @@ class _Services:
             items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))
         return items
 
-    def runs_holding(self, text: str) -> list[str]:
-        """Runs whose artifacts-side data or iteration log holds the text."""
-        runs = [r.run_id for r in self.artifacts.find_runs(text, ROUND).runs]
+    def runs_holding(self, text: str) -> _Holding:
+        """Runs whose artifacts-side data or iteration log holds the text, and the events
+        and snapshots of them that can be erased in place."""
+        found = self.artifacts.find_runs(text, ROUND).runs
         logs = [r.run_id for r in self.compactor.find_iteration_logs(text, ROUND).runs]
-        return list(dict.fromkeys([*runs, *logs]))
+        return _Holding(
+            runs=list(dict.fromkeys([*(r.run_id for r in found), *logs])),
+            whole=list(dict.fromkeys([*(r.run_id for r in found if r.whole_run_needed),
+                                      *logs])),
+            items=[gpb.ErasedItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash)
+                   for r in found for i in r.items])
 
-    def agent_run_items(self, agent_id: str) -> list[gpb.ErasedItem]:
-        """Every run the agent started, in artifacts and the compactor."""
-        return [item for run in self.artifacts.list_runs() if run.agent_id == agent_id
-                for item in self.run_items(run.run_id)]
+    def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
+        """Every run the agent started, in artifacts and the compactor, and its format-2
+        events in runs other agents started (erased in place); the ids of its format-1
+        events there (``<run>:<seq>``), which only erasing their whole run removes."""
+        items: list[gpb.ErasedItem] = []
+        legacy: list[str] = []
+        for run in self.artifacts.list_runs():
+            if run.agent_id == agent_id:
+                items += self.run_items(run.run_id)
+                continue
+            for event in _unless_absent(lambda: list(self.artifacts.list_events(
+                    run.run_id, page_size=1000))) or []:  # noqa: B023 (called at once)
+                if event.agent_id != agent_id or event.erasure_id:
+                    continue
+                item_id = f"{run.run_id}:{event.seq}"
+                if event.format == 2:
+                    items.append(gpb.ErasedItem(kind="event", id=item_id,
+                                                leaf_hash=event.hash))
+                else:
+                    legacy.append(item_id)
+        return items, legacy
 
     def carry_out(self, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
         """Each service that holds an item of the erasure erases it."""
@@ -84,17 +110,29 @@ class _Services:
         records = self.shard.forget(erasure_id=erasure_id)
         done["records"] = [r.record_id for r in records.records]
         done["already_erased"] = records.already_erased
-        if "run" in kinds:
+        if kinds & {"run", "event", "snapshot"}:
             runs = self.artifacts.forget_runs(erasure_id)
             done["runs"] = [{"run_id": r.run_id, "events": r.events, "snapshots": r.snapshots,
                              "artifacts": r.artifacts, "manifests": r.manifests,
                              "evidence": r.evidence} for r in runs.runs]
+            done["events_erased"] = runs.events_erased
+            done["snapshots_erased"] = runs.snapshots_erased
         if "iterations" in kinds:
             logs = self.compactor.forget_iterations(erasure_id)
             done["iteration_logs"] = [{"run_id": r.run_id, "last_iteration": r.last_iteration,
                                        "blobs": r.blobs} for r in logs.runs]
         done["seconds"] = round(time.monotonic() - began, 3)
         return done
+
+
+@dataclass
+class _Holding:
+    runs: list[str] = field(default_factory=list)
+    """Every run holding the text (artifacts or the compactor)."""
+    whole: list[str] = field(default_factory=list)
+    """Those holding it where only erasing the whole run removes it."""
+    items: list[gpb.ErasedItem] = field(default_factory=list)
+    """Format-2 events and snapshots holding it: erased in place, their runs kept."""
 
 
 def _unless_absent(call: Any) -> Any:
@@ -107,18 +145,23 @@ def _unless_absent(call: Any) -> Any:
 
 
 def forget(
-    agent: str = typer.Option("", "--agent", help="every record this agent wrote and every "
-                              "run it started (as --run does)"),
+    agent: str = typer.Option("", "--agent", help="every record this agent wrote, every "
+                              "run it started (as --run does) and its events in runs other "
+                              "agents started (erased in place, those runs kept; format-1 "
+                              "events are listed, not erased)"),
     record: str = typer.Option("", "--record", help="one record by id"),
     run: str = typer.Option("", "--run", help="the run: its records, and its events, "
                             "snapshots, artifacts, manifests and iteration log"),
     match: str = typer.Option("", "--match", help="every record whose content, a tag or a "
-                              "metadata key or value holds this text (case-insensitive); the "
-                              "text itself is not recorded anywhere"),
-    whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: also erase "
-                                    "whole every run whose metadata, stop reason, events, "
+                              "metadata key or value holds this text (case-insensitive), and "
+                              "every format-2 event payload and snapshot state holding it "
+                              "(erased in place, their runs kept); the text itself is not "
+                              "recorded anywhere"),
+    whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: erase whole, "
+                                    "instead, every run whose metadata, stop reason, events, "
                                     "snapshots, artifacts, manifests, evidence or iteration log "
-                                    "hold the text (they cannot be erased item by item yet)"),
+                                    "hold the text (needed where it is in anything but a "
+                                    "format-2 event payload or snapshot state)"),
     resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
                                "(after a service was down or a run was interrupted)"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
@@ -127,11 +170,12 @@ def forget(
                                  "nothing"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Erase records (and with --run or --agent whole runs): their content, tags, metadata and what
-    derives from them (full-text terms, vectors, the search index, compaction summaries
-    quoting them, a run's events, snapshots, artifacts and iteration log) leave every store;
-    tombstones keep the leaf hashes so chains still verify. The erasure is a chained
-    governance event. Governor or admin role."""
+    """Erase records (and with --run or --agent whole runs; with --match or --agent single
+    events and snapshots of kept runs): their content, tags, metadata and what derives from
+    them (full-text terms, vectors, the search index, compaction summaries quoting them, a
+    run's events, snapshots, artifacts and iteration log) leave every store; tombstones keep
+    the leaf hashes so chains still verify. The erasure is a chained governance event.
+    Governor or admin role."""
     chosen = [(k, v) for k, v in (("agent", agent), ("record", record), ("run", run),
                                   ("match", match), ("resume", resume)) if v]
     if len(chosen) != 1:
@@ -141,7 +185,8 @@ def forget(
         raise fail("--whole-runs goes with --match (--run and --agent erase whole runs anyway)")
     services = _Services()
     erasures: list[dict[str, Any]] = []
-    holding: list[str] = []
+    holding = _Holding()
+    legacy: list[str] = []
     try:
         with rpc_errors(as_json):
             if kind == "resume":
@@ -150,39 +195,56 @@ def forget(
             else:
                 if kind == "match":
                     holding = services.runs_holding(value)
-                runs = [i for r in holding for i in services.run_items(r)] if whole_runs else []
+                runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
+                        else holding.items)
+                if kind == "agent":
+                    runs, legacy = services.agent_run_items(value)
                 listed = _erase(services, kind, value, fleet, reason, dry_run, erasures, as_json,
                                 runs)
     finally:
         services.close()
-    left = [] if whole_runs else holding
+    left = [] if whole_runs else holding.whole
     if dry_run:
         items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
-            emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left})
+            emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left,
+                       "format1_events_left": legacy})
         else:
             for item in items:
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
-            _warn_left(left)
+            _warn_left(left, legacy)
         return
     total = sum(len(e["records"]) for e in erasures)
+    events = sum(e.get("events_erased", 0) for e in erasures)
+    snapshots = sum(e.get("snapshots_erased", 0) for e in erasures)
     if as_json:
-        emit_json({"erased": total, "erasures": erasures, "runs_holding_text": left})
+        emit_json({"erased": total, "events_erased": events, "snapshots_erased": snapshots,
+                   "erasures": erasures, "runs_holding_text": left,
+                   "format1_events_left": legacy})
         return
     if not erasures:
         console.print("nothing matches: nothing erased")
     else:
-        console.print(f"{total} record(s) erased in {len(erasures)} erasure(s)")
-    _warn_left(left)
+        console.print(f"{total} record(s), {events} event(s) and {snapshots} snapshot(s) "
+                      f"erased in {len(erasures)} erasure(s)")
+    _warn_left(left, legacy)
 
 
-def _warn_left(left: list[str]) -> None:
+def _warn_left(left: list[str], legacy: list[str]) -> None:
     if left:
-        err_console.print(f"[yellow]{len(left)} run(s) still hold the text in their events, "
-                          f"snapshots, artifacts or iteration logs: {', '.join(left[:10])}"
+        err_console.print(f"[yellow]{len(left)} run(s) still hold the text where only erasing "
+                          "the whole run removes it (metadata, stop reason, event types, "
+                          "format-1 events or snapshots, manifests, artifacts, evidence or "
+                          f"iteration logs): {', '.join(left[:10])}"
                           f"{' …' if len(left) > 10 else ''}; erase them whole with "
                           "--whole-runs (or --run)[/yellow]")
+    if legacy:
+        err_console.print(f"[yellow]{len(legacy)} format-1 event(s) of the agent in other "
+                          f"agents' runs were not erased: {', '.join(legacy[:10])}"
+                          f"{' …' if len(legacy) > 10 else ''}; their hashes cover their "
+                          "payloads, so only erasing their whole run (--run) removes "
+                          "them[/yellow]")
 
 
 def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,
@@ -191,11 +253,11 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
     """Rounds of select, record, carry out; with ``dry_run`` the first selection only."""
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
-    extra = (services.run_items(value) if kind == "run"
-             else services.agent_run_items(value) if kind == "agent" else runs)
+    extra = services.run_items(value) if kind == "run" else runs
     if len(extra) >= ROUND:
-        raise fail(f"{kind} {value} holds {len(extra)} runs and iteration logs, more than one "
-                   f"erasure takes ({ROUND}); erase some with --run first")
+        raise fail(f"{kind} {value} holds {len(extra)} runs, iteration logs, events and "
+                   f"snapshots, more than one erasure takes ({ROUND}); erase some with --run "
+                   "first")
     listed: list[gpb.ErasedItem] = []
     while True:
         # The run items ride in the same erasure: the records (and the summaries quoting them,

@@ -157,7 +157,8 @@ class ArtifactsClient(BaseClient):
         return self.call(self.stub.FindRuns, pb.FindRunsRequest(match=match, limit=limit))
 
     def forget_runs(self, erasure_id: str) -> pb.ForgetRunsResponse:
-        """Erase the runs governance's erasure of that id lists (governor or admin role)."""
+        """Erase the runs governance's erasure of that id lists, and its single events and
+        snapshots in place (governor or admin role)."""
         return self.call(self.stub.ForgetRuns, pb.ForgetRunsRequest(erasure_id=erasure_id))
 
     def stop_run(self, run_id: str, status: str = "succeeded", reason: str = "") -> pb.Run:

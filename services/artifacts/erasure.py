@@ -1,8 +1,10 @@
-"""RunEraser: the artifacts service's part of ``engram forget --run`` (docs/erasure.md).
+"""RunEraser: the artifacts service's part of ``engram forget`` (docs/erasure.md).
 
-It reads the erasure from governance (which chained it first) and, for each run it lists,
-in one transaction: deletes the run's events, snapshots, manifests, artifact rows and the
-evidence citing those artifacts, and replaces the run by a tombstone (author, event count,
+It reads the erasure from governance (which chained it first). The single events and
+snapshots it lists are tombstoned in place, their runs kept (``item_erasure``), in one
+transaction before any run; for each run it lists, in one transaction: deletes the run's
+events, snapshots, manifests, artifact rows and the evidence citing those artifacts, and
+replaces the run by a tombstone (author, event count,
 head hash, the erasure). The blobs go after the commit, every S3 version of them; a blob
 that could not be purged stays listed in the tombstone and a rerun of the erasure finishes
 it. Then the freed space is purged (SQLite: WAL truncated, pages zeroed by secure_delete;
@@ -14,11 +16,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from services.artifacts.item_erasure import IN_PLACE_KINDS, ErasedInPlace, erase_in_place
 from services.artifacts.service import ArtifactsService
 from services.artifacts.tables import (
     ArtifactRow,
@@ -54,6 +57,11 @@ class FoundRun:
     run_id: str
     head_hash: str
     places: list[str]
+    items: list[tuple[str, str, str]] = field(default_factory=list)
+    """(kind, id, leaf hash) of the format-2 events and snapshots holding the text in their
+    payload or state: erasable in place."""
+    whole_run_needed: bool = False
+    """The text is also where only erasing the whole run removes it."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,13 @@ class RunEraser:
         self._purge_throttle = PurgeThrottle()
         self._scans = TextScans()
 
-    def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> tuple[list[ForgottenRun], int]:
+    def erase(self, fleet_id: str, erasure_id: str,
+              now_us: int) -> tuple[list[ForgottenRun], int, ErasedInPlace]:
         order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
+        in_place = ErasedInPlace()
+        if any(kind in IN_PLACE_KINDS for kind, _, _ in order.items):
+            with self.service.writing() as session:  # appends to the runs wait
+                in_place = erase_in_place(session, order, now_us)
         leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
         erased: list[ForgottenRun] = []
         already = 0
@@ -89,12 +102,15 @@ class RunEraser:
             if forgotten is not None:
                 erased.append(forgotten)
         self._purge_blobs(fleet_id, list(leaves))
-        if self._purge_throttle.due(bool(erased)):
+        changed = bool(erased) or bool(in_place.events or in_place.snapshots)
+        if self._purge_throttle.due(changed):
             self.service.db.vacuum(PURGED_TABLES)
-        if erased:
+        if changed:
             log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
-                                           "runs": len(erased), "already": already})
-        return erased, already
+                                           "runs": len(erased), "already": already,
+                                           "events": in_place.events,
+                                           "snapshots": in_place.snapshots})
+        return erased, already, in_place
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True) -> tuple[list[FoundRun], bool]:
@@ -121,23 +137,58 @@ class RunEraser:
             places = [place for place, held in (
                 ("run metadata", json_holds(metadata_json or "", needle)),
                 ("run stop_reason", holds(stop_reason or "", needle))) if held]
-            places += self._places(fleet_id, run_id, needle)
+            whole = bool(places)
+            items = self._items(fleet_id, run_id, needle)
+            places += [f"{kind} {item_id.rpartition(':')[2] if kind == 'event' else item_id}"
+                       for kind, item_id, _ in items]
+            others = self._places(fleet_id, run_id, needle)
+            places += others
             if places:
                 if len(found) == limit:
                     return found, True
-                found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES]))
+                found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES], items,
+                                      whole or bool(others)))
         return found, False
 
+    def _items(self, fleet_id: str, run_id: str, needle: str) -> list[tuple[str, str, str]]:
+        """The run's format-2 events and snapshots, not erased yet, whose payload or state
+        holds the text: (kind, id, leaf hash), erasable in place."""
+        items: list[tuple[str, str, str]] = []
+        with self.service.db.session() as session:
+            events = session.execute(select(EventRow.seq, EventRow.payload_json,
+                                            EventRow.hash).where(
+                EventRow.fleet_id == fleet_id, EventRow.run_id == run_id,
+                EventRow.format == 2).order_by(EventRow.seq))
+            items += [("event", f"{run_id}:{seq}", leaf) for seq, payload, leaf in events
+                      if json_holds(payload, needle)]
+            snapshots = session.execute(select(SnapshotRow.snapshot_id, SnapshotRow.state_json,
+                                               SnapshotRow.state_hash).where(
+                SnapshotRow.fleet_id == fleet_id, SnapshotRow.run_id == run_id,
+                SnapshotRow.format == 2).order_by(SnapshotRow.created_us,
+                                                  SnapshotRow.snapshot_id))
+            items += [("snapshot", snapshot_id, leaf) for snapshot_id, state, leaf in snapshots
+                      if json_holds(state, needle)]
+        return items
+
     def _places(self, fleet_id: str, run_id: str, needle: str) -> list[str]:
+        """Where the text is that only erasing the whole run removes: an event's type, a
+        format-1 event's payload or snapshot's state, a manifest, cited evidence, an
+        artifact's name, metadata or bytes."""
         places: list[str] = []
         with self.service.db.session() as session:
-            for table, key, texts in (
-                    (EventRow, EventRow.seq, (EventRow.payload_json, EventRow.type)),
-                    (SnapshotRow, SnapshotRow.snapshot_id, (SnapshotRow.state_json,)),
-                    (ManifestRow, ManifestRow.manifest_id, (ManifestRow.content_json,))):
-                rows = session.execute(select(key, *texts).where(
+            for table, key, texts, legacy in (
+                    (EventRow, EventRow.seq, (EventRow.payload_json, EventRow.type),
+                     EventRow.format),
+                    (SnapshotRow, SnapshotRow.snapshot_id, (SnapshotRow.state_json,),
+                     SnapshotRow.format),
+                    (ManifestRow, ManifestRow.manifest_id, (ManifestRow.content_json,),
+                     None)):
+                columns = texts if legacy is None else (*texts, legacy)
+                rows = session.execute(select(key, *columns).where(
                     table.fleet_id == fleet_id, table.run_id == run_id))
                 for name, *values in rows:
+                    if legacy is not None and values.pop() == 2:
+                        values = values[1:]  # its payload or state is erasable in place
                     if any(json_holds(str(v), needle) for v in values):
                         places.append(f"{table.__tablename__.rstrip('s')} {name}")
             artifacts = session.execute(select(

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import groupby
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session
@@ -32,6 +33,7 @@ from services.artifacts.domain.chain import (
     expected_state_hash,
     manifest_id,
     sha256_text,
+    tombstone_intact,
 )
 from services.artifacts.domain.entities import (
     Artifact,
@@ -50,6 +52,7 @@ from services.artifacts.domain.integrity import (
     blob_problem,
 )
 from services.artifacts.service import ArtifactsService
+from services.common.erasure_source import ErasureSource, recorded_erasure
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -133,8 +136,11 @@ def _conflict(kind: str, item_id: str) -> AlreadyExists:
 class RunImports:
     """The import use cases over an :class:`ArtifactsService`'s stores."""
 
-    def __init__(self, service: ArtifactsService) -> None:
+    def __init__(self, service: ArtifactsService,
+                 erasures: ErasureSource | None = None) -> None:
         self.service = service
+        self.erasures = erasures
+        """Where an imported tombstone's erasure is looked up (governance)."""
         self.repository = service.repository
         self.limits = service.limits
 
@@ -324,6 +330,7 @@ class RunImports:
         events = sorted((self._checked_event(e) for e in events),
                         key=lambda e: (e.run_id, e.seq))
         snapshots = [self._checked_snapshot(s) for s in snapshots]
+        self._tombstones_listed(fleet_id, events, snapshots)
         try:
             with _erased_is_final(), self.service.writing() as session:
                 counts = ImportCounts()
@@ -375,6 +382,27 @@ class RunImports:
                                      self.limits.metadata(evidence.metadata_json)),
             created_us=_time("create_time", evidence.created_us))
 
+    def _tombstones_listed(self, fleet_id: str, events: list[Event],
+                           snapshots: list[Snapshot]) -> None:
+        """An event or snapshot erased in place (a tombstone) is imported only when an erasure
+        governance holds for this fleet lists it under its kept hash: nobody plants a tombstone
+        to keep an item's content away (FAILED_PRECONDITION TOMBSTONE_NOT_IN_ERASURE)."""
+        wanted = [("event", f"{e.run_id}:{e.seq}", e.hash, e.erasure_id)
+                  for e in events if e.erased] + \
+                 [("snapshot", s.snapshot_id, s.state_hash, s.erasure_id)
+                  for s in snapshots if s.erased]
+        orders: dict[str, set[tuple[str, str, str]]] = {}
+        for kind, item_id, leaf, erasure_id in wanted:
+            if erasure_id not in orders:
+                order = recorded_erasure(self.erasures, "artifacts", erasure_id, fleet_id)
+                orders[erasure_id] = set(order.items)
+            if (kind, item_id, leaf) not in orders[erasure_id]:
+                raise FailedPrecondition(
+                    f"{kind} {item_id} is a tombstone of erasure {erasure_id}, which does not "
+                    "list it under that hash; import the fleet's erasures first",
+                    reason="TOMBSTONE_NOT_IN_ERASURE",
+                    metadata={"kind": kind, "id": item_id, "erasure_id": erasure_id})
+
     def _checked_event(self, event: Event) -> Event:
         check.identifier("run_id", event.run_id)
         if event.seq < 1:
@@ -383,8 +411,13 @@ class RunImports:
         if not event.type.strip():
             raise InvalidArgument("an event needs a type")
         check.short_text("type", event.type, check.MAX_TYPE_LEN)
-        _canonical("payload_json", event.payload_json,
-                   self.limits.document("payload_json", event.payload_json))
+        if event.erased:  # a tombstone: no payload; event_intact below checks its form
+            _tombstone_fields(f"run {event.run_id}: event {event.seq}", event.erasure_id,
+                              event.erased_us, event.erased_by)
+        else:
+            _no_tombstone_fields(event.erased_us, event.erased_by)
+            _canonical("payload_json", event.payload_json,
+                       self.limits.document("payload_json", event.payload_json))
         if event.manifest_id:
             check.identifier("manifest_id", event.manifest_id)
         check.references("artifact_id", event.artifact_ids)
@@ -405,10 +438,19 @@ class RunImports:
         check.identifier("run_id", snapshot.run_id)
         if snapshot.seq < 0:
             raise InvalidArgument("a snapshot's seq must be >= 0", reason="INVALID_SEQ")
-        state = _canonical("state_json", snapshot.state_json,
-                           self.limits.document("state_json", snapshot.state_json))
         _format(f"snapshot {snapshot.snapshot_id}", snapshot.format)
-        if snapshot.state_hash != expected_state_hash(snapshot.format, snapshot.salt, state):
+        if snapshot.erased:
+            _tombstone_fields(f"snapshot {snapshot.snapshot_id}", snapshot.erasure_id,
+                              snapshot.erased_us, snapshot.erased_by)
+            intact = tombstone_intact(snapshot.format, snapshot.salt, snapshot.state_json,
+                                      snapshot.state_hash)
+        else:
+            _no_tombstone_fields(snapshot.erased_us, snapshot.erased_by)
+            state = _canonical("state_json", snapshot.state_json,
+                               self.limits.document("state_json", snapshot.state_json))
+            intact = snapshot.state_hash == expected_state_hash(snapshot.format, snapshot.salt,
+                                                                state)
+        if not intact:
             raise InvalidArgument(f"snapshot {snapshot.snapshot_id}: its state does not match "
                                   "its state_hash (altered?)", reason="SNAPSHOT_HASH_MISMATCH")
         if snapshot.manifest_id:
@@ -452,7 +494,7 @@ class RunImports:
             if event.seq <= run.event_count:
                 stored = self.repository.events_after(session, fleet_id, run_id,
                                                       event.seq - 1, 1)
-                if not stored or stored[0] != event:
+                if not stored or not _same_item(stored[0], event):
                     raise _conflict("event", f"{run_id}/{event.seq}")
                 counts += _PRESENT
                 continue
@@ -474,7 +516,7 @@ class RunImports:
     def _snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot) -> ImportCounts:
         prior = self.repository.get_snapshot(session, fleet_id, snapshot.snapshot_id)
         if prior is not None:
-            if prior != snapshot:
+            if not _same_item(prior, snapshot):
                 raise _conflict("snapshot", snapshot.snapshot_id)
             return _PRESENT
         run = self.repository.get_run(session, fleet_id, snapshot.run_id, lock=True)
@@ -499,6 +541,35 @@ class RunImports:
                                                 latest.snapshot_id)
         session.flush()
         return _CREATED
+
+
+def _same_item(stored: Event | Snapshot, wanted: Event | Snapshot) -> bool:
+    """The same event or snapshot, or the same one with one of the two erased in place: a
+    tombstone stored here is not brought back by an older copy, and a stored copy whose
+    tombstone arrives is erased when the import carries the erasure out (its last step)."""
+    if stored == wanted:
+        return True
+    if stored.erased == wanted.erased:
+        return False
+    content = "payload_json" if isinstance(stored, Event) else "state_json"
+    blank: dict[str, Any] = {content: "", "salt": "", "erasure_id": "", "erased_us": 0,
+                             "erased_by": ""}
+    return replace(stored, **blank) == replace(wanted, **blank)
+
+
+def _tombstone_fields(what: str, erasure_id: str, erased_us: int, erased_by: str) -> None:
+    if not erasure_id.startswith("era_") or erased_us <= 0:
+        raise InvalidArgument(f"{what}: a tombstone names its erasure (era_…) and when it was "
+                              "erased", reason="INVALID_TOMBSTONE")
+    if erased_by:
+        check.identifier("erased_by", erased_by)
+    check.identifier("erasure_id", erasure_id)
+
+
+def _no_tombstone_fields(erased_us: int, erased_by: str) -> None:
+    if erased_us or erased_by:
+        raise InvalidArgument("erase_time and erased_by belong to a tombstone (erasure_id set)",
+                              reason="INVALID_TOMBSTONE")
 
 
 def _artifact_name(fleet_id: str, run_id: str, step_id: str, artifact_id: str,

@@ -136,7 +136,8 @@ class ArtifactsRepository:
             artifact_ids_json=json.dumps(list(event.artifact_ids)), created_us=event.created_us,
             agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
             request_id=request_id or None, format=event.format, salt=event.salt,
-            payload_commitment=event.payload_commitment))
+            payload_commitment=event.payload_commitment, erasure_id=event.erasure_id,
+            erased_us=event.erased_us, erased_by=event.erased_by))
         run = session.get_one(RunRow, (fleet_id, event.run_id))
         run.event_count = event.seq
         run.head_hash = event.hash
@@ -212,14 +213,14 @@ class ArtifactsRepository:
     # -- snapshots ----------------------------------------------------------
 
     def snapshot_problems(self, session: Session, fleet_id: str, run_id: str, after: str,
-                          limit: int) -> list[tuple[str, SnapshotProblem | None]]:
+                          limit: int) -> list[tuple[str, SnapshotProblem | None, bool]]:
         """The fleet's snapshots (one run's when ``run_id`` is set) in id order past ``after``,
-        each re-hashed: (snapshot id, its problem or None)."""
+        each re-hashed: (snapshot id, its problem or None, whether it was erased in place)."""
         query = select(SnapshotRow).where(SnapshotRow.fleet_id == fleet_id,
                                           SnapshotRow.snapshot_id > after)
         if run_id:
             query = query.where(SnapshotRow.run_id == run_id)
-        return [(row.snapshot_id, row.problem()) for row in session.scalars(
+        return [(row.snapshot_id, row.problem(), bool(row.erasure_id)) for row in session.scalars(
             query.order_by(SnapshotRow.snapshot_id).limit(limit))]
 
     def add_snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot,
@@ -231,7 +232,9 @@ class ArtifactsRepository:
             state_json=snapshot.state_json, state_hash=snapshot.state_hash,
             manifest_id=snapshot.manifest_id,
             artifact_ids_json=json.dumps(list(snapshot.artifact_ids)),
-            created_us=snapshot.created_us, format=snapshot.format, salt=snapshot.salt))
+            created_us=snapshot.created_us, format=snapshot.format, salt=snapshot.salt,
+            erasure_id=snapshot.erasure_id, erased_us=snapshot.erased_us,
+            erased_by=snapshot.erased_by))
         run = session.get_one(RunRow, (fleet_id, snapshot.run_id))
         run.latest_snapshot_id = snapshot.snapshot_id
 

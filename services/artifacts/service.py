@@ -354,22 +354,26 @@ class ArtifactsService:
         return checked, problems
 
     def verify_snapshots(self, fleet_id: str,
-                         run_id: str = "") -> tuple[int, list[SnapshotProblem]]:
-        """Re-hash every stored snapshot's state (one run's when ``run_id`` is set)."""
+                         run_id: str = "") -> tuple[int, int, list[SnapshotProblem]]:
+        """Re-hash every stored snapshot's state (one run's when ``run_id`` is set): how many
+        were checked, how many of them are tombstones (erased in place, their state_hash kept
+        and checked for form), and the problems."""
         if run_id:
             self.get_run(fleet_id, run_id)
-        checked, problems = 0, []
+        checked, tombstoned, problems = 0, 0, []
         snapshots = self._in_batches(
             lambda session, after, limit: self.repository.snapshot_problems(
                 session, fleet_id, run_id, after, limit),
             "", lambda found: found[0], ARTIFACT_BATCH)
-        for _snapshot_id, problem in snapshots:
+        for _snapshot_id, problem, erased in snapshots:
             checked += 1
             if problem is not None:
                 log.warning("snapshot integrity problem", extra=problem.__dict__)
                 self.integrity_failures.add(problem.problem)
                 problems.append(problem)
-        return checked, problems
+            elif erased:
+                tombstoned += 1
+        return checked, tombstoned, problems
 
     def _check_blob(self, fleet_id: str, artifact: Artifact) -> ArtifactProblem | None:
         try:

@@ -113,7 +113,8 @@ def event_to_proto(event: Event) -> pb.Event:
                     artifact_ids=list(event.artifact_ids), create_time=_ts(event.created_us),
                     prev_hash=event.prev_hash, hash=event.hash, agent_id=event.agent_id,
                     format=event.format, salt=event.salt,
-                    payload_commitment=event.payload_commitment)
+                    payload_commitment=event.payload_commitment, erasure_id=event.erasure_id,
+                    erase_time=_ts(event.erased_us), erased_by=event.erased_by)
 
 
 def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
@@ -122,7 +123,8 @@ def snapshot_to_proto(snapshot: Snapshot) -> pb.Snapshot:
                        state_hash=snapshot.state_hash, manifest_id=snapshot.manifest_id,
                        artifact_ids=list(snapshot.artifact_ids),
                        create_time=_ts(snapshot.created_us), format=snapshot.format,
-                       salt=snapshot.salt)
+                       salt=snapshot.salt, erasure_id=snapshot.erasure_id,
+                       erase_time=_ts(snapshot.erased_us), erased_by=snapshot.erased_by)
 
 
 def evidence_to_proto(evidence: Evidence) -> pb.Evidence:
@@ -141,6 +143,10 @@ def manifest_to_proto(manifest: Manifest) -> pb.Manifest:
 
 def _us(stamp: Timestamp) -> int:
     return time_us(stamp, "create_time", reason="INVALID_CREATE_TIME")
+
+
+def _erase_us(stamp: Timestamp) -> int:
+    return time_us(stamp, "erase_time", reason="INVALID_ERASE_TIME")
 
 
 def run_from_proto(run: pb.Run) -> Run:
@@ -168,7 +174,8 @@ def event_from_proto(event: pb.Event) -> Event:
                  artifact_ids=tuple(event.artifact_ids), created_us=_us(event.create_time),
                  agent_id=event.agent_id, prev_hash=event.prev_hash, hash=event.hash,
                  format=event.format or 1, salt=event.salt,
-                 payload_commitment=event.payload_commitment)
+                 payload_commitment=event.payload_commitment, erasure_id=event.erasure_id,
+                 erased_us=_erase_us(event.erase_time), erased_by=event.erased_by)
 
 
 def snapshot_from_proto(snapshot: pb.Snapshot) -> Snapshot:
@@ -177,7 +184,8 @@ def snapshot_from_proto(snapshot: pb.Snapshot) -> Snapshot:
                     manifest_id=snapshot.manifest_id,
                     artifact_ids=tuple(snapshot.artifact_ids),
                     created_us=_us(snapshot.create_time), format=snapshot.format or 1,
-                    salt=snapshot.salt)
+                    salt=snapshot.salt, erasure_id=snapshot.erasure_id,
+                    erased_us=_erase_us(snapshot.erase_time), erased_by=snapshot.erased_by)
 
 
 def evidence_from_proto(evidence: pb.Evidence, fleet_id: str) -> Evidence:
@@ -224,7 +232,7 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def __init__(self, service: ArtifactsService, eraser: RunEraser | None = None) -> None:
         self.service = service
         self.eraser = eraser or RunEraser(service, None)
-        self.imports = RunImports(service)
+        self.imports = RunImports(service, self.eraser.source)
 
     # -- runs ---------------------------------------------------------------
 
@@ -258,20 +266,23 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def ForgetRuns(self, request: pb.ForgetRunsRequest,
                    context: grpc.ServicerContext) -> pb.ForgetRunsResponse:
-        erased, already = self.eraser.erase(current_principal().fleet_id, request.erasure_id,
-                                            now_us())
+        erased, already, in_place = self.eraser.erase(current_principal().fleet_id,
+                                                      request.erasure_id, now_us())
         return pb.ForgetRunsResponse(runs=[pb.ForgottenRun(
             run_id=r.run_id, head_hash=r.head_hash, events=r.events, snapshots=r.snapshots,
             artifacts=r.artifacts, manifests=r.manifests, evidence=r.evidence) for r in erased],
-            already_erased=already)
+            already_erased=already, events_erased=in_place.events,
+            snapshots_erased=in_place.snapshots, items_already_erased=in_place.already)
 
     def FindRuns(self, request: pb.FindRunsRequest,
                  context: grpc.ServicerContext) -> pb.FindRunsResponse:
         found, more = self.eraser.find(current_principal().fleet_id, request.match,
                                        request.limit, context.is_active)
-        return pb.FindRunsResponse(runs=[pb.FoundRun(run_id=r.run_id, head_hash=r.head_hash,
-                                                     places=r.places) for r in found],
-                                   more=more)
+        return pb.FindRunsResponse(runs=[pb.FoundRun(
+            run_id=r.run_id, head_hash=r.head_hash, places=r.places,
+            items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
+                   for kind, item_id, leaf in r.items],
+            whole_run_needed=r.whole_run_needed) for r in found], more=more)
 
     def ImportRun(self, request: pb.ImportRunRequest,
                   context: grpc.ServicerContext) -> pb.ImportRunResponse:
@@ -347,10 +358,11 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
                         context: grpc.ServicerContext) -> pb.VerifyArtifactsResponse:
         fleet_id = current_principal().fleet_id
         checked, problems = self.service.verify(fleet_id, request.run_id)
-        snapshots, snapshot_problems = self.service.verify_snapshots(fleet_id, request.run_id)
+        snapshots, tombstoned, snapshot_problems = self.service.verify_snapshots(
+            fleet_id, request.run_id)
         return pb.VerifyArtifactsResponse(
             checked=checked, problems=[problem_to_proto(p) for p in problems],
-            snapshots_checked=snapshots,
+            snapshots_checked=snapshots, snapshots_tombstoned=tombstoned,
             snapshot_problems=[pb.SnapshotProblem(
                 snapshot_id=p.snapshot_id, run_id=p.run_id, problem=p.problem,
                 expected_hash=p.expected_hash, actual_hash=p.actual_hash)

@@ -15,7 +15,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, Index, Integer, String, Text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from services.artifacts.domain.chain import expected_state_hash
+from services.artifacts.domain.chain import expected_state_hash, tombstone_intact
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -125,6 +125,10 @@ class EventRow(Base):
     ``payload_commitment``, SHA-256 of the label, ``salt`` and the payload)."""
     salt: Mapped[str] = mapped_column(String(64), default="", server_default="")
     payload_commitment: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    erasure_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    """Set when erased in place (migration 0005): payload_json and salt are then empty."""
+    erased_us: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    erased_by: Mapped[str] = mapped_column(String(128), default="", server_default="")
 
     __table_args__ = (
         Index("uq_events_run_request", "fleet_id", "run_id", "request_id", unique=True),
@@ -136,7 +140,9 @@ class EventRow(Base):
                      artifact_ids=tuple(json.loads(self.artifact_ids_json)),
                      created_us=self.created_us, agent_id=self.agent_id,
                      prev_hash=self.prev_hash, hash=self.hash, format=self.format,
-                     salt=self.salt, payload_commitment=self.payload_commitment)
+                     salt=self.salt, payload_commitment=self.payload_commitment,
+                     erasure_id=self.erasure_id, erased_us=self.erased_us,
+                     erased_by=self.erased_by)
 
 
 class SnapshotRow(Base):
@@ -155,6 +161,10 @@ class SnapshotRow(Base):
     format: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     """1 (before migration 0004): state_hash = SHA-256(state); 2: its commitment under salt."""
     salt: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    erasure_id: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    """Set when erased in place (migration 0005): state_json and salt are then empty."""
+    erased_us: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    erased_by: Mapped[str] = mapped_column(String(128), default="", server_default="")
 
     __table_args__ = (
         Index("ix_snapshots_run_created", "fleet_id", "run_id", "created_us", "snapshot_id"),
@@ -162,8 +172,14 @@ class SnapshotRow(Base):
     )
 
     def problem(self) -> SnapshotProblem | None:
-        """What is wrong with this stored snapshot (its state re-hashed), or None."""
-        actual = expected_state_hash(self.format, self.salt, self.state_json)
+        """What is wrong with this stored snapshot (its state re-hashed), or None. A tombstone
+        (erased in place) has no state to re-hash: it must be a format-2 one with neither
+        state nor salt left."""
+        if self.erasure_id:
+            actual = self.state_hash if tombstone_intact(
+                self.format, self.salt, self.state_json, self.state_hash) else ""
+        else:
+            actual = expected_state_hash(self.format, self.salt, self.state_json)
         if actual != self.state_hash:
             return SnapshotProblem(self.snapshot_id, self.run_id, "SNAPSHOT_HASH_MISMATCH",
                                    self.state_hash, actual)
@@ -191,7 +207,9 @@ class SnapshotRow(Base):
                         state_json=self.state_json, state_hash=self.state_hash,
                         manifest_id=self.manifest_id,
                         artifact_ids=tuple(json.loads(self.artifact_ids_json)),
-                        created_us=self.created_us, format=self.format, salt=self.salt)
+                        created_us=self.created_us, format=self.format, salt=self.salt,
+                        erasure_id=self.erasure_id, erased_us=self.erased_us,
+                        erased_by=self.erased_by)
 
 
 class EvidenceRow(Base):

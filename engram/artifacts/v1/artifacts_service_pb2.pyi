@@ -156,14 +156,28 @@ class FindRunsRequest(_message.Message):
     def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class FoundRun(_message.Message):
-    __slots__ = ("run_id", "head_hash", "places")
+    __slots__ = ("run_id", "head_hash", "places", "items", "whole_run_needed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
     PLACES_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_RUN_NEEDED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     head_hash: str
     places: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., places: _Optional[_Iterable[str]] = ...) -> None: ...
+    items: _containers.RepeatedCompositeFieldContainer[FoundItem]
+    whole_run_needed: bool
+    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., places: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[FoundItem, _Mapping]]] = ..., whole_run_needed: _Optional[bool] = ...) -> None: ...
+
+class FoundItem(_message.Message):
+    __slots__ = ("kind", "id", "leaf_hash")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LEAF_HASH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    leaf_hash: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
 
 class FindRunsResponse(_message.Message):
     __slots__ = ("runs", "more")
@@ -174,12 +188,18 @@ class FindRunsResponse(_message.Message):
     def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class ForgetRunsResponse(_message.Message):
-    __slots__ = ("runs", "already_erased")
+    __slots__ = ("runs", "already_erased", "events_erased", "snapshots_erased", "items_already_erased")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_ERASED_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_ERASED_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[ForgottenRun]
     already_erased: int
-    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenRun, _Mapping]]] = ..., already_erased: _Optional[int] = ...) -> None: ...
+    events_erased: int
+    snapshots_erased: int
+    items_already_erased: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenRun, _Mapping]]] = ..., already_erased: _Optional[int] = ..., events_erased: _Optional[int] = ..., snapshots_erased: _Optional[int] = ..., items_already_erased: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("artifact_id", "run_id", "step_id", "path", "hash", "mime_type", "size_bytes", "create_time", "metadata_json")
@@ -318,16 +338,18 @@ class VerifyArtifactsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class VerifyArtifactsResponse(_message.Message):
-    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems")
+    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     checked: int
     problems: _containers.RepeatedCompositeFieldContainer[ArtifactProblem]
     snapshots_checked: int
     snapshot_problems: _containers.RepeatedCompositeFieldContainer[SnapshotProblem]
-    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ...) -> None: ...
+    snapshots_tombstoned: int
+    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ...) -> None: ...
 
 class SnapshotProblem(_message.Message):
     __slots__ = ("snapshot_id", "run_id", "problem", "expected_hash", "actual_hash")
@@ -344,7 +366,7 @@ class SnapshotProblem(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., problem: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("run_id", "seq", "type", "payload_json", "manifest_id", "artifact_ids", "create_time", "prev_hash", "hash", "agent_id", "format", "salt", "payload_commitment")
+    __slots__ = ("run_id", "seq", "type", "payload_json", "manifest_id", "artifact_ids", "create_time", "prev_hash", "hash", "agent_id", "format", "salt", "payload_commitment", "erasure_id", "erase_time", "erased_by")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +380,9 @@ class Event(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERASED_BY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     seq: int
     type: str
@@ -371,7 +396,10 @@ class Event(_message.Message):
     format: int
     salt: str
     payload_commitment: str
-    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., agent_id: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., payload_commitment: _Optional[str] = ...) -> None: ...
+    erasure_id: str
+    erase_time: _timestamp_pb2.Timestamp
+    erased_by: str
+    def __init__(self, run_id: _Optional[str] = ..., seq: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., agent_id: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., payload_commitment: _Optional[str] = ..., erasure_id: _Optional[str] = ..., erase_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., erased_by: _Optional[str] = ...) -> None: ...
 
 class AppendEventRequest(_message.Message):
     __slots__ = ("run_id", "type", "payload_json", "manifest_id", "artifact_ids", "request_id")
@@ -430,7 +458,7 @@ class ReplayEventsResponse(_message.Message):
     def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("snapshot_id", "run_id", "seq", "state_json", "state_hash", "manifest_id", "artifact_ids", "create_time", "format", "salt")
+    __slots__ = ("snapshot_id", "run_id", "seq", "state_json", "state_hash", "manifest_id", "artifact_ids", "create_time", "format", "salt", "erasure_id", "erase_time", "erased_by")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -441,6 +469,9 @@ class Snapshot(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERASED_BY_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     run_id: str
     seq: int
@@ -451,7 +482,10 @@ class Snapshot(_message.Message):
     create_time: _timestamp_pb2.Timestamp
     format: int
     salt: str
-    def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state_json: _Optional[str] = ..., state_hash: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ...) -> None: ...
+    erasure_id: str
+    erase_time: _timestamp_pb2.Timestamp
+    erased_by: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., run_id: _Optional[str] = ..., seq: _Optional[int] = ..., state_json: _Optional[str] = ..., state_hash: _Optional[str] = ..., manifest_id: _Optional[str] = ..., artifact_ids: _Optional[_Iterable[str]] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., erasure_id: _Optional[str] = ..., erase_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., erased_by: _Optional[str] = ...) -> None: ...
 
 class CreateSnapshotRequest(_message.Message):
     __slots__ = ("run_id", "state_json", "seq", "manifest_id", "artifact_ids", "request_id")

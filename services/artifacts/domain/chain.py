@@ -11,6 +11,7 @@ events (stored before) keep their hashes and verify as they always did.
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
@@ -25,6 +26,7 @@ FORMAT = 2
 """The format of events and snapshots made now (1: plain hashes of the content; 2: salted
 commitments to it, docs/erasure.md)."""
 FORMATS = (1, 2)
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def event_hash(*, prev_hash: str, run_id: str, seq: int, type: str, payload_json: str,
@@ -83,10 +85,23 @@ def expected_hash(event: Event, prev_hash: str) -> str:
                       created_us=event.created_us)
 
 
+def tombstone_intact(format: int, salt: str, content: str, kept_commitment: str) -> bool:
+    """Whether an item erased in place is a well-formed tombstone: format 2 (a format-1 item's
+    hash needs its content, so it is never erased in place), its content and salt gone, its
+    commitment kept (what its link or ``state_hash`` is checked against)."""
+    return format == 2 and not salt and not content and bool(
+        _HEX64.fullmatch(kept_commitment))
+
+
 def event_intact(event: Event, prev_hash: str) -> bool:
     """Whether ``event`` hashes to its hash after ``prev_hash``; format 2 also needs its
-    commitment to recompute from its payload and salt (format 1 has neither)."""
-    if event.format == 2:
+    commitment to recompute from its payload and salt (format 1 has neither). An event erased
+    in place (a tombstone) recomputes its link from its stored commitment alone."""
+    if event.erasure_id:
+        if not tombstone_intact(event.format, event.salt, event.payload_json,
+                                event.payload_commitment):
+            return False
+    elif event.format == 2:
         if not commits_to(event.salt, event.payload_json.encode(), event.payload_commitment):
             return False
     elif event.format != 1 or event.salt or event.payload_commitment:
@@ -125,6 +140,8 @@ class ChainVerifier:
         self.run_id = run_id
         self.head = head
         self.length = length
+        self.tombstoned = 0
+        """Events checked that were erased in place (their links verified, no content)."""
 
     def check(self, event: Event) -> Event:
         if event.seq != self.length + 1:
@@ -139,6 +156,7 @@ class ChainVerifier:
                 metadata={"run_id": self.run_id, "seq": str(event.seq)})
         self.head = event.hash
         self.length = event.seq
+        self.tombstoned += event.erased
         return event
 
     def check_all(self, events: Iterable[Event]) -> str:

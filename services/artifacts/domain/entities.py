@@ -74,6 +74,14 @@ class Event:
     """Format 2: 32 random bytes (hex), kept beside the payload and erased with it."""
     payload_commitment: str = ""
     """Format 2: SHA-256("engram-commit-v2" 0x1f salt payload_json)."""
+    erasure_id: str = ""
+    """Set when erased in place (a tombstone): payload and salt are gone, the rest is kept."""
+    erased_us: int = 0
+    erased_by: str = ""
+
+    @property
+    def erased(self) -> bool:
+        return bool(self.erasure_id)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,14 @@ class Snapshot:
     created_us: int
     format: int = 1
     salt: str = ""
+    erasure_id: str = ""
+    """Set when erased in place (a tombstone): state and salt are gone, state_hash kept."""
+    erased_us: int = 0
+    erased_by: str = ""
+
+    @property
+    def erased(self) -> bool:
+        return bool(self.erasure_id)
 
 
 @dataclass(frozen=True)

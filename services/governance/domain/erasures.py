@@ -15,7 +15,9 @@ from services.common.limits import check_limit
 from services.common.tokens import validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
-ITEM_KINDS = ("record", "summary", "run", "iterations")
+ITEM_KINDS = ("record", "summary", "run", "iterations", "event", "snapshot")
+"""``event``: one event of a kept run, id ``<run_id>:<seq>``, leaf its hash; ``snapshot``: one
+snapshot, leaf its state_hash (both erased in place by the artifacts service)."""
 MAX_REASON_CHARS = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ERASURE_ID = re.compile(r"era_[0-9a-f]{28}")
@@ -84,6 +86,13 @@ def check_erasure_id(erasure_id: str) -> str:
     return erasure_id
 
 
+def _check_event_id(index: int, item_id: str) -> None:
+    run_id, _, seq = item_id.rpartition(":")
+    if not run_id or not seq.isascii() or not seq.isdigit() or seq.startswith("0"):
+        raise InvalidArgument(f"item {index}: an event's id is <run_id>:<seq> (seq from 1, no "
+                              f"leading zeros), got {item_id[:80]!r}", reason="INVALID_ITEM")
+
+
 def check_request(selector_kind: str, selector_value: str, reason: str,
                   items: Sequence[ErasedItem]) -> None:
     """INVALID_ARGUMENT naming what is wrong with an erasure request."""
@@ -109,6 +118,8 @@ def check_request(selector_kind: str, selector_value: str, reason: str,
             raise InvalidArgument(f"item {index}: kind must be one of {', '.join(ITEM_KINDS)}, "
                                   f"got {item.kind!r}", reason="INVALID_ITEM")
         validate_identifier(f"item {index} id", item.id)
+        if item.kind == "event":
+            _check_event_id(index, item.id)
         if not _HEX64.fullmatch(item.leaf_hash):
             raise InvalidArgument(f"item {index}: leaf_hash must be 64 lowercase hex digits",
                                   reason="INVALID_ITEM")

@@ -226,8 +226,9 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert done["erased"] == len(would)
             assert [log["run_id"] for log in done["erasures"][0]["iteration_logs"]] == ["run-10"]
             assert done["runs_holding_text"] == []
-            assert run("forget", "--match", marker) == {"erased": 0, "erasures": [],
-                                                        "runs_holding_text": []}
+            assert run("forget", "--match", marker) == {
+                "erased": 0, "events_erased": 0, "snapshots_erased": 0, "erasures": [],
+                "runs_holding_text": [], "format1_events_left": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])

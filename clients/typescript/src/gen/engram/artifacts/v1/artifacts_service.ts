@@ -216,6 +216,24 @@ export interface FoundRun {
   headHash: string;
   /** Where the text was found: "event 3", "snapshot snap_…", "artifact art_…", … */
   places: string[];
+  /**
+   * The format-2 events (kind "event", id "<run_id>:<seq>", leaf_hash its hash)
+   * and snapshots (kind "snapshot", id, leaf_hash its state_hash) whose payload
+   * or state holds the text: erasable in place, the run kept.
+   */
+  items: FoundItem[];
+  /**
+   * The text is held where only erasing the whole run removes it (the run's
+   * metadata or stop reason, an event type, a format-1 event or snapshot, a
+   * manifest, an artifact or cited evidence).
+   */
+  wholeRunNeeded: boolean;
+}
+
+export interface FoundItem {
+  kind: string;
+  id: string;
+  leafHash: string;
 }
 
 export interface FindRunsResponse {
@@ -229,6 +247,14 @@ export interface ForgetRunsResponse {
   runs: ForgottenRun[];
   /** Runs of the erasure erased before this call. */
   alreadyErased: number;
+  /** Events and snapshots of kept runs erased in place by this call (tombstones). */
+  eventsErased: number;
+  snapshotsErased: number;
+  /**
+   * Events and snapshots of the erasure already erased before this call (in place,
+   * or with their whole run).
+   */
+  itemsAlreadyErased: number;
 }
 
 export interface Artifact {
@@ -333,6 +359,11 @@ export interface VerifyArtifactsResponse {
   /** Snapshots whose state was re-hashed (the run's, or the fleet's), and those that failed. */
   snapshotsChecked: number;
   snapshotProblems: SnapshotProblem[];
+  /**
+   * Of snapshots_checked, those erased in place (tombstones: state_hash kept, no
+   * state to re-hash), counted, not failed.
+   */
+  snapshotsTombstoned: number;
 }
 
 export interface SnapshotProblem {
@@ -371,6 +402,14 @@ export interface Event {
   salt: string;
   /** Format 2: SHA-256("engram-commit-v2" 0x1f salt payload_json) (hex). */
   payloadCommitment: string;
+  /**
+   * Set when the event was erased in place (engram forget; docs/erasure.md):
+   * a tombstone. payload_json and salt are then empty; hash and
+   * payload_commitment are kept, so the chain still verifies.
+   */
+  erasureId: string;
+  eraseTime: Date | undefined;
+  erasedBy: string;
 }
 
 export interface AppendEventRequest {
@@ -431,6 +470,13 @@ export interface Snapshot {
   format: number;
   /** Format 2: 32 random bytes (hex) kept beside the state, erased with it. */
   salt: string;
+  /**
+   * Set when the snapshot was erased in place (a tombstone): state_json and
+   * salt are then empty, state_hash is kept.
+   */
+  erasureId: string;
+  eraseTime: Date | undefined;
+  erasedBy: string;
 }
 
 export interface CreateSnapshotRequest {
@@ -1936,7 +1982,7 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
 };
 
 function createBaseFoundRun(): FoundRun {
-  return { runId: "", headHash: "", places: [] };
+  return { runId: "", headHash: "", places: [], items: [], wholeRunNeeded: false };
 }
 
 export const FoundRun: MessageFns<FoundRun> = {
@@ -1949,6 +1995,12 @@ export const FoundRun: MessageFns<FoundRun> = {
     }
     for (const v of message.places) {
       writer.uint32(26).string(v!);
+    }
+    for (const v of message.items) {
+      FoundItem.encode(v!, writer.uint32(34).fork()).join();
+    }
+    if (message.wholeRunNeeded !== false) {
+      writer.uint32(40).bool(message.wholeRunNeeded);
     }
     return writer;
   },
@@ -1990,6 +2042,22 @@ export const FoundRun: MessageFns<FoundRun> = {
             message.places.push(reader.string());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.items.push(FoundItem.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.wholeRunNeeded = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2015,6 +2083,12 @@ export const FoundRun: MessageFns<FoundRun> = {
         ? globalThis.String(object.head_hash)
         : "",
       places: globalThis.Array.isArray(object?.places) ? object.places.map((e: any) => globalThis.String(e)) : [],
+      items: globalThis.Array.isArray(object?.items) ? object.items.map((e: any) => FoundItem.fromJSON(e)) : [],
+      wholeRunNeeded: isSet(object.wholeRunNeeded)
+        ? globalThis.Boolean(object.wholeRunNeeded)
+        : isSet(object.whole_run_needed)
+        ? globalThis.Boolean(object.whole_run_needed)
+        : false,
     };
   },
 
@@ -2029,6 +2103,12 @@ export const FoundRun: MessageFns<FoundRun> = {
     if (message.places?.length) {
       obj.places = message.places;
     }
+    if (message.items?.length) {
+      obj.items = message.items.map((e) => FoundItem.toJSON(e));
+    }
+    if (message.wholeRunNeeded !== false) {
+      obj.wholeRunNeeded = message.wholeRunNeeded;
+    }
     return obj;
   },
 
@@ -2040,6 +2120,113 @@ export const FoundRun: MessageFns<FoundRun> = {
     message.runId = object.runId ?? "";
     message.headHash = object.headHash ?? "";
     message.places = object.places?.map((e) => e) || [];
+    message.items = object.items?.map((e) => FoundItem.fromPartial(e)) || [];
+    message.wholeRunNeeded = object.wholeRunNeeded ?? false;
+    return message;
+  },
+};
+
+function createBaseFoundItem(): FoundItem {
+  return { kind: "", id: "", leafHash: "" };
+}
+
+export const FoundItem: MessageFns<FoundItem> = {
+  encode(message: FoundItem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.kind !== "") {
+      writer.uint32(10).string(message.kind);
+    }
+    if (message.id !== "") {
+      writer.uint32(18).string(message.id);
+    }
+    if (message.leafHash !== "") {
+      writer.uint32(26).string(message.leafHash);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FoundItem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFoundItem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.leafHash = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FoundItem {
+    return {
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      leafHash: isSet(object.leafHash)
+        ? globalThis.String(object.leafHash)
+        : isSet(object.leaf_hash)
+        ? globalThis.String(object.leaf_hash)
+        : "",
+    };
+  },
+
+  toJSON(message: FoundItem): unknown {
+    const obj: any = {};
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.leafHash !== "") {
+      obj.leafHash = message.leafHash;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FoundItem>, I>>(base?: I): FoundItem {
+    return FoundItem.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FoundItem>, I>>(object: I): FoundItem {
+    const message = createBaseFoundItem();
+    message.kind = object.kind ?? "";
+    message.id = object.id ?? "";
+    message.leafHash = object.leafHash ?? "";
     return message;
   },
 };
@@ -2130,7 +2317,7 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
 };
 
 function createBaseForgetRunsResponse(): ForgetRunsResponse {
-  return { runs: [], alreadyErased: 0 };
+  return { runs: [], alreadyErased: 0, eventsErased: 0, snapshotsErased: 0, itemsAlreadyErased: 0 };
 }
 
 export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
@@ -2140,6 +2327,15 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     }
     if (message.alreadyErased !== 0) {
       writer.uint32(16).int32(message.alreadyErased);
+    }
+    if (message.eventsErased !== 0) {
+      writer.uint32(24).int32(message.eventsErased);
+    }
+    if (message.snapshotsErased !== 0) {
+      writer.uint32(32).int32(message.snapshotsErased);
+    }
+    if (message.itemsAlreadyErased !== 0) {
+      writer.uint32(40).int32(message.itemsAlreadyErased);
     }
     return writer;
   },
@@ -2173,6 +2369,30 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
             message.alreadyErased = reader.int32();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.eventsErased = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.snapshotsErased = reader.int32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.itemsAlreadyErased = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2193,6 +2413,21 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
         : isSet(object.already_erased)
         ? globalThis.Number(object.already_erased)
         : 0,
+      eventsErased: isSet(object.eventsErased)
+        ? globalThis.Number(object.eventsErased)
+        : isSet(object.events_erased)
+        ? globalThis.Number(object.events_erased)
+        : 0,
+      snapshotsErased: isSet(object.snapshotsErased)
+        ? globalThis.Number(object.snapshotsErased)
+        : isSet(object.snapshots_erased)
+        ? globalThis.Number(object.snapshots_erased)
+        : 0,
+      itemsAlreadyErased: isSet(object.itemsAlreadyErased)
+        ? globalThis.Number(object.itemsAlreadyErased)
+        : isSet(object.items_already_erased)
+        ? globalThis.Number(object.items_already_erased)
+        : 0,
     };
   },
 
@@ -2204,6 +2439,15 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     if (message.alreadyErased !== 0) {
       obj.alreadyErased = Math.round(message.alreadyErased);
     }
+    if (message.eventsErased !== 0) {
+      obj.eventsErased = Math.round(message.eventsErased);
+    }
+    if (message.snapshotsErased !== 0) {
+      obj.snapshotsErased = Math.round(message.snapshotsErased);
+    }
+    if (message.itemsAlreadyErased !== 0) {
+      obj.itemsAlreadyErased = Math.round(message.itemsAlreadyErased);
+    }
     return obj;
   },
 
@@ -2214,6 +2458,9 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     const message = createBaseForgetRunsResponse();
     message.runs = object.runs?.map((e) => ForgottenRun.fromPartial(e)) || [];
     message.alreadyErased = object.alreadyErased ?? 0;
+    message.eventsErased = object.eventsErased ?? 0;
+    message.snapshotsErased = object.snapshotsErased ?? 0;
+    message.itemsAlreadyErased = object.itemsAlreadyErased ?? 0;
     return message;
   },
 };
@@ -3757,7 +4004,7 @@ export const VerifyArtifactsRequest: MessageFns<VerifyArtifactsRequest> = {
 };
 
 function createBaseVerifyArtifactsResponse(): VerifyArtifactsResponse {
-  return { checked: 0, problems: [], snapshotsChecked: 0, snapshotProblems: [] };
+  return { checked: 0, problems: [], snapshotsChecked: 0, snapshotProblems: [], snapshotsTombstoned: 0 };
 }
 
 export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
@@ -3773,6 +4020,9 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     }
     for (const v of message.snapshotProblems) {
       SnapshotProblem.encode(v!, writer.uint32(34).fork()).join();
+    }
+    if (message.snapshotsTombstoned !== 0) {
+      writer.uint32(40).int64(message.snapshotsTombstoned);
     }
     return writer;
   },
@@ -3822,6 +4072,14 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
             message.snapshotProblems.push(SnapshotProblem.decode(reader, reader.uint32()));
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.snapshotsTombstoned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3850,6 +4108,11 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
         : globalThis.Array.isArray(object?.snapshot_problems)
         ? object.snapshot_problems.map((e: any) => SnapshotProblem.fromJSON(e))
         : [],
+      snapshotsTombstoned: isSet(object.snapshotsTombstoned)
+        ? globalThis.Number(object.snapshotsTombstoned)
+        : isSet(object.snapshots_tombstoned)
+        ? globalThis.Number(object.snapshots_tombstoned)
+        : 0,
     };
   },
 
@@ -3867,6 +4130,9 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     if (message.snapshotProblems?.length) {
       obj.snapshotProblems = message.snapshotProblems.map((e) => SnapshotProblem.toJSON(e));
     }
+    if (message.snapshotsTombstoned !== 0) {
+      obj.snapshotsTombstoned = Math.round(message.snapshotsTombstoned);
+    }
     return obj;
   },
 
@@ -3879,6 +4145,7 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     message.problems = object.problems?.map((e) => ArtifactProblem.fromPartial(e)) || [];
     message.snapshotsChecked = object.snapshotsChecked ?? 0;
     message.snapshotProblems = object.snapshotProblems?.map((e) => SnapshotProblem.fromPartial(e)) || [];
+    message.snapshotsTombstoned = object.snapshotsTombstoned ?? 0;
     return message;
   },
 };
@@ -4047,6 +4314,9 @@ function createBaseEvent(): Event {
     format: 0,
     salt: "",
     payloadCommitment: "",
+    erasureId: "",
+    eraseTime: undefined,
+    erasedBy: "",
   };
 }
 
@@ -4090,6 +4360,15 @@ export const Event: MessageFns<Event> = {
     }
     if (message.payloadCommitment !== "") {
       writer.uint32(106).string(message.payloadCommitment);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(114).string(message.erasureId);
+    }
+    if (message.eraseTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.eraseTime), writer.uint32(122).fork()).join();
+    }
+    if (message.erasedBy !== "") {
+      writer.uint32(130).string(message.erasedBy);
     }
     return writer;
   },
@@ -4211,6 +4490,30 @@ export const Event: MessageFns<Event> = {
             message.payloadCommitment = reader.string();
             continue;
           }
+          case 14: {
+            if (tag !== 114) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.eraseTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.erasedBy = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4270,6 +4573,21 @@ export const Event: MessageFns<Event> = {
         : isSet(object.payload_commitment)
         ? globalThis.String(object.payload_commitment)
         : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      eraseTime: isSet(object.eraseTime)
+        ? fromJsonTimestamp(object.eraseTime)
+        : isSet(object.erase_time)
+        ? fromJsonTimestamp(object.erase_time)
+        : undefined,
+      erasedBy: isSet(object.erasedBy)
+        ? globalThis.String(object.erasedBy)
+        : isSet(object.erased_by)
+        ? globalThis.String(object.erased_by)
+        : "",
     };
   },
 
@@ -4314,6 +4632,15 @@ export const Event: MessageFns<Event> = {
     if (message.payloadCommitment !== "") {
       obj.payloadCommitment = message.payloadCommitment;
     }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.eraseTime !== undefined) {
+      obj.eraseTime = message.eraseTime.toISOString();
+    }
+    if (message.erasedBy !== "") {
+      obj.erasedBy = message.erasedBy;
+    }
     return obj;
   },
 
@@ -4335,6 +4662,9 @@ export const Event: MessageFns<Event> = {
     message.format = object.format ?? 0;
     message.salt = object.salt ?? "";
     message.payloadCommitment = object.payloadCommitment ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.eraseTime = object.eraseTime ?? undefined;
+    message.erasedBy = object.erasedBy ?? "";
     return message;
   },
 };
@@ -4967,6 +5297,9 @@ function createBaseSnapshot(): Snapshot {
     createTime: undefined,
     format: 0,
     salt: "",
+    erasureId: "",
+    eraseTime: undefined,
+    erasedBy: "",
   };
 }
 
@@ -5001,6 +5334,15 @@ export const Snapshot: MessageFns<Snapshot> = {
     }
     if (message.salt !== "") {
       writer.uint32(82).string(message.salt);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(90).string(message.erasureId);
+    }
+    if (message.eraseTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.eraseTime), writer.uint32(98).fork()).join();
+    }
+    if (message.erasedBy !== "") {
+      writer.uint32(106).string(message.erasedBy);
     }
     return writer;
   },
@@ -5098,6 +5440,30 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.salt = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.eraseTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.erasedBy = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5150,6 +5516,21 @@ export const Snapshot: MessageFns<Snapshot> = {
         : undefined,
       format: isSet(object.format) ? globalThis.Number(object.format) : 0,
       salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      eraseTime: isSet(object.eraseTime)
+        ? fromJsonTimestamp(object.eraseTime)
+        : isSet(object.erase_time)
+        ? fromJsonTimestamp(object.erase_time)
+        : undefined,
+      erasedBy: isSet(object.erasedBy)
+        ? globalThis.String(object.erasedBy)
+        : isSet(object.erased_by)
+        ? globalThis.String(object.erased_by)
+        : "",
     };
   },
 
@@ -5185,6 +5566,15 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.salt !== "") {
       obj.salt = message.salt;
     }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.eraseTime !== undefined) {
+      obj.eraseTime = message.eraseTime.toISOString();
+    }
+    if (message.erasedBy !== "") {
+      obj.erasedBy = message.erasedBy;
+    }
     return obj;
   },
 
@@ -5203,6 +5593,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     message.createTime = object.createTime ?? undefined;
     message.format = object.format ?? 0;
     message.salt = object.salt ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.eraseTime = object.eraseTime ?? undefined;
+    message.erasedBy = object.erasedBy ?? "";
     return message;
   },
 };

@@ -523,10 +523,16 @@ export interface ListAccessRestrictionsResponse {
 }
 
 export interface ErasedItem {
-  /** "record" or "summary". */
+  /**
+   * "record", "summary", "run", "iterations", "event" (id "<run_id>:<seq>") or
+   * "snapshot" (id the snapshot's).
+   */
   kind: string;
   id: string;
-  /** The hash the item's tombstone keeps (a record's record_hash). */
+  /**
+   * The hash the item's tombstone keeps (a record's record_hash, a run's or an
+   * event's hash, a snapshot's state_hash).
+   */
   leafHash: string;
 }
 
