@@ -1,0 +1,148 @@
+"""Events and snapshots erased in place travel in bundles as tombstones (docs/bundle.md,
+docs/erasure.md): the target takes one only when an erasure it holds lists it under its kept
+hash, replays the run's chain through it and reads it without content; a bundle made before
+the erasure brings the content back nowhere (imported after, it changes nothing; imported
+before, the import's last step erases it). ImportRunItems refuses a tombstone without its
+erasure, one its erasure does not list, and malformed tombstone fields, storing nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.client import EngramRpcError
+from engram.client.artifacts import ArtifactsClient
+from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, cli_for
+from tests.stack import full_stack
+
+FLEET = "fleet-a"
+SECRET = "zqxbundled-secret"
+
+
+def _copy(event: apb.Event, **changes: object) -> apb.Event:
+    copied = apb.Event()
+    copied.CopyFrom(event)
+    for name, value in changes.items():
+        if name == "erase_us":
+            copied.erase_time.FromMicroseconds(int(str(value)))
+        elif name == "no_erase_time":
+            copied.ClearField("erase_time")
+        else:
+            setattr(copied, name, value)
+    return copied
+
+
+def _refused(call: object, **kwargs: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(EngramRpcError) as refused:
+        call(**kwargs)  # type: ignore[operator]
+    return refused.value.code, refused.value.reason
+
+
+def test_an_event_erased_in_place_travels_as_a_tombstone(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        with ArtifactsClient(origin.artifacts.address, agent) as art:
+            art.start_run("run-t", {})
+            art.append_event("run-t", "tool.called", {"q": "plain"})
+            art.append_event("run-t", "tool.called", {"q": SECRET})
+            art.create_snapshot("run-t", {"seen": SECRET}, seq=2)
+            art.append_event("run-t", "tool.result", {"ok": True})
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "-o", str(before))
+            done = run("forget", "--match", SECRET)
+            assert (done["events_erased"], done["snapshots_erased"]) == (1, 1)
+            run("export", "--fleet", FLEET, "-o", str(after))
+        erasure_id = done["erasures"][0]["erasure_id"]
+        with ArtifactsClient(origin.artifacts.address, admin) as art:
+            events = list(art.replay("run-t"))
+            snapshot = art.latest_snapshot("run-t")
+        with GovernanceClient(origin.governance.address, admin) as gov:
+            erasure = gov.erasure(erasure_id)
+    tombstone = events[1]
+    assert tombstone.erasure_id == erasure_id and not tombstone.payload_json
+
+    # the newer bundle, then the older: the tombstone stays
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token, governed=True) as target, \
+            cli_for(target, admin, monkeypatch) as run:
+        loaded = run("import-bundle", str(after))
+        assert loaded["not_imported"] == {}
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            assert list(art.replay("run-t")) == events
+            assert art.latest_snapshot("run-t") == snapshot
+            report = art.verify("run-t")
+            assert report.snapshots_tombstoned == 1 and not report.snapshot_problems
+        run("import-bundle", str(before))
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            assert list(art.replay("run-t")) == events  # nothing brought back
+            assert art.latest_snapshot("run-t") == snapshot
+
+    # the older bundle, then the newer: its last step erases the copy the older brought
+    (tmp_path / "c").mkdir()
+    with full_stack(tmp_path / "c", engram_home, make_token, governed=True) as target, \
+            cli_for(target, admin, monkeypatch) as run:
+        run("import-bundle", str(before))
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            assert SECRET in list(art.replay("run-t"))[1].payload_json
+        run("import-bundle", str(after))
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            again = list(art.replay("run-t"))
+            assert [e.hash for e in again] == [e.hash for e in events]
+            assert not again[1].payload_json and again[1].erasure_id == erasure_id
+            assert not art.latest_snapshot("run-t").state_json
+
+    # ImportRunItems on a target with the run's first event only
+    (tmp_path / "d").mkdir()
+    with full_stack(tmp_path / "d", engram_home, make_token, governed=True) as target, \
+            ArtifactsClient(target.artifacts.address, admin) as art:
+        run_row = apb.Run(run_id="run-t", agent_id="scout-1",
+                          status=apb.RUN_STATUS_RUNNING, metadata_json="{}")
+        run_row.create_time.CopyFrom(events[0].create_time)
+        art.import_run(run_row)
+        art.import_run_items(events=[events[0]])
+        assert _refused(art.import_run_items, events=[tombstone]) == (
+            grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND")  # no such erasure here
+        with GovernanceClient(target.governance.address, admin) as gov:
+            other = gov.record_erasure("run", "run-t", [gpb.ErasedItem(
+                kind="event", id="run-t:3", leaf_hash=events[2].hash)]).erasure
+        for bad, expected in (
+                (_copy(tombstone, erasure_id=other.erasure_id),  # lists another event
+                 (grpc.StatusCode.FAILED_PRECONDITION, "TOMBSTONE_NOT_IN_ERASURE")),
+                (_copy(tombstone, payload_json='{"q":"back"}'),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "EVENT_HASH_MISMATCH")),
+                (_copy(tombstone, salt="ab" * 32),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "EVENT_HASH_MISMATCH")),
+                (_copy(tombstone, no_erase_time=True),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE")),
+                (_copy(tombstone, erasure_id="nope"),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE")),
+                (_copy(tombstone, erased_by="a b"),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_IDENTIFIER")),
+                (_copy(events[0], erased_by="op"),  # fields of a tombstone, no erasure
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE")),
+                (_copy(events[0], erase_us=5),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE"))):
+            assert _refused(art.import_run_items, events=[bad]) == expected, bad
+        restored = apb.Snapshot()
+        restored.CopyFrom(snapshot)
+        restored.state_json = '{"seen":"back"}'
+        assert _refused(art.import_run_items, snapshots=[restored]) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "SNAPSHOT_HASH_MISMATCH")
+        assert _refused(art.import_run_items, snapshots=[snapshot]) == (
+            grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND")
+        assert art.get_run("run-t").event_count == 1  # nothing stored
+        assert not list(art.list_snapshots("run-t"))
+        with GovernanceClient(target.governance.address, admin) as gov:
+            gov.import_erasures([erasure])
+        assert art.import_run_items(events=[tombstone], snapshots=[snapshot]).created == 2
+        assert list(art.replay("run-t")) == events[:2]
+        assert art.latest_snapshot("run-t") == snapshot
