@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NoReturn, TypeVar
 from pydantic import ValidationError
 
 from services.common.logging_setup import configure_logging
+from services.common.memory import limit_arenas
 from services.common.settings import ServerSettings
 from services.common.tracing import configure_tracing
 
@@ -51,6 +52,7 @@ def _fail(service: str, message: str) -> NoReturn:
 def run_service(service: str, settings_type: type[S],
                 build: Callable[[S], EngramServer]) -> None:
     """Parse settings, build and start the server, serve until signalled; exit 2 if it cannot."""
+    limit_arenas()  # before the server's threads exist
     try:
         settings = settings_type()
     except ValidationError as error:

@@ -65,8 +65,10 @@ def _serve(conn: Connection, model: Any, niceness: int) -> None:
 def _child(foreground: list[Connection], background: Connection, spec: ModelSpec | None,
            threads: int, int8: bool, niceness: int, log_level: str) -> None:
     from services.common.logging_setup import configure_logging
+    from services.common.memory import limit_arenas
     from services.shard.retrieval.embedding_onnx import onnx_encoder
 
+    limit_arenas()  # as the services do (run_service): a fresh interpreter, not inherited
     configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
 
     try:
