@@ -226,17 +226,23 @@ class ArtifactsServiceServicer:
         --run; docs/erasure.md): their events, snapshots, artifacts (rows and
         blobs, every S3 version), manifests and the evidence citing their
         artifacts. A tombstone keeps each run's id, author, event count and head
-        hash; the run id is never used again. Governor or admin role.
+        hash; the run id is never used again. The single events ("event" items,
+        id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
+        in place, their runs kept: payload or state and salt go, the hashes stay
+        (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
+        held in the fleet). Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FindRuns(self, request, context):
-        """The runs whose events, snapshots, manifests, artifact names and metadata,
-        artifact bytes or cited evidence hold a text (case-insensitive; bytes:
-        ASCII letters only), for engram forget --match: such a run can only be
-        erased whole. Reads every blob of the fleet. Governor or admin role.
+        """The runs whose metadata, stop reason, events, snapshots, manifests,
+        artifact names and metadata, artifact bytes or cited evidence hold a text
+        (case-insensitive), for engram forget --match: the format-2 events and
+        snapshots holding it are listed as items erasable in place; elsewhere it
+        needs the whole run erased (whole_run_needed). Reads every blob of the
+        fleet. Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -54,13 +54,19 @@ class ArtifactsServiceStub:
     --run; docs/erasure.md): their events, snapshots, artifacts (rows and
     blobs, every S3 version), manifests and the evidence citing their
     artifacts. A tombstone keeps each run's id, author, event count and head
-    hash; the run id is never used again. Governor or admin role.
+    hash; the run id is never used again. The single events ("event" items,
+    id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
+    in place, their runs kept: payload or state and salt go, the hashes stay
+    (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
+    held in the fleet). Governor or admin role.
     """
     FindRuns: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]
-    """The runs whose events, snapshots, manifests, artifact names and metadata,
-    artifact bytes or cited evidence hold a text (case-insensitive; bytes:
-    ASCII letters only), for engram forget --match: such a run can only be
-    erased whole. Reads every blob of the fleet. Governor or admin role.
+    """The runs whose metadata, stop reason, events, snapshots, manifests,
+    artifact names and metadata, artifact bytes or cited evidence hold a text
+    (case-insensitive), for engram forget --match: the format-2 events and
+    snapshots holding it are listed as items erasable in place; elsewhere it
+    needs the whole run erased (whole_run_needed). Reads every blob of the
+    fleet. Governor or admin role.
     """
     CreateArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]
     """Uploads one artifact as a stream: the first message carries the header,
@@ -176,13 +182,19 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     --run; docs/erasure.md): their events, snapshots, artifacts (rows and
     blobs, every S3 version), manifests and the evidence citing their
     artifacts. A tombstone keeps each run's id, author, event count and head
-    hash; the run id is never used again. Governor or admin role.
+    hash; the run id is never used again. The single events ("event" items,
+    id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
+    in place, their runs kept: payload or state and salt go, the hashes stay
+    (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
+    held in the fleet). Governor or admin role.
     """
     FindRuns: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]  # type: ignore[assignment]
-    """The runs whose events, snapshots, manifests, artifact names and metadata,
-    artifact bytes or cited evidence hold a text (case-insensitive; bytes:
-    ASCII letters only), for engram forget --match: such a run can only be
-    erased whole. Reads every blob of the fleet. Governor or admin role.
+    """The runs whose metadata, stop reason, events, snapshots, manifests,
+    artifact names and metadata, artifact bytes or cited evidence hold a text
+    (case-insensitive), for engram forget --match: the format-2 events and
+    snapshots holding it are listed as items erasable in place; elsewhere it
+    needs the whole run erased (whole_run_needed). Reads every blob of the
+    fleet. Governor or admin role.
     """
     CreateArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]  # type: ignore[assignment]
     """Uploads one artifact as a stream: the first message carries the header,
@@ -325,7 +337,11 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         --run; docs/erasure.md): their events, snapshots, artifacts (rows and
         blobs, every S3 version), manifests and the evidence citing their
         artifacts. A tombstone keeps each run's id, author, event count and head
-        hash; the run id is never used again. Governor or admin role.
+        hash; the run id is never used again. The single events ("event" items,
+        id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
+        in place, their runs kept: payload or state and salt go, the hashes stay
+        (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
+        held in the fleet). Governor or admin role.
         """
 
     @_abc_1.abstractmethod
@@ -334,10 +350,12 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _artifacts_service_pb2.FindRunsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_artifacts_service_pb2.FindRunsResponse, _abc.Awaitable[_artifacts_service_pb2.FindRunsResponse]]:
-        """The runs whose events, snapshots, manifests, artifact names and metadata,
-        artifact bytes or cited evidence hold a text (case-insensitive; bytes:
-        ASCII letters only), for engram forget --match: such a run can only be
-        erased whole. Reads every blob of the fleet. Governor or admin role.
+        """The runs whose metadata, stop reason, events, snapshots, manifests,
+        artifact names and metadata, artifact bytes or cited evidence hold a text
+        (case-insensitive), for engram forget --match: the format-2 events and
+        snapshots holding it are listed as items erasable in place; elsewhere it
+        needs the whole run erased (whole_run_needed). Reads every blob of the
+        fleet. Governor or admin role.
         """
 
     @_abc_1.abstractmethod
