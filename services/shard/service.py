@@ -52,7 +52,7 @@ from services.shard.domain.domains import (
 )
 from services.shard.domain.records import Record, RecordDraft
 from services.shard.ports import GateCandidate, TrustSource, WriteGate
-from services.shard.repository import RecordFilter, RequestClaim, ShardRepository
+from services.shard.repository import RecordFilter, RecordPage, RequestClaim, ShardRepository
 from services.shard.search.engine import SearchEngine, SearchHit, SearchQuery
 from services.shard.search.index import BatchDuplicate, SearchIndex, StoredDuplicate
 
@@ -728,7 +728,7 @@ class ShardService:
                            "ENGRAM_LIMITS_TAGS_PER_FILTER", self.limits)
 
     def list_records(self, flt: RecordFilter, before_seq: int | None,
-             limit: int) -> list[tuple[int, Record]]:
+                     limit: int) -> RecordPage:
         self.check_filter(flt.run_id, flt.agent_id, flt.tags + flt.tags_any)
         with self.db.session() as session:
             return self.repo.page(session, flt, before_seq, limit)

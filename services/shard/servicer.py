@@ -308,12 +308,19 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             "before": flt.created_before_us,
             "min_importance": flt.min_importance,
         }
-        rows, next_token = self.pages.paginate(
-            request.page_token, request.page_size, filters,
-            lambda after, limit: self.service.list_records(
-                flt, int(after[0]) if after else None, limit),
-            lambda row: [row[0]],
-        )
+        # One row past the page tells whether another follows. A page whose examined rows ran
+        # out first (a filter few records match: see ShardRepository.page) may be short, or
+        # empty, and still name the next: the client follows tokens until there is none.
+        after = self.pages.decode(request.page_token, filters)
+        size = self.pages.page_size(request.page_size)
+        found = self.service.list_records(flt, int(after[0]) if after else None, size + 1)
+        rows = found.rows[:size]
+        if len(found.rows) > size:
+            next_token = self.pages.encode([rows[-1][0]], filters)
+        elif found.resume_before is not None:
+            next_token = self.pages.encode([found.resume_before], filters)
+        else:
+            next_token = ""
         return pb.ListRecordsResponse(
             records=[record_to_proto(r) for _, r in rows], next_page_token=next_token
         )

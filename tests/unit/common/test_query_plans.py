@@ -8,6 +8,7 @@ fails the test. (Checked failing with the fleet back in the decisions lookup.)""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,5 +89,39 @@ def test_a_lookup_by_ids_does_not_walk_the_fleet(tmp_path: Path, name: str) -> N
         assert found, "nothing was sent"
         walking = [p for p in found if "fleet" in p and "(fleet_id=?)" in p]
         assert not walking, walking
+    finally:
+        db.engine.dispose()
+
+
+def test_a_filtered_listing_searches_a_window_or_a_rare_tags_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ListRecords' page (ShardRepository.page): the tag conditions are probes by record id, no
+    list of the fleet's records carrying a tag; the records are read within a window of seqs
+    (``seq>?``: the window's floor), or looked up by the ids of a tag few carry. Unbounded,
+    a filter nothing matches read the whole fleet (tests/integration/shard/test_list_cost.py
+    counts the work)."""
+    from services.shard import repository
+    from services.shard.repository import RecordFilter
+
+    monkeypatch.setattr(repository, "PAGE_EXAMINE_BUDGET", 330)  # 10 rows of 33 checks
+    tags = tuple(f"t{i:02d}" for i in range(31))
+    db = store(tmp_path, SHARD_MIGRATIONS)
+    repo = ShardRepository("sqlite")
+    try:
+        with db.session() as session:
+            repo.insert(session, [
+                dataclasses.replace(_record(record_id), metadata={"k": "v"},
+                                    tags=tags + (("rare",) if i == 5 else ()))
+                for i, record_id in enumerate(IDS[:40])])
+        for flt in (RecordFilter("fleet-a", tags=tags, metadata=(("k", "absent"),)),
+                    RecordFilter("fleet-a", tags=(*tags[:3], "rare"))):
+            with plans(db) as found, db.session() as session:
+                repo.page(session, flt, None, 5)
+            assert not [p for p in found if "LIST SUBQUERY" in p], found
+            reads = [p for p in found if p.startswith(("SEARCH records", "SCAN records"))]
+            assert reads, found
+            unbounded = [p for p in reads if not (
+                "seq>?" in p or "(id=?)" in p or "(rowid=?)" in p or "COVERING INDEX" in p)]
+            assert not unbounded, found
     finally:
         db.engine.dispose()
