@@ -39,6 +39,9 @@ from engram.client.shard import ShardClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 
 ROUND = 10_000
+EXTRA_PER_ROUND = ROUND // 2
+"""Run, iteration-log, event and snapshot items one erasure takes at most (the rest in the
+next round); the records take what is left of the erasure."""
 
 
 class _Services:
@@ -250,23 +253,23 @@ def _warn_left(left: list[str], legacy: list[str]) -> None:
 def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,
            erasures: list[dict[str, Any]], as_json: bool,
            runs: list[gpb.ErasedItem]) -> list[gpb.ErasedItem]:
-    """Rounds of select, record, carry out; with ``dry_run`` the first selection only."""
+    """Rounds of select, record, carry out; with ``dry_run`` the first selection only (and
+    every run, event and snapshot item). The run, event and snapshot items ride in the
+    erasures, at most half of one each; the records (and the summaries quoting them, which the
+    shard counts in its limit) take what is left of it."""
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
-    extra = services.run_items(value) if kind == "run" else runs
-    if len(extra) >= ROUND:
-        raise fail(f"{kind} {value} holds {len(extra)} runs, iteration logs, events and "
-                   f"snapshots, more than one erasure takes ({ROUND}); erase some with --run "
-                   "first")
+    pending = services.run_items(value) if kind == "run" else list(runs)
     listed: list[gpb.ErasedItem] = []
     while True:
-        # The run items ride in the same erasure: the records (and the summaries quoting them,
-        # which the shard counts in its limit) take what is left of it.
+        extra, pending = pending[:EXTRA_PER_ROUND], pending[EXTRA_PER_ROUND:]
         selection = services.shard.forget(**{selector: value}, fleet_id=fleet,
                                           limit=ROUND - len(extra))
         listed = [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
                   for r in selection.records] + extra
-        if dry_run or not listed:
+        if dry_run:
+            return listed + pending
+        if not listed:
             return listed
         recorded = services.governance.record_erasure(
             kind, "" if kind == "match" else value, listed, reason=reason, fleet_id=fleet,
@@ -277,8 +280,7 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
         if not as_json:
             err_console.print(f"erasure {recorded.erasure_id} (chain entry "
                               f"{recorded.chain_seq}): {len(done['records'])} record(s) erased")
-        extra = []
-        if not selection.more or not done["records"]:
+        if not pending and (not selection.more or not done["records"]):
             return listed
 
 

@@ -33,6 +33,7 @@ from services.artifacts.tables import (
     SnapshotRow,
 )
 from services.common.erasure_source import (
+    MAX_ERASURE_ITEMS,
     ErasureOrder,
     ErasureSource,
     PurgeThrottle,
@@ -130,6 +131,7 @@ class RunEraser:
                 RunRow.run_id, RunRow.head_hash, RunRow.metadata_json, RunRow.stop_reason).where(
                 RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundRun] = []
+        items_found = 0
         for run_id, head_hash, metadata_json, stop_reason in runs:
             still_wanted(active)
             # The run's own record first: StartRun's metadata and StopRun's reason, which
@@ -144,8 +146,14 @@ class RunEraser:
             others = self._places(fleet_id, run_id, needle)
             places += others
             if places:
-                if len(found) == limit:
+                if len(found) == limit or (found and items_found + len(items) >
+                                           MAX_ERASURE_ITEMS):
                     return found, True
+                if len(items) > MAX_ERASURE_ITEMS:  # one run alone: the rest the next time
+                    found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES],
+                                          items[:MAX_ERASURE_ITEMS], whole or bool(others)))
+                    return found, True
+                items_found += len(items)
                 found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES], items,
                                       whole or bool(others)))
         return found, False

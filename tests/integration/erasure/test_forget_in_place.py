@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.cli import forget as forget_command
 from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
+from services.artifacts import erasure as artifacts_erasure
 from services.artifacts.domain.chain import event_hash
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for
@@ -153,3 +155,32 @@ def test_forget_agent_reaches_its_events_in_other_agents_runs(
             assert [(e.agent_id, bool(e.erasure_id)) for e in events] == [
                 ("scout-1", False), ("scout-2", True), ("scout-1", False)]
             assert events[1].hash == visit.hash and not events[1].payload_json
+
+
+def test_many_items_are_found_in_pages_and_erased_in_rounds(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """FindRuns lists at most one erasure's items (``more`` past that), and the CLI puts at most
+    EXTRA_PER_ROUND of them in one erasure, the rest in the next rounds (both made small)."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            for run_id in ("run-1", "run-2"):
+                art.start_run(run_id, {})
+                for n in range(2):
+                    art.append_event(run_id, "said", {"text": f"zqxmany {n}"})
+        with monkeypatch.context() as patch, \
+                ArtifactsClient(stack.artifacts.address, admin) as art:
+            patch.setattr(artifacts_erasure, "MAX_ERASURE_ITEMS", 3)
+            found = art.find_runs("zqxmany")
+            assert ([len(r.items) for r in found.runs], found.more) == ([2], True)
+            patch.setattr(artifacts_erasure, "MAX_ERASURE_ITEMS", 1)
+            found = art.find_runs("zqxmany")
+            assert ([len(r.items) for r in found.runs], found.more) == ([1], True)
+        monkeypatch.setattr(forget_command, "EXTRA_PER_ROUND", 3)
+        with cli_for(stack, admin, monkeypatch) as run:
+            done = run("forget", "--match", "zqxmany")
+            assert done["events_erased"] == 4
+            assert [e["events_erased"] for e in done["erasures"]] == [3, 1]
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            assert all(e.erasure_id for r in ("run-1", "run-2") for e in art.replay(r))
