@@ -44,11 +44,11 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
     events: list[EventRow] = []
     snapshots: list[SnapshotRow] = []
     already = 0
+    _lock_runs(session, order)
     for kind, item_id, leaf in order.items:
         found: EventRow | SnapshotRow
         if kind == "event":
             run_id, seq = event_key(item_id)
-            _lock_run(session, fleet_id, run_id)
             row = session.get(EventRow, (fleet_id, run_id, seq))
             if row is None:
                 already += _absent(session, order, run_id, f"event {item_id}", "EVENT_NOT_FOUND")
@@ -60,7 +60,6 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
                 already += _absent(session, order, "", f"snapshot {item_id}",
                                    "SNAPSHOT_NOT_FOUND")
                 continue
-            _lock_run(session, fleet_id, row_s.run_id)
             found, stored_leaf = row_s, row_s.state_hash
         else:
             continue
@@ -96,9 +95,21 @@ def _mark(row: EventRow | SnapshotRow, order: ErasureOrder, now_us: int) -> None
     row.erasure_id, row.erased_us, row.erased_by = order.erasure_id, now_us, order.requested_by
 
 
-def _lock_run(session: Session, fleet_id: str, run_id: str) -> None:
-    """Hold the run's row (Postgres) as appends and imports do: nothing of it moves meanwhile."""
-    if session.get_bind().dialect.name == "postgresql":
+def _lock_runs(session: Session, order: ErasureOrder) -> None:
+    """Hold the rows of the items' runs (Postgres; SQLite has one writer) as appends and
+    imports do, in id order so two erasures never wait for each other in a cycle: nothing of
+    those runs moves until the commit, and the same erasure carried out at once waits, then
+    finds its items erased."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    fleet_id = order.fleet_id
+    runs = {event_key(item_id)[0] for kind, item_id, _ in order.items if kind == "event"}
+    snapshot_ids = [item_id for kind, item_id, _ in order.items if kind == "snapshot"]
+    for start in range(0, len(snapshot_ids), 500):
+        runs.update(session.scalars(select(SnapshotRow.run_id).where(
+            SnapshotRow.fleet_id == fleet_id,
+            SnapshotRow.snapshot_id.in_(snapshot_ids[start:start + 500]))))
+    for run_id in sorted(runs):
         session.execute(select(RunRow.run_id).where(
             RunRow.fleet_id == fleet_id, RunRow.run_id == run_id).with_for_update())
 

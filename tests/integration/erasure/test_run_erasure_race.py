@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from services.artifacts import item_erasure
 from services.artifacts.erasure import RunEraser
 from services.artifacts.server import MIGRATIONS
 from services.artifacts.service import ArtifactsService
@@ -88,3 +89,55 @@ def test_a_run_erased_twice_at_once(service: ArtifactsService,
     order = ErasureOrder("era_" + uuid.uuid4().hex[:28], "fleet-a", "gov",
                          (("run", "live-run", run.head_hash),))
     assert _twice_at_once(service, order, monkeypatch) == [0, 1]
+
+
+def test_events_and_snapshots_erased_twice_at_once_and_beside_an_append(
+        service: ArtifactsService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two carry-outs of one in-place erasure, both past reading the erasure: one tombstones
+    the items, the other then finds them erased (counted, nothing rewritten); an append to the
+    run beside them extends the chain, which verifies through the tombstones."""
+    service.start_run("fleet-a", "scout", "kept-run")
+    event, _ = service.append_event("fleet-a", "scout", "kept-run", "said", '{"n":1}')
+    snapshot, _ = service.create_snapshot("fleet-a", "kept-run", '{"s":1}')
+    order = ErasureOrder("era_" + uuid.uuid4().hex[:28], "fleet-a", "gov", (
+        ("snapshot", snapshot.snapshot_id, snapshot.state_hash),
+        ("event", "kept-run:1", event.hash)))
+
+    class Source:
+        def erasure(self, erasure_id: str) -> ErasureOrder:
+            return order
+
+    eraser = RunEraser(service, Source())
+    together = threading.Barrier(3)
+    lock_runs = item_erasure._lock_runs
+
+    def held(*args: Any) -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait(2)
+        lock_runs(*args)
+
+    monkeypatch.setattr(item_erasure, "_lock_runs", held)
+    outcomes: list[Any] = []
+
+    def erase() -> None:
+        try:
+            in_place = eraser.erase("fleet-a", order.erasure_id, 1)[2]
+            outcomes.append((in_place.events, in_place.snapshots, in_place.already))
+        except Exception as error:  # the failure is the finding
+            outcomes.append(f"{type(error).__name__}: {error}")
+
+    def append() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait(2)
+        service.append_event("fleet-a", "scout", "kept-run", "said", '{"n":2}')
+
+    threads = [threading.Thread(target=erase) for _ in range(2)] + [
+        threading.Thread(target=append)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes, key=str) == [(0, 0, 2), (1, 1, 0)]
+    replayed = list(service.replay("fleet-a", "kept-run"))
+    assert [(e.seq, e.erased) for e in replayed] == [(1, True), (2, False)]
+    assert service.latest_snapshot("fleet-a", "kept-run").erased
