@@ -79,7 +79,7 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
             from services.shard.retrieval.embedding_onnx import onnx_encoder
 
             provider = onnx_encoder(spec, threads=settings.embed_threads, int8=int8,
-                                    pool_niceness=settings.index_niceness)
+                                    pool_niceness=settings.index_niceness, build_apart=True)
     require_production(provider, allow_test_embedder=settings.allow_test_embedder)
     return provider
 

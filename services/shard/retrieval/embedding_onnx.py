@@ -32,6 +32,7 @@ from services.shard.retrieval.embedding import (
     MINILM_NAME,
     Batch,
     PooledEncoder,
+    SentenceTokenizer,
     minilm_spec,
     padded,
     provider_name,
@@ -292,6 +293,60 @@ INT8_CHECK_TEXTS = [
 ]
 
 
+def session_options() -> Any:
+    """One ORT thread a session (the embedder runs sessions side by side), no arena."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    # Activations are allocated per run: an arena would keep the largest batch's buffers.
+    options.enable_cpu_mem_arena = False
+    return options
+
+
+def build_encoder_file(spec: ModelSpec, int8: bool, path: Path) -> None:
+    """Write ``spec``'s encoder graph to ``path``: float32, or int8-quantized (an operator's
+    int8 model compared with its float32 graph first: :func:`check_int8`)."""
+    import onnx
+    import onnxruntime as ort
+
+    model = bert_graph(load_encoder_weights(spec), spec)
+    onnx.save(model, path)
+    if not int8:
+        return
+    # The packaged model's int8 graph is tested, not checked at each start.
+    reference = (None if provider_name(spec, int8=True) == MINILM_NAME + "-int8" else
+                 ort.InferenceSession(str(path), sess_options=session_options(),
+                                      providers=["CPUExecutionProvider"]))
+    quantize_int8(model, path, spec)
+    del model
+    if reference is not None:
+        quantized = ort.InferenceSession(str(path), sess_options=session_options(),
+                                         providers=["CPUExecutionProvider"])
+        check_int8(reference, quantized, spec)
+
+
+def check_int8(reference: Any, quantized: Any, spec: ModelSpec) -> None:
+    """An operator's model quantized badly gives vectors that look fine and rank noise:
+    compare with float32 on a few sentences and refuse it below :data:`INT8_MIN_COSINE`."""
+    ids = SentenceTokenizer(spec.directory, spec.max_tokens).encode(INT8_CHECK_TEXTS)
+    cosines = []
+    for row in ids:
+        token_ids, mask = padded([row], np.int32, np.int32)
+        feed = {"input_ids": token_ids, "mask": mask}
+        (exact,) = reference.run(["pooled"], feed)
+        (int8,) = quantized.run(["pooled"], feed)
+        a, b = exact[0], int8[0]
+        cosines.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12)))
+    mean = sum(cosines) / len(cosines)
+    if mean < INT8_MIN_COSINE:
+        raise ModelDirError(
+            f"{spec.directory}: int8 vectors are too far from float32 (mean cosine "
+            f"{mean:.3f} < {INT8_MIN_COSINE}); set ENGRAM_SHARD_EMBED_INT8=false")
+
+
 class OnnxBertEmbedder(PooledEncoder):
     """A BERT-family encoder (normalised rows) on ONNX Runtime; default all-MiniLM-L6-v2.
 
@@ -310,8 +365,8 @@ class OnnxBertEmbedder(PooledEncoder):
         int8: bool = False,
         batch_size: int = 32,
         pool_niceness: int = 0,
+        build_apart: bool = False,
     ) -> None:
-        import onnx
         import onnxruntime as ort
 
         spec = spec or minilm_spec()
@@ -325,52 +380,19 @@ class OnnxBertEmbedder(PooledEncoder):
             if self._threads > 1
             else None
         )
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        # Activations are allocated per run: an arena would keep the largest batch's buffers.
-        options.enable_cpu_mem_arena = False
         # Loaded from a file read once: a session made from bytes keeps them for its lifetime.
-        # An operator's int8 model is compared with its float32 graph at start; the packaged
-        # model's is tested, and a float session kept beside it costs ~60 MB of RSS.
-        check = int8 and self.name != MINILM_NAME + "-int8"
-        reference = None
         with tempfile.TemporaryDirectory(prefix="engram-encoder-") as scratch:
             path = Path(scratch) / "encoder.onnx"
-            model = bert_graph(load_encoder_weights(spec), spec)
-            onnx.save(model, path)
-            if check:
-                reference = ort.InferenceSession(str(path), sess_options=options,
-                                                 providers=["CPUExecutionProvider"])
-            if int8:
-                quantize_int8(model, path, spec)
-            del model
-            self._session = ort.InferenceSession(
-                str(path), sess_options=options, providers=["CPUExecutionProvider"]
-            )
-        if reference is not None:
-            self._check_int8(reference, spec)
-            del reference
-        trim_heap()  # the float graph, the quantizer's copies and the float session are gone
+            if build_apart:
+                from services.shard.retrieval.encoder_build import build_apart as build
 
-    def _check_int8(self, reference: Any, spec: ModelSpec) -> None:
-        """An operator's model quantized badly gives vectors that look fine and rank noise:
-        compare with float32 on a few sentences and refuse it below :data:`INT8_MIN_COSINE`."""
-        ids = self._tokenizer.encode(INT8_CHECK_TEXTS)
-        cosines = []
-        for row in ids:
-            token_ids, mask = padded([row], np.int32, np.int32)
-            feed = {"input_ids": token_ids, "mask": mask}
-            (exact,) = reference.run(["pooled"], feed)
-            (quantized,) = self._session.run(["pooled"], feed)
-            a, b = exact[0], quantized[0]
-            cosines.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12)))
-        mean = sum(cosines) / len(cosines)
-        if mean < INT8_MIN_COSINE:
-            raise ModelDirError(
-                f"{spec.directory}: int8 vectors are too far from float32 (mean cosine "
-                f"{mean:.3f} < {INT8_MIN_COSINE}); set ENGRAM_SHARD_EMBED_INT8=false")
+                build(spec, int8, path)
+            else:
+                build_encoder_file(spec, int8, path)
+            self._session = ort.InferenceSession(
+                str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]
+            )
+        trim_heap()  # the float graph, the quantizer's copies and the float session are gone
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""
@@ -390,11 +412,13 @@ class OnnxBertEmbedder(PooledEncoder):
 
 
 def onnx_encoder(spec: ModelSpec | None, *, threads: int = 1, int8: bool = False,
-                 pool_niceness: int = 0) -> PooledEncoder:
+                 pool_niceness: int = 0, build_apart: bool = False) -> PooledEncoder:
     """The encoder for ``spec``: its exported ONNX file as supplied when it has one
-    (``embedding_onnx_file``; ``int8`` does not apply), else the graph built from its weights."""
+    (``embedding_onnx_file``; ``int8`` does not apply), else the graph built from its weights
+    (with ``build_apart``, in a process of its own: :mod:`encoder_build`)."""
     if spec is not None and spec.onnx_file is not None:
         from services.shard.retrieval.embedding_onnx_file import OnnxFileEmbedder
 
         return OnnxFileEmbedder(spec, threads=threads)
-    return OnnxBertEmbedder(spec, threads=threads, int8=int8, pool_niceness=pool_niceness)
+    return OnnxBertEmbedder(spec, threads=threads, int8=int8, pool_niceness=pool_niceness,
+                            build_apart=build_apart)

@@ -72,7 +72,8 @@ def _child(foreground: list[Connection], background: Connection, spec: ModelSpec
     configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
 
     try:
-        model = onnx_encoder(spec, threads=threads, int8=int8, pool_niceness=niceness)
+        model = onnx_encoder(spec, threads=threads, int8=int8, pool_niceness=niceness,
+                             build_apart=True)
     except Exception as error:
         background.send((False, f"{type(error).__name__}: {error}"))
         return

@@ -275,5 +275,23 @@ def test_the_float32_reference_session_is_gone_before_the_heap_is_trimmed(
     shutil.copytree(default_minilm_dir(), copy)
     made.clear()
     OnnxBertEmbedder(inspect_model_dir(copy), int8=True)  # an operator's: checked
-    assert len(made) == 2, "the operator's model is compared with a float32 session"
+    assert len(made) == 3, "the operator's int8 graph is compared with a float32 session"
     assert at_trim == [1, 1], "only the embedder's own session is alive at the trim"
+
+
+def test_an_encoder_built_apart_gives_the_same_vectors(tmp_path: Path) -> None:
+    """The embedder process builds its graph in a child process (encoder_build) and loads
+    only the file: the vectors are those of a graph built in place."""
+    texts = ["Caroline went to a support group.", "ok", "Deploy the shard with two replicas."]
+    here = OnnxBertEmbedder(int8=True).embed(texts)
+    apart = OnnxBertEmbedder(int8=True, build_apart=True).embed(texts)
+    assert np.array_equal(here, apart)
+
+
+def test_a_model_the_builder_refuses_is_refused_with_its_message(tmp_path: Path) -> None:
+    copy = tmp_path / "minilm"
+    shutil.copytree(default_minilm_dir(), copy)
+    spec = inspect_model_dir(copy)
+    (copy / "model.safetensors").write_bytes(b"not safetensors")  # after inspection
+    with pytest.raises(ModelDirError, match="not a readable safetensors"):
+        OnnxBertEmbedder(spec, int8=True, build_apart=True)
