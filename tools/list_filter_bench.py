@@ -73,10 +73,10 @@ def main(backend: str, n: int) -> None:
     for name, flt in cases.items():
         times = []
         for _ in range(7):
-            start = time.perf_counter()
+            began = time.perf_counter()
             with db.session() as session:
                 page = repo.page(session, flt, None, 51)
-            times.append((time.perf_counter() - start) * 1000)
+            times.append((time.perf_counter() - began) * 1000)
         print(f"{backend} n={n} {name}: median {statistics.median(times):.1f} ms, "
               f"{len(page.rows)} rows, resume_before {page.resume_before}")
     db.engine.dispose()

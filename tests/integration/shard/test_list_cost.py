@@ -4,7 +4,9 @@ testing each row against 31 ``IN (subquery)`` lists: 218 ms at 5k records on SQL
 a page, growing with the fleet). Not timed: the work is counted (SQLite's VM steps; on Postgres
 the rows each plan node read, from EXPLAIN ANALYZE), and must not grow with the fleet. The
 paging stays exact: walking the pages gives every matching record, newest first. (On SQLite and
-Postgres; checked failing without the fix.)"""
+Postgres; checked failing without the fix. Postgres plans here on tables never analyzed; with
+statistics it may count a common tag by a sequential scan under a LIMIT, expecting the tag's rows
+spread evenly: here ~30 rows read per row counted; the planner's bet, not a bound.)"""
 
 from __future__ import annotations
 
@@ -171,7 +173,8 @@ def test_a_rare_tag_drives_the_page(store: tuple[Database, ShardRepository]) -> 
 
     small = _work(db, page)
     _fill(db, repo, 300, 300)
-    assert _work(db, page) <= small * 1.2 + 20
+    large = _work(db, page)
+    assert large <= small * 1.2 + 20, (small, large)
     with db.session() as session:
         found = repo.page(session, flt, None, 11)
     assert [r.id for _, r in found.rows] == _expected(db, repo, flt)
