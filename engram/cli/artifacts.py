@@ -366,8 +366,9 @@ def rehydrate(
         return
     snap = view.snapshot
     console.print(f"run {view.run.run_id}: {view.run.event_count} events; "
-                  + (f"snapshot {snap.snapshot_id} at seq {snap.seq}" if snap.snapshot_id
-                     else "no snapshot") + f"; {len(view.events)} events since"
+                  + (f"snapshot {snap.snapshot_id} at seq {snap.seq}"
+                     + (f" (erased, {snap.erasure_id}: no state)" if snap.erasure_id else "")
+                     if snap.snapshot_id else "no snapshot") + f"; {len(view.events)} events since"
                   + (" (truncated)" if view.truncated else ""))
 
 

@@ -137,6 +137,21 @@ def test_an_event_erased_in_place_travels_as_a_tombstone(
         restored.state_json = '{"seen":"back"}'
         assert _refused(art.import_run_items, snapshots=[restored]) == (
             grpc.StatusCode.INVALID_ARGUMENT, "SNAPSHOT_HASH_MISMATCH")
+        salted = apb.Snapshot()
+        salted.CopyFrom(snapshot)
+        salted.salt = "ab" * 32
+        assert _refused(art.import_run_items, snapshots=[salted]) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "SNAPSHOT_HASH_MISMATCH")
+        undated = apb.Snapshot()
+        undated.CopyFrom(snapshot)
+        undated.ClearField("erase_time")
+        assert _refused(art.import_run_items, snapshots=[undated]) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE")
+        half = apb.Snapshot()
+        half.CopyFrom(snapshot)
+        half.erasure_id = ""  # erase_time and erased_by without an erasure
+        assert _refused(art.import_run_items, snapshots=[half]) == (
+            grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE")
         assert _refused(art.import_run_items, snapshots=[snapshot]) == (
             grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND")
         assert art.get_run("run-t").event_count == 1  # nothing stored
