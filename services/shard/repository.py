@@ -580,13 +580,15 @@ class ShardRepository:
     def _rare_tag(self, session: Session, flt: RecordFilter) -> str | None:
         """A tag of ``flt.tags`` the fewest of the fleet's records carry, if few enough do
         (:func:`_rare_enough`; each tag's count stops there: one statement reading at most
-        that many index entries + 1 a tag)."""
+        that many index entries + 1 a tag). Ordered by the index's last column: without it
+        Postgres, given statistics, counted a common tag by a sequential scan under the
+        LIMIT (betting on the tag's rows coming early: 20k rows read for 31 counts of 21)."""
         most = _rare_enough(flt)
         counts = [
             select(func.count()).select_from(
                 select(literal_column("1")).select_from(RECORD_TAGS).where(
                     RECORD_TAGS.c.fleet_id == flt.fleet_id, RECORD_TAGS.c.tag == tag)
-                .limit(most + 1).subquery()).scalar_subquery()
+                .order_by(RECORD_TAGS.c.record_id).limit(most + 1).subquery()).scalar_subquery()
             for tag in flt.tags]
         found = session.execute(select(*counts)).one()
         count, tag = min(zip(found, flt.tags, strict=True))
