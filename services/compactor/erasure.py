@@ -12,8 +12,9 @@ append path refuses an erased run in its own transaction.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert, select, update
@@ -31,7 +32,7 @@ from services.common.erasure_source import (
     still_wanted,
 )
 from services.common.errors import FailedPrecondition, NotFound
-from services.common.text_match import bytes_hold, json_holds, needle_of
+from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.repository import holding_run
 from services.compactor.service import IterationLog
@@ -54,6 +55,58 @@ PURGED_TABLES = ("compactor_runs", "compactor_warm_lines", "compactor_hot",
                  "compactor_iteration_requests")
 
 
+
+
+INDEX_FILES = "/warm/index/"
+CHAIN_FIELDS = frozenset({"v", "salt", "summaryCommitment", "detailDigest", "prevHash", "hash"})
+"""A warm line's fields that only chain it: random salts and hex digests. A text is looked for
+in the rest, so a short number or hex fragment (``4711``) does not name nearly every run by
+matching a salt or a hash somewhere in its log."""
+
+
+def line_holds(text: str, needle: str) -> bool:
+    """A warm line (JSON) holds the text in a field other than :data:`CHAIN_FIELDS`; a line
+    that does not parse is searched whole (a damaged line is rather found than missed)."""
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        return json_holds(text, needle)
+    if not isinstance(fields, dict):
+        return json_holds(text, needle)
+    content = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
+    return holds(json.dumps(content, ensure_ascii=False), needle) or holds(
+        json.dumps(content), needle)
+
+
+def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:
+    """A sealed segment line by line and a cold snapshot without its summary's chain fields
+    (:func:`line_holds`); anything else, or a file that does not parse, as bytes."""
+    if key.endswith(".gz"):
+        data = gzip.decompress(b"".join(chunks))
+        try:
+            document = json.loads(data)
+            summary = document["summary"]
+            document["summary"] = {k: v for k, v in summary.items() if k not in CHAIN_FIELDS}
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return bytes_hold(iter([data]), needle)
+        return holds(json.dumps(document, ensure_ascii=False), needle) or holds(
+            json.dumps(document), needle)
+    if key.endswith(".jsonl"):
+        return any(line_holds(line, needle) for line in _lines(chunks))
+    return bytes_hold(chunks, needle)
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
+    """A segment's lines as they stream in (a segment may be larger than memory is meant for)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for line in complete:
+            if line:
+                yield line.decode(errors="replace")
+    if pending:
+        yield pending.decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -135,19 +188,21 @@ class IterationEraser:
 
     def _holds(self, fleet_id: str, run_id: str, needle: str) -> bool:
         with self.db.session() as session:
-            for table, texts in ((HotRow, (HotRow.line, HotRow.detail_json,
-                                           HotRow.guardrails_json)),
-                                 (WarmLineRow, (WarmLineRow.line,))):
-                rows = session.execute(select(*texts).where(table.fleet_id == fleet_id,
-                                                            table.run_id == run_id))
-                if any(json_holds(str(v), needle) for row in rows for v in row):
+            hot = session.execute(select(HotRow.line, HotRow.detail_json, HotRow.guardrails_json)
+                                  .where(HotRow.fleet_id == fleet_id, HotRow.run_id == run_id))
+            for line, detail, guardrails in hot:
+                if (line_holds(line, needle) or json_holds(detail, needle)
+                        or json_holds(guardrails, needle)):
                     return True
+            warm = session.scalars(select(WarmLineRow.line).where(
+                WarmLineRow.fleet_id == fleet_id, WarmLineRow.run_id == run_id))
+            if any(line_holds(line, needle) for line in warm):
+                return True
         for key in self.blobs.list(run_prefix(fleet_id, run_id) + "/"):
+            if INDEX_FILES in key:  # segment keys, sizes and hashes: nothing recorded
+                continue
             try:
-                chunks = self.blobs.open(key)
-                if key.endswith(".gz"):
-                    chunks = iter([gzip.decompress(b"".join(chunks))])
-                if bytes_hold(chunks, needle):
+                if blob_holds(key, self.blobs.open(key), needle):
                     return True
             except NotFound:  # deleted since it was listed (an older index, a retired snapshot)
                 continue

@@ -169,3 +169,27 @@ def test_an_iteration_log_erased_while_it_is_read_is_not_found_not_data_loss(
     with pytest.raises(EngramRpcError) as caught:
         writer.reconstruct(RUN, 2)
     assert caught.value.code == grpc.StatusCode.NOT_FOUND, caught.value
+
+
+def test_finding_a_match_does_not_look_in_salts_and_hashes(
+        compactor_for: CompactorFactory) -> None:
+    """Warm lines carry a random salt, hex commitments and hashes: a short number or hex
+    fragment sought by `engram forget --match` was found in them, so a search for ``4711``
+    named runs whose iterations never held it (and --whole-runs erased them)."""
+    writer = compactor_for()
+    for n in range(1, 31):  # sealed segments, cold snapshots, warm lines and the hot ring
+        writer.record(RUN, iteration(n))
+    lines = list(writer.summaries(RUN))
+    fragments = {"salt of a sealed line": lines[0].salt[10:22],
+                 "salt of a hot line": lines[-1].salt[10:22],
+                 "commitment": lines[3].summary_commitment[5:17],
+                 "detail digest": lines[12].detail_digest[5:17],
+                 "hash": lines[20].hash[5:17], "prev hash": lines[28].prev_hash[5:17]}
+    governor = compactor_for("gov-1", roles=("governor",))
+    found = {what: [log.run_id for log in governor.find_iteration_logs(text).runs]
+             for what, text in fragments.items()}
+    assert found == {what: [] for what in fragments}
+    assert [log.run_id for log in governor.find_iteration_logs("step 29 ").runs] == [RUN]
+    assert [log.run_id for log in governor.find_iteration_logs("plan-3").runs] == [RUN]
+    assert [log.run_id for log in governor.find_iteration_logs("2025-08-14T12:01:07").runs
+            ] == [RUN]

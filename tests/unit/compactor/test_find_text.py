@@ -1,0 +1,40 @@
+"""Where `engram forget --match` looks in a warm log: recorded fields, not chain fields; a
+damaged line or file is searched whole rather than skipped."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from services.compactor.erasure import blob_holds, line_holds
+
+SALT = "ab" * 32
+LINE = json.dumps({"iter": 3, "status": "success", "planDigest": "plan-3", "v": 2,
+                   "salt": SALT, "hash": "4711" + "0" * 60, "prevHash": "c" * 64,
+                   "summaryCommitment": "d" * 64, "detailDigest": "e" * 64})
+
+
+def test_a_line_is_searched_in_its_recorded_fields_only() -> None:
+    assert line_holds(LINE, "plan-3") and line_holds(LINE, "success")
+    assert not line_holds(LINE, "4711") and not line_holds(LINE, "abab")
+
+
+def test_a_damaged_line_or_file_is_searched_whole() -> None:
+    assert line_holds('{"iter": 3, "status": "4711 broken', "4711")
+    assert line_holds('["4711"]', "4711")
+    segment = [LINE.encode() + b"\n", b'{"damaged 4711\n']
+    assert blob_holds("f/r/warm/segments/000001-x.jsonl", iter(segment), "4711")
+    assert not blob_holds("f/r/warm/segments/000001-x.jsonl", iter(segment[:1]), "4711")
+    snapshot = gzip.compress(json.dumps({"iter": 3, "summary": json.loads(LINE),
+                                         "detail": {"n": 1}, "guardrails": []}).encode())
+    assert not blob_holds("f/r/cold/0000000003.json.gz", iter([snapshot]), "4711")
+    assert blob_holds("f/r/cold/0000000003.json.gz", iter([snapshot]), "plan-3")
+    broken = gzip.compress(b'{"summary": "4711"')
+    assert blob_holds("f/r/cold/0000000003.json.gz", iter([broken]), "4711")
+
+
+def test_a_line_split_across_chunks_is_read_whole() -> None:
+    data = (LINE + "\n" + LINE.replace("plan-3", "plan-Ünïcode") + "\n").encode()
+    chunks = [data[i:i + 7] for i in range(0, len(data), 7)]
+    assert blob_holds("f/r/warm/segments/000001-x.jsonl", iter(chunks), "plan-ünïcode")
+    assert not blob_holds("f/r/warm/segments/000001-x.jsonl", iter(chunks), "abab")
