@@ -1,7 +1,7 @@
 """Admission: how much work a service takes at once, and how fast one agent may call it.
 
-Two limits, both answered ``RESOURCE_EXHAUSTED`` with ``google.rpc.RetryInfo`` before the
-method runs (nothing done, so a retry is always safe):
+These limits are all answered ``RESOURCE_EXHAUSTED`` with ``google.rpc.RetryInfo`` before
+the method runs (nothing done, so a retry is always safe):
 
 - :class:`ConcurrencyLimit`: calls in flight per service process
   (``ENGRAM_<SVC>_MAX_CONCURRENT_RPCS``); one more is refused at once with reason
@@ -11,6 +11,10 @@ method runs (nothing done, so a retry is always safe):
   ``_RATE_LIMIT_WRITES`` / ``_WRITE_BURST``); an empty bucket is refused with reason
   ``RATE_LIMITED`` and the time until it holds a token again. Service principals are not
   rate limited per agent: their calls carry many agents' work (the shard's gate calls).
+- :class:`StreamsPerAgent`: server streams open at once per agent
+  (``ENGRAM_<SVC>_MAX_STREAMS_PER_AGENT``) and per fleet, all its agents together
+  (``ENGRAM_<SVC>_MAX_STREAMS_PER_FLEET``, default half of the concurrency limit); one more
+  is refused with reason ``STREAM_LIMIT``.
 
 Which methods are reads and which writes is declared by each service beside its access
 table (:data:`MethodKinds`), never guessed from a name.
@@ -71,15 +75,27 @@ class ConcurrencyLimit:
 
 
 class StreamsPerAgent:
-    """At most ``limit`` server streams open at once per agent (fleet and agent id): a stream
-    holds a slot of :class:`ConcurrencyLimit` until it ends, and a caller that opens streams
-    and never reads them would otherwise hold every slot, for every fleet."""
+    """At most ``limit`` server streams open at once per agent (fleet and agent id), and at
+    most ``fleet_limit`` per fleet, all its agents together: a stream holds a slot of
+    :class:`ConcurrencyLimit` until it ends, and a caller that opens streams and never reads
+    them would otherwise hold every slot, for every fleet (one agent alone, or an admin who
+    mints tokens for many agent ids of its fleet). Both counts are taken together or not at
+    all, and :meth:`leave` gives both back."""
 
-    def __init__(self, limit: int, setting: str) -> None:
+    def __init__(self, limit: int, setting: str, fleet_limit: int | None = None,
+                 fleet_setting: str = "") -> None:
         self._limit = limit
         self._setting = setting
+        self._fleet_limit = fleet_limit
+        self._fleet_setting = fleet_setting
         self._open: dict[tuple[str, str], int] = {}
+        self._fleets: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def open_in(self, fleet_id: str) -> int:
+        """Streams the fleet's agents hold open now."""
+        with self._lock:
+            return self._fleets.get(fleet_id, 0)
 
     def enter(self, fleet_id: str, agent_id: str) -> None:
         key = (fleet_id, agent_id)
@@ -89,18 +105,34 @@ class StreamsPerAgent:
                     f"agent {agent_id} has {self._limit} streams open on this service, its "
                     f"limit ({self._setting}); read or close one first",
                     reason="STREAM_LIMIT",
-                    metadata={"limit": str(self._limit), "setting": self._setting},
+                    metadata={"limit": str(self._limit), "setting": self._setting,
+                              "scope": "agent"},
+                    retry_delay=1.0)
+            fleet_limit = self._fleet_limit
+            if fleet_limit is not None and self._fleets.get(fleet_id, 0) >= fleet_limit:
+                raise ResourceExhausted(
+                    f"fleet {fleet_id} has {fleet_limit} streams open on this service, its "
+                    f"limit ({self._fleet_setting}); read or close one first",
+                    reason="STREAM_LIMIT",
+                    metadata={"limit": str(fleet_limit), "setting": self._fleet_setting,
+                              "scope": "fleet"},
                     retry_delay=1.0)
             self._open[key] = self._open.get(key, 0) + 1
+            self._fleets[fleet_id] = self._fleets.get(fleet_id, 0) + 1
 
     def leave(self, fleet_id: str, agent_id: str) -> None:
         key = (fleet_id, agent_id)
         with self._lock:
             left = self._open.get(key, 1) - 1
-            if left:
+            if left > 0:
                 self._open[key] = left
             else:
                 self._open.pop(key, None)
+            left = self._fleets.get(fleet_id, 1) - 1
+            if left > 0:
+                self._fleets[fleet_id] = left
+            else:
+                self._fleets.pop(fleet_id, None)
 
 
 class TokenBucket:

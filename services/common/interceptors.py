@@ -342,8 +342,11 @@ class ConcurrencyInterceptor(_BehaviorInterceptor):
 
 
 class StreamLimitInterceptor(_BehaviorInterceptor):
-    """An agent's server streams open at once, bounded (:class:`StreamsPerAgent`); service
-    principals and public methods pass (runs inside :class:`AuthInterceptor`)."""
+    """An agent's server streams open at once, and its fleet's, bounded
+    (:class:`StreamsPerAgent`); service principals and public methods pass (runs inside
+    :class:`AuthInterceptor`). A stream's place is given back once, when its generator ends:
+    data exhausted, an error, or gRPC dropping it after a cancellation or a deadline (the
+    same moment :class:`ConcurrencyInterceptor` frees the stream's slot)."""
 
     def __init__(self, streams: StreamsPerAgent, kinds: MethodKinds) -> None:
         super().__init__()

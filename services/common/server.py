@@ -398,7 +398,9 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         AuthInterceptor(authorizer),
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
         StreamLimitInterceptor(StreamsPerAgent(settings.max_streams_per_agent,
-                                               _setting(settings, "max_streams_per_agent")),
+                                               _setting(settings, "max_streams_per_agent"),
+                                               settings.streams_per_fleet(),
+                                               _setting(settings, "max_streams_per_fleet")),
                                spec.kinds),
         TextInterceptor(),
     ]

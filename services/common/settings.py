@@ -122,6 +122,13 @@ class ServerSettings(BaseSettings):
         "at once; one more is RESOURCE_EXHAUSTED (STREAM_LIMIT): a stream holds a slot of "
         "max_concurrent_rpcs until it ends, and one caller must not hold them all",
     )
+    max_streams_per_fleet: int | None = Field(
+        default=None, ge=1,
+        description="server streams the agents of one fleet may hold open at once, all "
+        "together; one more is RESOURCE_EXHAUSTED (STREAM_LIMIT). Default: half of "
+        "max_concurrent_rpcs, so the streams of one fleet (an admin can mint tokens for many "
+        "agent ids) never hold every slot and other fleets' calls still get in",
+    )
     rate_limit_reads: float = Field(
         default=200.0, ge=0,
         description="read calls a second one agent may make to this service (token bucket); "
@@ -163,6 +170,12 @@ class ServerSettings(BaseSettings):
         description="a plaintext port that serves only grpc.health.v1, for probes that cannot "
         "speak TLS (Kubernetes' native gRPC probes); unset: health is on the main port only",
     )
+
+    def streams_per_fleet(self) -> int:
+        """``max_streams_per_fleet``, or half of ``max_concurrent_rpcs`` (at least 1)."""
+        if self.max_streams_per_fleet is not None:
+            return self.max_streams_per_fleet
+        return max(1, self.max_concurrent_rpcs // 2)
 
     def receive_limit(self) -> int:
         return self.max_receive_bytes or self.limits.grpc_receive_bytes

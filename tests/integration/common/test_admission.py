@@ -186,3 +186,111 @@ def test_adaptive_admission_refuses_the_caller_past_its_share_before_parsing(
     assert unparsed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     for client in (busy, other):
         client.close()
+
+
+@pytest.fixture
+def endless_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SnapshotForRun streams 64 KiB messages until its caller goes: unread, it blocks."""
+    def endless(self: ShardServicer, request: Any, context: Any) -> Iterator[Any]:
+        record = pb.Record(id="r", content="x" * 65536)
+        while True:
+            yield pb.SnapshotForRunResponse(record=record)
+
+    monkeypatch.setattr(ShardServicer, "SnapshotForRun", endless)
+
+
+@pytest.fixture
+def four_slot_shard(engram_home: Path, tmp_path: Path,
+                    endless_snapshots: None) -> Iterator[EngramServer]:
+    server = _shard(engram_home, tmp_path, max_concurrent_rpcs=4)  # fleet cap: half, 2
+    yield server
+    server.stop(0)
+
+
+def test_one_fleets_unread_streams_stop_at_its_cap_and_other_fleets_get_in(
+        four_slot_shard: EngramServer, make_token: TokenFactory) -> None:
+    """Found by review: streams were capped per agent only, so a fleet's admin minting tokens
+    for many agent ids held every slot with streams it never read; every other fleet got
+    CONCURRENCY_LIMIT. A fleet now holds at most ENGRAM_SHARD_MAX_STREAMS_PER_FLEET
+    (default half of MAX_CONCURRENT_RPCS), and a cancelled stream gives its place back."""
+    clients = [ShardClient(four_slot_shard.address, make_token(f"minted-{i}", "fleet-a"))
+               for i in range(4)]
+    other = ShardClient(four_slot_shard.address, make_token("quiet", "fleet-b"))
+    for client in (*clients, other):
+        client.max_retries = 0
+
+    def open_stream(client: ShardClient) -> Any:
+        call = client.stub.SnapshotForRun(pb.SnapshotForRunRequest(run_id="run"),
+                                          metadata=client.metadata, timeout=30)
+        next(call)  # admitted and streaming; never read again
+        return call
+
+    held = [open_stream(clients[0]), open_stream(clients[1])]
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            open_stream(clients[2])  # another agent id of the same fleet
+        failure = EngramRpcError.from_rpc_error(refused.value)
+        assert (failure.code, failure.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  "STREAM_LIMIT")
+        assert failure.metadata["scope"] == "fleet" and failure.metadata["limit"] == "2"
+        assert "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET" in failure.message
+        assert failure.retry_delay is not None and failure.retry_delay > 0
+        held.append(open_stream(other))  # another fleet still opens one
+        assert other.call(other.stub.ListDomains, pb.ListDomainsRequest(), timeout=5) is not None
+        for call in held[:2]:  # the fleet's streams end: their places come back
+            call.cancel()
+        deadline = time.monotonic() + 10
+        for client in clients[2:]:
+            while True:
+                try:
+                    held.append(open_stream(client))
+                    break
+                except grpc.RpcError as error:
+                    assert EngramRpcError.from_rpc_error(error).reason in (
+                        "STREAM_LIMIT", "CONCURRENCY_LIMIT")
+                    assert time.monotonic() < deadline, "cancelled streams kept their places"
+                    time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as again:
+            open_stream(clients[0])
+        assert EngramRpcError.from_rpc_error(again.value).reason == "STREAM_LIMIT"
+    finally:
+        for call in held:
+            call.cancel()
+        for client in (*clients, other):
+            client.close()
+
+
+def test_streams_ended_by_their_deadline_give_their_places_back(
+        four_slot_shard: EngramServer, make_token: TokenFactory) -> None:
+    clients = [ShardClient(four_slot_shard.address, make_token(f"minted-{i}", "fleet-a"))
+               for i in range(2)]
+
+    def open_stream(client: ShardClient, timeout: float) -> Any:
+        call = client.stub.SnapshotForRun(pb.SnapshotForRunRequest(run_id="run"),
+                                          metadata=client.metadata, timeout=timeout)
+        next(call)
+        return call
+
+    expiring = [open_stream(client, 1.0) for client in clients]
+    time.sleep(1.0)
+    held: list[Any] = []
+    deadline = time.monotonic() + 10
+    try:
+        for client in clients:
+            while True:
+                try:
+                    held.append(open_stream(client, 30))
+                    break
+                except grpc.RpcError as error:
+                    assert EngramRpcError.from_rpc_error(error).reason in (
+                        "STREAM_LIMIT", "CONCURRENCY_LIMIT")
+                    assert time.monotonic() < deadline, "expired streams kept their places"
+                    time.sleep(0.05)
+        with pytest.raises(grpc.RpcError) as refused:  # and only theirs: the cap holds
+            open_stream(clients[0], 30)
+        assert EngramRpcError.from_rpc_error(refused.value).reason == "STREAM_LIMIT"
+    finally:
+        for call in (*expiring, *held):
+            call.cancel()
+        for client in clients:
+            client.close()

@@ -114,3 +114,70 @@ def test_an_agent_holds_at_most_its_streams_and_others_are_not_affected() -> Non
     again = opened("greedy")
     for stream in (second, other, again, *services):
         stream.close()
+
+
+def test_a_fleet_holds_at_most_its_streams_whatever_its_agent_ids() -> None:
+    # Found by review: the cap was per (fleet, agent) only, so an admin who minted tokens for
+    # many agent ids of its fleet held every slot of max_concurrent_rpcs with unread streams.
+    def forever(_request: object, _context: object) -> Iterator[int]:
+        while True:
+            yield 1
+
+    method = "/engram.shard.v1.ShardService/SnapshotForRun"
+    streams = StreamsPerAgent(2, "ENGRAM_SHARD_MAX_STREAMS_PER_AGENT",
+                              3, "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET")
+    wrapped = StreamLimitInterceptor(streams, {method: READ}).wrap(forever, method, True)
+
+    def opened(agent: str, fleet: str) -> Iterator[int]:
+        token = bind_principal(Principal(agent_id=agent, fleet_id=fleet,
+                                         roles=frozenset({"agent"})))
+        try:
+            stream = wrapped(None, None)
+            next(stream)
+            return stream
+        finally:
+            unbind_principal(token)
+
+    held = [opened(f"minted-{i}", "fleet-a") for i in range(3)]  # one agent id each
+    with pytest.raises(ResourceExhausted) as refused:
+        opened("minted-3", "fleet-a")
+    assert refused.value.reason == "STREAM_LIMIT"
+    assert refused.value.metadata == {"limit": "3", "scope": "fleet",
+                                      "setting": "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET"}
+    assert "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET" in refused.value.message
+    assert refused.value.retry_delay is not None
+    other = opened("minted-0", "fleet-b")  # the same agent id in another fleet: its own count
+    assert streams.open_in("fleet-a") == 3
+    held[0].close()  # a closed stream gives its place back, once
+    held[0].close()
+    assert streams.open_in("fleet-a") == 2
+    held.append(opened("minted-3", "fleet-a"))
+    with pytest.raises(ResourceExhausted):
+        opened("minted-4", "fleet-a")
+    for stream in (*held, other):
+        stream.close()
+    assert streams.open_in("fleet-a") == streams.open_in("fleet-b") == 0
+
+
+def test_a_refused_or_failed_stream_leaves_the_counts_as_they_were() -> None:
+    def failing(_request: object, _context: object) -> Iterator[int]:
+        yield 1
+        raise RuntimeError("the store failed mid-stream")
+
+    method = "/engram.shard.v1.ShardService/SnapshotForRun"
+    streams = StreamsPerAgent(1, "PER_AGENT", 1, "PER_FLEET")
+    wrapped = StreamLimitInterceptor(streams, {method: READ}).wrap(failing, method, True)
+    token = bind_principal(Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"})))
+    try:
+        stream = wrapped(None, None)
+        next(stream)
+        with pytest.raises(ResourceExhausted):  # the agent's cap refuses first, takes nothing
+            next(wrapped(None, None))
+        assert streams.open_in("f") == 1
+        with pytest.raises(RuntimeError):
+            next(stream)
+        assert streams.open_in("f") == 0
+        stream.close()
+        assert streams.open_in("f") == 0
+    finally:
+        unbind_principal(token)
