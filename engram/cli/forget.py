@@ -38,6 +38,9 @@ from engram.client.governance import GovernanceClient
 from engram.client.shard import ShardClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 
+EMPTY_RUN_LEAF = "0" * 64
+"""The leaf of a run with no events yet (empty head hash), as the artifacts service takes it."""
+
 ROUND = 10_000
 EXTRA_PER_ROUND = ROUND // 2
 """Run, iteration-log, event and snapshot items one erasure takes at most (the rest in the
@@ -66,7 +69,8 @@ class _Services:
         items = []
         run = _unless_absent(lambda: self.artifacts.get_run(run_id))
         if run is not None:
-            items.append(gpb.ErasedItem(kind="run", id=run_id, leaf_hash=run.head_hash))
+            items.append(gpb.ErasedItem(kind="run", id=run_id,
+                                        leaf_hash=run.head_hash or EMPTY_RUN_LEAF))
         log = _unless_absent(lambda: self.compactor.verify(run_id))
         if log is not None and log.last_iteration:
             items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from services.artifacts.domain.chain import run_leaf
 from services.artifacts.item_erasure import IN_PLACE_KINDS, ErasedInPlace, erase_in_place
 from services.artifacts.service import ArtifactsService
 from services.artifacts.tables import (
@@ -234,9 +235,9 @@ class RunEraser:
                     erased_by=order.requested_by, blobs_left_json="[]")):
                 return ForgottenRun(run_id, leaf, 0, 0, 0, 0, 0)
             return None
-        if run.head_hash != leaf:
+        if run_leaf(run.head_hash) != leaf:
             raise FailedPrecondition(
-                f"run {run_id} has head hash {run.head_hash[:16]}… but erasure "
+                f"run {run_id} has head hash {run_leaf(run.head_hash)[:16]}… but erasure "
                 f"{order.erasure_id} lists {leaf[:16]}…: the run moved on since the erasure was "
                 "recorded; record a new erasure", reason="ERASURE_MISMATCH",
                 metadata={"run_id": run_id})

@@ -26,6 +26,14 @@ FORMAT = 2
 """The format of events and snapshots made now (1: plain hashes of the content; 2: salted
 commitments to it, docs/erasure.md)."""
 FORMATS = (1, 2)
+EMPTY_RUN_LEAF = "0" * 64
+"""The leaf an erasure lists for a run with no events yet (its head hash is empty): such a run
+still holds its metadata, manifests and artifacts."""
+
+
+def run_leaf(head_hash: str) -> str:
+    """The leaf hash an erasure of a run with this head lists (:data:`EMPTY_RUN_LEAF` if none)."""
+    return head_hash or EMPTY_RUN_LEAF
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 

@@ -20,7 +20,12 @@ import sqlalchemy
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
-from services.artifacts.domain.chain import event_hash, event_hash_v2, payload_commitment
+from services.artifacts.domain.chain import (
+    EMPTY_RUN_LEAF,
+    event_hash,
+    event_hash_v2,
+    payload_commitment,
+)
 from services.artifacts.erasure import RunEraser
 from services.artifacts.imports import RunImports
 from services.artifacts.servicer import manifest_from_proto
@@ -312,9 +317,9 @@ def test_bad_run_fields_are_refused(pair: tuple[RunningArtifacts, RunningArtifac
 def _erase(target: RunningArtifacts, run_id: str) -> None:
     """What ForgetRuns does for one run once governance has recorded the erasure."""
     eraser = RunEraser(target.service, None)
-    order = ErasureOrder("er-1", "fleet-a", "gov", (("run", run_id, ""),))
-    with target.service.writing() as session:
-        eraser._erase_run(session, order, run_id, "", 2)
+    order = ErasureOrder("er-1", "fleet-a", "gov", (("run", run_id, EMPTY_RUN_LEAF),))
+    with target.service.writing() as session:  # the run has no events
+        eraser._erase_run(session, order, run_id, EMPTY_RUN_LEAF, 2)
     eraser._purge_blobs("fleet-a", [run_id])
 
 

@@ -564,3 +564,29 @@ def test_a_selection_counts_the_summaries_it_adds_against_its_limit(
             assert [r.kind for r in selection.records].count("summary") == 1
         with cli_for(stack, admin, monkeypatch) as run:
             assert run("forget", "--run", "run-l")["erased"] == 4
+
+
+def test_forget_a_run_with_no_events_yet(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run just started holds its metadata (and may hold manifests and artifacts) but no
+    event, so its head hash is empty: the erasure governance refuses an empty leaf
+    (INVALID_ITEM), and --run and --agent could not erase it. It is listed with
+    EMPTY_RUN_LEAF; once it has events, the old leaf no longer matches."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    marker = "jane.doe@example.com"
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            art.start_run("run-empty", {"customer": marker})
+            art.start_run("run-other", {"customer": "someone else"})
+        with cli_for(stack, admin, monkeypatch) as run:
+            planned = run("forget", "--run", "run-empty", "--dry-run")["would_erase"]
+            assert [(i["kind"], i["leaf_hash"]) for i in planned] == [("run", "0" * 64)]
+            done = run("forget", "--run", "run-empty")
+            assert [r["run_id"] for r in done["erasures"][0]["runs"]] == ["run-empty"], done
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            with pytest.raises(EngramRpcError) as gone:
+                art.get_run("run-empty")
+            assert gone.value.reason == "RUN_ERASED"
+            assert not art.find_runs(marker).runs
+            assert art.get_run("run-other").event_count == 0

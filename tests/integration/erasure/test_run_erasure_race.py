@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from services.artifacts import item_erasure
+from services.artifacts.domain.chain import run_leaf
 from services.artifacts.erasure import RunEraser
 from services.artifacts.server import MIGRATIONS
 from services.artifacts.service import ArtifactsService
@@ -87,7 +88,7 @@ def test_a_run_erased_twice_at_once(service: ArtifactsService,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     run, _ = service.start_run("fleet-a", "scout", "live-run")
     order = ErasureOrder("era_" + uuid.uuid4().hex[:28], "fleet-a", "gov",
-                         (("run", "live-run", run.head_hash),))
+                         (("run", "live-run", run_leaf(run.head_hash)),))
     assert _twice_at_once(service, order, monkeypatch) == [0, 1]
 
 
