@@ -137,9 +137,10 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-UNTHROTTLED = {f"ENGRAM_{service}_RATE_LIMIT_{kind}": "0"
-               for service in ("SHARD", "GOVERNANCE", "ARTIFACTS", "COMPACTOR")
-               for kind in ("READS", "WRITES")}
+UNTHROTTLED = {**{f"ENGRAM_{service}_RATE_LIMIT_{kind}": "0"
+                  for service in ("SHARD", "GOVERNANCE", "ARTIFACTS", "COMPACTOR")
+                  for kind in ("READS", "WRITES")},
+               "ENGRAM_SHARD_RATE_LIMIT_RECORDS": "0"}
 """A benchmark measures capacity, not one agent's allowance: per-agent rate limits off."""
 
 

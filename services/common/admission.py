@@ -15,6 +15,10 @@ the method runs (nothing done, so a retry is always safe):
   (``ENGRAM_<SVC>_MAX_STREAMS_PER_AGENT``) and per fleet, all its agents together
   (``ENGRAM_<SVC>_MAX_STREAMS_PER_FLEET``, default half of the concurrency limit); one more
   is refused with reason ``STREAM_LIMIT``.
+- :class:`RecordRate`: records a second one agent may write, each record of a batch a token
+  (the shard's ``ENGRAM_SHARD_RATE_LIMIT_RECORDS`` / ``_RECORD_BURST``); refused with reason
+  ``RATE_LIMITED`` (metadata ``kind`` ``records``) before anything is stored. Service
+  principals pass, as for the call rates.
 
 Which methods are reads and which writes is declared by each service beside its access
 table (:data:`MethodKinds`), never guessed from a name.
@@ -26,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from enum import StrEnum
+from typing import Any
 
 from services.common.errors import ResourceExhausted
 
@@ -146,14 +151,15 @@ class TokenBucket:
         self.tokens = burst
         self.updated = now
 
-    def take(self, now: float) -> float:
-        """Take a token: 0.0 when there was one, else the seconds until there is."""
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """Take ``cost`` tokens: 0.0 when there were as many, else the seconds until there are
+        (nothing taken then)."""
         self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
         self.updated = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens + 1e-9 >= cost:  # a caller that waited the delay given is let in
+            self.tokens -= cost
             return 0.0
-        return (1.0 - self.tokens) / self.rate
+        return (cost - self.tokens) / self.rate
 
     def full(self, now: float) -> bool:
         return self.tokens + (now - self.updated) * self.rate >= self.burst
@@ -201,3 +207,58 @@ class RateLimiter:
     def _forget_full(self, now: float) -> None:
         for key in [k for k, b in self._buckets.items() if b.full(now)]:
             del self._buckets[key]
+
+
+RecordCounts = Mapping[str, Callable[[Any], int]]
+"""Full method name -> how many records a request of it writes, for each RPC that writes
+records (the shard's CreateRecord, BatchCreateRecords, ImportRecords)."""
+
+
+class RecordRate:
+    """Records a second one agent (fleet and agent id) may write: a token bucket where each
+    record of a call is a token, taken all at once before the call runs or not at all.
+
+    The call rate (:class:`RateLimiter`) counts a batch of 1,000 records as one write: 100
+    calls a second of 1,000 records passed it. ``burst`` is at least the largest batch (the
+    settings refuse less), so a full batch always fits in an idle bucket; a call carrying
+    more (refused anyway, BATCH_TOO_LARGE) takes what the bucket holds at most."""
+
+    MAX_BUCKETS = 100_000
+    """Past this many agents, buckets that refilled are dropped (they start full anyway)."""
+
+    def __init__(self, rate: float, burst: int, setting: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"a record rate needs a rate above 0 and a burst of at least 1 "
+                             f"({setting}: {rate}, {burst})")
+        self._rate = rate
+        self._burst = burst
+        self._setting = setting
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, fleet_id: str, agent_id: str, records: int) -> None:
+        cost = min(max(records, 0), self._burst)
+        if cost == 0:
+            return
+        key = (fleet_id, agent_id)
+        with self._lock:
+            now = self._clock()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                if len(self._buckets) >= self.MAX_BUCKETS:
+                    for full in [k for k, b in self._buckets.items() if b.full(now)]:
+                        del self._buckets[full]
+                bucket = self._buckets[key] = TokenBucket(self._rate, self._burst, now)
+            wait = bucket.take(now, cost)
+        if wait > 0:
+            raise ResourceExhausted(
+                f"agent {agent_id} of fleet {fleet_id} is over its record rate "
+                f"({self._rate:g} records a second, bursts of {self._burst}: {self._setting}); "
+                f"this call writes {records} records; retry in {wait:.3f} s",
+                reason="RATE_LIMITED",
+                metadata={"kind": "records", "rate_per_second": f"{self._rate:g}",
+                          "burst": str(self._burst), "records": str(records),
+                          "setting": self._setting},
+                retry_delay=wait)

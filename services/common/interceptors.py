@@ -1,4 +1,5 @@
-"""Server interceptors: metrics, logging, errors, concurrency, auth, rate, text, outermost first.
+"""Server interceptors: metrics, logging, errors, concurrency, auth, rate, records, streams, text,
+outermost first.
 
 Each wraps the method handler's behaviour function, so one helper
 (:func:`_wrap_handler`) serves the four RPC shapes. Streaming responses are
@@ -25,6 +26,8 @@ from services.common.admission import (
     ConcurrencyLimit,
     MethodKinds,
     RateLimiter,
+    RecordCounts,
+    RecordRate,
     StreamsPerAgent,
 )
 from services.common.auth import (
@@ -402,6 +405,34 @@ class RateLimitInterceptor(_BehaviorInterceptor):
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             admit()
+            return behavior(request, context)
+
+        return unary
+
+
+class RecordRateInterceptor(_BehaviorInterceptor):
+    """Takes one token a record from the caller's record bucket (:class:`RecordRate`) before a
+    call that writes records runs: a batch is admitted whole or refused with nothing stored.
+    Service principals pass; a request that did not parse passes to :class:`TextInterceptor`,
+    which refuses it (runs inside :class:`AuthInterceptor` and :class:`RateLimitInterceptor`:
+    a call refused for the call rate takes no record tokens)."""
+
+    def __init__(self, rate: RecordRate, counts: RecordCounts) -> None:
+        super().__init__()
+        self._rate = rate
+        self._counts = counts
+
+    def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
+        count = self._counts.get(method)
+        if count is None or streaming:
+            return behavior
+        rate = self._rate
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, Message):
+                principal = current_principal()
+                if SERVICE_ROLE not in principal.roles:
+                    rate.admit(principal.fleet_id, principal.agent_id, count(request))
             return behavior(request, context)
 
         return unary

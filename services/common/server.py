@@ -1,10 +1,10 @@
 """One function assembles a service's gRPC server, so tests start what production runs.
 
 ``build_server(settings, spec)`` wires interceptors (metrics, logging, errors, concurrency,
-auth, rate, NUL-free text), explicit message size limits (``ENGRAM_LIMITS_GRPC_*``), the
-standard ``grpc.health.v1`` servicer, reflection, optional TLS/mTLS, an optional
-plaintext health-only port (``health_port``: probes that cannot speak TLS) and the
-``/metrics`` endpoint. Health says SERVING only once a call can succeed: the service's
+auth, rate, records written, streams, NUL-free text), explicit message size limits
+(``ENGRAM_LIMITS_GRPC_*``), the standard ``grpc.health.v1`` servicer, reflection, optional
+TLS/mTLS, an optional plaintext health-only port (``health_port``: probes that cannot speak
+TLS) and the ``/metrics`` endpoint. Health says SERVING only once a call can succeed: the service's
 ``ready`` check passed, the access restrictions are loaded and its ``warm_up`` (an index
 loaded, a dependency connected) finished. :meth:`EngramServer.stop` flips health to
 NOT_SERVING before draining in-flight calls for ``grace_seconds``.
@@ -41,6 +41,8 @@ from services.common.admission import (
     ConcurrencyLimit,
     MethodKinds,
     RateLimiter,
+    RecordCounts,
+    RecordRate,
     StreamsPerAgent,
 )
 from services.common.auth import Authorizer, MethodPolicy
@@ -51,6 +53,7 @@ from services.common.interceptors import (
     LoggingInterceptor,
     MetricsInterceptor,
     RateLimitInterceptor,
+    RecordRateInterceptor,
     StreamLimitInterceptor,
     TextInterceptor,
 )
@@ -97,6 +100,12 @@ class ServiceSpec:
     probe: Callable[[], bool] | None = None
     """Checked every ``PROBE_INTERVAL_SECONDS`` while serving (the service's database
     answers): False flips health to NOT_SERVING until it passes again, without a restart."""
+    record_counts: RecordCounts = field(default_factory=dict)
+    """How many records a request of each record-writing RPC carries (declared beside
+    ``kinds``), counted against ``record_rate``."""
+    record_rate: RecordRate | None = None
+    """Records a second one agent may write (the shard's ENGRAM_SHARD_RATE_LIMIT_RECORDS);
+    None: not limited."""
 
 
 class EngramServer:
@@ -397,6 +406,8 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         *_adaptive(settings, authorizer, spec),
         AuthInterceptor(authorizer),
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
+        *([RecordRateInterceptor(spec.record_rate, spec.record_counts)]
+          if spec.record_rate is not None else []),
         StreamLimitInterceptor(StreamsPerAgent(settings.max_streams_per_agent,
                                                _setting(settings, "max_streams_per_agent"),
                                                settings.streams_per_fleet(),

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 from services.common.access import governance_restrictions
+from services.common.admission import RecordRate
 from services.common.db import Database
 from services.common.pagination import PageTokens
 from services.common.server import EngramServer, ServiceSpec, build_server
@@ -27,6 +28,7 @@ from services.shard.service import ShardService
 from services.shard.servicer import (
     KINDS,
     POLICY,
+    RECORDS,
     SERVICE_NAME,
     FilterLimits,
     ShardServicer,
@@ -148,6 +150,17 @@ def build_shard_server(
         ready=lambda: index.ready,
         restrictions=restrictions,
         probe=database.ping,
+        record_counts=RECORDS,
+        record_rate=_record_rate(settings),
     )
     spec.registry.register(ShardMetrics(service, index))
     return build_server(settings, spec), service
+
+
+def _record_rate(settings: ShardSettings) -> RecordRate | None:
+    """Records a second one agent may write; None when ENGRAM_SHARD_RATE_LIMIT_RECORDS is 0."""
+    if settings.rate_limit_records <= 0:
+        return None
+    prefix = str(settings.model_config.get("env_prefix", "ENGRAM_SHARD_")).upper()
+    return RecordRate(settings.rate_limit_records, settings.record_burst(),
+                      f"{prefix}RATE_LIMIT_RECORDS, {prefix}RATE_LIMIT_RECORD_BURST")

@@ -12,7 +12,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.shard.v1 import shard_service_pb2 as pb
 from engram.shard.v1 import shard_service_pb2_grpc as pb_grpc
-from services.common.admission import READ, WRITE, MethodKinds
+from services.common.admission import READ, WRITE, MethodKinds, RecordCounts
 from services.common.auth import (
     COMPACTOR_SERVICE,
     MethodPolicy,
@@ -75,6 +75,11 @@ KINDS: MethodKinds = {  # which rate limit each RPC counts against
         "SnapshotForRun", "GetStatus", "ExportSummary", "ListTombstones")},
 }
 assert set(KINDS) == set(POLICY)
+RECORDS: RecordCounts = {  # the records each call writes, against ENGRAM_SHARD_RATE_LIMIT_RECORDS
+    _m("CreateRecord"): lambda request: 1,
+    _m("BatchCreateRecords"): lambda request: len(request.records),
+    _m("ImportRecords"): lambda request: len(request.records),
+}
 
 _MODES = {
     pb.SEARCH_MODE_UNSPECIFIED: "hybrid",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
@@ -31,6 +33,20 @@ class ShardSettings(ServerSettings):
     governance_tls_key: Path | None = None
     """The private key of ``governance_tls_cert``."""
     migrate: bool = True
+    rate_limit_records: float = Field(
+        default=1000.0, ge=0, allow_inf_nan=False,
+        description="records a second one agent may write (CreateRecord, BatchCreateRecords, "
+        "ImportRecords; token bucket, a record a token): the write rate counts calls, and "
+        "100 calls of 1,000 records each passed it. 0 turns the limit off; over it: "
+        "RESOURCE_EXHAUSTED (RATE_LIMITED, metadata kind records, with RetryInfo), nothing "
+        "of the call stored",
+    )
+    rate_limit_record_burst: int | None = Field(
+        default=None, ge=1,
+        description="records one agent may write at once; at least ENGRAM_LIMITS_BATCH_ITEMS "
+        "(a full batch always fits in an idle bucket). Default: twice rate_limit_records, "
+        "and never less than the batch limit",
+    )
     embedder: str = "minilm"
     """Embedding provider for semantic search: minilm (the packaged all-MiniLM-L6-v2 on ONNX
     Runtime, int8: mean cosine 0.993 to the float model, LoCoMo recall unchanged), minilm-fp32
@@ -76,6 +92,21 @@ class ShardSettings(ServerSettings):
     dedup_similarity: float = 0.97
     filter_max_metadata: int = 16
     """Metadata key = value pairs one ListRecords / SearchRecords filter may name."""
+
+    @model_validator(mode="after")
+    def _burst_holds_a_batch(self) -> ShardSettings:
+        burst, batch = self.rate_limit_record_burst, self.limits.batch_items
+        if burst is not None and burst < batch:
+            raise ValueError(
+                f"rate_limit_record_burst ({burst}) is below ENGRAM_LIMITS_BATCH_ITEMS "
+                f"({batch}): a full batch would never be admitted; set it to {batch} or more")
+        return self
+
+    def record_burst(self) -> int:
+        """``rate_limit_record_burst``, or twice the rate and at least the batch limit."""
+        if self.rate_limit_record_burst is not None:
+            return self.rate_limit_record_burst
+        return max(math.ceil(2 * self.rate_limit_records), self.limits.batch_items)
 
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,

@@ -17,8 +17,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engram.client import EngramRpcError, ShardClient
+from engram.client.shard import record_input
 from engram.shard.v1 import shard_service_pb2 as pb
 from services.common.server import EngramServer
+from services.common.settings import LimitsSettings
 from services.shard.server import build_shard_server
 from services.shard.servicer import ShardServicer
 from services.shard.settings import ShardSettings
@@ -294,3 +296,50 @@ def test_streams_ended_by_their_deadline_give_their_places_back(
             call.cancel()
         for client in clients:
             client.close()
+
+
+@pytest.fixture
+def record_throttled_shard(engram_home: Path, tmp_path: Path) -> Iterator[EngramServer]:
+    server = _shard(engram_home, tmp_path, limits=LimitsSettings(batch_items=10),
+                    rate_limit_records=5.0, rate_limit_record_burst=10)
+    yield server
+    server.stop(0)
+
+
+def test_a_batch_flood_over_the_record_rate_is_refused_whole_and_others_still_write(
+        record_throttled_shard: EngramServer, make_token: TokenFactory) -> None:
+    """Found by review: the write rate counted calls, so 100 calls a second of 1,000 records
+    each passed it. A batch now takes a token a record (ENGRAM_SHARD_RATE_LIMIT_RECORDS),
+    admitted whole or refused before anything of it is stored."""
+    noisy = ShardClient(record_throttled_shard.address, make_token("noisy", "fleet-a"))
+    noisy.max_retries = 0
+    quiet = ShardClient(record_throttled_shard.address, make_token("quiet", "fleet-a"))
+    quiet.max_retries = 0
+    with noisy, quiet:
+        created = noisy.add_many([record_input(f"first batch record {i}") for i in range(10)])
+        assert all(result.created for result in created.results)  # a full batch fits
+        refusals = []
+        for flood in range(4):  # two write calls of the write bucket's 200: not what refuses
+            batch = [record_input(f"flood {flood} record {i}") for i in range(10)]
+            refusals.append(_refusal(lambda batch=batch: noisy.add_many(batch)))
+        for refused in refusals:
+            assert (refused.code, refused.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                      "RATE_LIMITED")
+            assert refused.metadata["kind"] == "records"
+            assert refused.metadata["records"] == "10"
+            assert refused.retry_delay is not None and 0 < refused.retry_delay <= 2.0
+            assert "ENGRAM_SHARD_RATE_LIMIT_RECORDS" in refused.message
+        assert quiet.add("another agent still writes a record").created
+        contents = {record.content for record in quiet.list()}
+        assert not [c for c in contents if c.startswith("flood")], "a refused batch stored"
+        assert len(contents) == 11
+
+
+def test_a_client_that_waits_the_retry_delay_gets_its_batch_in(
+        record_throttled_shard: EngramServer, make_token: TokenFactory) -> None:
+    with ShardClient(record_throttled_shard.address, make_token("patient")) as client:
+        client.add_many([record_input(f"patient first {i}") for i in range(10)])
+        started = time.monotonic()
+        reply = client.add_many([record_input(f"patient second {i}") for i in range(4)])
+        assert all(result.created for result in reply.results)
+        assert time.monotonic() - started >= 0.6  # 4 records at 5 a second, after a wait

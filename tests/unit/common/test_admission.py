@@ -11,6 +11,7 @@ from services.common.admission import (
     WRITE,
     ConcurrencyLimit,
     RateLimiter,
+    RecordRate,
     StreamsPerAgent,
 )
 from services.common.auth import (
@@ -181,3 +182,67 @@ def test_a_refused_or_failed_stream_leaves_the_counts_as_they_were() -> None:
         assert streams.open_in("f") == 0
     finally:
         unbind_principal(token)
+
+
+def test_a_batch_takes_a_token_a_record_all_or_none() -> None:
+    # Found by review: the write rate counted calls, and 100 calls a second of 1,000 records
+    # each passed it. A batch now takes one token a record, all at once or none.
+    clock = Clock()
+    rate = RecordRate(10.0, 20, "ENGRAM_SHARD_RATE_LIMIT_RECORDS", clock)
+    rate.admit("f", "a", 20)  # a full burst fits an idle bucket
+    with pytest.raises(ResourceExhausted) as refused:
+        rate.admit("f", "a", 5)
+    assert refused.value.reason == "RATE_LIMITED"
+    assert refused.value.retry_delay == pytest.approx(0.5)
+    assert refused.value.metadata["kind"] == "records"
+    assert refused.value.metadata["records"] == "5"
+    assert "ENGRAM_SHARD_RATE_LIMIT_RECORDS" in refused.value.message
+    rate.admit("f", "b", 1)  # another agent has its own bucket
+    clock.now += 0.3  # 3 tokens: a batch of 5 still does not fit, and takes none of them
+    with pytest.raises(ResourceExhausted):
+        rate.admit("f", "a", 5)
+    rate.admit("f", "a", 3)
+    clock.now += 0.5
+    rate.admit("f", "a", 5)  # waited what it was told: let in
+    clock.now += 100
+    rate.admit("f", "a", 5000)  # over the burst (refused later, too large): takes the burst
+    with pytest.raises(ResourceExhausted):
+        rate.admit("f", "a", 1)
+    with pytest.raises(ValueError):
+        RecordRate(0.0, 20, "X")
+
+
+def test_the_record_interceptor_counts_agents_batches_and_lets_services_pass() -> None:
+    from engram.shard.v1 import shard_service_pb2 as pb
+    from services.common.interceptors import RecordRateInterceptor, Undecodable
+    from services.shard.servicer import RECORDS
+
+    clock = Clock()
+    method = "/engram.shard.v1.ShardService/BatchCreateRecords"
+    interceptor = RecordRateInterceptor(RecordRate(1.0, 3, "RECORDS", clock), RECORDS)
+    stored: list[object] = []
+
+    def write(request: object, _context: object) -> str:
+        stored.append(request)
+        return "written"
+
+    wrapped = interceptor.wrap(write, method, False)
+    batch = pb.BatchCreateRecordsRequest(records=[pb.RecordInput(content="x")] * 3)
+
+    def call(roles: frozenset[str], request: object = batch) -> object:
+        token = bind_principal(Principal(agent_id="a", fleet_id="f", roles=roles))
+        try:
+            return wrapped(request, None)
+        finally:
+            unbind_principal(token)
+
+    assert call(frozenset({"agent"})) == "written"
+    with pytest.raises(ResourceExhausted):
+        call(frozenset({"agent"}))
+    assert len(stored) == 1  # refused before the method ran
+    for _ in range(5):  # a service principal carries many agents' work
+        assert call(frozenset({"service"})) == "written"
+    undecodable = Undecodable(ValueError("bad bytes"))
+    assert call(frozenset({"agent"}), undecodable) == "written"  # TextInterceptor refuses it
+    reads = "/engram.shard.v1.ShardService/GetRecord"
+    assert interceptor.wrap(write, reads, False) is write

@@ -26,3 +26,29 @@ def test_streams_per_fleet_defaults_to_half_the_concurrency_limit(
     assert ShardSettings(max_concurrent_rpcs=1).streams_per_fleet() == 1
     monkeypatch.setenv("ENGRAM_ARTIFACTS_MAX_STREAMS_PER_FLEET", "7")
     assert ArtifactsSettings().streams_per_fleet() == 7
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("RATE_LIMIT_RECORDS", "-1"), ("RATE_LIMIT_RECORDS", "fast"),
+    ("RATE_LIMIT_RECORDS", "inf"), ("RATE_LIMIT_RECORDS", "nan"),
+    ("RATE_LIMIT_RECORD_BURST", "0"), ("RATE_LIMIT_RECORD_BURST", "-5"),
+    ("RATE_LIMIT_RECORD_BURST", "lots"), ("RATE_LIMIT_RECORD_BURST", "999"),
+])
+def test_the_record_rate_refuses_what_makes_no_sense(
+        name: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(f"ENGRAM_SHARD_{name}", value)
+    with pytest.raises(ValidationError, match=name.lower()):
+        ShardSettings()
+
+
+def test_the_record_burst_always_holds_a_full_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = ShardSettings()
+    assert (settings.rate_limit_records, settings.record_burst()) == (1000.0, 2000)
+    assert ShardSettings(rate_limit_records=10).record_burst() == 1000  # the batch limit
+    assert ShardSettings(rate_limit_records=0).rate_limit_records == 0  # off
+    monkeypatch.setenv("ENGRAM_LIMITS_BATCH_ITEMS", "5000")
+    assert ShardSettings().record_burst() == 5000
+    with pytest.raises(ValidationError, match="ENGRAM_LIMITS_BATCH_ITEMS"):
+        ShardSettings(rate_limit_record_burst=4999)
+    monkeypatch.setenv("ENGRAM_SHARD_RATE_LIMIT_RECORD_BURST", "6000")
+    assert ShardSettings().record_burst() == 6000
