@@ -314,9 +314,25 @@ def _report_gate(audit: GateAudit, as_json: bool) -> None:
                      else f"[red]{len(audit.problems)} without an allowing decision[/red]"))
 
 
+def _verify_fleet(client: ShardClient, as_json: bool) -> pb.VerifyRecordsResponse:
+    """Every record and tombstone of the fleet, a page a call, with a progress bar."""
+    total = pb.VerifyRecordsResponse()
+    with Progress(TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
+                  TimeRemainingColumn(), console=console, disable=as_json) as progress:
+        task = progress.add_task("verify", total=client.status().total_records or None)
+        for page in client.verify_pages():
+            total.checked += page.checked
+            total.tombstoned += page.tombstoned
+            total.failures.extend(page.failures)
+            progress.update(task, completed=total.checked)
+    return total
+
+
 def verify(
     record_id: str | None = typer.Argument(None, help="record id to verify"),
-    all_records: bool = typer.Option(False, "--all", help="verify every record of your fleet"),
+    all_records: bool = typer.Option(
+        False, "--all", help="verify every record and tombstone of your fleet, a page of "
+        "1,000 a call, with a progress bar"),
     gate: bool = typer.Option(
         False, "--gate", help="reconcile records (every one, or the id given) against "
         "governance's gate decisions instead of re-hashing them (governor or admin token)"),
@@ -333,7 +349,8 @@ def verify(
     if not record_id and not all_records:
         raise fail("give a record id or --all")
     with rpc_errors(as_json), _client() as client:
-        report = client.verify([record_id] if record_id else [], all_records=all_records)
+        report = (client.verify([record_id]) if record_id
+                  else _verify_fleet(client, as_json))
     failures = [
         {
             "id": f.id,

@@ -25,6 +25,8 @@ _RFC3339 = re.compile(
     r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})"
 )
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+VERIFY_PAGE = 1000
+"""Records a paged verification asks re-hashed a call (the service's page limit, by default)."""
 _CONDITION = re.compile(r"([^=!<>~]*)(==|!=|<=|>=|=~|=|<|>|~)(.*)", re.DOTALL)
 
 
@@ -277,10 +279,31 @@ class ShardClient(BaseClient):
     def verify(
         self, ids: Sequence[str] = (), *, all_records: bool = False
     ) -> pb.VerifyRecordsResponse:
-        return self.call(
-            self.stub.VerifyRecords,
-            pb.VerifyRecordsRequest(ids=string_list("ids", ids), all=all_records),
-        )
+        """Re-hash the records named, or (``all_records``) every record and tombstone of the
+        fleet, a page a call (:meth:`verify_pages`), summed into one report."""
+        if not all_records:
+            return self.call(self.stub.VerifyRecords,
+                             pb.VerifyRecordsRequest(ids=string_list("ids", ids)))
+        if ids:
+            raise ValueError("verify names ids or all_records, not both")
+        total = pb.VerifyRecordsResponse()
+        for page in self.verify_pages():
+            total.checked += page.checked
+            total.tombstoned += page.tombstoned
+            total.failures.extend(page.failures)
+        return total
+
+    def verify_pages(self, page_size: int = VERIFY_PAGE) -> Iterator[pb.VerifyRecordsResponse]:
+        """The fleet's verification a page at a time (records, then tombstones): each call
+        re-hashes at most ``page_size`` (the service may lower it)."""
+        token = ""
+        while True:
+            page = self.call(self.stub.VerifyRecords, pb.VerifyRecordsRequest(
+                all=True, page_size=page_size, page_token=token))
+            yield page
+            token = page.next_page_token
+            if not token:
+                return
 
     def snapshot(self, run_id: str, *, verify: bool = True) -> Iterator[pb.Record]:
         request = pb.SnapshotForRunRequest(run_id=run_id, verify=verify)

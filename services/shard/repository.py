@@ -656,6 +656,23 @@ class ShardRepository:
                 yield _checked(row)
             after = rows[-1].seq
 
+    def checked_after(self, session: Session, fleet_id: str, after_seq: int,
+                      limit: int) -> list[tuple[int, Record | IntegrityError]]:
+        """A page of the fleet's records after ``after_seq``, oldest first, each as
+        :meth:`scan_checked` gives it (a paged verification)."""
+        rows = session.scalars(select(RecordRow).where(
+            RecordRow.fleet_id == fleet_id, RecordRow.seq > after_seq)
+            .order_by(RecordRow.seq).limit(limit))
+        return [(row.seq, _checked(row)) for row in rows]
+
+    def tombstones_after(self, session: Session, fleet_id: str, after_seq: int,
+                         limit: int) -> list[tuple[int, Tombstone]]:
+        """A page of the fleet's erased records after ``after_seq``, in write order."""
+        rows = session.scalars(select(TombstoneRow).where(
+            TombstoneRow.fleet_id == fleet_id, TombstoneRow.seq > after_seq)
+            .order_by(TombstoneRow.seq).limit(limit))
+        return [(row.seq, row.to_entity()) for row in rows]
+
     def by_ids_checked(self, session: Session, fleet_id: str,
                        ids: Sequence[str]) -> dict[str, Record | IntegrityError]:
         """As :meth:`by_ids`, with an unreadable row as its DATA_LOSS error."""

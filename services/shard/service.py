@@ -13,9 +13,9 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
@@ -758,8 +758,7 @@ class ShardService:
         for record_id in ids:
             validate_identifier("id", record_id)
         failures: list[EngramError] = []
-        checked = 0
-        tombstones: Iterator[records.Tombstone] = iter(())
+        tombstones: Iterable[records.Tombstone] = ()
         with self.db.session() as session:
             # A row that no longer parses is one more failure; the rest are still checked.
             source: Iterator[Record | IntegrityError]
@@ -769,37 +768,84 @@ class ShardService:
                 found = self.repo.by_ids_checked(session, principal.fleet_id, list(ids))
                 erased = {i: t for i in ids if i not in found
                           and (t := self.repo.tombstone(session, principal.fleet_id, i))}
-                tombstones = iter(erased.values())
+                tombstones = erased.values()
                 missing = [i for i in ids if i not in found and i not in erased]
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
                                    reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})
                 source = iter(found[i] for i in dict.fromkeys(ids) if i in found)
-            for record in source:
-                checked += 1
-                if checked % 1000 == 0:
-                    still_wanted(active)
-                if isinstance(record, IntegrityError):
-                    failures.append(record)
-                    continue
-                try:
-                    records.verify(record)
-                except EngramError as failure:
-                    failures.append(failure)
+            checked = self._check_records(source, failures, active)
             if everything:
                 tombstones = self.repo.tombstones(session, principal.fleet_id)
-            tombstoned = 0
-            for tombstone in tombstones:
-                tombstoned += 1
-                if not records.verify_tombstone(tombstone):
-                    failures.append(IntegrityError(
-                        f"record {tombstone.id} (erased by {tombstone.erasure_id}): its "
-                        "tombstone's fields no longer derive its record_hash",
-                        reason="TOMBSTONE_HASH_MISMATCH",
-                        metadata={"record_id": tombstone.id, "expected": tombstone.record_hash}))
-        for found_bad in failures:
+            tombstoned = self._check_tombstones(tombstones, failures)
+        return self._reported(VerifyReport(checked, failures, tombstoned))
+
+    def verify_page(self, principal: Principal, after: Sequence[Any] | None, limit: int,
+                    active: Callable[[], bool] = lambda: True
+                    ) -> tuple[VerifyReport, list[Any] | None]:
+        """One page of the fleet's verification: at most ``limit`` records after the position
+        ``after`` (``["records", seq]``; ``None`` to start), then its tombstones
+        (``["tombstones", seq]``), in one pass of bounded work; the position to go on from, or
+        None after the last."""
+        phase, position = (after[0], after[1]) if after else ("records", 0)
+        if phase not in ("records", "tombstones") or not isinstance(position, int):
+            raise InvalidArgument("page_token does not name a place in a verification",
+                                  reason="INVALID_PAGE_TOKEN")
+        failures: list[EngramError] = []
+        checked = tombstoned = 0
+        following: list[Any] | None = None
+        with self.db.session() as session:
+            if phase == "records":
+                rows = self.repo.checked_after(session, principal.fleet_id, position, limit)
+                checked = self._check_records((r for _, r in rows), failures, active)
+                if len(rows) == limit:
+                    following = ["records", rows[-1][0]]
+                phase, position = "tombstones", 0
+            left = limit - checked
+            if following is None and left > 0:
+                erased = self.repo.tombstones_after(session, principal.fleet_id, position, left)
+                tombstoned = self._check_tombstones((t for _, t in erased), failures)
+                if len(erased) == left:
+                    following = ["tombstones", erased[-1][0]]
+            elif following is None:  # the records filled the page: the tombstones are next
+                following = ["tombstones", 0]
+        return self._reported(VerifyReport(checked, failures, tombstoned)), following
+
+    @staticmethod
+    def _check_records(source: Iterable[Record | IntegrityError], failures: list[EngramError],
+                       active: Callable[[], bool]) -> int:
+        checked = 0
+        for record in source:
+            checked += 1
+            if checked % 1000 == 0:
+                still_wanted(active)
+            if isinstance(record, IntegrityError):
+                failures.append(record)
+                continue
+            try:
+                records.verify(record)
+            except EngramError as failure:
+                failures.append(failure)
+        return checked
+
+    @staticmethod
+    def _check_tombstones(tombstones: Iterable[records.Tombstone],
+                          failures: list[EngramError]) -> int:
+        tombstoned = 0
+        for tombstone in tombstones:
+            tombstoned += 1
+            if not records.verify_tombstone(tombstone):
+                failures.append(IntegrityError(
+                    f"record {tombstone.id} (erased by {tombstone.erasure_id}): its "
+                    "tombstone's fields no longer derive its record_hash",
+                    reason="TOMBSTONE_HASH_MISMATCH",
+                    metadata={"record_id": tombstone.id, "expected": tombstone.record_hash}))
+        return tombstoned
+
+    def _reported(self, report: VerifyReport) -> VerifyReport:
+        for found_bad in report.failures:
             self.integrity_failures.add(found_bad.reason)
-        return VerifyReport(checked, failures, tombstoned)
+        return report
 
     def snapshot(self, principal: Principal, run_id: str, verify: bool) -> Iterator[Record]:
         """Exactly the records of one run, oldest first; a tampered one raises DATA_LOSS.

@@ -20,7 +20,7 @@ from services.common.auth import (
     is_caller,
     target_fleet,
 )
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, PermissionDenied
 from services.common.pagination import PageTokens
 from services.common.timestamps import time_us
 from services.common.tokens import Principal
@@ -394,10 +394,29 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
     def VerifyRecords(
         self, request: pb.VerifyRecordsRequest, context: Any
     ) -> pb.VerifyRecordsResponse:
-        report = self.service.verify(current_principal(), list(request.ids), request.all,
-                                     context.is_active)
+        principal, next_token = current_principal(), ""
+        if request.page_size or request.page_token:
+            if request.ids or not request.all:
+                raise InvalidArgument("page_size and page_token page a verification of every "
+                                      "record (all = true), not of named ids",
+                                      reason="PAGING_WITH_IDS")
+            filters = {"verify": "all"}
+            after = self.pages.decode(request.page_token, filters)
+            report, following = self.service.verify_page(
+                principal, after, self.pages.page_size(request.page_size), context.is_active)
+            next_token = self.pages.encode(following, filters) if following else ""
+        else:
+            if request.all and not (
+                    is_caller(principal, "governor") or is_caller(principal, "admin")):
+                raise PermissionDenied(
+                    "verifying the whole fleet in one call is for the governor and admin roles "
+                    "(it re-hashes every record at once); verify it a page at a time: set "
+                    "page_size and follow next_page_token (engram verify --all does)",
+                    reason="ROLE_REQUIRED", metadata={"required_roles": "admin,governor"})
+            report = self.service.verify(principal, list(request.ids), request.all,
+                                         context.is_active)
         return pb.VerifyRecordsResponse(
-            checked=report.checked, tombstoned=report.tombstoned,
+            checked=report.checked, tombstoned=report.tombstoned, next_page_token=next_token,
             failures=[
                 pb.IntegrityFailure(
                     id=f.metadata.get("record_id", ""),

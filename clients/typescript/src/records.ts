@@ -14,6 +14,7 @@ import {
   type SearchHit,
   SearchRecordsRequest,
   ShardServiceService as Shard,
+  VerifyRecordsRequest,
   type VerifyRecordsResponse,
 } from "./gen/engram/shard/v1/shard_service.js";
 import type { CallOptions, WriteOptions } from "./options.js";
@@ -192,10 +193,38 @@ export class Records {
     return (await this.shard().unary(Shard.searchRecords, request, options)).hits;
   }
 
-  /** Re-hashes the records (`"all"`: every record of the fleet); lists each mismatch. */
-  async verify(ids: string[] | "all", options: CallOptions = {}): Promise<VerifyRecordsResponse> {
-    const request = ids === "all" ? { ids: [], all: true } : { ids, all: false };
-    return this.shard().unary(Shard.verifyRecords, request, options);
+  /**
+   * Re-hashes the records (`"all"`: every record and tombstone of the fleet, a page of
+   * `pageSize` a call, summed into one answer); lists each mismatch.
+   */
+  async verify(
+    ids: string[] | "all",
+    options: CallOptions & { pageSize?: number } = {},
+  ): Promise<VerifyRecordsResponse> {
+    if (ids !== "all") {
+      const request = VerifyRecordsRequest.fromPartial({ ids });
+      return this.shard().unary(Shard.verifyRecords, request, options);
+    }
+    const { pageSize = 1000, ...callOptions } = options;
+    const total: VerifyRecordsResponse = {
+      checked: 0,
+      failures: [],
+      tombstoned: 0,
+      nextPageToken: "",
+    };
+    let pageToken = "";
+    do {
+      const page = await this.shard().unary(
+        Shard.verifyRecords,
+        VerifyRecordsRequest.fromPartial({ all: true, pageSize, pageToken }),
+        callOptions,
+      );
+      total.checked += page.checked;
+      total.tombstoned += page.tombstoned;
+      total.failures.push(...page.failures);
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+    return total;
   }
 
   /** Exactly one run's records, oldest first, each re-hashed by the service unless `verify: false`. */

@@ -97,6 +97,12 @@ describe("records", () => {
     const check = await engram.records.verify([record.id]);
     assert.equal(check.checked, 1);
     assert.deepEqual(check.failures, []);
+
+    // every record of the fleet, a page of one a call (an agent may not ask for all at once)
+    const whole = await engram.records.verify("all", { pageSize: 1 });
+    assert.ok(whole.checked >= 1);
+    assert.deepEqual(whole.failures, []);
+    assert.equal(whole.nextPageToken, "");
   });
 
   test("list pages through a run's records, newest first", async () => {

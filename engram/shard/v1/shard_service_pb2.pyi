@@ -366,12 +366,16 @@ class UpsertDomainResponse(_message.Message):
     def __init__(self, domain: _Optional[_Union[Domain, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class VerifyRecordsRequest(_message.Message):
-    __slots__ = ("ids", "all")
+    __slots__ = ("ids", "all", "page_size", "page_token")
     IDS_FIELD_NUMBER: _ClassVar[int]
     ALL_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[str]
     all: bool
-    def __init__(self, ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class IntegrityFailure(_message.Message):
     __slots__ = ("id", "expected_hash", "actual_hash", "detail")
@@ -386,14 +390,16 @@ class IntegrityFailure(_message.Message):
     def __init__(self, id: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyRecordsResponse(_message.Message):
-    __slots__ = ("checked", "failures", "tombstoned")
+    __slots__ = ("checked", "failures", "tombstoned", "next_page_token")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     checked: int
     failures: _containers.RepeatedCompositeFieldContainer[IntegrityFailure]
     tombstoned: int
-    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ..., tombstoned: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class SnapshotForRunRequest(_message.Message):
     __slots__ = ("run_id", "verify")

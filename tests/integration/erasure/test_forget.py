@@ -248,6 +248,11 @@ def test_forget_leaves_no_byte_of_the_marker(
             report = shard.verify(all_records=True)
             assert not report.failures
             assert report.tombstoned == len(would) + 1  # and run-9's record
+            for size in (1, 2):  # paged: records, then tombstones, across page boundaries
+                pages = list(shard.verify_pages(size))
+                assert sum(p.tombstoned for p in pages) == report.tombstoned
+                assert sum(p.checked for p in pages) == report.checked
+                assert all(p.checked + p.tombstoned <= size for p in pages)
             assert shard.verify([quoted.id]).tombstoned == 1
             # the carried-out erasure again: nothing more
             assert not shard.forget(erasure_id=erasure_id).records

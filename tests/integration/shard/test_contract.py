@@ -114,13 +114,20 @@ def test_a_cross_search_reads_a_bounded_number_of_records_citing_a_hit(
     assert max(asked) <= CROSS_FAN_IN * 2  # not 150
 
 
+def _verify_all_at_once(client: ShardClient) -> pb.VerifyRecordsResponse:
+    """VerifyRecords(all) in one call, unpaged (ShardClient.verify pages)."""
+    return client.call(client.stub.VerifyRecords, pb.VerifyRecordsRequest(all=True))
+
+
 def test_whole_fleet_verifications_take_a_scan_slot(
         client_for: ClientFactory, shard: tuple[str, ShardService],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by review: VerifyRecords with all re-hashes every record of the fleet (about
     50 µs each: a minute at 1M records) for one read of any agent's budget, as many at once as
-    it liked. Now at most two run on a replica; a third is RESOURCE_EXHAUSTED SCAN_BUSY."""
+    it liked. Now at most two run on a replica; a third is RESOURCE_EXHAUSTED SCAN_BUSY (and
+    only governors and admins may ask for one: test_an_agent_verifies_the_fleet_page_by_page)."""
     agent = client_for("agent-1", "fleet-a")
+    governor = client_for("gov-1", "fleet-a", ("governor",))
     stored = agent.add("one record to verify").record
     started, release = threading.Semaphore(0), threading.Event()
     verify = records.verify
@@ -133,14 +140,15 @@ def test_whole_fleet_verifications_take_a_scan_slot(
     monkeypatch.setattr(records, "verify", held)
     answers: list[int] = []
     running = [threading.Thread(
-        target=lambda: answers.append(agent.verify(all_records=True).checked)) for _ in range(2)]
+        target=lambda: answers.append(_verify_all_at_once(governor).checked))
+        for _ in range(2)]
     for thread in running:
         thread.start()
     try:
         for _ in running:
             assert started.acquire(timeout=30)
         with pytest.raises(EngramRpcError) as busy:
-            agent.verify(all_records=True)
+            _verify_all_at_once(governor)
         assert (busy.value.code, busy.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
                                                          "SCAN_BUSY")
     finally:
@@ -148,7 +156,50 @@ def test_whole_fleet_verifications_take_a_scan_slot(
         for thread in running:
             thread.join(30)
     assert answers == [1, 1]
-    assert agent.verify(all_records=True).checked == 1 and agent.verify([stored.id]).checked == 1
+    assert _verify_all_at_once(governor).checked == 1 and agent.verify([stored.id]).checked == 1
+    assert agent.verify(all_records=True).checked == 1  # paged: no scan slot
+
+
+def test_an_agent_verifies_the_fleet_page_by_page(
+        client_for: ClientFactory, shard: tuple[str, ShardService]) -> None:
+    """A whole-fleet verification in one call is the governor's and admin's (any agent could
+    otherwise make a replica re-hash a fleet of millions per read of its budget); an agent
+    pages it, each call bounded by page_size, records first, then tombstones. Paging covers
+    every record and tombstone once; bad paging input is refused."""
+    agent = client_for("agent-1", "fleet-a")
+    admin = client_for("op", "fleet-a", ("admin",))
+    for n in range(7):
+        agent.add(f"record {n} to page through")
+    client_for("agent-9", "fleet-b").add("another fleet's record")
+    with pytest.raises(EngramRpcError) as refused:
+        _verify_all_at_once(agent)
+    assert (refused.value.code, refused.value.reason) == (grpc.StatusCode.PERMISSION_DENIED,
+                                                           "ROLE_REQUIRED")
+    assert "page_size" in refused.value.message
+    with pytest.raises(EngramRpcError) as sneaked:  # ids beside all: still the whole fleet
+        agent.call(agent.stub.VerifyRecords, pb.VerifyRecordsRequest(all=True, ids=["x"]))
+    assert sneaked.value.reason == "ROLE_REQUIRED"
+    for size in (1, 3, 7, 100):
+        pages = list(agent.verify_pages(size))
+        assert all(page.checked + page.tombstoned <= size for page in pages)
+        assert sum(page.checked for page in pages) == 7
+        assert not any(page.failures for page in pages)
+    assert _verify_all_at_once(admin).checked == 7
+    assert agent.verify(all_records=True).checked == 7
+    for bad, reason in ((pb.VerifyRecordsRequest(ids=["x"], page_size=5), "PAGING_WITH_IDS"),
+                        (pb.VerifyRecordsRequest(page_size=5), "PAGING_WITH_IDS"),
+                        (pb.VerifyRecordsRequest(all=True, page_token="forged.token"), None),
+                        (pb.VerifyRecordsRequest(all=True, page_size=-1), None)):
+        with pytest.raises(EngramRpcError) as error:
+            agent.call(agent.stub.VerifyRecords, bad)
+        assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason is None or error.value.reason == reason
+    first = agent.call(agent.stub.VerifyRecords,
+                       pb.VerifyRecordsRequest(all=True, page_size=2))
+    with pytest.raises(EngramRpcError) as stolen:  # a token is bound to its caller
+        client_for("agent-2", "fleet-a").call(agent.stub.VerifyRecords, pb.VerifyRecordsRequest(
+            all=True, page_size=2, page_token=first.next_page_token))
+    assert stolen.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_links_stay_in_the_fleet(client_for: ClientFactory) -> None:

@@ -347,6 +347,17 @@ export interface VerifyRecordsRequest {
   /** Empty with all = true: every record of the caller's fleet. */
   ids: string[];
   all: boolean;
+  /**
+   * With all = true: verify the fleet a page at a time, its records oldest
+   * first and then its tombstones, at most page_size (lowered to
+   * ENGRAM_LIMITS_PAGE_SIZE) a call, continuing from page_token; the answer
+   * names the next page until the last. Without page_size and page_token,
+   * all = true verifies the whole fleet in one call: governor and admin roles
+   * only (an agent gets PERMISSION_DENIED ROLE_REQUIRED and pages). Not with
+   * ids (INVALID_ARGUMENT).
+   */
+  pageSize: number;
+  pageToken: string;
 }
 
 export interface IntegrityFailure {
@@ -364,6 +375,11 @@ export interface VerifyRecordsResponse {
    * record_hash (format 2) or are kept as erased (format 1); not in checked.
    */
   tombstoned: number;
+  /**
+   * Paged verification (page_size or page_token set): the next page's token,
+   * empty after the last.
+   */
+  nextPageToken: string;
 }
 
 export interface SnapshotForRunRequest {
@@ -4229,7 +4245,7 @@ export const UpsertDomainResponse: MessageFns<UpsertDomainResponse> = {
 };
 
 function createBaseVerifyRecordsRequest(): VerifyRecordsRequest {
-  return { ids: [], all: false };
+  return { ids: [], all: false, pageSize: 0, pageToken: "" };
 }
 
 export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
@@ -4239,6 +4255,12 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
     }
     if (message.all !== false) {
       writer.uint32(16).bool(message.all);
+    }
+    if (message.pageSize !== 0) {
+      writer.uint32(24).int32(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(34).string(message.pageToken);
     }
     return writer;
   },
@@ -4272,6 +4294,22 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
             message.all = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.pageSize = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4288,6 +4326,16 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
     return {
       ids: globalThis.Array.isArray(object?.ids) ? object.ids.map((e: any) => globalThis.String(e)) : [],
       all: isSet(object.all) ? globalThis.Boolean(object.all) : false,
+      pageSize: isSet(object.pageSize)
+        ? globalThis.Number(object.pageSize)
+        : isSet(object.page_size)
+        ? globalThis.Number(object.page_size)
+        : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -4299,6 +4347,12 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
     if (message.all !== false) {
       obj.all = message.all;
     }
+    if (message.pageSize !== 0) {
+      obj.pageSize = Math.round(message.pageSize);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
@@ -4309,6 +4363,8 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
     const message = createBaseVerifyRecordsRequest();
     message.ids = object.ids?.map((e) => e) || [];
     message.all = object.all ?? false;
+    message.pageSize = object.pageSize ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
@@ -4439,7 +4495,7 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
 };
 
 function createBaseVerifyRecordsResponse(): VerifyRecordsResponse {
-  return { checked: 0, failures: [], tombstoned: 0 };
+  return { checked: 0, failures: [], tombstoned: 0, nextPageToken: "" };
 }
 
 export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
@@ -4452,6 +4508,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     }
     if (message.tombstoned !== 0) {
       writer.uint32(24).int64(message.tombstoned);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(34).string(message.nextPageToken);
     }
     return writer;
   },
@@ -4493,6 +4552,14 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
             message.tombstoned = longToNumber(reader.int64());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4512,6 +4579,11 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
         ? object.failures.map((e: any) => IntegrityFailure.fromJSON(e))
         : [],
       tombstoned: isSet(object.tombstoned) ? globalThis.Number(object.tombstoned) : 0,
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -4526,6 +4598,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     if (message.tombstoned !== 0) {
       obj.tombstoned = Math.round(message.tombstoned);
     }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
     return obj;
   },
 
@@ -4537,6 +4612,7 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     message.checked = object.checked ?? 0;
     message.failures = object.failures?.map((e) => IntegrityFailure.fromPartial(e)) || [];
     message.tombstoned = object.tombstoned ?? 0;
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
