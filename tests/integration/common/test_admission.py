@@ -343,3 +343,18 @@ def test_a_client_that_waits_the_retry_delay_gets_its_batch_in(
         reply = client.add_many([record_input(f"patient second {i}") for i in range(4)])
         assert all(result.created for result in reply.results)
         assert time.monotonic() - started >= 0.6  # 4 records at 5 a second, after a wait
+
+
+def test_an_admins_import_is_not_held_to_the_record_rate(
+        record_throttled_shard: EngramServer, make_token: TokenFactory) -> None:
+    """ImportRecords is the admin's restore of a bundle (engram import-bundle): it goes at
+    the store's speed, not at an agent's record rate (1,000 a second by default halved the
+    bundle import's measured rate)."""
+    with ShardClient(record_throttled_shard.address, make_token("writer")) as writer:
+        writer.add_many([record_input(f"kept record {i}") for i in range(10)])
+        stored = list(writer.list())
+    admin = ShardClient(record_throttled_shard.address, make_token("op", roles=("admin",)))
+    admin.max_retries = 0
+    with admin:
+        for _ in range(4):  # 40 records at once against a bucket of 10 at 5 a second
+            assert admin.import_records(stored).already_present == 10
