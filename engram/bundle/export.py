@@ -186,7 +186,7 @@ class Exporter:
         for decision in decisions:
             stage.put("decisions", decision.decision_id, proto_row(decision, "decisions"))
             agents.add(decision.agent_id)
-        self._stage_erasures(stage, run_id)
+        named = self._stage_tombstones(stage, run_id)
         fleet = self.fleet_id()
         for ids in _chunks(sorted(agents - {""}), 100):
             for trust in c.governance.trusts(fleet, ids):
@@ -196,37 +196,52 @@ class Exporter:
                 stage.put("runs", run.run_id, proto_row(run, "runs"))
                 runs.add(run.run_id)
         for run_name in sorted(runs - {""}):
-            self._stage_run(stage, run_name)
+            named |= self._stage_run(stage, run_name)
+        # After the runs: the erasures their events' and snapshots' tombstones name are known.
+        self._stage_erasures(stage, run_id, named)
         if run_id is None:
             for evidence in c.artifacts.paginate(
                     c.artifacts.stub.ListEvidence, apb.ListEvidenceRequest(page_size=PAGE),
                     lambda reply: reply.evidence):
                 stage.put("evidence", evidence.evidence_id, proto_row(evidence))
 
-    def _stage_erasures(self, stage: _Stage, run_id: str | None) -> None:
-        """The erased records' tombstones (of the run, for a run export) and the erasures
-        that erased them (every erasure of the fleet, for a fleet export): on the target they
-        keep an erased record erased, and say what was erased, when and by whom."""
-        c = self.clients
+    def _stage_tombstones(self, stage: _Stage, run_id: str | None) -> set[str]:
+        """The erased records' tombstones (of the run, for a run export); the ids of the
+        erasures that erased them."""
         named: set[str] = set()
-        for tombstone in c.shard.tombstones(page_size=PAGE):
+        for tombstone in self.clients.shard.tombstones(page_size=PAGE):
             if run_id is None or tombstone.run_id == run_id:
                 stage.put("tombstones", tombstone.id, proto_row(tombstone))
                 named.add(tombstone.erasure_id)
-        for erasure in c.governance.erasures(page_size=PAGE):
+        return named
+
+    def _stage_erasures(self, stage: _Stage, run_id: str | None, named: set[str]) -> None:
+        """The erasures: every erasure of the fleet for a fleet export; for a run export those
+        ``named`` by what it carries erased (its records' tombstones, and its events and
+        snapshots erased in place, which travel as tombstones naming their erasure: the target
+        takes such a tombstone only when it holds that erasure). On the target they keep what
+        was erased erased, and say what was erased, when and by whom."""
+        for erasure in self.clients.governance.erasures(page_size=PAGE):
             if run_id is None or erasure.erasure_id in named:
                 key = f"{erasure.create_time.ToMilliseconds():020d}/{erasure.erasure_id}"
                 stage.put("erasures", key, proto_row(erasure, "erasures"))
 
-    def _stage_run(self, stage: _Stage, run: str) -> None:
+    def _stage_run(self, stage: _Stage, run: str) -> set[str]:
+        """The run's artifacts, events, snapshots, manifests and iteration log; the ids of the
+        erasures that erased its events and snapshots in place (their tombstones name them)."""
         c = self.clients
+        named: set[str] = set()
         for artifact in _ignore_missing(c.artifacts.list_artifacts(run, page_size=PAGE)):
             stage.put("artifacts", artifact.artifact_id, proto_row(artifact))
         for event in _ignore_missing(c.artifacts.list_events(run, page_size=PAGE)):
             stage.put("events", f"{run}/{event.seq:020d}", proto_row(event))
+            if event.erasure_id:
+                named.add(event.erasure_id)
         for snapshot in _ignore_missing(c.artifacts.list_snapshots(run, page_size=PAGE)):
             stage.put("snapshots", f"{run}/{snapshot.seq:020d}/{snapshot.snapshot_id}",
                       proto_row(snapshot))
+            if snapshot.erasure_id:
+                named.add(snapshot.erasure_id)
         for manifest in _ignore_missing(c.artifacts.paginate(
                 c.artifacts.stub.ListManifests,
                 apb.ListManifestsRequest(run_id=run, page_size=PAGE),
@@ -243,6 +258,7 @@ class Exporter:
             if row is not None:
                 stage.put("iterations", key,
                           {**row, "detail_json": detail, "guardrails_json": guardrails})
+        return named
 
     def _iteration_details(self, run: str, last: int) -> dict[int, tuple[str, str]]:
         """The full details the compactor still keeps for ``run``: its hot ring, then each cold

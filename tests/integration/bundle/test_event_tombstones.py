@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.bundle import BundleReader
 from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
@@ -161,3 +162,54 @@ def test_an_event_erased_in_place_travels_as_a_tombstone(
         assert art.import_run_items(events=[tombstone], snapshots=[snapshot]).created == 2
         assert list(art.replay("run-t")) == events[:2]
         assert art.latest_snapshot("run-t") == snapshot
+
+
+def test_a_run_bundle_carries_the_erasures_of_its_events_and_snapshots(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``engram export --run`` carries every erasure its events' and snapshots' tombstones name
+    (here none of them names a record of the run), so the run imports whole; erasures of other
+    runs stay out of it, and a fleet bundle carries them all (found by review: the run bundle
+    carried only its records' erasures and failed to import, ERASURE_NOT_FOUND)."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    run_bundle, fleet_bundle = tmp_path / "run.bundle", tmp_path / "fleet.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        with ArtifactsClient(origin.artifacts.address, agent) as art:
+            art.start_run("run-t", {})
+            art.append_event("run-t", "tool.called", {"q": "plain"})
+            art.append_event("run-t", "tool.called", {"q": SECRET + "-event"})
+            art.create_snapshot("run-t", {"seen": SECRET + "-snapshot"}, seq=2)
+            art.start_run("run-u", {})
+            art.append_event("run-u", "tool.called", {"q": SECRET + "-other"})
+        with cli_for(origin, admin, monkeypatch) as run:
+            erased = {}
+            for what in ("event", "snapshot", "other"):
+                done = run("forget", "--match", f"{SECRET}-{what}")
+                assert done["events_erased"] + done["snapshots_erased"] == 1
+                erased[what] = done["erasures"][0]["erasure_id"]
+            run("export", "--fleet", FLEET, "--run", "run-t", "-o", str(run_bundle))
+            run("export", "--fleet", FLEET, "-o", str(fleet_bundle))
+        with ArtifactsClient(origin.artifacts.address, admin) as art:
+            events = list(art.replay("run-t"))
+            snapshot = art.latest_snapshot("run-t")
+            other = list(art.replay("run-u"))
+    assert snapshot.erasure_id == erased["snapshot"] and events[1].erasure_id == erased["event"]
+    with BundleReader(run_bundle) as reader:
+        reader.verify()
+        assert {row["erasure_id"] for row in reader.rows("erasures")} == {
+            erased["event"], erased["snapshot"]}
+    with BundleReader(fleet_bundle) as reader:
+        reader.verify()
+        assert {row["erasure_id"] for row in reader.rows("erasures")} == set(erased.values())
+
+    for name, bundle in (("b", run_bundle), ("c", fleet_bundle)):
+        (tmp_path / name).mkdir()
+        with full_stack(tmp_path / name, engram_home, make_token, governed=True) as target, \
+                cli_for(target, admin, monkeypatch) as run:
+            run("import-bundle", str(bundle))
+            with ArtifactsClient(target.artifacts.address, admin) as art:
+                assert list(art.replay("run-t")) == events
+                assert art.latest_snapshot("run-t") == snapshot
+                assert art.verify("run-t").snapshots_tombstoned == 1
+                if bundle == fleet_bundle:
+                    assert list(art.replay("run-u")) == other
