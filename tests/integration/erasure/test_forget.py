@@ -228,7 +228,8 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert done["runs_holding_text"] == []
             assert run("forget", "--match", marker) == {
                 "erased": 0, "events_erased": 0, "snapshots_erased": 0, "erasures": [],
-                "runs_holding_text": [], "format1_events_left": []}
+                "runs_holding_text": [], "runs_holding_text_incomplete": False,
+                "format1_events_left": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
