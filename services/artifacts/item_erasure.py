@@ -32,10 +32,17 @@ class ErasedInPlace:
     already: int = 0
 
 
+MAX_SEQ = 2**63 - 1
+"""The largest seq the store holds (a signed 64-bit INTEGER)."""
+
+
 def event_key(item_id: str) -> tuple[str, int]:
-    """``<run_id>:<seq>`` as (run id, seq); governance checked the form."""
+    """``<run_id>:<seq>`` as (run id, seq); governance checked the form. A seq no store can
+    hold (an erasure recorded or imported before governance refused one) is 0: no event has
+    it, so the item is not found rather than failing the lookup inside the driver."""
     run_id, _, seq = item_id.rpartition(":")
-    return run_id, int(seq)
+    number = int(seq) if seq.isascii() and seq.isdigit() else 0
+    return run_id, number if 1 <= number <= MAX_SEQ else 0
 
 
 def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> ErasedInPlace:
@@ -49,7 +56,7 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
         found: EventRow | SnapshotRow
         if kind == "event":
             run_id, seq = event_key(item_id)
-            row = session.get(EventRow, (fleet_id, run_id, seq))
+            row = session.get(EventRow, (fleet_id, run_id, seq)) if seq else None
             if row is None:
                 already += _absent(session, order, run_id, f"event {item_id}", "EVENT_NOT_FOUND")
                 continue

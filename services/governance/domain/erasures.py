@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from services.common.erasure_source import MAX_ERASURE_ITEMS
 from services.common.errors import InvalidArgument
 from services.common.limits import check_limit
-from services.common.tokens import validate_identifier
+from services.common.tokens import is_identifier, validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
 ITEM_KINDS = ("record", "summary", "run", "iterations", "event", "snapshot")
@@ -86,11 +86,20 @@ def check_erasure_id(erasure_id: str) -> str:
     return erasure_id
 
 
+MAX_EVENT_SEQ = 2**63 - 1
+"""The largest seq a store holds (SQLite's and Postgres' signed 64-bit INTEGER)."""
+_SEQ = re.compile(r"[1-9][0-9]{0,18}")
+
+
 def _check_event_id(index: int, item_id: str) -> None:
+    """``<run_id>:<seq>``: the run id an identifier as every run id is (1..128 characters, so
+    the whole id may be longer than an identifier), seq 1..2^63-1 without leading zeros."""
     run_id, _, seq = item_id.rpartition(":")
-    if not run_id or not seq.isascii() or not seq.isdigit() or seq.startswith("0"):
-        raise InvalidArgument(f"item {index}: an event's id is <run_id>:<seq> (seq from 1, no "
-                              f"leading zeros), got {item_id[:80]!r}", reason="INVALID_ITEM")
+    if (not run_id or not _SEQ.fullmatch(seq) or int(seq) > MAX_EVENT_SEQ
+            or not is_identifier(run_id)):
+        raise InvalidArgument(f"item {index}: an event's id is <run_id>:<seq> (run_id an id of "
+                              f"1..128 characters, seq 1..{MAX_EVENT_SEQ} without leading "
+                              f"zeros), got {item_id[:80]!r}", reason="INVALID_ITEM")
 
 
 def check_request(selector_kind: str, selector_value: str, reason: str,
@@ -117,9 +126,10 @@ def check_request(selector_kind: str, selector_value: str, reason: str,
         if item.kind not in ITEM_KINDS:
             raise InvalidArgument(f"item {index}: kind must be one of {', '.join(ITEM_KINDS)}, "
                                   f"got {item.kind!r}", reason="INVALID_ITEM")
-        validate_identifier(f"item {index} id", item.id)
         if item.kind == "event":
             _check_event_id(index, item.id)
+        else:
+            validate_identifier(f"item {index} id", item.id)
         if not _HEX64.fullmatch(item.leaf_hash):
             raise InvalidArgument(f"item {index}: leaf_hash must be 64 lowercase hex digits",
                                   reason="INVALID_ITEM")
