@@ -61,6 +61,7 @@ secret engram-auth-public-key "$@"
 for svc in shard artifacts compactor; do
   case "$svc" in
     compactor) audiences="--audience shard --audience artifacts --audience governance" ;;
+    shard) audiences="--audience governance --audience embedder" ;;  # embedder: docs/embedder.md
     *) audiences="--audience governance" ;;
   esac
   # shellcheck disable=SC2086 # audiences is a list of words by design

@@ -43,7 +43,7 @@ for svc in governance artifacts shard compactor; do
   mkdir -p "$AUTH_ROOT/$svc"
   cp "$SIGNING_HOME/auth/signing.pub" "$AUTH_ROOT/$svc/signing.pub"
 done
-mint "$AUTH_ROOT/shard/shard.token" svc-shard system governance service
+mint "$AUTH_ROOT/shard/shard.token" svc-shard system "governance embedder" service
 mint "$AUTH_ROOT/artifacts/artifacts.token" svc-artifacts system governance service
 mint "$AUTH_ROOT/compactor/compactor.token" svc-compactor system "shard artifacts governance" service
 

@@ -38,6 +38,9 @@ class ServiceLaunch:
     metrics_port: int
     needs: tuple[str, ...] = ()
     """Services whose address (ENGRAM_<SVC>_<DEP>_ADDR) and a service token it gets."""
+    audience: tuple[str, ...] = ()
+    """Services its token may call besides ``needs``, which `engram up` does not start (the
+    shared embedding service: docs/embedder.md)."""
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -53,10 +56,24 @@ SERVICES = (
     ServiceLaunch("governance", DEFAULT_PORTS["governance"], 9102),
     # Every service polls governance for revoked tokens and suspended agents.
     ServiceLaunch("artifacts", DEFAULT_PORTS["artifacts"], 9103, needs=("governance",)),
-    ServiceLaunch("shard", DEFAULT_PORTS["shard"], 9101, needs=("governance",)),
+    ServiceLaunch("shard", DEFAULT_PORTS["shard"], 9101, needs=("governance",),
+                  audience=("embedder",)),
     ServiceLaunch("compactor", DEFAULT_PORTS["compactor"], 9104,
                   needs=("shard", "artifacts", "governance")),
 )
+
+
+def _audience(token: str) -> list[str]:
+    """The services a token names (its signature is checked by ``needs_renewal``): a token
+    minted before a service was added to what it may call is written again."""
+    import jwt
+
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return []
+    aud = claims.get("aud", [])
+    return sorted([aud] if isinstance(aud, str) else aud)
 
 
 def prepare_home(home: Path) -> dict[str, Path]:
@@ -79,7 +96,8 @@ def prepare_home(home: Path) -> dict[str, Path]:
 
     def keep_fresh(path: Path, agent: str, fleet: str, roles: frozenset[str],
                    audience: tuple[str, ...]) -> Path:
-        if not path.exists() or needs_renewal(path.read_text().strip(), current):
+        if (not path.exists() or needs_renewal(path.read_text().strip(), current)
+                or _audience(path.read_text().strip()) != sorted(set(audience))):
             write_token_file(path, signer.issue(agent, fleet, roles, audience=audience,
                                                 ttl_seconds=DEFAULT_SERVICE_TTL_SECONDS))
         return path
@@ -89,7 +107,7 @@ def prepare_home(home: Path) -> dict[str, Path]:
     for launch in SERVICES:
         tokens[launch.name] = keep_fresh(home / "auth" / f"{launch.name}.token",
                                          *service_principal(launch.name),
-                                         launch.needs or (launch.name,))
+                                         launch.needs + launch.audience or (launch.name,))
     return tokens
 
 

@@ -37,6 +37,8 @@ RETRIED: dict[str, tuple[str, ...]] = {
         "GetChainCheckpoint", "VerifyChain", "BatchGetDecisions", "RevokeToken",
         "RevokeAgentTokens", "ListAccessRestrictions", "RecordErasure", "GetErasure",
         "ImportDecisions", "ListErasures", "ImportErasures"),
+    # Pure: the same texts give the same vectors (the shard's own channel retries itself).
+    "engram.embedder.v1.EmbedderService": ("Embed", "Describe"),
 }
 
 NOT_RETRIED: dict[str, str] = {

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 from services.common.errors import InvalidArgument, Unauthenticated
 
 ROLES = frozenset({"agent", "governor", "admin", "service"})
-AUDIENCES = ("shard", "governance", "artifacts", "compactor")
+AUDIENCES = ("shard", "governance", "artifacts", "compactor", "embedder")
 """The services a token may name in ``aud``; each service accepts only tokens naming it."""
 ISSUER = "engram"
 ALGORITHM = "EdDSA"

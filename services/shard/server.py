@@ -18,11 +18,10 @@ from services.shard.ports import TrustSource, WriteGate
 from services.shard.retrieval.embedding import (
     EmbeddingProvider,
     HashEmbedder,
-    minilm_spec,
     require_production,
 )
-from services.shard.retrieval.model_dir import ModelSpec, inspect_model_dir
-from services.shard.retrieval.packaged_models import MPNET, mpnet_dir
+from services.shard.retrieval.encoder_choice import encoder_spec
+from services.shard.retrieval.model_dir import ModelSpec
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 from services.shard.servicer import (
@@ -39,29 +38,17 @@ from services.shard.settings import ShardSettings
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
-_NAMED_EMBEDDERS = ("minilm", "minilm-fp32", "mpnet", "hash", "none")
-
-
 def embedder_spec(settings: ShardSettings) -> tuple[ModelSpec, bool] | None:
     """The encoder ``settings.embedder`` names and whether it runs int8, or None for the
-    hash and no embedder. A directory is checked here, before anything starts:
-    :class:`ModelDirError` (exit 2) names what is missing or malformed."""
-    if settings.embedder in ("none", "hash"):
-        return None
-    if settings.embedder in ("minilm", "minilm-fp32"):
-        return minilm_spec(), settings.embedder == "minilm"
-    if settings.embedder == "mpnet":
-        return inspect_model_dir(mpnet_dir(settings.home), name=MPNET), settings.embed_int8
-    if "/" in settings.embedder or settings.embedder.startswith("."):
-        return inspect_model_dir(Path(settings.embedder)), settings.embed_int8
-    raise ValueError(
-        f"unknown ENGRAM_SHARD_EMBEDDER {settings.embedder!r}: one of "
-        f"{', '.join(_NAMED_EMBEDDERS)}, or the path of a sentence-transformers model directory"
-    )
+    hash and no embedder (:func:`encoder_spec`)."""
+    return encoder_spec(settings.embedder, settings.home, settings.embed_int8,
+                        "ENGRAM_SHARD_EMBEDDER")
 
 
 def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
     """The provider for ``settings.embedder`` (None for "none"); refuses test-only ones."""
+    if settings.embedder_addr:
+        return _remote_provider(settings)
     if settings.embedder == "none":
         return None
     provider: EmbeddingProvider
@@ -84,6 +71,20 @@ def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
                                     pool_niceness=settings.index_niceness, build_apart=True)
     require_production(provider, allow_test_embedder=settings.allow_test_embedder)
     return provider
+
+
+def _remote_provider(settings: ShardSettings) -> EmbeddingProvider:
+    """The shared embedding service ENGRAM_SHARD_EMBEDDER_ADDR names (its model, its
+    vectors); a service that does not answer within the start timeout stops the start."""
+    from services.shard.retrieval.embedding_remote import remote_embedder
+
+    assert settings.embedder_addr
+    return remote_embedder(
+        settings.embedder_addr, settings.service_token_file, tls=settings.embedder_tls(),
+        timeout=settings.embedder_timeout_seconds,
+        query_timeout=settings.embedder_query_timeout_seconds,
+        max_texts=settings.limits.batch_items,
+        start_timeout=settings.embedder_start_timeout_seconds)
 
 
 def build_shard_server(
@@ -110,7 +111,7 @@ def build_shard_server(
     previous = None
     if settings.previous_embedder and provider is not None:
         previous = embedding_provider(settings.model_copy(
-            update={"embedder": settings.previous_embedder}))
+            update={"embedder": settings.previous_embedder, "embedder_addr": None}))
     index = SearchIndex(database, provider, niceness=settings.index_niceness,
                         snapshot_path=snapshot, previous=previous)
     service = ShardService(database, gate=gate, trust=trust, index=index,

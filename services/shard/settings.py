@@ -77,6 +77,27 @@ class ShardSettings(ServerSettings):
     request handling: under load writes and searches get the CPU first and indexing takes
     what they leave (it still gets every idle core). 0 runs them at the same priority."""
     allow_test_embedder: bool = False
+    embedder_addr: str | None = None
+    """host:port of a shared embedding service (``python -m services.embedder``,
+    docs/embedder.md): set, this shard runs no encoder of its own (``embedder`` and its
+    int8 / threads / process settings do not apply) and embeds through the service, with
+    ``service_token_file`` (whose aud must name embedder); the stored vectors' model is the
+    service's. The service down: indexing waits and retries, hybrid searches rank lexically."""
+    embedder_tls_ca: Path | None = None
+    """CA that signed the embedding service's certificate; set, the shard calls it over TLS."""
+    embedder_tls_cert: Path | None = None
+    """This shard's client certificate, for an embedding service that requires mutual TLS."""
+    embedder_tls_key: Path | None = None
+    """The private key of ``embedder_tls_cert``."""
+    embedder_timeout_seconds: float = 30.0
+    """How long an indexing batch keeps trying the embedding service (UNAVAILABLE answers
+    are retried, backing off to 1 s) before the indexer puts it back for a later round."""
+    embedder_query_timeout_seconds: float = 2.0
+    """The deadline of a query's (or a semantic duplicate check's) embedding, two tries;
+    past it a hybrid search ranks lexically and a semantic one fails UNAVAILABLE."""
+    embedder_start_timeout_seconds: float = 120.0
+    """How long the shard waits at start for the embedding service to say which model it
+    runs; past it the shard does not start (exit 2)."""
     """The hash embedder is meaningless; the shard refuses it unless this says it is a test."""
 
     index_snapshot: bool = True
@@ -111,6 +132,10 @@ class ShardSettings(ServerSettings):
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
                         tls_key=self.governance_tls_key)
+
+    def embedder_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.embedder_tls_ca, tls_cert=self.embedder_tls_cert,
+                        tls_key=self.embedder_tls_key)
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('shard') / 'shard.db').resolve()}"

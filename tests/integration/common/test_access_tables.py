@@ -1,6 +1,6 @@
 """Least privilege: every method of every service, called by every kind of principal.
 
-The four real servers run on loopback; each method is called with an empty request by an
+The five real servers run on loopback; each method is called with an empty request by an
 agent, a governor, an admin and each service's own principal. A kind the method's access
 table admits gets past authorization (the call may still fail validation); any other kind
 is refused PERMISSION_DENIED by the table. The tables themselves grant each service only
@@ -24,6 +24,7 @@ from grpc_status import rpc_status
 from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import CompactorClient, EngramRpcError, ShardClient
 from engram.compactor.v1 import compactor_service_pb2 as compactor_pb
+from engram.embedder.v1 import embedder_service_pb2 as embedder_pb
 from engram.governance.v1 import governance_service_pb2 as governance_pb
 from engram.shard.v1 import shard_service_pb2 as shard_pb
 from services.artifacts.server import build_artifacts_server
@@ -42,6 +43,9 @@ from services.common.tokens import Principal, write_token_file
 from services.compactor.server import build_compactor_server
 from services.compactor.servicer import POLICY as COMPACTOR_POLICY
 from services.compactor.settings import CompactorSettings
+from services.embedder.server import build_embedder_server
+from services.embedder.servicer import POLICY as EMBEDDER_POLICY
+from services.embedder.settings import EmbedderSettings
 from services.governance.server import build_governance_server
 from services.governance.servicer import POLICY as GOVERNANCE_POLICY
 from services.governance.settings import GovernanceSettings
@@ -66,6 +70,8 @@ SERVICES = (
             ARTIFACTS_POLICY),
     Service("compactor", compactor_pb.DESCRIPTOR.services_by_name["CompactorService"],
             COMPACTOR_POLICY),
+    Service("embedder", embedder_pb.DESCRIPTOR.services_by_name["EmbedderService"],
+            EMBEDDER_POLICY),
 )
 
 PRINCIPALS: dict[str, Principal] = {
@@ -80,7 +86,8 @@ GENERIC_SERVICE_METHODS = {"ListAccessRestrictions"}
 
 SERVICE_GRANTS = {
     "service:shard": {"GovernanceService/DecideWrites", "GovernanceService/DecideWriteBatches",
-                      "GovernanceService/BatchGetTrust", "GovernanceService/GetErasure"},
+                      "GovernanceService/BatchGetTrust", "GovernanceService/GetErasure",
+                      "EmbedderService/Embed", "EmbedderService/Describe"},
     "service:compactor": {"ShardService/CompactRecords", "ShardService/ApplyRetention",
                           "GovernanceService/GetErasure"},
     "service:artifacts": {"GovernanceService/GetErasure"},  # each erases what governance lists
@@ -130,8 +137,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
         home=engram_home, port=0, db_url=f"sqlite:///{root / 'compactor.db'}",
         blob_url=(root / "compactor-blobs").resolve().as_uri(), shard_addr=shard.address,
         service_token_file=token_file)).start()
+    embedder = build_embedder_server(EmbedderSettings(
+        home=engram_home, port=0, embedder="hash", allow_test_embedder=True)).start()
     servers = {"shard": shard, "governance": governance, "artifacts": artifacts,
-               "compactor": compactor}
+               "compactor": compactor, "embedder": embedder}
     try:
         yield servers
     finally:

@@ -49,8 +49,9 @@ def test_engram_up_writes_expiring_least_audience_tokens_and_renews_them(home: P
     verifier = TokenVerifier.load(local_public_keys(home))
     audiences = {name: inspect_token(path.read_text().strip())["claims"]
                  for name, path in tokens.items()}
-    assert audiences["admin"]["aud"] == ["artifacts", "compactor", "governance", "shard"]
-    assert audiences["shard"]["aud"] == ["governance"]
+    assert audiences["admin"]["aud"] == ["artifacts", "compactor", "embedder", "governance",
+                                         "shard"]
+    assert audiences["shard"]["aud"] == ["embedder", "governance"]
     assert audiences["artifacts"]["aud"] == ["governance"]
     assert audiences["compactor"]["aud"] == ["artifacts", "governance", "shard"]
     for claims in audiences.values():
@@ -67,6 +68,14 @@ def test_engram_up_writes_expiring_least_audience_tokens_and_renews_them(home: P
     assert renewed != before["shard"].strip()
     assert verifier.verify(renewed).issued_at >= time.time() - 60, "renewed: 5 of 30 days left"
     assert after["admin"].read_text() == before["admin"]
+
+    # A shard token minted before the embedder existed (aud governance alone) is written
+    # again, so a shard can call a shared embedding service.
+    write_token_file(tokens["shard"], key.issue("svc-shard", "system", {"service"},
+                                                audience=("governance",),
+                                                ttl_seconds=30 * 86400))
+    widened = inspect_token(prepare_home(home)["shard"].read_text().strip())["claims"]
+    assert widened["aud"] == ["embedder", "governance"]
 
     rotated = _json("token", "rotate-key")
     after = prepare_home(home)

@@ -21,6 +21,7 @@ from engram.client import open_channel
 from engram.client._channel import idempotency_key
 from engram.client._retry import NOT_RETRIED, RETRIED, SERVICE_CONFIG
 from engram.compactor.v1 import compactor_service_pb2 as cpb
+from engram.embedder.v1 import embedder_service_pb2 as epb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
@@ -80,7 +81,7 @@ def test_no_caller_sees_cancelled_when_a_server_stops_under_load() -> None:
 def test_every_rpc_is_either_retried_or_named_with_the_reason_it_is_not() -> None:
     """A new RPC fails this test until someone decides whether a retry is safe for it."""
     methods = {f"{service.full_name}/{method.name}"
-               for module in (apb, cpb, gpb, spb)
+               for module in (apb, cpb, epb, gpb, spb)
                for service in module.DESCRIPTOR.services_by_name.values()
                for method in service.methods}
     retried = {f"{service}/{method}" for service, names in RETRIED.items() for method in names}

@@ -13,6 +13,8 @@ from services.common.admission import MethodKinds
 from services.common.auth import MethodPolicy
 from services.compactor.servicer import KINDS as COMPACTOR_KINDS
 from services.compactor.servicer import POLICY as COMPACTOR_POLICY
+from services.embedder.servicer import KINDS as EMBEDDER_KINDS
+from services.embedder.servicer import POLICY as EMBEDDER_POLICY
 from services.governance.servicer import KINDS as GOVERNANCE_KINDS
 from services.governance.servicer import POLICY as GOVERNANCE_POLICY
 from services.shard.servicer import KINDS as SHARD_KINDS
@@ -24,6 +26,7 @@ TABLES: dict[str, tuple[MethodPolicy, MethodKinds]] = {
     "governance": (GOVERNANCE_POLICY, GOVERNANCE_KINDS),
     "artifacts": (ARTIFACTS_POLICY, ARTIFACTS_KINDS),
     "compactor": (COMPACTOR_POLICY, COMPACTOR_KINDS),
+    "embedder": (EMBEDDER_POLICY, EMBEDDER_KINDS),
 }
 
 

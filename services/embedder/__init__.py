@@ -1,0 +1,1 @@
+"""The embedding service: one encoder several shard replicas share (docs/embedder.md)."""
