@@ -33,6 +33,7 @@ from typing import Any
 
 import grpc
 
+from services.common.auth import bearer_token
 from services.common.errors import ResourceExhausted
 from services.common.interceptors import Behavior, _BehaviorInterceptor
 
@@ -216,6 +217,7 @@ def _caller(context: grpc.ServicerContext) -> str:
     the token, is what the tables keep: tokens may be kilobytes, and a flood of distinct forged
     ones must not grow them by that much each."""
     for key, value in context.invocation_metadata():
-        if key == "authorization":
-            return format(hash(value) & 0xFFFF_FFFF_FFFF_FFFF, "x")
+        if key == "authorization":  # the token as authentication reads it: one caller a token
+            header = value if isinstance(value, str) else value.decode(errors="replace")
+            return format(hash(bearer_token(header) or header) & 0xFFFF_FFFF_FFFF_FFFF, "x")
     return ""

@@ -61,6 +61,15 @@ def service_principal(name: str) -> tuple[str, str, frozenset[str]]:
     return f"{SERVICE_AGENT_PREFIX}{name}", SERVICE_FLEET, frozenset({SERVICE_ROLE})
 
 
+def bearer_token(header: str) -> str:
+    """The token of an ``authorization: Bearer <token>`` header (the scheme in any case, spaces
+    around the token ignored), or "" when it holds none. The one reading of the header: the
+    adaptive admission keys callers by what it returns, so no spelling of one token counts as
+    another caller."""
+    scheme, _, token = header.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
 def caller_kinds(principal: Principal) -> frozenset[str]:
     """The kinds an access table can name for this caller: its roles and, for a service
     principal, its identity (``service:<name>`` from the agent id ``svc-<name>``)."""
@@ -118,15 +127,14 @@ class Authorizer:
                 f"{method} has no authorization entry; refusing by default",
                 reason="METHOD_NOT_AUTHORIZED",
             )
-        header = metadata.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(metadata.get("authorization", ""))
+        if not token:
             raise Unauthenticated(
                 "missing bearer token: send 'authorization: Bearer <token>' "
                 "(see `engram token create`)",
                 reason="TOKEN_MISSING",
             )
-        principal = self._verifier.verify(token.strip())
+        principal = self._verifier.verify(token)
         if self._restrictions is not None:
             self._restrictions.check(principal, method)
         kinds = caller_kinds(principal)

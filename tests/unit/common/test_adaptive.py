@@ -102,3 +102,30 @@ def test_an_unknown_admission_mode_is_refused_at_start() -> None:
 
     with pytest.raises(ValidationError, match="static"):
         ServerSettings(admission="fastest")
+
+
+class _Metadata:
+    def __init__(self, header: str) -> None:
+        self._header = header
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", self._header)]
+
+
+def test_every_spelling_of_one_token_is_one_caller() -> None:
+    """Found by review: callers were a hash of the raw header while authentication accepts the
+    scheme in any case and spaces around the token, so one agent sending each call with another
+    spelling took a share per spelling and shut another fleet's quiet agent out."""
+    from services.common.adaptive import _caller
+
+    spellings = ["Bearer tok.en", "bearer tok.en", "BEARER  tok.en", "Bearer tok.en  ",
+                 " Bearer tok.en"]
+    assert len({_caller(_Metadata(s)) for s in spellings}) == 1  # type: ignore[arg-type]
+    assert _caller(_Metadata("Bearer other")) != _caller(_Metadata("Bearer tok.en"))  # type: ignore[arg-type]
+
+
+def test_the_bearer_token_is_read_the_same_way_everywhere() -> None:
+    from services.common.auth import bearer_token
+
+    assert bearer_token("bearer  tok.en ") == "tok.en"
+    assert bearer_token("Basic tok.en") == "" and bearer_token("Bearer") == ""
