@@ -7,13 +7,16 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TokenFactory
 
-SERVICES = ("shard", "governance", "artifacts", "compactor")
+SERVICES = ("shard", "governance", "artifacts", "compactor", "embedder")
+TEST_EMBEDDER = {"ENGRAM_EMBEDDER_EMBEDDER": "hash", "ENGRAM_EMBEDDER_ALLOW_TEST_EMBEDDER": "true"}
+"""The embedding service on the hash embedder: its start-up checks, without loading a model."""
 
 
 def _start(service: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -52,7 +55,7 @@ def test_a_port_taken_is_named(service: str, tmp_path: Path, engram_home: Path,
         error = _one_error_line(_start(service, engram_home, **{
             f"ENGRAM_{service.upper()}_PORT": str(port),
             f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
-            "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}))
+            "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token), **TEST_EMBEDDER}))
     assert str(port) in str(error["msg"])
 
 
@@ -108,7 +111,33 @@ def _bootable(service: str, tmp_path: Path, make_token: TokenFactory) -> dict[st
     token = tmp_path / "service.token"
     token.write_text(make_token("svc-compactor", "system", ("service",)))
     return {f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
-            "ENGRAM_SHARD_EMBEDDER": "none", "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}
+            "ENGRAM_SHARD_EMBEDDER": "none", "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token),
+            **TEST_EMBEDDER}
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"ENGRAM_EMBEDDER_EMBEDDER": "bert-huge"}, "ENGRAM_EMBEDDER_EMBEDDER"),
+    ({"ENGRAM_EMBEDDER_EMBEDDER": "hash"}, "ENGRAM_EMBEDDER_ALLOW_TEST_EMBEDDER"),
+])
+def test_the_embedder_names_a_model_it_cannot_serve(env: dict[str, str], named: str,
+                                                     engram_home: Path) -> None:
+    error = _one_error_line(_start("embedder", engram_home, **env))
+    assert named in str(error["msg"])
+
+
+def test_a_shard_whose_embedder_never_answers_does_not_start(
+        tmp_path: Path, engram_home: Path, make_service_token: Callable[[str], str]) -> None:
+    token = tmp_path / "shard.token"
+    token.write_text(make_service_token("shard"))
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    error = _one_error_line(_start("shard", engram_home, **{
+        "ENGRAM_SHARD_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "ENGRAM_SHARD_EMBEDDER_ADDR": f"127.0.0.1:{port}",
+        "ENGRAM_SHARD_SERVICE_TOKEN_FILE": str(token),
+        "ENGRAM_SHARD_EMBEDDER_START_TIMEOUT_SECONDS": "0.5"}))
+    assert "ENGRAM_SHARD_EMBEDDER_START_TIMEOUT_SECONDS" in str(error["msg"])
 
 
 def test_a_model_directory_missing_a_file_stops_the_shard_naming_it(
