@@ -108,6 +108,8 @@ class _FleetSlot:
 
 _NEAR_CANDIDATES = 16
 """Nearest stored records a semantic duplicate check considers (others' may come first)."""
+_NEAR_PENDING = 1000
+"""Queued (and, as many, lately handed) records a semantic dedup compares a write with."""
 PREVIOUS_PAGE = 5000
 """Stored vectors of the previous model read per query while they are loaded."""
 PREVIOUS_RETRY_SECONDS = 0.5
@@ -181,6 +183,9 @@ class SearchIndex:
         self._in_flight = 0  # taken from _pending, vectors not in the index yet
         self._pending: deque[Pending] = deque()
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
+        # Taken from _pending for embedding: a write's semantic dedup still compares with them
+        # until their vectors are surely in the fleet's index (until then, in neither).
+        self._to_embed_recent: deque[Pending] = deque(maxlen=_NEAR_PENDING)
         self._lock = threading.Lock()  # cursor, queues, the fleet table; never held to score
         self._sync_lock = threading.Lock()
         self._query_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embed")
@@ -595,6 +600,9 @@ class SearchIndex:
             if self._active:  # a read or batch going on may hand them over after this
                 self._erased_recent.update(dict.fromkeys(gone, tick))
             self._pending = deque(item for item in self._pending if item[2] not in gone)
+            self._to_embed_recent = deque(
+                (item for item in self._to_embed_recent if item[2] not in gone),
+                maxlen=_NEAR_PENDING)
             self._fresh_vectors.clear()  # keyed by text: a cache, refilled by the next writes
             slot = self._fleets.get(fleet_id)
         if slot is None:
@@ -773,6 +781,7 @@ class SearchIndex:
                 work = [self._pending.popleft()
                         for _ in range(min(self.batch, len(self._pending)))]
                 self._in_flight = len(work)
+                self._to_embed_recent.extend(work)
             if not work:
                 return 0
             try:
@@ -812,8 +821,8 @@ class SearchIndex:
                                               self.embedder.name)
         missing = [item for item in work if item[2] not in stored]
         if missing:
-            with self._lock:
-                ready = {item[2]: self._fresh_vectors.pop(item[3], None) for item in missing}
+            with self._lock:  # kept (a bounded cache): dedup compares with handed records
+                ready = {item[2]: self._fresh_vectors.get(item[3]) for item in missing}
             to_embed = [item for item in missing if ready[item[2]] is None]
             vectors = self.embedder.embed_background([item[3] for item in to_embed])
             for item, vector in zip(to_embed, vectors, strict=True):
@@ -990,9 +999,13 @@ class SearchIndex:
     def _near_pending(
         self, fleet_id: str, vector: np.ndarray, threshold: float
     ) -> StoredDuplicate | None:
-        """Committed records whose vector (embedded at write) is not in the index yet."""
+        """Committed records whose vector (embedded at write) may not be in the index yet: those
+        queued, and the last handed to the embedder (between its hand-over and the fleet's
+        next read of its inbox a record is in neither queue nor index: a near duplicate
+        written then was stored twice, seen under load in CI)."""
         with self._lock:
-            recent = list(itertools.islice(reversed(self._pending), 1000))
+            recent = [*itertools.islice(reversed(self._pending), _NEAR_PENDING),
+                      *reversed(self._to_embed_recent)]
             fresh = [self._fresh_vectors.get(text) if fleet == fleet_id else None
                      for _, fleet, _, text in recent]
         near = []
