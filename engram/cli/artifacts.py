@@ -172,8 +172,11 @@ def verify(
     run: str = typer.Option("", "--run", help="only this run (default: every run)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-hash every blob against its pointer and every snapshot's state against its hash;
-    exits 1 when any is missing or altered."""
+    """Re-hash every blob against its pointer and every snapshot's state against its hash,
+    and check every tombstone (an event or snapshot erased in place) against the erasure
+    governance recorded; exits 1 when any is missing, altered or erased by no erasure, and 2
+    when no problem was found but some tombstones could not be confirmed (governance
+    unreachable)."""
     with rpc_errors(as_json), _client() as client:
         report = client.verify(run)
     if as_json:
@@ -183,13 +186,24 @@ def verify(
                       f"{report.snapshots_checked} snapshots"
                       + (f" ({report.snapshots_tombstoned} erased: tombstones)"
                          if report.snapshots_tombstoned else "")
-                      + f", {len(report.snapshot_problems)} problems")
+                      + f", {len(report.snapshot_problems)} problems; "
+                      f"{report.events_tombstoned} erased events; "
+                      f"{len(report.tombstone_problems)} tombstone problems")
         for p in report.problems:
             console.print(f"  [red]{p.problem}[/red] {p.artifact_id} {p.path}")
         for s in report.snapshot_problems:
             console.print(f"  [red]{s.problem}[/red] snapshot {s.snapshot_id} of run {s.run_id}")
-    if report.problems or report.snapshot_problems:
+        for t in report.tombstone_problems:
+            console.print(f"  [red]{t.problem}[/red] {t.kind} {t.id} (names erasure "
+                          f"{t.erasure_id or '-'})")
+        if report.tombstones_unconfirmed:
+            console.print(f"  [yellow]{report.tombstones_unconfirmed} tombstones unconfirmed"
+                          "[/yellow]: governance could not be asked whether their erasures "
+                          "list them; verify again when it is reachable")
+    if report.problems or report.snapshot_problems or report.tombstone_problems:
         raise typer.Exit(1)
+    if report.tombstones_unconfirmed:
+        raise typer.Exit(2)
 
 
 # -- runs --------------------------------------------------------------------

@@ -52,7 +52,7 @@ from services.artifacts.domain.integrity import (
     blob_problem,
 )
 from services.artifacts.service import ArtifactsService
-from services.common.erasure_source import ErasureSource, recorded_erasure
+from services.common.erasure_source import ErasureSource, is_erasure_id, recorded_erasure
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -443,7 +443,8 @@ class RunImports:
             _tombstone_fields(f"snapshot {snapshot.snapshot_id}", snapshot.erasure_id,
                               snapshot.erased_us, snapshot.erased_by)
             intact = tombstone_intact(snapshot.format, snapshot.salt, snapshot.state_json,
-                                      snapshot.state_hash)
+                                      snapshot.state_hash, erasure_id=snapshot.erasure_id,
+                                      erased_us=snapshot.erased_us)
         else:
             _no_tombstone_fields(snapshot.erased_us, snapshot.erased_by)
             state = _canonical("state_json", snapshot.state_json,
@@ -558,9 +559,9 @@ def _same_item(stored: Event | Snapshot, wanted: Event | Snapshot) -> bool:
 
 
 def _tombstone_fields(what: str, erasure_id: str, erased_us: int, erased_by: str) -> None:
-    if not erasure_id.startswith("era_") or erased_us <= 0:
-        raise InvalidArgument(f"{what}: a tombstone names its erasure (era_…) and when it was "
-                              "erased", reason="INVALID_TOMBSTONE")
+    if not is_erasure_id(erasure_id) or erased_us <= 0:
+        raise InvalidArgument(f"{what}: a tombstone names its erasure (era_ and 28 lowercase "
+                              "hex digits) and when it was erased", reason="INVALID_TOMBSTONE")
     if erased_by:
         check.identifier("erased_by", erased_by)
     check.identifier("erasure_id", erasure_id)

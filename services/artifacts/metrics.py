@@ -20,5 +20,6 @@ class ArtifactsMetrics(Collector):
                       "Blob bytes stored by uploads (in) and served by reads (out).",
                       ["direction"], self._service.blob_bytes)
         yield counter("engram_integrity_failures",
-                      "Blobs and snapshots found altered or missing by VerifyArtifacts.",
+                      "Blobs, snapshots and tombstones found altered, missing or erased by "
+                      "no erasure by VerifyArtifacts.",
                       ["reason"], self._service.integrity_failures)

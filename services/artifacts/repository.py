@@ -14,6 +14,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import QueryableAttribute, Session
 
+from services.artifacts.domain.chain import tombstone_intact
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -23,6 +24,7 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
     SnapshotProblem,
+    StoredTombstone,
 )
 from services.artifacts.tables import (
     ArtifactRow,
@@ -155,6 +157,24 @@ class ArtifactsRepository:
         ).order_by(EventRow.seq).limit(limit))
         return [row.to_entity() for row in rows]
 
+    def event_tombstones(self, session: Session, fleet_id: str, run_id: str,
+                         after: tuple[str, int], limit: int) -> list[StoredTombstone]:
+        """The fleet's events erased in place (one run's when ``run_id`` is set), in (run,
+        seq) order past ``after``."""
+        query = select(EventRow).where(
+            EventRow.fleet_id == fleet_id, EventRow.erasure_id != "",
+            or_(EventRow.run_id > after[0],
+                and_(EventRow.run_id == after[0], EventRow.seq > after[1])))
+        if run_id:
+            query = query.where(EventRow.run_id == run_id)
+        return [StoredTombstone("event", f"{row.run_id}:{row.seq}", row.run_id, row.hash,
+                                row.erasure_id, tombstone_intact(
+                                    row.format, row.salt, row.payload_json,
+                                    row.payload_commitment, erasure_id=row.erasure_id,
+                                    erased_us=row.erased_us))
+                for row in session.scalars(
+                    query.order_by(EventRow.run_id, EventRow.seq).limit(limit))]
+
     # -- artifacts ----------------------------------------------------------
 
     def add_artifact(self, session: Session, fleet_id: str, artifact: Artifact,
@@ -222,6 +242,19 @@ class ArtifactsRepository:
             query = query.where(SnapshotRow.run_id == run_id)
         return [(row.snapshot_id, row.problem(), bool(row.erasure_id)) for row in session.scalars(
             query.order_by(SnapshotRow.snapshot_id).limit(limit))]
+
+    def snapshot_tombstones(self, session: Session, fleet_id: str, run_id: str, after: str,
+                            limit: int) -> list[StoredTombstone]:
+        """The fleet's snapshots erased in place (one run's when ``run_id`` is set), in id
+        order past ``after``."""
+        query = select(SnapshotRow).where(SnapshotRow.fleet_id == fleet_id,
+                                          SnapshotRow.erasure_id != "",
+                                          SnapshotRow.snapshot_id > after)
+        if run_id:
+            query = query.where(SnapshotRow.run_id == run_id)
+        return [StoredTombstone("snapshot", row.snapshot_id, row.run_id, row.state_hash,
+                                row.erasure_id, row.problem() is None)
+                for row in session.scalars(query.order_by(SnapshotRow.snapshot_id).limit(limit))]
 
     def add_snapshot(self, session: Session, fleet_id: str, snapshot: Snapshot,
                      request_id: str) -> None:

@@ -47,6 +47,7 @@ from services.artifacts.domain.entities import (
     RunStatus,
     Snapshot,
     SnapshotProblem,
+    StoredTombstone,
 )
 from services.artifacts.domain.integrity import (
     ArtifactUpload,
@@ -64,10 +65,12 @@ from services.artifacts.domain.stop import (
     unresolved_payload,
 )
 from services.artifacts.repository import ArtifactsRepository
+from services.artifacts.tombstone_audit import TombstoneAudit, audit_tombstones
 from services.common.blobstore import BlobStore
 from services.common.blobstore.port import write_hashed
 from services.common.canonical import canonical_json
 from services.common.db import Database
+from services.common.erasure_source import ErasureSource
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -119,7 +122,8 @@ class ArtifactsService:
         self.blob_bytes = Tally()
         """Blob bytes stored (in) and served (out)."""
         self.integrity_failures = Tally()
-        """Blobs and snapshots found altered or missing by a verify, by problem."""
+        """Blobs, snapshots and tombstones found altered, missing or erased by no erasure by a
+        verify, by problem."""
         self._writer: AbstractContextManager[object] = (
             threading.Lock() if database.dialect == "sqlite" else contextlib.nullcontext())
 
@@ -374,6 +378,31 @@ class ArtifactsService:
             elif erased:
                 tombstoned += 1
         return checked, tombstoned, problems
+
+    def tombstones(self, fleet_id: str, run_id: str = "") -> Iterator[StoredTombstone]:
+        """Every event, then every snapshot, of the fleet (of one run when ``run_id`` is set)
+        that was erased in place, paged (one session a batch)."""
+        if run_id:
+            self.get_run(fleet_id, run_id)
+        yield from self._in_batches(
+            lambda session, after, limit: self.repository.event_tombstones(
+                session, fleet_id, run_id, after, limit),
+            ("", 0), lambda found: (found.run_id, int(found.id.rpartition(":")[2])),
+            EVENT_BATCH)
+        yield from self._in_batches(
+            lambda session, after, limit: self.repository.snapshot_tombstones(
+                session, fleet_id, run_id, after, limit),
+            "", lambda found: found.id, ARTIFACT_BATCH)
+
+    def verify_tombstones(self, fleet_id: str, run_id: str,
+                          source: ErasureSource | None) -> TombstoneAudit:
+        """Every tombstone of the fleet (of one run when ``run_id`` is set) checked against the
+        erasure it names, as governance recorded it (``tombstone_audit``); each problem is
+        counted as an integrity failure."""
+        audit = audit_tombstones(self.tombstones(fleet_id, run_id), source, fleet_id)
+        for found in audit.problems:
+            self.integrity_failures.add(found.problem)
+        return audit
 
     def _check_blob(self, fleet_id: str, artifact: Artifact) -> ArtifactProblem | None:
         try:

@@ -360,13 +360,19 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
         checked, problems = self.service.verify(fleet_id, request.run_id)
         snapshots, tombstoned, snapshot_problems = self.service.verify_snapshots(
             fleet_id, request.run_id)
+        # Each tombstone against the erasure it names, as governance recorded it.
+        audit = self.service.verify_tombstones(fleet_id, request.run_id, self.eraser.source)
         return pb.VerifyArtifactsResponse(
             checked=checked, problems=[problem_to_proto(p) for p in problems],
             snapshots_checked=snapshots, snapshots_tombstoned=tombstoned,
             snapshot_problems=[pb.SnapshotProblem(
                 snapshot_id=p.snapshot_id, run_id=p.run_id, problem=p.problem,
                 expected_hash=p.expected_hash, actual_hash=p.actual_hash)
-                for p in snapshot_problems])
+                for p in snapshot_problems],
+            events_tombstoned=audit.events, tombstones_unconfirmed=audit.unconfirmed,
+            tombstone_problems=[pb.TombstoneProblem(
+                kind=p.kind, id=p.id, run_id=p.run_id, erasure_id=p.erasure_id,
+                problem=p.problem, leaf_hash=p.leaf_hash) for p in audit.problems])
 
     # -- events and snapshots -----------------------------------------------
 

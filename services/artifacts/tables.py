@@ -174,10 +174,11 @@ class SnapshotRow(Base):
     def problem(self) -> SnapshotProblem | None:
         """What is wrong with this stored snapshot (its state re-hashed), or None. A tombstone
         (erased in place) has no state to re-hash: it must be a format-2 one with neither
-        state nor salt left."""
+        state nor salt left, naming an erasure id of governance's form and an erase time."""
         if self.erasure_id:
             actual = self.state_hash if tombstone_intact(
-                self.format, self.salt, self.state_json, self.state_hash) else ""
+                self.format, self.salt, self.state_json, self.state_hash,
+                erasure_id=self.erasure_id, erased_us=self.erased_us) else ""
         else:
             actual = expected_state_hash(self.format, self.salt, self.state_json)
         if actual != self.state_hash:

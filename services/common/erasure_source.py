@@ -3,6 +3,7 @@ erasable data erases only what governance's chain lists, read with the service's
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,15 @@ from services.common.tokens import validate_identifier
 MAX_ERASURE_ITEMS = 10_000
 """Items one erasure lists (governance refuses more); selections are pages of at most this."""
 DEFAULT_SELECTION = 1000
+ERASURE_ID = re.compile(r"era_[0-9a-f]{28}")
+"""The form of every erasure id governance issues or imports (``era_`` and 28 lowercase hex
+digits; ``services.governance.domain.erasures.check_erasure_id``)."""
+
+
+def is_erasure_id(erasure_id: str) -> bool:
+    """Whether ``erasure_id`` has the form governance gives erasure ids: a tombstone naming
+    anything else names no erasure (it was not made by one)."""
+    return bool(ERASURE_ID.fullmatch(erasure_id))
 
 
 class PurgeThrottle:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from services.common.commitment import new_salt
 from services.common.db import Database
-from services.common.erasure_source import TextScans, still_wanted
+from services.common.erasure_source import TextScans, is_erasure_id, still_wanted
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -840,6 +840,14 @@ class ShardService:
                     "tombstone's fields no longer derive its record_hash",
                     reason="TOMBSTONE_HASH_MISMATCH",
                     metadata={"record_id": tombstone.id, "expected": tombstone.record_hash}))
+            elif not is_erasure_id(tombstone.erasure_id) or tombstone.erased_us <= 0:
+                # The form only: that the erasure named lists it is not checked here
+                # (docs/erasure.md, "What verification checks").
+                failures.append(IntegrityError(
+                    f"record {tombstone.id}: its tombstone names no erasure id governance "
+                    f"issues ({tombstone.erasure_id[:80]!r}) or no erase time",
+                    reason="INVALID_TOMBSTONE",
+                    metadata={"record_id": tombstone.id, "erasure_id": tombstone.erasure_id}))
         return tombstoned
 
     def _reported(self, report: VerifyReport) -> VerifyReport:

@@ -338,18 +338,40 @@ class VerifyArtifactsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class VerifyArtifactsResponse(_message.Message):
-    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned")
+    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned", "events_tombstoned", "tombstone_problems", "tombstones_unconfirmed")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
     checked: int
     problems: _containers.RepeatedCompositeFieldContainer[ArtifactProblem]
     snapshots_checked: int
     snapshot_problems: _containers.RepeatedCompositeFieldContainer[SnapshotProblem]
     snapshots_tombstoned: int
-    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ...) -> None: ...
+    events_tombstoned: int
+    tombstone_problems: _containers.RepeatedCompositeFieldContainer[TombstoneProblem]
+    tombstones_unconfirmed: int
+    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ..., events_tombstoned: _Optional[int] = ..., tombstone_problems: _Optional[_Iterable[_Union[TombstoneProblem, _Mapping]]] = ..., tombstones_unconfirmed: _Optional[int] = ...) -> None: ...
+
+class TombstoneProblem(_message.Message):
+    __slots__ = ("kind", "id", "run_id", "erasure_id", "problem", "leaf_hash")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    LEAF_HASH_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    id: str
+    run_id: str
+    erasure_id: str
+    problem: str
+    leaf_hash: str
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., run_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., problem: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
 
 class SnapshotProblem(_message.Message):
     __slots__ = ("snapshot_id", "run_id", "problem", "expected_hash", "actual_hash")

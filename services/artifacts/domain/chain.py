@@ -19,6 +19,7 @@ from dataclasses import replace
 from services.artifacts.domain.entities import Event, EventDraft, Run, Snapshot
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, commits_to, new_salt
+from services.common.erasure_source import is_erasure_id
 from services.common.errors import IntegrityError
 
 GENESIS = ""
@@ -93,12 +94,15 @@ def expected_hash(event: Event, prev_hash: str) -> str:
                       created_us=event.created_us)
 
 
-def tombstone_intact(format: int, salt: str, content: str, kept_commitment: str) -> bool:
+def tombstone_intact(format: int, salt: str, content: str, kept_commitment: str, *,
+                     erasure_id: str, erased_us: int) -> bool:
     """Whether an item erased in place is a well-formed tombstone: format 2 (a format-1 item's
     hash needs its content, so it is never erased in place), its content and salt gone, its
-    commitment kept (what its link or ``state_hash`` is checked against)."""
+    commitment kept (what its link or ``state_hash`` is checked against), and it names an
+    erasure id of the form governance issues and when it was erased. This is the form only:
+    whether that erasure lists the item is VerifyArtifacts' audit (``tombstone_audit``)."""
     return format == 2 and not salt and not content and bool(
-        _HEX64.fullmatch(kept_commitment))
+        _HEX64.fullmatch(kept_commitment)) and is_erasure_id(erasure_id) and erased_us > 0
 
 
 def event_intact(event: Event, prev_hash: str) -> bool:
@@ -107,7 +111,8 @@ def event_intact(event: Event, prev_hash: str) -> bool:
     in place (a tombstone) recomputes its link from its stored commitment alone."""
     if event.erasure_id:
         if not tombstone_intact(event.format, event.salt, event.payload_json,
-                                event.payload_commitment):
+                                event.payload_commitment, erasure_id=event.erasure_id,
+                                erased_us=event.erased_us):
             return False
     elif event.format == 2:
         if not commits_to(event.salt, event.payload_json.encode(), event.payload_commitment):

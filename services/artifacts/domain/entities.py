@@ -131,6 +131,34 @@ class SnapshotProblem:
 
 
 @dataclass(frozen=True)
+class StoredTombstone:
+    """An event or snapshot as erased in place, what VerifyArtifacts checks against the erasure
+    it names: kind ``event`` (id ``<run_id>:<seq>``, leaf its hash) or ``snapshot`` (id its
+    snapshot_id, leaf its state_hash)."""
+
+    kind: str
+    id: str
+    run_id: str
+    leaf_hash: str
+    erasure_id: str
+    well_formed: bool
+    """Whether it has a tombstone's form (``chain.tombstone_intact``)."""
+
+
+@dataclass(frozen=True)
+class TombstoneProblem:
+    """A tombstone no recorded erasure accounts for (TOMBSTONE_NOT_IN_ERASURE), or a malformed
+    one (INVALID_TOMBSTONE)."""
+
+    kind: str
+    id: str
+    run_id: str
+    erasure_id: str
+    problem: str
+    leaf_hash: str
+
+
+@dataclass(frozen=True)
 class Evidence:
     fleet_id: str
     evidence_id: str

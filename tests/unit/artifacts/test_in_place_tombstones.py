@@ -57,6 +57,10 @@ def test_a_tombstone_keeps_its_link_and_is_counted() -> None:
     {"payload_commitment": ""},  # no commitment kept
     {"type": "altered"},  # a kept structural field altered
     {"format": 1},  # a format-1 event is never a tombstone
+    {"erasure_id": "x"},  # names no erasure id governance issues (blanked in the database)
+    {"erasure_id": "era_" + "A" * 28},  # not lowercase hex
+    {"erasure_id": "era_" + "1" * 27},  # too short
+    {"erased_us": 0},  # no erase time
 ])
 def test_a_malformed_or_altered_tombstone_breaks_the_chain(change: dict[str, Any]) -> None:
     events = _chain(2)
@@ -85,7 +89,9 @@ def test_a_snapshot_tombstone_reads_without_state_and_verifies() -> None:
 
 
 @pytest.mark.parametrize("change", [{"state_json": '{"s":1}'}, {"salt": "ab" * 32},
-                                    {"format": 1}, {"state_hash": "xyz"}])
+                                    {"format": 1}, {"state_hash": "xyz"},
+                                    {"erasure_id": "x"}, {"erasure_id": "era_" + "g" * 28},
+                                    {"erased_us": 0}])
 def test_a_malformed_snapshot_tombstone_is_a_problem(change: dict[str, Any]) -> None:
     problem = _snapshot_row(**change).problem()
     assert problem is not None and problem.problem == "SNAPSHOT_HASH_MISMATCH"

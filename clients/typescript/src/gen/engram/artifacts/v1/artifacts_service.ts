@@ -364,6 +364,44 @@ export interface VerifyArtifactsResponse {
    * state to re-hash), counted, not failed.
    */
   snapshotsTombstoned: number;
+  /**
+   * Events of the run (or the fleet) erased in place (tombstones: payload and salt
+   * gone, hash and payload_commitment kept).
+   */
+  eventsTombstoned: number;
+  /**
+   * Tombstones (events and snapshots) that are not what an erasure left: no erasure
+   * governance recorded for this fleet lists the item under its kept hash, or the
+   * tombstone is malformed (content removed outside an erasure, e.g. in the database).
+   */
+  tombstoneProblems: TombstoneProblem[];
+  /**
+   * Tombstones whose erasure could not be confirmed with governance (it could not be
+   * reached, or this service has no governance address): their form was checked, but
+   * NOT that a recorded erasure lists them. 0 means every tombstone counted in
+   * events_tombstoned and snapshots_tombstoned was confirmed or is in
+   * tombstone_problems; run the verification again when governance is back.
+   */
+  tombstonesUnconfirmed: number;
+}
+
+/** A tombstone (an event or snapshot erased in place) that no recorded erasure accounts for. */
+export interface TombstoneProblem {
+  /** "event" or "snapshot". */
+  kind: string;
+  /** An event's "<run_id>:<seq>"; a snapshot's snapshot_id. */
+  id: string;
+  runId: string;
+  /** The erasure the tombstone names. */
+  erasureId: string;
+  /**
+   * TOMBSTONE_NOT_IN_ERASURE: governance holds no erasure of that id for this fleet, or it
+   * does not list (kind, id, leaf_hash). INVALID_TOMBSTONE: the tombstone is malformed
+   * (an erasure id not of governance's form, no erase time, content or salt left).
+   */
+  problem: string;
+  /** The hash the tombstone kept: an event's hash, a snapshot's state_hash. */
+  leafHash: string;
 }
 
 export interface SnapshotProblem {
@@ -4004,7 +4042,16 @@ export const VerifyArtifactsRequest: MessageFns<VerifyArtifactsRequest> = {
 };
 
 function createBaseVerifyArtifactsResponse(): VerifyArtifactsResponse {
-  return { checked: 0, problems: [], snapshotsChecked: 0, snapshotProblems: [], snapshotsTombstoned: 0 };
+  return {
+    checked: 0,
+    problems: [],
+    snapshotsChecked: 0,
+    snapshotProblems: [],
+    snapshotsTombstoned: 0,
+    eventsTombstoned: 0,
+    tombstoneProblems: [],
+    tombstonesUnconfirmed: 0,
+  };
 }
 
 export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
@@ -4023,6 +4070,15 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     }
     if (message.snapshotsTombstoned !== 0) {
       writer.uint32(40).int64(message.snapshotsTombstoned);
+    }
+    if (message.eventsTombstoned !== 0) {
+      writer.uint32(48).int64(message.eventsTombstoned);
+    }
+    for (const v of message.tombstoneProblems) {
+      TombstoneProblem.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.tombstonesUnconfirmed !== 0) {
+      writer.uint32(64).int64(message.tombstonesUnconfirmed);
     }
     return writer;
   },
@@ -4080,6 +4136,30 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
             message.snapshotsTombstoned = longToNumber(reader.int64());
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.eventsTombstoned = longToNumber(reader.int64());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.tombstoneProblems.push(TombstoneProblem.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.tombstonesUnconfirmed = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4113,6 +4193,21 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
         : isSet(object.snapshots_tombstoned)
         ? globalThis.Number(object.snapshots_tombstoned)
         : 0,
+      eventsTombstoned: isSet(object.eventsTombstoned)
+        ? globalThis.Number(object.eventsTombstoned)
+        : isSet(object.events_tombstoned)
+        ? globalThis.Number(object.events_tombstoned)
+        : 0,
+      tombstoneProblems: globalThis.Array.isArray(object?.tombstoneProblems)
+        ? object.tombstoneProblems.map((e: any) => TombstoneProblem.fromJSON(e))
+        : globalThis.Array.isArray(object?.tombstone_problems)
+        ? object.tombstone_problems.map((e: any) => TombstoneProblem.fromJSON(e))
+        : [],
+      tombstonesUnconfirmed: isSet(object.tombstonesUnconfirmed)
+        ? globalThis.Number(object.tombstonesUnconfirmed)
+        : isSet(object.tombstones_unconfirmed)
+        ? globalThis.Number(object.tombstones_unconfirmed)
+        : 0,
     };
   },
 
@@ -4133,6 +4228,15 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     if (message.snapshotsTombstoned !== 0) {
       obj.snapshotsTombstoned = Math.round(message.snapshotsTombstoned);
     }
+    if (message.eventsTombstoned !== 0) {
+      obj.eventsTombstoned = Math.round(message.eventsTombstoned);
+    }
+    if (message.tombstoneProblems?.length) {
+      obj.tombstoneProblems = message.tombstoneProblems.map((e) => TombstoneProblem.toJSON(e));
+    }
+    if (message.tombstonesUnconfirmed !== 0) {
+      obj.tombstonesUnconfirmed = Math.round(message.tombstonesUnconfirmed);
+    }
     return obj;
   },
 
@@ -4146,6 +4250,170 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     message.snapshotsChecked = object.snapshotsChecked ?? 0;
     message.snapshotProblems = object.snapshotProblems?.map((e) => SnapshotProblem.fromPartial(e)) || [];
     message.snapshotsTombstoned = object.snapshotsTombstoned ?? 0;
+    message.eventsTombstoned = object.eventsTombstoned ?? 0;
+    message.tombstoneProblems = object.tombstoneProblems?.map((e) => TombstoneProblem.fromPartial(e)) || [];
+    message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
+    return message;
+  },
+};
+
+function createBaseTombstoneProblem(): TombstoneProblem {
+  return { kind: "", id: "", runId: "", erasureId: "", problem: "", leafHash: "" };
+}
+
+export const TombstoneProblem: MessageFns<TombstoneProblem> = {
+  encode(message: TombstoneProblem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.kind !== "") {
+      writer.uint32(10).string(message.kind);
+    }
+    if (message.id !== "") {
+      writer.uint32(18).string(message.id);
+    }
+    if (message.runId !== "") {
+      writer.uint32(26).string(message.runId);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(34).string(message.erasureId);
+    }
+    if (message.problem !== "") {
+      writer.uint32(42).string(message.problem);
+    }
+    if (message.leafHash !== "") {
+      writer.uint32(50).string(message.leafHash);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): TombstoneProblem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseTombstoneProblem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.kind = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.problem = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.leafHash = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): TombstoneProblem {
+    return {
+      kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      problem: isSet(object.problem) ? globalThis.String(object.problem) : "",
+      leafHash: isSet(object.leafHash)
+        ? globalThis.String(object.leafHash)
+        : isSet(object.leaf_hash)
+        ? globalThis.String(object.leaf_hash)
+        : "",
+    };
+  },
+
+  toJSON(message: TombstoneProblem): unknown {
+    const obj: any = {};
+    if (message.kind !== "") {
+      obj.kind = message.kind;
+    }
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.problem !== "") {
+      obj.problem = message.problem;
+    }
+    if (message.leafHash !== "") {
+      obj.leafHash = message.leafHash;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<TombstoneProblem>, I>>(base?: I): TombstoneProblem {
+    return TombstoneProblem.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<TombstoneProblem>, I>>(object: I): TombstoneProblem {
+    const message = createBaseTombstoneProblem();
+    message.kind = object.kind ?? "";
+    message.id = object.id ?? "";
+    message.runId = object.runId ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.problem = object.problem ?? "";
+    message.leafHash = object.leafHash ?? "";
     return message;
   },
 };
