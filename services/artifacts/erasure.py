@@ -91,6 +91,8 @@ class RunEraser:
         if any(kind in IN_PLACE_KINDS for kind, _, _ in order.items):
             with self.service.writing() as session:  # appends to the runs wait
                 in_place = erase_in_place(session, order, now_us)
+            if in_place.events or in_place.snapshots:
+                self._purge_throttle.owe()
         leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
         erased: list[ForgottenRun] = []
         already = 0
@@ -102,11 +104,11 @@ class RunEraser:
                     continue
                 forgotten = self._erase_run(session, order, run_id, leaves[run_id], now_us)
             if forgotten is not None:
+                self._purge_throttle.owe()
                 erased.append(forgotten)
         self._purge_blobs(fleet_id, list(leaves))
         changed = bool(erased) or bool(in_place.events or in_place.snapshots)
-        if self._purge_throttle.due(changed):
-            self.service.db.vacuum(PURGED_TABLES)
+        self._purge_throttle.purge(lambda: self.service.db.vacuum(PURGED_TABLES))
         if changed:
             log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                            "runs": len(erased), "already": already,

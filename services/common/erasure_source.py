@@ -42,25 +42,47 @@ def is_erasure_id(erasure_id: str) -> bool:
 
 
 class PurgeThrottle:
-    """When an erasure call purges (SQLite WAL truncate and FTS optimize, Postgres VACUUM):
-    always after it erased something; otherwise, to finish an earlier call interrupted after
-    its commit, at most once per ``interval_s`` (a rerun of an erasure id that erases nothing
-    must not make every fleet pay a whole-store purge on each call)."""
+    """When an erasure call purges (SQLite WAL truncate and FTS optimize, Postgres VACUUM).
+
+    Always while a purge is owed: something was erased and committed (:meth:`owe`, called
+    right after the commit) and no purge that began after it has succeeded yet. Only a purge
+    that succeeded settles what is owed: one that raised (WAL_BUSY: a reader held the WAL) or
+    was never reached (a later item refused, a blob store down) leaves it owed, so the rerun
+    the error asks for purges even though it erases nothing new. Otherwise, to finish a call
+    interrupted after its commit (a crash: this process does not know), at most once per
+    ``interval_s`` (a rerun of an erasure id that erases nothing must not make every fleet pay
+    a whole-store purge on each call)."""
 
     def __init__(self, interval_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._interval_s = interval_s
         self._clock = clock
         self._last: float | None = None
+        self._owed = 0
+        """Commits that erased something, counted; a purge that succeeded settles those counted
+        before it began (:attr:`_settled`)."""
+        self._settled = 0
         self._lock = threading.Lock()
 
-    def due(self, erased: bool) -> bool:
-        now = self._clock()
+    def owe(self) -> None:
+        """Something erased was just committed: its old pages wait for a purge."""
         with self._lock:
-            if erased or self._last is None or now - self._last >= self._interval_s:
-                self._last = now
-                return True
-            return False
+            self._owed += 1
+
+    def purge(self, purge: Callable[[], None]) -> bool:
+        """Run ``purge`` when due (True when it ran and succeeded); what it raises propagates
+        and the purge stays owed."""
+        with self._lock:
+            owed = self._owed
+            now = self._clock()
+            if not (owed > self._settled or self._last is None
+                    or now - self._last >= self._interval_s):
+                return False
+        purge()
+        with self._lock:
+            self._settled = max(self._settled, owed)
+            self._last = self._clock()
+        return True
 
 
 class TextScans:

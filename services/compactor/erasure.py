@@ -151,11 +151,12 @@ class IterationEraser:
                         head = None
                     else:
                         head = self._tombstone(session, order, run_id, leaf, now_us)
+                if head is not None:
+                    self._purge_throttle.owe()
                 purged = self._purge_blobs(fleet_id, run_id)
             if head is not None:
                 erased.append(ForgottenIterations(run_id, head[0], head[1], purged))
-        if self._purge_throttle.due(bool(erased)):
-            self.db.vacuum(PURGED_TABLES)
+        self._purge_throttle.purge(lambda: self.db.vacuum(PURGED_TABLES))
         if erased:
             log.info("iteration logs erased", extra={"erasure_id": erasure_id,
                                                      "fleet_id": fleet_id, "runs": len(erased)})

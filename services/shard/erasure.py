@@ -163,11 +163,12 @@ class RecordEraser:
         now_us = int(self.service.clock() * 1_000_000)
         began = time.monotonic()
         erased, already = self._tombstone(order, now_us)
+        if erased:
+            self._purge_throttle.owe()
         stored = time.monotonic()
         # Again for an erasure carried out before: a run interrupted after its transaction
         # (a crash, a busy WAL) finishes here; when all was done, this finds nothing to do.
-        if self._purge_throttle.due(bool(erased)):
-            self._purge()
+        self._purge_throttle.purge(self._purge)
         purged = time.monotonic()
         index = self.service.search_engine.index
         if index is not None:

@@ -6,22 +6,69 @@ from __future__ import annotations
 import pytest
 
 from services.common.erasure_source import PurgeThrottle, TextScans, still_wanted
-from services.common.errors import Aborted, ResourceExhausted
+from services.common.errors import Aborted, ResourceExhausted, Unavailable
 
 
 def test_a_purge_follows_every_erasure_and_otherwise_at_most_once_an_interval() -> None:
     # A governor repeating an erasure id that erases nothing made every call purge the whole
     # store (FTS optimize under SQLite's write lock, Postgres VACUUM of shared tables).
     now = [100.0]
+    purges: list[float] = []
     throttle = PurgeThrottle(interval_s=60, clock=lambda: now[0])
-    assert throttle.due(erased=False)  # the first call finishes an interrupted one
-    assert not throttle.due(erased=False)
-    assert throttle.due(erased=True)
+
+    def purge() -> None:
+        purges.append(now[0])
+
+    assert throttle.purge(purge)  # the first call finishes one interrupted before a restart
+    assert not throttle.purge(purge)
+    throttle.owe()
+    assert throttle.purge(purge)
     now[0] += 59
-    assert not throttle.due(erased=False)
+    assert not throttle.purge(purge)
     now[0] += 61
-    assert throttle.due(erased=False)
-    assert [throttle.due(erased=False) for _ in range(100)] == [False] * 100
+    assert throttle.purge(purge)
+    assert [throttle.purge(purge) for _ in range(100)] == [False] * 100
+    assert len(purges) == 3
+
+
+def test_a_purge_that_failed_is_owed_until_one_succeeds() -> None:
+    # Found by review: the purge after an erasure failed (WAL_BUSY, "run the erasure again to
+    # finish it"), but the throttle had counted it; the rerun erased nothing new, skipped the
+    # purge and answered OK with the erased payload still in the WAL.
+    now = [100.0]
+    throttle = PurgeThrottle(interval_s=60, clock=lambda: now[0])
+    assert throttle.purge(lambda: None)  # the first purge, settled
+    throttle.owe()  # an erasure committed
+
+    def busy() -> None:
+        raise Unavailable("the WAL could not be emptied", reason="WAL_BUSY")
+
+    for _ in range(3):  # each rerun within the interval purges again, and fails again
+        now[0] += 1
+        with pytest.raises(Unavailable):
+            throttle.purge(busy)
+    ran: list[bool] = []
+    assert throttle.purge(lambda: ran.append(True))  # the reader let go: the purge runs
+    assert ran == [True]
+    assert not throttle.purge(lambda: ran.append(True))  # settled: the interval again
+    throttle.owe()  # erased, and the purge was never reached (a later item refused)
+    assert throttle.purge(lambda: ran.append(True))
+    assert ran == [True, True]
+
+
+def test_only_a_purge_begun_after_a_commit_settles_it() -> None:
+    # A purge that began before another call's commit may not cover it: that call's purge
+    # (here failing) stays owed even though the earlier one succeeded afterwards.
+    throttle = PurgeThrottle(interval_s=60, clock=lambda: 0.0)
+    throttle.purge(lambda: None)
+
+    def racing() -> None:
+        throttle.owe()  # another call commits while this purge runs
+
+    throttle.owe()
+    assert throttle.purge(racing)
+    assert throttle.purge(lambda: None)  # the racing commit is still owed
+    assert not throttle.purge(lambda: None)
 
 
 def test_text_scans_beyond_the_slots_are_refused_at_once_and_slots_come_back() -> None:
