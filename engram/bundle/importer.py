@@ -43,6 +43,9 @@ IMPORTED = ("rules", "trust", "decisions", "erasures", "tombstones", "domains", 
 BATCH = 500
 BATCH_BYTES = 3 * 1024 * 1024
 """A batch stays under the servers' 4 MiB request limit."""
+ERASURE_ITEMS_PER_CALL = 10_000
+"""Governance takes at most this many erasure items in one ImportErasures call (all of one
+erasure's fit: it lists at most as many); at ~110 bytes an item, under BATCH_BYTES too."""
 RUN_ITEMS = (("manifests", apb.Manifest), ("evidence", apb.Evidence), ("events", apb.Event),
              ("snapshots", apb.Snapshot))
 """The parts ImportRunItems carries, in the order their references need: an event names
@@ -154,7 +157,8 @@ class Importer:
         erased here (a copy an earlier import brought), before the tombstones come. Runs and
         iteration logs are erased after the bundle's own runs are in (the last step)."""
         self._batched(reader, report, "erasures", gpb.Erasure,
-                      self.clients.governance.import_erasures)
+                      self.clients.governance.import_erasures,
+                      most_items=ERASURE_ITEMS_PER_CALL, items=lambda e: len(e.items))
         self._carry_out(reader, runs=False)
 
     def _carry_out(self, reader: BundleReader, *, runs: bool) -> None:
@@ -236,12 +240,16 @@ class Importer:
                       lambda batch: self.clients.artifacts.import_run_items(**{kind: batch}))
 
     def _batched(self, reader: BundleReader, report: ImportReport, kind: str,
-                 message: type[Any], send: Callable[[list[Any]], Any]) -> None:
-        """A part's rows, parsed, in batches of at most ``BATCH`` items and ``BATCH_BYTES``,
-        each sent with ``send``; counts what it created and what was there already."""
+                 message: type[Any], send: Callable[[list[Any]], Any], *,
+                 most_items: int = 0, items: Callable[[Any], int] | None = None) -> None:
+        """A part's rows, parsed, in batches of at most ``BATCH`` rows and ``BATCH_BYTES``
+        (with ``items``, at most ``most_items`` of what it counts instead of bytes: an
+        erasure's items), each sent with ``send``; counts what it created and what was there
+        already."""
         created = present = 0
-        for batch in _batches((_parse(row, message(), kind) for row in reader.rows(kind)),
-                              BATCH, BATCH_BYTES):
+        rows = (_parse(row, message(), kind) for row in reader.rows(kind))
+        for batch in (_batches(rows, BATCH, most_items, items) if items is not None
+                      else _batches(rows, BATCH, BATCH_BYTES)):
             reply = send(batch)
             created += reply.created
             present += reply.already_present

@@ -86,6 +86,13 @@ class PageTokens:
                              f"at least {_MIN_SECRET_BYTES} random bytes (page_token_key_file)")
         return cls(secret, settings.limits)
 
+    def derive(self, purpose: str, value: str) -> str:
+        """A keyed digest (hex) of ``value`` for ``purpose``: stable in this deployment, which
+        keeps the secret, and unpredictable to anyone else (governance derives an erasure's id
+        from its request id with it, so no other fleet can compute the id beforehand)."""
+        body = f"engram {purpose}\x00{value}".encode()
+        return hmac.new(self._secret, body, hashlib.sha256).hexdigest()
+
     def page_size(self, requested: int) -> int:
         if requested < 0:
             raise InvalidArgument(f"page_size must be >= 0, got {requested}")

@@ -112,3 +112,47 @@ def test_a_fleet_records_at_most_its_daily_erasure_bytes(
             mine.record_erasure("agent", "a", [_item(50)])  # a small one still fits
     finally:
         server.stop(0)
+
+
+def test_another_fleet_can_neither_take_nor_probe_an_erasure_id_before_it_is_recorded(
+        gov_for: GovClientFactory) -> None:
+    """Found by review: an erasure id derived from a request id was sha256(fleet, request id),
+    which anyone can compute; erasure ids are global, so fleet A's admin imported an erasure
+    under fleet B's future id (B's RecordErasure was then refused REQUEST_ID_REUSED) or
+    probed which request ids B had used (ERASURE_CONFLICT or not). The id is now keyed with
+    governance's secret: stable for B's retries, unknowable to A."""
+    import hashlib
+
+    public = "era_" + hashlib.sha256(b"fleet-b\x00forget-alice").hexdigest()[:28]
+    squat = pb.Erasure(erasure_id=public, fleet_id="fleet-a", selector_kind="record",
+                       selector_value=f"{7:032x}", requested_by="op", reason="squat",
+                       items=[_item(7)])
+    squat.create_time.FromMilliseconds(1_700_000_000_000)
+    gov_for("op", "fleet-a", ("admin",)).import_erasures([squat])
+    victim = gov_for("gov-9", "fleet-b")
+    first = victim.record_erasure("record", f"{1:032x}", [_item(1)], request_id="forget-alice")
+    assert first.created and first.erasure.fleet_id == "fleet-b"
+    assert first.erasure.erasure_id != public
+    again = victim.record_erasure("record", f"{1:032x}", [_item(1)], request_id="forget-alice")
+    assert not again.created and again.erasure.erasure_id == first.erasure.erasure_id
+
+
+def test_one_import_call_chains_at_most_ten_thousand_erasure_items(
+        gov_for: GovClientFactory) -> None:
+    """Found by review: one ImportErasures of 40 erasures x 10,000 items was chained under the
+    head lock every fleet's gate and erasures wait on (fleet B's erasure took 4-6 s)."""
+    admin = gov_for("op", "fleet-a", ("admin",))
+    before = admin.checkpoint().length
+    erasures = []
+    for n in range(2):
+        erasure = pb.Erasure(erasure_id=f"era_{n:028x}", fleet_id="fleet-a",
+                             selector_kind="agent", selector_value="scout-1",
+                             requested_by="op", items=[_item(n * 6000 + i) for i in range(6000)])
+        erasure.create_time.FromMilliseconds(1_700_000_000_000)
+        erasures.append(erasure)
+    with pytest.raises(EngramRpcError) as refused:
+        admin.import_erasures(erasures)
+    assert (refused.value.code, refused.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                           "IMPORT_TOO_LARGE")
+    assert admin.checkpoint().length == before
+    assert admin.import_erasures(erasures[:1]).created == 1
