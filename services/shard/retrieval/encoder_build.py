@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from services.shard.retrieval.model_dir import ModelDirError, ModelSpec
@@ -50,11 +49,13 @@ def build_apart(spec: ModelSpec, int8: bool, out: Path) -> None:
     root = str(Path(__file__).resolve().parents[3])  # the directory holding ``services``
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", __name__, str(spec_file), str(out)]
+    command = [sys.executable, "-m", __name__, str(spec_file), str(out), str(os.getpid())]
     try:
+        # No preexec_fn: it makes subprocess fork() instead of vfork(), and gRPC's fork
+        # handlers then abort the child of a process serving gRPC (seen in CI, exit -6).
         done = subprocess.run(command + (["--int8"] if int8 else []), env=env,
                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS,
-                              check=False, preexec_fn=_die_with_parent())
+                              check=False)
     finally:
         spec_file.unlink(missing_ok=True)
     if done.returncode == 0 and out.is_file():
@@ -66,22 +67,18 @@ def build_apart(spec: ModelSpec, int8: bool, out: Path) -> None:
     raise RuntimeError(f"building the {spec.name} encoder failed (exit {done.returncode}): {last}")
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """Linux: a function run in the child before it executes Python, asking the kernel to
-    SIGKILL it when its parent goes (``prctl(PR_SET_PDEATHSIG)``; the parent is blocked in
-    ``subprocess.run`` meanwhile). Resolved here, so the child calls one foreign function and
-    allocates nothing between fork and exec."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    args = (_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    return lambda: prctl(*args)
+def die_with_parent(parent: int) -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent goes
+    (``prctl(PR_SET_PDEATHSIG)``; the parent's thread waits in ``subprocess.run`` meanwhile),
+    and leave at once if ``parent`` went before the request was made (we were re-parented)."""
+    if sys.platform.startswith("linux"):
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # not glibc: the parent check below still holds
+            pass
+    if os.getppid() != parent:
+        os._exit(3)
 
 
 def sweep_stale_scratch(directory: Path, older_than: float = STALE_SCRATCH_SECONDS) -> int:
@@ -99,6 +96,7 @@ def sweep_stale_scratch(directory: Path, older_than: float = STALE_SCRATCH_SECON
 
 
 def main(argv: list[str]) -> int:
+    die_with_parent(int(argv[2]))  # before the build's imports and its minutes of work
     from services.shard.retrieval.embedding_onnx import build_encoder_file
 
     spec_file, out = Path(argv[0]), Path(argv[1])
@@ -107,7 +105,7 @@ def main(argv: list[str]) -> int:
         print(f"{spec_file} holds no model spec", file=sys.stderr)
         return 2
     try:
-        build_encoder_file(spec, "--int8" in argv[2:], out)
+        build_encoder_file(spec, "--int8" in argv[3:], out)
     except ModelDirError as error:
         print(f"{REFUSED_PREFIX}{error}", file=sys.stderr)
         return 2

@@ -40,10 +40,16 @@ def test_the_builder_dies_with_the_process_waiting_for_it(tmp_path: Path) -> Non
     """Found by review: a killed embedder process left its builder running (up to its timeout,
     ~550 MB for the int8 MiniLM), and a crash-looping shard piled them up."""
     hook = tmp_path / "hook"
-    hook.mkdir()  # a slow build: the builder sleeps as it starts
-    (hook / "sitecustomize.py").write_text(
-        "import sys, time\nif 'services.shard.retrieval.encoder_build' in sys.orig_argv:\n"
-        "    time.sleep(120)\n")
+    hook.mkdir()  # a slow build
+    (hook / "sitecustomize.py").write_text(  # the build's first import takes two minutes
+        "import builtins, sys, time\n"
+        "if 'services.shard.retrieval.encoder_build' in sys.orig_argv:\n"
+        "    real = builtins.__import__\n"
+        "    def slow(name, *args, **kwargs):\n"
+        "        if name == 'services.shard.retrieval.embedding_onnx':\n"
+        "            time.sleep(120)\n"
+        "        return real(name, *args, **kwargs)\n"
+        "    builtins.__import__ = slow\n")
     waiting = textwrap.dedent(f"""
         import tempfile
         from pathlib import Path
