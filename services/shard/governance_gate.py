@@ -313,6 +313,12 @@ def _answer(result: gpb.DecideWriteBatchResult) -> GateAnswer:
 class GovernanceTrust:
     """TrustSource: batch lookups with a short per-agent cache."""
 
+    CACHE_AGENTS = 100_000
+    """Past this many cached agents (every fleet's), those at full trust or above are let go:
+    during an outage an agent not cached ranks at 1.0 anyway. Suspended and demoted agents
+    (below 1.0) stay, or one fleet's many agents could flush another fleet's demotions and an
+    outage would then rank those agents at 1.0 (found by review)."""
+
     def __init__(self, client: GovernanceClient, *, address: str = _UNNAMED,
                  ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -371,8 +377,8 @@ class GovernanceTrust:
         fetched = {t.agent_id: t.multiplier for t in trusts}
         expires = now + self._ttl
         with self._lock:
-            if len(self._cache) > 100_000:  # suspensions stay: they must outlive an outage
-                self._cache = {k: v for k, v in self._cache.items() if v[1] <= 0.0}
+            if len(self._cache) > self.CACHE_AGENTS:  # demotions must outlive an outage
+                self._cache = {k: v for k, v in self._cache.items() if v[1] < 1.0}
             for agent_id, multiplier in fetched.items():
                 self._cache[(fleet_id, agent_id)] = (expires, multiplier)
         return fetched

@@ -226,3 +226,20 @@ def test_gate_fails_closed_when_asked_for_neighbours_it_sent() -> None:
     with pytest.raises(Unavailable, match="nothing was stored"):
         gate.decide("f", "a", [candidate], "req", lambda _c: [])
     assert [omitted for _, omitted, _ in fake.sent] == [True, False]
+
+
+def test_one_fleets_many_agents_do_not_flush_another_fleets_demotions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: past the cache's size every entry but suspensions was dropped, so a
+    fleet with many agent ids evicted another fleet's demoted agents, and with governance then
+    down they ranked at 1.0 instead of their demotion."""
+    fake, now = _FakeGovernance(), [0.0]
+    fake.tiers["probation"] = 0.5
+    monkeypatch.setattr(GovernanceTrust, "CACHE_AGENTS", 10)
+    trust = GovernanceTrust(fake, ttl_seconds=1.5, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert trust.multipliers("fleet-b", ["probation", "bad"]) == {"probation": 0.5, "bad": 0.0}
+    for part in range(3):  # fleet A's many agents fill the cache past its size
+        trust.multipliers("fleet-a", [f"agent-{part}-{i}" for i in range(10)])
+    now[0] = 2.0
+    fake.down = True
+    assert trust.multipliers("fleet-b", ["probation", "bad"]) == {"probation": 0.5, "bad": 0.0}
