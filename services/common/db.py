@@ -11,6 +11,7 @@ inside each service package and applied with :meth:`Database.upgrade`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -38,6 +39,13 @@ log = logging.getLogger("engram.db")
 # runs, and the space never comes back. Checkpoint at 1 MB and truncate the file to 1 MB after.
 WAL_AUTOCHECKPOINT_PAGES = 256
 WAL_SIZE_LIMIT_BYTES = 1 << 20
+
+# A TRUNCATE checkpoint waits (busy_timeout) for readers, but another connection's checkpoint
+# (an auto-checkpoint after a commit, or a second erasure's purge) holds SQLite's checkpointer
+# lock and makes it answer busy at once. A busy answer that came back this fast is retried, for
+# at most this long; one that waited out the busy timeout is a reader holding the WAL.
+CHECKPOINT_RETRY_S = 2.0
+_FAST_BUSY_S = 0.5
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -88,6 +96,7 @@ class Database:
         event.listen(self.engine, "connect", self._mark_generation)
         event.listen(self.engine, "checkin", self._close_if_disposed)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._checkpointing = threading.Lock()  # one explicit TRUNCATE checkpoint at a time
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -163,9 +172,7 @@ class Database:
             return True
         try:
             with self.engine.connect() as connection:
-                busy, _, _ = connection.exec_driver_sql(
-                    "PRAGMA wal_checkpoint(TRUNCATE)").one()
-            return not busy
+                return self._truncate_wal(connection)
         except DBAPIError as exc:
             log.warning("WAL checkpoint failed: %s", _short(exc))
             return False
@@ -176,14 +183,28 @@ class Database:
         what the database raises: an erasure must not report success it did not reach."""
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             if self.dialect == "sqlite":
-                busy, _, _ = conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
-                if busy:
+                if not self._truncate_wal(conn):
                     raise Unavailable("the WAL could not be emptied after the erasure (a reader "
                                       "held it); run the erasure again to finish it",
                                       reason="WAL_BUSY")
                 return
             for name in tables:
                 conn.exec_driver_sql(f'VACUUM "{name}"')
+
+    def _truncate_wal(self, connection: Any) -> bool:
+        """``PRAGMA wal_checkpoint(TRUNCATE)``, one at a time in this process, retried while
+        another connection's checkpoint is what made it busy (True when the WAL was emptied)."""
+        with self._checkpointing:
+            deadline = time.monotonic() + CHECKPOINT_RETRY_S
+            pause = 0.01
+            while True:
+                began = time.monotonic()
+                busy, _, _ = connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)").one()
+                now = time.monotonic()
+                if not busy or now - began >= _FAST_BUSY_S or now >= deadline:
+                    return not busy
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
 
     def dispose(self, wait_seconds: float = 2.0) -> None:
         """Close the pool's connections. One still checked out (a handler thread that a

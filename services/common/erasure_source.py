@@ -63,6 +63,9 @@ class PurgeThrottle:
         before it began (:attr:`_settled`)."""
         self._settled = 0
         self._lock = threading.Lock()
+        self._running = threading.Lock()
+        """One purge at a time: a call that finds one running waits for it, then purges only if
+        something is still owed (the same erasure carried out twice at once purges once)."""
 
     def owe(self) -> None:
         """Something erased was just committed: its old pages wait for a purge."""
@@ -72,17 +75,18 @@ class PurgeThrottle:
     def purge(self, purge: Callable[[], None]) -> bool:
         """Run ``purge`` when due (True when it ran and succeeded); what it raises propagates
         and the purge stays owed."""
-        with self._lock:
-            owed = self._owed
-            now = self._clock()
-            if not (owed > self._settled or self._last is None
-                    or now - self._last >= self._interval_s):
-                return False
-        purge()
-        with self._lock:
-            self._settled = max(self._settled, owed)
-            self._last = self._clock()
-        return True
+        with self._running:
+            with self._lock:
+                owed = self._owed
+                now = self._clock()
+                if not (owed > self._settled or self._last is None
+                        or now - self._last >= self._interval_s):
+                    return False
+            purge()
+            with self._lock:
+                self._settled = max(self._settled, owed)
+                self._last = self._clock()
+            return True
 
 
 class TextScans:

@@ -3,6 +3,8 @@ text scans run at once (docs/erasure.md, docs/security.md)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from services.common.erasure_source import PurgeThrottle, TextScans, still_wanted
@@ -92,3 +94,32 @@ def test_a_scan_stops_when_its_caller_has_gone() -> None:
     with pytest.raises(Aborted) as gone:
         still_wanted(lambda: False)
     assert gone.value.reason == "SCAN_ABANDONED"
+
+
+def test_a_call_that_finds_a_purge_running_waits_for_it_and_does_not_purge_again() -> None:
+    # Found by CI: the same erasure carried out twice at once; the call that erased nothing
+    # purged beside the other's purge (two SQLite checkpoints at once: one answered busy).
+    throttle = PurgeThrottle(interval_s=60, clock=lambda: 0.0)
+    throttle.purge(lambda: None)
+    throttle.owe()
+    inside, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow() -> None:
+        ran.append("first")
+        inside.set()
+        release.wait(10)
+
+    first = threading.Thread(target=throttle.purge, args=(slow,))
+    first.start()
+    assert inside.wait(10)
+    second: list[bool] = []
+    waiting = threading.Thread(target=lambda: second.append(
+        throttle.purge(lambda: ran.append("second"))))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()  # it waits for the running purge
+    release.set()
+    first.join(10)
+    waiting.join(10)
+    assert ran == ["first"] and second == [False]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+import threading
 from pathlib import Path
 
 from sqlalchemy import text
@@ -53,3 +54,33 @@ def test_storage_failures_are_named_wherever_they_are_in_the_chain() -> None:
     assert disk_full is not None and disk_full.reason == "STORAGE_FULL"
     assert storage_error(ValueError("a bug")) is None
     assert storage_error(OSError(errno.ENOENT, "missing")) is None
+
+
+def test_erasure_purges_at_once_and_auto_checkpoints_do_not_report_the_wal_busy(
+        tmp_path: Path) -> None:
+    # Found by CI: two calls carrying out one erasure at once both purged; SQLite answers a
+    # TRUNCATE checkpoint busy at once (no busy timeout) while another connection checkpoints,
+    # so one call failed UNAVAILABLE WAL_BUSY after its commit and its retry said "already
+    # erased". Only a reader holding the WAL may make a purge fail.
+    database = Database(f"sqlite:///{tmp_path / 'purge.db'}")
+    with database.session() as session:
+        session.execute(text("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB)"))
+    busy: list[str] = []
+
+    def erase_and_purge() -> None:
+        for _ in range(12):
+            with database.writing() as session:  # commits past the auto-checkpoint size
+                session.execute(text("INSERT INTO t (body) VALUES (randomblob(1500000))"))
+            try:
+                database.vacuum([])
+            except Unavailable as error:
+                busy.append(error.reason)
+
+    workers = [threading.Thread(target=erase_and_purge) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert busy == []
+    assert (tmp_path / "purge.db-wal").stat().st_size == 0
+    database.dispose()
