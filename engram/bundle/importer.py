@@ -6,7 +6,8 @@ fleet's rules (CreateRule with a request id derived from the original rule id, s
 finds them), the tiers an operator pinned (SetTier, only where the target differs), so a
 suspended agent stays suspended, the gate decisions (ImportDecisions: imported entries in
 this witness chain, so the records reconcile with `engram verify --gate`) and the erasures
-(ImportErasures, each then carried out here, so a copy an earlier import brought is erased);
+(ImportErasures, each then carried out here, so a copy an earlier import brought is erased,
+and at the end every erasure governance here holds that could list what the import created);
 then erased records' tombstones (ImportTombstones), domains
 (UpsertDomain), records (ImportRecords, in batches, each record re-hashed by the shard, all or
 nothing per batch), runs (ImportRun), their artifacts with their bytes (ImportArtifact), their
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, islice
 from typing import Any
@@ -46,6 +47,17 @@ BATCH_BYTES = 3 * 1024 * 1024
 ERASURE_ITEMS_PER_CALL = 10_000
 """Governance takes at most this many erasure items in one ImportErasures call (all of one
 erasure's fit: it lists at most as many); at ~110 bytes an item, under BATCH_BYTES too."""
+ERASURE_PAGE = 100
+"""Erasures read a page at a time from this governance (one lists up to 10,000 items)."""
+_CARRIED_OUT: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = (
+    (("records",), frozenset({"record", "summary"}), "shard"),
+    (("runs", "artifacts", "manifests", "evidence", "events", "snapshots"),
+     frozenset({"run", "event", "snapshot"}), "artifacts"),
+    (("iterations",), frozenset({"iterations"}), "compactor"),
+)
+"""Which service carries out an erasure listing these item kinds, and the bundle parts whose
+import can bring back what it lists (the shard's first: a record erasure is carried out
+before the records come)."""
 RUN_ITEMS = (("manifests", apb.Manifest), ("evidence", apb.Evidence), ("events", apb.Event),
              ("snapshots", apb.Snapshot))
 """The parts ImportRunItems carries, in the order their references need: an event names
@@ -96,8 +108,9 @@ class Importer:
                self._run_items(reader, report, kind, message)) for kind, message in RUN_ITEMS],
             ("iterations", lambda: self._iterations(reader, report)),
             # Again, every kind, now that the bundle's items are here: an erasure the origin
-            # recorded but had not carried out yet (an interrupted forget) erases them.
-            ("erasures carried out", lambda: self._carry_out(reader, runs=True)),
+            # recorded but had not carried out yet (an interrupted forget) erases them, and so
+            # does one this instance holds that the bundle, made before it, does not.
+            ("erasures carried out", lambda: self._carry_out_here(reader, report)),
         ]
         for name, step in steps:
             began = time.perf_counter()
@@ -165,14 +178,38 @@ class Importer:
         """Each erasure carried out here, as `engram forget --resume` does (twice erases
         nothing): its records, and with ``runs`` its runs and iteration logs. An imported
         erasure leaves a run's tombstone here even where the run never was."""
+        kinds = _CARRIED_OUT if runs else _CARRIED_OUT[:1]
         for row in reader.rows("erasures"):
-            erasure = _parse(row, gpb.Erasure(), "erasures")
-            kinds = {item.kind for item in erasure.items}
-            if kinds & {"record", "summary"}:
+            self._carry_out_one(_parse(row, gpb.Erasure(), "erasures"), kinds)
+
+    def _carry_out_here(self, reader: BundleReader, report: ImportReport) -> None:
+        """The bundle's erasures, then every other erasure this governance holds for the
+        fleet that could list what this import created. A bundle made before an erasure
+        recorded here (or brought by another bundle) holds items it lists that this instance
+        never held, so nothing here erased them: a record, or an event of a run first seen
+        now. Carrying an erasure out again erases nothing it erased before."""
+        self._carry_out(reader, runs=True)
+        kinds = [(parts, erased, service) for parts, erased, service in _CARRIED_OUT
+                 if any(report.created.get(part) for part in parts)]
+        if not kinds:
+            return
+        bundled = {str(row.get("erasure_id", "")) for row in reader.rows("erasures")}
+        for erasure in self.clients.governance.erasures(page_size=ERASURE_PAGE):
+            if erasure.erasure_id not in bundled:
+                self._carry_out_one(erasure, kinds)
+                self.progress("erasures carried out", 1, 0)
+
+    def _carry_out_one(self, erasure: gpb.Erasure,
+                       kinds: Sequence[tuple[tuple[str, ...], frozenset[str], str]]) -> None:
+        listed = {item.kind for item in erasure.items}
+        for _, erased, service in kinds:
+            if not listed & erased:
+                continue
+            if service == "shard":
                 self.clients.shard.forget(erasure_id=erasure.erasure_id)
-            if runs and kinds & {"run", "event", "snapshot"}:
+            elif service == "artifacts":
                 self.clients.artifacts.forget_runs(erasure.erasure_id)
-            if runs and "iterations" in kinds:
+            else:
                 self.clients.compactor.forget_iterations(erasure.erasure_id)
 
     def _tombstones(self, reader: BundleReader, report: ImportReport) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle import BundleReader
-from engram.client import EngramRpcError
+from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
@@ -213,3 +213,61 @@ def test_a_run_bundle_carries_the_erasures_of_its_events_and_snapshots(
                 assert art.verify("run-t").snapshots_tombstoned == 1
                 if bundle == fleet_bundle:
                     assert list(art.replay("run-u")) == other
+
+
+def test_an_older_bundle_brings_back_nothing_an_erasure_held_here_lists(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One erasure lists an event of run-t, an event of run-u and a record. A run bundle of
+    run-t carries it; imported first, it is carried out here, where run-u and the record never
+    were. A fleet bundle made before the erasure then brought run-u's event and the record back
+    with their content: the import carried out only the erasures the bundle itself held (found
+    by review). Its last step now carries out every erasure this governance holds for the fleet
+    that could list what the import created."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    before, run_bundle = tmp_path / "before.bundle", tmp_path / "run.bundle"
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        with ArtifactsClient(origin.artifacts.address, agent) as art:
+            art.start_run("run-t", {})
+            art.append_event("run-t", "tool.called", {"q": "plain"})
+            in_t = art.append_event("run-t", "tool.called", {"q": SECRET + "-t"}).event
+            art.start_run("run-u", {})
+            in_u = art.append_event("run-u", "tool.called", {"q": SECRET + "-u"}).event
+        with ShardClient(origin.shard.address, agent) as shard:
+            note = shard.add(SECRET + " in a note", run_id="run-u").record
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "-o", str(before))
+        with GovernanceClient(origin.governance.address, admin) as gov:
+            erasure = gov.record_erasure("match", "", [
+                gpb.ErasedItem(kind="event", id=f"run-t:{in_t.seq}", leaf_hash=in_t.hash),
+                gpb.ErasedItem(kind="event", id=f"run-u:{in_u.seq}", leaf_hash=in_u.hash),
+                gpb.ErasedItem(kind="record", id=note.id, leaf_hash=note.record_hash),
+            ]).erasure
+        with ArtifactsClient(origin.artifacts.address, admin) as art:
+            art.forget_runs(erasure.erasure_id)
+        with ShardClient(origin.shard.address, admin) as shard:
+            shard.forget(erasure_id=erasure.erasure_id)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "--run", "run-t", "-o", str(run_bundle))
+    with BundleReader(run_bundle) as reader:
+        reader.verify()
+        assert [row["erasure_id"] for row in reader.rows("erasures")] == [erasure.erasure_id]
+
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token, governed=True) as target, \
+            cli_for(target, admin, monkeypatch) as run:
+        run("import-bundle", str(run_bundle))
+        run("import-bundle", str(before))
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            brought = list(art.replay("run-u"))
+            assert [e.erasure_id for e in brought] == [erasure.erasure_id]
+            assert SECRET not in str(brought)
+            checked = art.verify("run-u")
+            assert checked.events_tombstoned == 1 and not checked.tombstone_problems
+            assert not checked.tombstones_unconfirmed
+        with ShardClient(target.shard.address, admin) as shard:
+            with pytest.raises(EngramRpcError) as gone:
+                shard.get(note.id)
+            assert gone.value.reason == "RECORD_ERASED"
+        # As after a bundle that carried the erasure: the older one is now refused.
+        assert "RECORD_ERASED" in str(run("import-bundle", str(before), code=2))
