@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from services.common.access import governance_restrictions
 from services.common.server import EngramServer, ServiceSpec, build_server
 from services.embedder.metrics import EmbedderMetrics, MeteredEncoder
 from services.embedder.servicer import KINDS, POLICY, SERVICE_NAME, EmbedderServicer, add_to_server
@@ -35,7 +36,17 @@ def load_encoder(settings: EmbedderSettings) -> EmbeddingProvider:
 
 
 def build_embedder_server(settings: EmbedderSettings) -> EngramServer:
-    encoder = MeteredEncoder(load_encoder(settings))
+    # Revoked tokens and suspended agents, polled from governance as every service does; built
+    # before the model is loaded, so a missing token file fails the start at once.
+    restrictions = governance_restrictions(
+        "embedder", settings.governance_addr, settings.service_token_file,
+        settings.governance_tls(), settings.auth_restrictions_refresh_seconds)
+    try:
+        encoder = MeteredEncoder(load_encoder(settings))
+    except BaseException:
+        if restrictions is not None:
+            restrictions.stop()  # never started: closes its channel to governance
+        raise
     servicer = EmbedderServicer(encoder, settings.limits)
     spec = ServiceSpec(
         name="embedder",
@@ -44,6 +55,7 @@ def build_embedder_server(settings: EmbedderSettings) -> EngramServer:
         policy=POLICY,
         kinds=KINDS,
         on_stop=encoder.close,
+        restrictions=restrictions,
     )
     spec.registry.register(EmbedderMetrics(encoder))
     return build_server(settings, spec)

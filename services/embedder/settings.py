@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.common.settings import ServerSettings
 
 
@@ -34,3 +37,19 @@ class EmbedderSettings(ServerSettings):
         description="Embed / Describe calls a second one caller may make; 0 (the default) "
         "turns the limit off: the only caller is the shards' service principal, whose "
         "replicas share one agent id, and max_concurrent_rpcs bounds the load")
+    governance_addr: str | None = Field(
+        default=None, description="host:port of governance, polled for revoked tokens and "
+        "suspended agents (with service_token_file), as the other services poll it; unset: a "
+        "revoked shard service token is refused only when it expires (a warning says so)")
+    service_token_file: Path | None = Field(
+        default=None, description="bearer token (role service, agent svc-embedder, fleet "
+        "system, aud governance) this process presents to governance")
+    governance_tls_ca: Path | None = Field(
+        default=None, description="CA that signed governance's certificate; set, calls use TLS")
+    governance_tls_cert: Path | None = Field(
+        default=None, description="client certificate, for a governance requiring mutual TLS")
+    governance_tls_key: Path | None = Field(default=None, description="that certificate's key")
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)
