@@ -6,15 +6,20 @@
 #   ENGRAM_SHARD_DB_URL=postgresql+psycopg://engram_shard:...@db:5432/engram_shard \
 #   ENGRAM_GOVERNANCE_DB_URL=... ENGRAM_ARTIFACTS_DB_URL=... ENGRAM_COMPACTOR_DB_URL=... \
 #   [ENGRAM_S3_ACCESS_KEY_ID=... ENGRAM_S3_SECRET_ACCESS_KEY=...] \
-#   [ENGRAM_TLS_DIR=/secure/engram-tls] \
+#   [ENGRAM_TLS_DIR=/secure/engram-tls] [ENGRAM_WITH_EMBEDDER=1] \
 #   sh deploy/secrets.sh | kubectl apply -f -
 #
 # ENGRAM_TLS_DIR (for overlays with components/tls, e.g. prod-tls) holds ca.crt and, per service,
 # <service>.crt and <service>.key (and gateway.crt, gateway.key); each gets them as
 # engram-<service>-tls.
+# ENGRAM_WITH_EMBEDDER=1 (for overlays with components/embedder, e.g. prod-embedder) adds the
+# shared embedding service's Secrets: its service token (svc-embedder, audience governance: it
+# polls governance for revoked tokens) and, with ENGRAM_TLS_DIR, engram-embedder-tls from
+# embedder.crt / embedder.key.
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
-# cluster only ever gets the public key and the service tokens (shard, artifacts, compactor; 30
-# days, each naming only the services it calls: run this again to renew them).
+# cluster only ever gets the public key and the service tokens (shard, artifacts, compactor, and
+# the embedder with ENGRAM_WITH_EMBEDDER; 30 days, each naming only the services it calls: run
+# this again to renew them).
 # Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
 set -eu
 
@@ -31,6 +36,13 @@ fi
 SERVICES="shard governance artifacts compactor"
 # The gateway is a TLS client of all four, with its own certificate.
 TLS_HOLDERS="$SERVICES gateway"
+# Services that present a service token: those that call another one (all poll governance).
+TOKEN_HOLDERS="shard artifacts compactor"
+case "${ENGRAM_WITH_EMBEDDER:-}" in
+  1|true) TLS_HOLDERS="$TLS_HOLDERS embedder" TOKEN_HOLDERS="$TOKEN_HOLDERS embedder" ;;
+  ""|0|false) ;;
+  *) echo "ENGRAM_WITH_EMBEDDER must be 1, true, 0 or false" >&2; exit 2 ;;
+esac
 if [ -n "${ENGRAM_TLS_DIR:-}" ]; then
   for file in ca.crt $(for svc in $TLS_HOLDERS; do echo "$svc.crt $svc.key"; done); do
     [ -r "$ENGRAM_TLS_DIR/$file" ] || { echo "ENGRAM_TLS_DIR has no readable $file" >&2; exit 2; }
@@ -58,7 +70,7 @@ for retired in "$ENGRAM_SIGNING_HOME"/auth/keys/*.pub; do
   [ -f "$retired" ] && set -- "$@" --from-file="$(basename "$retired")=$retired"
 done
 secret engram-auth-public-key "$@"
-for svc in shard artifacts compactor; do
+for svc in $TOKEN_HOLDERS; do
   case "$svc" in
     compactor) audiences="--audience shard --audience artifacts --audience governance" ;;
     shard) audiences="--audience governance --audience embedder" ;;  # embedder: docs/embedder.md

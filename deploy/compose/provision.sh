@@ -3,8 +3,10 @@
 #   1. the deployment's Ed25519 signing key + the operator's admin token, kept in
 #      $ENGRAM_SIGNING_HOME, which no service mounts (services can check tokens, never mint them);
 #   2. per service, a directory $ENGRAM_AUTH_ROOT/<svc> with the public key, plus a service token
-#      for the services that call another one (shard, artifacts -> governance; compactor -> shard,
-#      artifacts, governance), naming only those in its audience, valid 30 days;
+#      for the services that call another one (shard -> governance, embedder; artifacts and the
+#      embedder -> governance; compactor -> shard, artifacts, governance), naming only those in
+#      its audience, valid 30 days (the embedder's too, though it runs only with the compose
+#      profile "embedder": docs/embedder.md);
 #   3. the S3 buckets the artifacts and compactor blob stores use.
 set -eu
 
@@ -39,17 +41,18 @@ mint() {  # mint <file> <agent> <fleet> <audiences> <role>...: write a token, re
 
 mint "$SIGNING_HOME/auth/admin.token" admin default "shard governance artifacts compactor" admin governor
 
-for svc in governance artifacts shard compactor; do
+for svc in governance artifacts shard compactor embedder; do
   mkdir -p "$AUTH_ROOT/$svc"
   cp "$SIGNING_HOME/auth/signing.pub" "$AUTH_ROOT/$svc/signing.pub"
 done
 mint "$AUTH_ROOT/shard/shard.token" svc-shard system "governance embedder" service
 mint "$AUTH_ROOT/artifacts/artifacts.token" svc-artifacts system governance service
 mint "$AUTH_ROOT/compactor/compactor.token" svc-compactor system "shard artifacts governance" service
+mint "$AUTH_ROOT/embedder/embedder.token" svc-embedder system governance service
 
 # The services run as $SERVICE_UID; only root can hand the files over (compose volumes start root-owned).
 if [ "$(id -u)" = "0" ]; then
-  for svc in governance artifacts shard compactor; do
+  for svc in governance artifacts shard compactor embedder; do
     chown -R "$SERVICE_UID:$SERVICE_UID" "$AUTH_ROOT/$svc"
     chmod 0500 "$AUTH_ROOT/$svc"
     chmod 0400 "$AUTH_ROOT/$svc"/*

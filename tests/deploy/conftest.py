@@ -14,21 +14,29 @@ from pydantic_settings import BaseSettings
 
 from services.artifacts.settings import ArtifactsSettings
 from services.compactor.settings import CompactorSettings
+from services.embedder.settings import EmbedderSettings
 from services.governance.settings import GovernanceSettings
 from services.shard.settings import ShardSettings
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("shard", "governance", "artifacts", "compactor")
-GRPC_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054}
+EMBEDDER = "embedder"
+"""The shared embedding service (docs/embedder.md): optional, in the overlays with
+components/embedder and the compose profile "embedder"; it has no database."""
+GRPC_PORTS = {"shard": 50051, "governance": 50052, "artifacts": 50053, "compactor": 50054,
+              EMBEDDER: 50055}
 SETTINGS: dict[str, type[BaseSettings]] = {
     "shard": ShardSettings, "governance": GovernanceSettings,
-    "artifacts": ArtifactsSettings, "compactor": CompactorSettings,
+    "artifacts": ArtifactsSettings, "compactor": CompactorSettings, EMBEDDER: EmbedderSettings,
 }
 # Who calls whom over gRPC (DESIGN.md section 1); nothing else may connect service to service.
 SERVICE_EDGES = {("shard", "governance"), ("compactor", "shard"), ("compactor", "artifacts"),
                  ("artifacts", "governance"), ("compactor", "governance")}
 """Who calls whom: every service polls governance for revoked tokens and suspended agents."""
+EMBEDDER_EDGES = {("shard", EMBEDDER), (EMBEDDER, "governance")}
+"""With the embedder: the shard embeds through it; it polls governance. Nobody else calls it."""
+EMBEDDER_OVERLAYS = ("prod-embedder", "prod-tls-embedder")
 # Read by boto3's default credential chain (the compactor's S3 client), not by Engram settings.
 BOTO_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
 
@@ -68,7 +76,7 @@ def kustomize(overlay: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="session", params=["dev", "prod", "prod-tls"])
+@pytest.fixture(scope="session", params=["dev", "prod", "prod-tls", *EMBEDDER_OVERLAYS])
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     return request.param, kustomize(request.param)
 

@@ -13,10 +13,13 @@ from urllib.parse import urlparse
 
 import grpc
 import pytest
+import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tests.deploy.conftest import (
     BOTO_ENV,
+    EMBEDDER,
+    EMBEDDER_EDGES,
     GRPC_PORTS,
     ROOT,
     SERVICE_EDGES,
@@ -49,19 +52,28 @@ def _sql_roles() -> dict[str, tuple[str, str]]:
     return {role: (password, owners[role]) for role, password in roles.items()}
 
 
+ALL = (*SERVICES, EMBEDDER)
+"""The four and the optional embedding service (profile "embedder")."""
+EMBEDDER_PROFILE_ENV = {"ENGRAM_SHARD_EMBEDDER_ADDR": "embedder:50055"}
+"""What docs/embedder.md and the file's header have the operator set with the profile."""
+
+
 def test_topology_is_four_services_postgres_s3_and_init(compose: Compose) -> None:
-    assert set(compose["services"]) == {*SERVICES, "postgres", "s3", "engram-init"}
-    images = {_service(compose, s)["image"] for s in (*SERVICES, "engram-init")}
+    assert set(compose["services"]) == {*ALL, "postgres", "s3", "engram-init"}
+    images = {_service(compose, s)["image"] for s in (*ALL, "engram-init")}
     assert len(images) == 1, "one image for every Engram container"
-    for service in SERVICES:
+    for service in ALL:
         assert _service(compose, service)["command"] == ["python", "-m", f"services.{service}"]
+    profiles = {name: spec.get("profiles") for name, spec in compose["services"].items()}
+    assert profiles.pop(EMBEDDER) == [EMBEDDER], "the embedder runs only with its profile"
+    assert set(profiles.values()) == {None}, "everything else runs by default"
     init_sql = "./deploy/compose/init-db.sql:/docker-entrypoint-initdb.d/10-engram.sql:ro"
     assert init_sql in _service(compose, "postgres")["volumes"]
 
 
 def test_service_containers_are_non_root_read_only_and_capability_free(
         compose: Compose) -> None:
-    for service in SERVICES:
+    for service in ALL:
         spec = _service(compose, service)
         uid, _, gid = str(spec["user"]).partition(":")
         assert int(uid) != 0 and int(gid) != 0, service
@@ -77,7 +89,7 @@ def test_service_containers_are_non_root_read_only_and_capability_free(
 
 def test_env_names_are_real_settings_and_parse(compose: Compose,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    for service in SERVICES:
+    for service in ALL:
         env = _env(compose, service)
         engram = {k for k in env if k.startswith("ENGRAM_")}
         assert engram <= accepted_env(service), (
@@ -86,9 +98,10 @@ def test_env_names_are_real_settings_and_parse(compose: Compose,
         settings = parse_settings(service, env, monkeypatch)
         assert settings.host == "0.0.0.0", service
         assert settings.port == GRPC_PORTS[service]
-        assert f"127.0.0.1:{settings.port}:{settings.port}" in _service(compose, service)["ports"]
-        assert f"127.0.0.1:{settings.metrics_port}:{settings.metrics_port}" in (
-            _service(compose, service)["ports"])
+        ports = _service(compose, service)["ports"]
+        # The embedder's callers are the shards alone: its gRPC port stays unpublished.
+        assert (f"127.0.0.1:{settings.port}:{settings.port}" in ports) == (service != EMBEDDER)
+        assert f"127.0.0.1:{settings.metrics_port}:{settings.metrics_port}" in ports
 
 
 def test_each_service_has_its_own_database_and_role(compose: Compose) -> None:
@@ -113,24 +126,70 @@ def test_shard_has_no_governance_database(compose: Compose) -> None:
     assert mounts == ["auth-shard"]
 
 
+def _interpolated(value: str, env: dict[str, str]) -> str:
+    """``${VAR:-default}`` as compose substitutes it with ``env`` set."""
+    return re.sub(r"\$\{([A-Z0-9_]+):-([^}]*)\}", lambda m: env.get(m[1], m[2]), value)
+
+
+def _shard_embedder_addr(compose: Compose, env: dict[str, str]) -> str:
+    return _interpolated(str(_service(compose, "shard")["environment"].get(
+        "ENGRAM_SHARD_EMBEDDER_ADDR", "")), env)
+
+
+def _points_at_the_embedder(compose: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the profile's variable set, the shard calls the embedder service on its port."""
+    addr = _shard_embedder_addr(compose, EMBEDDER_PROFILE_ENV)
+    host, _, port = addr.rpartition(":")
+    assert host == EMBEDDER, f"the shard calls {addr!r}, not the embedder service"
+    embedder = parse_settings(EMBEDDER, _env(compose, EMBEDDER), monkeypatch)
+    assert int(port) == embedder.port
+    depends = _service(compose, "shard")["depends_on"][EMBEDDER]
+    assert depends == {"condition": "service_healthy", "required": False}
+
+
+def test_the_shard_uses_the_embedder_when_its_profile_runs(
+        compose: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    _points_at_the_embedder(compose, monkeypatch)
+    assert _shard_embedder_addr(compose, {}) == "", "without it, the shard's own encoder"
+    for wrong in ("", "governance:50055", "embedder:50051"):
+        changed = yaml.safe_load(yaml.safe_dump(compose))
+        changed["services"]["shard"]["environment"]["ENGRAM_SHARD_EMBEDDER_ADDR"] = wrong
+        with pytest.raises(AssertionError):
+            _points_at_the_embedder(changed, monkeypatch)
+
+
+def test_the_documented_profile_command_sets_that_address() -> None:
+    command = f"ENGRAM_SHARD_EMBEDDER_ADDR={EMBEDDER_PROFILE_ENV['ENGRAM_SHARD_EMBEDDER_ADDR']}"
+    for document in ("docker-compose.yml", "docs/embedder.md"):
+        text = (ROOT / document).read_text()
+        assert f"{command} docker compose --profile embedder up" in text, document
+
+
+def test_the_embedder_polls_governance_with_its_own_token(
+        compose: Compose, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = parse_settings(EMBEDDER, _env(compose, EMBEDDER), monkeypatch)
+    assert settings.governance_addr == "governance:50052"
+    assert str(settings.service_token_file) == "/run/engram/auth/embedder.token"
+
+
 def _networks(compose: Compose) -> dict[str, set[str]]:
     return {name: set(spec.get("networks", [])) for name, spec in compose["services"].items()}
 
 
 def test_networks_connect_only_caller_and_callee(compose: Compose) -> None:
     networks = _networks(compose)
-    shared = {frozenset(pair) for pair in itertools.combinations(SERVICES, 2)
+    shared = {frozenset(pair) for pair in itertools.combinations(ALL, 2)
               if networks[pair[0]] & networks[pair[1]]}
-    assert shared == {frozenset(edge) for edge in SERVICE_EDGES}
+    assert shared == {frozenset(edge) for edge in SERVICE_EDGES | EMBEDDER_EDGES}
     for network in networks["postgres"]:
         members = {s for s, nets in networks.items() if network in nets} - {"postgres"}
         assert len(members) == 1 and members <= set(SERVICES), f"{network}: {members}"
-    s3_users = {s for s in SERVICES if networks[s] & networks["s3"]}
+    s3_users = {s for s in ALL if networks[s] & networks["s3"]}
     assert s3_users == {"artifacts", "compactor"}
 
 
 def test_credentials_reach_only_the_service_they_belong_to(compose: Compose) -> None:
-    for service in SERVICES:
+    for service in ALL:
         spec = _service(compose, service)
         assert spec["volumes"] == [f"auth-{service}:/run/engram/auth:ro"], service
         env = _env(compose, service)
@@ -140,16 +199,17 @@ def test_credentials_reach_only_the_service_they_belong_to(compose: Compose) -> 
             assert PurePosixPath(value).parent == PurePosixPath("/run/engram/auth"), service
     init = _service(compose, "engram-init")
     assert f"signing:{_env(compose, 'engram-init')['ENGRAM_SIGNING_HOME']}" in init["volumes"]
-    for service in SERVICES:
+    for service in ALL:
         assert f"auth-{service}:/run/engram/{service}" in init["volumes"]
 
 
 def test_start_order_waits_for_credentials_databases_and_callees(compose: Compose) -> None:
-    for service in SERVICES:
+    for service in ALL:
         depends = _service(compose, service)["depends_on"]
-        assert depends["postgres"]["condition"] == "service_healthy", service
+        if service != EMBEDDER:  # it has no database
+            assert depends["postgres"]["condition"] == "service_healthy", service
         assert depends["engram-init"]["condition"] == "service_completed_successfully", service
-    for caller, callee in SERVICE_EDGES:
+    for caller, callee in SERVICE_EDGES | EMBEDDER_EDGES:
         assert _service(compose, caller)["depends_on"][callee]["condition"] == "service_healthy"
 
 
@@ -173,6 +233,6 @@ def test_healthcheck_command_reports_grpc_health(compose: Compose, health_server
     assert subprocess.run(command, capture_output=True, timeout=60).returncode == 0
     servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
     assert subprocess.run(command, capture_output=True, timeout=60).returncode == 1
-    for service in SERVICES:
+    for service in ALL:
         check = _service(compose, service)["healthcheck"]["test"]
         assert check[3] == test[3] and check[4] == str(GRPC_PORTS[service]), service

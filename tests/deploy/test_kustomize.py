@@ -11,6 +11,9 @@ import pytest
 
 from tests.deploy.conftest import (
     BOTO_ENV,
+    EMBEDDER,
+    EMBEDDER_EDGES,
+    EMBEDDER_OVERLAYS,
     GRPC_PORTS,
     SERVICE_EDGES,
     SERVICES,
@@ -25,6 +28,13 @@ PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
 def _objects(rendered: Rendered, kind: str) -> dict[str, dict[str, Any]]:
     return {o["metadata"]["name"]: o for o in rendered[1] if o["kind"] == kind}
+
+
+def _services(rendered: Rendered) -> tuple[str, ...]:
+    """The four, and the embedder where the overlay has components/embedder."""
+    has_embedder = f"engram-{EMBEDDER}" in _objects(rendered, "Deployment")
+    assert has_embedder == (rendered[0] in EMBEDDER_OVERLAYS), rendered[0]
+    return (*SERVICES, EMBEDDER) if has_embedder else SERVICES
 
 
 def _deployment(rendered: Rendered, service: str) -> dict[str, Any]:
@@ -87,7 +97,7 @@ def test_every_object_validates_against_the_newest_kubernetes_schema(overlay: Re
 
 
 def test_each_service_has_deployment_service_and_serviceaccount(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         name = f"engram-{service}"
         deployment = _deployment(overlay, service)
         assert name in _objects(overlay, "ServiceAccount")
@@ -113,7 +123,7 @@ def test_all_objects_live_in_the_overlay_namespace_which_enforces_restricted(
 
 
 def test_pods_run_non_root_with_read_only_root_and_no_capabilities(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         spec = _deployment(overlay, service)["spec"]["template"]["spec"]
         pod = spec["securityContext"]
         assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, service
@@ -144,7 +154,7 @@ def _memory(quantity: str) -> int:
 
 
 def test_every_container_has_requests_within_limits(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         resources = _container(overlay, service)["resources"]
         for key in ("cpu", "memory"):
             assert key in resources["requests"] and key in resources["limits"], (service, key)
@@ -155,7 +165,7 @@ def test_every_container_has_requests_within_limits(overlay: Rendered) -> None:
 
 def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
     """On the gRPC port; with TLS on, on the health-only port (native probes cannot do TLS)."""
-    for service in SERVICES:
+    for service in _services(overlay):
         container = _container(overlay, service)
         plain, _ = _env(overlay, service)
         grpc_port = _port(container, "grpc")
@@ -175,31 +185,35 @@ def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
 def test_tls_overlays_secure_every_server_and_every_call(
         overlay: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
     name, _ = overlay
-    settings = {s: parse_settings(s, _env(overlay, s)[0], monkeypatch) for s in SERVICES}
+    with_tls = "tls" in name.split("-")  # prod-tls, prod-tls-embedder
+    settings = {s: parse_settings(s, _env(overlay, s)[0], monkeypatch)
+                for s in _services(overlay)}
     for service, parsed in settings.items():
         tls = (parsed.tls_cert, parsed.tls_key, parsed.tls_client_ca)
-        if not name.endswith("-tls"):
+        if not with_tls:
             assert tls == (None, None, None) and parsed.health_port is None, service
             continue
         assert None not in tls, f"{service}: mutual TLS needs a certificate, key and client CA"
         assert parsed.health_port == _port(_container(overlay, service), "health"), service
-    if name.endswith("-tls"):
-        for client in (settings["shard"].governance_tls(), settings["compactor"].shard_tls(),
-                       settings["artifacts"].governance_tls(),
-                       settings["compactor"].governance_tls()):
+    if with_tls:
+        clients = [settings["shard"].governance_tls(), settings["compactor"].shard_tls(),
+                   settings["artifacts"].governance_tls(), settings["compactor"].governance_tls()]
+        if EMBEDDER in settings:  # the shard's calls to it, and its own to governance
+            clients += [settings["shard"].embedder_tls(), settings[EMBEDDER].governance_tls()]
+        for client in clients:
             assert client.get("tls_ca") and client.get("tls_cert") and client.get("tls_key")
 
 
 def test_one_image_runs_each_service_module(overlay: Rendered) -> None:
-    images = {_container(overlay, s)["image"] for s in SERVICES}
+    images = {_container(overlay, s)["image"] for s in _services(overlay)}
     assert len(images) == 1, images
-    for service in SERVICES:
+    for service in _services(overlay):
         assert _container(overlay, service)["command"] == ["python", "-m", f"services.{service}"]
 
 
 def test_env_names_are_real_settings_and_parse(overlay: Rendered,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         container = _container(overlay, service)
         plain, secret_backed = _env(overlay, service)
         names = set(plain) | set(secret_backed)
@@ -207,14 +221,18 @@ def test_env_names_are_real_settings_and_parse(overlay: Rendered,
         assert engram <= accepted_env(service), (
             f"{service}: {sorted(engram - accepted_env(service))} are not settings it reads")
         assert names - engram <= (BOTO_ENV if service == "compactor" else set()), service
-        assert secret_backed[f"ENGRAM_{service.upper()}_DB_URL"] == f"engram-{service}-db"
         env = {**plain, **{n: "secret" for n in secret_backed if n.startswith("ENGRAM_")}}
-        env[f"ENGRAM_{service.upper()}_DB_URL"] = "postgresql+psycopg://u:p@db:5432/engram"
+        if service != EMBEDDER:  # the embedding service stores nothing
+            assert secret_backed[f"ENGRAM_{service.upper()}_DB_URL"] == f"engram-{service}-db"
+            env[f"ENGRAM_{service.upper()}_DB_URL"] = "postgresql+psycopg://u:p@db:5432/engram"
+        else:
+            assert not secret_backed, f"{service}: only files (its token) come from Secrets"
         settings = parse_settings(service, env, monkeypatch)
         assert settings.host == "0.0.0.0", service
         assert settings.port == _port(container, "grpc"), service
         assert settings.metrics_port == _port(container, "metrics"), service
-        assert settings.database_url().startswith("postgresql"), service
+        if service != EMBEDDER:
+            assert settings.database_url().startswith("postgresql"), service
 
 
 def test_dependency_addresses_name_the_callee_services(overlay: Rendered) -> None:
@@ -234,7 +252,7 @@ def test_dependency_addresses_name_the_callee_services(overlay: Rendered) -> Non
 
 
 def test_each_service_references_only_its_own_secrets(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         spec = _deployment(overlay, service)["spec"]["template"]["spec"]
         for name in _secret_names(spec):
             assert name == "engram-auth-public-key" or name.startswith(f"engram-{service}-"), (
@@ -253,7 +271,7 @@ def test_shard_never_sees_the_governance_database(overlay: Rendered) -> None:
 
 
 def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         spec = _deployment(overlay, service)["spec"]["template"]["spec"]
         container = _container(overlay, service)
         plain, _ = _env(overlay, service)
@@ -263,7 +281,7 @@ def test_file_settings_point_at_mounted_secret_items(overlay: Rendered) -> None:
                  if k.endswith("_FILE") or k == "ENGRAM_AUTH_PUBLIC_KEY"
                  or k.endswith(("_TLS_CERT", "_TLS_KEY", "_TLS_CA", "_TLS_CLIENT_CA"))}
         assert "ENGRAM_AUTH_PUBLIC_KEY" in files
-        if service in ("shard", "compactor"):
+        if service in ("shard", "compactor", EMBEDDER):
             assert f"ENGRAM_{service.upper()}_SERVICE_TOKEN_FILE" in files
         for name, value in files.items():
             path = PurePosixPath(value)
@@ -303,7 +321,7 @@ def _allowed(rendered: Rendered) -> dict[str, set[tuple[str, str]]]:
     """Per service, the (caller, port name) pairs the NetworkPolicies let in."""
     policies = list(_objects(rendered, "NetworkPolicy").values())
     allowed: dict[str, set[tuple[str, str]]] = {}
-    for service in SERVICES:
+    for service in _services(rendered):
         labels = _deployment(rendered, service)["spec"]["template"]["metadata"]["labels"]
         allowed[service] = set()
         for policy in policies:
@@ -327,9 +345,11 @@ def test_default_deny_ingress_covers_every_pod(overlay: Rendered) -> None:
 
 def test_network_policy_edges_are_exactly_the_trust_boundaries(overlay: Rendered) -> None:
     allowed = _allowed(overlay)
+    services = _services(overlay)
     grpc_edges = {(caller, callee) for callee, pairs in allowed.items()
-                  for caller, port in pairs if port == "grpc" and caller in SERVICES}
-    assert grpc_edges == SERVICE_EDGES
+                  for caller, port in pairs if port == "grpc" and caller in services}
+    assert grpc_edges == (SERVICE_EDGES | EMBEDDER_EDGES if EMBEDDER in services
+                          else SERVICE_EDGES)
     client_targets = {callee for callee, pairs in allowed.items() if (CLIENT, "grpc") in pairs}
     assert client_targets == {"shard", "artifacts", "compactor"}, "governance takes no clients"
     for callee, pairs in allowed.items():
@@ -343,7 +363,7 @@ def test_network_policy_edges_are_exactly_the_trust_boundaries(overlay: Rendered
 
 
 def test_named_policy_ports_exist_on_every_selected_pod(overlay: Rendered) -> None:
-    for service in SERVICES:
+    for service in _services(overlay):
         container = _container(overlay, service)
         for _caller, port in _allowed(overlay)[service]:
             _port(container, port)
@@ -351,14 +371,15 @@ def test_named_policy_ports_exist_on_every_selected_pod(overlay: Rendered) -> No
 
 def test_replicas_and_rollout_per_overlay(overlay: Rendered) -> None:
     name, _ = overlay
-    replicas = {s: _deployment(overlay, s)["spec"]["replicas"] for s in SERVICES}
+    replicas = {s: _deployment(overlay, s)["spec"]["replicas"] for s in _services(overlay)}
     compactor = _deployment(overlay, "compactor")
     assert replicas["compactor"] == 1 and compactor["spec"]["strategy"]["type"] == "Recreate"
     if name == "dev":
         assert set(replicas.values()) == {1}
     else:
-        assert all(replicas[s] >= 2 for s in ("shard", "governance", "artifacts")), replicas
+        replicated = [s for s in replicas if s != "compactor"]
+        assert all(replicas[s] >= 2 for s in replicated), replicas
         budgets = _objects(overlay, "PodDisruptionBudget")
-        for service in ("shard", "governance", "artifacts"):
+        for service in replicated:
             assert budgets[f"engram-{service}"]["spec"]["selector"]["matchLabels"] == {
                 "app.kubernetes.io/name": f"engram-{service}"}

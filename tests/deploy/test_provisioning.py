@@ -25,7 +25,7 @@ from services.common.tokens import (
     rotate_signing_key,
 )
 from tests.conftest import inspect_token, require
-from tests.deploy.conftest import ROOT, SERVICES, kustomize
+from tests.deploy.conftest import EMBEDDER, ROOT, SERVICES, kustomize
 from tests.pki import issue, write_pair
 
 BIN = str(Path(sys.executable).parent)
@@ -84,7 +84,7 @@ def test_compose_init_provisions_keys_tokens_and_buckets_once(
     public = signing / "signing.pub"
     admin = _verify(public, signing / "admin.token")
     assert admin.roles == {"admin", "governor"} and admin.fleet_id == "default"
-    callers = ("shard", "artifacts", "compactor")
+    callers = ("shard", "artifacts", "compactor", EMBEDDER)
     for service in callers:
         principal = _verify(run / service / "signing.pub", run / service / f"{service}.token")
         assert (principal.agent_id, principal.fleet_id, principal.roles) == (
@@ -92,7 +92,9 @@ def test_compose_init_provisions_keys_tokens_and_buckets_once(
         assert principal.expires_at - principal.issued_at == 30 * 86400
     audience = inspect_token((run / "compactor" / "compactor.token").read_text().strip())
     assert audience["claims"]["aud"] == ["artifacts", "governance", "shard"]
-    for service in SERVICES:
+    embedder = inspect_token((run / EMBEDDER / f"{EMBEDDER}.token").read_text().strip())
+    assert embedder["claims"]["aud"] == ["governance"], "it calls governance alone"
+    for service in (*SERVICES, EMBEDDER):
         files = {p.name for p in (run / service).iterdir()}
         expected = {"signing.pub", f"{service}.token"} if service in callers else {
             "signing.pub"}
@@ -189,7 +191,8 @@ def test_secrets_script_publishes_retired_keys_during_a_rotation(tmp_path: Path)
     assert inspect_token(token)["header"]["kid"] == new_kid, "new tokens use the new key"
 
 
-def _tls_dir(tmp_path: Path, services: tuple[str, ...] = (*SERVICES, "gateway")) -> Path:
+def _tls_dir(tmp_path: Path,
+             services: tuple[str, ...] = (*SERVICES, "gateway", EMBEDDER)) -> Path:
     directory = tmp_path / "tls"
     directory.mkdir()
     ca_cert, ca_key = issue("engram-ca", x509.Name([]), None, ca=True)  # type: ignore[arg-type]
@@ -218,6 +221,45 @@ def test_secrets_script_writes_the_tls_secrets_of_the_tls_overlay(tmp_path: Path
         assert data == {"tls.crt": (tls / f"{service}.crt").read_bytes(),
                         "tls.key": (tls / f"{service}.key").read_bytes(),
                         "ca.crt": (tls / "ca.crt").read_bytes()}
+
+
+@pytest.mark.parametrize("overlay", ["prod-embedder", "prod-tls-embedder"])
+def test_secrets_script_with_the_embedder_writes_what_its_overlays_need(
+        tmp_path: Path, overlay: str) -> None:
+    extra = {"ENGRAM_TLS_DIR": str(_tls_dir(tmp_path))} if "tls" in overlay else {}
+    result = _run_secrets(_secrets_env(tmp_path, ENGRAM_WITH_EMBEDDER="1",
+                                       ENGRAM_S3_ACCESS_KEY_ID="AKIA",
+                                       ENGRAM_S3_SECRET_ACCESS_KEY="s3cr3t", **extra))
+    assert result.returncode == 0, result.stderr
+    secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(result.stdout) if d}
+    required, optional = _referenced_secrets(kustomize(overlay))
+    assert set(secrets) == required | optional
+    version = kubernetes_validate.latest_version()
+    for secret in secrets.values():
+        kubernetes_validate.validate(secret, version, strict=True)
+    token = tmp_path / "embedder.token"
+    token.write_bytes(base64.b64decode(secrets["engram-embedder-service-token"]["data"]["token"]))
+    public = tmp_path / "signing.pub"
+    public.write_bytes(base64.b64decode(secrets["engram-auth-public-key"]["data"]["signing.pub"]))
+    principal = _verify(public, token)
+    assert (principal.agent_id, principal.fleet_id, principal.roles) == (
+        "svc-embedder", "system", frozenset({"service"}))
+    assert inspect_token(token.read_text().strip())["claims"]["aud"] == ["governance"]
+
+
+def test_secrets_script_leaves_the_embedder_out_unless_asked(tmp_path: Path) -> None:
+    result = _run_secrets(_secrets_env(tmp_path, ENGRAM_TLS_DIR=str(_tls_dir(tmp_path))))
+    assert result.returncode == 0, result.stderr
+    assert "engram-embedder" not in result.stdout
+    refused = _run_secrets(_secrets_env(tmp_path, ENGRAM_WITH_EMBEDDER="yes"))
+    assert refused.returncode == 2 and "ENGRAM_WITH_EMBEDDER" in refused.stderr
+    assert refused.stdout == ""
+    (tmp_path / "partial").mkdir()
+    no_cert = _tls_dir(tmp_path / "partial", services=(*SERVICES, "gateway"))
+    missing = _run_secrets(_secrets_env(tmp_path, ENGRAM_WITH_EMBEDDER="1",
+                                        ENGRAM_TLS_DIR=str(no_cert)))
+    assert missing.returncode == 2 and "embedder.crt" in missing.stderr
+    assert missing.stdout == ""
 
 
 def test_secrets_script_checks_the_tls_files_before_printing_anything(tmp_path: Path) -> None:
