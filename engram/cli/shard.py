@@ -323,6 +323,7 @@ def _verify_fleet(client: ShardClient, as_json: bool) -> pb.VerifyRecordsRespons
         for page in client.verify_pages():
             total.checked += page.checked
             total.tombstoned += page.tombstoned
+            total.tombstones_unconfirmed += page.tombstones_unconfirmed
             total.failures.extend(page.failures)
             progress.update(task, completed=total.checked)
     return total
@@ -338,8 +339,10 @@ def verify(
         "governance's gate decisions instead of re-hashing them (governor or admin token)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-hash records, or reconcile them with gate decisions (--gate); exit code 1 on any
-    failure."""
+    """Re-hash records and check tombstones (each erased record's must be listed by the
+    erasure governance recorded), or reconcile records with gate decisions (--gate); exit code
+    1 on any failure, 2 when none was found but some tombstones could not be confirmed
+    (governance unreachable)."""
     if gate:
         audit = _gate_audit(record_id, as_json)
         _report_gate(audit, as_json)
@@ -357,15 +360,23 @@ def verify(
             "expected_hash": f.expected_hash,
             "actual_hash": f.actual_hash,
             "detail": f.detail,
+            "reason": f.reason,
+            "erasure_id": f.erasure_id,
         }
         for f in report.failures
     ]
+    unconfirmed = report.tombstones_unconfirmed
     if as_json:
         emit_json({"checked": report.checked, "tombstoned": report.tombstoned,
-                   "ok": not failures, "failures": failures})
+                   "tombstones_unconfirmed": unconfirmed,
+                   "ok": not failures and not unconfirmed, "failures": failures})
     else:
         for failure in failures:
             console.print(f"[red]FAIL[/red] {failure['detail']}")
+        if unconfirmed:
+            console.print(f"[yellow]{unconfirmed} tombstones unconfirmed[/yellow]: governance "
+                          "could not be asked whether their erasures list them; verify again "
+                          "when it is reachable")
         erased = f" and {report.tombstoned} erased (tombstones)" if report.tombstoned else ""
         console.print(
             f"checked {report.checked} records{erased}: "
@@ -377,6 +388,8 @@ def verify(
         )
     if failures:
         raise typer.Exit(1)
+    if unconfirmed:
+        raise typer.Exit(2)
 
 
 def import_(

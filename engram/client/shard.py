@@ -280,7 +280,9 @@ class ShardClient(BaseClient):
         self, ids: Sequence[str] = (), *, all_records: bool = False
     ) -> pb.VerifyRecordsResponse:
         """Re-hash the records named, or (``all_records``) every record and tombstone of the
-        fleet, a page a call (:meth:`verify_pages`), summed into one report."""
+        fleet, a page a call (:meth:`verify_pages`), summed into one report. Each tombstone is
+        checked against the erasure it names (``tombstones_unconfirmed``: those governance
+        could not be asked about)."""
         if not all_records:
             return self.call(self.stub.VerifyRecords,
                              pb.VerifyRecordsRequest(ids=string_list("ids", ids)))
@@ -290,6 +292,7 @@ class ShardClient(BaseClient):
         for page in self.verify_pages():
             total.checked += page.checked
             total.tombstoned += page.tombstoned
+            total.tombstones_unconfirmed += page.tombstones_unconfirmed
             total.failures.extend(page.failures)
         return total
 

@@ -6,7 +6,8 @@ The chain check (ReplayEvents, Rehydrate, every snapshot read) sees only a tombs
 tombstone keeps its link, so anyone able to write the database could blank an item's content,
 name an erasure and leave a chain that still verifies. Only governance knows which items an
 erasure listed, so the audit asks it (GetErasure, once per erasure id within the call, through
-the service's ErasureSource). Reads do not: they would depend on governance for every replay.
+the service's ErasureSource: ``services.common.tombstone_audit.ErasureLookup``, which the
+shard's VerifyRecords uses too). Reads do not: they would depend on governance for every replay.
 
 When governance cannot be asked (unreachable, or no governance address), the tombstones whose
 erasure was not read are counted unconfirmed, not failed and not passed: the call still reports
@@ -21,12 +22,9 @@ from dataclasses import dataclass, field
 
 from services.artifacts.domain.entities import StoredTombstone, TombstoneProblem
 from services.common.erasure_source import ErasureSource
-from services.common.errors import EngramError, NotFound
+from services.common.tombstone_audit import INVALID, NOT_IN_ERASURE, ErasureLookup
 
 log = logging.getLogger("engram.artifacts")
-
-NOT_IN_ERASURE = "TOMBSTONE_NOT_IN_ERASURE"
-INVALID = "INVALID_TOMBSTONE"
 
 
 @dataclass
@@ -41,43 +39,11 @@ class TombstoneAudit:
     problems: list[TombstoneProblem] = field(default_factory=list)
 
 
-class ErasureLookup:
-    """The items each erasure of ``fleet_id`` lists, read from governance once per erasure id;
-    after governance failed to answer once, nothing more is asked in this call."""
-
-    def __init__(self, source: ErasureSource | None, fleet_id: str) -> None:
-        self._source = source
-        self._fleet_id = fleet_id
-        self._orders: dict[str, frozenset[tuple[str, str, str]]] = {}
-        self.down = "no governance address" if source is None else ""
-
-    def items(self, erasure_id: str) -> frozenset[tuple[str, str, str]] | None:
-        """What ``erasure_id`` lists for this fleet (empty: governance has no such erasure of
-        this fleet); None when governance could not be asked."""
-        if erasure_id in self._orders:
-            return self._orders[erasure_id]
-        if self.down or self._source is None:
-            return None
-        try:
-            order = self._source.erasure(erasure_id)
-            listed = frozenset(order.items) if order.fleet_id == self._fleet_id else frozenset()
-        except NotFound:
-            listed = frozenset()
-        except EngramError as error:  # unavailable, refused, timed out: not an answer
-            self.down = f"{error.reason or type(error).__name__}: {error}"
-            log.warning("governance could not confirm tombstones' erasures",
-                        extra={"fleet_id": self._fleet_id, "erasure_id": erasure_id,
-                               "error": self.down})
-            return None
-        self._orders[erasure_id] = listed
-        return listed
-
-
 def audit_tombstones(tombstones: Iterable[StoredTombstone], source: ErasureSource | None,
                      fleet_id: str) -> TombstoneAudit:
     """Check each tombstone against the erasure it names (see the module's docstring)."""
     audit = TombstoneAudit()
-    lookup = ErasureLookup(source, fleet_id)
+    lookup = ErasureLookup(source, fleet_id, log)
     for tombstone in tombstones:
         if tombstone.kind == "snapshot":
             if not tombstone.well_formed:
@@ -89,17 +55,16 @@ def audit_tombstones(tombstones: Iterable[StoredTombstone], source: ErasureSourc
         if not tombstone.well_formed:
             problem = INVALID
         else:
-            listed = lookup.items(tombstone.erasure_id)
+            listed = lookup.lists(tombstone.erasure_id, (tombstone.kind,), tombstone.id,
+                                  tombstone.leaf_hash)
             if listed is None:
                 audit.unconfirmed += 1
-            elif (tombstone.kind, tombstone.id, tombstone.leaf_hash) not in listed:
+            elif not listed:
                 problem = NOT_IN_ERASURE
         if problem:
             found = TombstoneProblem(tombstone.kind, tombstone.id, tombstone.run_id,
                                      tombstone.erasure_id, problem, tombstone.leaf_hash)
             log.warning("tombstone integrity problem", extra=found.__dict__)
             audit.problems.append(found)
-    if audit.unconfirmed:
-        log.warning("tombstones left unconfirmed", extra={
-            "fleet_id": fleet_id, "unconfirmed": audit.unconfirmed, "error": lookup.down})
+    lookup.report_unconfirmed(audit.unconfirmed)
     return audit

@@ -467,13 +467,6 @@ class ShardRepository:
         row = session.get(TombstoneRow, record_id)
         return row.to_entity() if row is not None and row.fleet_id == fleet_id else None
 
-    def tombstones(self, session: Session, fleet_id: str) -> Iterator[Tombstone]:
-        """The fleet's erased records, in the order they were written."""
-        rows = session.scalars(select(TombstoneRow).where(TombstoneRow.fleet_id == fleet_id)
-                               .order_by(TombstoneRow.seq).execution_options(yield_per=500))
-        for row in rows:
-            yield row.to_entity()
-
     def erased_among(self, session: Session, ids: Sequence[str]) -> dict[str, str]:
         """Those of ``ids`` erased (any fleet: an id is never reused) -> their erasure."""
         found: dict[str, str] = {}

@@ -23,7 +23,12 @@ from sqlalchemy.orm import Session
 
 from services.common.commitment import new_salt
 from services.common.db import Database
-from services.common.erasure_source import TextScans, is_erasure_id, still_wanted
+from services.common.erasure_source import (
+    ErasureSource,
+    TextScans,
+    is_erasure_id,
+    still_wanted,
+)
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -39,6 +44,7 @@ from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
+from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup
 from services.shard.domain import crossrefs, records
 from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.domain.domains import (
@@ -125,6 +131,15 @@ class VerifyReport:
     checked: int
     failures: list[EngramError]
     tombstoned: int = 0
+    unconfirmed: int = 0
+    """Of ``tombstoned``, those whose erasure governance could not be asked about."""
+
+
+ERASED_KINDS = ("record", "summary")
+"""The kinds under which an erasure lists a record (a compaction summary is a record)."""
+AUDIT_CHUNK = 1000
+"""Tombstones read, checked and audited together in a whole-fleet verification in one call:
+the database session is closed before governance is asked, and memory stays bounded."""
 
 
 class ShardService:
@@ -742,23 +757,29 @@ class ShardService:
     # -- integrity ----------------------------------------------------------
 
     def verify(self, principal: Principal, ids: Sequence[str], everything: bool,
-               active: Callable[[], bool] = lambda: True) -> VerifyReport:
+               active: Callable[[], bool] = lambda: True,
+               erasures: ErasureSource | None = None) -> VerifyReport:
+        """Re-hash the records named (or every record of the fleet) and check their
+        tombstones: each re-derives its leaf, has a tombstone's form and is listed by the
+        erasure it names, as governance (``erasures``) recorded it for the fleet."""
         if not ids and not everything:
             raise InvalidArgument("name record ids to verify, or ask for all",
                                   reason="NOTHING_TO_VERIFY")
+        lookup = ErasureLookup(erasures, principal.fleet_id, log)
         if everything:
             with self.whole_fleet_checks.slot("verifying every record of the fleet"):
-                return self._verify(principal, ids, everything, active)
-        return self._verify(principal, ids, everything, active)
+                return self._verify(principal, ids, everything, active, lookup)
+        return self._verify(principal, ids, everything, active, lookup)
 
     def _verify(self, principal: Principal, ids: Sequence[str], everything: bool,
-                active: Callable[[], bool]) -> VerifyReport:
+                active: Callable[[], bool], lookup: ErasureLookup) -> VerifyReport:
         check_limit("ids to verify", len(ids), self.limits.batch_items,
                     "ENGRAM_LIMITS_BATCH_ITEMS", "ids")
         for record_id in ids:
             validate_identifier("id", record_id)
         failures: list[EngramError] = []
-        tombstones: Iterable[records.Tombstone] = ()
+        sound: list[records.Tombstone] = []
+        named: Iterable[records.Tombstone] = ()
         with self.db.session() as session:
             # A row that no longer parses is one more failure; the rest are still checked.
             source: Iterator[Record | IntegrityError]
@@ -768,30 +789,45 @@ class ShardService:
                 found = self.repo.by_ids_checked(session, principal.fleet_id, list(ids))
                 erased = {i: t for i in ids if i not in found
                           and (t := self.repo.tombstone(session, principal.fleet_id, i))}
-                tombstones = erased.values()
                 missing = [i for i in ids if i not in found and i not in erased]
                 if missing:
                     raise NotFound(f"no record {missing[0]!r} in fleet {principal.fleet_id}",
                                    reason="RECORD_NOT_FOUND", metadata={"record_id": missing[0]})
                 source = iter(found[i] for i in dict.fromkeys(ids) if i in found)
+                named = erased.values()
             checked = self._check_records(source, failures, active)
-            if everything:
-                tombstones = self.repo.tombstones(session, principal.fleet_id)
-            tombstoned = self._check_tombstones(tombstones, failures)
-        return self._reported(VerifyReport(checked, failures, tombstoned))
+            tombstoned = self._check_tombstones(named, failures, sound)
+        # Governance is asked with no database session open.
+        unconfirmed = self._audit_tombstones(sound, lookup, failures, active)
+        if everything:  # the fleet's tombstones, a chunk at a time
+            after: int | None = 0
+            while after is not None:
+                sound = []
+                with self.db.session() as session:
+                    chunk = self.repo.tombstones_after(session, principal.fleet_id, after,
+                                                       AUDIT_CHUNK)
+                    tombstoned += self._check_tombstones((t for _, t in chunk), failures,
+                                                         sound)
+                after = chunk[-1][0] if len(chunk) == AUDIT_CHUNK else None
+                unconfirmed += self._audit_tombstones(sound, lookup, failures, active)
+        lookup.report_unconfirmed(unconfirmed)
+        return self._reported(VerifyReport(checked, failures, tombstoned, unconfirmed))
 
     def verify_page(self, principal: Principal, after: Sequence[Any] | None, limit: int,
-                    active: Callable[[], bool] = lambda: True
+                    active: Callable[[], bool] = lambda: True,
+                    erasures: ErasureSource | None = None
                     ) -> tuple[VerifyReport, list[Any] | None]:
         """One page of the fleet's verification: at most ``limit`` records after the position
         ``after`` (``["records", seq]``; ``None`` to start), then its tombstones
-        (``["tombstones", seq]``), in one pass of bounded work; the position to go on from, or
-        None after the last."""
+        (``["tombstones", seq]``, each checked against its erasure as :meth:`verify` does,
+        governance asked once per erasure id of the page), in one pass of bounded work; the
+        position to go on from, or None after the last."""
         phase, position = (after[0], after[1]) if after else ("records", 0)
         if phase not in ("records", "tombstones") or not isinstance(position, int):
             raise InvalidArgument("page_token does not name a place in a verification",
                                   reason="INVALID_PAGE_TOKEN")
         failures: list[EngramError] = []
+        sound: list[records.Tombstone] = []
         checked = tombstoned = 0
         following: list[Any] | None = None
         with self.db.session() as session:
@@ -804,12 +840,16 @@ class ShardService:
             left = limit - checked
             if following is None and left > 0:
                 erased = self.repo.tombstones_after(session, principal.fleet_id, position, left)
-                tombstoned = self._check_tombstones((t for _, t in erased), failures)
+                tombstoned = self._check_tombstones((t for _, t in erased), failures, sound)
                 if len(erased) == left:
                     following = ["tombstones", erased[-1][0]]
             elif following is None:  # the records filled the page: the tombstones are next
                 following = ["tombstones", 0]
-        return self._reported(VerifyReport(checked, failures, tombstoned)), following
+        lookup = ErasureLookup(erasures, principal.fleet_id, log)
+        unconfirmed = self._audit_tombstones(sound, lookup, failures, active)
+        lookup.report_unconfirmed(unconfirmed)
+        return (self._reported(VerifyReport(checked, failures, tombstoned, unconfirmed)),
+                following)
 
     @staticmethod
     def _check_records(source: Iterable[Record | IntegrityError], failures: list[EngramError],
@@ -830,7 +870,11 @@ class ShardService:
 
     @staticmethod
     def _check_tombstones(tombstones: Iterable[records.Tombstone],
-                          failures: list[EngramError]) -> int:
+                          failures: list[EngramError],
+                          sound: list[records.Tombstone] | None = None) -> int:
+        """Each tombstone's form: its kept fields re-derive its leaf, it names an erasure id
+        of governance's form and an erase time. Those that pass go to ``sound`` (for
+        :meth:`_audit_tombstones`); the count checked is returned."""
         tombstoned = 0
         for tombstone in tombstones:
             tombstoned += 1
@@ -839,16 +883,47 @@ class ShardService:
                     f"record {tombstone.id} (erased by {tombstone.erasure_id}): its "
                     "tombstone's fields no longer derive its record_hash",
                     reason="TOMBSTONE_HASH_MISMATCH",
-                    metadata={"record_id": tombstone.id, "expected": tombstone.record_hash}))
+                    metadata={"record_id": tombstone.id, "expected": tombstone.record_hash,
+                              "erasure_id": tombstone.erasure_id}))
             elif not is_erasure_id(tombstone.erasure_id) or tombstone.erased_us <= 0:
-                # The form only: that the erasure named lists it is not checked here
-                # (docs/erasure.md, "What verification checks").
                 failures.append(IntegrityError(
                     f"record {tombstone.id}: its tombstone names no erasure id governance "
                     f"issues ({tombstone.erasure_id[:80]!r}) or no erase time",
                     reason="INVALID_TOMBSTONE",
                     metadata={"record_id": tombstone.id, "erasure_id": tombstone.erasure_id}))
+            elif sound is not None:
+                sound.append(tombstone)
         return tombstoned
+
+    @staticmethod
+    def _audit_tombstones(tombstones: Sequence[records.Tombstone], lookup: ErasureLookup,
+                          failures: list[EngramError], active: Callable[[], bool]) -> int:
+        """Each tombstone (of a tombstone's form) against the erasure it names, as governance
+        recorded it for the fleet: listed as a record or summary under the record_hash it
+        kept, else TOMBSTONE_NOT_IN_ERASURE (erased by no erasure: content removed in the
+        database, a tombstone forged). Grouped by erasure, so each is asked about once here
+        (``lookup`` caches it for the rest of the call); the number left unconfirmed
+        (governance could not be asked) is returned."""
+        by_erasure: dict[str, list[records.Tombstone]] = {}
+        for tombstone in tombstones:
+            by_erasure.setdefault(tombstone.erasure_id, []).append(tombstone)
+        unconfirmed = 0
+        for erasure_id, erased in by_erasure.items():
+            still_wanted(active)
+            for tombstone in erased:
+                listed = lookup.lists(erasure_id, ERASED_KINDS, tombstone.id,
+                                      tombstone.record_hash)
+                if listed is None:
+                    unconfirmed += 1
+                elif not listed:
+                    failures.append(IntegrityError(
+                        f"record {tombstone.id}: its tombstone names erasure {erasure_id}, "
+                        "which as governance recorded it for this fleet does not list the "
+                        f"record under its record_hash {tombstone.record_hash[:16]}… (erased "
+                        "by no erasure)", reason=NOT_IN_ERASURE,
+                        metadata={"record_id": tombstone.id, "expected": tombstone.record_hash,
+                                  "erasure_id": erasure_id}))
+        return unconfirmed
 
     def _reported(self, report: VerifyReport) -> VerifyReport:
         for found_bad in report.failures:

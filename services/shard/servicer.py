@@ -402,7 +402,8 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
             filters = {"verify": "all"}
             after = self.pages.decode(request.page_token, filters)
             report, following = self.service.verify_page(
-                principal, after, self.pages.page_size(request.page_size), context.is_active)
+                principal, after, self.pages.page_size(request.page_size), context.is_active,
+                self.eraser.source)
             next_token = self.pages.encode(following, filters) if following else ""
         else:
             if request.all and not (
@@ -413,15 +414,18 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
                     "page_size and follow next_page_token (engram verify --all does)",
                     reason="ROLE_REQUIRED", metadata={"required_roles": "admin,governor"})
             report = self.service.verify(principal, list(request.ids), request.all,
-                                         context.is_active)
+                                         context.is_active, self.eraser.source)
         return pb.VerifyRecordsResponse(
             checked=report.checked, tombstoned=report.tombstoned, next_page_token=next_token,
+            tombstones_unconfirmed=report.unconfirmed,
             failures=[
                 pb.IntegrityFailure(
                     id=f.metadata.get("record_id", ""),
                     expected_hash=f.metadata.get("expected", ""),
                     actual_hash=f.metadata.get("actual", ""),
                     detail=f.message,
+                    reason=f.reason,
+                    erasure_id=f.metadata.get("erasure_id", ""),
                 )
                 for f in report.failures
             ],

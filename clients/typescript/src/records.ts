@@ -195,7 +195,9 @@ export class Records {
 
   /**
    * Re-hashes the records (`"all"`: every record and tombstone of the fleet, a page of
-   * `pageSize` a call, summed into one answer); lists each mismatch.
+   * `pageSize` a call, summed into one answer); lists each mismatch, and each tombstone no
+   * erasure recorded by governance lists (`reason` TOMBSTONE_NOT_IN_ERASURE).
+   * `tombstonesUnconfirmed`: tombstones governance could not be asked about.
    */
   async verify(
     ids: string[] | "all",
@@ -211,6 +213,7 @@ export class Records {
       failures: [],
       tombstoned: 0,
       nextPageToken: "",
+      tombstonesUnconfirmed: 0,
     };
     let pageToken = "";
     do {
@@ -221,6 +224,7 @@ export class Records {
       );
       total.checked += page.checked;
       total.tombstoned += page.tombstoned;
+      total.tombstonesUnconfirmed += page.tombstonesUnconfirmed;
       total.failures.push(...page.failures);
       pageToken = page.nextPageToken;
     } while (pageToken);

@@ -378,28 +378,34 @@ class VerifyRecordsRequest(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[str]] = ..., all: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class IntegrityFailure(_message.Message):
-    __slots__ = ("id", "expected_hash", "actual_hash", "detail")
+    __slots__ = ("id", "expected_hash", "actual_hash", "detail", "reason", "erasure_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HASH_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_HASH_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     expected_hash: str
     actual_hash: str
     detail: str
-    def __init__(self, id: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    reason: str
+    erasure_id: str
+    def __init__(self, id: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ..., detail: _Optional[str] = ..., reason: _Optional[str] = ..., erasure_id: _Optional[str] = ...) -> None: ...
 
 class VerifyRecordsResponse(_message.Message):
-    __slots__ = ("checked", "failures", "tombstoned", "next_page_token")
+    __slots__ = ("checked", "failures", "tombstoned", "next_page_token", "tombstones_unconfirmed")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
     checked: int
     failures: _containers.RepeatedCompositeFieldContainer[IntegrityFailure]
     tombstoned: int
     next_page_token: str
-    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    tombstones_unconfirmed: int
+    def __init__(self, checked: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[IntegrityFailure, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., next_page_token: _Optional[str] = ..., tombstones_unconfirmed: _Optional[int] = ...) -> None: ...
 
 class SnapshotForRunRequest(_message.Message):
     __slots__ = ("run_id", "verify")

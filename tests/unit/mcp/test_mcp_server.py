@@ -157,7 +157,7 @@ def test_verify_run_reports_every_tampered_record() -> None:
     assert result.structured_content == {
         "run_id": "run-1", "checked": 2, "ok": False,
         "failures": [{"id": "r2", "expected_hash": "aa", "actual_hash": "bb",
-                      "detail": "content hash mismatch"}]}
+                      "detail": "content hash mismatch", "reason": "", "erasure_id": ""}]}
     assert [c[1] for c in backends.calls] == ["snapshot", "snapshot", "verify"]
 
 

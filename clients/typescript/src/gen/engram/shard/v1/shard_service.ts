@@ -365,6 +365,15 @@ export interface IntegrityFailure {
   expectedHash: string;
   actualHash: string;
   detail: string;
+  /**
+   * What failed, e.g. CONTENT_HASH_MISMATCH, RECORD_HASH_MISMATCH, TOMBSTONE_HASH_MISMATCH,
+   * INVALID_TOMBSTONE (a tombstone not of the form an erasure leaves) or
+   * TOMBSTONE_NOT_IN_ERASURE (no erasure governance recorded for this fleet lists the
+   * erased record under the record_hash its tombstone kept: expected_hash).
+   */
+  reason: string;
+  /** A tombstone's failure: the erasure it names. */
+  erasureId: string;
 }
 
 export interface VerifyRecordsResponse {
@@ -380,6 +389,14 @@ export interface VerifyRecordsResponse {
    * empty after the last.
    */
   nextPageToken: string;
+  /**
+   * Of tombstoned, those whose erasure could not be confirmed with governance (it could
+   * not be reached, or this shard has no governance address): their form and record_hash
+   * were checked, but NOT that a recorded erasure lists them. 0 means every tombstone
+   * counted was confirmed or is among failures (TOMBSTONE_NOT_IN_ERASURE); verify again
+   * when governance is back.
+   */
+  tombstonesUnconfirmed: number;
 }
 
 export interface SnapshotForRunRequest {
@@ -4370,7 +4387,7 @@ export const VerifyRecordsRequest: MessageFns<VerifyRecordsRequest> = {
 };
 
 function createBaseIntegrityFailure(): IntegrityFailure {
-  return { id: "", expectedHash: "", actualHash: "", detail: "" };
+  return { id: "", expectedHash: "", actualHash: "", detail: "", reason: "", erasureId: "" };
 }
 
 export const IntegrityFailure: MessageFns<IntegrityFailure> = {
@@ -4386,6 +4403,12 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
     }
     if (message.detail !== "") {
       writer.uint32(34).string(message.detail);
+    }
+    if (message.reason !== "") {
+      writer.uint32(42).string(message.reason);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(50).string(message.erasureId);
     }
     return writer;
   },
@@ -4435,6 +4458,22 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
             message.detail = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4461,6 +4500,12 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
         ? globalThis.String(object.actual_hash)
         : "",
       detail: isSet(object.detail) ? globalThis.String(object.detail) : "",
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
     };
   },
 
@@ -4478,6 +4523,12 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
     if (message.detail !== "") {
       obj.detail = message.detail;
     }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
     return obj;
   },
 
@@ -4490,12 +4541,14 @@ export const IntegrityFailure: MessageFns<IntegrityFailure> = {
     message.expectedHash = object.expectedHash ?? "";
     message.actualHash = object.actualHash ?? "";
     message.detail = object.detail ?? "";
+    message.reason = object.reason ?? "";
+    message.erasureId = object.erasureId ?? "";
     return message;
   },
 };
 
 function createBaseVerifyRecordsResponse(): VerifyRecordsResponse {
-  return { checked: 0, failures: [], tombstoned: 0, nextPageToken: "" };
+  return { checked: 0, failures: [], tombstoned: 0, nextPageToken: "", tombstonesUnconfirmed: 0 };
 }
 
 export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
@@ -4511,6 +4564,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     }
     if (message.nextPageToken !== "") {
       writer.uint32(34).string(message.nextPageToken);
+    }
+    if (message.tombstonesUnconfirmed !== 0) {
+      writer.uint32(40).int64(message.tombstonesUnconfirmed);
     }
     return writer;
   },
@@ -4560,6 +4616,14 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
             message.nextPageToken = reader.string();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.tombstonesUnconfirmed = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4584,6 +4648,11 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
         : isSet(object.next_page_token)
         ? globalThis.String(object.next_page_token)
         : "",
+      tombstonesUnconfirmed: isSet(object.tombstonesUnconfirmed)
+        ? globalThis.Number(object.tombstonesUnconfirmed)
+        : isSet(object.tombstones_unconfirmed)
+        ? globalThis.Number(object.tombstones_unconfirmed)
+        : 0,
     };
   },
 
@@ -4601,6 +4670,9 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     if (message.nextPageToken !== "") {
       obj.nextPageToken = message.nextPageToken;
     }
+    if (message.tombstonesUnconfirmed !== 0) {
+      obj.tombstonesUnconfirmed = Math.round(message.tombstonesUnconfirmed);
+    }
     return obj;
   },
 
@@ -4613,6 +4685,7 @@ export const VerifyRecordsResponse: MessageFns<VerifyRecordsResponse> = {
     message.failures = object.failures?.map((e) => IntegrityFailure.fromPartial(e)) || [];
     message.tombstoned = object.tombstoned ?? 0;
     message.nextPageToken = object.nextPageToken ?? "";
+    message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
     return message;
   },
 };

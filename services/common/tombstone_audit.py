@@ -1,0 +1,93 @@
+"""Checking tombstones against the erasures governance recorded (docs/erasure.md), shared by
+the artifacts service's VerifyArtifacts (events and snapshots erased in place) and the shard's
+VerifyRecords (record tombstones).
+
+A tombstone's form is checked where it is read; that an erasure lists it is not something the
+tombstone can show: anyone able to write a service's database could blank an item, name an
+erasure and leave a chain (or a record's leaf) that still verifies. Only governance knows which
+items an erasure listed, so a verification asks it (GetErasure, through the service's
+ErasureSource, with the service's own token), each erasure id at most once while it is cached.
+
+When governance cannot be asked (unreachable, or no governance address), the tombstones whose
+erasure was not read are counted unconfirmed, not failed and not passed: the call still reports
+everything else, and asks governance nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.common.erasure_source import ErasureSource
+from services.common.errors import EngramError, NotFound
+
+NOT_IN_ERASURE = "TOMBSTONE_NOT_IN_ERASURE"
+"""No erasure governance recorded for the fleet lists the item under the hash it kept."""
+INVALID = "INVALID_TOMBSTONE"
+"""Not a tombstone's form (no erasure id of governance's form, no erase time, content left)."""
+CACHED_ITEMS = 100_000
+"""Items of erasures an :class:`ErasureLookup` keeps at most (ten erasures of the most items
+one may list, MAX_ERASURE_ITEMS); past it the erasures read first are let go (asked again if
+named again), so one verification's memory stays bounded whatever the fleet holds."""
+
+
+class ErasureLookup:
+    """The items each erasure of ``fleet_id`` lists, read from governance once per erasure id
+    while cached (at most ``max_items`` items); after governance failed to answer once, nothing
+    more is asked by this lookup. Make one per call."""
+
+    def __init__(self, source: ErasureSource | None, fleet_id: str,
+                 log: logging.Logger, max_items: int = CACHED_ITEMS) -> None:
+        self._source = source
+        self._fleet_id = fleet_id
+        self._log = log
+        self._max_items = max_items
+        self._orders: dict[str, frozenset[tuple[str, str, str]]] = {}
+        self._cached = 0
+        self.asked = 0
+        """GetErasure calls made (answered or not)."""
+        self.down = "no governance address" if source is None else ""
+
+    def items(self, erasure_id: str) -> frozenset[tuple[str, str, str]] | None:
+        """What ``erasure_id`` lists for this fleet as ``(kind, id, leaf_hash)`` (empty:
+        governance has no such erasure of this fleet); None when governance could not be
+        asked."""
+        if erasure_id in self._orders:
+            return self._orders[erasure_id]
+        if self.down or self._source is None:
+            return None
+        self.asked += 1
+        try:
+            order = self._source.erasure(erasure_id)
+            listed = frozenset(order.items) if order.fleet_id == self._fleet_id else frozenset()
+        except NotFound:
+            listed = frozenset()
+        except EngramError as error:  # unavailable, refused, timed out: not an answer
+            self.down = f"{error.reason or type(error).__name__}: {error}"
+            self._log.warning("governance could not confirm tombstones' erasures",
+                              extra={"fleet_id": self._fleet_id, "erasure_id": erasure_id,
+                                     "error": self.down})
+            return None
+        self._keep(erasure_id, listed)
+        return listed
+
+    def lists(self, erasure_id: str, kinds: tuple[str, ...], item_id: str,
+              leaf_hash: str) -> bool | None:
+        """Whether ``erasure_id`` lists ``item_id`` under ``leaf_hash`` as one of ``kinds``;
+        None when governance could not be asked."""
+        listed = self.items(erasure_id)
+        if listed is None:
+            return None
+        return any((kind, item_id, leaf_hash) in listed for kind in kinds)
+
+    def report_unconfirmed(self, unconfirmed: int) -> None:
+        """Log the tombstones left unconfirmed by this lookup's call, if any."""
+        if unconfirmed:
+            self._log.warning("tombstones left unconfirmed", extra={
+                "fleet_id": self._fleet_id, "unconfirmed": unconfirmed, "error": self.down})
+
+    def _keep(self, erasure_id: str, listed: frozenset[tuple[str, str, str]]) -> None:
+        while self._orders and self._cached + len(listed) > self._max_items:
+            oldest = next(iter(self._orders))
+            self._cached -= len(self._orders.pop(oldest))
+        self._orders[erasure_id] = listed
+        self._cached += len(listed)
