@@ -132,10 +132,16 @@ class _Child:
         self.name, self.dimension = value
 
     def call(self, conn: Connection, texts: Sequence[str]) -> Vectors:
+        self.send(conn, texts)
+        return self.reply(conn)
+
+    def send(self, conn: Connection, texts: Sequence[str]) -> None:
         try:
             conn.send(list(texts))
         except (OSError, ValueError):
             raise self._gone() from None
+
+    def reply(self, conn: Connection) -> Vectors:
         ok, value = self._receive(conn)
         if not ok:
             raise RuntimeError(f"the embedder process failed: {value}")
@@ -206,6 +212,23 @@ class ProcessEmbedder:
         finally:
             child.free.put(conn)
 
+    def embed_started(self, texts: Sequence[str]) -> PendingVectors:
+        """Foreground, in two halves: the texts go to the child now, from the caller's thread,
+        and the vectors are read when the caller asks for them (:class:`PendingVectors`), so
+        a search scores BM25 while the child embeds its query without a thread between them.
+        The caller must end it (call it, or :meth:`PendingVectors.settle`): until then it
+        holds one of the foreground pipes."""
+        if not texts:
+            return PendingVectors.ready(np.zeros((0, self.dimension), dtype=np.float32))
+        child = self._current()
+        conn = child.free.get()
+        try:
+            child.send(conn, texts)
+        except EmbedderUnavailable:
+            child.free.put(conn)
+            return PendingVectors.ready(self.embed(texts))  # a new child, as embed() does
+        return PendingVectors(self, child, conn, texts)
+
     def embed_background(self, texts: Sequence[str]) -> Vectors:
         """Background: the indexer's batches, at lower priority."""
         if not texts:
@@ -230,3 +253,57 @@ class ProcessEmbedder:
         with self._lock:
             self._closed = True
         self._child.close()
+
+
+class PendingVectors:
+    """Vectors of texts already sent to the embedder process on a foreground pipe: the first
+    call waits for them (later calls give the same vectors or raise the same error). A child
+    that died meanwhile is replaced and the texts embedded again, as
+    :meth:`ProcessEmbedder.embed` does. Not thread-safe: one caller owns it."""
+
+    def __init__(self, owner: ProcessEmbedder | None, child: _Child | None,
+                 conn: Connection | None, texts: Sequence[str]) -> None:
+        self._owner, self._child, self._conn, self._texts = owner, child, conn, texts
+        self._vectors: Vectors | None = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def ready(cls, vectors: Vectors) -> PendingVectors:
+        pending = cls(None, None, None, ())
+        pending._vectors = vectors
+        return pending
+
+    def __call__(self) -> Vectors:
+        if self._conn is not None:
+            self._receive()
+        if self._error is not None:
+            raise self._error
+        assert self._vectors is not None
+        return self._vectors
+
+    def settle(self) -> None:
+        """Read the reply if nobody asked for it (the pipe is then free for the next call)."""
+        if self._conn is not None:
+            self._receive()
+
+    def _receive(self) -> None:
+        owner, child, conn = self._owner, self._child, self._conn
+        assert owner is not None and child is not None and conn is not None
+        self._conn = None
+        try:
+            self._vectors = child.reply(conn)
+        except EmbedderUnavailable as error:
+            child.free.put(conn)
+            conn = None
+            if child.process.is_alive():
+                self._error = error
+            else:  # the child died under this call: once more on the new child
+                try:
+                    self._vectors = owner.embed(self._texts)
+                except Exception as again:
+                    self._error = again
+        except Exception as error:
+            self._error = error
+        finally:
+            if conn is not None:
+                child.free.put(conn)

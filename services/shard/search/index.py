@@ -137,6 +137,10 @@ def _lexical_if_unavailable(
     return vector
 
 
+def _nothing() -> None:
+    return None
+
+
 def _previous_query(previous: EmbeddingProvider, text: str) -> np.ndarray | None:
     """The query embedded by the model being replaced; None if it cannot be (the model was
     let go as the re-embedding ended, or it failed): only the new model's vectors rank then."""
@@ -898,33 +902,66 @@ class SearchIndex:
         hybrid); without an embedding provider every mode is lexical. ``doc_filter`` (or
         ``run_id`` alone) restricts the candidates before they are scored.
 
-        The query is embedded on a pool thread while this one catches up and scores BM25
-        (ONNX Runtime releases the GIL), so hybrid pays max(embed, lexical), not the sum.
+        The query is embedded while this thread catches up and scores BM25, so hybrid pays
+        max(embed, lexical), not the sum: sent to the embedder process from this thread and
+        read back when the scoring needs it (``_start_query``), or, for an in-process or
+        remote model, embedded on a pool thread (ONNX Runtime releases the GIL).
         """
         self.require_ready()
         if self.embedder is None:
             mode = "lexical"
         vector: np.ndarray | Callable[[], np.ndarray | None] | None = None
         previous_vector: Callable[[], np.ndarray | None] | None = None
+        settle: Callable[[], None] = _nothing
         if mode != "lexical":
             if query_vector is not None:
                 vector = query_vector
             else:
-                pending = self._query_pool.submit(self.embed_query, text).result
+                pending, settle = self._start_query(text)
                 vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
             previous = self.previous
             if previous is not None and query_vector is None and self._holds_previous(fleet_id):
                 previous_vector = self._query_pool.submit(_previous_query, previous, text).result
-        self.sync()
-        with self._fleet(fleet_id) as index:
-            if index is None:
-                return []
-            flt = doc_filter if doc_filter is not None else DocFilter(run_id=run_id)
-            allowed = index.mask(flt)
-            if allowed is not None and not allowed.any():
-                return []
-            found = index.search(text, vector, mode, allowed, previous_vector)
-            return [(index.ids[doc], score) for doc, score in found]
+        try:
+            self.sync()
+            with self._fleet(fleet_id) as index:
+                if index is None:
+                    return []
+                flt = doc_filter if doc_filter is not None else DocFilter(run_id=run_id)
+                allowed = index.mask(flt)
+                if allowed is not None and not allowed.any():
+                    return []
+                found = index.search(text, vector, mode, allowed, previous_vector)
+                return [(index.ids[doc], score) for doc, score in found]
+        finally:
+            settle()  # a query vector nobody asked for (no candidates): free its pipe
+
+    def _start_query(self, text: str) -> tuple[Callable[[], np.ndarray], Callable[[], None]]:
+        """The query's embedding, begun: (its vector when called, what ends it unasked).
+
+        The embedder process (``embed_started``) gets the text from this thread at once: a
+        pool thread in between would have to take the GIL from this one, busy scoring BM25,
+        to send it, and again to hand the reply over (measured at 10k records: see
+        docs/retrieval.md). Other providers embed on the query pool."""
+        assert self.embedder is not None
+        started = getattr(self.embedder, "embed_started", None)
+        if started is None:
+            return self._query_pool.submit(self.embed_query, text).result, _nothing
+        try:
+            pending = started([text])
+        except Unavailable as error:  # no child could start: raised where the vector is read
+            failure = error
+
+            def failed() -> np.ndarray:
+                raise failure
+
+            return failed, _nothing
+
+        def first_row() -> np.ndarray:
+            row: np.ndarray = pending()[0]
+            return row
+
+        return first_row, pending.settle
 
     def nearest(self, fleet_id: str, text: str, k: int) -> list[tuple[str, float]]:
         """Plain cosine nearest neighbours (no context), e.g. for duplicate detection."""

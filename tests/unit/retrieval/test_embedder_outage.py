@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -33,11 +33,31 @@ class _FlakyEmbedder(HashEmbedder):
         return super().embed(texts)
 
 
-@pytest.fixture
-def shard(tmp_path: Path) -> tuple[ShardService, _FlakyEmbedder]:
+class _FlakyStartedEmbedder(_FlakyEmbedder):
+    """Like the embedder process: a query is sent first (``embed_started``) and read later;
+    while ``down`` no child can start, so the sending fails."""
+
+    settled = 0
+
+    def embed_started(self, texts: Sequence[str]) -> Callable[[], Vectors]:
+        vectors = self.embed(texts)
+        embedder = self
+
+        class Pending:
+            def __call__(self) -> Vectors:
+                return vectors
+
+            def settle(self) -> None:
+                embedder.settled += 1
+
+        return Pending()
+
+
+@pytest.fixture(params=[_FlakyEmbedder, _FlakyStartedEmbedder])
+def shard(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[ShardService, _FlakyEmbedder]:
     database = Database(f"sqlite:///{tmp_path / 'shard.db'}")
     database.upgrade(MIGRATIONS)
-    embedder = _FlakyEmbedder()
+    embedder: _FlakyEmbedder = request.param()
     index = SearchIndex(database, embedder)
     index.warm_up()
     service = ShardService(database, index=index)
@@ -66,3 +86,5 @@ def test_hybrid_ranks_lexically_while_the_embedder_is_down(
     assert raised.value.reason == "EMBEDDER_UNAVAILABLE"
     embedder.down = False
     assert _ids(service, "semantic")[0] == "the garden hose leaks at the tap"
+    if isinstance(embedder, _FlakyStartedEmbedder):  # every started query was ended
+        assert embedder.settled == 2

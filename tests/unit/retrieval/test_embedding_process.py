@@ -137,6 +137,49 @@ def test_a_query_the_death_broke_is_answered_by_the_next_child(
         embedder.close()
 
 
+def test_a_started_query_gives_the_same_vectors_and_frees_its_pipe(
+    child: ProcessEmbedder, in_process: OnnxBertEmbedder
+) -> None:
+    """A search sends its query before scoring BM25 and reads it after (embed_started). Its
+    pipe is free again once the vectors are read or the pending call is settled unread: with
+    two foreground pipes, a third call would otherwise wait for good (checked: without
+    settle() the loop below hangs on its third round)."""
+    expected = in_process.embed(TEXTS)
+    pending = child.embed_started(TEXTS)
+    assert np.array_equal(pending(), expected)
+    assert np.array_equal(pending(), expected)  # read once, kept
+    pending.settle()  # nothing left to read: a no-op
+    done = threading.Event()
+
+    def unread_then_embed() -> None:
+        for _ in range(5):  # more rounds than the embedder has foreground pipes
+            child.embed_started([TEXTS[0]]).settle()
+        assert np.array_equal(child.embed(TEXTS), expected)
+        done.set()
+
+    threading.Thread(target=unread_then_embed, daemon=True).start()
+    assert done.wait(60), "a settled call kept its pipe"
+    assert child.embed_started([]).__call__().shape == (0, 384)
+
+
+def test_a_started_query_the_death_broke_is_answered_by_the_next_child(
+    in_process: OnnxBertEmbedder,
+) -> None:
+    embedder = ProcessEmbedder(threads=1, int8=True)
+    try:
+        first = embedder.pid
+        long_batch = [f"{TEXTS[3]} {i}" for i in range(400)]  # ~1 s of work on one thread
+        outcome = _killed_during(embedder, lambda: embedder.embed_started(long_batch)())
+        assert isinstance(outcome, np.ndarray), outcome
+        assert embedder.pid not in (None, first)
+        assert np.array_equal(outcome, in_process.embed(long_batch))
+        assert np.array_equal(embedder.embed_started(TEXTS)(), in_process.embed(TEXTS))
+    finally:
+        embedder.close()
+    with pytest.raises(EmbedderUnavailable, match="closed"):
+        embedder.embed_started(TEXTS)
+
+
 def test_the_child_exits_when_the_shard_dies() -> None:
     script = (
         "import os, sys\n"
