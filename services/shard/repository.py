@@ -868,17 +868,22 @@ class ShardRepository:
                                .order_by(RECORDS.c.seq).limit(1))
         return int(value) if value is not None else None
 
-    def count_after(self, session: Session, position: int) -> int:
-        """Records committed past ``seq`` ``position`` (all fleets)."""
-        count = session.scalar(select(func.count()).select_from(RECORDS)
-                               .where(RECORDS.c.seq > position))
-        return int(count or 0)
+    def count_after(self, session: Session, position: int, fleet_id: str | None = None) -> int:
+        """Records committed past ``seq`` ``position`` (of ``fleet_id``, else all fleets)."""
+        query = select(func.count()).select_from(RECORDS).where(RECORDS.c.seq > position)
+        if fleet_id is not None:
+            query = query.where(RECORDS.c.fleet_id == fleet_id)
+        return int(session.scalar(query) or 0)
 
-    def count_through(self, session: Session, position: int, gaps: Sequence[int]) -> int:
-        """Records with ``seq <= position``, not counting those among ``gaps``."""
+    def count_through(self, session: Session, position: int, gaps: Sequence[int],
+                      fleet_id: str | None = None) -> int:
+        """Records with ``seq <= position``, not counting those among ``gaps`` (of
+        ``fleet_id``, else all fleets)."""
         query = select(func.count()).select_from(RECORDS).where(RECORDS.c.seq <= position)
         if gaps:
             query = query.where(RECORDS.c.seq.not_in(list(gaps)))
+        if fleet_id is not None:
+            query = query.where(RECORDS.c.fleet_id == fleet_id)
         return int(session.scalar(query) or 0)
 
     def id_at(self, session: Session, seq: int) -> str | None:

@@ -962,7 +962,7 @@ class ShardService:
             total, runs, links = self.repo.counts(session, principal.fleet_id)
             incoming = self.repo.incoming_domain_links(session, principal.fleet_id)
         return FleetStatus(principal.fleet_id, total, runs, links, domains, incoming,
-                           self.search_engine.indexing_lag(),
+                           self.search_engine.indexing_lag(principal.fleet_id),
                            self.search_engine.embedding_model(),
                            self.search_engine.previous_embedding_model())
 

@@ -202,8 +202,9 @@ class SearchEngine:
         if self.index is not None and records:
             self.index.notify()
 
-    def indexing_lag(self) -> int:
-        return self.index.lag() if self.index is not None else 0
+    def indexing_lag(self, fleet_id: str) -> int:
+        """The fleet's records not yet in the vector index."""
+        return self.index.lag(fleet_id) if self.index is not None else 0
 
     def embedding_model(self) -> str:
         if self.index is None or self.index.embedder is None:

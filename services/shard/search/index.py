@@ -185,6 +185,7 @@ class SearchIndex:
         self._fleets: dict[str, _FleetSlot] = {}
         self._cursor = SeqCursor()  # records handed to the fleet indexes (late commits too)
         self._in_flight = 0  # taken from _pending, vectors not in the index yet
+        self._in_flight_fleets: dict[str, int] = {}  # the same, counted by fleet
         self._pending: deque[Pending] = deque()
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         # Taken from _pending for embedding: a write's semantic dedup still compares with them
@@ -785,6 +786,9 @@ class SearchIndex:
                 work = [self._pending.popleft()
                         for _ in range(min(self.batch, len(self._pending)))]
                 self._in_flight = len(work)
+                self._in_flight_fleets = {}
+                for item in work:
+                    self._in_flight_fleets[item[1]] = self._in_flight_fleets.get(item[1], 0) + 1
                 self._to_embed_recent.extend(work)
             if not work:
                 return 0
@@ -798,6 +802,7 @@ class SearchIndex:
             finally:
                 with self._lock:
                     self._in_flight = 0
+                    self._in_flight_fleets = {}
         return len(work)
 
     def _queue_backfill(self) -> None:
@@ -867,18 +872,26 @@ class SearchIndex:
             oldest = self.repo.created_after(session, position)
         return max(0.0, (now_us - oldest) / 1e6) if oldest is not None else 0.0
 
-    def lag(self) -> int:
-        """Committed records not yet in the vector index (0 when caught up or lexical only)."""
+    def lag(self, fleet_id: str | None = None) -> int:
+        """Committed records not yet in the vector index (0 when caught up or lexical only):
+        of ``fleet_id`` (what its GetStatus shows), or of every fleet (the replica's metric). A
+        fleet's count says nothing of other fleets' writes."""
         if self.embedder is None:
             return 0
         with self._lock:
-            waiting = len(self._pending) + self._in_flight
+            if fleet_id is None:
+                waiting = len(self._pending) + self._in_flight
+            else:
+                waiting = sum(1 for item in self._pending if item[1] == fleet_id) + \
+                    self._in_flight_fleets.get(fleet_id, 0)
             position = self._cursor.position
             after, through = self._backfill
+        repo = self.repo
         with self.db.session() as session:
-            backfill = (self.repo.count_through(session, through, [])
-                        - self.repo.count_through(session, after, [])) if after < through else 0
-            return waiting + backfill + self.repo.count_after(session, position)
+            backfill = (repo.count_through(session, through, [], fleet_id)
+                        - repo.count_through(session, after, [], fleet_id)) \
+                if after < through else 0
+            return waiting + backfill + repo.count_after(session, position, fleet_id)
 
     # -- queries ------------------------------------------------------------
 

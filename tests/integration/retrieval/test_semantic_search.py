@@ -490,3 +490,41 @@ def test_a_load_whose_pages_never_read_gives_up_and_the_model_is_let_go(
         assert index.previous is None, "a load that never reads a page kept the model"
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_fleets_status_counts_only_its_own_records_waiting_for_vectors(
+        settings: ShardSettings, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetStatus's indexing_lag counted every fleet's records not yet embedded: a tenant saw
+    the replica's backlog, and from it how fast other fleets write (found in the open list of
+    issue 19). A fleet's status now counts its own; the metric stays replica-wide."""
+    import threading
+
+    from services.shard.search.index import SearchIndex
+
+    release = threading.Event()
+    embed = SearchIndex._index_vectors
+
+    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
+        release.wait(60)
+        embed(index, work)
+
+    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    busy = make_token("agent-busy", "fleet-busy")
+    quiet = make_token("agent-quiet", "fleet-quiet")
+    client, service, server = _serve(settings, busy)
+    try:
+        with ShardClient(server.address, quiet) as other:  # type: ignore[attr-defined]
+            other.add("one note of the quiet fleet about its garden")
+            for i in range(12):
+                client.add(f"note {i} of the busy fleet about shipping containers")
+            assert client.status().indexing_lag == 12  # nothing embedded while held
+            assert other.status().indexing_lag == 1
+            index = service.search_engine.index
+            assert index is not None and index.lag() == 13  # the replica's, for its metric
+            release.set()
+            _caught_up(client)
+            _caught_up(other)
+    finally:
+        release.set()
+        server.stop(0)  # type: ignore[attr-defined]
