@@ -21,6 +21,8 @@ from services.artifacts.server import build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
 from services.compactor.server import build_compactor_server
 from services.compactor.settings import CompactorSettings
+from services.embedder.server import build_embedder_server
+from services.embedder.settings import EmbedderSettings
 from services.governance.server import build_governance_server
 from services.governance.settings import GovernanceSettings
 from services.shard.server import build_shard_server
@@ -30,6 +32,9 @@ from tests.conftest import require
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_ALERTS = {"EngramErrorRatioHigh", "EngramLatencyP99High", "EngramIndexLagHigh",
                    "EngramIntegrityFailure", "EngramGovernanceUnreachable"}
+EMBEDDER_ALERTS = {"EngramEmbedderDown", "EngramEmbedderUnreachable",
+                   "EngramEmbedderLatencyP99High"}
+EMBEDDER_SERVICE = "engram.embedder.v1.EmbedderService"
 _NAME = re.compile(r"\b((?:engram|grpc_server)_[a-z0-9_]+)\b")
 
 
@@ -45,7 +50,7 @@ def rendered() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Every sample name the four services' registries can export."""
+    """Every sample name the five services' registries can export (the embedder's too)."""
     from services.common.tokens import ensure_keypair
 
     data = tmp_path_factory.mktemp("metrics")
@@ -63,6 +68,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         build_compactor_server(CompactorSettings(
             home=data, port=0, db_url=f"sqlite:///{data / 'c.db'}",
             blob_url=(data / "cblobs").as_uri(), service_token_file=token)).spec.registry,
+        build_embedder_server(EmbedderSettings(
+            home=data, port=0, embedder="hash", allow_test_embedder=True)).spec.registry,
     ]
     names: set[str] = set()
     for registry in registries:
@@ -109,3 +116,31 @@ def test_every_query_reads_a_metric_the_services_export(
     used = {name for query in queries for name in _NAME.findall(query)}
     assert used, "no metric found in the queries"
     assert used <= exported, f"not exported by any service: {sorted(used - exported)}"
+
+
+def test_the_embedder_has_its_alerts_and_they_need_it_deployed(
+    rendered: list[dict[str, Any]],
+) -> None:
+    (rule,) = _by_kind(rendered, "PrometheusRule")
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    missing = EMBEDDER_ALERTS - alerts.keys()
+    assert not missing, f"embedder alerts missing: {sorted(missing)}"
+    down = alerts["EngramEmbedderDown"]["expr"]
+    # optional service: absent() would fire in every stack without it
+    assert "absent(" not in down and "up{" in down and "embedder" in down and "== 0" in down
+    assert "EMBEDDER_UNAVAILABLE" in alerts["EngramEmbedderUnreachable"]["expr"]
+    latency = alerts["EngramEmbedderLatencyP99High"]["expr"]
+    assert EMBEDDER_SERVICE in latency and 'grpc_method="Embed"' in latency
+    # the generic 500 ms p99 alert leaves Embed (seconds-long indexing batches) to its own
+    assert 'grpc_method!="Embed"' in alerts["EngramLatencyP99High"]["expr"]
+    assert "EngramIndexLagHigh" in alerts
+
+
+def test_the_dashboard_has_an_embedder_row(rendered: list[dict[str, Any]]) -> None:
+    (config_map,) = _by_kind(rendered, "ConfigMap")
+    dashboard = json.loads(config_map["data"]["engram-dashboard.json"])
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    assert any(p["type"] == "row" and "Embedder" in p["title"] for p in dashboard["panels"])
+    for needed in (EMBEDDER_SERVICE, "engram_embedder_texts_total",
+                   "engram_embedder_seconds_total", "histogram_quantile(0.99"):
+        assert needed in exprs, needed
