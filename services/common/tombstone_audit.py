@@ -16,6 +16,8 @@ everything else, and asks governance nothing more.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 
 from services.common.erasure_source import ErasureSource
 from services.common.errors import EngramError, NotFound
@@ -30,14 +32,56 @@ one may list, MAX_ERASURE_ITEMS); past it the erasures read first are let go (as
 named again), so one verification's memory stays bounded whatever the fleet holds."""
 
 
+SHARED_ITEMS = 200_000
+"""Items of erasures a service's :class:`RecordedErasures` keeps at most, across calls."""
+
+
+class RecordedErasures:
+    """Erasures governance answered, kept across calls (a service holds one). A recorded
+    erasure never changes, so what governance listed once stays true; without this, any agent
+    paging VerifyRecords again and again made the shard ask governance once per erasure id on
+    every page (found by review). Only found erasures are kept (a missing one may be recorded
+    later); the least recently used are let go past ``max_items`` items."""
+
+    def __init__(self, max_items: int = SHARED_ITEMS) -> None:
+        self._max_items = max_items
+        self._orders: OrderedDict[str, tuple[str, frozenset[tuple[str, str, str]]]] = \
+            OrderedDict()
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def get(self, erasure_id: str) -> tuple[str, frozenset[tuple[str, str, str]]] | None:
+        """(fleet_id, items) of an erasure governance answered before, else None."""
+        with self._lock:
+            found = self._orders.get(erasure_id)
+            if found is not None:
+                self._orders.move_to_end(erasure_id)
+            return found
+
+    def keep(self, erasure_id: str, fleet_id: str,
+             items: frozenset[tuple[str, str, str]]) -> None:
+        if len(items) > self._max_items:
+            return
+        with self._lock:
+            if erasure_id in self._orders:
+                return
+            while self._orders and self._cached + len(items) > self._max_items:
+                _, (_, oldest) = self._orders.popitem(last=False)
+                self._cached -= len(oldest)
+            self._orders[erasure_id] = (fleet_id, items)
+            self._cached += len(items)
+
+
 class ErasureLookup:
     """The items each erasure of ``fleet_id`` lists, read from governance once per erasure id
     while cached (at most ``max_items`` items); after governance failed to answer once, nothing
     more is asked by this lookup. Make one per call."""
 
     def __init__(self, source: ErasureSource | None, fleet_id: str,
-                 log: logging.Logger, max_items: int = CACHED_ITEMS) -> None:
+                 log: logging.Logger, max_items: int = CACHED_ITEMS,
+                 recorded: RecordedErasures | None = None) -> None:
         self._source = source
+        self._recorded = recorded
         self._fleet_id = fleet_id
         self._log = log
         self._max_items = max_items
@@ -53,11 +97,16 @@ class ErasureLookup:
         asked."""
         if erasure_id in self._orders:
             return self._orders[erasure_id]
+        known = self._recorded.get(erasure_id) if self._recorded is not None else None
+        if known is not None:
+            return known[1] if known[0] == self._fleet_id else frozenset()
         if self.down or self._source is None:
             return None
         self.asked += 1
         try:
             order = self._source.erasure(erasure_id)
+            if self._recorded is not None:
+                self._recorded.keep(erasure_id, order.fleet_id, frozenset(order.items))
             listed = frozenset(order.items) if order.fleet_id == self._fleet_id else frozenset()
         except NotFound:
             listed = frozenset()

@@ -44,7 +44,11 @@ from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import Principal, validate_identifier
-from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup
+from services.common.tombstone_audit import (
+    NOT_IN_ERASURE,
+    ErasureLookup,
+    RecordedErasures,
+)
 from services.shard.domain import crossrefs, records
 from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.domain.domains import (
@@ -159,6 +163,7 @@ class ShardService:
         self.limits = limits
         self.dedup, self.dedup_similarity = dedup, dedup_similarity
         self.repo = ShardRepository(database.dialect)
+        self.recorded_erasures = RecordedErasures()  # what VerifyRecords read from governance
         self.written = Tally()
         self.whole_fleet_checks = TextScans()
         """``VerifyRecords`` with ``all`` re-hashes every record of a fleet (about 50 µs each):
@@ -765,7 +770,8 @@ class ShardService:
         if not ids and not everything:
             raise InvalidArgument("name record ids to verify, or ask for all",
                                   reason="NOTHING_TO_VERIFY")
-        lookup = ErasureLookup(erasures, principal.fleet_id, log)
+        lookup = ErasureLookup(erasures, principal.fleet_id, log,
+                               recorded=self.recorded_erasures)
         if everything:
             with self.whole_fleet_checks.slot("verifying every record of the fleet"):
                 return self._verify(principal, ids, everything, active, lookup)
@@ -845,7 +851,8 @@ class ShardService:
                     following = ["tombstones", erased[-1][0]]
             elif following is None:  # the records filled the page: the tombstones are next
                 following = ["tombstones", 0]
-        lookup = ErasureLookup(erasures, principal.fleet_id, log)
+        lookup = ErasureLookup(erasures, principal.fleet_id, log,
+                               recorded=self.recorded_erasures)
         unconfirmed = self._audit_tombstones(sound, lookup, failures, active)
         lookup.report_unconfirmed(unconfirmed)
         return (self._reported(VerifyReport(checked, failures, tombstoned, unconfirmed)),

@@ -10,7 +10,7 @@ import logging
 
 from services.common.erasure_source import ErasureOrder
 from services.common.errors import NotFound, Unavailable
-from services.common.tombstone_audit import ErasureLookup
+from services.common.tombstone_audit import ErasureLookup, RecordedErasures
 
 ERA_A, ERA_B, ERA_C, ERA_D = ("era_" + c * 28 for c in "abcd")
 log = logging.getLogger("test")
@@ -72,3 +72,19 @@ def test_after_governance_failed_nothing_more_is_asked() -> None:
     assert source.asked == [ERA_A, ERA_B]
     assert lookup.down.startswith("GOVERNANCE_UNAVAILABLE")
     assert ErasureLookup(None, "f", log).items(ERA_A) is None
+
+
+def test_erasures_governance_answered_are_not_asked_again_by_later_calls() -> None:
+    # Found by review: any agent paging VerifyRecords again and again made the shard ask
+    # governance once per erasure id on every page (the cache lived for one call).
+    source = Source()
+    recorded = RecordedErasures(max_items=6)
+    for _ in range(3):
+        lookup = ErasureLookup(source, "f", log, recorded=recorded)  # type: ignore[arg-type]
+        assert lookup.lists(ERA_A, ("record",), f"{ERA_A}-1", "1" * 64)
+        assert lookup.items(ERA_C) == frozenset()  # another fleet's lists nothing here
+        assert lookup.items(ERA_D) == frozenset()  # not recorded: asked each call
+    assert source.asked == [ERA_A, ERA_C, ERA_D, ERA_D, ERA_D]
+    ErasureLookup(source, "f", log, recorded=recorded).items(ERA_B)  # 4 more: A is let go
+    ErasureLookup(source, "f", log, recorded=recorded).items(ERA_A)
+    assert source.asked[-2:] == [ERA_B, ERA_A]
