@@ -133,3 +133,29 @@ def test_json_option_help_says_how_numbers_and_json_fields_print() -> None:
     result = CliRunner().invoke(app, ["events", "ls", "--help"], env={"COLUMNS": "200"})
     assert "numbers as numbers" in result.output
     assert "metadata_json -> metadata" in result.output
+
+
+SERVERS = {"up", "mcp", "gateway"}
+"""The commands that run servers in the foreground (they print logs, not answers)."""
+
+
+def test_every_command_but_the_servers_takes_json() -> None:
+    # README: "Every command takes --json and --help" was not true of the three commands that
+    # run servers (found by review); the README names them now, and a new command without
+    # --json fails here.
+    from typer.main import get_command
+
+    missing: list[str] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        children = getattr(command, "commands", None)
+        if children:
+            for name, child in children.items():
+                walk(child, [*path, name])
+            return
+        options = {o for p in getattr(command, "params", []) for o in getattr(p, "opts", [])}
+        if "--json" not in options and " ".join(path) not in SERVERS:
+            missing.append(" ".join(path))
+
+    walk(get_command(app), [])
+    assert missing == []

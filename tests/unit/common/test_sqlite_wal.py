@@ -84,3 +84,14 @@ def test_erasure_purges_at_once_and_auto_checkpoints_do_not_report_the_wal_busy(
     assert busy == []
     assert (tmp_path / "purge.db-wal").stat().st_size == 0
     database.dispose()
+
+
+def test_every_connection_is_wal_with_full_sync(tmp_path: Path) -> None:
+    # README: "SQLite gets WAL and synchronous=FULL": an acknowledged write survives a power
+    # loss only with FULL (2); NORMAL (1) may lose the last commits in WAL mode.
+    database = Database(f"sqlite:///{tmp_path / 'sync.db'}")
+    with database.session() as session:
+        assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert session.execute(text("PRAGMA synchronous")).scalar() == 2
+        assert session.execute(text("PRAGMA secure_delete")).scalar() == 1
+    database.dispose()
