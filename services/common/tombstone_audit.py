@@ -27,11 +27,10 @@ NOT_IN_ERASURE = "TOMBSTONE_NOT_IN_ERASURE"
 INVALID = "INVALID_TOMBSTONE"
 """Not a tombstone's form (no erasure id of governance's form, no erase time, content left)."""
 CACHED_ITEMS = 100_000
-"""Items of erasures an :class:`ErasureLookup` keeps at most (ten erasures of the most items
-one may list, MAX_ERASURE_ITEMS); past it the erasures read first are let go (asked again if
-named again), so one verification's memory stays bounded whatever the fleet holds."""
-
-
+"""Items of erasures an :class:`ErasureLookup` without a service's :class:`RecordedErasures`
+keeps at most (ten erasures of the most items one may list, MAX_ERASURE_ITEMS); past it the
+least recently used are let go (asked again if named again), so one verification's memory
+stays bounded whatever the fleet holds."""
 SHARED_ITEMS = 200_000
 """Items of erasures a service's :class:`RecordedErasures` keeps at most, across calls."""
 
@@ -74,50 +73,46 @@ class RecordedErasures:
 
 class ErasureLookup:
     """The items each erasure of ``fleet_id`` lists, read from governance once per erasure id
-    while cached (at most ``max_items`` items); after governance failed to answer once, nothing
-    more is asked by this lookup. Make one per call."""
+    while kept in ``recorded`` (the service's, shared by its calls; else one of this lookup's
+    own, at most ``max_items`` items); after governance failed to answer once, nothing more is
+    asked by this lookup. Make one per call."""
 
     def __init__(self, source: ErasureSource | None, fleet_id: str,
                  log: logging.Logger, max_items: int = CACHED_ITEMS,
                  recorded: RecordedErasures | None = None) -> None:
         self._source = source
-        self._recorded = recorded
+        self._recorded = recorded if recorded is not None else RecordedErasures(max_items)
+        self._missing: set[str] = set()
+        """Ids governance has no erasure of, asked once a call (one may be recorded later)."""
         self._fleet_id = fleet_id
         self._log = log
-        self._max_items = max_items
-        self._orders: dict[str, frozenset[tuple[str, str, str]]] = {}
-        self._cached = 0
-        self.asked = 0
-        """GetErasure calls made (answered or not)."""
         self.down = "no governance address" if source is None else ""
 
     def items(self, erasure_id: str) -> frozenset[tuple[str, str, str]] | None:
         """What ``erasure_id`` lists for this fleet as ``(kind, id, leaf_hash)`` (empty:
         governance has no such erasure of this fleet); None when governance could not be
         asked."""
-        if erasure_id in self._orders:
-            return self._orders[erasure_id]
-        known = self._recorded.get(erasure_id) if self._recorded is not None else None
+        known = self._recorded.get(erasure_id)
         if known is not None:
             return known[1] if known[0] == self._fleet_id else frozenset()
+        if erasure_id in self._missing:
+            return frozenset()
         if self.down or self._source is None:
             return None
-        self.asked += 1
         try:
             order = self._source.erasure(erasure_id)
-            if self._recorded is not None:
-                self._recorded.keep(erasure_id, order.fleet_id, frozenset(order.items))
-            listed = frozenset(order.items) if order.fleet_id == self._fleet_id else frozenset()
         except NotFound:
-            listed = frozenset()
+            self._missing.add(erasure_id)
+            return frozenset()
         except EngramError as error:  # unavailable, refused, timed out: not an answer
             self.down = f"{error.reason or type(error).__name__}: {error}"
             self._log.warning("governance could not confirm tombstones' erasures",
                               extra={"fleet_id": self._fleet_id, "erasure_id": erasure_id,
                                      "error": self.down})
             return None
-        self._keep(erasure_id, listed)
-        return listed
+        listed = frozenset(order.items)
+        self._recorded.keep(erasure_id, order.fleet_id, listed)
+        return listed if order.fleet_id == self._fleet_id else frozenset()
 
     def lists(self, erasure_id: str, kinds: tuple[str, ...], item_id: str,
               leaf_hash: str) -> bool | None:
@@ -133,10 +128,3 @@ class ErasureLookup:
         if unconfirmed:
             self._log.warning("tombstones left unconfirmed", extra={
                 "fleet_id": self._fleet_id, "unconfirmed": unconfirmed, "error": self.down})
-
-    def _keep(self, erasure_id: str, listed: frozenset[tuple[str, str, str]]) -> None:
-        while self._orders and self._cached + len(listed) > self._max_items:
-            oldest = next(iter(self._orders))
-            self._cached -= len(self._orders.pop(oldest))
-        self._orders[erasure_id] = listed
-        self._cached += len(listed)

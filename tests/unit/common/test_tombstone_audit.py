@@ -1,8 +1,8 @@
 """The erasure lookup both verifications share (services/common/tombstone_audit.py): each
 erasure id is asked about once while cached, the cache holds at most ``max_items`` items (the
-erasures read first are let go and asked again when named again), another fleet's erasure or
-one governance has not lists nothing, and after governance failed to answer nothing more is
-asked."""
+least recently used erasures are let go and asked again when named again), another fleet's
+erasure or one governance has not lists nothing, and after governance failed to answer nothing
+more is asked."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_each_erasure_is_asked_once_within_the_bound() -> None:
     assert source.asked == [ERA_A, ERA_B]
     assert lookup.items(ERA_C) == frozenset()  # another fleet's: lists nothing here
     assert lookup.items(ERA_D) == frozenset()  # none such
-    assert lookup.items(ERA_A) is not None  # still held: C and D hold no items
+    assert lookup.items(ERA_A) is not None  # still held: C's item let B go, used least
     assert source.asked == [ERA_A, ERA_B, ERA_C, ERA_D]
 
 
