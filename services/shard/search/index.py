@@ -35,7 +35,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -184,8 +184,7 @@ class SearchIndex:
         self.context = context or ContextSettings()
         self._fleets: dict[str, _FleetSlot] = {}
         self._cursor = SeqCursor()  # records handed to the fleet indexes (late commits too)
-        self._in_flight = 0  # taken from _pending, vectors not in the index yet
-        self._in_flight_fleets: dict[str, int] = {}  # the same, counted by fleet
+        self._in_flight: Counter[str] = Counter()  # taken from _pending, not indexed yet, by fleet
         self._pending: deque[Pending] = deque()
         self._fresh_vectors: dict[str, np.ndarray] = {}  # embedded at write time (dedup)
         # Taken from _pending for embedding: a write's semantic dedup still compares with them
@@ -785,10 +784,7 @@ class SearchIndex:
             with self._lock:
                 work = [self._pending.popleft()
                         for _ in range(min(self.batch, len(self._pending)))]
-                self._in_flight = len(work)
-                self._in_flight_fleets = {}
-                for item in work:
-                    self._in_flight_fleets[item[1]] = self._in_flight_fleets.get(item[1], 0) + 1
+                self._in_flight = Counter(item[1] for item in work)
                 self._to_embed_recent.extend(work)
             if not work:
                 return 0
@@ -801,8 +797,7 @@ class SearchIndex:
                 raise
             finally:
                 with self._lock:
-                    self._in_flight = 0
-                    self._in_flight_fleets = {}
+                    self._in_flight = Counter()
         return len(work)
 
     def _queue_backfill(self) -> None:
@@ -860,7 +855,8 @@ class SearchIndex:
     def embed_queue(self) -> int:
         """Records handed to the embedder (or queued for it) and not yet embedded."""
         with self._lock:
-            return len(self._pending) + self._in_flight if self.embedder is not None else 0
+            return len(self._pending) + self._in_flight.total() \
+                if self.embedder is not None else 0
 
     def lag_seconds(self, now_us: int) -> float:
         """How old the oldest committed record without a vector is (0 when caught up)."""
@@ -880,10 +876,10 @@ class SearchIndex:
             return 0
         with self._lock:
             if fleet_id is None:
-                waiting = len(self._pending) + self._in_flight
+                waiting = len(self._pending) + self._in_flight.total()
             else:
                 waiting = sum(1 for item in self._pending if item[1] == fleet_id) + \
-                    self._in_flight_fleets.get(fleet_id, 0)
+                    self._in_flight[fleet_id]
             position = self._cursor.position
             after, through = self._backfill
         repo = self.repo
