@@ -174,13 +174,17 @@ class Importer:
                       most_items=ERASURE_ITEMS_PER_CALL, items=lambda e: len(e.items))
         self._carry_out(reader, runs=False)
 
-    def _carry_out(self, reader: BundleReader, *, runs: bool) -> None:
+    def _carry_out(self, reader: BundleReader, *, runs: bool) -> set[str]:
         """Each erasure carried out here, as `engram forget --resume` does (twice erases
         nothing): its records, and with ``runs`` its runs and iteration logs. An imported
-        erasure leaves a run's tombstone here even where the run never was."""
+        erasure leaves a run's tombstone here even where the run never was. Returns their ids."""
         kinds = _CARRIED_OUT if runs else _CARRIED_OUT[:1]
+        carried: set[str] = set()
         for row in reader.rows("erasures"):
-            self._carry_out_one(_parse(row, gpb.Erasure(), "erasures"), kinds)
+            erasure = _parse(row, gpb.Erasure(), "erasures")
+            self._carry_out_one(erasure, kinds)
+            carried.add(erasure.erasure_id)
+        return carried
 
     def _carry_out_here(self, reader: BundleReader, report: ImportReport) -> None:
         """The bundle's erasures, then every other erasure this governance holds for the
@@ -188,12 +192,11 @@ class Importer:
         recorded here (or brought by another bundle) holds items it lists that this instance
         never held, so nothing here erased them: a record, or an event of a run first seen
         now. Carrying an erasure out again erases nothing it erased before."""
-        self._carry_out(reader, runs=True)
+        bundled = self._carry_out(reader, runs=True)
         kinds = [(parts, erased, service) for parts, erased, service in _CARRIED_OUT
                  if any(report.created.get(part) for part in parts)]
         if not kinds:
             return
-        bundled = {str(row.get("erasure_id", "")) for row in reader.rows("erasures")}
         for erasure in self.clients.governance.erasures(page_size=ERASURE_PAGE):
             if erasure.erasure_id not in bundled:
                 self._carry_out_one(erasure, kinds)
