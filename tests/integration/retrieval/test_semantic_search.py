@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +42,21 @@ def _caught_up(client: ShardClient) -> None:
 @pytest.fixture
 def settings(db_url: str, engram_home: Path) -> ShardSettings:
     return ShardSettings(home=engram_home, db_url=db_url, port=0, allow_ungated=True)
+
+
+def _hold_indexing(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Every batch of vectors waits (up to 60 s) until the returned event is set."""
+    from services.shard.search.index import SearchIndex
+
+    release = threading.Event()
+    index_vectors = SearchIndex._index_vectors
+
+    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
+        release.wait(60)
+        index_vectors(index, work)
+
+    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    return release
 
 
 def test_semantic_finds_paraphrase_and_survives_restart(
@@ -227,21 +243,10 @@ def test_the_previous_model_serves_its_vectors_until_the_re_embedding_ends(
     semantic search finds them before the new model has re-embedded any (its queries embedded
     by both); once the re-embedding ends the previous model is let go. Checked: without the
     setting the paraphrase below found nothing while the re-embedding was held."""
-    import threading
-
-    from services.shard.search.index import SearchIndex
-
     token = make_token("agent-prev", "fleet-prev")
     target_id, operator_dir = _written_under_minilm(settings, token, tmp_path,
                                                     "operator-model-2")
-    release = threading.Event()
-    reembed = SearchIndex._index_vectors
-
-    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
-        release.wait(60)
-        reembed(index, work)
-
-    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    release = _hold_indexing(monkeypatch)
     second = settings.model_copy(update={
         "embedder": str(operator_dir), "embed_int8": False, "embed_process": False,
         "previous_embedder": "minilm-fp32"})
@@ -498,18 +503,7 @@ def test_a_fleets_status_counts_only_its_own_records_waiting_for_vectors(
     """GetStatus's indexing_lag counted every fleet's records not yet embedded: a tenant saw
     the replica's backlog, and from it how fast other fleets write (found in the open list of
     issue 19). A fleet's status now counts its own; the metric stays replica-wide."""
-    import threading
-
-    from services.shard.search.index import SearchIndex
-
-    release = threading.Event()
-    embed = SearchIndex._index_vectors
-
-    def held(index: SearchIndex, work: list[tuple[int, str, str, str]]) -> None:
-        release.wait(60)
-        embed(index, work)
-
-    monkeypatch.setattr(SearchIndex, "_index_vectors", held)
+    release = _hold_indexing(monkeypatch)
     busy = make_token("agent-busy", "fleet-busy")
     quiet = make_token("agent-quiet", "fleet-quiet")
     client, service, server = _serve(settings, busy)
