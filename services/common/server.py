@@ -126,6 +126,10 @@ class EngramServer:
         self.health_port: int | None = None
         self.metrics_port: int | None = None
         self._stopped = threading.Event()
+        self._health_lock = threading.Lock()
+        """Held while health is set: SERVING is set only if ``ready()`` holds under it, and a
+        check that fails later (``set_serving(False)`` after ``ready()`` turned false) takes
+        it too, so a warm-up that ends after that check cannot set SERVING over it."""
 
     @property
     def address(self) -> str:
@@ -163,31 +167,38 @@ class EngramServer:
         except Exception:  # the service still serves; it says why it is not ready
             log.exception("warm-up failed: health stays NOT_SERVING")
             return
-        if not self._stopped.is_set():
-            self._set_health(health_pb2.HealthCheckResponse.SERVING)
-            if self.spec.probe is not None:
-                threading.Thread(target=self._watch, args=(self.spec.probe,),
-                                 name=f"{self.spec.name}-probe", daemon=True).start()
+        with self._health_lock:
+            if self._stopped.is_set():
+                return
+            serving = self.spec.ready()  # a check that ran meanwhile (the chain) may say no
+            if serving:
+                self._set_health(health_pb2.HealthCheckResponse.SERVING)
+            else:
+                log.warning("not ready after the warm-up: health stays NOT_SERVING")
+        if self.spec.probe is not None:
+            threading.Thread(target=self._watch, args=(self.spec.probe, serving),
+                             name=f"{self.spec.name}-probe", daemon=True).start()
 
-    def _watch(self, probe: Callable[[], bool]) -> None:
+    def _watch(self, probe: Callable[[], bool], serving: bool) -> None:
         """Readiness follows the probe while serving: NOT_SERVING when the database goes away,
-        SERVING again when it answers, until a stop begins."""
-        serving = True
+        SERVING again when it answers (and ``ready()`` still holds), until a stop begins."""
         while not self._stopped.wait(PROBE_INTERVAL_SECONDS):
             try:
                 ok = probe()
             except Exception:  # a probe that fails is a probe that says no
                 ok = False
-            if ok == serving or self._stopped.is_set():
-                continue
-            serving = ok
-            if ok:
-                log.info("ready again: the probe passes")
-            else:
-                log.warning("not ready: the probe fails (database unreachable?); NOT_SERVING "
-                            "until it passes")
-            self._set_health(health_pb2.HealthCheckResponse.SERVING if ok
-                             else health_pb2.HealthCheckResponse.NOT_SERVING)
+            with self._health_lock:
+                ok = ok and self.spec.ready()
+                if ok == serving or self._stopped.is_set():
+                    continue
+                serving = ok
+                if ok:
+                    log.info("ready again: the probe passes")
+                else:
+                    log.warning("not ready: the probe fails (database unreachable?); "
+                                "NOT_SERVING until it passes")
+                self._set_health(health_pb2.HealthCheckResponse.SERVING if ok
+                                 else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _set_health(self, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         for name in ("", *self.spec.full_names):
@@ -206,8 +217,9 @@ class EngramServer:
         """Health for every name of this service (e.g. NOT_SERVING when a check fails later)."""
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
-        for name in ("", *self.spec.full_names):
-            self._health.set(name, status)
+        with self._health_lock:
+            for name in ("", *self.spec.full_names):
+                self._health.set(name, status)
 
     def stop(self, grace: float | None = None) -> None:
         """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.

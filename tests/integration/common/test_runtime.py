@@ -129,3 +129,42 @@ def test_graceful_stop_flips_health_then_drains(running, make_token: TokenFactor
     channel.close()
     assert status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert "reply" in outcome, outcome.get("error")  # the in-flight call finished
+
+
+def test_a_check_failing_during_the_warm_up_is_not_overwritten_by_serving(
+        engram_home: Path) -> None:
+    """A check that fails while the warm-up still runs (governance's background chain
+    verification finishing first) leaves health NOT_SERVING: the warm-up's end does not set
+    SERVING over it. Found by CI: a truncated chain's start read SERVING after the verification
+    had said NOT_SERVING."""
+    from services.common.server import ServiceSpec, build_server
+    from services.common.settings import ServerSettings
+
+    warming, release = threading.Event(), threading.Event()
+    intact = {"chain": True}
+
+    def warm_up(stopping: threading.Event) -> None:
+        warming.set()
+        release.wait(10)
+
+    spec = ServiceSpec(name="checked", full_names=["engram.test.v1.Checked"],
+                       register=lambda _server: None, policy={}, kinds={},
+                       warm_up=warm_up, ready=lambda: intact["chain"])
+    server = build_server(ServerSettings(home=engram_home, port=0), spec)
+    starting = threading.Thread(target=server.start)
+    starting.start()
+    try:
+        assert warming.wait(10)
+        intact["chain"] = False  # what the background check does when it finds a break
+        server.set_serving(False)
+        release.set()
+        starting.join(10)
+        time.sleep(0.2)  # the warm-up thread's end, had it set SERVING
+        with grpc.insecure_channel(server.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for name in ("", "engram.test.v1.Checked"):
+                status = health.Check(health_pb2.HealthCheckRequest(service=name)).status
+                assert status == health_pb2.HealthCheckResponse.NOT_SERVING, name
+    finally:
+        release.set()
+        server.stop(0)
