@@ -8,11 +8,11 @@ tombstones keep; for ``--match`` the format-2 events and snapshots holding the t
 ``--agent`` the agent's format-2 events in runs other agents started, each erased in place
 with its run kept); governance chains the erasure (who, why, which items); each service then
 erases exactly what governance recorded. A selection larger than one erasure's 10,000 items
-is erased in rounds; for ``--match`` the finds are asked again after each round (what was
-erased no longer matches) until they answer that nothing more holds the text, and a round
-that erases nothing while they still say more fails naming what is left. ``--dry-run`` runs
-the first step only (and says when that first page is not all); ``--resume ERASURE_ID`` runs
-the last again (after a service was down or a run was interrupted).
+is erased in rounds; for ``--match`` the finds of runs holding the text (FindRuns,
+FindIterationLogs) are followed page by page to their end before anything is erased.
+``--dry-run`` runs the first step only (every page of the runs; the shard's first selection
+of records, and it says when that is not all); ``--resume ERASURE_ID`` runs the last again
+(after a service was down or a run was interrupted).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ ROUND = 10_000
 EXTRA_PER_ROUND = ROUND // 2
 """Run, iteration-log, event and snapshot items one erasure takes at most (the rest in the
 next round); the records take what is left of the erasure."""
-FIND_PAGE = ROUND
-"""Runs one FindRuns or FindIterationLogs lists at most (``more`` past that)."""
+FIND_PAGE = 1000
+"""Runs one FindRuns or FindIterationLogs page lists at most (``next_page_token`` past
+that)."""
 
 
 class _Services:
@@ -81,19 +82,35 @@ class _Services:
             items.append(gpb.ErasedItem(kind="iterations", id=run_id, leaf_hash=log.head_hash))
         return items
 
-    def runs_holding(self, text: str) -> _Holding:
+    def runs_holding(self, text: str, as_json: bool) -> _Holding:
         """Runs whose artifacts-side data or iteration log holds the text, and the events
-        and snapshots of them that can be erased in place."""
-        found = self.artifacts.find_runs(text, FIND_PAGE)
-        in_logs = self.compactor.find_iteration_logs(text, FIND_PAGE)
-        logs = [r.run_id for r in in_logs.runs]
+        and snapshots of them that can be erased in place: every page of both finds."""
+        found: list[Any] = []
+        logs: list[str] = []
+        token, pages = "", 0
+        while True:
+            page = self.artifacts.find_runs(text, FIND_PAGE, page_token=token)
+            found += page.runs
+            pages, token = pages + 1, page.next_page_token
+            if not token:
+                break
+            _progress(as_json, f"finding runs holding the text: {len(found)} after "
+                               f"{pages} page(s)")
+        token = ""
+        while True:
+            in_logs = self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token)
+            logs += [r.run_id for r in in_logs.runs]
+            token = in_logs.next_page_token
+            if not token:
+                break
+            _progress(as_json, f"finding iteration logs holding the text: {len(logs)} so far")
         return _Holding(
-            runs=list(dict.fromkeys([*(r.run_id for r in found.runs), *logs])),
-            whole=list(dict.fromkeys([*(r.run_id for r in found.runs if r.whole_run_needed),
+            runs=list(dict.fromkeys([*(r.run_id for r in found), *logs])),
+            whole=list(dict.fromkeys([*(r.run_id for r in found if r.whole_run_needed),
                                       *logs])),
-            items=[gpb.ErasedItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash)
-                   for r in found.runs for i in r.items],
-            runs_more=found.more, logs_more=in_logs.more)
+            items=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
+                                                       leaf_hash=i.leaf_hash)
+                        for r in found for i in r.items}.values()))
 
     def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
         """Every run the agent started, in artifacts and the compactor, and its format-2
@@ -147,19 +164,11 @@ class _Holding:
     """Those holding it where only erasing the whole run removes it."""
     items: list[gpb.ErasedItem] = field(default_factory=list)
     """Format-2 events and snapshots holding it: erased in place, their runs kept."""
-    runs_more: bool = False
-    """FindRuns listed one page: more runs hold the text than it listed."""
-    logs_more: bool = False
-    """FindIterationLogs listed one page: more iteration logs hold it than it listed."""
 
 
-class _NoProgress(Exception):
-    """A round of ``--match`` erased nothing while a find still said more holds the text."""
-
-    def __init__(self, message: str, runs: list[str]) -> None:
-        super().__init__(message)
-        self.message = message
-        self.runs = runs
+def _progress(as_json: bool, message: str) -> None:
+    if not as_json:
+        err_console.print(message)
 
 
 def _unless_absent(call: Any) -> Any:
@@ -216,18 +225,14 @@ def forget(
     legacy: list[str] = []
     listed: list[gpb.ErasedItem] = []
     incomplete = False
-    stuck: _NoProgress | None = None
     try:
         with rpc_errors(as_json):
             if kind == "resume":
                 recorded = services.governance.erasure(value)
                 erasures.append(services.carry_out(value, {i.kind for i in recorded.items}))
             elif kind == "match":
-                try:
-                    listed, incomplete, left = _erase_matching(
-                        services, value, fleet, reason, dry_run, erasures, as_json, whole_runs)
-                except _NoProgress as error:
-                    stuck = error
+                listed, incomplete, left = _erase_matching(
+                    services, value, fleet, reason, dry_run, erasures, as_json, whole_runs)
             else:
                 runs: list[gpb.ErasedItem] = []
                 if kind == "agent":
@@ -246,26 +251,18 @@ def forget(
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
             if incomplete:
-                err_console.print("[yellow]the listing is incomplete: a selection answered "
-                                  "that more matches than one page lists; the erasure itself "
-                                  "goes on in rounds until nothing is left[/yellow]")
-            _warn_left(left, legacy, incomplete)
+                err_console.print("[yellow]the listing is incomplete: the shard's selection "
+                                  "answered that more records match than one page lists; the "
+                                  "erasure itself goes on in rounds until nothing is "
+                                  "left[/yellow]")
+            _warn_left(left, legacy)
         return
     total = sum(len(e["records"]) for e in erasures)
     events = sum(e.get("events_erased", 0) for e in erasures)
     snapshots = sum(e.get("snapshots_erased", 0) for e in erasures)
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
                "erasures": erasures, "runs_holding_text": left,
-               "runs_holding_text_incomplete": incomplete, "format1_events_left": legacy}
-    if stuck is not None:
-        if as_json:
-            emit_json({"error": {"code": "INCOMPLETE", "reason": "FORGET_INCOMPLETE",
-                                 "message": stuck.message, "metadata": {}},
-                       **summary, "runs_holding_text": stuck.runs})
-            raise typer.Exit(1)
-        console.print(f"{total} record(s), {events} event(s) and {snapshots} snapshot(s) "
-                      f"erased in {len(erasures)} erasure(s)")
-        raise fail(stuck.message)
+               "format1_events_left": legacy}
     if as_json:
         emit_json(summary)
         return
@@ -274,13 +271,12 @@ def forget(
     else:
         console.print(f"{total} record(s), {events} event(s) and {snapshots} snapshot(s) "
                       f"erased in {len(erasures)} erasure(s)")
-    _warn_left(left, legacy, incomplete)
+    _warn_left(left, legacy)
 
 
-def _warn_left(left: list[str], legacy: list[str], incomplete: bool = False) -> None:
+def _warn_left(left: list[str], legacy: list[str]) -> None:
     if left:
-        more = " (and more: a find listed only its first page)" if incomplete else ""
-        err_console.print(f"[yellow]{len(left)} run(s){more} still hold the text where only "
+        err_console.print(f"[yellow]{len(left)} run(s) still hold the text where only "
                           "erasing the whole run removes it (metadata, stop reason, event "
                           "types, format-1 events or snapshots, manifests, artifacts, evidence "
                           f"or iteration logs): {', '.join(left[:10])}"
@@ -297,47 +293,19 @@ def _warn_left(left: list[str], legacy: list[str], incomplete: bool = False) -> 
 def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry_run: bool,
                     erasures: list[dict[str, Any]], as_json: bool,
                     whole_runs: bool) -> tuple[list[gpb.ErasedItem], bool, list[str]]:
-    """``--match``: find, erase what was found (in as many erasures as it takes), and find
-    again, until FindRuns (and, with ``whole_runs``, FindIterationLogs) answer ``more=false``:
-    each lists one page, and what was erased no longer matches, so the next find lists the
-    rest. A round that erased nothing while a find still says more fails (``_NoProgress``)
-    naming the runs it listed, never loops and never reports success. Returns what the
-    (last) round listed, whether a listing was one page of more (with ``dry_run``: any
-    selection; otherwise the iteration logs, which only ``whole_runs`` erases) and the runs
-    still holding the text where only erasing the whole run removes it."""
-    left: list[str] = []
-    while True:
-        holding = services.runs_holding(text)
-        if not whole_runs:
-            left = list(dict.fromkeys([*left, *holding.whole]))
-        runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
-                else holding.items)
-        before = len(erasures)
-        listed, records_more = _erase(services, "match", text, fleet, reason, dry_run,
-                                      erasures, as_json, runs)
-        if dry_run:
-            return listed, records_more or holding.runs_more or holding.logs_more, left
-        more = holding.runs_more or (whole_runs and holding.logs_more)
-        if not more:
-            return listed, holding.logs_more and not whole_runs, left
-        if not any(_erased_in_runs(done) for done in erasures[before:]):
-            named = holding.runs
-            raise _NoProgress(
-                f"a find still says more runs hold the text than it lists, but erasing what it "
-                f"listed erased nothing: {len(named)} run(s) listed "
-                f"({', '.join(named[:10])}{' …' if len(named) > 10 else ''}) and more past "
-                "them; they hold it where only erasing the whole run removes it and fill the "
-                "find's page: erase them whole (--whole-runs, or --run) and run this again; "
-                "events and snapshots of runs past them still hold the text", named)
-        if not as_json:
-            err_console.print("a find listed one page of runs holding the text: finding "
-                              "again")
-
-
-def _erased_in_runs(done: dict[str, Any]) -> int:
-    """What an erasure's round erased in artifacts and the compactor."""
-    return int(done.get("events_erased", 0) + done.get("snapshots_erased", 0)
-               + len(done.get("runs", [])) + len(done.get("iteration_logs", [])))
+    """``--match``: find every run holding the text (every page of FindRuns and
+    FindIterationLogs), then erase the records matching it and what the finds listed (in as
+    many erasures as it takes): the events and snapshots holding it in place, or with
+    ``whole_runs`` the runs holding it whole. Returns what the (last) round listed, whether
+    the shard's selection said more records match than it listed (``dry_run`` only: an
+    erasure goes on in rounds) and the runs still holding the text where only erasing the
+    whole run removes it (none with ``whole_runs``)."""
+    holding = services.runs_holding(text, as_json)
+    runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
+            else holding.items)
+    listed, records_more = _erase(services, "match", text, fleet, reason, dry_run,
+                                  erasures, as_json, runs)
+    return listed, records_more, [] if whole_runs else holding.whole
 
 
 def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,

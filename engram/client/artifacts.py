@@ -152,9 +152,11 @@ class ArtifactsClient(BaseClient):
         return self.paginate(self.stub.ListRuns, pb.ListRunsRequest(page_size=page_size),
                              lambda reply: reply.runs)
 
-    def find_runs(self, match: str, limit: int = 0) -> pb.FindRunsResponse:
-        """The runs holding ``match`` anywhere (governor or admin role; reads every blob)."""
-        return self.call(self.stub.FindRuns, pb.FindRunsRequest(match=match, limit=limit))
+    def find_runs(self, match: str, limit: int = 0, page_token: str = "") -> pb.FindRunsResponse:
+        """One page of the runs holding ``match`` anywhere (governor or admin role; reads
+        every blob); ``next_page_token`` lists the rest."""
+        return self.call(self.stub.FindRuns, pb.FindRunsRequest(match=match, limit=limit,
+                                                                page_token=page_token))
 
     def forget_runs(self, erasure_id: str) -> pb.ForgetRunsResponse:
         """Erase the runs governance's erasure of that id lists, and its single events and

@@ -108,10 +108,12 @@ class CompactorClient(BaseClient):
                                                 pb.VerifyRunRequest(run_id=run_id))
         return reply
 
-    def find_iteration_logs(self, match: str, limit: int = 0) -> pb.FindIterationLogsResponse:
-        """The runs whose iteration log holds ``match`` (governor or admin role)."""
-        return self.call(self.stub.FindIterationLogs,
-                         pb.FindIterationLogsRequest(match=match, limit=limit))
+    def find_iteration_logs(self, match: str, limit: int = 0,
+                            page_token: str = "") -> pb.FindIterationLogsResponse:
+        """One page of the runs whose iteration log holds ``match`` (governor or admin
+        role); ``next_page_token`` lists the rest."""
+        return self.call(self.stub.FindIterationLogs, pb.FindIterationLogsRequest(
+            match=match, limit=limit, page_token=page_token))
 
     def forget_iterations(self, erasure_id: str) -> pb.ForgetIterationsResponse:
         """Erase the iteration logs governance's erasure of that id lists (governor, admin)."""

@@ -44,6 +44,7 @@ from services.common.erasure_source import (
     still_wanted,
 )
 from services.common.errors import FailedPrecondition
+from services.common.find_cursor import FindCursor, ItemOrder, runs_from
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 
 log = logging.getLogger("engram.artifacts.erasure")
@@ -117,25 +118,29 @@ class RunEraser:
         return erased, already, in_place
 
     def find(self, fleet_id: str, match: str, limit: int,
-             active: Callable[[], bool] = lambda: True) -> tuple[list[FoundRun], bool]:
-        """The fleet's runs holding ``match`` anywhere (oldest first): the run's metadata and
-        stop reason, its events, snapshots, manifests, artifacts and the evidence citing them,
-        reading every blob;
-        stops when ``active`` says the caller has gone."""
+             active: Callable[[], bool] = lambda: True,
+             start: FindCursor | None = None) -> tuple[list[FoundRun], FindCursor | None]:
+        """The fleet's runs holding ``match`` anywhere (oldest first, from ``start``): the
+        run's metadata and stop reason, its events, snapshots, manifests, artifacts and the
+        evidence citing them, reading every blob; stops when ``active`` says the caller has
+        gone. Returns the runs and where the next page starts (None: no more)."""
         needle = needle_of(match)
         limit = selection_limit(limit)
         with self._scans.slot("FindRuns"):
-            return self._find(fleet_id, needle, limit, active)
+            return self._find(fleet_id, needle, limit, active, start)
 
-    def _find(self, fleet_id: str, needle: str, limit: int,
-              active: Callable[[], bool]) -> tuple[list[FoundRun], bool]:
+    def _find(self, fleet_id: str, needle: str, limit: int, active: Callable[[], bool],
+              start: FindCursor | None) -> tuple[list[FoundRun], FindCursor | None]:
         with self.service.db.session() as session:
             runs = session.execute(select(
-                RunRow.run_id, RunRow.head_hash, RunRow.metadata_json, RunRow.stop_reason).where(
-                RunRow.fleet_id == fleet_id).order_by(RunRow.created_us, RunRow.run_id)).all()
+                RunRow.run_id, RunRow.head_hash, RunRow.metadata_json, RunRow.stop_reason,
+                RunRow.created_us).where(
+                RunRow.fleet_id == fleet_id,
+                runs_from(RunRow.created_us, RunRow.run_id, start)).order_by(
+                RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundRun] = []
         items_found = 0
-        for run_id, head_hash, metadata_json, stop_reason in runs:
+        for run_id, head_hash, metadata_json, stop_reason, created_us in runs:
             still_wanted(active)
             # The run's own record first: StartRun's metadata and StopRun's reason, which
             # GetRun and ListRuns hand every agent of the fleet.
@@ -143,41 +148,47 @@ class RunEraser:
                 ("run metadata", json_holds(metadata_json or "", needle)),
                 ("run stop_reason", holds(stop_reason or "", needle))) if held]
             whole = bool(places)
-            items = self._items(fleet_id, run_id, needle)
+            items = [item for item in self._items(fleet_id, run_id, needle)
+                     if start is None or not start.listed(run_id, item[3])]
             places += [f"{kind} {item_id.rpartition(':')[2] if kind == 'event' else item_id}"
-                       for kind, item_id, _ in items]
+                       for kind, item_id, _, _ in items]
             others = self._places(fleet_id, run_id, needle)
             places += others
             if places:
                 if len(found) == limit or (found and items_found + len(items) >
                                            MAX_ERASURE_ITEMS):
-                    return found, True
-                if len(items) > MAX_ERASURE_ITEMS:  # one run alone: the rest the next time
-                    found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES],
-                                          items[:MAX_ERASURE_ITEMS], whole or bool(others)))
-                    return found, True
-                items_found += len(items)
-                found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES], items,
+                    return found, FindCursor(created_us, run_id,
+                                             start.after_item if start is not None
+                                             and start.run_id == run_id else None)
+                listed = items[:MAX_ERASURE_ITEMS]  # one run alone: the rest the next time
+                found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES],
+                                      [(kind, item_id, leaf) for kind, item_id, leaf, _ in listed],
                                       whole or bool(others)))
-        return found, False
+                if len(items) > MAX_ERASURE_ITEMS:
+                    return found, FindCursor(created_us, run_id, listed[-1][3])
+                items_found += len(items)
+        return found, None
 
-    def _items(self, fleet_id: str, run_id: str, needle: str) -> list[tuple[str, str, str]]:
+    def _items(self, fleet_id: str, run_id: str,
+               needle: str) -> list[tuple[str, str, str, ItemOrder]]:
         """The run's format-2 events and snapshots, not erased yet, whose payload or state
-        holds the text: (kind, id, leaf hash), erasable in place."""
-        items: list[tuple[str, str, str]] = []
+        holds the text: (kind, id, leaf hash, place in the scan), erasable in place."""
+        items: list[tuple[str, str, str, ItemOrder]] = []
         with self.service.db.session() as session:
             events = session.execute(select(EventRow.seq, EventRow.payload_json,
                                             EventRow.hash).where(
                 EventRow.fleet_id == fleet_id, EventRow.run_id == run_id,
                 EventRow.format == 2).order_by(EventRow.seq))
-            items += [("event", f"{run_id}:{seq}", leaf) for seq, payload, leaf in events
-                      if json_holds(payload, needle)]
+            items += [("event", f"{run_id}:{seq}", leaf, (0, seq, ""))
+                      for seq, payload, leaf in events if json_holds(payload, needle)]
             snapshots = session.execute(select(SnapshotRow.snapshot_id, SnapshotRow.state_json,
-                                               SnapshotRow.state_hash).where(
+                                               SnapshotRow.state_hash,
+                                               SnapshotRow.created_us).where(
                 SnapshotRow.fleet_id == fleet_id, SnapshotRow.run_id == run_id,
                 SnapshotRow.format == 2).order_by(SnapshotRow.created_us,
                                                   SnapshotRow.snapshot_id))
-            items += [("snapshot", snapshot_id, leaf) for snapshot_id, state, leaf in snapshots
+            items += [("snapshot", snapshot_id, leaf, (1, created_us, snapshot_id))
+                      for snapshot_id, state, leaf, created_us in snapshots
                       if json_holds(state, needle)]
         return items
 

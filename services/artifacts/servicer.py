@@ -28,6 +28,7 @@ from services.artifacts.service import ArtifactsService, now_us
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import MethodPolicy, current_principal
 from services.common.errors import InvalidArgument
+from services.common.find_cursor import FindCursor, scan_filters
 from services.common.timestamps import time_us
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ArtifactsService"].full_name
@@ -276,13 +277,17 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def FindRuns(self, request: pb.FindRunsRequest,
                  context: grpc.ServicerContext) -> pb.FindRunsResponse:
-        found, more = self.eraser.find(current_principal().fleet_id, request.match,
-                                       request.limit, context.is_active)
+        fleet_id = current_principal().fleet_id
+        pages, filters = self.service.pages, scan_filters("runs", fleet_id, request.match)
+        found, following = self.eraser.find(
+            fleet_id, request.match, request.limit, context.is_active,
+            FindCursor.from_key(pages.decode(request.page_token, filters)))
         return pb.FindRunsResponse(runs=[pb.FoundRun(
             run_id=r.run_id, head_hash=r.head_hash, places=r.places,
             items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
                    for kind, item_id, leaf in r.items],
-            whole_run_needed=r.whole_run_needed) for r in found], more=more)
+            whole_run_needed=r.whole_run_needed) for r in found], more=following is not None,
+            next_page_token=pages.encode(following.key(), filters) if following else "")
 
     def ImportRun(self, request: pb.ImportRunRequest,
                   context: grpc.ServicerContext) -> pb.ImportRunResponse:

@@ -32,6 +32,7 @@ from services.common.erasure_source import (
     still_wanted,
 )
 from services.common.errors import FailedPrecondition, NotFound
+from services.common.find_cursor import FindCursor, runs_from
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.repository import holding_run
@@ -163,29 +164,33 @@ class IterationEraser:
         return erased, already
 
     def find(self, fleet_id: str, match: str, limit: int,
-             active: Callable[[], bool] = lambda: True) -> tuple[list[FoundLog], bool]:
-        """The fleet's iteration logs holding ``match``: hot details, warm lines, and every
-        blob of the run (sealed segments, index files, cold snapshots, gzip read through);
-        stops when ``active`` says the caller has gone."""
+             active: Callable[[], bool] = lambda: True,
+             start: FindCursor | None = None) -> tuple[list[FoundLog], FindCursor | None]:
+        """The fleet's iteration logs holding ``match`` (oldest run first, from ``start``): hot
+        details, warm lines, and every blob of the run (sealed segments, index files, cold
+        snapshots, gzip read through); stops when ``active`` says the caller has gone. Returns
+        the logs and where the next page starts (None: no more)."""
         needle = needle_of(match)
         limit = selection_limit(limit)
         with self._scans.slot("FindIterationLogs"):
-            return self._find(fleet_id, needle, limit, active)
+            return self._find(fleet_id, needle, limit, active, start)
 
-    def _find(self, fleet_id: str, needle: str, limit: int,
-              active: Callable[[], bool]) -> tuple[list[FoundLog], bool]:
+    def _find(self, fleet_id: str, needle: str, limit: int, active: Callable[[], bool],
+              start: FindCursor | None) -> tuple[list[FoundLog], FindCursor | None]:
         with self.db.session() as session:
-            runs = session.execute(select(RunRow.run_id, RunRow.head_hash, RunRow.last_iter)
-                                   .where(RunRow.fleet_id == fleet_id)
+            runs = session.execute(select(RunRow.run_id, RunRow.head_hash, RunRow.last_iter,
+                                          RunRow.created_us)
+                                   .where(RunRow.fleet_id == fleet_id,
+                                          runs_from(RunRow.created_us, RunRow.run_id, start))
                                    .order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundLog] = []
-        for run_id, head_hash, last_iter in runs:
+        for run_id, head_hash, last_iter, created_us in runs:
             still_wanted(active)
             if self._holds(fleet_id, run_id, needle):
                 if len(found) == limit:
-                    return found, True
+                    return found, FindCursor(created_us, run_id)
                 found.append(FoundLog(run_id, head_hash, int(last_iter)))
-        return found, False
+        return found, None
 
     def _holds(self, fleet_id: str, run_id: str, needle: str) -> bool:
         with self.db.session() as session:

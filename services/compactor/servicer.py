@@ -13,6 +13,7 @@ from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 from services.common.admission import READ, WRITE, MethodKinds
 from services.common.auth import PEOPLE, MethodPolicy, current_principal, target_fleet
 from services.common.errors import FailedPrecondition
+from services.common.find_cursor import FindCursor, scan_filters
 from services.common.pagination import PageTokens
 from services.common.timestamps import time_us
 from services.common.tokens import validate_identifier
@@ -168,11 +169,15 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
         if self._eraser is None:
             raise FailedPrecondition("this compactor cannot search for erasure",
                                      reason="GOVERNANCE_REQUIRED")
-        found, more = self._eraser.find(current_principal().fleet_id, request.match,
-                                        request.limit, context.is_active)
+        fleet_id = current_principal().fleet_id
+        filters = scan_filters("iteration_logs", fleet_id, request.match)
+        found, following = self._eraser.find(
+            fleet_id, request.match, request.limit, context.is_active,
+            FindCursor.from_key(self._pages.decode(request.page_token, filters)))
         return pb.FindIterationLogsResponse(runs=[pb.FoundIterationLog(
             run_id=r.run_id, head_hash=r.head_hash, last_iteration=r.last_iteration)
-            for r in found], more=more)
+            for r in found], more=following is not None,
+            next_page_token=self._pages.encode(following.key(), filters) if following else "")
 
     def ForgetIterations(self, request: pb.ForgetIterationsRequest,
                          context: grpc.ServicerContext) -> pb.ForgetIterationsResponse:

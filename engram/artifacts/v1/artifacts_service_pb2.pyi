@@ -148,12 +148,14 @@ class ForgottenRun(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., events: _Optional[int] = ..., snapshots: _Optional[int] = ..., artifacts: _Optional[int] = ..., manifests: _Optional[int] = ..., evidence: _Optional[int] = ...) -> None: ...
 
 class FindRunsRequest(_message.Message):
-    __slots__ = ("match", "limit")
+    __slots__ = ("match", "limit", "page_token")
     MATCH_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     match: str
     limit: int
-    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class FoundRun(_message.Message):
     __slots__ = ("run_id", "head_hash", "places", "items", "whole_run_needed")
@@ -180,12 +182,14 @@ class FoundItem(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
 
 class FindRunsResponse(_message.Message):
-    __slots__ = ("runs", "more")
+    __slots__ = ("runs", "more", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[FoundRun]
     more: bool
-    def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ForgetRunsResponse(_message.Message):
     __slots__ = ("runs", "already_erased", "events_erased", "snapshots_erased", "items_already_erased")

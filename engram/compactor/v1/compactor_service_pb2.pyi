@@ -248,12 +248,14 @@ class VerifyRunResponse(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ...) -> None: ...
 
 class FindIterationLogsRequest(_message.Message):
-    __slots__ = ("match", "limit")
+    __slots__ = ("match", "limit", "page_token")
     MATCH_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     match: str
     limit: int
-    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class FoundIterationLog(_message.Message):
     __slots__ = ("run_id", "head_hash", "last_iteration")
@@ -266,12 +268,14 @@ class FoundIterationLog(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., last_iteration: _Optional[int] = ...) -> None: ...
 
 class FindIterationLogsResponse(_message.Message):
-    __slots__ = ("runs", "more")
+    __slots__ = ("runs", "more", "next_page_token")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[FoundIterationLog]
     more: bool
-    def __init__(self, runs: _Optional[_Iterable[_Union[FoundIterationLog, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[FoundIterationLog, _Mapping]]] = ..., more: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class ForgetIterationsRequest(_message.Message):
     __slots__ = ("erasure_id",)

@@ -228,7 +228,7 @@ def test_forget_leaves_no_byte_of_the_marker(
             assert done["runs_holding_text"] == []
             assert run("forget", "--match", marker) == {
                 "erased": 0, "events_erased": 0, "snapshots_erased": 0, "erasures": [],
-                "runs_holding_text": [], "runs_holding_text_incomplete": False,
+                "runs_holding_text": [],
                 "format1_events_left": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0

@@ -209,6 +209,11 @@ export interface FindRunsRequest {
   match: string;
   /** At most this many runs (1..10000; 0 means 1000). */
   limit: number;
+  /**
+   * A previous response's next_page_token: the runs after those it listed (the
+   * same match and caller; another is INVALID_ARGUMENT INVALID_PAGE_TOKEN).
+   */
+  pageToken: string;
 }
 
 export interface FoundRun {
@@ -238,8 +243,13 @@ export interface FoundItem {
 
 export interface FindRunsResponse {
   runs: FoundRun[];
-  /** More runs hold it than were listed. */
+  /** More runs hold it than were listed (next_page_token lists them). */
   more: boolean;
+  /**
+   * Set when more is: pass it as page_token for the next runs (past a run
+   * whose items filled the page, the rest of that run's items first).
+   */
+  nextPageToken: string;
 }
 
 export interface ForgetRunsResponse {
@@ -1935,7 +1945,7 @@ export const ForgottenRun: MessageFns<ForgottenRun> = {
 };
 
 function createBaseFindRunsRequest(): FindRunsRequest {
-  return { match: "", limit: 0 };
+  return { match: "", limit: 0, pageToken: "" };
 }
 
 export const FindRunsRequest: MessageFns<FindRunsRequest> = {
@@ -1945,6 +1955,9 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
     }
     if (message.limit !== 0) {
       writer.uint32(16).int32(message.limit);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(26).string(message.pageToken);
     }
     return writer;
   },
@@ -1978,6 +1991,14 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
             message.limit = reader.int32();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1994,6 +2015,11 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
     return {
       match: isSet(object.match) ? globalThis.String(object.match) : "",
       limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -2005,6 +2031,9 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
     if (message.limit !== 0) {
       obj.limit = Math.round(message.limit);
     }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
@@ -2015,6 +2044,7 @@ export const FindRunsRequest: MessageFns<FindRunsRequest> = {
     const message = createBaseFindRunsRequest();
     message.match = object.match ?? "";
     message.limit = object.limit ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
@@ -2270,7 +2300,7 @@ export const FoundItem: MessageFns<FoundItem> = {
 };
 
 function createBaseFindRunsResponse(): FindRunsResponse {
-  return { runs: [], more: false };
+  return { runs: [], more: false, nextPageToken: "" };
 }
 
 export const FindRunsResponse: MessageFns<FindRunsResponse> = {
@@ -2280,6 +2310,9 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     }
     if (message.more !== false) {
       writer.uint32(16).bool(message.more);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(26).string(message.nextPageToken);
     }
     return writer;
   },
@@ -2313,6 +2346,14 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
             message.more = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2329,6 +2370,11 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     return {
       runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => FoundRun.fromJSON(e)) : [],
       more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -2340,6 +2386,9 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     if (message.more !== false) {
       obj.more = message.more;
     }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
     return obj;
   },
 
@@ -2350,6 +2399,7 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     const message = createBaseFindRunsResponse();
     message.runs = object.runs?.map((e) => FoundRun.fromPartial(e)) || [];
     message.more = object.more ?? false;
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };

@@ -294,6 +294,11 @@ export interface FindIterationLogsRequest {
   match: string;
   /** At most this many runs (1..10000; 0 means 1000). */
   limit: number;
+  /**
+   * A previous response's next_page_token: the runs after those it listed (the
+   * same match and caller; another is INVALID_ARGUMENT INVALID_PAGE_TOKEN).
+   */
+  pageToken: string;
 }
 
 export interface FoundIterationLog {
@@ -304,7 +309,10 @@ export interface FoundIterationLog {
 
 export interface FindIterationLogsResponse {
   runs: FoundIterationLog[];
+  /** More runs hold it than were listed (next_page_token lists them). */
   more: boolean;
+  /** Set when more is: pass it as page_token for the next runs. */
+  nextPageToken: string;
 }
 
 export interface ForgetIterationsRequest {
@@ -2724,7 +2732,7 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
 };
 
 function createBaseFindIterationLogsRequest(): FindIterationLogsRequest {
-  return { match: "", limit: 0 };
+  return { match: "", limit: 0, pageToken: "" };
 }
 
 export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
@@ -2734,6 +2742,9 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
     }
     if (message.limit !== 0) {
       writer.uint32(16).int32(message.limit);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(26).string(message.pageToken);
     }
     return writer;
   },
@@ -2767,6 +2778,14 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
             message.limit = reader.int32();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2783,6 +2802,11 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
     return {
       match: isSet(object.match) ? globalThis.String(object.match) : "",
       limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -2794,6 +2818,9 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
     if (message.limit !== 0) {
       obj.limit = Math.round(message.limit);
     }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
+    }
     return obj;
   },
 
@@ -2804,6 +2831,7 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
     const message = createBaseFindIterationLogsRequest();
     message.match = object.match ?? "";
     message.limit = object.limit ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
@@ -2922,7 +2950,7 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
 };
 
 function createBaseFindIterationLogsResponse(): FindIterationLogsResponse {
-  return { runs: [], more: false };
+  return { runs: [], more: false, nextPageToken: "" };
 }
 
 export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = {
@@ -2932,6 +2960,9 @@ export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = 
     }
     if (message.more !== false) {
       writer.uint32(16).bool(message.more);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(26).string(message.nextPageToken);
     }
     return writer;
   },
@@ -2965,6 +2996,14 @@ export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = 
             message.more = reader.bool();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2981,6 +3020,11 @@ export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = 
     return {
       runs: globalThis.Array.isArray(object?.runs) ? object.runs.map((e: any) => FoundIterationLog.fromJSON(e)) : [],
       more: isSet(object.more) ? globalThis.Boolean(object.more) : false,
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -2992,6 +3036,9 @@ export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = 
     if (message.more !== false) {
       obj.more = message.more;
     }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
     return obj;
   },
 
@@ -3002,6 +3049,7 @@ export const FindIterationLogsResponse: MessageFns<FindIterationLogsResponse> = 
     const message = createBaseFindIterationLogsResponse();
     message.runs = object.runs?.map((e) => FoundIterationLog.fromPartial(e)) || [];
     message.more = object.more ?? false;
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };

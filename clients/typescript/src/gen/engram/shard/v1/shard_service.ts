@@ -419,8 +419,10 @@ export interface GetStatusResponse {
   totalLinks: number;
   runs: number;
   /**
-   * Records written but not yet in the semantic index: after a change of model, the
-   * records the new model has not embedded yet (the re-embedding's progress).
+   * The caller's fleet's records written but not yet in the semantic index (this
+   * replica; the engram_shard_index_lag_records metric counts every fleet): after a
+   * change of model, the records the new model has not embedded yet (the
+   * re-embedding's progress).
    */
   indexingLag: number;
   /**
