@@ -10,9 +10,8 @@ with its run kept); governance chains the erasure (who, why, which items); each 
 erases exactly what governance recorded. A selection larger than one erasure's 10,000 items
 is erased in rounds; for ``--match`` the finds of runs holding the text (FindRuns,
 FindIterationLogs) are followed page by page to their end before anything is erased.
-``--dry-run`` runs the first step only (every page of the runs; the shard's first selection
-of records, and it says when that is not all); ``--resume ERASURE_ID`` runs the last again
-(after a service was down or a run was interrupted).
+``--dry-run`` runs the first step only (every page of each selection); ``--resume
+ERASURE_ID`` runs the last again (after a service was down or a run was interrupted).
 """
 
 from __future__ import annotations
@@ -224,37 +223,31 @@ def forget(
     left: list[str] = []
     legacy: list[str] = []
     listed: list[gpb.ErasedItem] = []
-    incomplete = False
     try:
         with rpc_errors(as_json):
             if kind == "resume":
                 recorded = services.governance.erasure(value)
                 erasures.append(services.carry_out(value, {i.kind for i in recorded.items}))
             elif kind == "match":
-                listed, incomplete, left = _erase_matching(
+                listed, left = _erase_matching(
                     services, value, fleet, reason, dry_run, erasures, as_json, whole_runs)
             else:
                 runs: list[gpb.ErasedItem] = []
                 if kind == "agent":
                     runs, legacy = services.agent_run_items(value)
-                listed, incomplete = _erase(services, kind, value, fleet, reason, dry_run,
-                                            erasures, as_json, runs)
+                listed = _erase(services, kind, value, fleet, reason, dry_run, erasures,
+                                as_json, runs)
     finally:
         services.close()
     if dry_run:
         items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
-            emit_json({"dry_run": True, "would_erase": items, "incomplete": incomplete,
-                       "runs_holding_text": left, "format1_events_left": legacy})
+            emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left,
+                       "format1_events_left": legacy})
         else:
             for item in items:
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
-            if incomplete:
-                err_console.print("[yellow]the listing is incomplete: the shard's selection "
-                                  "answered that more records match than one page lists; the "
-                                  "erasure itself goes on in rounds until nothing is "
-                                  "left[/yellow]")
             _warn_left(left, legacy)
         return
     total = sum(len(e["records"]) for e in erasures)
@@ -292,44 +285,42 @@ def _warn_left(left: list[str], legacy: list[str]) -> None:
 
 def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry_run: bool,
                     erasures: list[dict[str, Any]], as_json: bool,
-                    whole_runs: bool) -> tuple[list[gpb.ErasedItem], bool, list[str]]:
+                    whole_runs: bool) -> tuple[list[gpb.ErasedItem], list[str]]:
     """``--match``: find every run holding the text (every page of FindRuns and
     FindIterationLogs), then erase the records matching it and what the finds listed (in as
     many erasures as it takes): the events and snapshots holding it in place, or with
-    ``whole_runs`` the runs holding it whole. Returns what the (last) round listed, whether
-    the shard's selection said more records match than it listed (``dry_run`` only: an
-    erasure goes on in rounds) and the runs still holding the text where only erasing the
+    ``whole_runs`` the runs holding it whole. Returns what the (last) round listed (with
+    ``dry_run``, everything) and the runs still holding the text where only erasing the
     whole run removes it (none with ``whole_runs``)."""
     holding = services.runs_holding(text, as_json)
     runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
             else holding.items)
-    listed, records_more = _erase(services, "match", text, fleet, reason, dry_run,
-                                  erasures, as_json, runs)
-    return listed, records_more, [] if whole_runs else holding.whole
+    listed = _erase(services, "match", text, fleet, reason, dry_run, erasures, as_json, runs)
+    return listed, [] if whole_runs else holding.whole
 
 
 def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, dry_run: bool,
            erasures: list[dict[str, Any]], as_json: bool,
-           runs: list[gpb.ErasedItem]) -> tuple[list[gpb.ErasedItem], bool]:
-    """Rounds of select, record, carry out; with ``dry_run`` the first selection only (and
-    every run, event and snapshot item). The run, event and snapshot items ride in the
-    erasures, at most half of one each; the records (and the summaries quoting them, which the
-    shard counts in its limit) take what is left of it. Returns what the last round listed
-    and whether the shard's (first, with ``dry_run``) selection said more records match."""
+           runs: list[gpb.ErasedItem]) -> list[gpb.ErasedItem]:
+    """Rounds of select, record, carry out; with ``dry_run`` every page of the selection
+    and every run, event and snapshot item, nothing erased. The run, event and snapshot items
+    ride in the erasures, at most half of one each; the records (and the summaries quoting
+    them, which the shard counts in its limit) take what is left of it. Returns what the last
+    round listed (with ``dry_run``, everything)."""
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
     pending = services.run_items(value) if kind == "run" else list(runs)
     listed: list[gpb.ErasedItem] = []
     while True:
         extra, pending = pending[:EXTRA_PER_ROUND], pending[EXTRA_PER_ROUND:]
+        if dry_run:
+            return _every_selected(services, selector, value, fleet, as_json) + extra + pending
         selection = services.shard.forget(**{selector: value}, fleet_id=fleet,
                                           limit=ROUND - len(extra))
         listed = [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
                   for r in selection.records] + extra
-        if dry_run:
-            return listed + pending, selection.more
         if not listed:
-            return listed, False
+            return listed
         recorded = services.governance.record_erasure(
             kind, "" if kind == "match" else value, listed, reason=reason, fleet_id=fleet,
             request_id=uuid.uuid4().hex).erasure
@@ -340,7 +331,25 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
             err_console.print(f"erasure {recorded.erasure_id} (chain entry "
                               f"{recorded.chain_seq}): {len(done['records'])} record(s) erased")
         if not pending and (not selection.more or not done["records"]):
-            return listed, False
+            return listed
+
+
+def _every_selected(services: _Services, selector: str, value: str, fleet: str,
+                    as_json: bool) -> list[gpb.ErasedItem]:
+    """Every page of the shard's selection (a dry run: nothing erased between pages), each
+    summary once however many pages' records it quotes."""
+    found: dict[tuple[str, str], gpb.ErasedItem] = {}
+    token = ""
+    while True:
+        page = services.shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND,
+                                     page_token=token)
+        for r in page.records:
+            found[(r.kind, r.record_id)] = gpb.ErasedItem(kind=r.kind, id=r.record_id,
+                                                          leaf_hash=r.record_hash)
+        token = page.next_page_token
+        if not token:
+            return list(found.values())
+        _progress(as_json, f"listing records: {len(found)} so far")
 
 
 def register(app: typer.Typer) -> None:

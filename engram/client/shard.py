@@ -336,11 +336,12 @@ class ShardClient(BaseClient):
 
     def forget(self, *, agent_id: str = "", record_id: str = "", run_id: str = "",
                match: str = "", erasure_id: str = "", fleet_id: str = "",
-               limit: int = 0) -> pb.ForgetRecordsResponse:
-        """Without ``erasure_id``: the records one selector matches (nothing changes). With
-        it: erase what governance's erasure of that id lists (governor or admin role)."""
+               limit: int = 0, page_token: str = "") -> pb.ForgetRecordsResponse:
+        """Without ``erasure_id``: a page of the records one selector matches (nothing
+        changes; ``next_page_token`` lists the next). With it: erase what governance's
+        erasure of that id lists (governor or admin role)."""
         request = pb.ForgetRecordsRequest(fleet_id=fleet_id, erasure_id=erasure_id,
-                                          limit=limit)
+                                          limit=limit, page_token=page_token)
         for name, value in (("agent_id", agent_id), ("record_id", record_id),
                             ("run_id", run_id), ("match", match)):
             if value:

@@ -65,6 +65,9 @@ class Forgotten:
 class Selection:
     items: list[Forgotten]
     more: bool
+    following: int | None = None
+    """With ``more``: the write sequence of the last record listed; the next page of the
+    selection starts past it."""
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,18 @@ class RecordEraser:
     # -- selecting ----------------------------------------------------------
 
     def select(self, fleet_id: str, kind: str, value: str, limit: int,
-               active: Callable[[], bool] = lambda: True) -> Selection:
-        """What one selector names (and the summaries quoting it). A match reads the whole
-        fleet: one scan slot of a few, and it stops when ``active`` says the caller has gone."""
+               active: Callable[[], bool] = lambda: True, after: int = 0) -> Selection:
+        """What one selector names (and the summaries quoting it), from the records written
+        after sequence ``after`` (a later page). A match reads the whole fleet: one scan slot
+        of a few, and it stops when ``active`` says the caller has gone."""
         if kind != "match":
-            return self._select(fleet_id, kind, value, limit, active)
+            return self._select(fleet_id, kind, value, limit, active, after)
         needle_of(value)
         with self._scans.slot("ForgetRecords by match"):
-            return self._select(fleet_id, kind, value, limit, active)
+            return self._select(fleet_id, kind, value, limit, active, after)
 
     def _select(self, fleet_id: str, kind: str, value: str, limit: int,
-                active: Callable[[], bool]) -> Selection:
+                active: Callable[[], bool], after: int) -> Selection:
         if kind not in SELECTORS:
             raise InvalidArgument("name what to forget: agent_id, record_id, run_id or match",
                                   reason="SELECTOR_REQUIRED")
@@ -104,13 +108,15 @@ class RecordEraser:
         limit = selection_limit(limit)
         repo = self.service.repo
         picked: list[Forgotten] = []
+        seqs: list[int] = []
         more = False
         with self.service.db.session() as session:
-            for record in self._matching(session, fleet_id, kind, value, active):
+            for seq, record in self._matching(session, fleet_id, kind, value, active, after):
                 if len(picked) >= limit:
                     more = True
                     break
                 picked.append(Forgotten(record.id, record.record_hash, "record"))
+                seqs.append(seq)
             ids = [p.record_id for p in picked]
             summaries = self._summaries_quoting(session, ids) - set(ids)
             # The summaries count against the limit too (governance takes at most that many
@@ -121,32 +127,35 @@ class RecordEraser:
                 ids = [p.record_id for p in picked]
                 summaries = self._summaries_quoting(session, ids) - set(ids)
             found = repo.by_ids(session, fleet_id, sorted(summaries))
+        following = seqs[len(picked) - 1] if more and picked else None
         picked += [Forgotten(s.id, s.record_hash, "summary")
                    for s in sorted(found.values(), key=lambda r: r.id)]
-        return Selection(picked, more)
+        return Selection(picked, more, following)
 
     def _matching(self, session: Session, fleet_id: str, kind: str, value: str,
-                  active: Callable[[], bool]) -> Iterator[Record]:
+                  active: Callable[[], bool], after: int) -> Iterator[tuple[int, Record]]:
+        """(write sequence, record) of each record the selector names past ``after``."""
         repo = self.service.repo
         if kind == "record":
             found = repo.get(session, fleet_id, value)
-            if found is not None:
-                yield found
+            if found is not None and not after:
+                yield 0, found
             return
         if kind == "agent":
-            yield from repo.scan(session, RecordFilter(fleet_id, agent_id=value))
+            yield from repo.scan_numbered(session, RecordFilter(fleet_id, agent_id=value), after)
             return
         if kind == "run":
-            yield from repo.scan(session, RecordFilter(fleet_id, run_id=value))
+            yield from repo.scan_numbered(session, RecordFilter(fleet_id, run_id=value), after)
             return
         needle = needle_of(value)
-        for scanned, record in enumerate(repo.scan(session, RecordFilter(fleet_id))):
+        for scanned, (seq, record) in enumerate(
+                repo.scan_numbered(session, RecordFilter(fleet_id), after)):
             if scanned % 500 == 0:
                 still_wanted(active)
             fields = [record.content, *record.tags, *record.metadata.keys(),
                       *record.metadata.values()]
             if any(holds(f, needle) for f in fields):
-                yield record
+                yield seq, record
 
     @staticmethod
     def _summaries_quoting(session: Session, ids: list[str]) -> set[str]:

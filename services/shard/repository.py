@@ -674,13 +674,17 @@ class ShardRepository:
 
     def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
         """Oldest first, in batches, without holding the whole set in memory."""
-        after = 0
+        for _seq, record in self.scan_numbered(session, flt, batch=batch):
+            yield record
+
+    def scan_numbered(self, session: Session, flt: RecordFilter, after: int = 0,
+                      batch: int = 500) -> Iterator[tuple[int, Record]]:
+        """(write sequence, record), oldest first from past ``after``, in batches."""
         while True:
             page = self.oldest_after(session, flt, after, batch)
             if not page:
                 return
-            for _seq, record in page:
-                yield record
+            yield from page
             after = page[-1][0]
 
     def lexical(

@@ -500,7 +500,7 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
         principal = current_principal()
         fleet = target_fleet(principal, request.fleet_id)
         if request.erasure_id:
-            if request.WhichOneof("selector") is not None:
+            if request.WhichOneof("selector") is not None or request.page_token:
                 raise InvalidArgument("give erasure_id alone: the erasure lists what goes",
                                       reason="INVALID_SELECTOR")
             erased = self.eraser.erase(principal, fleet, request.erasure_id)
@@ -508,11 +508,18 @@ class ShardServicer(pb_grpc.ShardServiceServicer):
                                             erasure_id=request.erasure_id,
                                             already_erased=erased.already)
         which = request.WhichOneof("selector")
-        selection = self.eraser.select(fleet, _SELECTORS.get(which or "", ""),
-                                       getattr(request, which) if which else "", request.limit,
-                                       context.is_active)
-        return pb.ForgetRecordsResponse(records=_forgotten(selection.items),
-                                        more=selection.more)
+        kind, value = _SELECTORS.get(which or "", ""), getattr(request, which) if which else ""
+        filters = {"forget": kind, "value": value, "fleet": fleet}
+        after = self.pages.decode(request.page_token, filters)
+        if after is not None and not (len(after) == 1 and isinstance(after[0], int)):
+            raise InvalidArgument("the page token does not name a place in a selection",
+                                  reason="INVALID_PAGE_TOKEN")
+        selection = self.eraser.select(fleet, kind, value, request.limit, context.is_active,
+                                       after[0] if after else 0)
+        return pb.ForgetRecordsResponse(
+            records=_forgotten(selection.items), more=selection.more,
+            next_page_token=(self.pages.encode([selection.following], filters)
+                             if selection.following is not None else ""))
 
     def ListTombstones(
         self, request: pb.ListTombstonesRequest, context: Any

@@ -508,7 +508,7 @@ class ApplyRetentionResponse(_message.Message):
     def __init__(self, removed_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ForgetRecordsRequest(_message.Message):
-    __slots__ = ("agent_id", "record_id", "run_id", "match", "fleet_id", "erasure_id", "limit")
+    __slots__ = ("agent_id", "record_id", "run_id", "match", "fleet_id", "erasure_id", "limit", "page_token")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +516,7 @@ class ForgetRecordsRequest(_message.Message):
     FLEET_ID_FIELD_NUMBER: _ClassVar[int]
     ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     record_id: str
     run_id: str
@@ -523,7 +524,8 @@ class ForgetRecordsRequest(_message.Message):
     fleet_id: str
     erasure_id: str
     limit: int
-    def __init__(self, agent_id: _Optional[str] = ..., record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., match: _Optional[str] = ..., fleet_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, agent_id: _Optional[str] = ..., record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., match: _Optional[str] = ..., fleet_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ForgottenRecord(_message.Message):
     __slots__ = ("record_id", "record_hash", "kind")
@@ -536,13 +538,15 @@ class ForgottenRecord(_message.Message):
     def __init__(self, record_id: _Optional[str] = ..., record_hash: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ForgetRecordsResponse(_message.Message):
-    __slots__ = ("records", "more", "erasure_id", "already_erased")
+    __slots__ = ("records", "more", "erasure_id", "already_erased", "next_page_token")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
     ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[ForgottenRecord]
     more: bool
     erasure_id: str
     already_erased: int
-    def __init__(self, records: _Optional[_Iterable[_Union[ForgottenRecord, _Mapping]]] = ..., more: _Optional[bool] = ..., erasure_id: _Optional[str] = ..., already_erased: _Optional[int] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, records: _Optional[_Iterable[_Union[ForgottenRecord, _Mapping]]] = ..., more: _Optional[bool] = ..., erasure_id: _Optional[str] = ..., already_erased: _Optional[int] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -28,6 +28,7 @@ import pytest
 import sqlalchemy as sa
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.cli import forget as forget_command
 from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient, iteration_from_json
@@ -299,6 +300,12 @@ def test_bad_forget_requests_are_refused(
              "INVALID_SELECTOR"),
             ({"fleet_id": "fleet-o", "record_id": kept.id}, grpc.StatusCode.PERMISSION_DENIED,
              "FLEET_MISMATCH"),
+            ({"match": "lesson", "page_token": "garbage"}, grpc.StatusCode.INVALID_ARGUMENT,
+             "INVALID_PAGE_TOKEN"),
+            ({"match": "lesson", "page_token": "x" * 5000}, grpc.StatusCode.INVALID_ARGUMENT,
+             "INVALID_PAGE_TOKEN"),
+            ({"erasure_id": "era_x", "page_token": "t"}, grpc.StatusCode.INVALID_ARGUMENT,
+             "INVALID_SELECTOR"),
         ]
         with ShardClient(stack.shard.address, admin) as shard:
             for fields, code, reason in cases:
@@ -570,6 +577,46 @@ def test_a_selection_counts_the_summaries_it_adds_against_its_limit(
             assert [r.kind for r in selection.records].count("summary") == 1
         with cli_for(stack, admin, monkeypatch) as run:
             assert run("forget", "--run", "run-l")["erased"] == 4
+
+
+def test_a_selection_pages_with_tokens_and_a_dry_run_lists_every_page(
+        urls: dict[str, str], tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ForgetRecords' selection names the next page (records past the last listed, nothing
+    erased between); a token is good only for its own selector and caller; ``forget
+    --dry-run`` lists every page (before, the first page and ``incomplete``), and the
+    erasure then erases all of them."""
+    admin = make_token("op", FLEET, ADMIN)
+    with full_stack(tmp_path / "data", engram_home, make_token, urls,
+                    governed=True) as stack:
+        with ShardClient(stack.shard.address, make_token("scout-1", FLEET)) as shard:
+            ids = [shard.add(f"zqxsel note {i}", run_id="run-s").record.id for i in range(5)]
+            shard.add("unrelated note", run_id="run-s")
+        with ShardClient(stack.shard.address, admin) as shard:
+            listed, token = [], ""
+            while True:
+                page = shard.forget(match="ZQXSEL", limit=2, page_token=token)
+                assert page.more == bool(page.next_page_token) and len(page.records) <= 2
+                listed += [r.record_id for r in page.records]
+                if not page.next_page_token:
+                    break
+                token = page.next_page_token
+            assert listed == ids
+            for fields in ({"match": "other"}, {"run_id": "run-s"}):
+                with pytest.raises(EngramRpcError) as refused:
+                    shard.forget(**fields, limit=2, page_token=token)  # type: ignore[arg-type]
+                assert refused.value.reason == "INVALID_PAGE_TOKEN"
+        with ShardClient(stack.shard.address, make_token("op-2", FLEET, ADMIN)) as shard:
+            with pytest.raises(EngramRpcError) as refused:
+                shard.forget(match="ZQXSEL", limit=2, page_token=token)
+            assert refused.value.reason == "INVALID_PAGE_TOKEN"
+        monkeypatch.setattr(forget_command, "ROUND", 2)
+        monkeypatch.setattr(forget_command, "EXTRA_PER_ROUND", 1)
+        with cli_for(stack, admin, monkeypatch) as run:
+            dry = run("forget", "--match", "zqxsel", "--dry-run")
+            assert [i["id"] for i in dry["would_erase"]] == ids
+            assert run("forget", "--match", "zqxsel")["erased"] == 5
+            assert run("forget", "--match", "zqxsel", "--dry-run")["would_erase"] == []
 
 
 def test_forget_a_run_with_no_events_yet(

@@ -505,6 +505,13 @@ export interface ForgetRecordsRequest {
   erasureId: string;
   /** At most this many items are listed (1..10000; 0 means 1000). */
   limit: number;
+  /**
+   * Selection only: a previous response's next_page_token, the records after those it
+   * listed (the same selector, fleet and caller; another is INVALID_ARGUMENT
+   * INVALID_PAGE_TOKEN). To erase, erase a page and ask again without it: what was
+   * erased no longer matches.
+   */
+  pageToken: string;
 }
 
 export interface ForgottenRecord {
@@ -523,6 +530,11 @@ export interface ForgetRecordsResponse {
   erasureId: string;
   /** With erasure_id: items of the erasure already erased before this call. */
   alreadyErased: number;
+  /**
+   * Selection, set when more is: pass it as page_token to list the next records
+   * without erasing these (a dry run's listing of everything).
+   */
+  nextPageToken: string;
 }
 
 function createBaseRecordTombstone(): RecordTombstone {
@@ -5811,7 +5823,7 @@ export const ApplyRetentionResponse: MessageFns<ApplyRetentionResponse> = {
 };
 
 function createBaseForgetRecordsRequest(): ForgetRecordsRequest {
-  return { selector: undefined, fleetId: "", erasureId: "", limit: 0 };
+  return { selector: undefined, fleetId: "", erasureId: "", limit: 0, pageToken: "" };
 }
 
 export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
@@ -5838,6 +5850,9 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
     }
     if (message.limit !== 0) {
       writer.uint32(56).int32(message.limit);
+    }
+    if (message.pageToken !== "") {
+      writer.uint32(66).string(message.pageToken);
     }
     return writer;
   },
@@ -5911,6 +5926,14 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
             message.limit = reader.int32();
             continue;
           }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.pageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5951,6 +5974,11 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
         ? globalThis.String(object.erasure_id)
         : "",
       limit: isSet(object.limit) ? globalThis.Number(object.limit) : 0,
+      pageToken: isSet(object.pageToken)
+        ? globalThis.String(object.pageToken)
+        : isSet(object.page_token)
+        ? globalThis.String(object.page_token)
+        : "",
     };
   },
 
@@ -5973,6 +6001,9 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
     }
     if (message.limit !== 0) {
       obj.limit = Math.round(message.limit);
+    }
+    if (message.pageToken !== "") {
+      obj.pageToken = message.pageToken;
     }
     return obj;
   },
@@ -6011,6 +6042,7 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
     message.fleetId = object.fleetId ?? "";
     message.erasureId = object.erasureId ?? "";
     message.limit = object.limit ?? 0;
+    message.pageToken = object.pageToken ?? "";
     return message;
   },
 };
@@ -6125,7 +6157,7 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
 };
 
 function createBaseForgetRecordsResponse(): ForgetRecordsResponse {
-  return { records: [], more: false, erasureId: "", alreadyErased: 0 };
+  return { records: [], more: false, erasureId: "", alreadyErased: 0, nextPageToken: "" };
 }
 
 export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
@@ -6141,6 +6173,9 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
     }
     if (message.alreadyErased !== 0) {
       writer.uint32(32).int32(message.alreadyErased);
+    }
+    if (message.nextPageToken !== "") {
+      writer.uint32(42).string(message.nextPageToken);
     }
     return writer;
   },
@@ -6190,6 +6225,14 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
             message.alreadyErased = reader.int32();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.nextPageToken = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6218,6 +6261,11 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
         : isSet(object.already_erased)
         ? globalThis.Number(object.already_erased)
         : 0,
+      nextPageToken: isSet(object.nextPageToken)
+        ? globalThis.String(object.nextPageToken)
+        : isSet(object.next_page_token)
+        ? globalThis.String(object.next_page_token)
+        : "",
     };
   },
 
@@ -6235,6 +6283,9 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
     if (message.alreadyErased !== 0) {
       obj.alreadyErased = Math.round(message.alreadyErased);
     }
+    if (message.nextPageToken !== "") {
+      obj.nextPageToken = message.nextPageToken;
+    }
     return obj;
   },
 
@@ -6247,6 +6298,7 @@ export const ForgetRecordsResponse: MessageFns<ForgetRecordsResponse> = {
     message.more = object.more ?? false;
     message.erasureId = object.erasureId ?? "";
     message.alreadyErased = object.alreadyErased ?? 0;
+    message.nextPageToken = object.nextPageToken ?? "";
     return message;
   },
 };
