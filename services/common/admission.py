@@ -12,9 +12,10 @@ the method runs (nothing done, so a retry is always safe):
   ``RATE_LIMITED`` and the time until it holds a token again. Service principals are not
   rate limited per agent: their calls carry many agents' work (the shard's gate calls).
 - :class:`StreamsPerAgent`: server streams open at once per agent
-  (``ENGRAM_<SVC>_MAX_STREAMS_PER_AGENT``) and per fleet, all its agents together
-  (``ENGRAM_<SVC>_MAX_STREAMS_PER_FLEET``, default half of the concurrency limit); one more
-  is refused with reason ``STREAM_LIMIT``.
+  (``ENGRAM_<SVC>_MAX_STREAMS_PER_AGENT``), per fleet, all its agents together
+  (``ENGRAM_<SVC>_MAX_STREAMS_PER_FLEET``, default half of the concurrency limit), and in
+  all (``ENGRAM_<SVC>_MAX_STREAMS``, default three quarters of it, the last quarter of those
+  kept for fleets holding few); one more is refused with reason ``STREAM_LIMIT``.
 - :class:`RecordRate`: records a second one agent may write, each record of a batch a token
   (the shard's ``ENGRAM_SHARD_RATE_LIMIT_RECORDS`` / ``_RECORD_BURST``); refused with reason
   ``RATE_LIMITED`` (metadata ``kind`` ``records``) before anything is stored. Service
@@ -80,19 +81,28 @@ class ConcurrencyLimit:
 
 
 class StreamsPerAgent:
-    """At most ``limit`` server streams open at once per agent (fleet and agent id), and at
-    most ``fleet_limit`` per fleet, all its agents together: a stream holds a slot of
-    :class:`ConcurrencyLimit` until it ends, and a caller that opens streams and never reads
-    them would otherwise hold every slot, for every fleet (one agent alone, or an admin who
-    mints tokens for many agent ids of its fleet). Both counts are taken together or not at
-    all, and :meth:`leave` gives both back."""
+    """At most ``limit`` server streams open at once per agent (fleet and agent id), at most
+    ``fleet_limit`` per fleet, all its agents together, and at most ``total_limit`` in all: a
+    stream holds a slot of :class:`ConcurrencyLimit` until it ends, and a caller that opens
+    streams and never reads them would otherwise hold every slot, for every fleet (one agent
+    alone, an admin who mints tokens for many agent ids of its fleet, or two fleets at their
+    fleet limits together). The last quarter of ``total_limit`` goes only to fleets holding
+    fewer than a quarter of it, so two fleets at their limits leave other fleets streams as
+    well as unary calls. The counts are taken together or not at all, and :meth:`leave` gives
+    them back."""
 
     def __init__(self, limit: int, setting: str, fleet_limit: int | None = None,
-                 fleet_setting: str = "") -> None:
+                 fleet_setting: str = "", total_limit: int | None = None,
+                 total_setting: str = "") -> None:
         self._limit = limit
         self._setting = setting
         self._fleet_limit = fleet_limit
         self._fleet_setting = fleet_setting
+        self._total_limit = total_limit
+        self._total_setting = total_setting
+        self._reserve = total_limit // 4 if total_limit is not None else 0
+        """The last stream slots, kept for fleets holding fewer than this many."""
+        self._total = 0
         self._open: dict[tuple[str, str], int] = {}
         self._fleets: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -122,8 +132,31 @@ class StreamsPerAgent:
                     metadata={"limit": str(fleet_limit), "setting": self._fleet_setting,
                               "scope": "fleet"},
                     retry_delay=1.0)
+            self._check_total(fleet_id)
             self._open[key] = self._open.get(key, 0) + 1
             self._fleets[fleet_id] = self._fleets.get(fleet_id, 0) + 1
+            self._total += 1
+
+    def _check_total(self, fleet_id: str) -> None:
+        total_limit = self._total_limit
+        if total_limit is None:
+            return
+        held = self._fleets.get(fleet_id, 0)
+        if self._total >= total_limit or (
+                self._reserve and held >= self._reserve
+                and self._total >= total_limit - self._reserve):
+            full = self._total >= total_limit
+            raise ResourceExhausted(
+                f"this service has {self._total} streams open, "
+                + (f"its limit ({self._total_setting})" if full else
+                   f"and its last {self._reserve} of {total_limit} ({self._total_setting}) "
+                   f"are kept for fleets holding fewer than {self._reserve} (fleet "
+                   f"{fleet_id} holds {held})")
+                + "; read or close one first, or retry later",
+                reason="STREAM_LIMIT",
+                metadata={"limit": str(total_limit), "setting": self._total_setting,
+                          "scope": "service"},
+                retry_delay=1.0)
 
     def leave(self, fleet_id: str, agent_id: str) -> None:
         key = (fleet_id, agent_id)
@@ -138,6 +171,7 @@ class StreamsPerAgent:
                 self._fleets[fleet_id] = left
             else:
                 self._fleets.pop(fleet_id, None)
+            self._total = max(0, self._total - 1)
 
 
 class TokenBucket:

@@ -397,6 +397,15 @@ def _check_pair(certificate: bytes, key: bytes, cert_name: str, key_name: str) -
         raise StartupError(f"{key_name} is not the private key of the certificate in {cert_name}")
 
 
+def streams_limit(settings: ServerSettings) -> StreamsPerAgent:
+    """The stream caps of ``settings``: per agent, per fleet and in all."""
+    return StreamsPerAgent(settings.max_streams_per_agent,
+                           _setting(settings, "max_streams_per_agent"),
+                           settings.streams_per_fleet(),
+                           _setting(settings, "max_streams_per_fleet"),
+                           settings.streams_total(), _setting(settings, "max_streams"))
+
+
 def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     verifier = token_verifier(settings, spec.name)
     credentials = _credentials(settings)
@@ -420,10 +429,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         RateLimitInterceptor(_rate_limiter(settings), spec.kinds),
         *([RecordRateInterceptor(spec.record_rate, spec.record_counts)]
           if spec.record_rate is not None else []),
-        StreamLimitInterceptor(StreamsPerAgent(settings.max_streams_per_agent,
-                                               _setting(settings, "max_streams_per_agent"),
-                                               settings.streams_per_fleet(),
-                                               _setting(settings, "max_streams_per_fleet")),
+        StreamLimitInterceptor(streams_limit(settings),
                                spec.kinds),
         TextInterceptor(),
     ]

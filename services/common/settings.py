@@ -129,6 +129,14 @@ class ServerSettings(BaseSettings):
         "max_concurrent_rpcs, so the streams of one fleet (an admin can mint tokens for many "
         "agent ids) never hold every slot and other fleets' calls still get in",
     )
+    max_streams: int | None = Field(
+        default=None, ge=1,
+        description="server streams open at once on this process, every fleet together; one "
+        "more is RESOURCE_EXHAUSTED (STREAM_LIMIT, scope service), and its last quarter goes "
+        "only to fleets holding fewer than a quarter of it. Default: three quarters of "
+        "max_concurrent_rpcs, so two fleets at their max_streams_per_fleet never hold every "
+        "slot: unary calls and other fleets' streams still get in",
+    )
     rate_limit_reads: float = Field(
         default=200.0, ge=0,
         description="read calls a second one agent may make to this service (token bucket); "
@@ -176,6 +184,12 @@ class ServerSettings(BaseSettings):
         if self.max_streams_per_fleet is not None:
             return self.max_streams_per_fleet
         return max(1, self.max_concurrent_rpcs // 2)
+
+    def streams_total(self) -> int:
+        """``max_streams``, or three quarters of ``max_concurrent_rpcs`` (at least 1)."""
+        if self.max_streams is not None:
+            return self.max_streams
+        return max(1, self.max_concurrent_rpcs * 3 // 4)
 
     def receive_limit(self) -> int:
         return self.max_receive_bytes or self.limits.grpc_receive_bytes

@@ -160,6 +160,60 @@ def test_a_fleet_holds_at_most_its_streams_whatever_its_agent_ids() -> None:
     assert streams.open_in("fleet-a") == streams.open_in("fleet-b") == 0
 
 
+def test_two_fleets_at_their_stream_limits_leave_slots_for_calls_and_other_fleets() -> None:
+    # Found by review: streams were capped per agent and per fleet (half the concurrency
+    # limit) only, so two fleets' unread streams together held every slot of
+    # max_concurrent_rpcs and every other fleet's calls were refused.
+    from services.common.server import streams_limit
+    from services.shard.settings import ShardSettings
+
+    def forever(_request: object, _context: object) -> Iterator[int]:
+        while True:
+            yield 1
+
+    settings = ShardSettings(max_concurrent_rpcs=16)  # 8 a fleet, 12 in all, 3 kept
+    method = "/engram.shard.v1.ShardService/SnapshotForRun"
+    streams = streams_limit(settings)
+    wrapped = StreamLimitInterceptor(streams, {method: READ}).wrap(forever, method, True)
+
+    def opened(agent: str, fleet: str) -> Iterator[int]:
+        token = bind_principal(Principal(agent_id=agent, fleet_id=fleet,
+                                         roles=frozenset({"agent"})))
+        try:
+            stream = wrapped(None, None)
+            next(stream)
+            return stream
+        finally:
+            unbind_principal(token)
+
+    held: list[Iterator[int]] = []
+    scopes = []
+    for fleet in ("fleet-a", "fleet-b"):  # each takes all it may, one agent id a stream
+        for i in range(settings.max_concurrent_rpcs):
+            try:
+                held.append(opened(f"minted-{i}", fleet))
+            except ResourceExhausted as refused:
+                assert refused.reason == "STREAM_LIMIT"
+                scopes.append(refused.metadata["scope"])
+                break
+    assert len(held) < settings.max_concurrent_rpcs  # unary calls still find slots
+    # fleet-a stops at its own limit; fleet-b may enter the kept quarter while it holds less
+    # than a quarter of it (3), then stops there too, leaving the rest to other fleets
+    assert (streams.open_in("fleet-a"), streams.open_in("fleet-b")) == (8, 3)
+    assert scopes == ["fleet", "service"]
+    newcomer = opened("scout", "fleet-c")
+    with pytest.raises(ResourceExhausted) as refused:
+        opened("scout", "fleet-d")
+    assert refused.value.metadata == {"limit": "12", "scope": "service",
+                                      "setting": "ENGRAM_SHARD_MAX_STREAMS"}
+    assert "ENGRAM_SHARD_MAX_STREAMS" in refused.value.message
+    held.pop().close()  # fleet-b's: a closed stream gives its place back
+    opened("scout", "fleet-d").close()
+    for stream in (*held, newcomer):
+        stream.close()
+    assert streams.open_in("fleet-a") == streams.open_in("fleet-c") == 0
+
+
 def test_a_refused_or_failed_stream_leaves_the_counts_as_they_were() -> None:
     def failing(_request: object, _context: object) -> Iterator[int]:
         yield 1

@@ -28,6 +28,23 @@ def test_streams_per_fleet_defaults_to_half_the_concurrency_limit(
     assert ArtifactsSettings().streams_per_fleet() == 7
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "many", "1.5"])
+def test_streams_in_all_is_a_whole_number_of_at_least_one(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGRAM_SHARD_MAX_STREAMS", value)
+    with pytest.raises(ValidationError, match="max_streams"):
+        ShardSettings()
+
+
+def test_streams_in_all_default_to_three_quarters_of_the_concurrency_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ShardSettings().streams_total() == 96
+    assert ShardSettings(max_concurrent_rpcs=9).streams_total() == 6
+    assert ShardSettings(max_concurrent_rpcs=1).streams_total() == 1
+    monkeypatch.setenv("ENGRAM_ARTIFACTS_MAX_STREAMS", "7")
+    assert ArtifactsSettings().streams_total() == 7
+
+
 @pytest.mark.parametrize(("name", "value"), [
     ("RATE_LIMIT_RECORDS", "-1"), ("RATE_LIMIT_RECORDS", "fast"),
     ("RATE_LIMIT_RECORDS", "inf"), ("RATE_LIMIT_RECORDS", "nan"),
