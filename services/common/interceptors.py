@@ -224,9 +224,22 @@ class AuthInterceptor(_BehaviorInterceptor):
 
             return stream
 
+        def rechecked(requests: Iterator[Any], metadata: dict[str, str]) -> Iterator[Any]:
+            """A client stream's messages (an upload), its caller authorized again each
+            second: a token revoked mid-upload ends the call there, nothing stored."""
+            checked = time.monotonic()
+            for message in requests:
+                if time.monotonic() - checked >= STREAM_RECHECK_SECONDS:
+                    authorizer.authorize(method, metadata)
+                    checked = time.monotonic()
+                yield message
+
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
-            token = bind_principal(authorizer.authorize(method, metadata_of(context)))
+            metadata = metadata_of(context)
+            token = bind_principal(authorizer.authorize(method, metadata))
             try:
+                if isinstance(request, Iterator):  # request-streaming: an upload
+                    request = rechecked(request, metadata)
                 return behavior(request, context)
             finally:
                 unbind_principal(token)

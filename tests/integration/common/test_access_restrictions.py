@@ -120,6 +120,30 @@ def test_a_stream_open_when_its_token_is_revoked_ends_there(
         assert received < size
 
 
+def test_an_upload_under_way_when_its_token_is_revoked_ends_there_and_stores_nothing(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    """Found by review: a client-streamed upload was authorized once, at its start, so an
+    upload begun with a token revoked a moment later was stored. Now its caller is
+    authorized again each second while its chunks come (STREAM_RECHECK_SECONDS)."""
+    token, other = make_token("agent-1", "fleet-a"), make_token("agent-1", "fleet-a")
+    claims = inspect_token(token)["claims"]
+
+    def chunks() -> Iterator[bytes]:
+        yield b"x" * (1 << 20)
+        governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC))
+        time.sleep(BOUND + 1.0)  # the restrictions refreshed, and a recheck is due
+        for _ in range(3):
+            yield b"y" * (1 << 20)
+
+    with ArtifactsClient(stack.address("artifacts"), token) as agent:
+        agent.start_run("run-u")
+        with pytest.raises(EngramRpcError) as ended:
+            agent.upload(chunks(), run_id="run-u", step_id="s", name="late.bin")
+    assert (ended.value.code, ended.value.reason) == REVOKED
+    with ArtifactsClient(stack.address("artifacts"), other) as agent:
+        assert not list(agent.list_artifacts("run-u"))
+
+
 def test_revoking_an_agent_refuses_its_older_tokens_everywhere(
         stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
     token = make_token("agent-1", "fleet-a")
