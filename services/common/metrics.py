@@ -86,10 +86,13 @@ class Tally:
 
 
 def counter(name: str, documentation: str, labels: Iterable[str],
-            tally: Tally) -> CounterMetricFamily:
-    """A counter family (``name`` without ``_total``) from a tally."""
+            tally: Tally, known: Iterable[tuple[str, ...]] = ()) -> CounterMetricFamily:
+    """A counter family (``name`` without ``_total``) from a tally; the ``known`` label
+    values are exported at 0 until counted, so a rate sees their first count."""
     family = CounterMetricFamily(name, documentation, labels=list(labels))
-    for values, amount in tally.items():
+    counts = dict.fromkeys(known, 0.0)
+    counts.update(tally.items())
+    for values, amount in counts.items():
         family.add_metric(list(values), amount)
     return family
 

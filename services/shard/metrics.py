@@ -46,3 +46,9 @@ class ShardMetrics(Collector):
         yield gauge("engram_shard_embedder_queue_records",
                     "Records queued for or in the embedder, not yet embedded.",
                     self._index.embed_queue())
+        yield counter("engram_shard_embedder_failures",
+                      "Embedder failures the shard absorbed without an error, by stage: query "
+                      "(a hybrid search ranked lexically, its query not embedded), index (an "
+                      "indexing batch put back to be retried).", ["stage"],
+                      self._index.embedder_failures,
+                      known=[("query",), ("index",)] if self._index.embedder else [])

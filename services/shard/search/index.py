@@ -12,6 +12,12 @@ embeds the content and stores it; a failed round puts its batch back.
 A write only wakes the indexer (writes never wait for the model). ``lag()`` is
 the number of committed records without a vector in the index yet.
 
+Embedder failures nobody is told of are counted in ``embedder_failures`` by stage (read
+by ShardMetrics as ``engram_shard_embedder_failures_total``): ``query``, a hybrid search
+ranked lexically because its query could not be embedded (a semantic search fails
+UNAVAILABLE instead, counted with the errors answered); ``index``, an indexing batch put
+back because the embedder failed.
+
 Restart: the lexical index is saved to a file (:mod:`snapshot`) when the shard
 stops, after a start that had to rebuild, and as it grows (every
 ``snapshot_every`` records); :meth:`SearchIndex.warm_up` loads it, checks it
@@ -47,6 +53,7 @@ import numpy as np
 
 from services.common.db import Database
 from services.common.errors import Unavailable
+from services.common.metrics import Tally
 from services.common.priority import lower_this_thread
 from services.shard.repository import RecordText, ShardRepository, StoredVector
 from services.shard.retrieval.embedding import EmbeddingProvider
@@ -122,15 +129,17 @@ ends rather than the model being held for good by a query that never succeeds.""
 
 
 def _lexical_if_unavailable(
-    pending: Callable[[], np.ndarray],
+    pending: Callable[[], np.ndarray], failures: Tally,
 ) -> Callable[[], np.ndarray | None]:
     """A hybrid search whose query could not be embedded ranks lexically (and says so in
-    the log) rather than failing; a semantic search fails UNAVAILABLE."""
+    the log, and counts it in ``failures`` as ``query``) rather than failing; a semantic
+    search fails UNAVAILABLE."""
 
     def vector() -> np.ndarray | None:
         try:
             return pending()
         except Unavailable as error:
+            failures.add("query")
             log.warning("query not embedded, hybrid search ranks lexically: %s", error)
             return None
 
@@ -213,6 +222,9 @@ class SearchIndex:
         self._tombstones_seen = -1  # tombstones in the store when the indexer last looked
         self._tombstones_checked = -float("inf")  # when it last looked (monotonic seconds)
         self.loaded_from_snapshot = False
+        self.embedder_failures = Tally()
+        """Embedder failures absorbed without an error, by stage: ``query`` (a hybrid search
+        ranked lexically), ``index`` (an indexing batch put back to be retried)."""
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -828,7 +840,11 @@ class SearchIndex:
             with self._lock:  # kept (a bounded cache): dedup compares with handed records
                 ready = {item[2]: self._fresh_vectors.get(item[3]) for item in missing}
             to_embed = [item for item in missing if ready[item[2]] is None]
-            vectors = self.embedder.embed_background([item[3] for item in to_embed])
+            try:
+                vectors = self.embedder.embed_background([item[3] for item in to_embed])
+            except Exception:  # catch_up puts the batch back; the indexer retries it
+                self.embedder_failures.add("index")
+                raise
             for item, vector in zip(to_embed, vectors, strict=True):
                 ready[item[2]] = vector
             with self._lock:  # erased while it was embedded: no vector to store (or hand over)
@@ -927,7 +943,8 @@ class SearchIndex:
                 vector = query_vector
             else:
                 pending, settle = self._start_query(text)
-                vector = _lexical_if_unavailable(pending) if mode == "hybrid" else pending
+                vector = (_lexical_if_unavailable(pending, self.embedder_failures)
+                          if mode == "hybrid" else pending)
             previous = self.previous
             if previous is not None and query_vector is None and self._holds_previous(fleet_id):
                 previous_vector = self._query_pool.submit(_previous_query, previous, text).result

@@ -1,4 +1,5 @@
-"""When the query cannot be embedded: hybrid ranks lexically, semantic fails UNAVAILABLE."""
+"""When the query cannot be embedded: hybrid ranks lexically, semantic fails UNAVAILABLE;
+the shard's /metrics counts the fallbacks and the indexing batches put back."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.db import Database
 from services.common.errors import Unavailable
 from services.common.tokens import Principal
 from services.shard.domain.records import RecordDraft
+from services.shard.metrics import ShardMetrics
 from services.shard.retrieval.embedding import HashEmbedder, Vectors
 from services.shard.retrieval.embedding_process import EmbedderUnavailable
 from services.shard.search.engine import SearchQuery
@@ -20,9 +24,11 @@ from services.shard.service import ShardService
 
 
 class _FlakyEmbedder(HashEmbedder):
-    """Indexes normally; queries fail while ``down`` (as when the embedder child dies)."""
+    """Queries fail while ``down`` (as when the embedder child dies), indexing batches while
+    ``indexing_down``."""
 
     down = False
+    indexing_down = False
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if self.down:
@@ -30,6 +36,8 @@ class _FlakyEmbedder(HashEmbedder):
         return super().embed(texts)
 
     def embed_background(self, texts: Sequence[str]) -> Vectors:
+        if self.indexing_down:
+            raise EmbedderUnavailable("the embedder process exited (code -9)")
         return super().embed(texts)
 
 
@@ -88,3 +96,44 @@ def test_hybrid_ranks_lexically_while_the_embedder_is_down(
     assert _ids(service, "semantic")[0] == "the garden hose leaks at the tap"
     if isinstance(embedder, _FlakyStartedEmbedder):  # every started query was ended
         assert embedder.settled == 2
+
+
+def _failures(registry: CollectorRegistry) -> dict[str, float]:
+    """engram_shard_embedder_failures_total by stage, from the exposition a scrape reads."""
+    text = generate_latest(registry).decode()
+    return {sample.labels["stage"]: sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if sample.name == "engram_shard_embedder_failures_total"}
+
+
+def test_metrics_count_the_failures_nobody_is_told_of(
+    shard: tuple[ShardService, _FlakyEmbedder],
+) -> None:
+    service, embedder = shard
+    index = service.search_engine.index
+    assert index is not None
+    registry = CollectorRegistry()
+    registry.register(ShardMetrics(service, index))
+    assert _failures(registry) == {"query": 0.0, "index": 0.0}  # a rate sees the first one
+
+    embedder.down = True
+    assert _ids(service, "hybrid") == ["the garden hose leaks at the tap"]  # lexically
+    assert _failures(registry) == {"query": 1.0, "index": 0.0}
+    with pytest.raises(Unavailable):  # answered UNAVAILABLE (engram_rpc_errors_total)
+        _ids(service, "semantic")
+    assert _failures(registry) == {"query": 1.0, "index": 0.0}
+    embedder.down = False
+    _ids(service, "hybrid")
+    assert _failures(registry) == {"query": 1.0, "index": 0.0}
+
+    agent = Principal(agent_id="a", fleet_id="f", roles=frozenset({"agent"}))
+    service.write(agent, [RecordDraft("the shed door sticks in winter")])
+    embedder.indexing_down = True
+    for _ in range(2):  # each round puts its batch back
+        with pytest.raises(EmbedderUnavailable):
+            index.catch_up()
+    assert index.lag() == 1
+    assert _failures(registry) == {"query": 1.0, "index": 2.0}
+    embedder.indexing_down = False
+    assert index.catch_up() == 1 and index.lag() == 0
+    assert _failures(registry) == {"query": 1.0, "index": 2.0}
