@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRED_ALERTS = {"EngramErrorRatioHigh", "EngramLatencyP99High", "EngramIndexLagHigh",
                    "EngramIntegrityFailure", "EngramGovernanceUnreachable"}
 EMBEDDER_ALERTS = {"EngramEmbedderDown", "EngramEmbedderUnreachable",
-                   "EngramEmbedderLatencyP99High"}
+                   "EngramEmbedderLatencyP99High", "EngramShardEmbedderFailing"}
+EMBEDDER_FAILURES = "engram_shard_embedder_failures_total"
 EMBEDDER_SERVICE = "engram.embedder.v1.EmbedderService"
 _NAME = re.compile(r"\b((?:engram|grpc_server)_[a-z0-9_]+)\b")
 
@@ -134,6 +135,10 @@ def test_the_embedder_has_its_alerts_and_they_need_it_deployed(
     # the generic 500 ms p99 alert leaves Embed (seconds-long indexing batches) to its own
     assert 'grpc_method!="Embed"' in alerts["EngramLatencyP99High"]["expr"]
     assert "EngramIndexLagHigh" in alerts
+    # the failures a search or the indexer absorbs (answered lexically, retried), by stage
+    failing = alerts["EngramShardEmbedderFailing"]
+    assert EMBEDDER_FAILURES in failing["expr"] and "stage" in failing["expr"]
+    assert "rate(" in failing["expr"] and "> 0" in failing["expr"] and failing["for"]
 
 
 def test_the_dashboard_has_an_embedder_row(rendered: list[dict[str, Any]]) -> None:
@@ -142,5 +147,8 @@ def test_the_dashboard_has_an_embedder_row(rendered: list[dict[str, Any]]) -> No
     exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
     assert any(p["type"] == "row" and "Embedder" in p["title"] for p in dashboard["panels"])
     for needed in (EMBEDDER_SERVICE, "engram_embedder_texts_total",
-                   "engram_embedder_seconds_total", "histogram_quantile(0.99"):
+                   "engram_embedder_seconds_total", "histogram_quantile(0.99",
+                   EMBEDDER_FAILURES):
         assert needed in exprs, needed
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
