@@ -91,7 +91,11 @@ def p99(calls: list[Call]) -> float:
 def _overload(address: str, tokens: dict[str, str], per_agent: float, seconds: float,
               results: Any) -> None:
     """In a child process: 16 paced agents (3 callers each) and the flooder (16 threads) for
-    ``seconds``; puts (calls, start, end) on ``results``."""
+    ``seconds``; puts (calls, start, end) on ``results``. The process runs at the lowest CPU
+    priority: on machines of their own the load's callers would not take the CPUs the
+    service and the well-behaved agents run on (what the service spends answering them, it
+    still spends; the test checks the load was offered in full)."""
+    os.nice(19)
     rec = Recorder()
     clients = {who: ShardClient(address, token, timeout=10) for who, token in tokens.items()}
     stop = threading.Event()
@@ -223,6 +227,7 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
     flood_ok = sum(c.code == "OK" for c in flooded)
     flood_cap = RATE_LIMIT_WRITES * (overload_to - overload_from) + RATE_LIMIT_BURST
     reasons = sorted({c.reason for c in refused})
+    offered = sum(c.who.startswith("load-") for c in during) / (overload_to - overload_from)
 
     after = rec.between(overload_to, end, lambda w: w.startswith("good-"))
     recovered_at = None
@@ -232,7 +237,8 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
         if all(c.code == "OK" for c in part) and p99(part) <= 2 * p99(unloaded):
             recovered_at = part[0].started - overload_to
             break
-    print(f"capacity {capacity:.0f} writes/s; unloaded p99 {p99(unloaded) * 1000:.1f} ms "
+    print(f"capacity {capacity:.0f} writes/s, {offered:.0f} offered a second under load; "
+          f"unloaded p99 {p99(unloaded) * 1000:.1f} ms "
           f"({len(unloaded)} calls); overload {len(during)} calls in {seconds} s: "
           f"{len(admitted)} OK (p99 {p99(admitted) * 1000:.1f} ms), {len(refused)} refused "
           f"{reasons} (p99 {p99(refused) * 1000:.1f} ms); well-behaved p99 during "
@@ -246,6 +252,7 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
     assert flood_ok <= flood_cap, f"the flooder got {flood_ok} writes past its rate limit"
     assert recovered_at is not None and recovered_at <= 10, "no recovery within 10 s"
     strict = {
+        "twice the capacity offered": offered >= 0.9 * 2 * capacity,
         "the excess is refused": bool(refused),
         "refusals faster than acknowledged writes": bool(refused)
         and p99(refused) < p99(admitted),
