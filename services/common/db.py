@@ -20,6 +20,8 @@ from typing import Any
 
 from alembic import command, context
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, MetaData, create_engine, event
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -29,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from services.common.errors import Unavailable
+from services.common.startup import StartupError
 
 log = logging.getLogger("engram.db")
 
@@ -152,6 +155,30 @@ class Database:
         with self.engine.begin() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+
+    def prepare_schema(self, migrations_dir: Path, service: str, *, migrate: bool) -> None:
+        """At start: bring ``service``'s schema to the newest revision (``migrate``), or check
+        it is there already. A schema that is not (an empty database, or one an older build
+        left) is a :class:`StartupError` naming both revisions and ENGRAM_<SERVICE>_MIGRATE,
+        instead of the first query failing on a missing table. Each service's migrations
+        record their revision in ``alembic_version_<service>`` (its migrations/env.py)."""
+        if migrate:
+            self.upgrade(migrations_dir)
+            return
+        setting = f"ENGRAM_{service.upper()}_MIGRATE"
+        config = Config()
+        config.set_main_option("script_location", str(migrations_dir))
+        head = ScriptDirectory.from_config(config).get_current_head()
+        with self.engine.connect() as connection:
+            current = MigrationContext.configure(connection, opts={
+                "version_table": f"alembic_version_{service}"}).get_current_revision()
+        if current != head:
+            where = make_url(self.url).render_as_string(hide_password=True)
+            raise StartupError(
+                f"the database at {where} has schema revision "
+                f"{current or 'none (empty)'}, this build needs {head}, and {setting}=false "
+                f"keeps it from migrating: run once with {setting}=true (or `alembic upgrade "
+                f"head` with {migrations_dir}), then start again")
 
     def ping(self) -> bool:
         """Whether the database answers a query now (readiness; never raises)."""

@@ -113,8 +113,7 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
 
 def _build(settings: CompactorSettings, database: Database,
            repairs: RepairBackoff) -> EngramServer:
-    if settings.migrate:
-        database.upgrade(MIGRATIONS)
+    database.prepare_schema(MIGRATIONS, "compactor", migrate=settings.migrate)
     blobs = blob_store_from_url(settings.blob_store_url(),
                                 endpoint_url=settings.blob_endpoint_url,
                                 region_name=settings.blob_region)

@@ -101,8 +101,7 @@ def build_shard_server(
         )
     provider = embedding_provider(settings)  # refuse a test embedder before touching the store
     database = database or Database(settings.database_url())
-    if settings.migrate:
-        database.upgrade(MIGRATIONS)
+    database.prepare_schema(MIGRATIONS, "shard", migrate=settings.migrate)
     # The in-memory index serves every search mode; without a provider it is lexical only.
     snapshot = None
     if settings.index_snapshot:

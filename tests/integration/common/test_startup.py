@@ -153,3 +153,64 @@ def test_a_model_directory_missing_a_file_stops_the_shard_naming_it(
     error = _one_error_line(_start("shard", engram_home, ENGRAM_SHARD_EMBEDDER=str(model),
                                    ENGRAM_SHARD_DB_URL=f"sqlite:///{tmp_path / 'db.sqlite'}"))
     assert "tokenizer.json is missing" in str(error["msg"])
+
+
+DATABASE_SERVICES = ("shard", "governance", "artifacts", "compactor")
+
+
+@pytest.mark.parametrize("service", DATABASE_SERVICES)
+def test_migrate_false_on_a_database_without_the_schema_is_named(
+        service: str, tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    """README: migrations run at start unless ENGRAM_<SVC>_MIGRATE=false. With it false and a
+    database that lacks the schema, the service says so in one line naming the setting and
+    the revisions (before 2026-11-29: governance's first query failed on `no such table`)."""
+    token = tmp_path / "service.token"
+    token.write_text(make_token("svc-compactor", "system", ("service",)))
+    error = _one_error_line(_start(service, engram_home, **{
+        f"ENGRAM_{service.upper()}_MIGRATE": "false",
+        f"ENGRAM_{service.upper()}_DB_URL": f"sqlite:///{tmp_path / 'empty.db'}",
+        "ENGRAM_COMPACTOR_SERVICE_TOKEN_FILE": str(token)}))
+    message = str(error["msg"])
+    assert f"ENGRAM_{service.upper()}_MIGRATE=false" in message
+    assert "none (empty)" in message and "no such table" not in message
+
+
+def test_migrate_false_starts_on_a_database_at_the_newest_revision(tmp_path: Path) -> None:
+    """The check passes once the schema is there, and an older revision is named."""
+    from alembic import command
+    from alembic.config import Config
+
+    from services.common.db import Database
+    from services.common.startup import StartupError
+    from services.shard.server import MIGRATIONS
+
+    database = Database(f"sqlite:///{tmp_path / 'shard.db'}")
+    try:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        config.set_main_option("sqlalchemy.url", database.url)
+        with database.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0001")
+        with pytest.raises(StartupError, match="schema revision 0001"):
+            database.prepare_schema(MIGRATIONS, "shard", migrate=False)
+        database.prepare_schema(MIGRATIONS, "shard", migrate=True)
+        database.prepare_schema(MIGRATIONS, "shard", migrate=False)
+    finally:
+        database.dispose()
+
+
+@pytest.mark.parametrize("service", DATABASE_SERVICES)
+def test_each_services_schema_check_reads_the_version_table_its_migrations_write(
+        service: str, tmp_path: Path) -> None:
+    import importlib
+
+    from services.common.db import Database
+
+    migrations = importlib.import_module(f"services.{service}.server").MIGRATIONS
+    database = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        database.prepare_schema(migrations, service, migrate=True)
+        database.prepare_schema(migrations, service, migrate=False)  # no StartupError
+    finally:
+        database.dispose()
