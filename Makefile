@@ -50,7 +50,7 @@ BREAKING_AGAINST ?= main
 breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (default main)
 	cd protos && ../$(BIN)/buf breaking --against '../.git#branch=$(BREAKING_AGAINST),subdir=protos'
 
-up: $(STAMP) ## run all services in the foreground on SQLite + local files under $$ENGRAM_HOME
+up: $(STAMP) ## run all services in the foreground on SQLite + local files under $ENGRAM_HOME
 	$(BIN)/engram up
 
 TEST_WORKERS ?= 2

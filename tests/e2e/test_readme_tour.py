@@ -87,6 +87,14 @@ def test_make_up_topology_and_readme_tour(tmp_path: Path) -> None:
         # the suspended agent's record no longer surfaces (the only place its text could appear)
         assert "suspended" in out
         assert "ship the artifact service" not in out
+        # README: everything under $ENGRAM_HOME: one SQLite file per service, blobs under
+        # artifacts/blobs, logs under logs/, the signing key and the CLI's admin token in auth/
+        for service in ("shard", "governance", "artifacts", "compactor"):
+            assert (home / service / f"{service}.db").is_file(), service
+            assert (home / "logs" / f"{service}.log").is_file(), service
+        assert (home / "artifacts" / "blobs").is_dir()  # the tour's one upload is forgotten
+        assert {"signing.key", "signing.pub", "admin.token"} <= {
+            p.name for p in (home / "auth").iterdir()}
     finally:
         up.send_signal(signal.SIGTERM)
         try:

@@ -1,0 +1,69 @@
+"""README: "Every call has a deadline (`timeout`, 30 s by default; long streams take
+`stream_timeout`)". A real gRPC server on loopback records the deadline each call arrives with."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
+from engram.client.artifacts import ArtifactsClient
+
+
+class Recording(pb_grpc.ArtifactsServiceServicer):
+    def __init__(self) -> None:
+        self.remaining: dict[str, float | None] = {}
+
+    def GetRun(self, request: pb.GetRunRequest, context: Any) -> pb.GetRunResponse:
+        self.remaining["GetRun"] = context.time_remaining()
+        return pb.GetRunResponse(run=pb.Run(run_id=request.run_id))
+
+    def ReadArtifact(self, request: pb.ReadArtifactRequest,
+                     context: Any) -> Iterator[pb.ReadArtifactResponse]:
+        self.remaining["ReadArtifact"] = context.time_remaining()
+        yield pb.ReadArtifactResponse(artifact=pb.Artifact(artifact_id=request.artifact_id))
+        yield pb.ReadArtifactResponse(chunk=b"bytes")
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[str, Recording]]:
+    recording = Recording()  # type: ignore[abstract]  # only the two methods it records
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ArtifactsServiceServicer_to_server(recording, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", recording
+    server.stop(0)
+
+
+def _read(client: ArtifactsClient) -> bytes:
+    _artifact, chunks = client.read("art_1")
+    return b"".join(chunks)
+
+
+def test_a_unary_call_carries_the_30_s_default_and_a_stream_none_unless_set(
+        served: tuple[str, Recording]) -> None:
+    address, recording = served
+    with ArtifactsClient(address, "token") as client:
+        client.get_run("run-1")
+        assert _read(client) == b"bytes"
+    unary, stream = recording.remaining["GetRun"], recording.remaining["ReadArtifact"]
+    assert unary is not None and 25 < unary <= 31  # gRPC rounds a sent timeout up
+    # A download of a large artifact outlives any fixed deadline: none unless one is given
+    # (gRPC tells the server "no deadline" as a time remaining of about 292 years).
+    assert stream is None or stream > 1e9
+
+
+def test_the_timeouts_given_are_the_deadlines_sent(served: tuple[str, Recording]) -> None:
+    address, recording = served
+    with ArtifactsClient(address, "token", timeout=5, stream_timeout=120) as client:
+        client.get_run("run-1")
+        assert _read(client) == b"bytes"
+    unary, stream = recording.remaining["GetRun"], recording.remaining["ReadArtifact"]
+    assert unary is not None and 3 < unary <= 6
+    assert stream is not None and 115 < stream <= 121

@@ -1,0 +1,59 @@
+"""README promises about switches and defaults that no other test held: `make help` lists the
+targets, tracing is off unless an OTLP endpoint is set, and revocations are refreshed every
+2 s by default."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.artifacts.settings import ArtifactsSettings
+from services.compactor.settings import CompactorSettings
+from services.governance.settings import GovernanceSettings
+from services.shard.settings import ShardSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_make_help_lists_every_phony_target_the_readme_names() -> None:
+    listed = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, check=True).stdout
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    assert {"setup", "protos", "lint", "bench", "lock", "clean", "up", "test"} <= names
+    phony = re.search(r"^\.PHONY:(.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert phony is not None
+    assert set(phony.group(1).split()) == names  # a target without a help line is a gap
+    assert "$$" not in listed  # the Makefile's escaping is not shown to a reader
+
+
+def _tracing(endpoint: str | None) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    if endpoint is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    code = ("from opentelemetry import trace\n"
+            "from services.common.tracing import configure_tracing\n"
+            "print(configure_tracing('shard'), type(trace.get_tracer_provider()).__name__)\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60, check=True).stdout.strip()
+
+
+def test_tracing_is_off_unless_an_otlp_endpoint_is_set() -> None:
+    assert _tracing(None) == "False ProxyTracerProvider"
+    assert _tracing("  ") == "False ProxyTracerProvider"
+    # loopback, and no span is made: nothing is sent
+    assert _tracing("http://127.0.0.1:4317") == "True TracerProvider"
+
+
+@pytest.mark.parametrize("settings", [ShardSettings, GovernanceSettings, ArtifactsSettings,
+                                      CompactorSettings])
+def test_revocations_and_suspensions_are_refreshed_every_2_s_by_default(
+        settings: type, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS", raising=False)
+    assert settings().auth_restrictions_refresh_seconds == 2.0
+    monkeypatch.setenv("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS", "0.5")
+    assert settings().auth_restrictions_refresh_seconds == 0.5
