@@ -57,3 +57,12 @@ def test_revocations_and_suspensions_are_refreshed_every_2_s_by_default(
     assert settings().auth_restrictions_refresh_seconds == 2.0
     monkeypatch.setenv("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS", "0.5")
     assert settings().auth_restrictions_refresh_seconds == 0.5
+
+
+def test_the_shards_search_defaults_are_the_readmes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in os.environ if k.startswith("ENGRAM_SHARD_")]:
+        monkeypatch.delenv(name)
+    shard = ShardSettings()
+    assert (shard.embedder, shard.embed_threads, shard.embed_process) == ("minilm", 2, True)
+    assert shard.index_niceness == 10
+    assert (shard.dedup, shard.dedup_similarity) == ("exact", 0.97)
