@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,25 +85,12 @@ class _Services:
     def runs_holding(self, text: str, as_json: bool) -> _Holding:
         """Runs whose artifacts-side data or iteration log holds the text, and the events
         and snapshots of them that can be erased in place: every page of both finds."""
-        found: list[Any] = []
-        logs: list[str] = []
-        token, pages = "", 0
-        while True:
-            page = self.artifacts.find_runs(text, FIND_PAGE, page_token=token)
-            found += page.runs
-            pages, token = pages + 1, page.next_page_token
-            if not token:
-                break
-            _progress(as_json, f"finding runs holding the text: {len(found)} after "
-                               f"{pages} page(s)")
-        token = ""
-        while True:
-            in_logs = self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token)
-            logs += [r.run_id for r in in_logs.runs]
-            token = in_logs.next_page_token
-            if not token:
-                break
-            _progress(as_json, f"finding iteration logs holding the text: {len(logs)} so far")
+        found = [run for page in _every_page(
+            lambda token: self.artifacts.find_runs(text, FIND_PAGE, page_token=token),
+            "runs holding the text", as_json) for run in page.runs]
+        logs = [run.run_id for page in _every_page(
+            lambda token: self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token),
+            "iteration logs holding the text", as_json) for run in page.runs]
         return _Holding(
             runs=list(dict.fromkeys([*(r.run_id for r in found), *logs])),
             whole=list(dict.fromkeys([*(r.run_id for r in found if r.whole_run_needed),
@@ -165,9 +153,15 @@ class _Holding:
     """Format-2 events and snapshots holding it: erased in place, their runs kept."""
 
 
-def _progress(as_json: bool, message: str) -> None:
-    if not as_json:
-        err_console.print(message)
+def _every_page(fetch: Callable[[str], Any], what: str, as_json: bool) -> list[Any]:
+    """Every page ``fetch`` answers (given the previous page's ``next_page_token``), saying
+    how far it got on standard error while there are more (not with ``--json``)."""
+    pages = [fetch("")]
+    while pages[-1].next_page_token:
+        if not as_json:
+            err_console.print(f"listing {what}: {len(pages)} page(s) so far")
+        pages.append(fetch(pages[-1].next_page_token))
+    return pages
 
 
 def _unless_absent(call: Any) -> Any:
@@ -338,18 +332,12 @@ def _every_selected(services: _Services, selector: str, value: str, fleet: str,
                     as_json: bool) -> list[gpb.ErasedItem]:
     """Every page of the shard's selection (a dry run: nothing erased between pages), each
     summary once however many pages' records it quotes."""
-    found: dict[tuple[str, str], gpb.ErasedItem] = {}
-    token = ""
-    while True:
-        page = services.shard.forget(**{selector: value}, fleet_id=fleet, limit=ROUND,
-                                     page_token=token)
-        for r in page.records:
-            found[(r.kind, r.record_id)] = gpb.ErasedItem(kind=r.kind, id=r.record_id,
-                                                          leaf_hash=r.record_hash)
-        token = page.next_page_token
-        if not token:
-            return list(found.values())
-        _progress(as_json, f"listing records: {len(found)} so far")
+    pages = _every_page(lambda token: services.shard.forget(
+        **{selector: value}, fleet_id=fleet, limit=ROUND, page_token=token),
+        "the records selected", as_json)
+    return list({(r.kind, r.record_id): gpb.ErasedItem(kind=r.kind, id=r.record_id,
+                                                       leaf_hash=r.record_hash)
+                 for page in pages for r in page.records}.values())
 
 
 def register(app: typer.Typer) -> None:
