@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -117,17 +117,17 @@ def test_an_agent_holds_at_most_its_streams_and_others_are_not_affected() -> Non
         stream.close()
 
 
-def test_a_fleet_holds_at_most_its_streams_whatever_its_agent_ids() -> None:
-    # Found by review: the cap was per (fleet, agent) only, so an admin who minted tokens for
-    # many agent ids of its fleet held every slot of max_concurrent_rpcs with unread streams.
+SNAPSHOT = "/engram.shard.v1.ShardService/SnapshotForRun"
+
+
+def _stream_opener(streams: StreamsPerAgent) -> Callable[[str, str], Iterator[int]]:
+    """Opens an endless server stream of SnapshotForRun as the agent of a fleet, through the
+    stream limit (taken when the stream starts)."""
     def forever(_request: object, _context: object) -> Iterator[int]:
         while True:
             yield 1
 
-    method = "/engram.shard.v1.ShardService/SnapshotForRun"
-    streams = StreamsPerAgent(2, "ENGRAM_SHARD_MAX_STREAMS_PER_AGENT",
-                              3, "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET")
-    wrapped = StreamLimitInterceptor(streams, {method: READ}).wrap(forever, method, True)
+    wrapped = StreamLimitInterceptor(streams, {SNAPSHOT: READ}).wrap(forever, SNAPSHOT, True)
 
     def opened(agent: str, fleet: str) -> Iterator[int]:
         token = bind_principal(Principal(agent_id=agent, fleet_id=fleet,
@@ -138,6 +138,16 @@ def test_a_fleet_holds_at_most_its_streams_whatever_its_agent_ids() -> None:
             return stream
         finally:
             unbind_principal(token)
+
+    return opened
+
+
+def test_a_fleet_holds_at_most_its_streams_whatever_its_agent_ids() -> None:
+    # Found by review: the cap was per (fleet, agent) only, so an admin who minted tokens for
+    # many agent ids of its fleet held every slot of max_concurrent_rpcs with unread streams.
+    streams = StreamsPerAgent(2, "ENGRAM_SHARD_MAX_STREAMS_PER_AGENT",
+                              3, "ENGRAM_SHARD_MAX_STREAMS_PER_FLEET")
+    opened = _stream_opener(streams)
 
     held = [opened(f"minted-{i}", "fleet-a") for i in range(3)]  # one agent id each
     with pytest.raises(ResourceExhausted) as refused:
@@ -167,24 +177,9 @@ def test_two_fleets_at_their_stream_limits_leave_slots_for_calls_and_other_fleet
     from services.common.server import streams_limit
     from services.shard.settings import ShardSettings
 
-    def forever(_request: object, _context: object) -> Iterator[int]:
-        while True:
-            yield 1
-
     settings = ShardSettings(max_concurrent_rpcs=16)  # 8 a fleet, 12 in all, 3 kept
-    method = "/engram.shard.v1.ShardService/SnapshotForRun"
     streams = streams_limit(settings)
-    wrapped = StreamLimitInterceptor(streams, {method: READ}).wrap(forever, method, True)
-
-    def opened(agent: str, fleet: str) -> Iterator[int]:
-        token = bind_principal(Principal(agent_id=agent, fleet_id=fleet,
-                                         roles=frozenset({"agent"})))
-        try:
-            stream = wrapped(None, None)
-            next(stream)
-            return stream
-        finally:
-            unbind_principal(token)
+    opened = _stream_opener(streams)
 
     held: list[Iterator[int]] = []
     scopes = []
