@@ -12,14 +12,17 @@ manner of TCP Vegas and Netflix's concurrency-limits):
   the smoothed ratio above ``tolerance`` shrinks the limit multiplicatively, below it (with
   the limit in use) grows it by about one per round trip; the limit stays between ``floor``
   and the static ceiling;
-- a caller (its token: known before anything is parsed or verified) gets at most its share of
-  the limit (``limit // callers in flight``, at least one), so an agent with sixteen calls in
-  flight is refused before one with none; and once the limit is reached, a caller with none in
-  flight that has been admitted no more than the average caller lately (calls decaying over
-  about a second) may go a quarter past it: a flood cannot shut a quiet agent out.
+- a caller (the agent its token names, verified first: a forged or expired token is refused
+  UNAUTHENTICATED before it takes a place, and every token of one agent is one caller) gets
+  at most its share of the limit (``limit // callers in flight``, at least one), so an
+  agent with sixteen calls in flight is refused before one with none; and once the limit is
+  reached, a caller with none in flight that has been admitted no more than the average
+  caller lately (calls decaying over about a second) may go a quarter past it: a flood
+  cannot shut a quiet agent out.
 
 A refused call is answered RESOURCE_EXHAUSTED (reason ``OVERLOADED``, with RetryInfo) before
-its request is parsed, its token verified or its method run: nothing was done, a retry is safe.
+its request is parsed or its method run: nothing was done, a retry is safe. (The token check is
+the verifier's, cached per token; access rules and revocations are checked after admission.)
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from typing import Any
 
 import grpc
 
-from services.common.auth import bearer_token
 from services.common.errors import ResourceExhausted
 from services.common.interceptors import Behavior, _BehaviorInterceptor
 
@@ -178,15 +180,18 @@ class AdaptiveLimit:
 
 
 class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
-    """Admits each unary call through an :class:`AdaptiveLimit`, keyed by the caller's token,
+    """Admits each unary call through an :class:`AdaptiveLimit`, keyed by the caller
+    ``caller_of`` names from the call's metadata (raising for a token that does not verify),
     before its request is parsed (the handler it hands on takes the raw bytes; the method's
     own parser runs only once the call is admitted). Streams and public methods (health,
     reflection) pass: the static concurrency limit outside still bounds them."""
 
-    def __init__(self, limit: AdaptiveLimit, is_public: Callable[[str], bool]) -> None:
+    def __init__(self, limit: AdaptiveLimit, is_public: Callable[[str], bool],
+                 caller_of: Callable[[dict[str, str]], str]) -> None:
         super().__init__()
         self._limit = limit
         self._is_public = is_public
+        self._caller_of = caller_of
 
     def wrap_handler(self, handler: grpc.RpcMethodHandler[Any, Any], method: str) -> Any:
         if handler.unary_unary is None or self._is_public(method):
@@ -198,10 +203,11 @@ class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
 
     def _admitting(self, behavior: Behavior, parse: Callable[[bytes], Any] | None,
                    method: str) -> Behavior:
-        limit = self._limit
+        limit, caller_of = self._limit, self._caller_of
 
         def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
-            admission = limit.enter(_caller(context), method)
+            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            admission = limit.enter(caller_of(metadata), method)
             began = time.perf_counter()
             try:
                 return behavior(parse(raw) if parse is not None else raw, context)
@@ -209,15 +215,3 @@ class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
                 limit.leave(admission, time.perf_counter() - began)
 
         return unary
-
-
-def _caller(context: grpc.ServicerContext) -> str:
-    """Who is calling, before the token is verified: a short digest of the token (a forged one
-    is refused by authentication right after, and gets one share meanwhile). The digest, not
-    the token, is what the tables keep: tokens may be kilobytes, and a flood of distinct forged
-    ones must not grow them by that much each."""
-    for key, value in context.invocation_metadata():
-        if key == "authorization":  # the token as authentication reads it: one caller a token
-            header = value if isinstance(value, str) else value.decode(errors="replace")
-            return format(hash(bearer_token(header) or header) & 0xFFFF_FFFF_FFFF_FFFF, "x")
-    return ""

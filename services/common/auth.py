@@ -117,6 +117,17 @@ class Authorizer:
     def is_public(self, method: str) -> bool:
         return method.startswith(PUBLIC_PREFIXES) or self._policy.get(method) == PUBLIC
 
+    def admission_key(self, metadata: Mapping[str, str]) -> str:
+        """Who is calling, for admission before the call runs: the fleet and agent of a token
+        that verifies (cached per token), "" without a token (refused right after, by
+        :meth:`authorize`). A token that does not verify raises here: a flood of forged tokens
+        takes no place in the limit, and every token of one agent is one caller."""
+        token = bearer_token(metadata.get("authorization", ""))
+        if not token:
+            return ""
+        principal = self._verifier.verify(token)
+        return f"{principal.fleet_id}\x1f{principal.agent_id}"
+
     def authorize(self, method: str, metadata: Mapping[str, str]) -> Principal | None:
         """Return the caller, or ``None`` for a public method; raise when refused."""
         if self.is_public(method):

@@ -309,7 +309,7 @@ def _adaptive(settings: ServerSettings, authorizer: Authorizer,
         return []
     limit = AdaptiveLimit(settings.max_concurrent_rpcs, _setting(settings, "admission"))
     spec.registry.register(_AdmissionCollector(spec.name, limit))
-    return [AdaptiveAdmissionInterceptor(limit, authorizer.is_public)]
+    return [AdaptiveAdmissionInterceptor(limit, authorizer.is_public, authorizer.admission_key)]
 
 
 def _rate_limiter(settings: ServerSettings) -> RateLimiter:

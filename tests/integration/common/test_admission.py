@@ -176,6 +176,19 @@ def test_adaptive_admission_refuses_the_caller_past_its_share_before_parsing(
         assert failure.retry_delay is not None and failure.retry_delay > 0
         assert failure.metadata["caller_in_flight"] == "2"
         assert "ENGRAM_SHARD_ADMISSION" in failure.message
+        # Another token of agent A is agent A: no second share (before 2026-11-29 callers were
+        # keyed by token, so an agent minting tokens took a share, or the spare room, each).
+        with ShardClient(adaptive_shard.address, make_token("agent-a")) as second:
+            second.max_retries = 0
+            with pytest.raises(EngramRpcError) as again:
+                second.call(second.stub.ListDomains, pb.ListDomainsRequest(), timeout=5)
+        assert (again.value.code, again.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                          "OVERLOADED")
+        # A forged token is refused as such, before it takes a place.
+        with ShardClient(adaptive_shard.address, "not.a.token") as forged, \
+                pytest.raises(EngramRpcError) as refused_forged:
+            forged.call(forged.stub.ListDomains, pb.ListDomainsRequest(), timeout=5)
+        assert refused_forged.value.code == grpc.StatusCode.UNAUTHENTICATED
         assert other.call(other.stub.ListDomains, pb.ListDomainsRequest(), timeout=5) is not None
     finally:
         held.release.set()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 
 from services.common.adaptive import AdaptiveLimit
 from services.common.errors import ResourceExhausted
+from tests.conftest import TokenFactory
 
 M = "/engram.shard.v1.ShardService/CreateRecord"
 
@@ -104,24 +106,29 @@ def test_an_unknown_admission_mode_is_refused_at_start() -> None:
         ServerSettings(admission="fastest")
 
 
-class _Metadata:
-    def __init__(self, header: str) -> None:
-        self._header = header
-
-    def invocation_metadata(self) -> list[tuple[str, str]]:
-        return [("authorization", self._header)]
-
-
-def test_every_spelling_of_one_token_is_one_caller() -> None:
+def test_every_token_and_spelling_of_one_agent_is_one_caller(
+        engram_home: Path, make_token: TokenFactory) -> None:
     """Found by review: callers were a hash of the raw header while authentication accepts the
     scheme in any case and spaces around the token, so one agent sending each call with another
-    spelling took a share per spelling and shut another fleet's quiet agent out."""
-    from services.common.adaptive import _caller
+    spelling took a share per spelling and shut another fleet's quiet agent out. Then they were
+    a hash of the token, unverified: every token an agent minted, and every forged one, was a
+    caller of its own. Now a caller is the agent a verified token names."""
+    from services.common.auth import Authorizer
+    from services.common.errors import Unauthenticated
+    from services.common.server import token_verifier
+    from services.common.settings import ServerSettings
 
-    spellings = ["Bearer tok.en", "bearer tok.en", "BEARER  tok.en", "Bearer tok.en  ",
-                 " Bearer tok.en"]
-    assert len({_caller(_Metadata(s)) for s in spellings}) == 1  # type: ignore[arg-type]
-    assert _caller(_Metadata("Bearer other")) != _caller(_Metadata("Bearer tok.en"))  # type: ignore[arg-type]
+    authorizer = Authorizer(token_verifier(ServerSettings(home=engram_home), "shard"), {})
+    first, second = make_token("agent-a", "fleet-a"), make_token("agent-a", "fleet-a")
+    headers = [f"Bearer {first}", f"bearer {first}", f"BEARER  {first}", f"Bearer {first}  ",
+               f" Bearer {first}", f"Bearer {second}"]
+    assert len({authorizer.admission_key({"authorization": h}) for h in headers}) == 1
+    keys = {authorizer.admission_key({"authorization": f"Bearer {make_token(a, f)}"})
+            for a, f in (("agent-a", "fleet-a"), ("agent-b", "fleet-a"), ("agent-a", "fleet-b"))}
+    assert len(keys) == 3
+    assert authorizer.admission_key({}) == ""
+    with pytest.raises(Unauthenticated):
+        authorizer.admission_key({"authorization": "Bearer forged.token.here"})
 
 
 def test_the_bearer_token_is_read_the_same_way_everywhere() -> None:
