@@ -29,7 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -415,6 +415,8 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     authorizer = Authorizer(verifier, spec.policy, spec.restrictions)
     errors = ErrorInterceptor()
     spec.registry.register(_ErrorCollector(spec.name, errors.errors))
+    # process_resident_memory_bytes, process_cpu_seconds_total, process_open_fds, ...
+    ProcessCollector(registry=spec.registry)
     in_flight = _in_flight_ceiling(settings)
     interceptors: list[grpc.ServerInterceptor[Any, Any]] = [
         *server_interceptors(),  # OpenTelemetry, outermost, when tracing is on

@@ -152,3 +152,20 @@ def test_the_dashboard_has_an_embedder_row(rendered: list[dict[str, Any]]) -> No
         assert needed in exprs, needed
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids)), "panel ids repeat"
+
+
+def test_every_process_is_watched_for_memory_cpu_and_file_descriptors(
+        rendered: list[dict[str, Any]]) -> None:
+    """Services export process_* (prometheus-client's process collector, in every registry):
+    the dashboard shows RSS, CPU and file descriptors by pod, and an alert fires before the
+    descriptors run out (each stream, connection and open blob holds one)."""
+    (config_map,) = _by_kind(rendered, "ConfigMap")
+    dashboard = json.loads(config_map["data"]["engram-dashboard.json"])
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    for needed in ("process_resident_memory_bytes", "process_cpu_seconds_total",
+                   "process_open_fds / process_max_fds"):
+        assert needed in exprs, needed
+    (rule,) = _by_kind(rendered, "PrometheusRule")
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    fds = alerts["EngramFileDescriptorsNearLimit"]
+    assert "process_open_fds / process_max_fds" in fds["expr"] and fds["for"]

@@ -97,6 +97,12 @@ def test_a_tour_moves_every_domain_metric(tmp_path: Path, engram_home: Path,
                                                         status="ok", detail_json="{}"))
             assert comp.verify("run-m").ok
         after = {name: scrape(port) for name, port in ports.items()}
+    # every service's own process: memory, CPU, file descriptors (the dashboard's Processes row)
+    for name, metrics in after.items():
+        assert value(metrics, "process_resident_memory_bytes") > 10_000_000, name
+        assert value(metrics, "process_open_fds") > 0, name
+        assert value(metrics, "process_max_fds") > 0, name
+        assert "process_cpu_seconds_total" in {key[0] for key in metrics}, name
 
     def moved(service: str, name: str, by: float = 1, **labels: str) -> None:
         delta = value(after[service], name, **labels) - value(before[service], name, **labels)
