@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,33 @@ def test_one_authors_write_is_never_answered_with_anothers_record(
         alice.close()
         bob.close()
         server.stop(0)
+
+
+def test_dedup_is_exact_unless_the_environment_says_off(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README: `ENGRAM_SHARD_DEDUP=off|exact|semantic` (default exact). Read from the
+    environment as a start reads it; off stores the same text twice."""
+    for name in [k for k in os.environ if k.startswith("ENGRAM_SHARD_")]:
+        monkeypatch.delenv(name)
+    base = {"home": engram_home, "port": 0, "allow_ungated": True, "embedder": "none"}
+    token = make_token("a3", "fleet-o")
+    for setting, stored_twice in ((None, False), ("off", True), ("exact", False)):
+        if setting is None:
+            monkeypatch.delenv("ENGRAM_SHARD_DEDUP", raising=False)
+        else:
+            monkeypatch.setenv("ENGRAM_SHARD_DEDUP", setting)
+        settings = ShardSettings(**base, db_url=f"sqlite:///{tmp_path / f'{setting}.db'}")
+        server, _ = build_shard_server(settings)
+        server.start()
+        client = ShardClient(server.address, token)
+        try:
+            first = client.add("Rotate the API keys on Monday.", run_id="r1")
+            again = client.add("rotate the  API keys on monday.", run_id="r1")
+            assert first.created
+            assert again.created is stored_twice, setting
+            assert (again.duplicate_of == "") is stored_twice, setting
+            assert len(list(client.list())) == (2 if stored_twice else 1), setting
+        finally:
+            client.close()
+            server.stop(0)
