@@ -66,3 +66,20 @@ def test_the_shards_search_defaults_are_the_readmes(monkeypatch: pytest.MonkeyPa
     assert (shard.embedder, shard.embed_threads, shard.embed_process) == ("minilm", 2, True)
     assert shard.index_niceness == 10
     assert (shard.dedup, shard.dedup_similarity) == ("exact", 0.97)
+
+
+def test_the_default_embedder_is_all_minilm_l6_v2_run_as_int8(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: "semantic is all-MiniLM-L6-v2 (...) run on ONNX Runtime as int8"; `minilm-fp32`
+    is the same model unquantized."""
+    from services.shard.server import embedder_spec
+
+    for name in [k for k in os.environ if k.startswith("ENGRAM_SHARD_")]:
+        monkeypatch.delenv(name)
+    chosen = embedder_spec(ShardSettings())
+    assert chosen is not None
+    spec, int8 = chosen
+    assert (spec.name, spec.hidden, spec.layers, int8) == ("all-MiniLM-L6-v2", 384, 6, True)
+    monkeypatch.setenv("ENGRAM_SHARD_EMBEDDER", "minilm-fp32")
+    fp32 = embedder_spec(ShardSettings())
+    assert fp32 is not None and fp32[0].digest == spec.digest and fp32[1] is False

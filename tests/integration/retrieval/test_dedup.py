@@ -99,14 +99,14 @@ def test_dedup_is_exact_unless_the_environment_says_off(
     environment as a start reads it; off stores the same text twice."""
     for name in [k for k in os.environ if k.startswith("ENGRAM_SHARD_")]:
         monkeypatch.delenv(name)
-    base = {"home": engram_home, "port": 0, "allow_ungated": True, "embedder": "none"}
     token = make_token("a3", "fleet-o")
     for setting, stored_twice in ((None, False), ("off", True), ("exact", False)):
         if setting is None:
             monkeypatch.delenv("ENGRAM_SHARD_DEDUP", raising=False)
         else:
             monkeypatch.setenv("ENGRAM_SHARD_DEDUP", setting)
-        settings = ShardSettings(**base, db_url=f"sqlite:///{tmp_path / f'{setting}.db'}")
+        settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / f'{setting}.db'}",
+                                 port=0, allow_ungated=True, embedder="none")
         server, _ = build_shard_server(settings)
         server.start()
         client = ShardClient(server.address, token)
