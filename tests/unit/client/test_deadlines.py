@@ -1,8 +1,11 @@
-"""README: "Every call has a deadline (`timeout`, 30 s by default; long streams take
-`stream_timeout`)". A real gRPC server on loopback records the deadline each call arrives with."""
+"""README: every call has a deadline (`timeout`, 30 s by default) except the artifacts
+client's streams, which take `stream_timeout` (none by default); past its deadline a call
+raises `EngramRpcError` with DEADLINE_EXCEEDED. A real gRPC server on loopback records the
+deadline each call arrives with."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -12,12 +15,15 @@ import pytest
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
+from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
 
 
 class Recording(pb_grpc.ArtifactsServiceServicer):
     def __init__(self) -> None:
         self.remaining: dict[str, float | None] = {}
+        self.pause = 0.0
+        """Seconds ReadArtifact waits before each chunk (a slow download)."""
 
     def GetRun(self, request: pb.GetRunRequest, context: Any) -> pb.GetRunResponse:
         self.remaining["GetRun"] = context.time_remaining()
@@ -27,7 +33,10 @@ class Recording(pb_grpc.ArtifactsServiceServicer):
                      context: Any) -> Iterator[pb.ReadArtifactResponse]:
         self.remaining["ReadArtifact"] = context.time_remaining()
         yield pb.ReadArtifactResponse(artifact=pb.Artifact(artifact_id=request.artifact_id))
-        yield pb.ReadArtifactResponse(chunk=b"bytes")
+        for _ in range(5 if self.pause else 1):
+            if context.is_active():
+                time.sleep(self.pause)
+                yield pb.ReadArtifactResponse(chunk=b"bytes")
 
 
 @pytest.fixture
@@ -67,3 +76,20 @@ def test_the_timeouts_given_are_the_deadlines_sent(served: tuple[str, Recording]
     unary, stream = recording.remaining["GetRun"], recording.remaining["ReadArtifact"]
     assert unary is not None and 3 < unary <= 6
     assert stream is not None and 115 < stream <= 121
+
+
+def test_a_stream_past_its_stream_timeout_ends_deadline_exceeded(
+        served: tuple[str, Recording]) -> None:
+    """The download has begun (the artifact and a chunk arrived) when the deadline passes:
+    the rest of it is cut off, as the SDK's error with DEADLINE_EXCEEDED."""
+    address, recording = served
+    recording.pause = 0.3
+    with ArtifactsClient(address, "token", stream_timeout=0.5) as client:
+        started = time.monotonic()
+        artifact, chunks = client.read("art_1")
+        assert artifact.artifact_id == "art_1"
+        assert next(chunks) == b"bytes"
+        with pytest.raises(EngramRpcError) as failure:
+            list(chunks)
+        assert failure.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert time.monotonic() - started < 1.2  # cut at the deadline, not after the stream (1.5 s)
