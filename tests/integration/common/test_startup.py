@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from tests.conftest import TokenFactory
@@ -198,6 +199,47 @@ def test_migrate_false_starts_on_a_database_at_the_newest_revision(tmp_path: Pat
         database.prepare_schema(MIGRATIONS, "shard", migrate=False)
     finally:
         database.dispose()
+
+
+@pytest.mark.parametrize("service", DATABASE_SERVICES)
+def test_migrate_false_serves_on_a_database_a_start_migrated(
+        service: str, tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    """README: migrations run at start unless ENGRAM_<SVC>_MIGRATE=false (then checked). A
+    service built on a database its migrating start left behind starts with it false and
+    answers (SERVING: its database answers; the shard is ungated, the compactor's shard is
+    not needed for health)."""
+    import importlib
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from services.common.tokens import write_token_file
+
+    token = tmp_path / "service.token"
+    write_token_file(token, make_token("svc-compactor", "system", ("service",)))
+    settings_module = importlib.import_module(f"services.{service}.settings")
+    settings_class = next(getattr(settings_module, name) for name in dir(settings_module)
+                          if name.lower() == f"{service}settings")
+    build = getattr(importlib.import_module(f"services.{service}.server"),
+                    f"build_{service}_server")
+    extras: dict[str, dict[str, object]] = {
+        "shard": {"allow_ungated": True, "embedder": "none"},
+        "compactor": {"service_token_file": token}}
+    extra = extras.get(service, {})
+    url = f"sqlite:///{tmp_path / f'{service}.db'}"
+    for migrate in (True, False):
+        settings = settings_class(home=engram_home, port=0, db_url=url, migrate=migrate,
+                                  **extra)
+        built = build(settings)
+        server = built[0] if isinstance(built, tuple) else built
+        server.start()
+        try:
+            channel = grpc.insecure_channel(server.address)
+            check = health_pb2_grpc.HealthStub(channel).Check
+            reply = check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, (service, migrate)
+            channel.close()
+        finally:
+            server.stop(0)
 
 
 @pytest.mark.parametrize("service", DATABASE_SERVICES)
