@@ -14,6 +14,7 @@ import pytest
 
 from services.artifacts.settings import ArtifactsSettings
 from services.compactor.settings import CompactorSettings
+from services.embedder.settings import EmbedderSettings
 from services.governance.settings import GovernanceSettings
 from services.shard.settings import ShardSettings
 
@@ -50,7 +51,7 @@ def test_tracing_is_off_unless_an_otlp_endpoint_is_set() -> None:
 
 
 @pytest.mark.parametrize("settings", [ShardSettings, GovernanceSettings, ArtifactsSettings,
-                                      CompactorSettings])
+                                      CompactorSettings, EmbedderSettings])
 def test_revocations_and_suspensions_are_refreshed_every_2_s_by_default(
         settings: type, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS", raising=False)
