@@ -84,3 +84,17 @@ def test_the_default_embedder_is_all_minilm_l6_v2_run_as_int8(
     monkeypatch.setenv("ENGRAM_SHARD_EMBEDDER", "minilm-fp32")
     fp32 = embedder_spec(ShardSettings())
     assert fp32 is not None and fp32[0].digest == spec.digest and fp32[1] is False
+
+
+@pytest.mark.parametrize("settings", [ShardSettings, GovernanceSettings, ArtifactsSettings,
+                                      CompactorSettings, EmbedderSettings])
+def test_engram_home_is_dot_engram_unless_set(settings: type,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: `make up` keeps everything under `$ENGRAM_HOME` (default `./.engram`): the
+    services and the CLI (`engram up` takes its home from the client settings) agree."""
+    from engram.client import ClientSettings
+
+    monkeypatch.delenv("ENGRAM_HOME", raising=False)
+    assert settings().home == Path(".engram") == ClientSettings().home
+    monkeypatch.setenv("ENGRAM_HOME", "/srv/engram")
+    assert settings().home == Path("/srv/engram") == ClientSettings().home
