@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -107,7 +108,7 @@ class ShardSettings(ServerSettings):
     index_snapshot_path: Path | None = None
     """Default: $ENGRAM_HOME/shard/lexical-index.snapshot (one per replica: it is local)."""
 
-    dedup: str = "exact"
+    dedup: Literal["off", "exact", "semantic"] = "exact"
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
     (also cosine >= dedup_similarity; embeds each write synchronously, ~2-3 ms a record)."""
     dedup_similarity: float = 0.97

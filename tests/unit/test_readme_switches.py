@@ -98,3 +98,14 @@ def test_engram_home_is_dot_engram_unless_set(settings: type,
     assert settings().home == Path(".engram") == ClientSettings().home
     monkeypatch.setenv("ENGRAM_HOME", "/srv/engram")
     assert settings().home == Path("/srv/engram") == ClientSettings().home
+
+
+@pytest.mark.parametrize("value", ["exactt", "SEMANTIC ", "on", ""])
+def test_a_dedup_mode_the_readme_does_not_name_is_refused(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: any other value of ENGRAM_SHARD_DEDUP was taken, and behaved as exact."""
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("ENGRAM_SHARD_DEDUP", value)
+    with pytest.raises(ValidationError, match="dedup"):
+        ShardSettings()
