@@ -102,7 +102,6 @@ class StreamsPerAgent:
         self._total_setting = total_setting
         self._reserve = total_limit // 4 if total_limit is not None else 0
         """The last stream slots, kept for fleets holding fewer than this many."""
-        self._total = 0
         self._open: dict[tuple[str, str], int] = {}
         self._fleets: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -135,19 +134,17 @@ class StreamsPerAgent:
             self._check_total(fleet_id)
             self._open[key] = self._open.get(key, 0) + 1
             self._fleets[fleet_id] = self._fleets.get(fleet_id, 0) + 1
-            self._total += 1
 
     def _check_total(self, fleet_id: str) -> None:
         total_limit = self._total_limit
         if total_limit is None:
             return
-        held = self._fleets.get(fleet_id, 0)
-        if self._total >= total_limit or (
-                self._reserve and held >= self._reserve
-                and self._total >= total_limit - self._reserve):
-            full = self._total >= total_limit
+        held, total = self._fleets.get(fleet_id, 0), sum(self._fleets.values())
+        full = total >= total_limit
+        if full or (self._reserve and held >= self._reserve
+                    and total >= total_limit - self._reserve):
             raise ResourceExhausted(
-                f"this service has {self._total} streams open, "
+                f"this service has {total} streams open, "
                 + (f"its limit ({self._total_setting})" if full else
                    f"and its last {self._reserve} of {total_limit} ({self._total_setting}) "
                    f"are kept for fleets holding fewer than {self._reserve} (fleet "
@@ -171,7 +168,6 @@ class StreamsPerAgent:
                 self._fleets[fleet_id] = left
             else:
                 self._fleets.pop(fleet_id, None)
-            self._total = max(0, self._total - 1)
 
 
 class TokenBucket:
