@@ -64,10 +64,13 @@ class Forgotten:
 @dataclass(frozen=True)
 class Selection:
     items: list[Forgotten]
-    more: bool
     following: int | None = None
-    """With ``more``: the write sequence of the last record listed; the next page of the
-    selection starts past it."""
+    """When more records match than were listed: the write sequence of the last record
+    listed; the next page of the selection starts past it."""
+
+    @property
+    def more(self) -> bool:
+        return self.following is not None
 
 
 @dataclass(frozen=True)
@@ -127,10 +130,10 @@ class RecordEraser:
                 ids = [p.record_id for p in picked]
                 summaries = self._summaries_quoting(session, ids) - set(ids)
             found = repo.by_ids(session, fleet_id, sorted(summaries))
-        following = seqs[len(picked) - 1] if more and picked else None
+        following = seqs[len(picked) - 1] if more else None  # picked holds one at least
         picked += [Forgotten(s.id, s.record_hash, "summary")
                    for s in sorted(found.values(), key=lambda r: r.id)]
-        return Selection(picked, more, following)
+        return Selection(picked, following)
 
     def _matching(self, session: Session, fleet_id: str, kind: str, value: str,
                   active: Callable[[], bool], after: int) -> Iterator[tuple[int, Record]]:
