@@ -148,8 +148,9 @@ class RunEraser:
                 ("run metadata", json_holds(metadata_json or "", needle)),
                 ("run stop_reason", holds(stop_reason or "", needle))) if held]
             whole = bool(places)
+            resumed = start.listed_in(run_id) if start is not None else None
             items = [item for item in self._items(fleet_id, run_id, needle)
-                     if start is None or not start.listed(run_id, item[3])]
+                     if resumed is None or item[3] > resumed]
             places += [f"{kind} {item_id.rpartition(':')[2] if kind == 'event' else item_id}"
                        for kind, item_id, _, _ in items]
             others = self._places(fleet_id, run_id, needle)
@@ -157,9 +158,7 @@ class RunEraser:
             if places:
                 if len(found) == limit or (found and items_found + len(items) >
                                            MAX_ERASURE_ITEMS):
-                    return found, FindCursor(created_us, run_id,
-                                             start.after_item if start is not None
-                                             and start.run_id == run_id else None)
+                    return found, FindCursor(created_us, run_id, resumed)
                 listed = items[:MAX_ERASURE_ITEMS]  # one run alone: the rest the next time
                 found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES],
                                       [(kind, item_id, leaf) for kind, item_id, leaf, _ in listed],

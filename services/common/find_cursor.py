@@ -43,10 +43,9 @@ class FindCursor:
                                   reason="INVALID_PAGE_TOKEN")
         return cls(key[0], key[1], tuple(key[2]) if key[2] is not None else None)
 
-    def listed(self, run_id: str, order: ItemOrder) -> bool:
-        """Whether the previous page listed ``run_id``'s item at ``order`` already."""
-        return (run_id == self.run_id and self.after_item is not None
-                and order <= self.after_item)
+    def listed_in(self, run_id: str) -> ItemOrder | None:
+        """The last of ``run_id``'s items the previous page listed (None: none of them)."""
+        return self.after_item if run_id == self.run_id else None
 
 
 def _is_order(value: Any) -> bool:
