@@ -40,6 +40,7 @@ from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
 from engram.client.shard import ShardClient
 from engram.governance.v1 import governance_service_pb2 as gpb
+from engram.shard.v1 import shard_service_pb2 as spb
 
 EMPTY_RUN_LEAF = "0" * 64
 """The leaf of a run with no events yet (empty head hash), as the artifacts service takes it."""
@@ -304,15 +305,13 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
     selector = {"agent": "agent_id", "record": "record_id", "run": "run_id",
                 "match": "match"}[kind]
     pending = services.run_items(value) if kind == "run" else list(runs)
-    listed: list[gpb.ErasedItem] = []
+    if dry_run:
+        return _every_selected(services, selector, value, fleet, as_json) + pending
     while True:
         extra, pending = pending[:EXTRA_PER_ROUND], pending[EXTRA_PER_ROUND:]
-        if dry_run:
-            return _every_selected(services, selector, value, fleet, as_json) + extra + pending
         selection = services.shard.forget(**{selector: value}, fleet_id=fleet,
                                           limit=ROUND - len(extra))
-        listed = [gpb.ErasedItem(kind=r.kind, id=r.record_id, leaf_hash=r.record_hash)
-                  for r in selection.records] + extra
+        listed = [_record_item(r) for r in selection.records] + extra
         if not listed:
             return listed
         recorded = services.governance.record_erasure(
@@ -335,9 +334,13 @@ def _every_selected(services: _Services, selector: str, value: str, fleet: str,
     pages = _every_page(lambda token: services.shard.forget(
         **{selector: value}, fleet_id=fleet, limit=ROUND, page_token=token),
         "the records selected", as_json)
-    return list({(r.kind, r.record_id): gpb.ErasedItem(kind=r.kind, id=r.record_id,
-                                                       leaf_hash=r.record_hash)
+    return list({(r.kind, r.record_id): _record_item(r)
                  for page in pages for r in page.records}.values())
+
+
+def _record_item(record: spb.ForgottenRecord) -> gpb.ErasedItem:
+    """A record (or summary) the shard selected, as governance's erasure lists it."""
+    return gpb.ErasedItem(kind=record.kind, id=record.record_id, leaf_hash=record.record_hash)
 
 
 def register(app: typer.Typer) -> None:
