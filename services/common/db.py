@@ -149,8 +149,7 @@ class Database:
 
     def upgrade(self, migrations_dir: Path) -> None:
         """Bring the schema to the newest revision shipped with the service."""
-        config = Config()
-        config.set_main_option("script_location", str(migrations_dir))
+        config = _alembic_config(migrations_dir)
         config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         with self.engine.begin() as connection:
             config.attributes["connection"] = connection
@@ -161,17 +160,15 @@ class Database:
         it is there already. A schema that is not (an empty database, or one an older build
         left) is a :class:`StartupError` naming both revisions and ENGRAM_<SERVICE>_MIGRATE,
         instead of the first query failing on a missing table. Each service's migrations
-        record their revision in ``alembic_version_<service>`` (its migrations/env.py)."""
+        record their revision in :func:`version_table` (its migrations/env.py)."""
         if migrate:
             self.upgrade(migrations_dir)
             return
         setting = f"ENGRAM_{service.upper()}_MIGRATE"
-        config = Config()
-        config.set_main_option("script_location", str(migrations_dir))
-        head = ScriptDirectory.from_config(config).get_current_head()
+        head = ScriptDirectory.from_config(_alembic_config(migrations_dir)).get_current_head()
         with self.engine.connect() as connection:
             current = MigrationContext.configure(connection, opts={
-                "version_table": f"alembic_version_{service}"}).get_current_revision()
+                "version_table": version_table(service)}).get_current_revision()
         if current != head:
             where = make_url(self.url).render_as_string(hide_password=True)
             raise StartupError(
@@ -264,14 +261,26 @@ class Database:
         return session.execute(statement.returning(*key)).first() is not None
 
 
-def run_migrations(target_metadata: MetaData, version_table: str) -> None:
+def _alembic_config(migrations_dir: Path) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir))
+    return config
+
+
+def version_table(service: str) -> str:
+    """Where ``service``'s migrations record the schema revision (one table per service, so
+    services may share a database)."""
+    return f"alembic_version_{service}"
+
+
+def run_migrations(target_metadata: MetaData, service: str) -> None:
     """The body of every service's migrations/env.py (connection from Database.upgrade)."""
     connection = context.config.attributes.get("connection")
     if connection is None:
-        raise RuntimeError(f"run {version_table} migrations through "
+        raise RuntimeError(f"run the {service} migrations through "
                            "services.common.db.Database.upgrade")
     context.configure(connection=connection, target_metadata=target_metadata,
-                      render_as_batch=True, version_table=version_table)
+                      render_as_batch=True, version_table=version_table(service))
     with context.begin_transaction():
         context.run_migrations()
 

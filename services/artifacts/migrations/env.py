@@ -5,4 +5,4 @@ from __future__ import annotations
 from services.artifacts.tables import Base
 from services.common.db import run_migrations
 
-run_migrations(Base.metadata, "alembic_version_artifacts")
+run_migrations(Base.metadata, "artifacts")

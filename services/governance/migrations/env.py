@@ -5,4 +5,4 @@ from __future__ import annotations
 from services.common.db import run_migrations
 from services.governance.tables import Base
 
-run_migrations(Base.metadata, "alembic_version_governance")
+run_migrations(Base.metadata, "governance")
