@@ -218,8 +218,7 @@ class EngramServer:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         with self._health_lock:
-            for name in ("", *self.spec.full_names):
-                self._health.set(name, status)
+            self._set_health(status)
 
     def stop(self, grace: float | None = None) -> None:
         """Health to NOT_SERVING, wait ``drain_delay_seconds``, refuse new calls, drain, release.
