@@ -11,11 +11,12 @@ from services.artifacts.settings import ArtifactsSettings
 from services.shard.settings import ShardSettings
 
 
+@pytest.mark.parametrize("field", ["max_streams_per_fleet", "max_streams"])
 @pytest.mark.parametrize("value", ["0", "-1", "many", "1.5"])
-def test_streams_per_fleet_is_a_whole_number_of_at_least_one(
-        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ENGRAM_SHARD_MAX_STREAMS_PER_FLEET", value)
-    with pytest.raises(ValidationError, match="max_streams_per_fleet"):
+def test_stream_caps_are_whole_numbers_of_at_least_one(
+        field: str, value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(f"ENGRAM_SHARD_{field.upper()}", value)
+    with pytest.raises(ValidationError, match=field):
         ShardSettings()
 
 
@@ -26,14 +27,6 @@ def test_streams_per_fleet_defaults_to_half_the_concurrency_limit(
     assert ShardSettings(max_concurrent_rpcs=1).streams_per_fleet() == 1
     monkeypatch.setenv("ENGRAM_ARTIFACTS_MAX_STREAMS_PER_FLEET", "7")
     assert ArtifactsSettings().streams_per_fleet() == 7
-
-
-@pytest.mark.parametrize("value", ["0", "-1", "many", "1.5"])
-def test_streams_in_all_is_a_whole_number_of_at_least_one(
-        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ENGRAM_SHARD_MAX_STREAMS", value)
-    with pytest.raises(ValidationError, match="max_streams"):
-        ShardSettings()
 
 
 def test_streams_in_all_default_to_three_quarters_of_the_concurrency_limit(
