@@ -204,6 +204,12 @@ class Exporter:
                     c.artifacts.stub.ListEvidence, apb.ListEvidenceRequest(page_size=PAGE),
                     lambda reply: reply.evidence):
                 stage.put("evidence", evidence.evidence_id, proto_row(evidence))
+            # The manifests built for no run (a run's own came with the run).
+            for manifest in c.artifacts.paginate(
+                    c.artifacts.stub.ListManifests, apb.ListManifestsRequest(page_size=PAGE),
+                    lambda reply: reply.manifests):
+                if not manifest.run_id:
+                    stage.put("manifests", manifest.manifest_id, proto_row(manifest))
 
     def _stage_tombstones(self, stage: _Stage, run_id: str | None) -> set[str]:
         """The erased records' tombstones (of the run, for a run export); the ids of the

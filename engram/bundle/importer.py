@@ -52,7 +52,7 @@ ERASURE_PAGE = 100
 _CARRIED_OUT: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = (
     (("records",), frozenset({"record", "summary"}), "shard"),
     (("runs", "artifacts", "manifests", "evidence", "events", "snapshots"),
-     frozenset({"run", "event", "snapshot"}), "artifacts"),
+     frozenset({"run", "event", "snapshot", "manifest", "evidence"}), "artifacts"),
     (("iterations",), frozenset({"iterations"}), "compactor"),
 )
 """Which service carries out an erasure listing these item kinds, and the bundle parts whose

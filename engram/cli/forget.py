@@ -50,6 +50,8 @@ EXTRA_PER_ROUND = ROUND // 2
 """Run, iteration-log, event and snapshot items one erasure takes at most (the rest in the
 next round); the records take what is left of the erasure."""
 FIND_PAGE = 1000
+ARTIFACTS_KINDS = frozenset({"run", "event", "snapshot", "manifest", "evidence"})
+"""The item kinds the artifacts service carries out (ForgetRuns)."""
 """Runs one FindRuns or FindIterationLogs page lists at most (``next_page_token`` past
 that)."""
 
@@ -84,11 +86,13 @@ class _Services:
         return items
 
     def runs_holding(self, text: str, as_json: bool) -> _Holding:
-        """Runs whose artifacts-side data or iteration log holds the text, and the events
-        and snapshots of them that can be erased in place: every page of both finds."""
-        found = [run for page in _every_page(
+        """Runs whose artifacts-side data or iteration log holds the text, the events and
+        snapshots of them that can be erased in place, and the manifests of no run and the
+        evidence citing no artifact holding it: every page of both finds."""
+        pages = _every_page(
             lambda token: self.artifacts.find_runs(text, FIND_PAGE, page_token=token),
-            "runs holding the text", as_json) for run in page.runs]
+            "runs holding the text", as_json)
+        found = [run for page in pages for run in page.runs]
         logs = [run.run_id for page in _every_page(
             lambda token: self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token),
             "iteration logs holding the text", as_json) for run in page.runs]
@@ -98,7 +102,10 @@ class _Services:
                                       *logs])),
             items=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
                                                        leaf_hash=i.leaf_hash)
-                        for r in found for i in r.items}.values()))
+                        for r in found for i in r.items}.values()),
+            loose=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
+                                                       leaf_hash=i.leaf_hash)
+                        for page in pages for i in page.loose_items}.values()))
 
     def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
         """Every run the agent started, in artifacts and the compactor, and its format-2
@@ -129,13 +136,15 @@ class _Services:
         records = self.shard.forget(erasure_id=erasure_id)
         done["records"] = [r.record_id for r in records.records]
         done["already_erased"] = records.already_erased
-        if kinds & {"run", "event", "snapshot"}:
+        if kinds & ARTIFACTS_KINDS:
             runs = self.artifacts.forget_runs(erasure_id)
             done["runs"] = [{"run_id": r.run_id, "events": r.events, "snapshots": r.snapshots,
                              "artifacts": r.artifacts, "manifests": r.manifests,
                              "evidence": r.evidence} for r in runs.runs]
             done["events_erased"] = runs.events_erased
             done["snapshots_erased"] = runs.snapshots_erased
+            done["manifests_erased"] = runs.manifests_erased
+            done["evidence_erased"] = runs.evidence_erased
         if "iterations" in kinds:
             logs = self.compactor.forget_iterations(erasure_id)
             done["iteration_logs"] = [{"run_id": r.run_id, "last_iteration": r.last_iteration,
@@ -152,6 +161,8 @@ class _Holding:
     """Those holding it where only erasing the whole run removes it."""
     items: list[gpb.ErasedItem] = field(default_factory=list)
     """Format-2 events and snapshots holding it: erased in place, their runs kept."""
+    loose: list[gpb.ErasedItem] = field(default_factory=list)
+    """Manifests of no run and evidence citing no artifact holding it: deleted."""
 
 
 def _every_page(fetch: Callable[[str], Any], what: str, as_json: bool) -> list[Any]:
@@ -183,10 +194,11 @@ def forget(
     run: str = typer.Option("", "--run", help="the run: its records, and its events, "
                             "snapshots, artifacts, manifests and iteration log"),
     match: str = typer.Option("", "--match", help="every record whose content, a tag or a "
-                              "metadata key or value holds this text (case-insensitive), and "
+                              "metadata key or value holds this text (case-insensitive), "
                               "every format-2 event payload and snapshot state holding it "
-                              "(erased in place, their runs kept); the text itself is not "
-                              "recorded anywhere"),
+                              "(erased in place, their runs kept), and every manifest of no "
+                              "run and evidence citing no artifact holding it; the text "
+                              "itself is not recorded anywhere"),
     whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: erase whole, "
                                     "instead, every run whose metadata, stop reason, events, "
                                     "snapshots, artifacts, manifests, evidence or iteration log "
@@ -246,9 +258,11 @@ def forget(
             _warn_left(left, legacy)
         return
     total = sum(len(e["records"]) for e in erasures)
-    events = sum(e.get("events_erased", 0) for e in erasures)
-    snapshots = sum(e.get("snapshots_erased", 0) for e in erasures)
+    events, snapshots, manifests, evidence = (
+        sum(e.get(f"{what}_erased", 0) for e in erasures)
+        for what in ("events", "snapshots", "manifests", "evidence"))
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
+               "manifests_erased": manifests, "evidence_erased": evidence,
                "erasures": erasures, "runs_holding_text": left,
                "format1_events_left": legacy}
     if as_json:
@@ -257,8 +271,9 @@ def forget(
     if not erasures:
         console.print("nothing matches: nothing erased")
     else:
-        console.print(f"{total} record(s), {events} event(s) and {snapshots} snapshot(s) "
-                      f"erased in {len(erasures)} erasure(s)")
+        console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
+                      f"{manifests} manifest(s) and {evidence} evidence item(s) erased in "
+                      f"{len(erasures)} erasure(s)")
     _warn_left(left, legacy)
 
 
@@ -289,7 +304,7 @@ def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry
     whole run removes it (none with ``whole_runs``)."""
     holding = services.runs_holding(text, as_json)
     runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
-            else holding.items)
+            else holding.items) + holding.loose
     listed = _erase(services, "match", text, fleet, reason, dry_run, erasures, as_json, runs)
     return listed, [] if whole_runs else holding.whole
 

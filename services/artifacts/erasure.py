@@ -8,18 +8,20 @@ replaces the run by a tombstone (author, event count,
 head hash, the erasure). The blobs go after the commit, every S3 version of them; a blob
 that could not be purged stays listed in the tombstone and a rerun of the erasure finishes
 it. Then the freed space is purged (SQLite: WAL truncated, pages zeroed by secure_delete;
-Postgres: VACUUM). The run id is never used again: StartRun refuses it.
+Postgres: VACUUM). The run id is never used again: StartRun refuses it. Manifests built for
+no run and evidence citing no artifact (``manifest`` and ``evidence`` items) are deleted
+outright, in one transaction before the runs.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sqlalchemy import delete, func, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, true, update
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from services.artifacts.domain.chain import run_leaf
 from services.artifacts.item_erasure import IN_PLACE_KINDS, ErasedInPlace, erase_in_place
@@ -50,6 +52,13 @@ from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 log = logging.getLogger("engram.artifacts.erasure")
 
 PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "evidence")
+LOOSE_KINDS = ("manifest", "evidence")
+EVIDENCE_LEAF = "0" * 64
+"""The leaf an ``evidence`` item lists: evidence has no hash of its own (its id derives from
+where it points, not from what it says)."""
+LOOSE_PHASE = -1
+"""A find cursor's ``created_us`` once every run was scanned: the items of no run follow
+(no run is created before 0)."""
 
 
 MAX_PLACES = 5
@@ -65,6 +74,23 @@ class FoundRun:
     payload or state: erasable in place."""
     whole_run_needed: bool = False
     """The text is also where only erasing the whole run removes it."""
+
+
+@dataclass(frozen=True)
+class FoundPage:
+    runs: list[FoundRun]
+    loose: list[tuple[str, str, str]]
+    """(kind, id, leaf hash) of the manifests of no run and the evidence citing no artifact
+    holding the text: erased outright."""
+    following: FindCursor | None
+    """Where the next page starts (None: no more)."""
+
+
+@dataclass(frozen=True)
+class ErasedLoose:
+    manifests: int = 0
+    evidence: int = 0
+    already: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,13 +112,19 @@ class RunEraser:
         self._scans = TextScans()
 
     def erase(self, fleet_id: str, erasure_id: str,
-              now_us: int) -> tuple[list[ForgottenRun], int, ErasedInPlace]:
+              now_us: int) -> tuple[list[ForgottenRun], int, ErasedInPlace, ErasedLoose]:
         order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
         in_place = ErasedInPlace()
         if any(kind in IN_PLACE_KINDS for kind, _, _ in order.items):
             with self.service.writing() as session:  # appends to the runs wait
                 in_place = erase_in_place(session, order, now_us)
             if in_place.events or in_place.snapshots:
+                self._purge_throttle.owe()
+        loose = ErasedLoose()
+        if any(kind in LOOSE_KINDS for kind, _, _ in order.items):
+            with self.service.writing() as session:
+                loose = _erase_loose(session, order)
+            if loose.manifests or loose.evidence:
                 self._purge_throttle.owe()
         leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
         erased: list[ForgottenRun] = []
@@ -108,29 +140,89 @@ class RunEraser:
                 self._purge_throttle.owe()
                 erased.append(forgotten)
         self._purge_blobs(fleet_id, list(leaves))
-        changed = bool(erased) or bool(in_place.events or in_place.snapshots)
+        changed = bool(erased) or bool(in_place.events or in_place.snapshots
+                                       or loose.manifests or loose.evidence)
         self._purge_throttle.purge(lambda: self.service.db.vacuum(PURGED_TABLES))
         if changed:
             log.info("runs erased", extra={"erasure_id": erasure_id, "fleet_id": fleet_id,
                                            "runs": len(erased), "already": already,
                                            "events": in_place.events,
-                                           "snapshots": in_place.snapshots})
-        return erased, already, in_place
+                                           "snapshots": in_place.snapshots,
+                                           "manifests": loose.manifests,
+                                           "evidence": loose.evidence})
+        return erased, already, in_place, loose
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True,
-             start: FindCursor | None = None) -> tuple[list[FoundRun], FindCursor | None]:
+             start: FindCursor | None = None) -> FoundPage:
         """The fleet's runs holding ``match`` anywhere (oldest first, from ``start``): the
         run's metadata and stop reason, its events, snapshots, manifests, artifacts and the
-        evidence citing them, reading every blob; stops when ``active`` says the caller has
-        gone. Returns the runs and where the next page starts (None: no more)."""
+        evidence citing them, reading every blob; after the last run, the manifests of no
+        run and the evidence citing no artifact holding it. Stops when ``active`` says the
+        caller has gone."""
         needle = needle_of(match)
         limit = selection_limit(limit)
         with self._scans.slot("FindRuns"):
-            return self._find(fleet_id, needle, limit, active, start)
+            if start is not None and start.created_us == LOOSE_PHASE:
+                loose, following = self._find_loose(fleet_id, needle, MAX_ERASURE_ITEMS,
+                                                    active, start.after_item)
+                return FoundPage([], loose, following)
+            runs, following, items_found = self._find(fleet_id, needle, limit, active, start)
+            if following is not None:
+                return FoundPage(runs, [], following)
+            loose, following = self._find_loose(fleet_id, needle,
+                                                MAX_ERASURE_ITEMS - items_found, active, None)
+            return FoundPage(runs, loose, following)
+
+    def _find_loose(self, fleet_id: str, needle: str, room: int, active: Callable[[], bool],
+                    after: ItemOrder | None) -> tuple[list[tuple[str, str, str]],
+                                                      FindCursor | None]:
+        """The manifests of no run (by content) and the evidence citing no artifact (by chunk
+        id or metadata) holding the text, in (kind, created, id) order past ``after``: at
+        most ``room`` of them, and where the next page goes on."""
+        found: list[tuple[str, str, str]] = []
+        last: ItemOrder | None = after
+        for item, order in self._loose_items(fleet_id, needle, active, after):
+            if len(found) >= room:
+                return found, FindCursor(LOOSE_PHASE, "", last)
+            found.append(item)
+            last = order
+        return found, None
+
+    def _loose_items(self, fleet_id: str, needle: str, active: Callable[[], bool],
+                     after: ItemOrder | None,
+                     ) -> Iterator[tuple[tuple[str, str, str], ItemOrder]]:
+        after = after or (0, -1, "")
+        with self.service.db.session() as session:
+            if after[0] == 0:
+                manifests = session.execute(select(
+                    ManifestRow.manifest_id, ManifestRow.content_hash, ManifestRow.created_us,
+                    ManifestRow.content_json).where(
+                    ManifestRow.fleet_id == fleet_id, ManifestRow.run_id == "",
+                    _past(ManifestRow.created_us, ManifestRow.manifest_id, after, 0))
+                    .order_by(ManifestRow.created_us, ManifestRow.manifest_id)
+                    .execution_options(yield_per=200))
+                for manifest_id, content_hash, created_us, content in manifests:
+                    still_wanted(active)
+                    if json_holds(content, needle):
+                        yield (("manifest", manifest_id, content_hash),
+                               (0, created_us, manifest_id))
+            evidence = session.execute(select(
+                EvidenceRow.evidence_id, EvidenceRow.created_us, EvidenceRow.chunk_id,
+                EvidenceRow.metadata_json).where(
+                EvidenceRow.fleet_id == fleet_id, EvidenceRow.artifact_id == "",
+                _past(EvidenceRow.created_us, EvidenceRow.evidence_id, after, 1))
+                .order_by(EvidenceRow.created_us, EvidenceRow.evidence_id)
+                .execution_options(yield_per=200))
+            for evidence_id, created_us, chunk_id, metadata_json in evidence:
+                still_wanted(active)
+                if holds(chunk_id, needle) or json_holds(metadata_json, needle):
+                    yield ("evidence", evidence_id, EVIDENCE_LEAF), (1, created_us, evidence_id)
 
     def _find(self, fleet_id: str, needle: str, limit: int, active: Callable[[], bool],
-              start: FindCursor | None) -> tuple[list[FoundRun], FindCursor | None]:
+              start: FindCursor | None) -> tuple[list[FoundRun], FindCursor | None, int]:
+        """The runs holding the text, where the next page starts (None: every run was
+        scanned) and how many items the runs listed hold."""
         with self.service.db.session() as session:
             runs = session.execute(select(
                 RunRow.run_id, RunRow.head_hash, RunRow.metadata_json, RunRow.stop_reason,
@@ -158,15 +250,15 @@ class RunEraser:
             if places:
                 if len(found) == limit or (found and items_found + len(items) >
                                            MAX_ERASURE_ITEMS):
-                    return found, FindCursor(created_us, run_id, resumed)
+                    return found, FindCursor(created_us, run_id, resumed), items_found
                 listed = items[:MAX_ERASURE_ITEMS]  # one run alone: the rest the next time
                 found.append(FoundRun(run_id, head_hash, places[:MAX_PLACES],
                                       [(kind, item_id, leaf) for kind, item_id, leaf, _ in listed],
                                       whole or bool(others)))
                 if len(items) > MAX_ERASURE_ITEMS:
-                    return found, FindCursor(created_us, run_id, listed[-1][3])
+                    return found, FindCursor(created_us, run_id, listed[-1][3]), len(listed)
                 items_found += len(items)
-        return found, None
+        return found, None, items_found
 
     def _items(self, fleet_id: str, run_id: str,
                needle: str) -> list[tuple[str, str, str, ItemOrder]]:
@@ -298,6 +390,48 @@ class RunEraser:
                 session.execute(update(RunTombstoneRow).where(
                     RunTombstoneRow.fleet_id == fleet_id, RunTombstoneRow.run_id == run_id)
                     .values(blobs_left_json="[]"))
+
+
+def _past(created: InstrumentedAttribute[int], key: InstrumentedAttribute[str],
+          after: ItemOrder, kind: int) -> ColumnElement[bool]:
+    """The rows of the ``kind``-th table of loose items past ``after`` in (created, id) order
+    (all of them when ``after`` is in an earlier table)."""
+    if after[0] != kind:
+        return true()
+    return or_(created > after[1], and_(created == after[1], key > after[2]))
+
+
+def _erase_loose(session: Session, order: ErasureOrder) -> ErasedLoose:
+    """Delete the order's manifests and evidence (the caller commits). Every item is checked
+    before any is deleted: a manifest whose content hash is not the one listed refuses the
+    whole call. One no longer stored was erased before (a find listed it); an imported
+    erasure's item this service never held is nothing to do."""
+    fleet_id = order.fleet_id
+    rows: list[ManifestRow | EvidenceRow] = []
+    manifests = already = 0
+    for kind, item_id, leaf in order.items:
+        row: ManifestRow | EvidenceRow | None
+        if kind == "manifest":
+            row = session.get(ManifestRow, (fleet_id, item_id))
+            stored = row.content_hash if row is not None else ""
+        elif kind == "evidence":
+            row, stored = session.get(EvidenceRow, (fleet_id, item_id)), EVIDENCE_LEAF
+        else:
+            continue
+        if row is None:
+            already += 0 if order.imported else 1
+            continue
+        if stored != leaf:
+            raise FailedPrecondition(
+                f"{kind} {item_id} has hash {stored[:16]}… but erasure {order.erasure_id} "
+                f"lists {leaf[:16]}…; record a new erasure", reason="ERASURE_MISMATCH",
+                metadata={"kind": kind, "id": item_id})
+        manifests += kind == "manifest"
+        rows.append(row)
+    for row in rows:
+        session.delete(row)
+    session.flush()
+    return ErasedLoose(manifests, len(rows) - manifests, already)
 
 
 def _count(session: Session, table: type[EventRow] | type[SnapshotRow] | type[ManifestRow],

@@ -267,26 +267,32 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
 
     def ForgetRuns(self, request: pb.ForgetRunsRequest,
                    context: grpc.ServicerContext) -> pb.ForgetRunsResponse:
-        erased, already, in_place = self.eraser.erase(current_principal().fleet_id,
-                                                      request.erasure_id, now_us())
+        erased, already, in_place, loose = self.eraser.erase(
+            current_principal().fleet_id, request.erasure_id, now_us())
         return pb.ForgetRunsResponse(runs=[pb.ForgottenRun(
             run_id=r.run_id, head_hash=r.head_hash, events=r.events, snapshots=r.snapshots,
             artifacts=r.artifacts, manifests=r.manifests, evidence=r.evidence) for r in erased],
             already_erased=already, events_erased=in_place.events,
-            snapshots_erased=in_place.snapshots, items_already_erased=in_place.already)
+            snapshots_erased=in_place.snapshots,
+            items_already_erased=in_place.already + loose.already,
+            manifests_erased=loose.manifests, evidence_erased=loose.evidence)
 
     def FindRuns(self, request: pb.FindRunsRequest,
                  context: grpc.ServicerContext) -> pb.FindRunsResponse:
         fleet_id = current_principal().fleet_id
         pages, filters = self.service.pages, scan_filters("runs", fleet_id, request.match)
-        found, following = self.eraser.find(
+        page = self.eraser.find(
             fleet_id, request.match, request.limit, context.is_active,
             FindCursor.from_key(pages.decode(request.page_token, filters)))
+        following = page.following
         return pb.FindRunsResponse(runs=[pb.FoundRun(
             run_id=r.run_id, head_hash=r.head_hash, places=r.places,
             items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
                    for kind, item_id, leaf in r.items],
-            whole_run_needed=r.whole_run_needed) for r in found], more=following is not None,
+            whole_run_needed=r.whole_run_needed) for r in page.runs],
+            loose_items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
+                         for kind, item_id, leaf in page.loose],
+            more=following is not None,
             next_page_token=pages.encode(following.key(), filters) if following else "")
 
     def ImportRun(self, request: pb.ImportRunRequest,

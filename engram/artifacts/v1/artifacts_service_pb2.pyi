@@ -182,28 +182,34 @@ class FoundItem(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
 
 class FindRunsResponse(_message.Message):
-    __slots__ = ("runs", "more", "next_page_token")
+    __slots__ = ("runs", "more", "next_page_token", "loose_items")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOOSE_ITEMS_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[FoundRun]
     more: bool
     next_page_token: str
-    def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    loose_items: _containers.RepeatedCompositeFieldContainer[FoundItem]
+    def __init__(self, runs: _Optional[_Iterable[_Union[FoundRun, _Mapping]]] = ..., more: _Optional[bool] = ..., next_page_token: _Optional[str] = ..., loose_items: _Optional[_Iterable[_Union[FoundItem, _Mapping]]] = ...) -> None: ...
 
 class ForgetRunsResponse(_message.Message):
-    __slots__ = ("runs", "already_erased", "events_erased", "snapshots_erased", "items_already_erased")
+    __slots__ = ("runs", "already_erased", "events_erased", "snapshots_erased", "items_already_erased", "manifests_erased", "evidence_erased")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
     EVENTS_ERASED_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_ERASED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_ERASED_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_ERASED_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[ForgottenRun]
     already_erased: int
     events_erased: int
     snapshots_erased: int
     items_already_erased: int
-    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenRun, _Mapping]]] = ..., already_erased: _Optional[int] = ..., events_erased: _Optional[int] = ..., snapshots_erased: _Optional[int] = ..., items_already_erased: _Optional[int] = ...) -> None: ...
+    manifests_erased: int
+    evidence_erased: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenRun, _Mapping]]] = ..., already_erased: _Optional[int] = ..., events_erased: _Optional[int] = ..., snapshots_erased: _Optional[int] = ..., items_already_erased: _Optional[int] = ..., manifests_erased: _Optional[int] = ..., evidence_erased: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("artifact_id", "run_id", "step_id", "path", "hash", "mime_type", "size_bytes", "create_time", "metadata_json")

@@ -230,7 +230,8 @@ class ArtifactsServiceServicer:
         id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
         in place, their runs kept: payload or state and salt go, the hashes stay
         (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-        held in the fleet). Governor or admin role.
+        held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+        loose_items) are deleted outright. Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -241,8 +242,9 @@ class ArtifactsServiceServicer:
         artifact names and metadata, artifact bytes or cited evidence hold a text
         (case-insensitive), for engram forget --match: the format-2 events and
         snapshots holding it are listed as items erasable in place; elsewhere it
-        needs the whole run erased (whole_run_needed). Reads every blob of the
-        fleet. Governor or admin role.
+        needs the whole run erased (whole_run_needed). Manifests of no run and
+        evidence citing no artifact holding it are listed too (loose_items). Reads
+        every blob of the fleet. Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

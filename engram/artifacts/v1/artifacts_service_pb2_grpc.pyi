@@ -58,15 +58,17 @@ class ArtifactsServiceStub:
     id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
     in place, their runs kept: payload or state and salt go, the hashes stay
     (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-    held in the fleet). Governor or admin role.
+    held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+    loose_items) are deleted outright. Governor or admin role.
     """
     FindRuns: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]
     """The runs whose metadata, stop reason, events, snapshots, manifests,
     artifact names and metadata, artifact bytes or cited evidence hold a text
     (case-insensitive), for engram forget --match: the format-2 events and
     snapshots holding it are listed as items erasable in place; elsewhere it
-    needs the whole run erased (whole_run_needed). Reads every blob of the
-    fleet. Governor or admin role.
+    needs the whole run erased (whole_run_needed). Manifests of no run and
+    evidence citing no artifact holding it are listed too (loose_items). Reads
+    every blob of the fleet. Governor or admin role.
     """
     CreateArtifact: _grpc.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]
     """Uploads one artifact as a stream: the first message carries the header,
@@ -186,15 +188,17 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
     in place, their runs kept: payload or state and salt go, the hashes stay
     (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-    held in the fleet). Governor or admin role.
+    held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+    loose_items) are deleted outright. Governor or admin role.
     """
     FindRuns: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.FindRunsRequest, _artifacts_service_pb2.FindRunsResponse]  # type: ignore[assignment]
     """The runs whose metadata, stop reason, events, snapshots, manifests,
     artifact names and metadata, artifact bytes or cited evidence hold a text
     (case-insensitive), for engram forget --match: the format-2 events and
     snapshots holding it are listed as items erasable in place; elsewhere it
-    needs the whole run erased (whole_run_needed). Reads every blob of the
-    fleet. Governor or admin role.
+    needs the whole run erased (whole_run_needed). Manifests of no run and
+    evidence citing no artifact holding it are listed too (loose_items). Reads
+    every blob of the fleet. Governor or admin role.
     """
     CreateArtifact: _aio.StreamUnaryMultiCallable[_artifacts_service_pb2.CreateArtifactRequest, _artifacts_service_pb2.CreateArtifactResponse]  # type: ignore[assignment]
     """Uploads one artifact as a stream: the first message carries the header,
@@ -341,7 +345,8 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
         in place, their runs kept: payload or state and salt go, the hashes stay
         (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-        held in the fleet). Governor or admin role.
+        held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+        loose_items) are deleted outright. Governor or admin role.
         """
 
     @_abc_1.abstractmethod
@@ -354,8 +359,9 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         artifact names and metadata, artifact bytes or cited evidence hold a text
         (case-insensitive), for engram forget --match: the format-2 events and
         snapshots holding it are listed as items erasable in place; elsewhere it
-        needs the whole run erased (whole_run_needed). Reads every blob of the
-        fleet. Governor or admin role.
+        needs the whole run erased (whole_run_needed). Manifests of no run and
+        evidence citing no artifact holding it are listed too (loose_items). Reads
+        every blob of the fleet. Governor or admin role.
         """
 
     @_abc_1.abstractmethod

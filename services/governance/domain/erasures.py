@@ -15,9 +15,12 @@ from services.common.limits import check_limit
 from services.common.tokens import is_identifier, validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
-ITEM_KINDS = ("record", "summary", "run", "iterations", "event", "snapshot")
+ITEM_KINDS = ("record", "summary", "run", "iterations", "event", "snapshot", "manifest",
+              "evidence")
 """``event``: one event of a kept run, id ``<run_id>:<seq>``, leaf its hash; ``snapshot``: one
-snapshot, leaf its state_hash (both erased in place by the artifacts service)."""
+snapshot, leaf its state_hash (both erased in place by the artifacts service); ``manifest``:
+a manifest built for no run, leaf its content_hash; ``evidence``: evidence citing no
+artifact, leaf 64 zeros (both deleted by the artifacts service)."""
 MAX_REASON_CHARS = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ERASURE_ID = re.compile(r"era_[0-9a-f]{28}")

@@ -263,3 +263,41 @@ def test_an_erasure_the_origin_had_not_carried_out_is_carried_out_on_import(
             with pytest.raises(EngramRpcError) as gone:
                 shard.get(record.id)
             assert gone.value.reason == "RECORD_ERASED"
+
+
+def test_an_erased_manifest_of_no_run_stays_erased_when_an_older_bundle_brings_it(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet bundle carries the manifests built for no run (it did not: checked), and they
+    and evidence citing no artifact leave no tombstone when erased: the bundle made after
+    `forget --match` carries the erasure, whose import deletes them, and importing the bundle
+    made before it again has them deleted again (checked failing without the manifest and
+    evidence kinds among those the import carries out)."""
+    admin = make_token("op", "fleet-a", ADMIN)
+    before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
+    for name in "ab":
+        (tmp_path / name).mkdir()
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        populate(origin, make_token)
+        with ArtifactsClient(origin.artifacts.address, admin) as art:
+            manifest = art.create_manifest({"window": ["zqxbundled"]}).manifest
+            evidence = art.create_evidence("corpus", "index", "chunk-1", 0, 1,
+                                           metadata={"q": "zqxbundled"}).evidence
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", "fleet-a", "-o", str(before))
+            done = run("forget", "--match", "zqxbundled")
+            assert (done["manifests_erased"], done["evidence_erased"]) == (1, 1)
+            run("export", "--fleet", "fleet-a", "-o", str(after))
+    with full_stack(tmp_path / "b", engram_home, make_token, governed=True) as target, \
+            cli_for(target, admin, monkeypatch) as run, \
+            ArtifactsClient(target.artifacts.address, admin) as art:
+        run("import-bundle", str(before))  # a fleet export holds its run-less manifests
+        assert art.get_manifest(manifest.manifest_id) == manifest
+        assert art.get_evidence(evidence.evidence_id) == evidence
+        for bundle in (after, before):  # the erasure, then the older copy again
+            run("import-bundle", str(bundle))
+            for fetch, item_id in ((art.get_manifest, manifest.manifest_id),
+                                   (art.get_evidence, evidence.evidence_id)):
+                with pytest.raises(EngramRpcError) as gone:
+                    fetch(item_id)
+                assert gone.value.code == grpc.StatusCode.NOT_FOUND

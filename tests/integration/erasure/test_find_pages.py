@@ -114,3 +114,68 @@ def test_a_run_whose_items_fill_a_page_goes_on_past_them_even_once_they_are_eras
                     break
             assert seen == [f"run-big:{n}" for n in range(1, 8)] + ["run-next:1"]
             assert not art.find_runs("zqxfull").runs
+
+
+def test_items_of_no_run_follow_the_runs_page_by_page_and_a_wrong_leaf_erases_nothing(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Manifests built for no run and evidence citing no artifact are listed after the runs
+    (3 items a page here, standing for 10,000), each once even when the ones listed before
+    were erased before the next page was asked for; a manifest item whose leaf is not its
+    content hash, or an evidence item whose leaf is not zeros, is refused and nothing of the
+    erasure is deleted."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    other_fleet = make_token("scout-9", "fleet-other")
+    monkeypatch.setattr(artifacts_erasure, "MAX_ERASURE_ITEMS", 3)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            art.start_run("run-a", {})
+            art.append_event("run-a", "said", {"text": "zqxloose"})
+            manifests = [art.create_manifest({"n": n, "said": "ZQXLOOSE"}).manifest
+                         for n in range(4)]
+            art.create_manifest({"said": "zqxloose"}, run_id="run-a")  # goes with its run
+            art.create_manifest({"said": "plain"})
+            evidence = [art.create_evidence("corpus", "index", f"chunk-{n}", 0, 1,
+                                            metadata={"q": "zqxloose"}).evidence
+                        for n in range(2)]
+            evidence.append(art.create_evidence("corpus", "index", "zqxloose-chunk", 0, 1)
+                            .evidence)
+        with ArtifactsClient(stack.artifacts.address, other_fleet) as art:
+            art.create_manifest({"said": "zqxloose"})  # another fleet's: never listed
+        with ArtifactsClient(stack.artifacts.address, admin) as art, \
+                GovernanceClient(stack.governance.address, admin) as gov:
+            first = art.find_runs("zqxloose")
+            assert [r.run_id for r in first.runs] == ["run-a"]
+            manifest = first.loose_items[0]
+            for wrong in (gpb.ErasedItem(kind="manifest", id=manifest.id, leaf_hash="1" * 64),
+                          gpb.ErasedItem(kind="evidence", id=evidence[0].evidence_id,
+                                         leaf_hash=manifest.leaf_hash)):
+                erasure = gov.record_erasure("match", "", [gpb.ErasedItem(
+                    kind=manifest.kind, id=manifest.id, leaf_hash=manifest.leaf_hash),
+                    wrong] if wrong.kind == "evidence" else [wrong]).erasure
+                assert _refused(art.forget_runs, erasure.erasure_id) == (
+                    grpc.StatusCode.FAILED_PRECONDITION, "ERASURE_MISMATCH")
+            assert art.get_manifest(manifest.id).content_json  # nothing deleted
+            seen: list[tuple[str, str]] = []
+            page = first
+            while True:
+                loose = list(page.loose_items)
+                assert len(loose) + sum(len(r.items) for r in page.runs) <= 3
+                seen += [(i.kind, i.id) for i in loose]
+                if loose:
+                    erasure = gov.record_erasure("match", "", [gpb.ErasedItem(
+                        kind=i.kind, id=i.id, leaf_hash=i.leaf_hash) for i in loose]).erasure
+                    done = art.forget_runs(erasure.erasure_id)
+                    assert done.manifests_erased + done.evidence_erased == len(loose)
+                    again = art.forget_runs(erasure.erasure_id)
+                    assert (again.manifests_erased, again.evidence_erased,
+                            again.items_already_erased) == (0, 0, len(loose))
+                if not page.next_page_token:
+                    break
+                page = art.find_runs("zqxloose", page_token=page.next_page_token)
+            assert seen == [("manifest", m.manifest_id) for m in sorted(
+                manifests, key=lambda m: (m.create_time.ToMicroseconds(), m.manifest_id))] + [
+                ("evidence", e.evidence_id) for e in sorted(
+                    evidence, key=lambda e: (e.create_time.ToMicroseconds(), e.evidence_id))]
+            after = art.find_runs("zqxloose")
+            assert [r.run_id for r in after.runs] == ["run-a"] and not after.loose_items

@@ -158,6 +158,11 @@ def test_forget_leaves_no_byte_of_the_marker(
             art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
                                 artifact_id=uploaded.artifact_id,
                                 metadata={"quote": marker})
+            # held by no run: a manifest built for none, evidence citing no artifact
+            loose_manifest = art.create_manifest({"window": [marker]}).manifest
+            loose_evidence = art.create_evidence("corpus-2", "index-1", "chunk-1", 0, 4,
+                                                 metadata={"quote": marker}).evidence
+            kept_manifest = art.create_manifest({"window": ["nothing to see"]}).manifest
         with CompactorClient(stack.compactor.address, agent) as comp:
             # 25 makes a cold snapshot (a gzip blob) with the detail
             lines9 = [comp.record("run-9", iteration_from_json(
@@ -219,23 +224,34 @@ def test_forget_leaves_no_byte_of_the_marker(
                 assert closed.value.reason == "RUN_ERASED"
             dry = run("forget", "--match", marker, "--dry-run")
             would = {item["id"] for item in dry["would_erase"]}
-            assert would == {quoted.id, tagged.id, described.id} | summary_ids
+            loose = {loose_manifest.manifest_id, loose_evidence.evidence_id}
+            assert would == {quoted.id, tagged.id, described.id} | summary_ids | loose
             with ShardClient(stack.shard.address, admin) as shard:
                 assert shard.get(quoted.id).content == planted  # the dry run changed nothing
             done = run("forget", "--match", marker, "--reason", "subject asked",
                        "--whole-runs")
-            assert done["erased"] == len(would)
+            assert done["erased"] == len(would) - len(loose)
+            assert (done["manifests_erased"], done["evidence_erased"]) == (1, 1)
             assert [log["run_id"] for log in done["erasures"][0]["iteration_logs"]] == ["run-10"]
             assert done["runs_holding_text"] == []
             assert run("forget", "--match", marker) == {
-                "erased": 0, "events_erased": 0, "snapshots_erased": 0, "erasures": [],
+                "erased": 0, "events_erased": 0, "snapshots_erased": 0, "manifests_erased": 0,
+                "evidence_erased": 0, "erasures": [],
                 "runs_holding_text": [],
                 "format1_events_left": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
             assert resumed["erasures"][0]["records"] == []
-            assert resumed["erasures"][0]["already_erased"] == len(would)
+            assert resumed["erasures"][0]["already_erased"] == len(would) - len(loose)
+            assert resumed["erasures"][0]["manifests_erased"] == 0
+            with ArtifactsClient(stack.artifacts.address, admin) as art:
+                for fetch, item_id in ((art.get_manifest, loose_manifest.manifest_id),
+                                       (art.get_evidence, loose_evidence.evidence_id)):
+                    with pytest.raises(EngramRpcError) as gone:
+                        fetch(item_id)
+                    assert gone.value.code == grpc.StatusCode.NOT_FOUND
+                assert art.get_manifest(kept_manifest.manifest_id) == kept_manifest
 
         erasure_id = done["erasures"][0]["erasure_id"]
         with ShardClient(stack.shard.address, admin) as shard:
@@ -249,7 +265,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                 == [kept.id]
             report = shard.verify(all_records=True)
             assert not report.failures
-            assert report.tombstoned == len(would) + 1  # and run-9's record
+            assert report.tombstoned == len(would) - len(loose) + 1  # and run-9's record
             for size in (1, 2):  # paged: records, then tombstones, across page boundaries
                 pages = list(shard.verify_pages(size))
                 assert sum(p.tombstoned for p in pages) == report.tombstoned

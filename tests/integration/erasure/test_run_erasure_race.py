@@ -58,7 +58,7 @@ def _twice_at_once(service: ArtifactsService, order: ErasureOrder,
 
     def erase() -> None:
         try:
-            erased, _already, _in_place = eraser.erase("fleet-a", order.erasure_id, 1)
+            erased, _already, _in_place, _loose = eraser.erase("fleet-a", order.erasure_id, 1)
             outcomes.append(len(erased))
         except Exception as error:  # the failure is the finding
             outcomes.append(f"{type(error).__name__}: {error}")

@@ -149,7 +149,7 @@ def test_a_crash_before_the_commit_erases_nothing_and_a_rerun_finishes(
             eraser.erase("f", order.erasure_id, 8)
     assert [(e.erased, e.payload_json) for e in service.replay("f", "r2")] == [
         (False, '{"n":3}')]
-    erased, already, in_place = eraser.erase("f", order.erasure_id, 9)
+    erased, already, in_place, _ = eraser.erase("f", order.erasure_id, 9)
     assert (erased, already, in_place.events, in_place.already) == ([], 0, 1, 0)
     again = eraser.erase("f", order.erasure_id, 10)[2]
     assert (again.events, again.snapshots, again.already) == (0, 0, 1)

@@ -250,6 +250,14 @@ export interface FindRunsResponse {
    * whose items filled the page, the rest of that run's items first).
    */
   nextPageToken: string;
+  /**
+   * Items of no run holding the text, erased outright by ForgetRuns: manifests
+   * built for no run (kind "manifest", id the manifest id, leaf_hash its
+   * content_hash) by their content, and evidence citing no artifact (kind
+   * "evidence", id the evidence id, leaf_hash 64 zeros) by its chunk id or
+   * metadata. Listed after every run (a page lists them once no run is left).
+   */
+  looseItems: FoundItem[];
 }
 
 export interface ForgetRunsResponse {
@@ -262,9 +270,15 @@ export interface ForgetRunsResponse {
   snapshotsErased: number;
   /**
    * Events and snapshots of the erasure already erased before this call (in place,
-   * or with their whole run).
+   * or with their whole run), and its manifests and evidence no longer stored.
    */
   itemsAlreadyErased: number;
+  /**
+   * Manifests of no run and evidence citing no artifact erased by this call (their
+   * rows deleted).
+   */
+  manifestsErased: number;
+  evidenceErased: number;
 }
 
 export interface Artifact {
@@ -2300,7 +2314,7 @@ export const FoundItem: MessageFns<FoundItem> = {
 };
 
 function createBaseFindRunsResponse(): FindRunsResponse {
-  return { runs: [], more: false, nextPageToken: "" };
+  return { runs: [], more: false, nextPageToken: "", looseItems: [] };
 }
 
 export const FindRunsResponse: MessageFns<FindRunsResponse> = {
@@ -2313,6 +2327,9 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     }
     if (message.nextPageToken !== "") {
       writer.uint32(26).string(message.nextPageToken);
+    }
+    for (const v of message.looseItems) {
+      FoundItem.encode(v!, writer.uint32(34).fork()).join();
     }
     return writer;
   },
@@ -2354,6 +2371,14 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
             message.nextPageToken = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.looseItems.push(FoundItem.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2375,6 +2400,11 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
         : isSet(object.next_page_token)
         ? globalThis.String(object.next_page_token)
         : "",
+      looseItems: globalThis.Array.isArray(object?.looseItems)
+        ? object.looseItems.map((e: any) => FoundItem.fromJSON(e))
+        : globalThis.Array.isArray(object?.loose_items)
+        ? object.loose_items.map((e: any) => FoundItem.fromJSON(e))
+        : [],
     };
   },
 
@@ -2389,6 +2419,9 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     if (message.nextPageToken !== "") {
       obj.nextPageToken = message.nextPageToken;
     }
+    if (message.looseItems?.length) {
+      obj.looseItems = message.looseItems.map((e) => FoundItem.toJSON(e));
+    }
     return obj;
   },
 
@@ -2400,12 +2433,21 @@ export const FindRunsResponse: MessageFns<FindRunsResponse> = {
     message.runs = object.runs?.map((e) => FoundRun.fromPartial(e)) || [];
     message.more = object.more ?? false;
     message.nextPageToken = object.nextPageToken ?? "";
+    message.looseItems = object.looseItems?.map((e) => FoundItem.fromPartial(e)) || [];
     return message;
   },
 };
 
 function createBaseForgetRunsResponse(): ForgetRunsResponse {
-  return { runs: [], alreadyErased: 0, eventsErased: 0, snapshotsErased: 0, itemsAlreadyErased: 0 };
+  return {
+    runs: [],
+    alreadyErased: 0,
+    eventsErased: 0,
+    snapshotsErased: 0,
+    itemsAlreadyErased: 0,
+    manifestsErased: 0,
+    evidenceErased: 0,
+  };
 }
 
 export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
@@ -2424,6 +2466,12 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     }
     if (message.itemsAlreadyErased !== 0) {
       writer.uint32(40).int32(message.itemsAlreadyErased);
+    }
+    if (message.manifestsErased !== 0) {
+      writer.uint32(48).int32(message.manifestsErased);
+    }
+    if (message.evidenceErased !== 0) {
+      writer.uint32(56).int32(message.evidenceErased);
     }
     return writer;
   },
@@ -2481,6 +2529,22 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
             message.itemsAlreadyErased = reader.int32();
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.manifestsErased = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.evidenceErased = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2516,6 +2580,16 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
         : isSet(object.items_already_erased)
         ? globalThis.Number(object.items_already_erased)
         : 0,
+      manifestsErased: isSet(object.manifestsErased)
+        ? globalThis.Number(object.manifestsErased)
+        : isSet(object.manifests_erased)
+        ? globalThis.Number(object.manifests_erased)
+        : 0,
+      evidenceErased: isSet(object.evidenceErased)
+        ? globalThis.Number(object.evidenceErased)
+        : isSet(object.evidence_erased)
+        ? globalThis.Number(object.evidence_erased)
+        : 0,
     };
   },
 
@@ -2536,6 +2610,12 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     if (message.itemsAlreadyErased !== 0) {
       obj.itemsAlreadyErased = Math.round(message.itemsAlreadyErased);
     }
+    if (message.manifestsErased !== 0) {
+      obj.manifestsErased = Math.round(message.manifestsErased);
+    }
+    if (message.evidenceErased !== 0) {
+      obj.evidenceErased = Math.round(message.evidenceErased);
+    }
     return obj;
   },
 
@@ -2549,6 +2629,8 @@ export const ForgetRunsResponse: MessageFns<ForgetRunsResponse> = {
     message.eventsErased = object.eventsErased ?? 0;
     message.snapshotsErased = object.snapshotsErased ?? 0;
     message.itemsAlreadyErased = object.itemsAlreadyErased ?? 0;
+    message.manifestsErased = object.manifestsErased ?? 0;
+    message.evidenceErased = object.evidenceErased ?? 0;
     return message;
   },
 };
@@ -9294,7 +9376,8 @@ export const ArtifactsServiceService = {
    * id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
    * in place, their runs kept: payload or state and salt go, the hashes stay
    * (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-   * held in the fleet). Governor or admin role.
+   * held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+   * loose_items) are deleted outright. Governor or admin role.
    */
   forgetRuns: {
     path: "/engram.artifacts.v1.ArtifactsService/ForgetRuns" as const,
@@ -9310,8 +9393,9 @@ export const ArtifactsServiceService = {
    * artifact names and metadata, artifact bytes or cited evidence hold a text
    * (case-insensitive), for engram forget --match: the format-2 events and
    * snapshots holding it are listed as items erasable in place; elsewhere it
-   * needs the whole run erased (whole_run_needed). Reads every blob of the
-   * fleet. Governor or admin role.
+   * needs the whole run erased (whole_run_needed). Manifests of no run and
+   * evidence citing no artifact holding it are listed too (loose_items). Reads
+   * every blob of the fleet. Governor or admin role.
    */
   findRuns: {
     path: "/engram.artifacts.v1.ArtifactsService/FindRuns" as const,
@@ -9642,7 +9726,8 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
    * id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
    * in place, their runs kept: payload or state and salt go, the hashes stay
    * (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-   * held in the fleet). Governor or admin role.
+   * held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+   * loose_items) are deleted outright. Governor or admin role.
    */
   forgetRuns: handleUnaryCall<ForgetRunsRequest, ForgetRunsResponse>;
   /**
@@ -9650,8 +9735,9 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
    * artifact names and metadata, artifact bytes or cited evidence hold a text
    * (case-insensitive), for engram forget --match: the format-2 events and
    * snapshots holding it are listed as items erasable in place; elsewhere it
-   * needs the whole run erased (whole_run_needed). Reads every blob of the
-   * fleet. Governor or admin role.
+   * needs the whole run erased (whole_run_needed). Manifests of no run and
+   * evidence citing no artifact holding it are listed too (loose_items). Reads
+   * every blob of the fleet. Governor or admin role.
    */
   findRuns: handleUnaryCall<FindRunsRequest, FindRunsResponse>;
   /**
@@ -9830,7 +9916,8 @@ export interface ArtifactsServiceClient extends Client {
    * id "<run_id>:<seq>") and snapshots ("snapshot" items) it lists are erased
    * in place, their runs kept: payload or state and salt go, the hashes stay
    * (FAILED_PRECONDITION LEGACY_EVENT for a format-1 one, NOT_FOUND for one not
-   * held in the fleet). Governor or admin role.
+   * held in the fleet). Its "manifest" and "evidence" items (FindRuns'
+   * loose_items) are deleted outright. Governor or admin role.
    */
   forgetRuns(
     request: ForgetRunsRequest,
@@ -9852,8 +9939,9 @@ export interface ArtifactsServiceClient extends Client {
    * artifact names and metadata, artifact bytes or cited evidence hold a text
    * (case-insensitive), for engram forget --match: the format-2 events and
    * snapshots holding it are listed as items erasable in place; elsewhere it
-   * needs the whole run erased (whole_run_needed). Reads every blob of the
-   * fleet. Governor or admin role.
+   * needs the whole run erased (whole_run_needed). Manifests of no run and
+   * evidence citing no artifact holding it are listed too (loose_items). Reads
+   * every blob of the fleet. Governor or admin role.
    */
   findRuns(
     request: FindRunsRequest,
