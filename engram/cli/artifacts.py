@@ -425,7 +425,8 @@ def manifest_put(
     run: str = typer.Option("", "--run", help="run it was built for"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Store a context manifest inline; its id is derived from its content."""
+    """Store a context manifest inline; the same content again in the fleet answers the
+    manifest stored first (created false)."""
     with rpc_errors(as_json), _client() as client:
         reply = client.create_manifest(_document(content), run)
     if as_json:

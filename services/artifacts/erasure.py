@@ -30,6 +30,7 @@ from services.artifacts.tables import (
     ArtifactRow,
     EventRow,
     EvidenceRow,
+    ManifestKeyRow,
     ManifestRow,
     RunRow,
     RunTombstoneRow,
@@ -51,7 +52,8 @@ from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 
 log = logging.getLogger("engram.artifacts.erasure")
 
-PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "evidence")
+PURGED_TABLES = ("runs", "events", "snapshots", "artifacts", "manifests", "manifest_keys",
+                 "evidence")
 LOOSE_KINDS = ("manifest", "evidence")
 EVIDENCE_LEAF = "0" * 64
 """The leaf an ``evidence`` item lists: evidence has no hash of its own (its id derives from
@@ -361,6 +363,10 @@ class RunEraser:
             evidence += int(session.scalar(select(func.count()).select_from(EvidenceRow)
                                            .where(*citing)) or 0)
             session.execute(delete(EvidenceRow).where(*citing))
+        session.execute(delete(ManifestKeyRow).where(
+            ManifestKeyRow.fleet_id == fleet_id, ManifestKeyRow.manifest_id.in_(
+                select(ManifestRow.manifest_id).where(ManifestRow.fleet_id == fleet_id,
+                                                      ManifestRow.run_id == run_id))))
         for table in (EventRow, SnapshotRow, ManifestRow, ArtifactRow):
             session.execute(delete(table).where(table.fleet_id == fleet_id,
                                                 table.run_id == run_id))
@@ -429,6 +435,10 @@ def _erase_loose(session: Session, order: ErasureOrder) -> ErasedLoose:
         manifests += kind == "manifest"
         rows.append(row)
     for row in rows:
+        if isinstance(row, ManifestRow):  # what finds it by its content goes with it
+            session.execute(delete(ManifestKeyRow).where(
+                ManifestKeyRow.fleet_id == fleet_id,
+                ManifestKeyRow.manifest_id == row.manifest_id))
         session.delete(row)
     session.flush()
     return ErasedLoose(manifests, len(rows) - manifests, already)

@@ -2,7 +2,8 @@
 
 An import keeps what the origin made: ids, authors, times, statuses and the event chain's
 hashes. So nothing is taken on trust: every item is checked as this service would have made
-it (a manifest's and an evidence's id derive from their content, an event's hash recomputes
+it (an evidence's id derives from where it points, a manifest's id and hash from its
+content, or for format 2 its hash commits to its content under its salt, an event's hash recomputes
 and the event extends its run's stored chain, a snapshot's state hashes to its state_hash,
 an artifact's bytes to its hash and size), held to this service's limits, and refused with
 nothing stored when it is not. An identical item already stored is left alone and counted,
@@ -31,8 +32,8 @@ from services.artifacts.domain.chain import (
     event_intact,
     evidence_id,
     expected_state_hash,
-    manifest_id,
-    sha256_text,
+    manifest_intact,
+    manifest_key,
     tombstone_intact,
 )
 from services.artifacts.domain.entities import (
@@ -52,6 +53,7 @@ from services.artifacts.domain.integrity import (
     blob_problem,
 )
 from services.artifacts.service import ArtifactsService
+from services.artifacts.tables import ManifestKeyRow
 from services.common.erasure_source import ErasureSource, is_erasure_id, recorded_erasure
 from services.common.errors import (
     Aborted,
@@ -352,15 +354,23 @@ class RunImports:
         content = _canonical("content_json", manifest.content_json,
                              self.limits.document("content_json", manifest.content_json,
                                                   default=""))
-        if manifest.manifest_id != manifest_id(content) or \
-                manifest.content_hash != sha256_text(content):
-            raise InvalidArgument(f"manifest {manifest.manifest_id[:80]!r}: its id and "
-                                  "content_hash must derive from its content_json (altered?)",
+        format_ = manifest.format or 1  # a bundle made before format 2 carries none
+        if format_ not in FORMATS:
+            raise InvalidArgument(f"manifest {manifest.manifest_id[:80]!r}: format must be one "
+                                  f"of {FORMATS}, got {manifest.format}",
                                   reason="MANIFEST_HASH_MISMATCH")
-        return replace(manifest, fleet_id=fleet_id,
-                       run_id=check.identifier("run_id", manifest.run_id)
-                       if manifest.run_id else "",
-                       created_us=_time("create_time", manifest.created_us))
+        checked = replace(manifest, fleet_id=fleet_id, content_json=content, format=format_,
+                          salt=manifest.salt if format_ == 2 else "",
+                          run_id=check.identifier("run_id", manifest.run_id)
+                          if manifest.run_id else "",
+                          created_us=_time("create_time", manifest.created_us))
+        if not manifest_intact(checked):
+            raise InvalidArgument(f"manifest {manifest.manifest_id[:80]!r}: its id and "
+                                  "content_hash must derive from its content_json (format 1), "
+                                  "or its content_hash commit to it under its salt and its id "
+                                  "be mf_ and 40 hex digits (format 2); altered?",
+                                  reason="MANIFEST_HASH_MISMATCH")
+        return checked
 
     def _checked_evidence(self, fleet_id: str, evidence: Evidence) -> Evidence:
         for kind in ("corpus_id", "index_id", "chunk_id"):
@@ -469,6 +479,10 @@ class RunImports:
         if manifest.run_id:  # held, as an append holds it: an erasure of the run waits
             self.repository.get_run(session, fleet_id, manifest.run_id, lock=True)
         self.repository.add_manifest(session, manifest)
+        if manifest.format == 2:  # found by its content here too, unless another holds it
+            self.service.db.insert_once(session, ManifestKeyRow, dict(
+                fleet_id=fleet_id, manifest_id=manifest.manifest_id, key=manifest_key(
+                    self.repository.fleet_secret(session, fleet_id), manifest.content_json)))
         session.flush()
         return _CREATED
 

@@ -30,6 +30,8 @@ from services.artifacts.tables import (
     ArtifactRow,
     EventRow,
     EvidenceRow,
+    FleetSecretRow,
+    ManifestKeyRow,
     ManifestRow,
     RunRow,
     RunTombstoneRow,
@@ -39,6 +41,7 @@ from services.artifacts.tables import (
 )
 from services.common.canonical import canonical_json
 from services.common.errors import NotFound
+from services.common.fleet_secrets import fleet_secret
 
 R = TypeVar("R", bound=tuple[Any, ...])
 E = TypeVar("E", covariant=True)
@@ -320,6 +323,21 @@ class ArtifactsRepository:
 
     def add_manifest(self, session: Session, manifest: Manifest) -> None:
         session.add(ManifestRow(**manifest.__dict__))
+
+    def fleet_secret(self, session: Session, fleet_id: str) -> bytes:
+        return fleet_secret(session, FleetSecretRow, fleet_id)
+
+    def manifest_by_key(self, session: Session, fleet_id: str, key: str) -> Manifest | None:
+        """The format-2 manifest a manifest key landed on (None: none stored)."""
+        row = session.scalars(select(ManifestRow).join(ManifestKeyRow, and_(
+            ManifestKeyRow.fleet_id == ManifestRow.fleet_id,
+            ManifestKeyRow.manifest_id == ManifestRow.manifest_id)).where(
+            ManifestKeyRow.fleet_id == fleet_id, ManifestKeyRow.key == key)).first()
+        return row.to_entity() if row is not None else None
+
+    def add_manifest_key(self, session: Session, fleet_id: str, key: str,
+                         manifest_id: str) -> None:
+        session.add(ManifestKeyRow(fleet_id=fleet_id, key=key, manifest_id=manifest_id))
 
     def get_manifest(self, session: Session, fleet_id: str, manifest_id: str) -> Manifest | None:
         return _entity(session.get(ManifestRow, (fleet_id, manifest_id)))

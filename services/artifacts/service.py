@@ -28,10 +28,12 @@ from services.artifacts.domain.chain import (
     ChainVerifier,
     evidence_id,
     manifest_id,
+    manifest_intact,
+    manifest_key,
     new_id,
+    new_manifest_id,
     new_snapshot_state,
     next_event,
-    sha256_text,
 )
 from services.artifacts.domain.entities import (
     Artifact,
@@ -69,6 +71,7 @@ from services.artifacts.tombstone_audit import TombstoneAudit, audit_tombstones
 from services.common.blobstore import BlobStore
 from services.common.blobstore.port import write_hashed
 from services.common.canonical import canonical_json
+from services.common.commitment import commitment, new_salt
 from services.common.db import Database
 from services.common.erasure_source import ErasureSource
 from services.common.errors import (
@@ -658,11 +661,16 @@ class ArtifactsService:
 
     def create_manifest(self, fleet_id: str, content_json: str,
                         run_id: str = "") -> tuple[Manifest, bool]:
+        """A format-2 manifest: a random id and the content's commitment under a new salt;
+        the same content stored before (format 2 by its key, format 1 by its derived id)
+        answers instead, created False."""
         content = self.limits.document("content_json", content_json, default="")
-        manifest = Manifest(fleet_id=fleet_id, manifest_id=manifest_id(content),
-                            run_id=check.identifier("run_id", run_id) if run_id else "",
-                            content_json=content, content_hash=sha256_text(content),
-                            created_us=now_us())
+        run_id = check.identifier("run_id", run_id) if run_id else ""
+        salt = new_salt()
+        manifest = Manifest(fleet_id=fleet_id, manifest_id=new_manifest_id(), run_id=run_id,
+                            content_json=content,
+                            content_hash=commitment(salt, content.encode()),
+                            created_us=now_us(), format=2, salt=salt)
 
         def create(session: Session) -> tuple[Manifest, bool]:
             prior = find(session)
@@ -671,16 +679,22 @@ class ArtifactsService:
             if manifest.run_id:
                 self.repository.get_run(session, fleet_id, manifest.run_id)
             self.repository.add_manifest(session, manifest)
+            self.repository.add_manifest_key(session, fleet_id, key(session),
+                                             manifest.manifest_id)
             return manifest, True
 
+        def key(session: Session) -> str:
+            return manifest_key(self.repository.fleet_secret(session, fleet_id), content)
+
         def find(session: Session) -> Manifest | None:
-            return self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
+            return self.repository.manifest_by_key(session, fleet_id, key(session)) or \
+                self.repository.get_manifest(session, fleet_id, manifest_id(content))
 
         return self._first_answer(create, find)
 
     def get_manifest(self, fleet_id: str, manifest_id_: str) -> Manifest:
         found = self._get(self.repository.get_manifest, fleet_id, "manifest", manifest_id_)
-        if sha256_text(found.content_json) != found.content_hash:
+        if not manifest_intact(found):
             raise IntegrityError(f"manifest {found.manifest_id} no longer matches its hash",
                                  reason="MANIFEST_HASH_MISMATCH")
         return found
@@ -713,8 +727,7 @@ class ArtifactsService:
         manifest = self._in_session(self.repository.get_manifest, fleet_id, pointer.id)
         if manifest is None:
             return Resolution(False)
-        intact = sha256_text(manifest.content_json) == manifest.content_hash
-        return Resolution(intact, "", manifest.content_hash)
+        return Resolution(manifest_intact(manifest), "", manifest.content_hash)
 
     def resolve(self, fleet_id: str, agent_id: str, run_id: str, pointer: Pointer,
                 critical: bool) -> Outcome:

@@ -139,7 +139,8 @@ def evidence_to_proto(evidence: Evidence) -> pb.Evidence:
 def manifest_to_proto(manifest: Manifest) -> pb.Manifest:
     return pb.Manifest(manifest_id=manifest.manifest_id, run_id=manifest.run_id,
                        content_json=manifest.content_json, content_hash=manifest.content_hash,
-                       create_time=_ts(manifest.created_us))
+                       create_time=_ts(manifest.created_us), format=manifest.format,
+                       salt=manifest.salt)
 
 
 def _us(stamp: Timestamp) -> int:
@@ -200,7 +201,8 @@ def evidence_from_proto(evidence: pb.Evidence, fleet_id: str) -> Evidence:
 def manifest_from_proto(manifest: pb.Manifest, fleet_id: str) -> Manifest:
     return Manifest(fleet_id=fleet_id, manifest_id=manifest.manifest_id,
                     run_id=manifest.run_id, content_json=manifest.content_json,
-                    content_hash=manifest.content_hash, created_us=_us(manifest.create_time))
+                    content_hash=manifest.content_hash, created_us=_us(manifest.create_time),
+                    format=manifest.format, salt=manifest.salt)
 
 
 def problem_to_proto(problem: ArtifactProblem) -> pb.ArtifactProblem:

@@ -248,13 +248,40 @@ class ManifestRow(Base):
     content_json: Mapped[str] = mapped_column(Text)
     content_hash: Mapped[str] = mapped_column(String(64))
     created_us: Mapped[int] = mapped_column(BigInteger)
+    format: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    """1 (before migration 0006): id and content_hash derived from the content; 2: a random
+    id and the content's commitment under ``salt``."""
+    salt: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
     __table_args__ = (Index("ix_manifests_fleet_run", "fleet_id", "run_id", "manifest_id"),)
 
     def to_entity(self) -> Manifest:
         return Manifest(fleet_id=self.fleet_id, manifest_id=self.manifest_id,
                         run_id=self.run_id, content_json=self.content_json,
-                        content_hash=self.content_hash, created_us=self.created_us)
+                        content_hash=self.content_hash, created_us=self.created_us,
+                        format=self.format, salt=self.salt)
+
+
+class ManifestKeyRow(Base):
+    """Keyed digest of a fleet's manifest content -> the format-2 manifest it landed on
+    (creating the same manifest again answers it); deleted with the manifest."""
+
+    __tablename__ = "manifest_keys"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    manifest_id: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (Index("ix_manifest_keys_manifest", "fleet_id", "manifest_id"),)
+
+
+class FleetSecretRow(Base):
+    """A fleet's key for manifest keys (:func:`services.artifacts.domain.chain.manifest_key`)."""
+
+    __tablename__ = "fleet_secrets"
+
+    fleet_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    secret: Mapped[str] = mapped_column(String(64))
 
 
 class RunTombstoneRow(Base):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -33,6 +32,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter, TextClause
 
 from services.common.errors import IntegrityError
+from services.common.fleet_secrets import fleet_secret
 from services.shard.domain.crossrefs import CrossRef
 from services.shard.domain.domains import Domain
 from services.shard.domain.records import Record, Tombstone
@@ -334,15 +334,7 @@ class ShardRepository:
 
     def fleet_secret(self, session: Session, fleet_id: str) -> bytes:
         """The fleet's write-key secret, made on first use (a racing maker's wins)."""
-        found = session.scalar(select(FleetSecretRow.secret).where(
-            FleetSecretRow.fleet_id == fleet_id))
-        if found is None:
-            session.execute(text(
-                "INSERT INTO fleet_secrets (fleet_id, secret) VALUES (:fleet_id, :secret) "
-                "ON CONFLICT DO NOTHING"), {"fleet_id": fleet_id, "secret": secrets.token_hex(32)})
-            found = session.scalar(select(FleetSecretRow.secret).where(
-                FleetSecretRow.fleet_id == fleet_id))
-        return bytes.fromhex(str(found))
+        return fleet_secret(session, FleetSecretRow, fleet_id)
 
     def holds_format_1(self, session: Session, fleet_id: str) -> bool:
         """Whether the fleet holds a record written before format 2 (ids derived)."""

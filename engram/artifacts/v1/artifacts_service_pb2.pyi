@@ -680,18 +680,22 @@ class ListEvidenceResponse(_message.Message):
     def __init__(self, evidence: _Optional[_Iterable[_Union[Evidence, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("manifest_id", "run_id", "content_json", "content_hash", "create_time")
+    __slots__ = ("manifest_id", "run_id", "content_json", "content_hash", "create_time", "format", "salt")
     MANIFEST_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONTENT_JSON_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    SALT_FIELD_NUMBER: _ClassVar[int]
     manifest_id: str
     run_id: str
     content_json: str
     content_hash: str
     create_time: _timestamp_pb2.Timestamp
-    def __init__(self, manifest_id: _Optional[str] = ..., run_id: _Optional[str] = ..., content_json: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    format: int
+    salt: str
+    def __init__(self, manifest_id: _Optional[str] = ..., run_id: _Optional[str] = ..., content_json: _Optional[str] = ..., content_hash: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ...) -> None: ...
 
 class CreateManifestRequest(_message.Message):
     __slots__ = ("content_json", "run_id")

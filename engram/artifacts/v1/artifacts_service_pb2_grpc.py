@@ -364,7 +364,9 @@ class ArtifactsServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateManifest(self, request, context):
-        """Stores a context manifest inline; the id is derived from its content.
+        """Stores a context manifest inline. Creating the same content again in the
+        fleet answers the stored manifest (created false): found by a digest keyed
+        with the fleet's secret, deleted with the manifest when it is erased.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -116,7 +116,10 @@ class ArtifactsServiceStub:
     GetEvidence: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetEvidenceRequest, _artifacts_service_pb2.GetEvidenceResponse]
     ListEvidence: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ListEvidenceRequest, _artifacts_service_pb2.ListEvidenceResponse]
     CreateManifest: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.CreateManifestRequest, _artifacts_service_pb2.CreateManifestResponse]
-    """Stores a context manifest inline; the id is derived from its content."""
+    """Stores a context manifest inline. Creating the same content again in the
+    fleet answers the stored manifest (created false): found by a digest keyed
+    with the fleet's secret, deleted with the manifest when it is erased.
+    """
     GetManifest: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetManifestRequest, _artifacts_service_pb2.GetManifestResponse]
     ListManifests: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ListManifestsRequest, _artifacts_service_pb2.ListManifestsResponse]
     ResolvePointer: _grpc.UnaryUnaryMultiCallable[_artifacts_service_pb2.ResolvePointerRequest, _artifacts_service_pb2.ResolvePointerResponse]
@@ -246,7 +249,10 @@ class ArtifactsServiceAsyncStub(ArtifactsServiceStub):
     GetEvidence: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetEvidenceRequest, _artifacts_service_pb2.GetEvidenceResponse]  # type: ignore[assignment]
     ListEvidence: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ListEvidenceRequest, _artifacts_service_pb2.ListEvidenceResponse]  # type: ignore[assignment]
     CreateManifest: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.CreateManifestRequest, _artifacts_service_pb2.CreateManifestResponse]  # type: ignore[assignment]
-    """Stores a context manifest inline; the id is derived from its content."""
+    """Stores a context manifest inline. Creating the same content again in the
+    fleet answers the stored manifest (created false): found by a digest keyed
+    with the fleet's secret, deleted with the manifest when it is erased.
+    """
     GetManifest: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.GetManifestRequest, _artifacts_service_pb2.GetManifestResponse]  # type: ignore[assignment]
     ListManifests: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ListManifestsRequest, _artifacts_service_pb2.ListManifestsResponse]  # type: ignore[assignment]
     ResolvePointer: _aio.UnaryUnaryMultiCallable[_artifacts_service_pb2.ResolvePointerRequest, _artifacts_service_pb2.ResolvePointerResponse]  # type: ignore[assignment]
@@ -505,7 +511,10 @@ class ArtifactsServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _artifacts_service_pb2.CreateManifestRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_artifacts_service_pb2.CreateManifestResponse, _abc.Awaitable[_artifacts_service_pb2.CreateManifestResponse]]:
-        """Stores a context manifest inline; the id is derived from its content."""
+        """Stores a context manifest inline. Creating the same content again in the
+        fleet answers the stored manifest (created false): found by a digest keyed
+        with the fleet's secret, deleted with the manifest when it is erased.
+        """
 
     @_abc_1.abstractmethod
     def GetManifest(

@@ -11,12 +11,14 @@ events (stored before) keep their hashes and verify as they always did.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
+import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 
-from services.artifacts.domain.entities import Event, EventDraft, Run, Snapshot
+from services.artifacts.domain.entities import Event, EventDraft, Manifest, Run, Snapshot
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, commits_to, new_salt
 from services.common.erasure_source import is_erasure_id
@@ -190,7 +192,33 @@ def evidence_id(corpus_id: str, index_id: str, chunk_id: str, start: int, end: i
 
 
 def manifest_id(content_json: str) -> str:
+    """A format-1 manifest's id: derived from its content (manifests stored before 0006)."""
     return "mf_" + sha256_text(content_json)[:40]
+
+
+_MANIFEST_ID = re.compile(r"mf_[0-9a-f]{40}")
+
+
+def new_manifest_id() -> str:
+    """A format-2 manifest's id: random, in the same form as a format-1 one."""
+    return "mf_" + secrets.token_hex(20)
+
+
+def manifest_key(fleet_secret: bytes, content_json: str) -> str:
+    """What finds a format-2 manifest by its content (``manifest_keys``): keyed by the fleet's
+    secret, so it confirms no guess without that secret, and deleted with the manifest."""
+    return hmac.new(fleet_secret, b"engram-manifest\x00" + content_json.encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def manifest_intact(manifest: Manifest) -> bool:
+    """Whether the stored manifest still matches its hash: format 1 its id and content_hash
+    derived from the content, format 2 its content_hash the commitment under its salt."""
+    if manifest.format == 2:
+        return bool(_MANIFEST_ID.fullmatch(manifest.manifest_id)) and commits_to(
+            manifest.salt, manifest.content_json.encode(), manifest.content_hash)
+    return manifest.content_hash == sha256_text(manifest.content_json) and \
+        manifest.manifest_id == manifest_id(manifest.content_json)
 
 
 def new_id(prefix: str) -> str:

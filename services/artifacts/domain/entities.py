@@ -180,6 +180,10 @@ class Manifest:
     content_json: str
     content_hash: str
     created_us: int
+    format: int = 1
+    """1: id and content_hash derived from the content itself; 2: a random id, content_hash
+    the content's commitment under ``salt`` (docs/erasure.md)."""
+    salt: str = ""
 
 
 @dataclass(frozen=True)

@@ -178,13 +178,17 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert quoted.format == 2 and quoted.salt and quoted.body_commitment
 
         assert event.format == 2 and event.salt and snapshot.format == 2 and snapshot.salt
+        assert loose_manifest.format == 2 and loose_manifest.salt
         assert all(line.format == 2 and line.salt for line in lines9 + lines10)
         line_salts = [line.salt for line in lines9 + lines10]
         needles = [marker, hashlib.sha256(planted.encode()).hexdigest(),
                    *_guessable_hashes(event, snapshot),
                    *_guessable_log("run-9", lines9, {"said": marker}),
                    *_guessable_log("run-10", lines10, {"quoted": marker.upper()}),
-                   event.salt, snapshot.salt, *line_salts]  # erased with what holds them
+                   event.salt, snapshot.salt, *line_salts,  # erased with what holds them
+                   # what a manifest id or hash derived from the content would be, its salt
+                   hashlib.sha256(loose_manifest.content_json.encode()).hexdigest()[:40],
+                   loose_manifest.salt]
         if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -654,13 +654,29 @@ export interface ListEvidenceResponse {
 }
 
 export interface Manifest {
-  /** "mf_" + SHA-256 (hex) of the canonical content. */
+  /**
+   * "mf_" + 40 hex digits: random (format 2), or the first 40 of the SHA-256 of
+   * the canonical content (format 1, stored before 2026-11-29).
+   */
   manifestId: string;
   /** Optional run it was built for. */
   runId: string;
   contentJson: string;
+  /**
+   * Format 2: SHA-256 of the commitment label, the salt's bytes and the content
+   * (its commitment); format 1: SHA-256 of the content.
+   */
   contentHash: string;
-  createTime: Date | undefined;
+  createTime:
+    | Date
+    | undefined;
+  /** 1 or 2 (0, from a bundle made before format 2, reads as 1). */
+  format: number;
+  /**
+   * Format 2: 64 hex digits, the commitment's salt (deleted with the manifest on
+   * erasure, so its content_hash confirms no guess of the content).
+   */
+  salt: string;
 }
 
 export interface CreateManifestRequest {
@@ -7756,7 +7772,7 @@ export const ListEvidenceResponse: MessageFns<ListEvidenceResponse> = {
 };
 
 function createBaseManifest(): Manifest {
-  return { manifestId: "", runId: "", contentJson: "", contentHash: "", createTime: undefined };
+  return { manifestId: "", runId: "", contentJson: "", contentHash: "", createTime: undefined, format: 0, salt: "" };
 }
 
 export const Manifest: MessageFns<Manifest> = {
@@ -7775,6 +7791,12 @@ export const Manifest: MessageFns<Manifest> = {
     }
     if (message.createTime !== undefined) {
       Timestamp.encode(toTimestamp(message.createTime), writer.uint32(42).fork()).join();
+    }
+    if (message.format !== 0) {
+      writer.uint32(48).int32(message.format);
+    }
+    if (message.salt !== "") {
+      writer.uint32(58).string(message.salt);
     }
     return writer;
   },
@@ -7832,6 +7854,22 @@ export const Manifest: MessageFns<Manifest> = {
             message.createTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.format = reader.int32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.salt = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -7871,6 +7909,8 @@ export const Manifest: MessageFns<Manifest> = {
         : isSet(object.create_time)
         ? fromJsonTimestamp(object.create_time)
         : undefined,
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+      salt: isSet(object.salt) ? globalThis.String(object.salt) : "",
     };
   },
 
@@ -7891,6 +7931,12 @@ export const Manifest: MessageFns<Manifest> = {
     if (message.createTime !== undefined) {
       obj.createTime = message.createTime.toISOString();
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    if (message.salt !== "") {
+      obj.salt = message.salt;
+    }
     return obj;
   },
 
@@ -7904,6 +7950,8 @@ export const Manifest: MessageFns<Manifest> = {
     message.contentJson = object.contentJson ?? "";
     message.contentHash = object.contentHash ?? "";
     message.createTime = object.createTime ?? undefined;
+    message.format = object.format ?? 0;
+    message.salt = object.salt ?? "";
     return message;
   },
 };
@@ -9593,7 +9641,11 @@ export const ArtifactsServiceService = {
       Buffer.from(ListEvidenceResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListEvidenceResponse => ListEvidenceResponse.decode(value),
   },
-  /** Stores a context manifest inline; the id is derived from its content. */
+  /**
+   * Stores a context manifest inline. Creating the same content again in the
+   * fleet answers the stored manifest (created false): found by a digest keyed
+   * with the fleet's secret, deleted with the manifest when it is erased.
+   */
   createManifest: {
     path: "/engram.artifacts.v1.ArtifactsService/CreateManifest" as const,
     requestStream: false as const,
@@ -9792,7 +9844,11 @@ export interface ArtifactsServiceServer extends UntypedServiceImplementation {
   createEvidence: handleUnaryCall<CreateEvidenceRequest, CreateEvidenceResponse>;
   getEvidence: handleUnaryCall<GetEvidenceRequest, GetEvidenceResponse>;
   listEvidence: handleUnaryCall<ListEvidenceRequest, ListEvidenceResponse>;
-  /** Stores a context manifest inline; the id is derived from its content. */
+  /**
+   * Stores a context manifest inline. Creating the same content again in the
+   * fleet answers the stored manifest (created false): found by a digest keyed
+   * with the fleet's secret, deleted with the manifest when it is erased.
+   */
   createManifest: handleUnaryCall<CreateManifestRequest, CreateManifestResponse>;
   getManifest: handleUnaryCall<GetManifestRequest, GetManifestResponse>;
   listManifests: handleUnaryCall<ListManifestsRequest, ListManifestsResponse>;
@@ -10209,7 +10265,11 @@ export interface ArtifactsServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListEvidenceResponse) => void,
   ): ClientUnaryCall;
-  /** Stores a context manifest inline; the id is derived from its content. */
+  /**
+   * Stores a context manifest inline. Creating the same content again in the
+   * fleet answers the stored manifest (created false): found by a digest keyed
+   * with the fleet's secret, deleted with the manifest when it is erased.
+   */
   createManifest(
     request: CreateManifestRequest,
     callback: (error: ServiceError | null, response: CreateManifestResponse) => void,

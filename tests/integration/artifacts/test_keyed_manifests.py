@@ -1,0 +1,159 @@
+"""Format-2 manifests over real gRPC, on SQLite and Postgres (docs/erasure.md): a random id and
+a salted commitment, so nothing left of an erased manifest confirms a guess of its content;
+creating the same content again in the fleet still answers the first (by a digest keyed with
+the fleet's secret), also when it was stored before as format 1; a changed byte is DATA_LOSS;
+an import checks the commitment and refuses what does not commit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import select, update
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.client._errors import EngramRpcError
+from engram.client.artifacts import ArtifactsClient
+from services.artifacts.domain.chain import manifest_id, run_leaf
+from services.artifacts.domain.entities import Manifest
+from services.artifacts.erasure import RunEraser
+from services.artifacts.tables import ManifestKeyRow, ManifestRow
+from services.common.commitment import commitment
+from services.common.erasure_source import ErasureOrder
+from tests.conftest import TokenFactory
+from tests.integration.artifacts.conftest import RunningArtifacts
+
+
+def _refused(call: Any, *args: Any, **kwargs: Any) -> EngramRpcError:
+    with pytest.raises(EngramRpcError) as refused:
+        call(*args, **kwargs)
+    return refused.value
+
+
+def test_a_manifest_has_a_random_id_and_a_salted_commitment_and_is_created_once(
+        artifacts_server: RunningArtifacts) -> None:
+    env = artifacts_server
+    content = {"window": ["rec-1", "rec-2"], "why": "the user asked about invoices"}
+    text = json.dumps(content, separators=(",", ":"), sort_keys=True)
+    created = env.client.create_manifest(content)
+    manifest = created.manifest
+    assert created.created and manifest.format == 2 and len(manifest.salt) == 64
+    assert manifest.content_json == text
+    assert manifest.content_hash == commitment(manifest.salt, text.encode())
+    plain = hashlib.sha256(text.encode()).hexdigest()
+    assert manifest.content_hash != plain and manifest.manifest_id != manifest_id(text)
+    assert manifest.manifest_id.startswith("mf_") and len(manifest.manifest_id) == 43
+    # the same content again, by another agent of the fleet, at once from 8 threads
+    other = env.client_for(agent="agent-2")
+    again = other.create_manifest(content)
+    assert (again.created, again.manifest) == (False, manifest)
+    fresh = {"window": ["rec-3"]}
+    with ThreadPoolExecutor(8) as pool:
+        racing = list(pool.map(lambda _: env.client.create_manifest(fresh), range(8)))
+    assert len({r.manifest.manifest_id for r in racing}) == 1
+    assert sum(r.created for r in racing) == 1
+    # another fleet's manifest of the same content is its own, under another id
+    elsewhere = env.client_for(fleet="fleet-b").create_manifest(content).manifest
+    assert elsewhere.manifest_id != manifest.manifest_id
+    assert elsewhere.content_hash != manifest.content_hash
+    assert env.client.get_manifest(manifest.manifest_id) == manifest
+    with env.service.db.session() as session:
+        keys = session.scalars(select(ManifestKeyRow.key)).all()
+    assert len(keys) == 3 and plain not in keys  # keyed digests, not the content's hash
+
+
+def test_a_format_1_manifest_answers_a_create_of_its_content_and_still_verifies(
+        artifacts_server: RunningArtifacts) -> None:
+    """A manifest stored before format 2 keeps its derived id (events name it by that)."""
+    env = artifacts_server
+    text = '{"files":["old.txt"]}'
+    legacy = Manifest(fleet_id="fleet-a", manifest_id=manifest_id(text), run_id="",
+                      content_json=text, content_hash=hashlib.sha256(text.encode()).hexdigest(),
+                      created_us=1_700_000_000_000_000)
+    with env.service.writing() as session:
+        env.service.repository.add_manifest(session, legacy)
+    again = env.client.create_manifest({"files": ["old.txt"]})
+    assert not again.created and again.manifest.manifest_id == legacy.manifest_id
+    assert again.manifest.format == 1 and again.manifest.salt == ""
+    run_id = env.client.start_run("run-1").run.run_id
+    assert env.client.resolve(run_id, "manifest", legacy.manifest_id).resolved
+
+
+@pytest.mark.parametrize("column", ["content_json", "salt", "content_hash"])
+def test_a_byte_changed_in_a_stored_manifest_is_data_loss(
+        artifacts_server: RunningArtifacts, column: str) -> None:
+    env = artifacts_server
+    manifest = env.client.create_manifest({"window": ["rec-9"]}).manifest
+    changed = {"content_json": '{"window":["rec-8"]}', "salt": "0" * 64,
+               "content_hash": "0" * 64}[column]
+    with env.service.writing() as session:
+        session.execute(update(ManifestRow).where(
+            ManifestRow.manifest_id == manifest.manifest_id).values({column: changed}))
+    error = _refused(env.client.get_manifest, manifest.manifest_id)
+    assert (error.code, error.reason) == (grpc.StatusCode.DATA_LOSS, "MANIFEST_HASH_MISMATCH")
+    run_id = env.client.start_run("run-1").run.run_id
+    assert not env.client.resolve(run_id, "manifest", manifest.manifest_id,
+                                  critical=False).resolved
+
+
+def test_an_import_checks_a_manifest_s_commitment_and_finds_it_by_content_after(
+        artifacts_server: RunningArtifacts, make_token: TokenFactory) -> None:
+    env = artifacts_server
+    origin = env.client_for(fleet="fleet-o").create_manifest({"window": ["rec-5"]}).manifest
+    with ArtifactsClient(env.server.address, make_token("op", "fleet-a", ("admin",)),
+                         timeout=30) as target:
+        for bad, reason in (
+                (replace_proto(origin, salt="1" * 64), "MANIFEST_HASH_MISMATCH"),
+                (replace_proto(origin, content_json='{"window":["rec-6"]}'),
+                 "MANIFEST_HASH_MISMATCH"),
+                (replace_proto(origin, format=3), "MANIFEST_HASH_MISMATCH"),
+                (replace_proto(origin, manifest_id="mf_short"), "MANIFEST_HASH_MISMATCH")):
+            error = _refused(target.import_run_items, manifests=[bad])
+            assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
+        with env.service.db.session() as session:
+            assert session.scalars(select(ManifestRow.manifest_id).where(
+                ManifestRow.fleet_id == "fleet-a")).all() == []
+        assert target.import_run_items(manifests=[origin]).created == 1
+        assert target.import_run_items(manifests=[origin]).already_present == 1
+        again = env.client.create_manifest({"window": ["rec-5"]})  # fleet-a's agent
+        assert (again.created, again.manifest.manifest_id) == (False, origin.manifest_id)
+
+
+def replace_proto(manifest: pb.Manifest, **fields: Any) -> pb.Manifest:
+    changed = pb.Manifest()
+    changed.CopyFrom(manifest)
+    for name, value in fields.items():
+        setattr(changed, name, value)
+    return changed
+
+
+def test_an_erased_manifest_takes_its_key_and_the_same_content_is_new_afterwards(
+        artifacts_server: RunningArtifacts) -> None:
+    """Erased alone (a manifest of no run) or with its run: no key row is left to find it by,
+    so nothing left links its content to the id governance's erasure names; writing the same
+    content again makes a new manifest (checked failing with the key rows left)."""
+    env = artifacts_server
+    loose = env.client.create_manifest({"window": ["rec-7"]}).manifest
+    run_id = env.client.start_run("run-1").run.run_id
+    owned = env.client.create_manifest({"window": ["rec-8"]}, run_id=run_id).manifest
+    run = env.client.get_run(run_id)
+
+    class Source:
+        def erasure(self, erasure_id: str) -> ErasureOrder:
+            return ErasureOrder(erasure_id, "fleet-a", "op", (
+                ("manifest", loose.manifest_id, loose.content_hash),
+                ("run", run_id, run_leaf(run.head_hash))))
+
+    erased, _, _, gone = RunEraser(env.service, Source()).erase(
+        "fleet-a", "era_" + "1" * 28, 1)
+    assert (gone.manifests, [r.manifests for r in erased]) == (1, [1])
+    with env.service.db.session() as session:
+        assert session.scalars(select(ManifestKeyRow)).all() == []
+    again = env.client.create_manifest({"window": ["rec-7"]})
+    assert again.created and again.manifest.manifest_id != loose.manifest_id
+    renewed = env.client.create_manifest({"window": ["rec-8"]})
+    assert renewed.created and renewed.manifest.manifest_id != owned.manifest_id
