@@ -19,12 +19,29 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    and_,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from services.artifacts.domain.chain import run_leaf
-from services.artifacts.item_erasure import IN_PLACE_KINDS, ErasedInPlace, erase_in_place
+from services.artifacts.item_erasure import (
+    IN_PLACE_KINDS,
+    ErasedInPlace,
+    erase_in_place,
+    leaf_mismatch,
+)
 from services.artifacts.service import ArtifactsService
 from services.artifacts.tables import (
     ArtifactRow,
@@ -196,30 +213,17 @@ class RunEraser:
                      ) -> Iterator[tuple[tuple[str, str, str], ItemOrder]]:
         after = after or (0, -1, "")
         with self.service.db.session() as session:
-            if after[0] == 0:
-                manifests = session.execute(select(
-                    ManifestRow.manifest_id, ManifestRow.content_hash, ManifestRow.created_us,
-                    ManifestRow.content_json).where(
-                    ManifestRow.fleet_id == fleet_id, ManifestRow.run_id == "",
-                    _past(ManifestRow.created_us, ManifestRow.manifest_id, after, 0))
-                    .order_by(ManifestRow.created_us, ManifestRow.manifest_id)
-                    .execution_options(yield_per=200))
-                for manifest_id, content_hash, created_us, content in manifests:
+            for number, (kind, table, key, of_no_run, leaf, texts) in enumerate(_LOOSE):
+                if number < after[0]:
+                    continue
+                rows = session.execute(select(key, leaf, table.created_us, *texts).where(
+                    table.fleet_id == fleet_id, of_no_run,
+                    _past(table.created_us, key, after, number))
+                    .order_by(table.created_us, key).execution_options(yield_per=200))
+                for item_id, leaf_hash, created_us, *values in rows:
                     still_wanted(active)
-                    if json_holds(content, needle):
-                        yield (("manifest", manifest_id, content_hash),
-                               (0, created_us, manifest_id))
-            evidence = session.execute(select(
-                EvidenceRow.evidence_id, EvidenceRow.created_us, EvidenceRow.chunk_id,
-                EvidenceRow.metadata_json).where(
-                EvidenceRow.fleet_id == fleet_id, EvidenceRow.artifact_id == "",
-                _past(EvidenceRow.created_us, EvidenceRow.evidence_id, after, 1))
-                .order_by(EvidenceRow.created_us, EvidenceRow.evidence_id)
-                .execution_options(yield_per=200))
-            for evidence_id, created_us, chunk_id, metadata_json in evidence:
-                still_wanted(active)
-                if holds(chunk_id, needle) or json_holds(metadata_json, needle):
-                    yield ("evidence", evidence_id, EVIDENCE_LEAF), (1, created_us, evidence_id)
+                    if any(json_holds(value, needle) for value in values):
+                        yield (kind, item_id, leaf_hash), (number, created_us, item_id)
 
     def _find(self, fleet_id: str, needle: str, limit: int, active: Callable[[], bool],
               start: FindCursor | None) -> tuple[list[FoundRun], FindCursor | None, int]:
@@ -398,6 +402,16 @@ class RunEraser:
                     .values(blobs_left_json="[]"))
 
 
+_LOOSE: tuple[tuple[str, Any, Any, Any, Any, tuple[Any, ...]], ...] = (
+    ("manifest", ManifestRow, ManifestRow.manifest_id, ManifestRow.run_id == "",
+     ManifestRow.content_hash, (ManifestRow.content_json,)),
+    ("evidence", EvidenceRow, EvidenceRow.evidence_id, EvidenceRow.artifact_id == "",
+     literal(EVIDENCE_LEAF), (EvidenceRow.chunk_id, EvidenceRow.metadata_json)),
+)
+"""The items of no run a find lists, in this order: (kind, table, id column, of no run,
+leaf, what is searched for the text)."""
+
+
 def _past(created: InstrumentedAttribute[int], key: InstrumentedAttribute[str],
           after: ItemOrder, kind: int) -> ColumnElement[bool]:
     """The rows of the ``kind``-th table of loose items past ``after`` in (created, id) order
@@ -428,10 +442,7 @@ def _erase_loose(session: Session, order: ErasureOrder) -> ErasedLoose:
             already += 0 if order.imported else 1
             continue
         if stored != leaf:
-            raise FailedPrecondition(
-                f"{kind} {item_id} has hash {stored[:16]}… but erasure {order.erasure_id} "
-                f"lists {leaf[:16]}…; record a new erasure", reason="ERASURE_MISMATCH",
-                metadata={"kind": kind, "id": item_id})
+            raise leaf_mismatch(order, kind, item_id, stored, leaf)
         manifests += kind == "manifest"
         rows.append(row)
     for row in rows:

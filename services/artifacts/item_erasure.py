@@ -74,10 +74,7 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
             already += 1
             continue
         if stored_leaf != leaf:
-            raise FailedPrecondition(
-                f"{kind} {item_id} has hash {stored_leaf[:16]}… but erasure {order.erasure_id} "
-                f"lists {leaf[:16]}…; record a new erasure", reason="ERASURE_MISMATCH",
-                metadata={"kind": kind, "id": item_id})
+            raise leaf_mismatch(order, kind, item_id, stored_leaf, leaf)
         if found.format != 2:
             raise FailedPrecondition(
                 f"{kind} {item_id} is format 1 (stored before salted commitments): its hash "
@@ -96,6 +93,15 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
         _mark(snapshot, order, now_us)
     session.flush()
     return ErasedInPlace(len(events), len(snapshots), already)
+
+
+def leaf_mismatch(order: ErasureOrder, kind: str, item_id: str, stored: str,
+                  listed: str) -> FailedPrecondition:
+    """The refusal of an item whose stored hash is not the leaf the erasure lists."""
+    return FailedPrecondition(
+        f"{kind} {item_id} has hash {stored[:16]}… but erasure {order.erasure_id} lists "
+        f"{listed[:16]}…; record a new erasure", reason="ERASURE_MISMATCH",
+        metadata={"kind": kind, "id": item_id})
 
 
 def _mark(row: EventRow | SnapshotRow, order: ErasureOrder, now_us: int) -> None:
