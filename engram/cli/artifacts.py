@@ -172,9 +172,10 @@ def verify(
     run: str = typer.Option("", "--run", help="only this run (default: every run)"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-hash every blob against its pointer and every snapshot's state against its hash,
-    and check every tombstone (an event or snapshot erased in place) against the erasure
-    governance recorded; exits 1 when any is missing, altered or erased by no erasure, and 2
+    """Re-hash every blob against its pointer, every snapshot's state and every manifest's
+    content against its hash, and check every tombstone (an event or snapshot erased in
+    place) against the erasure governance recorded; exits 1 when any is missing, altered or
+    erased by no erasure, and 2
     when no problem was found but some tombstones could not be confirmed (governance
     unreachable)."""
     with rpc_errors(as_json), _client() as client:
@@ -188,11 +189,16 @@ def verify(
                          if report.snapshots_tombstoned else "")
                       + f", {len(report.snapshot_problems)} problems; "
                       f"{report.events_tombstoned} erased events; "
-                      f"{len(report.tombstone_problems)} tombstone problems")
+                      f"{len(report.tombstone_problems)} tombstone problems; "
+                      f"{report.manifests_checked} manifests, "
+                      f"{len(report.manifest_problems)} problems")
         for p in report.problems:
             console.print(f"  [red]{p.problem}[/red] {p.artifact_id} {p.path}")
         for s in report.snapshot_problems:
             console.print(f"  [red]{s.problem}[/red] snapshot {s.snapshot_id} of run {s.run_id}")
+        for m in report.manifest_problems:
+            console.print(f"  [red]{m.problem}[/red] manifest {m.manifest_id}"
+                          + (f" of run {m.run_id}" if m.run_id else ""))
         for t in report.tombstone_problems:
             console.print(f"  [red]{t.problem}[/red] {t.kind} {t.id} (names erasure "
                           f"{t.erasure_id or '-'})")
@@ -200,7 +206,8 @@ def verify(
             console.print(f"  [yellow]{report.tombstones_unconfirmed} tombstones unconfirmed"
                           "[/yellow]: governance could not be asked whether their erasures "
                           "list them; verify again when it is reachable")
-    if report.problems or report.snapshot_problems or report.tombstone_problems:
+    if (report.problems or report.snapshot_problems or report.tombstone_problems
+            or report.manifest_problems):
         raise typer.Exit(1)
     if report.tombstones_unconfirmed:
         raise typer.Exit(2)

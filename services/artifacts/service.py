@@ -30,6 +30,7 @@ from services.artifacts.domain.chain import (
     manifest_id,
     manifest_intact,
     manifest_key,
+    manifest_problem,
     new_id,
     new_manifest_id,
     new_snapshot_state,
@@ -42,6 +43,7 @@ from services.artifacts.domain.entities import (
     EventDraft,
     Evidence,
     Manifest,
+    ManifestProblem,
     Pointer,
     PointerType,
     Resolution,
@@ -381,6 +383,26 @@ class ArtifactsService:
             elif erased:
                 tombstoned += 1
         return checked, tombstoned, problems
+
+    def verify_manifests(self, fleet_id: str,
+                         run_id: str = "") -> tuple[int, list[ManifestProblem]]:
+        """Re-hash every stored manifest (one run's when ``run_id`` is set; else the fleet's,
+        those built for no run too): how many were checked and the problems."""
+        if run_id:
+            self.get_run(fleet_id, run_id)
+        checked, problems = 0, []
+        manifests = self._in_batches(
+            lambda session, after, limit: self.repository.list_manifests(
+                session, fleet_id, run_id, after, limit),
+            None, lambda manifest: [manifest.manifest_id], ARTIFACT_BATCH)
+        for manifest in manifests:
+            checked += 1
+            problem = manifest_problem(manifest)
+            if problem is not None:
+                log.warning("manifest integrity problem", extra=problem.__dict__)
+                self.integrity_failures.add(problem.problem)
+                problems.append(problem)
+        return checked, problems
 
     def tombstones(self, fleet_id: str, run_id: str = "") -> Iterator[StoredTombstone]:
         """Every event, then every snapshot, of the fleet (of one run when ``run_id`` is set)

@@ -375,7 +375,12 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
             fleet_id, request.run_id)
         # Each tombstone against the erasure it names, as governance recorded it.
         audit = self.service.verify_tombstones(fleet_id, request.run_id, self.eraser.source)
+        manifests, manifest_problems = self.service.verify_manifests(fleet_id, request.run_id)
         return pb.VerifyArtifactsResponse(
+            manifests_checked=manifests, manifest_problems=[pb.ManifestProblem(
+                manifest_id=p.manifest_id, run_id=p.run_id, problem=p.problem,
+                expected_hash=p.expected_hash, actual_hash=p.actual_hash)
+                for p in manifest_problems],
             checked=checked, problems=[problem_to_proto(p) for p in problems],
             snapshots_checked=snapshots, snapshots_tombstoned=tombstoned,
             snapshot_problems=[pb.SnapshotProblem(

@@ -15,10 +15,13 @@ started again and the store's verify command is run:
   DB; found by VerifyRun (`engram compactor verify RUN`).
 - snapshots: one byte of a `snapshots` row's state or salt (format 2, in turn); VerifyArtifacts
   and every read re-hash it.
+- manifests: one byte of a `manifests` row's content, salt or content hash (format 2, in turn),
+  half of them built for no run; found by VerifyArtifacts of the fleet, and GetManifest of each
+  refuses exactly those (DATA_LOSS).
 
 Criterion: 100% of the flipped items reported, 0 untouched items reported (no false alarm).
-100 flips in `make test` (40 records, 20 blobs, 15 events, 15 warm, 10 snapshots), 1,000 in
-`make soak`.
+110 flips in `make test` (40 records, 20 blobs, 15 events, 15 warm, 10 snapshots, 10
+manifests), 1,100 in `make soak`.
 """
 
 from __future__ import annotations
@@ -43,12 +46,13 @@ from tests.faults.conftest import Stack, scale
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 FLIPS = {"records": scale(40, 400), "blobs": scale(20, 200), "events": scale(15, 150),
-         "warm": scale(15, 150), "snapshots": scale(10, 100)}
+         "warm": scale(15, 150), "snapshots": scale(10, 100), "manifests": scale(10, 100)}
 PRINTABLE = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 {}[]\":,.-_"
 RECORD_FIELDS = ("content", "agent_id", "run_id", "domain", "source", "tags_json",
                  "metadata_json", "content_hash", "record_hash")
 EVENT_FIELDS = ("type", "payload_json", "salt", "payload_commitment")
 SNAPSHOT_FIELDS = ("state_json", "salt")
+MANIFEST_FIELDS = ("content_json", "salt", "content_hash")
 
 
 def flip_text(value: str, rng: random.Random) -> str:
@@ -251,13 +255,43 @@ def snapshots(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[s
     return flipped, reported
 
 
+def manifests(stack: Stack, n: int, rng: random.Random) -> tuple[set[str], set[str]]:
+    stack.start("artifacts")
+    with ArtifactsClient(stack.address("artifacts"), stack.token("flipper")) as art:
+        art.start_run("run-m")
+        ids = [art.create_manifest({"window": [f"rec-{i}"], "why": f"{rng.random()}"},
+                                   run_id="run-m" if i % 2 else "").manifest.manifest_id
+               for i in range(2 * n)]
+    stack.stop_all()
+    _all_format_2(stack, "manifests", len(ids))
+    flipped = set(rng.sample(ids, n))
+    for i, manifest_id in enumerate(sorted(flipped)):  # each column in turn
+        flip_row(stack.db_path("artifacts"), "manifests",
+                 MANIFEST_FIELDS[i % len(MANIFEST_FIELDS)], "manifest_id=?", (manifest_id,),
+                 rng)
+    stack.start("artifacts")
+    with ArtifactsClient(stack.address("artifacts"), stack.token("flipper")) as art:
+        report = art.verify()
+        assert report.manifests_checked == len(ids)
+        reported = {p.manifest_id for p in report.manifest_problems}
+        for manifest_id in ids:  # every read re-hashes too
+            try:
+                art.get_manifest(manifest_id)
+                assert manifest_id not in reported, f"{manifest_id}: a read did not find it"
+            except EngramRpcError as error:
+                assert error.code.name == "DATA_LOSS", error
+                assert manifest_id in reported, f"{manifest_id}: verify did not find it"
+    return flipped, reported
+
+
 STORES: dict[str, Callable[[Stack, int, random.Random], tuple[set[str], set[str]]]] = {
-    "records": records, "blobs": blobs, "events": events, "warm": warm, "snapshots": snapshots}
+    "records": records, "blobs": blobs, "events": events, "warm": warm, "snapshots": snapshots,
+    "manifests": manifests}
 
 
 @pytest.mark.parametrize("store", [
     "records", "blobs", "events", "warm",
-    "snapshots",
+    "snapshots", "manifests",
 ])
 def test_every_flipped_byte_is_found_and_nothing_else(stack: Stack, store: str) -> None:
     rng = random.Random(f"flips-{store}")

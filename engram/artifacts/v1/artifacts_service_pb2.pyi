@@ -348,7 +348,7 @@ class VerifyArtifactsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class VerifyArtifactsResponse(_message.Message):
-    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned", "events_tombstoned", "tombstone_problems", "tombstones_unconfirmed")
+    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned", "events_tombstoned", "tombstone_problems", "tombstones_unconfirmed", "manifests_checked", "manifest_problems")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +357,8 @@ class VerifyArtifactsResponse(_message.Message):
     EVENTS_TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONE_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     checked: int
     problems: _containers.RepeatedCompositeFieldContainer[ArtifactProblem]
     snapshots_checked: int
@@ -365,7 +367,23 @@ class VerifyArtifactsResponse(_message.Message):
     events_tombstoned: int
     tombstone_problems: _containers.RepeatedCompositeFieldContainer[TombstoneProblem]
     tombstones_unconfirmed: int
-    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ..., events_tombstoned: _Optional[int] = ..., tombstone_problems: _Optional[_Iterable[_Union[TombstoneProblem, _Mapping]]] = ..., tombstones_unconfirmed: _Optional[int] = ...) -> None: ...
+    manifests_checked: int
+    manifest_problems: _containers.RepeatedCompositeFieldContainer[ManifestProblem]
+    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ..., events_tombstoned: _Optional[int] = ..., tombstone_problems: _Optional[_Iterable[_Union[TombstoneProblem, _Mapping]]] = ..., tombstones_unconfirmed: _Optional[int] = ..., manifests_checked: _Optional[int] = ..., manifest_problems: _Optional[_Iterable[_Union[ManifestProblem, _Mapping]]] = ...) -> None: ...
+
+class ManifestProblem(_message.Message):
+    __slots__ = ("manifest_id", "run_id", "problem", "expected_hash", "actual_hash")
+    MANIFEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_HASH_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_HASH_FIELD_NUMBER: _ClassVar[int]
+    manifest_id: str
+    run_id: str
+    problem: str
+    expected_hash: str
+    actual_hash: str
+    def __init__(self, manifest_id: _Optional[str] = ..., run_id: _Optional[str] = ..., problem: _Optional[str] = ..., expected_hash: _Optional[str] = ..., actual_hash: _Optional[str] = ...) -> None: ...
 
 class TombstoneProblem(_message.Message):
     __slots__ = ("kind", "id", "run_id", "erasure_id", "problem", "leaf_hash")

@@ -18,9 +18,16 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import replace
 
-from services.artifacts.domain.entities import Event, EventDraft, Manifest, Run, Snapshot
+from services.artifacts.domain.entities import (
+    Event,
+    EventDraft,
+    Manifest,
+    ManifestProblem,
+    Run,
+    Snapshot,
+)
 from services.common.canonical import canonical_json
-from services.common.commitment import commitment, commits_to, new_salt
+from services.common.commitment import commitment, commits_to, is_salt, new_salt
 from services.common.erasure_source import is_erasure_id
 from services.common.errors import IntegrityError
 
@@ -219,6 +226,20 @@ def manifest_intact(manifest: Manifest) -> bool:
             manifest.salt, manifest.content_json.encode(), manifest.content_hash)
     return manifest.content_hash == sha256_text(manifest.content_json) and \
         manifest.manifest_id == manifest_id(manifest.content_json)
+
+
+def manifest_problem(manifest: Manifest) -> ManifestProblem | None:
+    """What is wrong with the stored manifest (None: it is intact); ``actual_hash`` is what
+    its content gives now ("" when its salt is not one)."""
+    if manifest_intact(manifest):
+        return None
+    actual = ""
+    if manifest.format != 2:
+        actual = sha256_text(manifest.content_json)
+    elif is_salt(manifest.salt):
+        actual = commitment(manifest.salt, manifest.content_json.encode())
+    return ManifestProblem(manifest.manifest_id, manifest.run_id, "MANIFEST_HASH_MISMATCH",
+                           manifest.content_hash, actual)
 
 
 def new_id(prefix: str) -> str:

@@ -120,6 +120,17 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class ManifestProblem:
+    """A stored manifest that no longer matches its hash (or its id, docs/artifacts.md)."""
+
+    manifest_id: str
+    run_id: str
+    problem: str  # MANIFEST_HASH_MISMATCH
+    expected_hash: str
+    actual_hash: str
+
+
+@dataclass(frozen=True)
 class SnapshotProblem:
     """A stored snapshot whose state no longer matches its hash, or whose fields do not parse."""
 

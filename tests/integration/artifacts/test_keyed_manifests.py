@@ -98,6 +98,15 @@ def test_a_byte_changed_in_a_stored_manifest_is_data_loss(
     run_id = env.client.start_run("run-1").run.run_id
     assert not env.client.resolve(run_id, "manifest", manifest.manifest_id,
                                   critical=False).resolved
+    kept = env.client.create_manifest({"window": ["rec-1"]}, run_id=run_id).manifest
+    report = env.client.verify()  # the fleet's: the run's manifest and the one of no run
+    assert report.manifests_checked == 2
+    assert [(p.manifest_id, p.problem, p.expected_hash) for p in report.manifest_problems] == [
+        (manifest.manifest_id, "MANIFEST_HASH_MISMATCH",
+         changed if column == "content_hash" else manifest.content_hash)]
+    of_run = env.client.verify(run_id)
+    assert (of_run.manifests_checked, list(of_run.manifest_problems)) == (1, [])
+    assert env.client.get_manifest(kept.manifest_id) == kept
 
 
 def test_an_import_checks_a_manifest_s_commitment_and_finds_it_by_content_after(

@@ -407,6 +407,26 @@ export interface VerifyArtifactsResponse {
    * tombstone_problems; run the verification again when governance is back.
    */
   tombstonesUnconfirmed: number;
+  /**
+   * Manifests re-hashed (the run's; for the fleet, every one, those built for no
+   * run too), and those that failed.
+   */
+  manifestsChecked: number;
+  manifestProblems: ManifestProblem[];
+}
+
+/** A stored manifest that no longer matches its hash. */
+export interface ManifestProblem {
+  manifestId: string;
+  runId: string;
+  /**
+   * MANIFEST_HASH_MISMATCH: its content no longer hashes (format 1) or commits
+   * under its salt (format 2) to its content_hash, or its id is not the one its
+   * content gives (format 1) or not of the form mf_ and 40 hex digits.
+   */
+  problem: string;
+  expectedHash: string;
+  actualHash: string;
 }
 
 /** A tombstone (an event or snapshot erased in place) that no recorded erasure accounts for. */
@@ -4199,6 +4219,8 @@ function createBaseVerifyArtifactsResponse(): VerifyArtifactsResponse {
     eventsTombstoned: 0,
     tombstoneProblems: [],
     tombstonesUnconfirmed: 0,
+    manifestsChecked: 0,
+    manifestProblems: [],
   };
 }
 
@@ -4227,6 +4249,12 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     }
     if (message.tombstonesUnconfirmed !== 0) {
       writer.uint32(64).int64(message.tombstonesUnconfirmed);
+    }
+    if (message.manifestsChecked !== 0) {
+      writer.uint32(72).int64(message.manifestsChecked);
+    }
+    for (const v of message.manifestProblems) {
+      ManifestProblem.encode(v!, writer.uint32(82).fork()).join();
     }
     return writer;
   },
@@ -4308,6 +4336,22 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
             message.tombstonesUnconfirmed = longToNumber(reader.int64());
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.manifestsChecked = longToNumber(reader.int64());
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.manifestProblems.push(ManifestProblem.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4356,6 +4400,16 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
         : isSet(object.tombstones_unconfirmed)
         ? globalThis.Number(object.tombstones_unconfirmed)
         : 0,
+      manifestsChecked: isSet(object.manifestsChecked)
+        ? globalThis.Number(object.manifestsChecked)
+        : isSet(object.manifests_checked)
+        ? globalThis.Number(object.manifests_checked)
+        : 0,
+      manifestProblems: globalThis.Array.isArray(object?.manifestProblems)
+        ? object.manifestProblems.map((e: any) => ManifestProblem.fromJSON(e))
+        : globalThis.Array.isArray(object?.manifest_problems)
+        ? object.manifest_problems.map((e: any) => ManifestProblem.fromJSON(e))
+        : [],
     };
   },
 
@@ -4385,6 +4439,12 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     if (message.tombstonesUnconfirmed !== 0) {
       obj.tombstonesUnconfirmed = Math.round(message.tombstonesUnconfirmed);
     }
+    if (message.manifestsChecked !== 0) {
+      obj.manifestsChecked = Math.round(message.manifestsChecked);
+    }
+    if (message.manifestProblems?.length) {
+      obj.manifestProblems = message.manifestProblems.map((e) => ManifestProblem.toJSON(e));
+    }
     return obj;
   },
 
@@ -4401,6 +4461,157 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     message.eventsTombstoned = object.eventsTombstoned ?? 0;
     message.tombstoneProblems = object.tombstoneProblems?.map((e) => TombstoneProblem.fromPartial(e)) || [];
     message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
+    message.manifestsChecked = object.manifestsChecked ?? 0;
+    message.manifestProblems = object.manifestProblems?.map((e) => ManifestProblem.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseManifestProblem(): ManifestProblem {
+  return { manifestId: "", runId: "", problem: "", expectedHash: "", actualHash: "" };
+}
+
+export const ManifestProblem: MessageFns<ManifestProblem> = {
+  encode(message: ManifestProblem, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.manifestId !== "") {
+      writer.uint32(10).string(message.manifestId);
+    }
+    if (message.runId !== "") {
+      writer.uint32(18).string(message.runId);
+    }
+    if (message.problem !== "") {
+      writer.uint32(26).string(message.problem);
+    }
+    if (message.expectedHash !== "") {
+      writer.uint32(34).string(message.expectedHash);
+    }
+    if (message.actualHash !== "") {
+      writer.uint32(42).string(message.actualHash);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ManifestProblem {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseManifestProblem();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.manifestId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.runId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.problem = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.expectedHash = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.actualHash = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ManifestProblem {
+    return {
+      manifestId: isSet(object.manifestId)
+        ? globalThis.String(object.manifestId)
+        : isSet(object.manifest_id)
+        ? globalThis.String(object.manifest_id)
+        : "",
+      runId: isSet(object.runId)
+        ? globalThis.String(object.runId)
+        : isSet(object.run_id)
+        ? globalThis.String(object.run_id)
+        : "",
+      problem: isSet(object.problem) ? globalThis.String(object.problem) : "",
+      expectedHash: isSet(object.expectedHash)
+        ? globalThis.String(object.expectedHash)
+        : isSet(object.expected_hash)
+        ? globalThis.String(object.expected_hash)
+        : "",
+      actualHash: isSet(object.actualHash)
+        ? globalThis.String(object.actualHash)
+        : isSet(object.actual_hash)
+        ? globalThis.String(object.actual_hash)
+        : "",
+    };
+  },
+
+  toJSON(message: ManifestProblem): unknown {
+    const obj: any = {};
+    if (message.manifestId !== "") {
+      obj.manifestId = message.manifestId;
+    }
+    if (message.runId !== "") {
+      obj.runId = message.runId;
+    }
+    if (message.problem !== "") {
+      obj.problem = message.problem;
+    }
+    if (message.expectedHash !== "") {
+      obj.expectedHash = message.expectedHash;
+    }
+    if (message.actualHash !== "") {
+      obj.actualHash = message.actualHash;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ManifestProblem>, I>>(base?: I): ManifestProblem {
+    return ManifestProblem.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ManifestProblem>, I>>(object: I): ManifestProblem {
+    const message = createBaseManifestProblem();
+    message.manifestId = object.manifestId ?? "";
+    message.runId = object.runId ?? "";
+    message.problem = object.problem ?? "";
+    message.expectedHash = object.expectedHash ?? "";
+    message.actualHash = object.actualHash ?? "";
     return message;
   },
 };
