@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from functools import lru_cache
+from functools import cached_property
 from typing import Any
 
 from services.common.errors import InvalidArgument
@@ -50,6 +50,19 @@ class Rule:
 
     def applies_to(self, tier: TrustTier) -> bool:
         return not self.tiers or tier in self.tiers
+
+    @cached_property
+    def deny_pattern(self) -> DenyPattern | PatternError:
+        """A deny-pattern rule's pattern, compiled once for this rule object (the gate keeps a
+        fleet's rules until one changes, so their patterns are compiled once a change), or
+        why it no longer compiles. Compiled patterns are not shared between fleets: a cache
+        of every fleet's patterns would let many fleets' patterns push out each other's, and
+        each write would compile its fleet's again."""
+        try:
+            return DenyPattern(self.params["pattern"],
+                               case_sensitive=self.params["case_sensitive"])
+        except PatternError as error:
+            return error
 
     def state(self) -> dict[str, object]:
         """What the witness chain records about this rule."""
@@ -129,7 +142,7 @@ def validate_params(kind: RuleKind, params: Mapping[str, Any]) -> dict[str, Any]
         if not isinstance(pattern, str):
             raise InvalidArgument("deny_pattern rule needs a pattern", reason="INVALID_RULE")
         try:
-            compiled_pattern(pattern, case_sensitive)
+            DenyPattern(pattern, case_sensitive=case_sensitive)
         except PatternError as error:
             raise InvalidArgument(f"deny pattern refused: {error}",
                                   reason="UNSAFE_PATTERN") from None
@@ -147,11 +160,6 @@ def validate_params(kind: RuleKind, params: Mapping[str, Any]) -> dict[str, Any]
         raise InvalidArgument(f"contradiction min_overlap must be in (0, 1], got {overlap!r}",
                               reason="INVALID_RULE")
     return {"min_overlap": float(overlap)}
-
-
-@lru_cache(maxsize=1024)
-def compiled_pattern(pattern: str, case_sensitive: bool) -> DenyPattern:
-    return DenyPattern(pattern, case_sensitive=case_sensitive)
 
 
 WritesWithin = Callable[[int], int]
@@ -176,7 +184,7 @@ def denied_by_patterns(candidate: Candidate, rules: Sequence[Rule]) -> dict[Patt
         if rule.kind is RuleKind.DENY_PATTERN:
             key = (rule.params["pattern"], rule.params["case_sensitive"])
             if key not in found:
-                found[key] = _denied_text(*key, candidate)
+                found[key] = _denied_text(rule, candidate)
     return found
 
 
@@ -212,7 +220,7 @@ def _check(rule: Rule, candidate: Candidate, writes_within: WritesWithin,
                 f"{p['max_bytes']}-byte limit") if size > p["max_bytes"] else None
     if rule.kind is RuleKind.DENY_PATTERN:
         key = (p["pattern"], p["case_sensitive"])
-        return patterns[key] if key in patterns else _denied_text(*key, candidate)
+        return patterns[key] if key in patterns else _denied_text(rule, candidate)
     if rule.kind is RuleKind.REQUIRED_TAGS:
         missing = sorted(set(p["tags"]) - set(candidate.tags))
         return f"missing required tags: {', '.join(missing)}" if missing else None
@@ -230,13 +238,12 @@ def _check(rule: Rule, candidate: Candidate, writes_within: WritesWithin,
     return f"contradicts existing record {clash}" if clash else None
 
 
-def _denied_text(pattern: str, case_sensitive: bool, candidate: Candidate) -> str | None:
-    """Which field matches the deny pattern (named, never quoted), or None."""
-    try:
-        compiled = compiled_pattern(pattern, case_sensitive)
-    except PatternError as error:  # a rule stored before RE2 that RE2 refuses: fail closed
-        return f"the deny pattern no longer compiles ({error}); recreate the rule"
+def _denied_text(rule: Rule, candidate: Candidate) -> str | None:
+    """Which field matches the rule's deny pattern (named, never quoted), or None."""
+    compiled = rule.deny_pattern
+    if isinstance(compiled, PatternError):  # stored before RE2, refused by it: fail closed
+        return f"the deny pattern no longer compiles ({compiled}); recreate the rule"
     for field_name, text in candidate.texts():
         if compiled.search(text):
-            return f"{field_name} matches the deny pattern {pattern!r}"
+            return f"{field_name} matches the deny pattern {rule.params['pattern']!r}"
     return None

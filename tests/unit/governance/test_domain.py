@@ -7,8 +7,10 @@ from dataclasses import replace
 import pytest
 
 from services.common.errors import InvalidArgument
+from services.governance.domain import rules as rules_module
 from services.governance.domain.contradiction import contradicts
 from services.governance.domain.rules import (
+    MAX_RULES_PER_FLEET,
     SUSPENDED_RULE_ID,
     Candidate,
     Neighbour,
@@ -132,3 +134,29 @@ def test_chain_links_detect_edits_and_extension() -> None:
     assert extends(Checkpoint(entries[1].link, 2), entries[1].link)
     assert not extends(Checkpoint(entries[1].link, 2), entries[0].link)
     assert extends(Checkpoint(GENESIS, 0), None)
+
+
+def test_a_fleet_s_deny_patterns_are_compiled_once_however_many_other_fleets_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rule compiles its pattern once. Before, one cache of 1,024 compiled patterns
+    served every fleet: 11 fleets of 100 deny rules (the limit a fleet may hold) pushed each
+    other's out, and every write compiled its fleet's patterns again (this test compiled the
+    first fleet's pattern twice then)."""
+    mine = [_rule(RuleKind.DENY_PATTERN, pattern="password[:=]", case_sensitive=False)]
+    others = [[_rule(RuleKind.DENY_PATTERN, pattern=f"secret-{fleet}-{n}", case_sensitive=False)
+               for n in range(MAX_RULES_PER_FLEET)] for fleet in range(11)]
+    compiled: list[str] = []  # from here on: the rules are made (and validated)
+    real = rules_module.DenyPattern
+
+    def counting(pattern: str, *, case_sensitive: bool = False) -> object:
+        compiled.append(pattern)
+        return real(pattern, case_sensitive=case_sensitive)
+
+    monkeypatch.setattr(rules_module, "DenyPattern", counting)
+    candidate = Candidate("r", "h", "db password=hunter2")
+    for _ in range(3):
+        assert judge(candidate, AgentTrust("f", "a"), mine, lambda _w: 0)
+        for rules in others:
+            assert not judge(candidate, AgentTrust("f", "a"), rules, lambda _w: 0)
+    assert compiled.count("password[:=]") == 1
+    assert len(compiled) == 1 + 11 * MAX_RULES_PER_FLEET
