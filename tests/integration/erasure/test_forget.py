@@ -186,6 +186,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                    *_guessable_log("run-9", lines9, {"said": marker}),
                    *_guessable_log("run-10", lines10, {"quoted": marker.upper()}),
                    event.salt, snapshot.salt, *line_salts,  # erased with what holds them
+                   hashlib.sha256(blob).hexdigest(),  # the artifact row's plain hash
                    # what a manifest id or hash derived from the content would be, its salt
                    hashlib.sha256(loose_manifest.content_json.encode()).hexdigest()[:40],
                    loose_manifest.salt]
@@ -199,6 +200,9 @@ def test_forget_leaves_no_byte_of_the_marker(
         else:
             assert _tables_holding(urls["shard"], needles)
             assert _tables_holding(urls["artifacts"], [marker])
+        blob_hash = hashlib.sha256(blob).hexdigest()  # in the artifact's row until erased
+        assert (_files_holding([data], [blob_hash.encode()]) if backend == "sqlite"
+                else _tables_holding(urls["artifacts"], [blob_hash]))
         salts = [event.salt, snapshot.salt]
         assert {hit.rsplit(": ", 1)[1] for hit in (
             _files_holding([data], [salt.encode() for salt in salts]) if backend == "sqlite"
