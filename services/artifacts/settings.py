@@ -9,7 +9,6 @@ from typing import Any
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from engram.client import TlsFiles
 from services.artifacts.domain.validation import (
     DEFAULT_MAX_UPLOAD_BYTES,
     MAX_DOCUMENT_BYTES,
@@ -17,10 +16,10 @@ from services.artifacts.domain.validation import (
     ArtifactLimits,
 )
 from services.common.limits import DEFAULT_JSON_DEPTH
-from services.common.settings import ServerSettings
+from services.common.settings import GovernanceClientSettings
 
 
-class ArtifactsSettings(ServerSettings):
+class ArtifactsSettings(GovernanceClientSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_ARTIFACTS_", frozen=True, extra="ignore", populate_by_name=True
     )
@@ -57,22 +56,12 @@ class ArtifactsSettings(ServerSettings):
     are not refused here (`engram up`, compose and the kustomize base set it)."""
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
-    governance_tls_ca: Path | None = None
-    """CA that signed governance's certificate; set, calls to governance use TLS."""
-    governance_tls_cert: Path | None = None
-    """This service's client certificate, for a governance that requires mutual TLS."""
-    governance_tls_key: Path | None = None
-    """The private key of ``governance_tls_cert``."""
 
     def artifact_limits(self) -> ArtifactLimits:
         return ArtifactLimits(document_bytes=self.max_document_bytes,
                               metadata_bytes=self.max_metadata_bytes,
                               json_depth=self.json_depth, upload_bytes=self.max_upload_bytes,
                               batch_items=self.limits.batch_items)
-
-    def governance_tls(self) -> TlsFiles:
-        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
-                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         default = (self.data_dir("artifacts") / "artifacts.db").resolve()

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engram.client import TlsFiles
 from services.common.tokens import local_public_keys
 
 
@@ -205,3 +206,21 @@ class ServerSettings(BaseSettings):
 
     def data_dir(self, service: str) -> Path:
         return self.home / service
+
+
+class GovernanceClientSettings(ServerSettings):
+    """A service that calls governance (the shard's gate, the others' revocation polls): how
+    its calls reach governance over TLS (``ENGRAM_<SERVICE>_GOVERNANCE_TLS_*``)."""
+
+    governance_tls_ca: Path | None = Field(
+        default=None, description="CA that signed governance's certificate; set, this service "
+        "calls governance over TLS")
+    governance_tls_cert: Path | None = Field(
+        default=None, description="this service's client certificate, for a governance that "
+        "requires mutual TLS")
+    governance_tls_key: Path | None = Field(
+        default=None, description="the private key of governance_tls_cert")
+
+    def governance_tls(self) -> TlsFiles:
+        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
+                        tls_key=self.governance_tls_key)

@@ -8,11 +8,11 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
-from services.common.settings import ServerSettings
+from services.common.settings import GovernanceClientSettings
 from services.compactor.domain.model import TierConfig
 
 
-class CompactorSettings(ServerSettings):
+class CompactorSettings(GovernanceClientSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_COMPACTOR_", frozen=True, extra="ignore", populate_by_name=True
     )
@@ -38,11 +38,6 @@ class CompactorSettings(ServerSettings):
     governance_addr: str | None = Field(
         default=None, description="governance, polled for revoked tokens and suspended agents "
         "(with service_token_file); unset: they are not refused here")
-    governance_tls_ca: Path | None = Field(
-        default=None, description="CA that signed governance's certificate; set, calls use TLS")
-    governance_tls_cert: Path | None = Field(
-        default=None, description="client certificate, for a governance requiring mutual TLS")
-    governance_tls_key: Path | None = Field(default=None, description="that certificate's key")
 
     hot_size: int = Field(default=10, ge=1, description="iterations kept with full detail")
     rotate_bytes: int = Field(default=5 * 1024 * 1024, ge=256,
@@ -69,9 +64,6 @@ class CompactorSettings(ServerSettings):
         return TlsFiles(tls_ca=self.shard_tls_ca, tls_cert=self.shard_tls_cert,
                         tls_key=self.shard_tls_key)
 
-    def governance_tls(self) -> TlsFiles:
-        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
-                        tls_key=self.governance_tls_key)
 
     def database_url(self) -> str:
         return self.db_url or f"sqlite:///{(self.data_dir('compactor') / 'compactor.db')}"

@@ -7,11 +7,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from engram.client import TlsFiles
-from services.common.settings import ServerSettings
+from services.common.settings import GovernanceClientSettings
 
 
-class EmbedderSettings(ServerSettings):
+class EmbedderSettings(GovernanceClientSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_EMBEDDER_", frozen=True, extra="ignore", populate_by_name=True
     )
@@ -44,12 +43,4 @@ class EmbedderSettings(ServerSettings):
     service_token_file: Path | None = Field(
         default=None, description="bearer token (role service, agent svc-embedder, fleet "
         "system, aud governance) this process presents to governance")
-    governance_tls_ca: Path | None = Field(
-        default=None, description="CA that signed governance's certificate; set, calls use TLS")
-    governance_tls_cert: Path | None = Field(
-        default=None, description="client certificate, for a governance requiring mutual TLS")
-    governance_tls_key: Path | None = Field(default=None, description="that certificate's key")
 
-    def governance_tls(self) -> TlsFiles:
-        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
-                        tls_key=self.governance_tls_key)

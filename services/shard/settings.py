@@ -10,10 +10,10 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
-from services.common.settings import ServerSettings
+from services.common.settings import GovernanceClientSettings
 
 
-class ShardSettings(ServerSettings):
+class ShardSettings(GovernanceClientSettings):
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_SHARD_", frozen=True, extra="ignore", populate_by_name=True
     )
@@ -27,12 +27,6 @@ class ShardSettings(ServerSettings):
     """No governance (no gate, no trust ranking): for isolated tests and benchmarks only."""
     service_token_file: Path | None = None
     """Bearer token (role "service") this process presents to governance."""
-    governance_tls_ca: Path | None = None
-    """CA that signed governance's certificate; set, the shard calls governance over TLS."""
-    governance_tls_cert: Path | None = None
-    """This shard's client certificate, for a governance that requires mutual TLS."""
-    governance_tls_key: Path | None = None
-    """The private key of ``governance_tls_cert``."""
     migrate: bool = True
     rate_limit_records: float = Field(
         default=1000.0, ge=0, allow_inf_nan=False,
@@ -130,9 +124,6 @@ class ShardSettings(ServerSettings):
             return self.rate_limit_record_burst
         return max(math.ceil(2 * self.rate_limit_records), self.limits.batch_items)
 
-    def governance_tls(self) -> TlsFiles:
-        return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
-                        tls_key=self.governance_tls_key)
 
     def embedder_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.embedder_tls_ca, tls_cert=self.embedder_tls_cert,
