@@ -74,6 +74,23 @@ class _Postings:
         self.size = len(self.doc_ids)
 
 
+_PACK_CHUNK = 8192
+"""Postings lists copied by one numpy call when a snapshot packs them."""
+
+
+def _joined(parts: list[npt.NDArray[Any]], sizes: list[int], dtype: type) -> npt.NDArray[Any]:
+    """``parts`` one after another in a new array (``sizes`` their lengths)."""
+    out: npt.NDArray[Any] = np.empty(sum(sizes), dtype=dtype)
+    at = 0
+    for first in range(0, len(parts), _PACK_CHUNK):
+        chunk = parts[first:first + _PACK_CHUNK]
+        end = at + sum(sizes[first:first + _PACK_CHUNK])
+        if end > at:
+            np.concatenate(chunk, out=out[at:end])
+        at = end
+    return out
+
+
 class BM25Index:
     """Okapi BM25 (k1, b) over weighted term bags."""
 
@@ -153,23 +170,56 @@ class GrowingBM25:
     def __len__(self) -> int:
         return self._count - self._holes
 
+    _packed: dict[str, Any] | None = None
+    """Set only on a :meth:`snapshot_copy`: the state it pickles as."""
+
     def __getstate__(self) -> dict[str, Any]:
         """Every term's postings packed into two arrays: a snapshot holds one object per term
         otherwise (a million rare terms pickle in seconds; packed, in a fraction of one)."""
+        return self._packed if self._packed is not None else self._pack()
+
+    def snapshot_copy(self) -> GrowingBM25:
+        """A private copy of this index's :meth:`__getstate__`, to pickle after the caller
+        lets go of the fleet's lock: nothing done to this index afterwards (adds, extensions
+        summed in place, merges, drops) changes it. It pickles (and loads) as this index
+        would have; it serves nothing else."""
+        copy = GrowingBM25.__new__(GrowingBM25)
+        copy._packed = self._pack()
+        return copy
+
+    def _pack(self) -> dict[str, Any]:
+        """The state, in new arrays (none shares memory with a postings list): one pass over
+        the terms, merging only the lists that set documents aside, then the lists copied
+        into two arrays ``_PACK_CHUNK`` lists at a time (one copy, and no single numpy call
+        long enough to hold other threads for long)."""
         terms = list(self._postings)
-        lists = [self._postings[t] for t in terms]
-        for postings in lists:
-            postings.merge_late()
-        sizes = np.fromiter((p.size for p in lists), dtype=np.int64, count=len(lists))
+        sizes: list[int] = []
+        ascending: list[bool] = []
+        doc_ids: list[npt.NDArray[np.int32]] = []
+        freqs: list[npt.NDArray[np.float32]] = []
+        size_of, ascending_of = sizes.append, ascending.append
+        ids_of, freqs_of = doc_ids.append, freqs.append
+        for postings in self._postings.values():
+            if postings.late:
+                postings.merge_late()
+            size = postings.size
+            size_of(size)
+            ascending_of(postings.ascending)
+            ids, weights = postings.doc_ids, postings.freqs
+            if len(ids) == size:  # sized exactly (a loaded list): no slice
+                ids_of(ids)
+                freqs_of(weights)
+            else:
+                ids_of(ids[:size])
+                freqs_of(weights[:size])
         return {
             "k1": self.k1, "b": self.b, "count": self._count, "holes": self._holes,
             "total": self._total_length,
-            "lengths": self._lengths[: self._count].copy(), "terms": terms, "sizes": sizes,
-            "ascending": np.fromiter((p.ascending for p in lists), dtype=bool, count=len(lists)),
-            "doc_ids": np.concatenate([p.doc_ids[: p.size] for p in lists] or
-                                      [np.zeros(0, np.int32)]),
-            "freqs": np.concatenate([p.freqs[: p.size] for p in lists] or
-                                    [np.zeros(0, np.float32)]),
+            "lengths": self._lengths[: self._count].copy(), "terms": terms,
+            "sizes": np.array(sizes, dtype=np.int64),
+            "ascending": np.array(ascending, dtype=bool),
+            "doc_ids": _joined(doc_ids, sizes, np.int32),
+            "freqs": _joined(freqs, sizes, np.float32),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -46,7 +46,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -205,6 +205,21 @@ class FleetIndex:
     def __getstate__(self) -> dict[str, object]:
         """Everything but the vectors (an index snapshot: vectors are stored in the database)."""
         return {k: v for k, v in self.__dict__.items() if k not in _VECTOR_STATE}
+
+    def snapshot_copy(self) -> FleetIndex:
+        """A private copy of what :meth:`__getstate__` gives, to pickle after the caller lets
+        go of the fleet's lock (it serves nothing else: no vectors): every container and array
+        the index changes in place is copied, so nothing done to this index afterwards (adds,
+        extensions, merges, erasures) changes what the copy pickles as (see
+        :data:`_SNAPSHOT_COPY`). Packing the postings is most of its time; copying the rest
+        took about 20 ms at 100k records, where pickling the copy takes half a second."""
+        copy = FleetIndex.__new__(FleetIndex)
+        state = self.__getstate__()
+        unknown = state.keys() - _SNAPSHOT_COPY.keys()
+        if unknown:  # a new attribute: say how to copy it rather than share it unseen
+            raise TypeError(f"FleetIndex.snapshot_copy has no copy rule for {sorted(unknown)}")
+        copy.__dict__.update({name: _SNAPSHOT_COPY[name](value) for name, value in state.items()})
+        return copy
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -734,6 +749,59 @@ class FleetIndex:
         number = self._run_numbers.get(run_id, -2)
         mask: npt.NDArray[np.bool_] = self._run_of[: len(self.ids)] == number
         return mask
+
+
+def _same(value: Any) -> Any:
+    """Never changed in place (a frozen dataclass): shared with the copy."""
+    return value
+
+
+def _array_copy(value: Any) -> Any:
+    """A numpy array the index writes in place (whole: its spare room is saved too)."""
+    return value.copy()
+
+
+def _lists_copy(value: Any) -> Any:
+    """A dict whose lists the index appends to in place: each list copied."""
+    return None if value is None else {key: list(docs) for key, docs in value.items()}
+
+
+def _tails_copy(value: Any) -> Any:
+    """The kept run tails: the LRU order and each tail's list copied. A tail's term dicts are
+    never changed once made (a new tail is a new list of new or unchanged pairs)."""
+    return OrderedDict((run_id, list(tail)) for run_id, tail in value.items())
+
+
+def _lexical_copy(value: Any) -> Any:
+    return value.snapshot_copy()
+
+
+_SNAPSHOT_COPY: dict[str, Callable[[Any], Any]] = {
+    "settings": _same,
+    "ids": list,  # an erasure blanks its slot in place
+    "doc_of": dict,
+    "lexical": _lexical_copy,
+    "_prev": _array_copy,
+    "_next": _array_copy,
+    "_run_of": _array_copy,
+    "_dates": _array_copy,
+    "_prior": _array_copy,
+    "_run_numbers": dict,
+    "_run_tail": _tails_copy,
+    "_last_of_run": dict,
+    "text_keys": dict,
+    "_key_later": _lists_copy,
+    "_agent_of": _array_copy,
+    "_domain_of": _array_copy,
+    "_created": _array_copy,
+    "_importance": _array_copy,
+    "_agent_numbers": dict,
+    "_domain_numbers": dict,
+    "_by_tag": _lists_copy,
+    "_by_metadata": _lists_copy,
+}
+"""How :meth:`FleetIndex.snapshot_copy` copies each attribute a snapshot holds (strings,
+bytes, numbers and tuples in them are immutable, so one level of copying is a snapshot)."""
 
 
 def _drop_docs(table: dict[_Key, list[_Doc]], gone: set[_Doc]) -> None:

@@ -331,11 +331,13 @@ class SearchIndex:
     def save_snapshot(self) -> int:
         """Write the lexical index to ``snapshot_path``; returns the records it holds.
 
-        The cursor is read under the locks every reader takes, then each fleet is pickled
-        under its own lock alone: writes, catch-ups and other fleets' searches go on
-        meanwhile, and only that fleet's searches wait while it is pickled (about 1 s per
-        300k records). A fleet pickled later than the cursor was read may hold newer records
-        too; a load reads them again from the store and skips them by id.
+        The cursor is read under the locks every reader takes, then each fleet in turn is
+        copied under its own lock alone (:meth:`FleetIndex.snapshot_copy`: its containers and
+        arrays, its postings packed) and pickled from that copy after the lock is let go:
+        writes, catch-ups and every fleet's searches go on while it is pickled, hashed and
+        written, and a fleet's searches wait only for the copy. A fleet copied later than
+        the cursor was read may hold newer records too; a load reads them again from the
+        store and skips them by id.
         """
         if self.snapshot_path is None:
             return 0
@@ -348,7 +350,9 @@ class SearchIndex:
             for fleet_id, slot in sorted(slots.items()):
                 with slot.lock:
                     slot.apply_inbox()
-                    frames.append(fleet_frame(fleet_id, slot.index))
+                    copy = slot.index.snapshot_copy()
+                frames.append(fleet_frame(fleet_id, copy))
+                del copy  # one fleet's copy held at a time
             header = header_for(frames, position=position, gaps=gaps, records=records,
                                 last_id=last_id, settings=repr(self.context))
             write_snapshot(self.snapshot_path, header, frames)

@@ -3,11 +3,13 @@ damaged, stale or forged file costs a rebuild, never a wrong answer."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from services.common.db import Database
@@ -17,7 +19,7 @@ from services.shard.domain.records import RecordDraft
 from services.shard.retrieval.embedding import HashEmbedder
 from services.shard.search import index as index_module
 from services.shard.search import snapshot as snapshot_module
-from services.shard.search.fleet_index import ContextSettings, FleetIndex
+from services.shard.search.fleet_index import ContextSettings, DocFacts, FleetIndex
 from services.shard.search.index import SearchIndex
 from services.shard.search.snapshot import (
     MAGIC,
@@ -278,3 +280,138 @@ def test_one_fleets_new_records_are_analysed_outside_the_lock_every_fleet_syncs_
         release.set()
         searching_f.join(30)
     assert index.search("f", "bulky", "lexical")
+
+
+# -- a save copies each fleet under its lock and pickles the copy after letting go ---------
+
+NOTES = {"n0": "the pond pump hums at night", "n1": "the pond pump was cleaned in may",
+         "n2": "a heron visited the pond", "n3": "the heron left the pond at dawn",
+         "n4": "the pond pump hums at night"}
+"""Records of run "notes" added to fleet f directly; n4 repeats n0's text (its text key)."""
+POND = DocFacts(agent_id="a", tags=("garden",), metadata={"place": "pond"})
+
+
+def _add_note(index: FleetIndex, record_id: str) -> None:
+    key = hashlib.sha256(NOTES[record_id].encode()).digest()[:16]
+    index.add(record_id, "notes", NOTES[record_id], key, facts=POND)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, np.ndarray):
+        return str(value.dtype), value.shape, value.tolist()
+    return value
+
+
+def _held(index: FleetIndex) -> dict[str, object]:
+    """Everything a snapshot of ``index`` holds, as plain values (arrays as lists)."""
+    state = index.__getstate__()
+    held = {name: _plain(value) for name, value in state.items() if name != "lexical"}
+    lexical = index.lexical.__getstate__()
+    held["lexical"] = {name: _plain(value) for name, value in lexical.items()}
+    return held
+
+
+def test_a_save_writes_each_fleet_as_it_was_copied_whatever_changes_it_after(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fleet f is copied under its lock; before its copy is pickled, another thread (under
+    that lock, free again) adds a record that extends its run neighbours (sums into their
+    postings in place, appends to a tag's, a metadata pair's and a text key's lists, writes
+    the link arrays) and erases one in place (a hole in ``ids``, postings dropped). The file
+    holds f as it was when copied: this fails when the pickling reads the live index."""
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    slot = index._fleets["f"]
+    with slot.lock:
+        for record_id in ("n0", "n1", "n2", "n3"):
+            _add_note(slot.index, record_id)
+    real_frame = snapshot_module.fleet_frame
+    when_copied: list[dict[str, object]] = []
+
+    def change_f() -> None:
+        with slot.lock:
+            _add_note(slot.index, "n4")
+            needed = slot.index.removal_texts(["n1"])
+            assert slot.index.in_place_allowed(["n1"])
+            slot.index.remove(["n1"], {record_id: NOTES[record_id] for record_id in needed})
+
+    def frame_after_changes(fleet_id: str, copy: object) -> tuple[str, bytes]:
+        if fleet_id == "f":
+            when_copied.append(_held(pickle.loads(real_frame("f", slot.index)[1])))
+            changer = threading.Thread(target=change_f)
+            changer.start()
+            changer.join(30)
+            assert not changer.is_alive(), "fleet f's lock was held while it was pickled"
+        return real_frame(fleet_id, copy)
+
+    monkeypatch.setattr(index_module, "fleet_frame", frame_after_changes)
+    index.save_snapshot()
+    assert when_copied
+    changed = _held(slot.index)
+    assert changed != when_copied[0]  # the changes bite: the live index differs
+    assert changed["lexical"] != when_copied[0]["lexical"]
+    _, saved = read_snapshot(path, repr(ContextSettings()))
+    assert _held(saved["f"]) == when_copied[0]
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert restarted.search("f", "pump cleaned", "lexical")  # n1, as it was when copied
+
+
+def test_a_copy_refuses_an_attribute_it_has_no_rule_for() -> None:
+    index = FleetIndex(0, ContextSettings())
+    index.snapshot_copy()
+    index.cache = {}  # type: ignore[attr-defined]  # a new attribute, shared if copied blindly
+    with pytest.raises(TypeError, match="cache"):
+        index.snapshot_copy()
+
+
+@pytest.mark.parametrize("slow", ["pickling", "writing"])
+def test_a_fleet_is_searched_while_its_own_copy_is_pickled_and_written(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: str
+) -> None:
+    """The save of fleet f is held (its pickling, or the file's writing) until the test lets
+    it go: a search of f and a write to f go through meanwhile. Before, f was pickled under
+    f's lock: the search waited for the whole pickling."""
+    path = tmp_path / "index.snapshot"
+    index = SearchIndex(database, None, snapshot_path=path)
+    index.warm_up()
+    held, release = threading.Event(), threading.Event()
+    real_frame, real_write = snapshot_module.fleet_frame, snapshot_module.write_snapshot
+
+    def slow_frame(fleet_id: str, copy: object) -> tuple[str, bytes]:
+        if fleet_id == "f" and slow == "pickling":
+            held.set()
+            assert release.wait(30)
+        return real_frame(fleet_id, copy)
+
+    def slow_write(*args: object) -> None:
+        if slow == "writing":
+            held.set()
+            assert release.wait(30)
+        real_write(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index_module, "fleet_frame", slow_frame)
+    monkeypatch.setattr(index_module, "write_snapshot", slow_write)
+    saver = threading.Thread(target=index.save_snapshot)
+    saver.start()
+    try:
+        assert held.wait(30)
+        found: list[list[tuple[str, float]]] = []
+        searcher = threading.Thread(target=lambda: (
+            found.append(index.search("f", "garden hose", "lexical")),
+            _write(database, ["a brand new tulip bed"]),
+            found.append(index.search("f", "tulip bed", "lexical"))))
+        searcher.start()
+        searcher.join(30)
+        assert not searcher.is_alive(), f"a search of fleet f waited for its {slow}"
+        assert len(found) == 2 and all(found)
+        assert saver.is_alive()  # the save was still held: the search did not come after it
+    finally:
+        release.set()
+        saver.join(30)
+    restarted = SearchIndex(database, None, snapshot_path=path)
+    restarted.warm_up()
+    assert restarted.loaded_from_snapshot
+    assert _answers(restarted) == _rebuilt(database)
