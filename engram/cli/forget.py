@@ -68,6 +68,12 @@ class _Services:
             s.artifacts_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
         self.compactor = with_client(lambda s: CompactorClient(
             s.compactor_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
+        self.format1_records: dict[str, None] = {}
+        """The records (and summaries) selected that were written before format 2."""
+
+    def selected(self, records: Any) -> None:
+        """Note the format-1 records among a selection's (their tombstones keep derived ids)."""
+        self.format1_records.update((r.record_id, None) for r in records if r.format == 1)
 
     def close(self) -> None:
         for client in (self.shard, self.governance, self.artifacts, self.compactor):
@@ -230,6 +236,7 @@ def forget(
     left: list[str] = []
     legacy: list[str] = []
     listed: list[gpb.ErasedItem] = []
+    old_records = services.format1_records
     try:
         with rpc_errors(as_json):
             if kind == "resume":
@@ -250,12 +257,12 @@ def forget(
         items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
             emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left,
-                       "format1_events_left": legacy})
+                       "format1_events_left": legacy, "format1_records": list(old_records)})
         else:
             for item in items:
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
-            _warn_left(left, legacy)
+            _warn_left(left, legacy, list(old_records))
         return
     total = sum(len(e["records"]) for e in erasures)
     events, snapshots, manifests, evidence = (
@@ -264,7 +271,7 @@ def forget(
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
                "manifests_erased": manifests, "evidence_erased": evidence,
                "erasures": erasures, "runs_holding_text": left,
-               "format1_events_left": legacy}
+               "format1_events_left": legacy, "format1_records": list(old_records)}
     if as_json:
         emit_json(summary)
         return
@@ -274,10 +281,10 @@ def forget(
         console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
                       f"{manifests} manifest(s) and {evidence} evidence item(s) erased in "
                       f"{len(erasures)} erasure(s)")
-    _warn_left(left, legacy)
+    _warn_left(left, legacy, list(old_records))
 
 
-def _warn_left(left: list[str], legacy: list[str]) -> None:
+def _warn_left(left: list[str], legacy: list[str], old_records: list[str]) -> None:
     if left:
         err_console.print(f"[yellow]{len(left)} run(s) still hold the text where only "
                           "erasing the whole run removes it (metadata, stop reason, event "
@@ -291,6 +298,12 @@ def _warn_left(left: list[str], legacy: list[str]) -> None:
                           f"{' …' if len(legacy) > 10 else ''}; their hashes cover their "
                           "payloads, so only erasing their whole run (--run) removes "
                           "them[/yellow]")
+    if old_records:
+        err_console.print(f"[yellow]{len(old_records)} record(s) written before format 2 "
+                          f"({', '.join(old_records[:10])}{' …' if len(old_records) > 10 else ''}"
+                          "): their content goes, but their ids and tombstones derive from "
+                          "it, so a guess of the exact text can be checked against them "
+                          "(docs/erasure.md)[/yellow]")
 
 
 def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry_run: bool,
@@ -326,6 +339,7 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
         extra, pending = pending[:EXTRA_PER_ROUND], pending[EXTRA_PER_ROUND:]
         selection = services.shard.forget(**{selector: value}, fleet_id=fleet,
                                           limit=ROUND - len(extra))
+        services.selected(selection.records)
         listed = [_record_item(r) for r in selection.records] + extra
         if not listed:
             return listed
@@ -349,6 +363,8 @@ def _every_selected(services: _Services, selector: str, value: str, fleet: str,
     pages = _every_page(lambda token: services.shard.forget(
         **{selector: value}, fleet_id=fleet, limit=ROUND, page_token=token),
         "the records selected", as_json)
+    for page in pages:
+        services.selected(page.records)
     return list({(r.kind, r.record_id): _record_item(r)
                  for page in pages for r in page.records}.values())
 

@@ -59,6 +59,8 @@ class Forgotten:
     record_id: str
     record_hash: str
     kind: str  # "record" or "summary"
+    format: int = 2
+    """1: written before format 2; its tombstone keeps an id derived from its content."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,7 @@ class RecordEraser:
                 if len(picked) >= limit:
                     more = True
                     break
-                picked.append(Forgotten(record.id, record.record_hash, "record"))
+                picked.append(Forgotten(record.id, record.record_hash, "record", record.format))
                 seqs.append(seq)
             ids = [p.record_id for p in picked]
             summaries = self._summaries_quoting(session, ids) - set(ids)
@@ -131,7 +133,7 @@ class RecordEraser:
                 summaries = self._summaries_quoting(session, ids) - set(ids)
             found = repo.by_ids(session, fleet_id, sorted(summaries))
         following = seqs[len(picked) - 1] if more else None  # picked holds one at least
-        picked += [Forgotten(s.id, s.record_hash, "summary")
+        picked += [Forgotten(s.id, s.record_hash, "summary", s.format)
                    for s in sorted(found.values(), key=lambda r: r.id)]
         return Selection(picked, following)
 
@@ -226,7 +228,8 @@ class RecordEraser:
                 self._refuse_unlisted_summaries(session, order, list(stored), set(ids) | done)
                 self._drop_derived(session, order.fleet_id, list(stored.values()))
                 repo.remove(session, order.fleet_id, list(stored))
-        erased = [Forgotten(i, leaves[i], kinds[i]) for i in ids if i in stored]
+        erased = [Forgotten(i, leaves[i], kinds[i], stored[i].format)
+                  for i in ids if i in stored]
         return erased, len(done)
 
     def _refuse_unlisted_summaries(self, session: Session, order: ErasureOrder,

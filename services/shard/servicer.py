@@ -545,8 +545,8 @@ _SELECTORS = {"agent_id": "agent", "record_id": "record", "run_id": "run", "matc
 
 
 def _forgotten(items: list[Forgotten]) -> list[pb.ForgottenRecord]:
-    return [pb.ForgottenRecord(record_id=i.record_id, record_hash=i.record_hash, kind=i.kind)
-            for i in items]
+    return [pb.ForgottenRecord(record_id=i.record_id, record_hash=i.record_hash, kind=i.kind,
+                               format=i.format) for i in items]
 
 
 def add_to_server(servicer: ShardServicer, server: grpc.Server) -> None:

@@ -528,14 +528,16 @@ class ForgetRecordsRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., record_id: _Optional[str] = ..., run_id: _Optional[str] = ..., match: _Optional[str] = ..., fleet_id: _Optional[str] = ..., erasure_id: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ForgottenRecord(_message.Message):
-    __slots__ = ("record_id", "record_hash", "kind")
+    __slots__ = ("record_id", "record_hash", "kind", "format")
     RECORD_ID_FIELD_NUMBER: _ClassVar[int]
     RECORD_HASH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     record_id: str
     record_hash: str
     kind: str
-    def __init__(self, record_id: _Optional[str] = ..., record_hash: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+    format: int
+    def __init__(self, record_id: _Optional[str] = ..., record_hash: _Optional[str] = ..., kind: _Optional[str] = ..., format: _Optional[int] = ...) -> None: ...
 
 class ForgetRecordsResponse(_message.Message):
     __slots__ = ("records", "more", "erasure_id", "already_erased", "next_page_token")

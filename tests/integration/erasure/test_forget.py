@@ -37,7 +37,7 @@ from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.artifacts.domain.chain import event_hash
 from services.common.canonical import canonical_json
-from services.common.db import normalize_url
+from services.common.db import Database, normalize_url
 from services.compactor.domain.warm_chain import (
     IterationInput,
     WarmLine,
@@ -46,7 +46,9 @@ from services.compactor.domain.warm_chain import (
 )
 from services.compactor.servicer import summary_line
 from services.shard.compaction import MemoryCompactor
+from services.shard.domain import records
 from services.shard.erasure import RecordEraser
+from services.shard.repository import ShardRepository
 from services.shard.service import ShardService
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for
@@ -246,7 +248,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                 "erased": 0, "events_erased": 0, "snapshots_erased": 0, "manifests_erased": 0,
                 "evidence_erased": 0, "erasures": [],
                 "runs_holding_text": [],
-                "format1_events_left": []}
+                "format1_events_left": [], "format1_records": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
@@ -667,3 +669,38 @@ def test_forget_a_run_with_no_events_yet(
             assert gone.value.reason == "RUN_ERASED"
             assert not art.find_runs(marker).runs
             assert art.get_run("run-other").event_count == 0
+
+
+def test_forget_names_the_records_written_before_format_2_it_erases(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record stored before salted commitments (its id derived from its content) is erased
+    like any other, and the dry run and the erasure name it: its tombstone keeps what a guess
+    of the text can be checked against, which an operator must know."""
+    admin = make_token("op", FLEET, ADMIN)
+    data = tmp_path / "data"
+    text = "zqxold the vendor's private number"
+    sha = records.content_hash(text)
+    old = records.seal(records.Record(
+        id=records.record_id(FLEET, "run-old", "scout-1", sha), fleet_id=FLEET,
+        run_id="run-old", agent_id="scout-1", content=text, content_hash=sha, record_hash="",
+        domain="insights", source="manual", importance=0.5, tags=(), metadata={},
+        cross_refs=(), created_us=1_700_000_000_000_000))
+    with full_stack(data, engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, make_token("scout-1", FLEET)) as shard:
+            new = shard.add("zqxold a note written now", run_id="run-new").record
+        database = Database(f"sqlite:///{data / 'shard.db'}")
+        with database.session() as session:  # as the upgrade found it
+            ShardRepository(database.dialect).insert(session, [old])
+        database.engine.dispose()
+        with cli_for(stack, admin, monkeypatch) as run:
+            dry = run("forget", "--match", "zqxold", "--dry-run")
+            assert {i["id"] for i in dry["would_erase"]} == {old.id, new.id}
+            assert dry["format1_records"] == [old.id]
+            done = run("forget", "--match", "zqxold")
+            assert (done["erased"], done["format1_records"]) == (2, [old.id])
+        with ShardClient(stack.shard.address, admin) as shard:
+            for record_id in (old.id, new.id):
+                with pytest.raises(EngramRpcError) as gone:
+                    shard.get(record_id)
+                assert gone.value.reason == "RECORD_ERASED"

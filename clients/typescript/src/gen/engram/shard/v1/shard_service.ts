@@ -520,6 +520,12 @@ export interface ForgottenRecord {
   recordHash: string;
   /** "record", or "summary": a compaction summary quoting an erased record. */
   kind: string;
+  /**
+   * 2, or 1 for a record written before salted commitments (2026-11-25): its id
+   * and record_hash derive from its content, so its tombstone keeps what a guess
+   * of the content can be checked against (docs/erasure.md).
+   */
+  format: number;
 }
 
 export interface ForgetRecordsResponse {
@@ -6048,7 +6054,7 @@ export const ForgetRecordsRequest: MessageFns<ForgetRecordsRequest> = {
 };
 
 function createBaseForgottenRecord(): ForgottenRecord {
-  return { recordId: "", recordHash: "", kind: "" };
+  return { recordId: "", recordHash: "", kind: "", format: 0 };
 }
 
 export const ForgottenRecord: MessageFns<ForgottenRecord> = {
@@ -6061,6 +6067,9 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
     }
     if (message.kind !== "") {
       writer.uint32(26).string(message.kind);
+    }
+    if (message.format !== 0) {
+      writer.uint32(32).int32(message.format);
     }
     return writer;
   },
@@ -6102,6 +6111,14 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
             message.kind = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.format = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6127,6 +6144,7 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
         ? globalThis.String(object.record_hash)
         : "",
       kind: isSet(object.kind) ? globalThis.String(object.kind) : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
     };
   },
 
@@ -6141,6 +6159,9 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
     if (message.kind !== "") {
       obj.kind = message.kind;
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
     return obj;
   },
 
@@ -6152,6 +6173,7 @@ export const ForgottenRecord: MessageFns<ForgottenRecord> = {
     message.recordId = object.recordId ?? "";
     message.recordHash = object.recordHash ?? "";
     message.kind = object.kind ?? "";
+    message.format = object.format ?? 0;
     return message;
   },
 };
