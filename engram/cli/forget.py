@@ -69,7 +69,9 @@ class _Services:
         self.compactor = with_client(lambda s: CompactorClient(
             s.compactor_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
         self.format1_records: dict[str, None] = {}
-        """The records (and summaries) selected that were written before format 2."""
+        """The records (and summaries) selected that were written before format 2, and the
+        manifests of no run found that were stored before it (``format1_manifests``)."""
+        self.format1_manifests: dict[str, None] = {}
 
     def selected(self, records: Any) -> None:
         """Note the format-1 records among a selection's (their tombstones keep derived ids)."""
@@ -111,7 +113,10 @@ class _Services:
                         for r in found for i in r.items}.values()),
             loose=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
                                                        leaf_hash=i.leaf_hash)
-                        for page in pages for i in page.loose_items}.values()))
+                        for page in pages for i in page.loose_items}.values()),
+            format1_manifests=list(dict.fromkeys(
+                i.id for page in pages for i in page.loose_items
+                if i.kind == "manifest" and i.format == 1)))
 
     def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
         """Every run the agent started, in artifacts and the compactor, and its format-2
@@ -169,6 +174,8 @@ class _Holding:
     """Format-2 events and snapshots holding it: erased in place, their runs kept."""
     loose: list[gpb.ErasedItem] = field(default_factory=list)
     """Manifests of no run and evidence citing no artifact holding it: deleted."""
+    format1_manifests: list[str] = field(default_factory=list)
+    """Those manifests stored before format 2 (ids derived from their content)."""
 
 
 def _every_page(fetch: Callable[[str], Any], what: str, as_json: bool) -> list[Any]:
@@ -236,7 +243,7 @@ def forget(
     left: list[str] = []
     legacy: list[str] = []
     listed: list[gpb.ErasedItem] = []
-    old_records = services.format1_records
+    old_records, old_manifests = services.format1_records, services.format1_manifests
     try:
         with rpc_errors(as_json):
             if kind == "resume":
@@ -257,12 +264,13 @@ def forget(
         items = [{"kind": i.kind, "id": i.id, "leaf_hash": i.leaf_hash} for i in listed]
         if as_json:
             emit_json({"dry_run": True, "would_erase": items, "runs_holding_text": left,
-                       "format1_events_left": legacy, "format1_records": list(old_records)})
+                       "format1_events_left": legacy, "format1_records": list(old_records),
+                       "format1_manifests": list(old_manifests)})
         else:
             for item in items:
                 console.print(f"{item['kind']} {item['id']}")
             console.print(f"{len(items)} item(s) would be erased")
-            _warn_left(left, legacy, list(old_records))
+            _warn_left(left, legacy, [*old_records, *old_manifests])
         return
     total = sum(len(e["records"]) for e in erasures)
     events, snapshots, manifests, evidence = (
@@ -271,7 +279,8 @@ def forget(
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
                "manifests_erased": manifests, "evidence_erased": evidence,
                "erasures": erasures, "runs_holding_text": left,
-               "format1_events_left": legacy, "format1_records": list(old_records)}
+               "format1_events_left": legacy, "format1_records": list(old_records),
+               "format1_manifests": list(old_manifests)}
     if as_json:
         emit_json(summary)
         return
@@ -281,10 +290,10 @@ def forget(
         console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
                       f"{manifests} manifest(s) and {evidence} evidence item(s) erased in "
                       f"{len(erasures)} erasure(s)")
-    _warn_left(left, legacy, list(old_records))
+    _warn_left(left, legacy, [*old_records, *old_manifests])
 
 
-def _warn_left(left: list[str], legacy: list[str], old_records: list[str]) -> None:
+def _warn_left(left: list[str], legacy: list[str], derived: list[str]) -> None:
     if left:
         err_console.print(f"[yellow]{len(left)} run(s) still hold the text where only "
                           "erasing the whole run removes it (metadata, stop reason, event "
@@ -298,11 +307,11 @@ def _warn_left(left: list[str], legacy: list[str], old_records: list[str]) -> No
                           f"{' …' if len(legacy) > 10 else ''}; their hashes cover their "
                           "payloads, so only erasing their whole run (--run) removes "
                           "them[/yellow]")
-    if old_records:
-        err_console.print(f"[yellow]{len(old_records)} record(s) written before format 2 "
-                          f"({', '.join(old_records[:10])}{' …' if len(old_records) > 10 else ''}"
-                          "): their content goes, but their ids and tombstones derive from "
-                          "it, so a guess of the exact text can be checked against them "
+    if derived:
+        err_console.print(f"[yellow]{len(derived)} record(s) or manifest(s) stored before "
+                          f"format 2 ({', '.join(derived[:10])}{' …' if len(derived) > 10 else ''}"
+                          "): their content goes, but their ids and hashes derive from it, so "
+                          "a guess of the exact text can be checked against what is left "
                           "(docs/erasure.md)[/yellow]")
 
 
@@ -316,6 +325,7 @@ def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry
     ``dry_run``, everything) and the runs still holding the text where only erasing the
     whole run removes it (none with ``whole_runs``)."""
     holding = services.runs_holding(text, as_json)
+    services.format1_manifests.update(dict.fromkeys(holding.format1_manifests))
     runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
             else holding.items) + holding.loose
     listed = _erase(services, "match", text, fleet, reason, dry_run, erasures, as_json, runs)

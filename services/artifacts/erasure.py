@@ -96,9 +96,18 @@ class FoundRun:
 
 
 @dataclass(frozen=True)
+class LooseItem:
+    kind: str  # manifest or evidence
+    id: str
+    leaf_hash: str
+    format: int
+    """A manifest's: 1 when its id derives from its content (stored before format 2)."""
+
+
+@dataclass(frozen=True)
 class FoundPage:
     runs: list[FoundRun]
-    loose: list[tuple[str, str, str]]
+    loose: list[LooseItem]
     """(kind, id, leaf hash) of the manifests of no run and the evidence citing no artifact
     holding the text: erased outright."""
     following: FindCursor | None
@@ -194,12 +203,11 @@ class RunEraser:
             return FoundPage(runs, loose, following)
 
     def _find_loose(self, fleet_id: str, needle: str, room: int, active: Callable[[], bool],
-                    after: ItemOrder | None) -> tuple[list[tuple[str, str, str]],
-                                                      FindCursor | None]:
+                    after: ItemOrder | None) -> tuple[list[LooseItem], FindCursor | None]:
         """The manifests of no run (by content) and the evidence citing no artifact (by chunk
         id or metadata) holding the text, in (kind, created, id) order past ``after``: at
         most ``room`` of them, and where the next page goes on."""
-        found: list[tuple[str, str, str]] = []
+        found: list[LooseItem] = []
         last: ItemOrder | None = after
         for item, order in self._loose_items(fleet_id, needle, active, after):
             if len(found) >= room:
@@ -209,21 +217,23 @@ class RunEraser:
         return found, None
 
     def _loose_items(self, fleet_id: str, needle: str, active: Callable[[], bool],
-                     after: ItemOrder | None,
-                     ) -> Iterator[tuple[tuple[str, str, str], ItemOrder]]:
+                     after: ItemOrder | None) -> Iterator[tuple[LooseItem, ItemOrder]]:
         after = after or (0, -1, "")
         with self.service.db.session() as session:
-            for number, (kind, table, key, of_no_run, leaf, texts) in enumerate(_LOOSE):
+            for number, (kind, table, key, of_no_run, leaf, format_, texts) in enumerate(
+                    _LOOSE):
                 if number < after[0]:
                     continue
-                rows = session.execute(select(key, leaf, table.created_us, *texts).where(
-                    table.fleet_id == fleet_id, of_no_run,
-                    _past(table.created_us, key, after, number))
-                    .order_by(table.created_us, key).execution_options(yield_per=200))
-                for item_id, leaf_hash, created_us, *values in rows:
+                rows = session.execute(select(key, leaf, format_, table.created_us, *texts)
+                                       .where(table.fleet_id == fleet_id, of_no_run,
+                                              _past(table.created_us, key, after, number))
+                                       .order_by(table.created_us, key)
+                                       .execution_options(yield_per=200))
+                for item_id, leaf_hash, stored_format, created_us, *values in rows:
                     still_wanted(active)
                     if any(json_holds(value, needle) for value in values):
-                        yield (kind, item_id, leaf_hash), (number, created_us, item_id)
+                        yield (LooseItem(kind, item_id, leaf_hash, stored_format),
+                               (number, created_us, item_id))
 
     def _find(self, fleet_id: str, needle: str, limit: int, active: Callable[[], bool],
               start: FindCursor | None) -> tuple[list[FoundRun], FindCursor | None, int]:
@@ -402,14 +412,15 @@ class RunEraser:
                     .values(blobs_left_json="[]"))
 
 
-_LOOSE: tuple[tuple[str, Any, Any, Any, Any, tuple[Any, ...]], ...] = (
+_LOOSE: tuple[tuple[str, Any, Any, Any, Any, Any, tuple[Any, ...]], ...] = (
     ("manifest", ManifestRow, ManifestRow.manifest_id, ManifestRow.run_id == "",
-     ManifestRow.content_hash, (ManifestRow.content_json,)),
+     ManifestRow.content_hash, ManifestRow.format, (ManifestRow.content_json,)),
     ("evidence", EvidenceRow, EvidenceRow.evidence_id, EvidenceRow.artifact_id == "",
-     literal(EVIDENCE_LEAF), (EvidenceRow.chunk_id, EvidenceRow.metadata_json)),
+     literal(EVIDENCE_LEAF), literal(2), (EvidenceRow.chunk_id, EvidenceRow.metadata_json)),
 )
 """The items of no run a find lists, in this order: (kind, table, id column, of no run,
-leaf, what is searched for the text)."""
+leaf, format, what is searched for the text). Evidence has no format: its id never derived
+from what it says."""
 
 
 def _past(created: InstrumentedAttribute[int], key: InstrumentedAttribute[str],

@@ -292,8 +292,8 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
             items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
                    for kind, item_id, leaf in r.items],
             whole_run_needed=r.whole_run_needed) for r in page.runs],
-            loose_items=[pb.FoundItem(kind=kind, id=item_id, leaf_hash=leaf)
-                         for kind, item_id, leaf in page.loose],
+            loose_items=[pb.FoundItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash,
+                                      format=i.format) for i in page.loose],
             more=following is not None,
             next_page_token=pages.encode(following.key(), filters) if following else "")
 

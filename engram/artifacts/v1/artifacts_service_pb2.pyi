@@ -172,14 +172,16 @@ class FoundRun(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., places: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[FoundItem, _Mapping]]] = ..., whole_run_needed: _Optional[bool] = ...) -> None: ...
 
 class FoundItem(_message.Message):
-    __slots__ = ("kind", "id", "leaf_hash")
+    __slots__ = ("kind", "id", "leaf_hash", "format")
     KIND_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     LEAF_HASH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     kind: str
     id: str
     leaf_hash: str
-    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ...) -> None: ...
+    format: int
+    def __init__(self, kind: _Optional[str] = ..., id: _Optional[str] = ..., leaf_hash: _Optional[str] = ..., format: _Optional[int] = ...) -> None: ...
 
 class FindRunsResponse(_message.Message):
     __slots__ = ("runs", "more", "next_page_token", "loose_items")

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import pytest
 import sqlalchemy as sa
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.cli import forget as forget_command
@@ -35,7 +36,7 @@ from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
-from services.artifacts.domain.chain import event_hash
+from services.artifacts.domain.chain import event_hash, manifest_id
 from services.common.canonical import canonical_json
 from services.common.db import Database, normalize_url
 from services.compactor.domain.warm_chain import (
@@ -248,7 +249,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                 "erased": 0, "events_erased": 0, "snapshots_erased": 0, "manifests_erased": 0,
                 "evidence_erased": 0, "erasures": [],
                 "runs_holding_text": [],
-                "format1_events_left": [], "format1_records": []}
+                "format1_events_left": [], "format1_records": [], "format1_manifests": []}
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
@@ -674,9 +675,9 @@ def test_forget_a_run_with_no_events_yet(
 def test_forget_names_the_records_written_before_format_2_it_erases(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A record stored before salted commitments (its id derived from its content) is erased
-    like any other, and the dry run and the erasure name it: its tombstone keeps what a guess
-    of the text can be checked against, which an operator must know."""
+    """A record and a manifest of no run stored before salted commitments (ids derived from
+    their content) are erased like any other, and the dry run and the erasure name them: what
+    is left of them can be checked against a guess of the text, which an operator must know."""
     admin = make_token("op", FLEET, ADMIN)
     data = tmp_path / "data"
     text = "zqxold the vendor's private number"
@@ -689,16 +690,27 @@ def test_forget_names_the_records_written_before_format_2_it_erases(
     with full_stack(data, engram_home, make_token, governed=True) as stack:
         with ShardClient(stack.shard.address, make_token("scout-1", FLEET)) as shard:
             new = shard.add("zqxold a note written now", run_id="run-new").record
+        manifest_text = '{"window":["zqxold"]}'
+        with ArtifactsClient(stack.artifacts.address, admin) as art:  # as a bundle brings it
+            art.import_run_items(manifests=[apb.Manifest(
+                manifest_id=manifest_id(manifest_text), content_json=manifest_text,
+                content_hash=hashlib.sha256(manifest_text.encode()).hexdigest(),
+                create_time=Timestamp(seconds=1_700_000_000))])
+            fresh = art.create_manifest({"window": ["zqxold now"]}).manifest
         database = Database(f"sqlite:///{data / 'shard.db'}")
         with database.session() as session:  # as the upgrade found it
             ShardRepository(database.dialect).insert(session, [old])
         database.engine.dispose()
         with cli_for(stack, admin, monkeypatch) as run:
             dry = run("forget", "--match", "zqxold", "--dry-run")
-            assert {i["id"] for i in dry["would_erase"]} == {old.id, new.id}
+            assert {i["id"] for i in dry["would_erase"]} == {
+                old.id, new.id, manifest_id(manifest_text), fresh.manifest_id}
             assert dry["format1_records"] == [old.id]
+            assert dry["format1_manifests"] == [manifest_id(manifest_text)]
             done = run("forget", "--match", "zqxold")
-            assert (done["erased"], done["format1_records"]) == (2, [old.id])
+            assert (done["erased"], done["manifests_erased"]) == (2, 2)
+            assert done["format1_records"] == [old.id]
+            assert done["format1_manifests"] == [manifest_id(manifest_text)]
         with ShardClient(stack.shard.address, admin) as shard:
             for record_id in (old.id, new.id):
                 with pytest.raises(EngramRpcError) as gone:

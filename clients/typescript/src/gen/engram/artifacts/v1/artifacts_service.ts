@@ -239,6 +239,12 @@ export interface FoundItem {
   kind: string;
   id: string;
   leafHash: string;
+  /**
+   * loose_items' manifests: 1 for one stored before format 2, whose id and
+   * content_hash derive from its content (what is left of it once erased can be
+   * checked against a guess, docs/erasure.md); 2 otherwise (evidence: 2).
+   */
+  format: number;
 }
 
 export interface FindRunsResponse {
@@ -2245,7 +2251,7 @@ export const FoundRun: MessageFns<FoundRun> = {
 };
 
 function createBaseFoundItem(): FoundItem {
-  return { kind: "", id: "", leafHash: "" };
+  return { kind: "", id: "", leafHash: "", format: 0 };
 }
 
 export const FoundItem: MessageFns<FoundItem> = {
@@ -2258,6 +2264,9 @@ export const FoundItem: MessageFns<FoundItem> = {
     }
     if (message.leafHash !== "") {
       writer.uint32(26).string(message.leafHash);
+    }
+    if (message.format !== 0) {
+      writer.uint32(32).int32(message.format);
     }
     return writer;
   },
@@ -2299,6 +2308,14 @@ export const FoundItem: MessageFns<FoundItem> = {
             message.leafHash = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.format = reader.int32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2320,6 +2337,7 @@ export const FoundItem: MessageFns<FoundItem> = {
         : isSet(object.leaf_hash)
         ? globalThis.String(object.leaf_hash)
         : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
     };
   },
 
@@ -2334,6 +2352,9 @@ export const FoundItem: MessageFns<FoundItem> = {
     if (message.leafHash !== "") {
       obj.leafHash = message.leafHash;
     }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
     return obj;
   },
 
@@ -2345,6 +2366,7 @@ export const FoundItem: MessageFns<FoundItem> = {
     message.kind = object.kind ?? "";
     message.id = object.id ?? "";
     message.leafHash = object.leafHash ?? "";
+    message.format = object.format ?? 0;
     return message;
   },
 };
