@@ -50,10 +50,10 @@ EXTRA_PER_ROUND = ROUND // 2
 """Run, iteration-log, event and snapshot items one erasure takes at most (the rest in the
 next round); the records take what is left of the erasure."""
 FIND_PAGE = 1000
-ARTIFACTS_KINDS = frozenset({"run", "event", "snapshot", "manifest", "evidence"})
-"""The item kinds the artifacts service carries out (ForgetRuns)."""
 """Runs one FindRuns or FindIterationLogs page lists at most (``next_page_token`` past
 that)."""
+ARTIFACTS_KINDS = frozenset({"run", "event", "snapshot", "manifest", "evidence"})
+"""The item kinds the artifacts service carries out (ForgetRuns)."""
 
 
 class _Services:

@@ -25,6 +25,7 @@ from sqlalchemy import (
     ColumnElement,
     and_,
     delete,
+    exists,
     func,
     insert,
     literal,
@@ -142,19 +143,20 @@ class RunEraser:
     def erase(self, fleet_id: str, erasure_id: str,
               now_us: int) -> tuple[list[ForgottenRun], int, ErasedInPlace, ErasedLoose]:
         order = recorded_erasure(self.source, "artifacts", erasure_id, fleet_id)
-        in_place = ErasedInPlace()
-        if any(kind in IN_PLACE_KINDS for kind, _, _ in order.items):
+        leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
+        # A run whose head is not the one listed refuses the erasure before anything of it is
+        # changed (checked again under the run's lock when it is erased).
+        with self.service.db.session() as session:
+            for run_id, leaf in leaves.items():
+                _check_run_leaf(session, order, run_id, leaf)
+        in_place, loose = ErasedInPlace(), ErasedLoose()
+        if any(kind in (*IN_PLACE_KINDS, *LOOSE_KINDS) for kind, _, _ in order.items):
+            # One transaction: every item checked before any is changed.
             with self.service.writing() as session:  # appends to the runs wait
                 in_place = erase_in_place(session, order, now_us)
-            if in_place.events or in_place.snapshots:
-                self._purge_throttle.owe()
-        loose = ErasedLoose()
-        if any(kind in LOOSE_KINDS for kind, _, _ in order.items):
-            with self.service.writing() as session:
                 loose = _erase_loose(session, order)
-            if loose.manifests or loose.evidence:
+            if in_place.events or in_place.snapshots or loose.manifests or loose.evidence:
                 self._purge_throttle.owe()
-        leaves = {item_id: leaf for kind, item_id, leaf in order.items if kind == "run"}
         erased: list[ForgottenRun] = []
         already = 0
         for run_id in leaves:
@@ -355,12 +357,7 @@ class RunEraser:
                     erased_by=order.requested_by, blobs_left_json="[]")):
                 return ForgottenRun(run_id, leaf, 0, 0, 0, 0, 0)
             return None
-        if run_leaf(run.head_hash) != leaf:
-            raise FailedPrecondition(
-                f"run {run_id} has head hash {run_leaf(run.head_hash)[:16]}… but erasure "
-                f"{order.erasure_id} lists {leaf[:16]}…: the run moved on since the erasure was "
-                "recorded; record a new erasure", reason="ERASURE_MISMATCH",
-                metadata={"run_id": run_id})
+        _check_leaf(order, run_id, run.head_hash, leaf)
         of_run = (ArtifactRow.fleet_id == fleet_id, ArtifactRow.run_id == run_id)
         artifacts = session.execute(select(ArtifactRow.artifact_id, ArtifactRow.path)
                                     .where(*of_run)).all()
@@ -412,15 +409,37 @@ class RunEraser:
                     .values(blobs_left_json="[]"))
 
 
+_MANIFEST_OF_NO_RUN = or_(ManifestRow.run_id == "", ~exists().where(
+    RunRow.fleet_id == ManifestRow.fleet_id, RunRow.run_id == ManifestRow.run_id))
+_EVIDENCE_OF_NO_ARTIFACT = or_(EvidenceRow.artifact_id == "", ~exists().where(
+    ArtifactRow.fleet_id == EvidenceRow.fleet_id,
+    ArtifactRow.artifact_id == EvidenceRow.artifact_id))
 _LOOSE: tuple[tuple[str, Any, Any, Any, Any, Any, tuple[Any, ...]], ...] = (
-    ("manifest", ManifestRow, ManifestRow.manifest_id, ManifestRow.run_id == "",
+    ("manifest", ManifestRow, ManifestRow.manifest_id, _MANIFEST_OF_NO_RUN,
      ManifestRow.content_hash, ManifestRow.format, (ManifestRow.content_json,)),
-    ("evidence", EvidenceRow, EvidenceRow.evidence_id, EvidenceRow.artifact_id == "",
+    ("evidence", EvidenceRow, EvidenceRow.evidence_id, _EVIDENCE_OF_NO_ARTIFACT,
      literal(EVIDENCE_LEAF), literal(2), (EvidenceRow.chunk_id, EvidenceRow.metadata_json)),
 )
 """The items of no run a find lists, in this order: (kind, table, id column, of no run,
-leaf, format, what is searched for the text). Evidence has no format: its id never derived
-from what it says."""
+leaf, format, what is searched for the text). Of no run: built for none, or for a run no
+longer stored (a manifest or evidence left by a write that raced its run's erasure before
+those writes held the run). Evidence has no format: its id never derived from what it says."""
+
+
+def _check_run_leaf(session: Session, order: ErasureOrder, run_id: str, leaf: str) -> None:
+    run = session.scalars(select(RunRow).where(RunRow.fleet_id == order.fleet_id,
+                                               RunRow.run_id == run_id)).first()
+    if run is not None:
+        _check_leaf(order, run_id, run.head_hash, leaf)
+
+
+def _check_leaf(order: ErasureOrder, run_id: str, head_hash: str, leaf: str) -> None:
+    if run_leaf(head_hash) != leaf:
+        raise FailedPrecondition(
+            f"run {run_id} has head hash {run_leaf(head_hash)[:16]}… but erasure "
+            f"{order.erasure_id} lists {leaf[:16]}…: the run moved on since the erasure was "
+            "recorded; record a new erasure", reason="ERASURE_MISMATCH",
+            metadata={"run_id": run_id})
 
 
 def _past(created: InstrumentedAttribute[int], key: InstrumentedAttribute[str],
@@ -445,13 +464,25 @@ def _erase_loose(session: Session, order: ErasureOrder) -> ErasedLoose:
         if kind == "manifest":
             row = session.get(ManifestRow, (fleet_id, item_id))
             stored = row.content_hash if row is not None else ""
+            owner = row.run_id if row is not None and row.run_id and session.get(
+                RunRow, (fleet_id, row.run_id)) is not None else ""
         elif kind == "evidence":
             row, stored = session.get(EvidenceRow, (fleet_id, item_id)), EVIDENCE_LEAF
+            owner = row.artifact_id if row is not None and row.artifact_id and session.scalar(
+                select(ArtifactRow.artifact_id).where(
+                    ArtifactRow.fleet_id == fleet_id,
+                    ArtifactRow.artifact_id == row.artifact_id)) is not None else ""
         else:
             continue
         if row is None:
             already += 0 if order.imported else 1
             continue
+        if owner:  # a kept run's: it goes with its run, never on its own
+            raise FailedPrecondition(
+                f"{kind} {item_id} belongs to {'run' if kind == 'manifest' else 'artifact'} "
+                f"{owner}, which is kept: erase that run instead (engram forget --run); "
+                f"nothing of erasure {order.erasure_id} was erased", reason="ERASURE_MISMATCH",
+                metadata={"kind": kind, "id": item_id})
         if stored != leaf:
             raise leaf_mismatch(order, kind, item_id, stored, leaf)
         manifests += kind == "manifest"

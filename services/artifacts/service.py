@@ -398,8 +398,10 @@ class ArtifactsService:
         for manifest in manifests:
             checked += 1
             problem = manifest_problem(manifest)
-            if problem is not None:
-                log.warning("manifest integrity problem", extra=problem.__dict__)
+            if problem is not None:  # logged without its hashes (a plain one confirms guesses)
+                log.warning("manifest integrity problem", extra={
+                    "manifest_id": problem.manifest_id, "run_id": problem.run_id,
+                    "problem": problem.problem})
                 self.integrity_failures.add(problem.problem)
                 problems.append(problem)
         return checked, problems
@@ -652,6 +654,11 @@ class ArtifactsService:
             if prior is not None:
                 return prior, False
             if evidence.artifact_id:
+                # The artifact's run held until the commit, as appends hold theirs: an erasure
+                # of that run waits and then deletes this evidence too, or went first and the
+                # run (so the artifact) is gone.
+                cited = self.repository.get_artifact(session, fleet_id, evidence.artifact_id)
+                self.repository.get_run(session, fleet_id, cited.run_id, lock=True)
                 self.check_references(session, fleet_id, "", (evidence.artifact_id,))
             self.repository.add_evidence(session, evidence)
             return evidence, True
@@ -698,8 +705,8 @@ class ArtifactsService:
             prior = find(session)
             if prior is not None:
                 return prior, False
-            if manifest.run_id:
-                self.repository.get_run(session, fleet_id, manifest.run_id)
+            if manifest.run_id:  # held until the commit: an erasure of the run waits for it
+                self.repository.get_run(session, fleet_id, manifest.run_id, lock=True)
             self.repository.add_manifest(session, manifest)
             self.repository.add_manifest_key(session, fleet_id, key(session),
                                              manifest.manifest_id)
@@ -709,8 +716,14 @@ class ArtifactsService:
             return manifest_key(self.repository.fleet_secret(session, fleet_id), content)
 
         def find(session: Session) -> Manifest | None:
-            return self.repository.manifest_by_key(session, fleet_id, key(session)) or \
-                self.repository.get_manifest(session, fleet_id, manifest_id(content))
+            keyed = self.repository.manifest_by_key(session, fleet_id, key(session))
+            if keyed is not None:
+                return keyed
+            # Stored before format 2 under the id its content gives; only such a one: an
+            # imported format-2 manifest may carry any id of that form, another content's too.
+            legacy = self.repository.get_manifest(session, fleet_id, manifest_id(content))
+            return legacy if legacy is not None and legacy.format == 1 and \
+                legacy.content_json == content else None
 
         return self._first_answer(create, find)
 

@@ -6,7 +6,8 @@
  * is listed here only if that request is idempotent: reads; records (content-
  * addressed ids, and a request_id the client always sets); events and iterations
  * (the client always sets request_id); runs (the client always names the run);
- * evidence and manifests (ids derived from their content). Not listed: StopRun (a
+ * evidence (ids derived from where it points) and manifests (the same content answers
+ * the manifest stored first). Not listed: StopRun (a
  * second stop is FAILED_PRECONDITION), CreateArtifact (a client stream), snapshots,
  * pins, pointers (a failed critical pointer stops the run) and admin operations.
  */

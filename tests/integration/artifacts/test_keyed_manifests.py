@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 from sqlalchemy import select, update
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
@@ -21,9 +23,10 @@ from engram.client.artifacts import ArtifactsClient
 from services.artifacts.domain.chain import manifest_id, run_leaf
 from services.artifacts.domain.entities import Manifest
 from services.artifacts.erasure import RunEraser
-from services.artifacts.tables import ManifestKeyRow, ManifestRow
+from services.artifacts.tables import EvidenceRow, ManifestKeyRow, ManifestRow
 from services.common.commitment import commitment
 from services.common.erasure_source import ErasureOrder
+from services.common.errors import FailedPrecondition
 from tests.conftest import TokenFactory
 from tests.integration.artifacts.conftest import RunningArtifacts
 
@@ -166,3 +169,116 @@ def test_an_erased_manifest_takes_its_key_and_the_same_content_is_new_afterwards
     assert again.created and again.manifest.manifest_id != loose.manifest_id
     renewed = env.client.create_manifest({"window": ["rec-8"]})
     assert renewed.created and renewed.manifest.manifest_id != owned.manifest_id
+
+
+def test_an_imported_manifest_under_another_content_s_derived_id_takes_no_create_of_it(
+        artifacts_server: RunningArtifacts, make_token: TokenFactory) -> None:
+    """A format-2 manifest may carry any id of the form: one imported under the id content X
+    would have had as format 1, with content Y, is not what a create of X answers (it was:
+    found in review)."""
+    env = artifacts_server
+    x, y = '{"window":["x"]}', '{"window":["EVIL"]}'
+    salt = "ab" * 32
+    forged = pb.Manifest(manifest_id=manifest_id(x), content_json=y,
+                         content_hash=commitment(salt, y.encode()), format=2, salt=salt,
+                         create_time=Timestamp(seconds=1_700_000_000))
+    with ArtifactsClient(env.server.address, make_token("op", "fleet-a", ("admin",)),
+                         timeout=30) as admin:
+        assert admin.import_run_items(manifests=[forged]).created == 1
+    made = env.client.create_manifest({"window": ["x"]})
+    assert made.created and made.manifest.content_json == x
+    assert made.manifest.manifest_id != forged.manifest_id
+
+
+def test_an_erasure_of_loose_items_refuses_a_kept_run_s_and_changes_nothing_of_it(
+        artifacts_server: RunningArtifacts) -> None:
+    """A manifest of a kept run, or evidence citing a kept artifact, goes with its run only;
+    an erasure naming one (or a wrong leaf beside an event erased in place) is refused whole:
+    the event listed beside it is not erased either (it was: found in review). A manifest
+    whose run is no longer stored is of no run: found and erased."""
+    env = artifacts_server
+    run_id = env.client.start_run("run-1").run.run_id
+    owned = env.client.create_manifest({"window": ["owned"]}, run_id=run_id).manifest
+    event = env.client.append_event(run_id, "said", {"text": "keep me"}).event
+    loose = env.client.create_manifest({"window": ["loose"]}).manifest
+    with env.service.writing() as session:  # left by a write that raced its run's erasure
+        env.service.repository.add_manifest(session, Manifest(
+            fleet_id="fleet-a", manifest_id="mf_" + "c" * 40, run_id="run-gone",
+            content_json='{"window":["orphan"]}',
+            content_hash=commitment("cd" * 32, b'{"window":["orphan"]}'), created_us=5,
+            format=2, salt="cd" * 32))
+    event_item = ("event", f"{run_id}:{event.seq}", event.hash)
+    for items in ([("manifest", owned.manifest_id, owned.content_hash)],
+                  [event_item, ("manifest", loose.manifest_id, "0" * 64)]):
+
+        class Source:
+            def erasure(self, erasure_id: str, listed: Any = tuple(items)) -> ErasureOrder:
+                return ErasureOrder(erasure_id, "fleet-a", "op", listed)
+
+        with pytest.raises(FailedPrecondition) as refused:
+            RunEraser(env.service, Source()).erase("fleet-a", "era_" + "2" * 28, 1)
+        assert refused.value.reason == "ERASURE_MISMATCH"
+    assert env.client.get_manifest(owned.manifest_id) == owned
+    assert env.client.get_manifest(loose.manifest_id) == loose
+    (kept,) = env.client.list_events(run_id)
+    assert kept.payload_json == event.payload_json and not kept.erasure_id
+    page = RunEraser(env.service, None).find("fleet-a", "orphan", 10)
+    assert [(i.kind, i.id) for i in page.loose] == [("manifest", "mf_" + "c" * 40)]
+
+
+@pytest.mark.parametrize("kind", ["manifest", "evidence"])
+def test_a_manifest_or_evidence_written_while_its_run_is_erased_goes_with_it(
+        artifacts_server: RunningArtifacts, kind: str) -> None:
+    """The write holds the run until it commits, as appends do: the erasure waits and then
+    deletes it, or went first and the write is refused. Before (Postgres), a write that had
+    read the run before the erasure committed stored its row after it: a run's manifest or
+    evidence left behind with its run gone (found in review)."""
+    env = artifacts_server
+    run_id = env.client.start_run("run-1").run.run_id
+    artifact = env.client.upload([b"bytes"], run_id=run_id, step_id="s1", name="a.txt")
+    run = env.client.get_run(run_id)
+    repository = env.service.repository
+    adding = "add_manifest" if kind == "manifest" else "add_evidence"
+    real_add = getattr(repository, adding)
+    reached, go = threading.Event(), threading.Event()
+
+    def held(*args: Any) -> Any:  # past the checks, before the row is added
+        reached.set()
+        go.wait(10)
+        return real_add(*args)
+
+    setattr(repository, adding, held)
+    outcome: dict[str, Any] = {}
+
+    def write() -> None:
+        try:
+            if kind == "manifest":
+                outcome["done"] = env.service.create_manifest("fleet-a", '{"secret":"jane"}',
+                                                              run_id)
+            else:
+                outcome["done"] = env.service.create_evidence(
+                    "fleet-a", "corpus", "index", "chunk", 0, 1, artifact.artifact_id,
+                    '{"secret":"jane"}')
+        except Exception as error:
+            outcome["error"] = error
+
+    class Source:
+        def erasure(self, erasure_id: str) -> ErasureOrder:
+            return ErasureOrder(erasure_id, "fleet-a", "op",
+                                (("run", run_id, run_leaf(run.head_hash)),))
+
+    writer = threading.Thread(target=write, name="writer")
+    writer.start()
+    assert reached.wait(10)
+    eraser = threading.Thread(target=lambda: RunEraser(env.service, Source()).erase(
+        "fleet-a", "era_" + "4" * 28, 1))
+    eraser.start()
+    eraser.join(1)  # Postgres: waits for the run's row; SQLite: for the write lock
+    go.set()
+    writer.join(10)
+    eraser.join(10)
+    setattr(repository, adding, real_add)
+    with env.service.db.session() as session:
+        left = [*session.scalars(select(ManifestRow.manifest_id)),
+                *session.scalars(select(EvidenceRow.evidence_id))]
+    assert left == [] and not eraser.is_alive()

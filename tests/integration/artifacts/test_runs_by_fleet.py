@@ -16,7 +16,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import inspect, text
 
 from engram.client._errors import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
@@ -230,5 +230,38 @@ def test_migration_downgrades_when_no_run_id_is_shared(old_store_url: str,
             assert connection.execute(text("SELECT COUNT(*) FROM events")).scalar() == 2
             assert connection.execute(text(
                 "SELECT path FROM artifacts")).scalar() == "runs/run-old/s1/report.txt"
+    finally:
+        database.dispose()
+
+
+def test_a_store_holding_format_2_manifests_is_not_downgraded_past_0006(
+        old_store_url: str, tmp_path: Path) -> None:
+    """Without its salt a format-2 manifest verifies no more: the downgrade is refused while
+    one is stored, with nothing changed, and goes through once none is."""
+    _at_revision(old_store_url, "head")
+    database = Database(old_store_url)
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO manifests (fleet_id, manifest_id, run_id, content_json, "
+                "content_hash, created_us, format, salt) VALUES ('f', 'mf_1', '', '{}', "
+                "'h', 1, 2, 's')"))
+
+        def downgrade() -> None:
+            with database.engine.begin() as connection:
+                config = _config(database)
+                config.attributes["connection"] = connection
+                command.downgrade(config, "0005")
+
+        with pytest.raises(RuntimeError, match="format-2 manifests"):
+            downgrade()
+        with database.engine.connect() as connection:
+            assert connection.execute(text("SELECT salt FROM manifests")).scalar() == "s"
+        with database.engine.begin() as connection:
+            connection.execute(text("DELETE FROM manifests"))
+        downgrade()
+        with database.engine.connect() as connection:
+            columns = {c["name"] for c in inspect(connection).get_columns("manifests")}
+        assert "salt" not in columns and "format" not in columns
     finally:
         database.dispose()

@@ -45,6 +45,13 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Without its salt a format-2 manifest verifies no more, and the code before this
+    # revision would read it as format 1 (DATA_LOSS on every read): refuse while one is held.
+    held = op.get_bind().execute(sa.text("SELECT count(*) FROM manifests WHERE format = 2"))
+    if held.scalar():
+        raise RuntimeError("the store holds format-2 manifests (random ids, salted "
+                           "commitments) that revision 0005 cannot verify; it cannot be "
+                           "downgraded past 0006 (restore a backup taken before the upgrade)")
     op.drop_table("fleet_secrets")
     op.drop_index("ix_manifest_keys_manifest", table_name="manifest_keys")
     op.drop_table("manifest_keys")
