@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,23 @@ class _Postings:
 
 _PACK_CHUNK = 8192
 """Postings lists copied by one numpy call when a snapshot packs them."""
+
+
+@dataclass
+class _Lists:
+    """Each term's postings as they are: its length, its document array (whole) and its
+    weights (the first ``size``)."""
+
+    terms: list[str]
+    sizes: list[int]
+    ascending: list[bool]
+    doc_ids: list[npt.NDArray[np.int32]]
+    freqs: list[npt.NDArray[np.float32]]
+
+
+def _cut(arrays: list[npt.NDArray[Any]], sizes: list[int]) -> list[npt.NDArray[Any]]:
+    """Each array's first ``size`` entries (no slice of one sized exactly, e.g. loaded)."""
+    return [a if len(a) == n else a[:n] for a, n in zip(arrays, sizes, strict=True)]
 
 
 def _joined(parts: list[npt.NDArray[Any]], sizes: list[int], dtype: type) -> npt.NDArray[Any]:
@@ -172,54 +190,66 @@ class GrowingBM25:
 
     _packed: dict[str, Any] | None = None
     """Set only on a :meth:`snapshot_copy`: the state it pickles as."""
+    _unpacked_ids: tuple[list[npt.NDArray[np.int32]], list[int]] | None = None
+    """(A :meth:`snapshot_copy`) each term's document array and its length then, packed into
+    ``_packed`` when it is first pickled."""
 
     def __getstate__(self) -> dict[str, Any]:
         """Every term's postings packed into two arrays: a snapshot holds one object per term
         otherwise (a million rare terms pickle in seconds; packed, in a fraction of one)."""
-        return self._packed if self._packed is not None else self._pack()
+        if self._packed is None:
+            return self._pack(self._lists())
+        if self._unpacked_ids is not None:
+            arrays, sizes = self._unpacked_ids
+            self._packed["doc_ids"] = _joined(_cut(arrays, sizes), sizes, np.int32)
+            self._unpacked_ids = None
+        return self._packed
 
     def snapshot_copy(self) -> GrowingBM25:
         """A private copy of this index's :meth:`__getstate__`, to pickle after the caller
         lets go of the fleet's lock: nothing done to this index afterwards (adds, extensions
         summed in place, merges, drops) changes it. It pickles (and loads) as this index
-        would have; it serves nothing else."""
+        would have; it serves nothing else.
+
+        The weights are copied now, the document numbers packed when the copy is pickled: a
+        postings list sums into its weights in place (:meth:`_Postings.add`), but never writes
+        into the first ``size`` entries of its document array (an append writes past them or
+        into a resized copy; a merge or a drop gives the list new arrays), so each term's
+        array and its length now are its document numbers now."""
+        lists = self._lists()
         copy = GrowingBM25.__new__(GrowingBM25)
-        copy._packed = self._pack()
+        copy._packed = self._pack(lists, ids=False)
+        copy._unpacked_ids = lists.doc_ids, lists.sizes
         return copy
 
-    def _pack(self) -> dict[str, Any]:
-        """The state, in new arrays (none shares memory with a postings list): one pass over
-        the terms, merging only the lists that set documents aside, then the lists copied
-        into two arrays ``_PACK_CHUNK`` lists at a time (one copy, and no single numpy call
-        long enough to hold other threads for long)."""
-        terms = list(self._postings)
-        sizes: list[int] = []
-        ascending: list[bool] = []
-        doc_ids: list[npt.NDArray[np.int32]] = []
-        freqs: list[npt.NDArray[np.float32]] = []
-        size_of, ascending_of = sizes.append, ascending.append
-        ids_of, freqs_of = doc_ids.append, freqs.append
+    def _lists(self) -> _Lists:
+        """One pass over the terms, merging only the lists that set documents aside."""
+        lists = _Lists(list(self._postings), [], [], [], [])
+        size_of, ascending_of = lists.sizes.append, lists.ascending.append
+        ids_of, freqs_of = lists.doc_ids.append, lists.freqs.append
         for postings in self._postings.values():
             if postings.late:
                 postings.merge_late()
             size = postings.size
             size_of(size)
             ascending_of(postings.ascending)
-            ids, weights = postings.doc_ids, postings.freqs
-            if len(ids) == size:  # sized exactly (a loaded list): no slice
-                ids_of(ids)
-                freqs_of(weights)
-            else:
-                ids_of(ids[:size])
-                freqs_of(weights[:size])
+            ids_of(postings.doc_ids)
+            weights = postings.freqs
+            freqs_of(weights if len(weights) == size else weights[:size])
+        return lists
+
+    def _pack(self, lists: _Lists, *, ids: bool = True) -> dict[str, Any]:
+        """The state, in new arrays (none shares memory with a postings list); the document
+        numbers left out (None) unless ``ids``."""
+        sizes = lists.sizes
         return {
             "k1": self.k1, "b": self.b, "count": self._count, "holes": self._holes,
             "total": self._total_length,
-            "lengths": self._lengths[: self._count].copy(), "terms": terms,
+            "lengths": self._lengths[: self._count].copy(), "terms": lists.terms,
             "sizes": np.array(sizes, dtype=np.int64),
-            "ascending": np.array(ascending, dtype=bool),
-            "doc_ids": _joined(doc_ids, sizes, np.int32),
-            "freqs": _joined(freqs, sizes, np.float32),
+            "ascending": np.array(lists.ascending, dtype=bool),
+            "doc_ids": _joined(_cut(lists.doc_ids, sizes), sizes, np.int32) if ids else None,
+            "freqs": _joined(lists.freqs, sizes, np.float32),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:

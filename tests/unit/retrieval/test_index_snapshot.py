@@ -17,6 +17,7 @@ from services.common.errors import Unavailable
 from services.common.tokens import Principal
 from services.shard.domain.records import RecordDraft
 from services.shard.retrieval.embedding import HashEmbedder
+from services.shard.retrieval.lexical import GrowingBM25
 from services.shard.search import index as index_module
 from services.shard.search import snapshot as snapshot_module
 from services.shard.search.fleet_index import ContextSettings, DocFacts, FleetIndex
@@ -415,3 +416,22 @@ def test_a_fleet_is_searched_while_its_own_copy_is_pickled_and_written(
     restarted.warm_up()
     assert restarted.loaded_from_snapshot
     assert _answers(restarted) == _rebuilt(database)
+
+
+def test_a_bm25_copy_pickles_as_the_index_was_when_copied() -> None:
+    """GrowingBM25.snapshot_copy keeps the weights (summed into in place later) and each
+    term's document array with its length then (appended to past that length later, or
+    replaced by a merge or a drop): what the copy pickles as is the index at copy time."""
+    bm25 = GrowingBM25()
+    for bag in ({"lake": 1.0, "boat": 1.0}, {"boat": 2.0}, {"dock": 1.0}, {"lake": 1.0}):
+        bm25.add(bag)
+    bm25.extend(0, {"dock": 0.5})  # set aside (late): merged by the copy
+    when_copied = {name: _plain(value) for name, value in bm25.__getstate__().items()}
+    copy = bm25.snapshot_copy()
+    bm25.extend(1, {"lake": 0.4, "boat": 0.3})  # a sum in place, a late entry
+    bm25.add({"boat": 1.0, "lake": 1.0, "oar": 1.0})  # appends past the copied lengths
+    bm25.drop([2], holes=[2])  # new arrays for "dock"
+    bm25.refill([])
+    assert {name: _plain(value) for name, value in bm25.__getstate__().items()} != when_copied
+    loaded = pickle.loads(pickle.dumps(copy))
+    assert {name: _plain(value) for name, value in loaded.__getstate__().items()} == when_copied
