@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,9 +69,9 @@ class _Services:
         self.compactor = with_client(lambda s: CompactorClient(
             s.compactor_addr, s.resolve_token(), **s.tls(), timeout=s.timeout_seconds))
         self.format1_records: dict[str, None] = {}
-        """The records (and summaries) selected that were written before format 2, and the
-        manifests of no run found that were stored before it (``format1_manifests``)."""
+        """The records (and summaries) selected that were written before format 2."""
         self.format1_manifests: dict[str, None] = {}
+        """The manifests of no run found that were stored before format 2."""
 
     def selected(self, records: Any) -> None:
         """Note the format-1 records among a selection's (their tombstones keep derived ids)."""
@@ -101,22 +101,18 @@ class _Services:
             lambda token: self.artifacts.find_runs(text, FIND_PAGE, page_token=token),
             "runs holding the text", as_json)
         found = [run for page in pages for run in page.runs]
+        loose = [i for page in pages for i in page.loose_items]
         logs = [run.run_id for page in _every_page(
             lambda token: self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token),
             "iteration logs holding the text", as_json) for run in page.runs]
+        self.format1_manifests.update(
+            (i.id, None) for i in loose if i.kind == "manifest" and i.format == 1)
         return _Holding(
             runs=list(dict.fromkeys([*(r.run_id for r in found), *logs])),
             whole=list(dict.fromkeys([*(r.run_id for r in found if r.whole_run_needed),
                                       *logs])),
-            items=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
-                                                       leaf_hash=i.leaf_hash)
-                        for r in found for i in r.items}.values()),
-            loose=list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id,
-                                                       leaf_hash=i.leaf_hash)
-                        for page in pages for i in page.loose_items}.values()),
-            format1_manifests=list(dict.fromkeys(
-                i.id for page in pages for i in page.loose_items
-                if i.kind == "manifest" and i.format == 1)))
+            items=_erased_items(i for r in found for i in r.items),
+            loose=_erased_items(loose))
 
     def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
         """Every run the agent started, in artifacts and the compactor, and its format-2
@@ -174,8 +170,12 @@ class _Holding:
     """Format-2 events and snapshots holding it: erased in place, their runs kept."""
     loose: list[gpb.ErasedItem] = field(default_factory=list)
     """Manifests of no run and evidence citing no artifact holding it: deleted."""
-    format1_manifests: list[str] = field(default_factory=list)
-    """Those manifests stored before format 2 (ids derived from their content)."""
+
+
+def _erased_items(found: Iterable[Any]) -> list[gpb.ErasedItem]:
+    """Found items (FindRuns' FoundItem) as governance's erasure lists them, each once."""
+    return list({(i.kind, i.id): gpb.ErasedItem(kind=i.kind, id=i.id, leaf_hash=i.leaf_hash)
+                 for i in found}.values())
 
 
 def _every_page(fetch: Callable[[str], Any], what: str, as_json: bool) -> list[Any]:
@@ -325,7 +325,6 @@ def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry
     ``dry_run``, everything) and the runs still holding the text where only erasing the
     whole run removes it (none with ``whole_runs``)."""
     holding = services.runs_holding(text, as_json)
-    services.format1_manifests.update(dict.fromkeys(holding.format1_manifests))
     runs = ([i for r in holding.runs for i in services.run_items(r)] if whole_runs
             else holding.items) + holding.loose
     listed = _erase(services, "match", text, fleet, reason, dry_run, erasures, as_json, runs)

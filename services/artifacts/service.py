@@ -657,9 +657,10 @@ class ArtifactsService:
                 # The artifact's run held until the commit, as appends hold theirs: an erasure
                 # of that run waits and then deletes this evidence too, or went first and the
                 # run (so the artifact) is gone.
+                # (ARTIFACT_NOT_FOUND from get_artifact; once the run is held, its artifacts
+                # stay until the commit: erasing the run is what deletes them.)
                 cited = self.repository.get_artifact(session, fleet_id, evidence.artifact_id)
                 self.repository.get_run(session, fleet_id, cited.run_id, lock=True)
-                self.check_references(session, fleet_id, "", (evidence.artifact_id,))
             self.repository.add_evidence(session, evidence)
             return evidence, True
 
@@ -702,21 +703,21 @@ class ArtifactsService:
                             created_us=now_us(), format=2, salt=salt)
 
         def create(session: Session) -> tuple[Manifest, bool]:
-            prior = find(session)
+            key = key_of(session)
+            prior = stored(session, key)
             if prior is not None:
                 return prior, False
             if manifest.run_id:  # held until the commit: an erasure of the run waits for it
                 self.repository.get_run(session, fleet_id, manifest.run_id, lock=True)
             self.repository.add_manifest(session, manifest)
-            self.repository.add_manifest_key(session, fleet_id, key(session),
-                                             manifest.manifest_id)
+            self.repository.add_manifest_key(session, fleet_id, key, manifest.manifest_id)
             return manifest, True
 
-        def key(session: Session) -> str:
+        def key_of(session: Session) -> str:
             return manifest_key(self.repository.fleet_secret(session, fleet_id), content)
 
-        def find(session: Session) -> Manifest | None:
-            keyed = self.repository.manifest_by_key(session, fleet_id, key(session))
+        def stored(session: Session, key: str) -> Manifest | None:
+            keyed = self.repository.manifest_by_key(session, fleet_id, key)
             if keyed is not None:
                 return keyed
             # Stored before format 2 under the id its content gives; only such a one: an
@@ -725,7 +726,7 @@ class ArtifactsService:
             return legacy if legacy is not None and legacy.format == 1 and \
                 legacy.content_json == content else None
 
-        return self._first_answer(create, find)
+        return self._first_answer(create, lambda session: stored(session, key_of(session)))
 
     def get_manifest(self, fleet_id: str, manifest_id_: str) -> Manifest:
         found = self._get(self.repository.get_manifest, fleet_id, "manifest", manifest_id_)
