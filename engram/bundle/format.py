@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
 
+from google.protobuf.json_format import ParseDict, ParseError
+
 FORMAT = "engram-bundle/1"
 MANIFEST_PATH = "MANIFEST.json"
 SPOOL_BYTES = 8 * 1024 * 1024
@@ -450,3 +452,12 @@ class BundleReader:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def parse_row(row: dict[str, Any], message: Any, kind: str) -> Any:
+    """A part's row as its message, or a BundleError naming the part."""
+    try:
+        return ParseDict(row, message)
+    except ParseError as error:
+        raise BundleError(f"a row of {kind} is not a {message.DESCRIPTOR.name}: {error}; "
+                          "stopped before it") from None

@@ -26,17 +26,25 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby, islice
-from typing import Any
-
-from google.protobuf.json_format import ParseDict, ParseError
+from typing import TYPE_CHECKING, Any
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle.export import KINDS, Clients, Progress
-from engram.bundle.format import CHUNK, BundleError, BundleReader, Manifest, blob_path
+from engram.bundle.format import (
+    CHUNK,
+    BundleError,
+    BundleReader,
+    Manifest,
+    blob_path,
+    parse_row,
+)
 from engram.client.governance import TIER_NAMES
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
+
+if TYPE_CHECKING:  # it needs the server extra (the shard's record hashing); only with it
+    from engram.bundle.reissue import Reissue
 
 IMPORTED = ("rules", "trust", "decisions", "erasures", "tombstones", "domains", "records",
             "runs", "artifacts", "manifests", "evidence", "events", "snapshots", "iterations")
@@ -72,14 +80,19 @@ class ImportReport:
     not_imported: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     """Wall time of each step (verifying the bundle, then each part)."""
+    reissued: int = 0
+    """Format-1 records and tombstones given new ids (``--reissue-ids``)."""
 
 
 class Importer:
     """Loads a bundle into the fleet of the clients' token (which must be the bundle's)."""
 
-    def __init__(self, clients: Clients, progress: Progress | None = None) -> None:
+    def __init__(self, clients: Clients, progress: Progress | None = None, *,
+                 reissue: Reissue | None = None) -> None:
         self.clients = clients
         self.progress: Progress = progress or (lambda kind, rows, nbytes: None)
+        self.reissue = reissue
+        """With it, format-1 records and tombstones land re-addressed (``--reissue-ids``)."""
 
     def run(self, reader: BundleReader, expect_digest: str = "") -> ImportReport:
         began = time.perf_counter()
@@ -94,6 +107,12 @@ class Importer:
                               f"{manifest.fleet_id!r}; nothing was imported")
         report = ImportReport(manifest=manifest)
         report.seconds["verify"] = round(time.perf_counter() - began, 3)
+        if self.reissue is not None:
+            began = time.perf_counter()
+            self.progress("re-addressing", 0, 0)
+            self.reissue.plan(reader)
+            report.reissued = len(self.reissue.ids)
+            report.seconds["re-addressing"] = round(time.perf_counter() - began, 3)
         steps: list[tuple[str, Callable[[], None]]] = [
             ("rules", lambda: self._rules(reader, report, fleet)),
             ("trust", lambda: self._trust(reader, report, fleet)),
@@ -126,7 +145,7 @@ class Importer:
         created = same = 0
         present = {_rule_body(r) for r in self.clients.governance.rules(page_size=1000)}
         for row in reader.rows("rules"):
-            rule = _parse(row, gpb.Rule(), "rules")
+            rule = parse_row(row, gpb.Rule(), "rules")
             key = hashlib.sha256(f"{fleet}\x1f{rule.rule_id}".encode()).hexdigest()[:40]
             if _rule_body(rule) in present:  # the same rule is already in force here
                 same += 1
@@ -145,7 +164,7 @@ class Importer:
         pinned = (row for row in reader.rows("trust") if row.get("pinned"))
         changed = same = 0
         while chunk := list(islice(pinned, 100)):  # a chunk at a time: the part may be huge
-            wanted = [_parse(row, gpb.AgentTrust(), "trust") for row in chunk]
+            wanted = [parse_row(row, gpb.AgentTrust(), "trust") for row in chunk]
             current = {t.agent_id: t for t in self.clients.governance.trusts(
                 fleet, [t.agent_id for t in wanted])}
             for trust in wanted:
@@ -163,7 +182,8 @@ class Importer:
         """The gate decisions that admitted the records, appended to this governance's witness
         chain as imported entries, so `engram verify --gate` reconciles the records here."""
         self._batched(reader, report, "decisions", gpb.GateDecision,
-                      self.clients.governance.import_decisions)
+                      self.clients.governance.import_decisions,
+                      rewrite=self.reissue.decision if self.reissue else None)
 
     def _erasures(self, reader: BundleReader, report: ImportReport) -> None:
         """The fleet's erasures, chained here as imported entries; their records are then
@@ -171,7 +191,8 @@ class Importer:
         iteration logs are erased after the bundle's own runs are in (the last step)."""
         self._batched(reader, report, "erasures", gpb.Erasure,
                       self.clients.governance.import_erasures,
-                      most_items=ERASURE_ITEMS_PER_CALL, items=lambda e: len(e.items))
+                      most_items=ERASURE_ITEMS_PER_CALL, items=lambda e: len(e.items),
+                      rewrite=self.reissue.erasure if self.reissue else None)
         self._carry_out(reader, runs=False)
 
     def _carry_out(self, reader: BundleReader, *, runs: bool) -> set[str]:
@@ -181,7 +202,7 @@ class Importer:
         kinds = _CARRIED_OUT if runs else _CARRIED_OUT[:1]
         carried: set[str] = set()
         for row in reader.rows("erasures"):
-            erasure = _parse(row, gpb.Erasure(), "erasures")
+            erasure = parse_row(row, gpb.Erasure(), "erasures")
             self._carry_out_one(erasure, kinds)
             carried.add(erasure.erasure_id)
         return carried
@@ -219,13 +240,14 @@ class Importer:
         """Erased records' tombstones, so an erased record stays erased here: ImportRecords
         refuses an id with a tombstone. The shard checks each against its erasure above."""
         self._batched(reader, report, "tombstones", spb.RecordTombstone,
-                      self.clients.shard.import_tombstones)
+                      self.clients.shard.import_tombstones,
+                      rewrite=self.reissue.tombstone if self.reissue else None)
 
     def _domains(self, reader: BundleReader, report: ImportReport) -> None:
         present = {d.name: d for d in self.clients.shard.domains()}
         created = same = 0
         for row in reader.rows("domains"):
-            domain = _parse(row, spb.Domain(), "domains")
+            domain = parse_row(row, spb.Domain(), "domains")
             old = present.get(domain.name)
             if old is not None and (old.display_name, old.description, list(old.keywords)) == (
                     domain.display_name, domain.description, list(domain.keywords)):
@@ -240,13 +262,14 @@ class Importer:
         report.created["domains"], report.already_present["domains"] = created, same
 
     def _records(self, reader: BundleReader, report: ImportReport) -> None:
-        self._batched(reader, report, "records", spb.Record, self.clients.shard.import_records)
+        self._batched(reader, report, "records", spb.Record, self.clients.shard.import_records,
+                      rewrite=self.reissue.record if self.reissue else None)
 
     def _runs(self, reader: BundleReader, report: ImportReport) -> None:
         """Each run as it was at the origin (author, status, times); its events follow."""
         created = present = 0
         for row in reader.rows("runs"):
-            reply = self.clients.artifacts.import_run(_parse(row, apb.Run(), "runs"))
+            reply = self.clients.artifacts.import_run(parse_row(row, apb.Run(), "runs"))
             created += reply.created
             present += not reply.created
             self.progress("runs", 1, 0)
@@ -257,7 +280,7 @@ class Importer:
         service hashes them again before anything is stored."""
         created = present = 0
         for row in reader.rows("artifacts"):
-            artifact = _parse(row, apb.Artifact(), "artifacts")
+            artifact = parse_row(row, apb.Artifact(), "artifacts")
             try:
                 path = blob_path(artifact.hash)
             except ValueError:
@@ -281,13 +304,16 @@ class Importer:
 
     def _batched(self, reader: BundleReader, report: ImportReport, kind: str,
                  message: type[Any], send: Callable[[list[Any]], Any], *,
-                 most_items: int = 0, items: Callable[[Any], int] | None = None) -> None:
-        """A part's rows, parsed, in batches of at most ``BATCH`` rows and ``BATCH_BYTES``
-        (with ``items``, at most ``most_items`` of what it counts instead of bytes: an
-        erasure's items), each sent with ``send``; counts what it created and what was there
-        already."""
+                 most_items: int = 0, items: Callable[[Any], int] | None = None,
+                 rewrite: Callable[[Any], Any] | None = None) -> None:
+        """A part's rows, parsed (and passed through ``rewrite``), in batches of at most
+        ``BATCH`` rows and ``BATCH_BYTES`` (with ``items``, at most ``most_items`` of what it
+        counts instead of bytes: an erasure's items), each sent with ``send``; counts what it
+        created and what was there already."""
         created = present = 0
-        rows = (_parse(row, message(), kind) for row in reader.rows(kind))
+        rows = (parse_row(row, message(), kind) for row in reader.rows(kind))
+        if rewrite is not None:
+            rows = (rewrite(row) for row in rows)
         for batch in (_batches(rows, BATCH, most_items, items) if items is not None
                       else _batches(rows, BATCH, BATCH_BYTES)):
             reply = send(batch)
@@ -305,7 +331,7 @@ class Importer:
             body = {k: v for k, v in row.items()
                     if k not in ("run_id", "detail_json", "guardrails_json")}
             return str(row.get("run_id", "")), cpb.ImportedIteration(
-                summary=_parse(body, cpb.IterationSummary(), "iterations"),
+                summary=parse_row(body, cpb.IterationSummary(), "iterations"),
                 detail_json=str(row.get("detail_json", "")),
                 guardrails_json=str(row.get("guardrails_json", "")))
 
@@ -333,14 +359,6 @@ def _rule_body(rule: gpb.Rule) -> bytes:
     for name in ("rule_id", "created_by", "create_time", "fleet_id"):
         body.ClearField(name)
     return body.SerializeToString(deterministic=True)
-
-
-def _parse(row: dict[str, Any], message: Any, kind: str) -> Any:
-    try:
-        return ParseDict(row, message)
-    except ParseError as error:
-        raise BundleError(f"a row of {kind} is not a {message.DESCRIPTOR.name}: {error}; "
-                          "stopped before it") from None
 
 
 def _batches(items: Iterator[Any], most: int, most_bytes: int,

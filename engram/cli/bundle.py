@@ -3,9 +3,14 @@ loads one into another instance (see docs/bundle.md)."""
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import (
@@ -21,8 +26,19 @@ from rich.progress import (
 from engram.bundle.export import Exporter, open_clients
 from engram.bundle.format import BundleError, BundleReader
 from engram.bundle.importer import Importer
-from engram.cli._output import JSON_OPTION, console, emit_json, err_console, fail, rpc_errors
+from engram.cli._output import (
+    JSON_OPTION,
+    console,
+    emit_json,
+    err_console,
+    fail,
+    rpc_errors,
+    server_extra,
+)
 from engram.cli._output import settings as cli_settings
+
+if TYPE_CHECKING:  # needs the server extra
+    from engram.bundle.reissue import Reissue
 
 
 def _peak_rss_mb() -> float:
@@ -105,6 +121,18 @@ def import_bundle(
                                   help="a bundle written by engram export"),
     expect: str = typer.Option("", "--expect", help="refuse the bundle unless its "
                                "content_digest is this (the one export printed)"),
+    reissue_key: Path | None = typer.Option(
+        None, "--reissue-ids", dir_okay=False, metavar="KEYFILE",
+        help="give records written before format 2 (ids derived from their text) new ids and "
+             "salted commitments, and rename every reference to them; KEYFILE holds the key "
+             "the new ids derive from (made if missing; the same key makes a re-run change "
+             "nothing). Delete KEYFILE once the import is complete: with it an erased text "
+             "can be checked against a guess again"),
+    id_map: Path | None = typer.Option(
+        None, "--id-map", dir_okay=False,
+        help="with --reissue-ids, write each re-addressed record's old and new id here (JSON "
+             "lines, readable by its owner only), to update references kept outside Engram; "
+             "delete it too once done"),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Load a bundle into this instance's fleet of the same name (admin token of that fleet).
@@ -117,18 +145,19 @@ def import_bundle(
     re-hashed), manifests, evidence, events (the hash chain must extend), snapshots, and
     iteration logs (docs/bundle.md). Running it again changes nothing; after an interruption
     it completes what is missing. --json adds each step's seconds."""
+    if id_map is not None and reissue_key is None:
+        raise fail("--id-map lists the ids --reissue-ids gives; name a key file with "
+                   "--reissue-ids", code=2)
     started = time.perf_counter()
-    with rpc_errors(as_json), _progress(as_json) as progress:
+    with rpc_errors(as_json), _progress(as_json) as progress, _bundle_errors(as_json):
+        reissue = _reissue(reissue_key) if reissue_key is not None else None  # before calls
         clients = open_clients(cli_settings())
         try:
             with BundleReader(bundle) as reader:
                 meter = _Meter(progress, "importing", {"verifying": reader.payload_bytes()})
-                report = Importer(clients, meter).run(reader, expect)
-        except BundleError as error:
-            if as_json:
-                emit_json({"error": {"message": str(error), "problems": error.problems}})
-                raise typer.Exit(1) from None
-            raise fail(str(error)) from None
+                report = Importer(clients, meter, reissue=reissue).run(reader, expect)
+            if reissue is not None and id_map is not None:
+                _write_id_map(id_map, reissue)
         finally:
             clients.close()
     seconds = time.perf_counter() - started
@@ -142,9 +171,16 @@ def import_bundle(
         "mb_per_second": round(bundle.stat().st_size / 1e6 / seconds, 2),
         "peak_rss_mb": round(_peak_rss_mb(), 1),
     }
+    if reissue_key is not None:
+        summary["reissued"] = report.reissued
     if as_json:
         emit_json(summary)
         return
+    if reissue_key is not None:
+        console.print(f"{report.reissued} records and tombstones written before format 2 got "
+                      f"new ids; delete {reissue_key}"
+                      + (f" and {id_map}" if id_map else "") + " once you have checked the "
+                      "import: with it an erased text can be checked against a guess")
     console.print(f"verified {len(report.manifest.members)} members of {bundle} "
                   f"(content_digest {report.manifest.content_digest})")
     for kind, created in report.created.items():
@@ -152,6 +188,38 @@ def import_bundle(
                       "present")
     for kind, rows in report.not_imported.items():
         console.print(f"[yellow]{kind}: {rows} rows not imported (not supported yet)[/yellow]")
+
+
+@contextmanager
+def _bundle_errors(as_json: bool) -> Iterator[None]:
+    """A BundleError as one line (or JSON naming every problem), exit 1."""
+    try:
+        yield
+    except BundleError as error:
+        if as_json:
+            emit_json({"error": {"message": str(error), "problems": error.problems}})
+            raise typer.Exit(1) from None
+        raise fail(str(error)) from None
+
+
+def _reissue(key_file: Path) -> Reissue:
+    with server_extra("import-bundle --reissue-ids"):  # it hashes records as the shard does
+        from engram.bundle.reissue import Reissue, load_key
+
+        return Reissue(load_key(key_file))
+
+
+def _write_id_map(path: Path, reissue: Reissue) -> None:
+    """Old and new id of each re-addressed record, a JSON object a line, readable by its
+    owner only, written whole or not at all."""
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        for pair in reissue.id_map():
+            out.write(json.dumps(pair, sort_keys=True) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
 
 
 def register(app: typer.Typer) -> None:

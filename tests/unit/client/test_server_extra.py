@@ -56,6 +56,9 @@ def test_every_client_command_shows_its_help() -> None:
     (["token", "create", "--agent", "a", "--fleet", "f"], "engram token create"),
     (["bench", "shard"], "engram bench"),
     (["eval", "locomo", "conversation.json"], "engram eval locomo"),
+    # Any existing file: the key is needed before the bundle is opened.
+    (["import-bundle", "pyproject.toml", "--reissue-ids", "k.key"],
+     "engram import-bundle --reissue-ids"),
 ])
 def test_a_server_command_names_the_extra_to_install(command: list[str], name: str) -> None:
     result = _engram(*command)

@@ -1,0 +1,206 @@
+"""``engram import-bundle --reissue-ids``: records written before format 2 land re-addressed.
+
+A format-1 record's id derives from its fleet, run, author and the plain SHA-256 of its text,
+and its record_hash and its gate decision's ``content_hash`` cover that SHA-256: once it is
+erased, a guess of the text can still be checked against them (docs/erasure.md, "Data written
+before v2"). Imported with ``--reissue-ids``, each format-1 record becomes a format-2 record
+(a new id of the same form, a salt, ``body_commitment``, the format-2 record_hash); each
+format-1 tombstone a format-2 tombstone whose commitment opens to nothing (as an erased
+format-2 record's, whose salt is gone). Everything that names them follows: other records'
+``cross_refs`` and the ``shard:<id>`` in their text those came from (a live record naming
+a derived id would keep it), a compaction summary's ``replaces`` list (ids and record
+hashes), the gate decisions' record ids and content hashes, and the erasures' items and
+record selectors. Every rewritten item is sealed again and the services re-check it as they
+would any import.
+
+The new ids and salts are HMAC-SHA-256 of the old id under a key (``--reissue-ids KEYFILE``,
+32 random bytes, made on first use), so running the import again gives the same items and
+changes nothing. The key, and the id map the CLI can write, tie each new id to the old one:
+keep them only until the import is complete and checked, then delete them.
+
+Not re-addressed: events, snapshots and manifests of format 1 (the artifacts service's), the
+compactor's format-1 warm lines, and a gate decision of a format-1 write whose record was
+never stored (it names no record the bundle holds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from engram.bundle.format import BundleError, BundleReader, parse_row
+from engram.governance.v1 import governance_service_pb2 as gpb
+from engram.shard.v1 import shard_service_pb2 as spb
+from services.shard.domain import records
+from services.shard.domain.compaction import SUMMARY_SOURCE
+
+KEY_BYTES = 32
+_RECORD_KINDS = ("record", "summary")
+_RECORD_REF = "record:"
+
+
+def load_key(path: Path) -> bytes:
+    """The reissue key in ``path`` (64 hex digits); made, readable by its owner only, when the
+    file does not exist."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(KEY_BYTES) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+    text = path.read_text(encoding="utf-8").strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise BundleError(f"{path} does not hold a reissue key ({KEY_BYTES * 2} hexadecimal "
+                          "digits); name a file that does not exist yet to have one made")
+    return key
+
+
+class Reissue:
+    """The re-addressing of one bundle's format-1 records and tombstones (``plan`` first)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self.ids: dict[str, str] = {}
+        """Old record id -> new, for every format-1 record and tombstone of the bundle."""
+        self._hashes: dict[str, str] = {}
+        """Old record_hash -> new, for every record and tombstone whose hash changes."""
+        self._gate: dict[str, str] = {}
+        """Old record id -> the content hash its gate decision holds now (a commitment)."""
+
+    def _derive(self, purpose: str, old_id: str) -> str:
+        return hmac.new(self._key, f"engram-reissue-{purpose}\x1f{old_id}".encode(),
+                        hashlib.sha256).hexdigest()
+
+    def plan(self, reader: BundleReader) -> None:
+        """Reads the bundle's tombstones and records twice: their new ids first (a reference
+        may name any of them), then their new hashes, in creation order (a summary names its
+        originals' hashes, and they were written before it)."""
+        for kind, message in (("tombstones", spb.RecordTombstone), ("records", spb.Record)):
+            for item in _items(reader, kind, message):
+                if (item.format or 1) == 1:
+                    self.ids[item.id] = self._derive("id", item.id)[:records.ID_HEX_LEN]
+        for tombstone in _items(reader, "tombstones", spb.RecordTombstone):
+            self.tombstone(tombstone, planning=True)
+        for record in _items(reader, "records", spb.Record):
+            self.record(record, planning=True)
+
+    def record(self, message: spb.Record, *, planning: bool = False) -> spb.Record:
+        """``message`` as it is imported: a format-1 record re-addressed, any record's
+        references to re-addressed records renamed, in ``cross_refs`` and where its text names
+        them (then hashed and sealed again)."""
+        refs = [self._ref(ref) for ref in message.cross_refs]
+        metadata = self._metadata(message)
+        legacy = (message.format or 1) == 1
+        if not legacy and refs == list(message.cross_refs) and metadata == message.metadata:
+            return message
+        # Imported here only: the shard's server modules are not needed to read a bundle.
+        from services.shard.servicer import record_from_proto, record_to_proto
+
+        content = message.content
+        for before, after in zip(message.cross_refs, refs, strict=True):
+            if before != after:  # the text names the record it refers to (shard:<id>)
+                content = content.replace(before.removeprefix(_RECORD_REF),
+                                          after.removeprefix(_RECORD_REF))
+        record = replace(record_from_proto(message), cross_refs=tuple(refs), metadata=metadata,
+                         content=content, content_hash=records.content_hash(content))
+        if legacy:
+            record = replace(record, id=self.ids[message.id], format=records.FORMAT,
+                             salt=self._derive("salt", message.id))
+        sealed = records.seal(record)
+        if planning:
+            self._hashes[message.record_hash] = sealed.record_hash
+            self._gate[message.id] = records.gate_hash(sealed)
+        return record_to_proto(sealed)
+
+    def _ref(self, ref: str) -> str:
+        """A cross-reference (``record:<id>`` or ``domain:<name>``) to a re-addressed record
+        renamed."""
+        if ref.startswith(_RECORD_REF):
+            target = ref.removeprefix(_RECORD_REF)
+            return _RECORD_REF + self.ids.get(target, target)
+        return ref
+
+    def _metadata(self, message: spb.Record) -> dict[str, str]:
+        """A compaction summary's ``replaces`` list names each original by id and record_hash:
+        both follow the originals (left as they are when the list does not parse; the shard
+        judges it)."""
+        metadata = dict(message.metadata)
+        if message.source != SUMMARY_SOURCE or "replaces" not in metadata:
+            return metadata
+        try:
+            replaced = json.loads(metadata["replaces"])
+            renamed = [{"id": self.ids.get(str(item["id"]), str(item["id"])),
+                        "record_hash": self._hashes.get(str(item["record_hash"]),
+                                                        str(item["record_hash"]))}
+                       for item in replaced]
+        except (ValueError, TypeError, KeyError):
+            return metadata
+        if renamed != replaced:
+            metadata["replaces"] = json.dumps(renamed, separators=(",", ":"))
+        return metadata
+
+    def tombstone(self, message: spb.RecordTombstone, *,
+                  planning: bool = False) -> spb.RecordTombstone:
+        """A format-1 tombstone becomes format 2: a new id and a commitment no salt opens
+        (none was kept: the text is gone); any tombstone's references follow."""
+        refs = [self._ref(ref) for ref in message.cross_refs]
+        legacy = (message.format or 1) == 1
+        if not legacy and refs == list(message.cross_refs):
+            return message
+        from services.shard.servicer import tombstone_from_proto, tombstone_to_proto
+
+        tombstone = replace(tombstone_from_proto(message), cross_refs=tuple(refs))
+        if legacy:
+            tombstone = replace(tombstone, id=self.ids[message.id], format=records.FORMAT,
+                                body_commitment=self._derive("commitment", message.id))
+        leaf = hashlib.sha256(records.structural_fields(
+            tombstone, tombstone.body_commitment)).hexdigest()
+        tombstone = replace(tombstone, record_hash=leaf)
+        if planning:
+            self._hashes[message.record_hash] = leaf
+            self._gate[message.id] = tombstone.body_commitment
+        return tombstone_to_proto(tombstone)
+
+    def decision(self, message: gpb.GateDecision) -> gpb.GateDecision:
+        """A decision names the record it admitted and the hash it judged: both follow."""
+        if message.record_id not in self.ids and message.record_id not in self._gate:
+            return message
+        renamed = gpb.GateDecision()
+        renamed.CopyFrom(message)
+        renamed.record_id = self.ids.get(message.record_id, message.record_id)
+        if message.record_id in self._gate:
+            renamed.content_hash = self._gate[message.record_id]
+        return renamed
+
+    def erasure(self, message: gpb.Erasure) -> gpb.Erasure:
+        """An erasure lists each record it erased by id and kept leaf, and an erasure of one
+        record names it as its selector: all follow."""
+        renamed = gpb.Erasure()
+        renamed.CopyFrom(message)
+        if renamed.selector_kind == "record":
+            renamed.selector_value = self.ids.get(renamed.selector_value,
+                                                  renamed.selector_value)
+        for item in renamed.items:
+            if item.kind in _RECORD_KINDS:
+                item.id = self.ids.get(item.id, item.id)
+                item.leaf_hash = self._hashes.get(item.leaf_hash, item.leaf_hash)
+        return renamed
+
+    def id_map(self) -> Iterator[dict[str, str]]:
+        for old, new in sorted(self.ids.items()):
+            yield {"old": old, "new": new}
+
+
+def _items(reader: BundleReader, kind: str, message: type[Any]) -> Iterator[Any]:
+    return (parse_row(row, message(), kind) for row in reader.rows(kind))

@@ -1,0 +1,138 @@
+"""``engram import-bundle --reissue-ids`` (docs/bundle.md, docs/erasure.md): records written
+before format 2, whose ids derive from their text, land under new ids with salted
+commitments, everything naming them follows, the target verifies, and none of the derived ids
+(nor an erased record's plain SHA-256) is left in any file of the target."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from engram.client import EngramRpcError, ShardClient
+from engram.client.governance import GovernanceClient
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.governance.domain.decisions import decision_id
+from services.shard.domain import records
+from services.shard.servicer import record_to_proto
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN, cli_for
+from tests.stack import FullStack, full_stack
+
+FLEET = "fleet-a"
+AGENT = "scout-1"
+
+
+def legacy(content: str, created_us: int, refs: tuple[str, ...] = ()) -> records.Record:
+    """A format-1 record as one written before salted commitments: its id derived from its
+    text, and the gate decision that admitted it named in it."""
+    sha = records.content_hash(content)
+    return records.seal(records.Record(
+        id=records.record_id(FLEET, "run-1", AGENT, sha), fleet_id=FLEET, run_id="run-1",
+        agent_id=AGENT, content=content, content_hash=sha, record_hash="", domain="insights",
+        source="manual", importance=0.5, tags=(), metadata={}, cross_refs=refs,
+        created_us=created_us,
+        gate_decision_id=decision_id(FLEET, AGENT, f"old-{created_us}", 0)))
+
+
+def plant_legacy(stack: FullStack, admin: str) -> tuple[records.Record, ...]:
+    """Three format-1 records (the second names the first) and their decisions, as a bundle
+    of that time brought them."""
+    alpha = legacy("zqx legacy lesson alpha", 1_700_000_000_000_000)
+    beta = legacy(f"zqx legacy lesson beta, see shard:{alpha.id}", 1_700_000_001_000_000,
+                  (f"record:{alpha.id}",))
+    secret = legacy("zqx the vendor's private number 0471", 1_700_000_002_000_000)
+    planted = (alpha, beta, secret)
+    with GovernanceClient(stack.governance.address, admin) as gov:
+        gov.import_decisions([gpb.GateDecision(
+            decision_id=r.gate_decision_id, allowed=True, fleet_id=FLEET, agent_id=AGENT,
+            request_id=f"old-{r.created_us}", record_id=r.id, content_hash=r.content_hash,
+            position=0, create_time=Timestamp(seconds=r.created_us // 1_000_000)) for r in planted])
+    with ShardClient(stack.shard.address, admin) as shard:
+        assert shard.import_records([record_to_proto(r) for r in planted]).created == 3
+    return planted
+
+
+def files_holding(root: Path, needles: list[bytes]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            hits = [n.decode() for n in needles if n in data]
+            if hits:
+                found[str(path.relative_to(root))] = hits
+    return found
+
+
+def test_records_written_before_format_2_are_re_addressed_on_import(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, key, id_map = tmp_path / "f.bundle", tmp_path / "reissue.key", tmp_path / "ids.jsonl"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        alpha, beta, secret = plant_legacy(origin, admin)
+        with ShardClient(origin.shard.address, make_token(AGENT, FLEET)) as shard:
+            shard.add(f"zqx a note written now, see shard:{alpha.id}", run_id="run-1")
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("forget", "--record", secret.id, "--reason", "asked to")
+            assert run("export", "--fleet", FLEET, "-o", str(bundle))["rows"]["tombstones"] == 1
+    old_ids = [alpha.id, beta.id, secret.id]
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            first = run("import-bundle", str(bundle), "--reissue-ids", str(key),
+                        "--id-map", str(id_map))
+            assert first["reissued"] == 3
+            assert (first["created"]["records"], first["created"]["tombstones"]) == (3, 1)
+            renamed = {row["old"]: row["new"] for row in map(json.loads,
+                                                             id_map.read_text().splitlines())}
+            assert sorted(renamed) == sorted(old_ids)
+            assert stat.S_IMODE(id_map.stat().st_mode) == stat.S_IMODE(key.stat().st_mode) == 0o600
+            assert run("verify", "--all")["ok"]  # every record re-hashes, the tombstone listed
+            assert run("verify", "--gate")["ok"]  # every record reconciles with its decision
+            again = run("import-bundle", str(bundle), "--reissue-ids", str(key))
+            assert not any(again["created"].get(kind) for kind in (
+                "records", "tombstones", "decisions", "erasures")), again
+        with ShardClient(target.shard.address, admin) as shard:
+            stored = {r.content.split(",")[0]: r for r in shard.list(run_id="run-1")}
+            assert {r.id for r in stored.values()}.isdisjoint(old_ids)
+            assert {r.format for r in stored.values()} == {2}
+            new_alpha = renamed[alpha.id]
+            assert stored["zqx legacy lesson alpha"].id == new_alpha
+            for text in ("zqx legacy lesson beta", "zqx a note written now"):
+                assert list(stored[text].cross_refs) == [f"record:{new_alpha}"]
+                assert stored[text].content.endswith(f"see shard:{new_alpha}")
+            for old in old_ids:
+                with pytest.raises(EngramRpcError) as missing:
+                    shard.get(old)
+                assert missing.value.code.name == "NOT_FOUND"
+            (tombstone,) = list(shard.tombstones())
+            assert (tombstone.id, tombstone.format) == (renamed[secret.id], 2)
+            hits = shard.search("legacy lesson alpha", mode="lexical", limit=3)
+            assert new_alpha in {hit.record.id for hit in hits}
+        with GovernanceClient(target.governance.address, admin) as gov:
+            (erasure,) = list(gov.erasures())
+            assert [(i.id, i.leaf_hash) for i in erasure.items] == [
+                (tombstone.id, tombstone.record_hash)]
+            assert erasure.selector_value == tombstone.id
+        # Nothing the derived ids or the erased text's plain hash could be checked against.
+        needles = [i.encode() for i in old_ids] + [secret.content_hash.encode()]
+        assert files_holding(tmp_path / "b", needles) == {}
+
+
+def test_id_map_needs_reissue_ids_and_a_key_file_must_hold_a_key(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, bad_key = tmp_path / "f.bundle", tmp_path / "bad.key"
+    bad_key.write_text("not a key\n")
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "-o", str(bundle))
+            run("import-bundle", str(bundle), "--id-map", str(tmp_path / "m"), code=2)
+            refused = run("import-bundle", str(bundle), "--reissue-ids", str(bad_key), code=1)
+            assert "does not hold a reissue key" in refused["error"]["message"]
+        assert not (tmp_path / "m").exists()

@@ -1,0 +1,117 @@
+"""The re-addressing ``--reissue-ids`` applies (engram/bundle/reissue.py), item by item: a
+compaction summary's ``replaces`` follows its originals' new ids and hashes, a tombstone's
+references follow, the same key gives the same items, and a key file is made or refused."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import MessageToDict
+
+from engram.bundle.format import BundleError
+from engram.bundle.reissue import Reissue, load_key
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.shard.domain import records
+from services.shard.domain.compaction import SUMMARY_SOURCE
+from services.shard.servicer import (
+    record_from_proto,
+    record_to_proto,
+    tombstone_from_proto,
+    tombstone_to_proto,
+)
+
+FLEET = "fleet-a"
+KEY = bytes(range(32))
+
+
+def legacy(content: str, created_us: int, refs: tuple[str, ...] = ()) -> records.Record:
+    sha = records.content_hash(content)
+    return records.seal(records.Record(
+        id=records.record_id(FLEET, "", "a", sha), fleet_id=FLEET, run_id="", agent_id="a",
+        content=content, content_hash=sha, record_hash="", domain="insights", source="manual",
+        importance=0.5, tags=(), metadata={}, cross_refs=refs, created_us=created_us))
+
+
+def current(record: records.Record, **changes: Any) -> records.Record:
+    """``record`` written as format 2 (a salt, a random id unless given)."""
+    fields = {"id": records.new_record_id(), "format": 2, "salt": "ab" * 32, **changes}
+    return records.seal(records.Record(**{**record.__dict__, **fields}))
+
+
+class Rows:
+    """A bundle's parts as BundleReader.rows gives them."""
+
+    def __init__(self, **parts: list[Any]) -> None:
+        self.parts = {kind: [MessageToDict(m, preserving_proto_field_name=True) for m in items]
+                      for kind, items in parts.items()}
+
+    def rows(self, kind: str) -> list[dict[str, Any]]:
+        return self.parts.get(kind, [])
+
+
+def test_a_summary_names_its_re_addressed_originals_by_their_new_ids_and_hashes() -> None:
+    original = legacy("retries need idempotency keys", 1_000)
+    replaced = json.dumps([{"id": original.id, "record_hash": original.record_hash}],
+                          separators=(",", ":"))
+    summary = current(legacy("summary of one lesson", 2_000), source=SUMMARY_SOURCE,
+                      metadata={"replaces": replaced})
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(records=[record_to_proto(original), record_to_proto(summary)]))  # type: ignore[arg-type]
+    new_original = record_from_proto(reissue.record(record_to_proto(original)))
+    new_summary = record_from_proto(reissue.record(record_to_proto(summary)))
+    assert (new_original.format, new_original.id) == (2, reissue.ids[original.id])
+    assert new_original.id != original.id and records.is_record_id(new_original.id)
+    assert json.loads(new_summary.metadata["replaces"]) == [
+        {"id": new_original.id, "record_hash": new_original.record_hash}]
+    assert new_summary.id == summary.id  # a format-2 record keeps its id and salt
+    for record in (new_original, new_summary):
+        records.verify(record)  # re-hashes under its salt
+    # Its decision holds the commitment the summary has now.
+    decided = reissue.decision(gpb.GateDecision(record_id=summary.id,
+                                                content_hash=summary.body_commitment))
+    assert decided.content_hash == new_summary.body_commitment != summary.body_commitment
+
+
+def test_a_tombstone_is_re_addressed_and_its_references_follow() -> None:
+    target = legacy("the vendor's number", 1_000)
+    erased = legacy(f"see shard:{target.id} for it", 2_000, (f"record:{target.id}",))
+    tombstone = records.tombstone_of(erased, "era_" + "0" * 28, 3_000, "op")
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(records=[record_to_proto(target)],  # type: ignore[arg-type]
+                      tombstones=[tombstone_to_proto(tombstone)]))
+    new = reissue.tombstone(tombstone_to_proto(tombstone))
+    assert (new.id, new.format) == (reissue.ids[erased.id], 2)
+    assert list(new.cross_refs) == [f"record:{reissue.ids[target.id]}"]
+    assert new.record_hash != tombstone.record_hash
+    assert records.verify_tombstone(tombstone_from_proto(new))
+    listed = reissue.erasure(gpb.Erasure(selector_kind="record", selector_value=erased.id,
+                                         items=[gpb.ErasedItem(kind="record", id=erased.id,
+                                                               leaf_hash=tombstone.record_hash)]))
+    assert (listed.selector_value, listed.items[0].id, listed.items[0].leaf_hash) == (
+        new.id, new.id, new.record_hash)
+
+
+def test_the_same_key_gives_the_same_items_and_another_key_others() -> None:
+    record = record_to_proto(legacy("a lesson", 1_000))
+    made = []
+    for key in (KEY, KEY, bytes(32)):
+        reissue = Reissue(key)
+        reissue.plan(Rows(records=[record]))  # type: ignore[arg-type]
+        made.append(reissue.record(record))
+    assert made[0] == made[1]
+    assert made[2].id != made[0].id and made[2].salt != made[0].salt
+
+
+def test_a_key_file_is_made_for_its_owner_alone_and_a_bad_one_refused(tmp_path: Path) -> None:
+    path = tmp_path / "reissue.key"
+    key = load_key(path)
+    assert len(key) == 32 and load_key(path) == key
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for text in ("", "zz" * 32, "ab" * 31):
+        path.write_text(text)
+        with pytest.raises(BundleError, match="does not hold a reissue key"):
+            load_key(path)
