@@ -14,9 +14,10 @@ row, as appends and erasures do, so an erasure and an import of one run never in
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import groupby
@@ -336,8 +337,9 @@ class RunImports:
         try:
             with _erased_is_final(), self.service.writing() as session:
                 counts = ImportCounts()
+                secret = functools.cache(lambda: self.repository.fleet_secret(session, fleet_id))
                 for manifest in manifests:
-                    counts += self._manifest(session, fleet_id, manifest)
+                    counts += self._manifest(session, fleet_id, manifest, secret)
                 for item in evidence:
                     counts += self._evidence(session, fleet_id, item)
                 for run_id, run_events in groupby(events, key=lambda e: e.run_id):
@@ -470,7 +472,9 @@ class RunImports:
         _time("create_time", snapshot.created_us)
         return snapshot
 
-    def _manifest(self, session: Session, fleet_id: str, manifest: Manifest) -> ImportCounts:
+    def _manifest(self, session: Session, fleet_id: str, manifest: Manifest,
+                  secret: Callable[[], bytes]) -> ImportCounts:
+        """``secret``: the fleet's manifest-key secret (read once a call, when first needed)."""
         prior = self.repository.get_manifest(session, fleet_id, manifest.manifest_id)
         if prior is not None:
             if prior != manifest:
@@ -481,8 +485,8 @@ class RunImports:
         self.repository.add_manifest(session, manifest)
         if manifest.format == 2:  # found by its content here too, unless another holds it
             self.service.db.insert_once(session, ManifestKeyRow, dict(
-                fleet_id=fleet_id, manifest_id=manifest.manifest_id, key=manifest_key(
-                    self.repository.fleet_secret(session, fleet_id), manifest.content_json)))
+                fleet_id=fleet_id, manifest_id=manifest.manifest_id,
+                key=manifest_key(secret(), manifest.content_json)))
         session.flush()
         return _CREATED
 

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from sqlalchemy import select, update
+from sqlalchemy import event, select, update
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.client._errors import EngramRpcError
@@ -282,3 +282,27 @@ def test_a_manifest_or_evidence_written_while_its_run_is_erased_goes_with_it(
         left = [*session.scalars(select(ManifestRow.manifest_id)),
                 *session.scalars(select(EvidenceRow.evidence_id))]
     assert left == [] and not eraser.is_alive()
+
+
+def test_an_import_reads_the_fleet_secret_once_a_call(
+        artifacts_server: RunningArtifacts, make_token: TokenFactory) -> None:
+    """Each format-2 manifest of an import call is keyed under the fleet's secret; the call
+    reads it once, not once a manifest (it did: 500 reads for a batch of 500)."""
+    env = artifacts_server
+    origin = env.client_for(fleet="fleet-o")
+    made = [origin.create_manifest({"window": [f"rec-{n}"]}).manifest for n in range(5)]
+    env.client.create_manifest({"window": ["made here first"]})  # fleet-a's secret exists
+    reads: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "fleet_secrets" in statement and statement.lstrip().upper().startswith("SELECT"):
+            reads.append(statement)
+
+    event.listen(env.service.db.engine, "before_cursor_execute", count)
+    try:
+        with ArtifactsClient(env.server.address, make_token("op", "fleet-a", ("admin",)),
+                             timeout=30) as target:
+            assert target.import_run_items(manifests=made).created == 5
+    finally:
+        event.remove(env.service.db.engine, "before_cursor_execute", count)
+    assert len(reads) == 1, reads
