@@ -108,6 +108,11 @@ class Importer:
         report = ImportReport(manifest=manifest)
         report.seconds["verify"] = round(time.perf_counter() - began, 3)
         if self.reissue is not None:
+            if manifest.run_id:
+                raise BundleError(
+                    f"--reissue-ids needs a bundle of the whole fleet; this one holds run "
+                    f"{manifest.run_id!r} only, and names records of other runs it cannot "
+                    "rename; nothing was imported")
             began = time.perf_counter()
             self.progress("re-addressing", 0, 0)
             self.reissue.plan(reader)

@@ -10,17 +10,20 @@ format-2 record's, whose salt is gone). Everything that names them follows: othe
 ``cross_refs`` and the ``shard:<id>`` in their text those came from (a live record naming
 a derived id would keep it), a compaction summary's ``replaces`` list (ids and record
 hashes), the gate decisions' record ids and content hashes, and the erasures' items and
-record selectors. Every rewritten item is sealed again and the services re-check it as they
-would any import.
+record selectors. What names a record the bundle does not hold (a refused or lost write's
+decision, an original retention removed) may be format 1 too, and nothing tells: its id and
+hash are replaced by values derived under the key. Every rewritten item is sealed again and
+the services re-check it as they would any import. Only a bundle of the whole fleet holds
+every record its erasures and references name: a run's bundle is refused.
 
 The new ids and salts are HMAC-SHA-256 of the old id under a key (``--reissue-ids KEYFILE``,
-32 random bytes, made on first use), so running the import again gives the same items and
-changes nothing. The key, and the id map the CLI can write, tie each new id to the old one:
-keep them only until the import is complete and checked, then delete them.
+32 random bytes, made only with ``--new-reissue-key``), so running the import again gives the
+same items and changes nothing. The key, and the id map the CLI can write, tie each new id to
+the old one: keep them only until the import is complete and checked, then delete them.
 
 Not re-addressed: events, snapshots and manifests of format 1 (the artifacts service's), the
-compactor's format-1 warm lines, and a gate decision of a format-1 write whose record was
-never stored (it names no record the bundle holds).
+compactor's format-1 warm lines, and decisions' request ids (a decision's id derives from
+its request id).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import replace
@@ -46,23 +50,41 @@ _RECORD_KINDS = ("record", "summary")
 _RECORD_REF = "record:"
 
 
-def load_key(path: Path) -> bytes:
-    """The reissue key in ``path`` (64 hex digits); made, readable by its owner only, when the
-    file does not exist."""
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+def make_key(path: Path) -> None:
+    """A new reissue key in ``path`` (which must not exist), readable by its owner only."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(KEY_BYTES) + "\n")
             out.flush()
             os.fsync(out.fileno())
-    text = path.read_text(encoding="utf-8").strip()
+    except FileExistsError:
+        raise BundleError(f"{path} exists; --new-reissue-key makes a key only in a new file "
+                          "(drop the flag to use the key it holds)") from None
+    except OSError as error:
+        raise BundleError(f"cannot make the reissue key {path}: {error.strerror}") from None
+
+
+def load_key(path: Path) -> bytes:
+    """The reissue key in ``path``: 64 hexadecimal digits in a file only its owner can read.
+    A missing file is refused: a new key would give every record new ids again, so it is made
+    only on request (:func:`make_key`)."""
     try:
+        if path.stat().st_mode & 0o077:
+            raise BundleError(f"{path} can be read or written by others; the reissue key ties "
+                              f"the new ids to the old: chmod 600 {path}")
+        text = path.read_bytes().decode("ascii").strip()
         key = bytes.fromhex(text)
-    except ValueError:
+    except FileNotFoundError:
+        raise BundleError(f"no reissue key at {path}: pass --new-reissue-key to make one for "
+                          "a first import; a re-run needs the key of the first") from None
+    except OSError as error:
+        raise BundleError(f"cannot read the reissue key {path}: {error.strerror}") from None
+    except ValueError:  # not ASCII, or not hexadecimal
         key = b""
     if len(key) != KEY_BYTES:
         raise BundleError(f"{path} does not hold a reissue key ({KEY_BYTES * 2} hexadecimal "
-                          "digits); name a file that does not exist yet to have one made")
+                          "digits)")
     return key
 
 
@@ -77,10 +99,18 @@ class Reissue:
         """Old record_hash -> new, for every record and tombstone whose hash changes."""
         self._gate: dict[str, str] = {}
         """Old record id -> the content hash its gate decision holds now (a commitment)."""
+        self._held: set[str] = set()
+        """Every record id the bundle holds (records and tombstones)."""
 
     def _derive(self, purpose: str, old_id: str) -> str:
         return hmac.new(self._key, f"engram-reissue-{purpose}\x1f{old_id}".encode(),
                         hashlib.sha256).hexdigest()
+
+    def _absent_id(self, record_id: str) -> str:
+        """A record the bundle does not hold (a write refused or never stored, an original
+        retention removed), named by a decision or a summary: it may be format 1, and nothing
+        tells, so its id is replaced alike; nothing left can be checked against it."""
+        return self._derive("id", record_id)[:records.ID_HEX_LEN]
 
     def plan(self, reader: BundleReader) -> None:
         """Reads the bundle's tombstones and records twice: their new ids first (a reference
@@ -88,6 +118,7 @@ class Reissue:
         originals' hashes, and they were written before it)."""
         for kind, message in (("tombstones", spb.RecordTombstone), ("records", spb.Record)):
             for item in _items(reader, kind, message):
+                self._held.add(item.id)
                 if (item.format or 1) == 1:
                     self.ids[item.id] = self._derive("id", item.id)[:records.ID_HEX_LEN]
         for tombstone in _items(reader, "tombstones", spb.RecordTombstone):
@@ -109,9 +140,9 @@ class Reissue:
 
         content = message.content
         for before, after in zip(message.cross_refs, refs, strict=True):
-            if before != after:  # the text names the record it refers to (shard:<id>)
-                content = content.replace(before.removeprefix(_RECORD_REF),
-                                          after.removeprefix(_RECORD_REF))
+            if before != after:  # the text names it (shard:<id>, in any case: ids are hex)
+                content = re.sub(re.escape(before.removeprefix(_RECORD_REF)),
+                                 after.removeprefix(_RECORD_REF), content, flags=re.IGNORECASE)
         record = replace(record_from_proto(message), cross_refs=tuple(refs), metadata=metadata,
                          content=content, content_hash=records.content_hash(content))
         if legacy:
@@ -140,15 +171,20 @@ class Reissue:
             return metadata
         try:
             replaced = json.loads(metadata["replaces"])
-            renamed = [{"id": self.ids.get(str(item["id"]), str(item["id"])),
-                        "record_hash": self._hashes.get(str(item["record_hash"]),
-                                                        str(item["record_hash"]))}
+            renamed = [self._replaced(str(item["id"]), str(item["record_hash"]))
                        for item in replaced]
         except (ValueError, TypeError, KeyError):
             return metadata
         if renamed != replaced:
             metadata["replaces"] = json.dumps(renamed, separators=(",", ":"))
         return metadata
+
+    def _replaced(self, record_id: str, record_hash: str) -> dict[str, str]:
+        if record_id not in self._held:  # removed since: its derived id and hash go too
+            return {"id": self._absent_id(record_id),
+                    "record_hash": self._derive("hash", record_hash)}
+        return {"id": self.ids.get(record_id, record_id),
+                "record_hash": self._hashes.get(record_hash, record_hash)}
 
     def tombstone(self, message: spb.RecordTombstone, *,
                   planning: bool = False) -> spb.RecordTombstone:
@@ -173,29 +209,41 @@ class Reissue:
         return tombstone_to_proto(tombstone)
 
     def decision(self, message: gpb.GateDecision) -> gpb.GateDecision:
-        """A decision names the record it admitted and the hash it judged: both follow."""
-        if message.record_id not in self.ids and message.record_id not in self._gate:
+        """A decision names the record it admitted and the hash it judged: both follow. One
+        naming a record the bundle does not hold (refused, never stored, removed) gets an id
+        and a hash derived under the key: its text is not here to commit to."""
+        held = message.record_id in self._held
+        if held and message.record_id not in self._gate:
             return message
         renamed = gpb.GateDecision()
         renamed.CopyFrom(message)
-        renamed.record_id = self.ids.get(message.record_id, message.record_id)
-        if message.record_id in self._gate:
+        if held:
+            renamed.record_id = self.ids.get(message.record_id, message.record_id)
             renamed.content_hash = self._gate[message.record_id]
+        else:
+            renamed.record_id = self._absent_id(message.record_id)
+            renamed.content_hash = self._derive("commitment", message.content_hash)
         return renamed
 
     def erasure(self, message: gpb.Erasure) -> gpb.Erasure:
         """An erasure lists each record it erased by id and kept leaf, and an erasure of one
-        record names it as its selector: all follow."""
+        record names it as its selector: all follow (one the bundle does not hold, alike)."""
         renamed = gpb.Erasure()
         renamed.CopyFrom(message)
         if renamed.selector_kind == "record":
-            renamed.selector_value = self.ids.get(renamed.selector_value,
-                                                  renamed.selector_value)
+            renamed.selector_value = self._renamed_id(renamed.selector_value)
         for item in renamed.items:
             if item.kind in _RECORD_KINDS:
-                item.id = self.ids.get(item.id, item.id)
-                item.leaf_hash = self._hashes.get(item.leaf_hash, item.leaf_hash)
+                held = item.id in self._held
+                item.id = self._renamed_id(item.id)
+                item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
+                                  else self._derive("hash", item.leaf_hash))
         return renamed
+
+    def _renamed_id(self, record_id: str) -> str:
+        if record_id not in self._held:
+            return self._absent_id(record_id)
+        return self.ids.get(record_id, record_id)
 
     def id_map(self) -> Iterator[dict[str, str]]:
         for old, new in sorted(self.ids.items()):

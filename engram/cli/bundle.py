@@ -124,10 +124,14 @@ def import_bundle(
     reissue_key: Path | None = typer.Option(
         None, "--reissue-ids", dir_okay=False, metavar="KEYFILE",
         help="give records written before format 2 (ids derived from their text) new ids and "
-             "salted commitments, and rename every reference to them; KEYFILE holds the key "
-             "the new ids derive from (made if missing; the same key makes a re-run change "
-             "nothing). Delete KEYFILE once the import is complete: with it an erased text "
-             "can be checked against a guess again"),
+             "salted commitments, and rename every reference to them (a bundle of the whole "
+             "fleet); KEYFILE holds the key the new ids derive from (--new-reissue-key makes "
+             "it; a re-run with the same key changes nothing). Delete KEYFILE once the import "
+             "is complete: with it an erased text can be checked against a guess again"),
+    new_key: bool = typer.Option(
+        False, "--new-reissue-key",
+        help="with --reissue-ids, make KEYFILE (it must not exist): for the first import only; "
+             "a second key would import every re-addressed record again under other ids"),
     id_map: Path | None = typer.Option(
         None, "--id-map", dir_okay=False,
         help="with --reissue-ids, write each re-addressed record's old and new id here (JSON "
@@ -145,12 +149,12 @@ def import_bundle(
     re-hashed), manifests, evidence, events (the hash chain must extend), snapshots, and
     iteration logs (docs/bundle.md). Running it again changes nothing; after an interruption
     it completes what is missing. --json adds each step's seconds."""
-    if id_map is not None and reissue_key is None:
-        raise fail("--id-map lists the ids --reissue-ids gives; name a key file with "
-                   "--reissue-ids", code=2)
+    if (id_map is not None or new_key) and reissue_key is None:
+        raise fail("--id-map and --new-reissue-key go with --reissue-ids KEYFILE", code=2)
     started = time.perf_counter()
     with rpc_errors(as_json), _progress(as_json) as progress, _bundle_errors(as_json):
-        reissue = _reissue(reissue_key) if reissue_key is not None else None  # before calls
+        reissue = (_reissue(reissue_key, new_key) if reissue_key is not None
+                   else None)  # before any call: a bad key file stops the import first
         clients = open_clients(cli_settings())
         try:
             with BundleReader(bundle) as reader:
@@ -202,10 +206,12 @@ def _bundle_errors(as_json: bool) -> Iterator[None]:
         raise fail(str(error)) from None
 
 
-def _reissue(key_file: Path) -> Reissue:
+def _reissue(key_file: Path, new_key: bool) -> Reissue:
     with server_extra("import-bundle --reissue-ids"):  # it hashes records as the shard does
-        from engram.bundle.reissue import Reissue, load_key
+        from engram.bundle.reissue import Reissue, load_key, make_key
 
+        if new_key:
+            make_key(key_file)
         return Reissue(load_key(key_file))
 
 
@@ -213,13 +219,19 @@ def _write_id_map(path: Path, reissue: Reissue) -> None:
     """Old and new id of each re-addressed record, a JSON object a line, readable by its
     owner only, written whole or not at all."""
     partial = path.with_name(path.name + ".partial")
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        for pair in reissue.id_map():
-            out.write(json.dumps(pair, sort_keys=True) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(partial, path)
+    try:
+        partial.unlink(missing_ok=True)  # one left behind may be readable by others, or a link
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            for pair in reissue.id_map():
+                out.write(json.dumps(pair, sort_keys=True) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    except OSError as error:
+        raise BundleError(f"the import is complete, but the id map could not be written to "
+                          f"{path}: {error.strerror}; run it again with the same key and "
+                          "another --id-map") from None
 
 
 def register(app: typer.Typer) -> None:

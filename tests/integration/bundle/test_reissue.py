@@ -83,8 +83,10 @@ def test_records_written_before_format_2_are_re_addressed_on_import(
     (tmp_path / "b").mkdir()
     with full_stack(tmp_path / "b", engram_home, make_token) as target:
         with cli_for(target, admin, monkeypatch) as run:
+            refused = run("import-bundle", str(bundle), "--reissue-ids", str(key), code=1)
+            assert "--new-reissue-key" in refused["error"]["message"]  # never made unasked
             first = run("import-bundle", str(bundle), "--reissue-ids", str(key),
-                        "--id-map", str(id_map))
+                        "--new-reissue-key", "--id-map", str(id_map))
             assert first["reissued"] == 3
             assert (first["created"]["records"], first["created"]["tombstones"]) == (3, 1)
             renamed = {row["old"]: row["new"] for row in map(json.loads,
@@ -123,16 +125,42 @@ def test_records_written_before_format_2_are_re_addressed_on_import(
         assert files_holding(tmp_path / "b", needles) == {}
 
 
+def test_a_run_bundle_is_refused_with_nothing_imported(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's bundle holds erasures and references naming other runs' records, which it cannot
+    rename (found in review: their derived ids were left, and a second run's bundle then
+    conflicted on the shared erasure)."""
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, key = tmp_path / "r.bundle", tmp_path / "k"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        plant_legacy(origin, admin)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "--run", "run-1", "-o", str(bundle))
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            refused = run("import-bundle", str(bundle), "--reissue-ids", str(key),
+                          "--new-reissue-key", code=1)
+            assert "needs a bundle of the whole fleet" in refused["error"]["message"]
+        with ShardClient(target.shard.address, admin) as shard:
+            assert list(shard.list()) == []
+        with GovernanceClient(target.governance.address, admin) as gov:
+            assert list(gov.decisions(fleet_id=FLEET)) == []
+
+
 def test_id_map_needs_reissue_ids_and_a_key_file_must_hold_a_key(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", FLEET, ADMIN)
     bundle, bad_key = tmp_path / "f.bundle", tmp_path / "bad.key"
     bad_key.write_text("not a key\n")
+    bad_key.chmod(0o600)
     with full_stack(tmp_path / "a", engram_home, make_token) as origin:
         with cli_for(origin, admin, monkeypatch) as run:
             run("export", "--fleet", FLEET, "-o", str(bundle))
             run("import-bundle", str(bundle), "--id-map", str(tmp_path / "m"), code=2)
+            run("import-bundle", str(bundle), "--new-reissue-key", code=2)
             refused = run("import-bundle", str(bundle), "--reissue-ids", str(bad_key), code=1)
             assert "does not hold a reissue key" in refused["error"]["message"]
         assert not (tmp_path / "m").exists()

@@ -13,7 +13,7 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from engram.bundle.format import BundleError
-from engram.bundle.reissue import Reissue, load_key
+from engram.bundle.reissue import Reissue, load_key, make_key
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.shard.domain import records
 from services.shard.domain.compaction import SUMMARY_SOURCE
@@ -106,12 +106,92 @@ def test_the_same_key_gives_the_same_items_and_another_key_others() -> None:
     assert made[2].id != made[0].id and made[2].salt != made[0].salt
 
 
-def test_a_key_file_is_made_for_its_owner_alone_and_a_bad_one_refused(tmp_path: Path) -> None:
+def test_a_key_is_made_only_on_request_for_its_owner_alone(tmp_path: Path) -> None:
     path = tmp_path / "reissue.key"
+    with pytest.raises(BundleError, match="--new-reissue-key"):  # never made unasked
+        load_key(path)
+    make_key(path)
     key = load_key(path)
     assert len(key) == 32 and load_key(path) == key
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for text in ("", "zz" * 32, "ab" * 31):
-        path.write_text(text)
-        with pytest.raises(BundleError, match="does not hold a reissue key"):
-            load_key(path)
+    with pytest.raises(BundleError, match="exists"):  # a second key is never made over one
+        make_key(path)
+    path.chmod(0o644)
+    with pytest.raises(BundleError, match="chmod 600"):
+        load_key(path)
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BundleError):  # a link is not followed to make a key
+        make_key(link)
+
+
+@pytest.mark.parametrize("content", [b"", b"zz" * 32, b"ab" * 31, "é".encode() * 32,
+                                     b"\xff" * 64])
+def test_a_file_that_holds_no_key_is_refused(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "reissue.key"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    with pytest.raises(BundleError, match="does not hold a reissue key"):
+        load_key(path)
+
+
+def test_what_names_a_record_the_bundle_does_not_hold_is_renamed_too() -> None:
+    """A refused write's decision, an original retention removed (named by its summary and
+    its decision), an erasure item of a record not here: any may be format 1, so none keeps
+    the id or hash it had (found in review: decisions kept derived ids and plain SHA-256)."""
+    gone = legacy("an original retention removed", 500)
+    replaced = json.dumps([{"id": gone.id, "record_hash": gone.record_hash}],
+                          separators=(",", ":"))
+    summary = current(legacy("summary", 2_000), source=SUMMARY_SOURCE,
+                      metadata={"replaces": replaced})
+    plain = current(legacy("a note written since", 3_000))
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(records=[record_to_proto(summary),  # type: ignore[arg-type]
+                               record_to_proto(plain)]))
+    new_summary = record_from_proto(reissue.record(record_to_proto(summary)))
+    (named,) = json.loads(new_summary.metadata["replaces"])
+    decided = reissue.decision(gpb.GateDecision(record_id=gone.id,
+                                                content_hash=gone.content_hash))
+    assert decided.record_id == named["id"] != gone.id
+    assert decided.content_hash != gone.content_hash
+    assert named["record_hash"] != gone.record_hash
+    erasure = reissue.erasure(gpb.Erasure(items=[gpb.ErasedItem(
+        kind="record", id=gone.id, leaf_hash=gone.record_hash)]))
+    assert (erasure.items[0].id, erasure.items[0].leaf_hash) == (
+        named["id"], named["record_hash"])
+    # A format-2 record the bundle holds, unchanged, keeps its decision as it was.
+    kept = gpb.GateDecision(record_id=plain.id, content_hash=plain.body_commitment)
+    assert reissue.decision(kept) == kept
+    assert reissue.record(record_to_proto(plain)) == record_to_proto(plain)
+
+
+def test_a_reference_in_capitals_is_renamed_in_the_text() -> None:
+    target = legacy("the target", 1_000)
+    naming = current(legacy(f"see shard:{target.id.upper()} and shard:{target.id}", 2_000,
+                            (f"record:{target.id}",)))
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(records=[record_to_proto(target), record_to_proto(naming)]))  # type: ignore[arg-type]
+    text = reissue.record(record_to_proto(naming)).content
+    assert target.id not in text.lower()
+    assert text.count(reissue.ids[target.id]) == 2
+
+
+def test_the_id_map_is_its_owner_s_alone_whatever_was_left_before(tmp_path: Path) -> None:
+    """A partial file left by an earlier attempt kept its mode (0644), and a link there was
+    followed (found in review)."""
+    from engram.cli.bundle import _write_id_map
+
+    path = tmp_path / "ids.jsonl"
+    partial = tmp_path / "ids.jsonl.partial"
+    partial.write_text("left\n")
+    partial.chmod(0o644)
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(records=[record_to_proto(legacy("a lesson", 1_000))]))  # type: ignore[arg-type]
+    _write_id_map(path, reissue)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not partial.exists()
+    assert [json.loads(line)["new"] for line in path.read_text().splitlines()] == list(
+        reissue.ids.values())
+    elsewhere = tmp_path / "elsewhere"
+    partial.symlink_to(elsewhere)
+    _write_id_map(path, reissue)
+    assert not elsewhere.exists()
