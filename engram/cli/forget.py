@@ -311,8 +311,9 @@ def _warn_left(left: list[str], legacy: list[str], derived: list[str]) -> None:
         err_console.print(f"[yellow]{len(derived)} record(s) or manifest(s) stored before "
                           f"format 2 ({', '.join(derived[:10])}{' …' if len(derived) > 10 else ''}"
                           "): their content goes, but their ids and hashes derive from it, so "
-                          "a guess of the exact text can be checked against what is left "
-                          "(docs/erasure.md)[/yellow]")
+                          "a guess of the exact text can be checked against what is left; "
+                          "moving the fleet to a fresh instance with engram import-bundle "
+                          "--reissue-ids re-addresses the records (docs/bundle.md)[/yellow]")
 
 
 def _erase_matching(services: _Services, text: str, fleet: str, reason: str, dry_run: bool,
