@@ -116,7 +116,7 @@ class Importer:
             began = time.perf_counter()
             self.progress("re-addressing", 0, 0)
             self.reissue.plan(reader)
-            report.reissued = len(self.reissue.ids)
+            report.reissued = len(self.reissue.ids) + len(self.reissue.runs.manifests)
             report.seconds["re-addressing"] = round(time.perf_counter() - began, 3)
         steps: list[tuple[str, Callable[[], None]]] = [
             ("rules", lambda: self._rules(reader, report, fleet)),
@@ -304,8 +304,12 @@ class Importer:
 
     def _run_items(self, reader: BundleReader, report: ImportReport, kind: str,
                    message: type[Any]) -> None:
+        rewrite = None
+        if self.reissue is not None and kind != "evidence":
+            rewrite = getattr(self.reissue.runs, kind.removesuffix("s"))
         self._batched(reader, report, kind, message,
-                      lambda batch: self.clients.artifacts.import_run_items(**{kind: batch}))
+                      lambda batch: self.clients.artifacts.import_run_items(**{kind: batch}),
+                      rewrite=rewrite)
 
     def _batched(self, reader: BundleReader, report: ImportReport, kind: str,
                  message: type[Any], send: Callable[[list[Any]], Any], *,

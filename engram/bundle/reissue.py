@@ -21,9 +21,9 @@ The new ids and salts are HMAC-SHA-256 of the old id under a key (``--reissue-id
 same items and changes nothing. The key, and the id map the CLI can write, tie each new id to
 the old one: keep them only until the import is complete and checked, then delete them.
 
-Not re-addressed: events, snapshots and manifests of format 1 (the artifacts service's), the
-compactor's format-1 warm lines, and decisions' request ids (a decision's id derives from
-its request id).
+The artifacts service's format-1 manifests, events and snapshots are re-addressed by
+:mod:`engram.bundle.reissue_runs`. Not re-addressed: the compactor's format-1 warm lines, and
+decisions' request ids (a decision's id derives from its request id).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle.format import BundleError, BundleReader, parse_row
+from engram.bundle.reissue_runs import RunItems
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 from services.shard.domain import records
@@ -101,6 +103,8 @@ class Reissue:
         """Old record id -> the content hash its gate decision holds now (a commitment)."""
         self._held: set[str] = set()
         """Every record id the bundle holds (records and tombstones)."""
+        self.runs = RunItems(self._derive)
+        """The artifacts service's manifests, events and snapshots."""
 
     def _derive(self, purpose: str, old_id: str) -> str:
         return hmac.new(self._key, f"engram-reissue-{purpose}\x1f{old_id}".encode(),
@@ -125,6 +129,9 @@ class Reissue:
             self.tombstone(tombstone, planning=True)
         for record in _items(reader, "records", spb.Record):
             self.record(record, planning=True)
+        self.runs.plan_manifests(_items(reader, "manifests", apb.Manifest))
+        self.runs.plan_events(_items(reader, "events", apb.Event))
+        self.runs.plan_snapshots(_items(reader, "snapshots", apb.Snapshot))
 
     def record(self, message: spb.Record, *, planning: bool = False) -> spb.Record:
         """``message`` as it is imported: a format-1 record re-addressed, any record's
@@ -238,6 +245,8 @@ class Reissue:
                 item.id = self._renamed_id(item.id)
                 item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
                                   else self._derive("hash", item.leaf_hash))
+            else:
+                self.runs.erased_item(item)
         return renamed
 
     def _renamed_id(self, record_id: str) -> str:
@@ -246,7 +255,9 @@ class Reissue:
         return self.ids.get(record_id, record_id)
 
     def id_map(self) -> Iterator[dict[str, str]]:
-        for old, new in sorted(self.ids.items()):
+        """Each re-addressed record's and manifest's old and new id."""
+        renamed = {**self.ids, **self.runs.manifests}
+        for old, new in sorted(renamed.items()):
             yield {"old": old, "new": new}
 
 

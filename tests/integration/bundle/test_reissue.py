@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.client import EngramRpcError, ShardClient
+from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
+from services.artifacts.domain import chain
+from services.artifacts.domain.chain import manifest_id, sha256_text
 from services.governance.domain.decisions import decision_id
 from services.shard.domain import records
 from services.shard.servicer import record_to_proto
@@ -164,3 +168,73 @@ def test_id_map_needs_reissue_ids_and_a_key_file_must_hold_a_key(
             refused = run("import-bundle", str(bundle), "--reissue-ids", str(bad_key), code=1)
             assert "does not hold a reissue key" in refused["error"]["message"]
         assert not (tmp_path / "m").exists()
+
+
+def plant_legacy_run(stack: FullStack, admin: str) -> dict[str, str]:
+    """A run whose manifest, first two events and snapshot were stored before salted
+    commitments (format 1), then a format-2 event on top, as the upgrade found it; the
+    derived and plain hashes a guess could be checked against, by name."""
+    manifest = '{"window":["zqx old window"]}'
+    payloads = ['{"said":"zqx old payload one"}', '{"said":"zqx old payload two"}']
+    state = '{"zqx":"old state"}'
+    created = Timestamp(seconds=1_700_000_000)
+    with ArtifactsClient(stack.artifacts.address, admin) as art:
+        art.start_run("run-old")
+        old_manifest = apb.Manifest(
+            manifest_id=manifest_id(manifest), run_id="run-old", content_json=manifest,
+            content_hash=sha256_text(manifest), create_time=created)
+        events, prev = [], chain.GENESIS
+        for seq, payload in enumerate(payloads, 1):
+            link = chain.event_hash(
+                prev_hash=prev, run_id="run-old", seq=seq, type="tool.called",
+                payload_json=payload, manifest_id=old_manifest.manifest_id, artifact_ids=(),
+                agent_id="op", created_us=created.ToMicroseconds())
+            events.append(apb.Event(run_id="run-old", seq=seq, type="tool.called",
+                                    payload_json=payload, manifest_id=old_manifest.manifest_id,
+                                    create_time=created, prev_hash=prev, hash=link,
+                                    agent_id="op", format=1))
+            prev = link
+        snapshot = apb.Snapshot(snapshot_id="snap_" + "5" * 32, run_id="run-old", seq=2,
+                                state_json=state, state_hash=sha256_text(state),
+                                manifest_id=old_manifest.manifest_id, create_time=created,
+                                format=1)
+        art.import_run_items(manifests=[old_manifest], events=events, snapshots=[snapshot])
+        art.append_event("run-old", "note", {"said": "zqx written since"})
+    return {"manifest id": old_manifest.manifest_id, "manifest sha": sha256_text(manifest),
+            "event 1": events[0].hash, "event 2": events[1].hash,
+            "payload sha": sha256_text(payloads[0]), "state sha": sha256_text(state)}
+
+
+def test_a_run_s_format_1_items_are_re_addressed_and_its_chain_derived_again(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, key, id_map = tmp_path / "f.bundle", tmp_path / "k", tmp_path / "ids.jsonl"
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
+        old = plant_legacy_run(origin, admin)
+        with cli_for(origin, admin, monkeypatch) as run:
+            # the format-2 event on top is erased in place: its tombstone must follow the chain
+            assert run("forget", "--match", "zqx written since")["events_erased"] == 1
+            run("export", "--fleet", FLEET, "-o", str(bundle))
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token, governed=True) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            first = run("import-bundle", str(bundle), "--reissue-ids", str(key),
+                        "--new-reissue-key", "--id-map", str(id_map))
+            assert first["created"]["events"] == 3 and first["reissued"] == 1
+            verified = run("artifacts", "verify")
+            assert not [v for k, v in verified.items() if k.endswith("roblems") and v], verified
+            assert run("events", "verify", "run-old")["tombstoned"] == 1  # the chain holds
+            again = run("import-bundle", str(bundle), "--reissue-ids", str(key))
+            assert not any(again["created"].get(k) for k in ("manifests", "events", "snapshots"))
+        renamed = {row["old"]: row["new"]
+                   for row in map(json.loads, id_map.read_text().splitlines())}
+        with ArtifactsClient(target.artifacts.address, admin) as art:
+            events = list(art.list_events("run-old"))
+            assert [e.format for e in events] == [2, 2, 2]
+            assert {e.manifest_id for e in events[:2]} == {renamed[old["manifest id"]]}
+            assert events[2].erasure_id and not events[2].payload_json  # still a tombstone
+            manifest = art.get_manifest(renamed[old["manifest id"]])
+            assert manifest.format == 2 and manifest.content_hash != old["manifest sha"]
+        needles = [value.encode() for value in old.values()]
+        assert files_holding(tmp_path / "b", needles) == {}

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 from google.protobuf.json_format import MessageToDict
+from google.protobuf.timestamp_pb2 import Timestamp
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.bundle.format import BundleError
 from engram.bundle.reissue import Reissue, load_key, make_key
 from engram.governance.v1 import governance_service_pb2 as gpb
+from services.artifacts.domain import chain
 from services.shard.domain import records
 from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.servicer import (
@@ -195,3 +198,30 @@ def test_the_id_map_is_its_owner_s_alone_whatever_was_left_before(tmp_path: Path
     partial.symlink_to(elsewhere)
     _write_id_map(path, reissue)
     assert not elsewhere.exists()
+
+
+def test_an_erasure_s_run_items_follow_the_chain_derived_again() -> None:
+    """A run item's leaf is its run's head: a held run's becomes its new head; a run erased
+    whole (not in the bundle) may have had a format-1 head, so its leaf is derived under the
+    key; an empty run's leaf stays; a manifest erased (not here) gets a derived id and leaf."""
+    created = Timestamp(seconds=1_700_000_000)
+    link = chain.event_hash(prev_hash="", run_id="r", seq=1, type="t", payload_json="{}",
+                            manifest_id="", artifact_ids=(), agent_id="a",
+                            created_us=created.ToMicroseconds())
+    event = apb.Event(run_id="r", seq=1, type="t", payload_json="{}", create_time=created,
+                      hash=link, agent_id="a", format=1)
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(events=[event]))  # type: ignore[arg-type]
+    new_head = reissue.runs.event(event).hash
+    assert new_head != link
+    erasure = reissue.erasure(gpb.Erasure(items=[
+        gpb.ErasedItem(kind="run", id="r", leaf_hash=link),
+        gpb.ErasedItem(kind="run", id="gone", leaf_hash="ab" * 32),
+        gpb.ErasedItem(kind="run", id="empty", leaf_hash=chain.EMPTY_RUN_LEAF),
+        gpb.ErasedItem(kind="manifest", id="mf_" + "c" * 40, leaf_hash="cd" * 32)]))
+    held, gone, empty, manifest = erasure.items
+    assert held.leaf_hash == new_head
+    assert gone.leaf_hash not in ("ab" * 32, new_head) and len(gone.leaf_hash) == 64
+    assert empty.leaf_hash == chain.EMPTY_RUN_LEAF
+    assert manifest.id != "mf_" + "c" * 40 and manifest.id.startswith("mf_")
+    assert manifest.leaf_hash != "cd" * 32

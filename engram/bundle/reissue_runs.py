@@ -1,0 +1,143 @@
+"""``--reissue-ids`` for the artifacts service's items: format-1 manifests, events and
+snapshots re-addressed (see :mod:`engram.bundle.reissue`).
+
+A format-1 manifest's id is ``mf_`` and SHA-256 of its content, its ``content_hash`` that
+SHA-256; a format-1 event's hash covers its payload, a format-1 snapshot's ``state_hash`` is
+the SHA-256 of its state. Each becomes format 2 (a salt derived under the key, a commitment):
+a manifest gets a new id of the same form, an event's link covers its payload's commitment,
+and since every later link of the run covers the one before, the run's chain is derived again
+from its first changed event on (a format-2 event erased in place keeps its commitment and
+gets its new link). Events and snapshots naming a re-addressed manifest follow, as do the
+erasures' event, snapshot, manifest and run items (a run's leaf is its head). What an
+erasure lists that the bundle does not hold (a run erased whole, a manifest erased) may be
+format 1 and nothing tells: its leaf, and a manifest's id, are replaced by values derived
+under the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.artifacts.domain import chain
+from services.common.commitment import commitment
+
+Derive = Callable[[str, str], str]
+M = TypeVar("M", apb.Manifest, apb.Event, apb.Snapshot)
+
+
+def _copy(message: M) -> M:
+    copy = type(message)()
+    copy.CopyFrom(message)
+    return copy
+
+
+class RunItems:
+    """Plans (``plan_*``, in the bundle's order) and rewrites one bundle's run items."""
+
+    def __init__(self, derive: Derive) -> None:
+        self._derive = derive
+        self.manifests: dict[str, str] = {}
+        """Old manifest id -> new, for every format-1 manifest of the bundle."""
+        self._held_manifests: set[str] = set()
+        self._links: dict[tuple[str, int], str] = {}
+        """(run, seq) -> the event's link after re-addressing."""
+        self._hashes: dict[str, str] = {}
+        """Old event hash or snapshot state_hash -> new, where it changed."""
+        self._held_leaves: set[str] = set()
+
+    # -- planning ----------------------------------------------------------------
+
+    def plan_manifests(self, manifests: Iterable[apb.Manifest]) -> None:
+        for manifest in manifests:
+            self._held_manifests.add(manifest.manifest_id)
+            if (manifest.format or 1) == 1:
+                self.manifests[manifest.manifest_id] = self._manifest_id(manifest.manifest_id)
+                self._hashes[manifest.content_hash] = self.manifest(manifest).content_hash
+
+    def plan_events(self, events: Iterable[apb.Event]) -> None:
+        for event in events:
+            self._held_leaves.add(event.hash)
+            new = self.event(event)
+            self._links[(event.run_id, event.seq)] = new.hash
+            if new.hash != event.hash:
+                self._hashes[event.hash] = new.hash
+
+    def plan_snapshots(self, snapshots: Iterable[apb.Snapshot]) -> None:
+        for snapshot in snapshots:
+            self._held_leaves.add(snapshot.state_hash)
+            new = self.snapshot(snapshot)
+            if new.state_hash != snapshot.state_hash:
+                self._hashes[snapshot.state_hash] = new.state_hash
+
+    # -- rewriting ----------------------------------------------------------------
+
+    def _manifest_id(self, old: str) -> str:
+        return "mf_" + self._derive("manifest", old)[:40]
+
+    def _renamed_manifest(self, manifest_id: str) -> str:
+        if not manifest_id or manifest_id in self._held_manifests:
+            return self.manifests.get(manifest_id, manifest_id)
+        return self._manifest_id(manifest_id)  # erased or never here: it may be format 1
+
+    def manifest(self, message: apb.Manifest) -> apb.Manifest:
+        if (message.format or 1) != 1:
+            return message
+        renamed = _copy(message)
+        renamed.manifest_id = self.manifests[message.manifest_id]
+        renamed.format = chain.FORMAT
+        renamed.salt = self._derive("manifest-salt", message.manifest_id)
+        renamed.content_hash = commitment(renamed.salt, message.content_json.encode())
+        return renamed
+
+    def event(self, message: apb.Event) -> apb.Event:
+        """The event with its manifest renamed, format 2, linked to its predecessor's new
+        link (the run's events are planned in order first)."""
+        prev = (chain.GENESIS if message.seq <= 1
+                else self._links.get((message.run_id, message.seq - 1), message.prev_hash))
+        manifest_id = self._renamed_manifest(message.manifest_id)
+        legacy = (message.format or 1) == 1
+        if not legacy and prev == message.prev_hash and manifest_id == message.manifest_id:
+            return message
+        renamed = _copy(message)
+        renamed.manifest_id = manifest_id
+        renamed.prev_hash = prev
+        if legacy:  # never erased in place: its payload is here
+            renamed.format = chain.FORMAT
+            renamed.salt = self._derive("event-salt", f"{message.run_id}:{message.seq}")
+            renamed.payload_commitment = chain.payload_commitment(renamed.salt,
+                                                                  message.payload_json)
+        renamed.hash = chain.event_hash_v2(
+            prev_hash=prev, run_id=renamed.run_id, seq=renamed.seq, type=renamed.type,
+            payload_commitment=renamed.payload_commitment, manifest_id=manifest_id,
+            artifact_ids=tuple(renamed.artifact_ids), agent_id=renamed.agent_id,
+            created_us=renamed.create_time.ToMicroseconds())
+        return renamed
+
+    def snapshot(self, message: apb.Snapshot) -> apb.Snapshot:
+        manifest_id = self._renamed_manifest(message.manifest_id)
+        legacy = (message.format or 1) == 1
+        if not legacy and manifest_id == message.manifest_id:
+            return message
+        renamed = _copy(message)
+        renamed.manifest_id = manifest_id
+        if legacy:  # never erased in place: its state is here
+            renamed.format = chain.FORMAT
+            renamed.salt = self._derive("snapshot-salt", message.snapshot_id)
+            renamed.state_hash = chain.state_commitment(renamed.salt, message.state_json)
+        return renamed
+
+    def erased_item(self, item: gpb.ErasedItem) -> None:
+        """An erasure's event, snapshot, manifest or run item, renamed in place."""
+        if item.kind in ("event", "snapshot", "run"):
+            if item.leaf_hash in self._held_leaves or item.leaf_hash in self._hashes:
+                item.leaf_hash = self._hashes.get(item.leaf_hash, item.leaf_hash)
+            elif item.leaf_hash != chain.EMPTY_RUN_LEAF:
+                item.leaf_hash = self._derive("hash", item.leaf_hash)
+        elif item.kind == "manifest":
+            held = item.id in self._held_manifests
+            item.id = self._renamed_manifest(item.id)
+            item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
+                              else self._derive("hash", item.leaf_hash))
