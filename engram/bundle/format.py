@@ -29,6 +29,8 @@ from typing import IO, Any, Self
 
 from google.protobuf.json_format import ParseDict, ParseError
 
+from engram.compactor.v1 import compactor_service_pb2 as cpb
+
 FORMAT = "engram-bundle/1"
 MANIFEST_PATH = "MANIFEST.json"
 SPOOL_BYTES = 8 * 1024 * 1024
@@ -461,3 +463,13 @@ def parse_row(row: dict[str, Any], message: Any, kind: str) -> Any:
     except ParseError as error:
         raise BundleError(f"a row of {kind} is not a {message.DESCRIPTOR.name}: {error}; "
                           "stopped before it") from None
+
+
+def iteration_row(row: dict[str, Any]) -> tuple[str, cpb.ImportedIteration]:
+    """A row of the iterations part: its run and the ImportedIteration it carries (the summary,
+    and the detail and guardrails when the origin still kept them)."""
+    body = {k: v for k, v in row.items() if k not in ("run_id", "detail_json", "guardrails_json")}
+    return str(row.get("run_id", "")), cpb.ImportedIteration(
+        summary=parse_row(body, cpb.IterationSummary(), "iterations"),
+        detail_json=str(row.get("detail_json", "")),
+        guardrails_json=str(row.get("guardrails_json", "")))

@@ -36,10 +36,10 @@ from engram.bundle.format import (
     BundleReader,
     Manifest,
     blob_path,
+    iteration_row,
     parse_row,
 )
 from engram.client.governance import TIER_NAMES
-from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
 
@@ -335,16 +335,10 @@ class Importer:
         """Each run's iteration log in order, summaries with their hashes and the details the
         origin still kept; the compactor checks every line extends the stored log."""
         created = present = 0
-
-        def imported(row: dict[str, Any]) -> tuple[str, cpb.ImportedIteration]:
-            body = {k: v for k, v in row.items()
-                    if k not in ("run_id", "detail_json", "guardrails_json")}
-            return str(row.get("run_id", "")), cpb.ImportedIteration(
-                summary=parse_row(body, cpb.IterationSummary(), "iterations"),
-                detail_json=str(row.get("detail_json", "")),
-                guardrails_json=str(row.get("guardrails_json", "")))
-
-        rows = (imported(row) for row in reader.rows("iterations"))
+        rows = (iteration_row(row) for row in reader.rows("iterations"))
+        if self.reissue is not None:
+            rows = ((run_id, self.reissue.lines.iteration(run_id, item))
+                    for run_id, item in rows)
         for run_id, group in groupby(rows, key=lambda pair: pair[0]):
             for batch in _batches((item for _, item in group), BATCH, BATCH_BYTES):
                 reply = self.clients.compactor.import_iterations(run_id, batch)

@@ -22,8 +22,9 @@ same items and changes nothing. The key, and the id map the CLI can write, tie e
 the old one: keep them only until the import is complete and checked, then delete them.
 
 The artifacts service's format-1 manifests, events and snapshots are re-addressed by
-:mod:`engram.bundle.reissue_runs`. Not re-addressed: the compactor's format-1 warm lines, and
-decisions' request ids (a decision's id derives from its request id).
+:mod:`engram.bundle.reissue_runs`, the compactor's format-1 warm lines by
+:mod:`engram.bundle.reissue_lines`. Not re-addressed: decisions' request ids (a decision's id
+derives from its request id).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
-from engram.bundle.format import BundleError, BundleReader, parse_row
+from engram.bundle.format import BundleError, BundleReader, iteration_row, parse_row
+from engram.bundle.reissue_lines import IterationLines
 from engram.bundle.reissue_runs import RunItems
 from engram.governance.v1 import governance_service_pb2 as gpb
 from engram.shard.v1 import shard_service_pb2 as spb
@@ -105,6 +107,8 @@ class Reissue:
         """Every record id the bundle holds (records and tombstones)."""
         self.runs = RunItems(self._derive)
         """The artifacts service's manifests, events and snapshots."""
+        self.lines = IterationLines(self._derive)
+        """The compactor's warm lines."""
 
     def _derive(self, purpose: str, old_id: str) -> str:
         return hmac.new(self._key, f"engram-reissue-{purpose}\x1f{old_id}".encode(),
@@ -132,6 +136,7 @@ class Reissue:
         self.runs.plan_manifests(_items(reader, "manifests", apb.Manifest))
         self.runs.plan_events(_items(reader, "events", apb.Event))
         self.runs.plan_snapshots(_items(reader, "snapshots", apb.Snapshot))
+        self.lines.plan(iteration_row(row) for row in reader.rows("iterations"))
 
     def record(self, message: spb.Record, *, planning: bool = False) -> spb.Record:
         """``message`` as it is imported: a format-1 record re-addressed, any record's
@@ -245,6 +250,8 @@ class Reissue:
                 item.id = self._renamed_id(item.id)
                 item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
                                   else self._derive("hash", item.leaf_hash))
+            elif item.kind == "iterations":
+                self.lines.erased_item(item)
             else:
                 self.runs.erased_item(item)
         return renamed

@@ -15,10 +15,14 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.artifacts.domain import chain
 from services.artifacts.domain.chain import manifest_id, sha256_text
+from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
+from services.compactor.servicer import summary_pb
 from services.governance.domain.decisions import decision_id
 from services.shard.domain import records
 from services.shard.servicer import record_to_proto
@@ -238,3 +242,54 @@ def test_a_run_s_format_1_items_are_re_addressed_and_its_chain_derived_again(
             assert manifest.format == 2 and manifest.content_hash != old["manifest sha"]
         needles = [value.encode() for value in old.values()]
         assert files_holding(tmp_path / "b", needles) == {}
+
+
+def plant_legacy_log(stack: FullStack, admin: str, agent: str) -> dict[str, str]:
+    """An iteration log whose first two lines were recorded before salted commitments (format
+    1; the first with its detail, the second's detail gone), then a format-2 line on top."""
+    prev, items, old = genesis_hash(FLEET, "log-old"), [], {}
+    for n, detail in ((1, '{"zqx":"old detail one"}'), (2, '{"zqx":"old detail two"}')):
+        item = IterationInput(
+            iteration=n, plan_digest=f"p{n}", parent_digest="", start_ts="", end_ts="",
+            files_touched=1, net_add=2, net_del=0, risk_score=0.1, status="ok",
+            detail_json=detail, guardrails_json="[]")
+        line = WarmLine.chained(item, n, prev)  # no salt: format 1
+        items.append(cpb.ImportedIteration(
+            summary=summary_pb(line), detail_json=detail if n == 1 else "",
+            guardrails_json="[]" if n == 1 else ""))
+        old[f"line {n}"], old[f"detail {n} sha"] = line.hash, line.detail_digest
+        prev = line.hash
+    with ArtifactsClient(stack.artifacts.address, admin) as art:
+        art.start_run("log-old")  # a bundle carries the iteration logs of the fleet's runs
+    with CompactorClient(stack.compactor.address, admin) as comp:
+        assert comp.import_iterations("log-old", items).created == 2
+    with CompactorClient(stack.compactor.address, agent) as comp:
+        comp.record("log-old", iteration_from_json({"planDigest": "p3", "status": "ok",
+                                                    "detail": {"n": 3}}))
+    return old
+
+
+def test_an_iteration_log_s_format_1_lines_are_re_addressed_and_its_chain_derived_again(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, key = tmp_path / "f.bundle", tmp_path / "k"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        old = plant_legacy_log(origin, admin, make_token(AGENT, FLEET))
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "-o", str(bundle))
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        with cli_for(target, admin, monkeypatch) as run:
+            first = run("import-bundle", str(bundle), "--reissue-ids", str(key),
+                        "--new-reissue-key")
+            assert first["created"]["iterations"] == 3
+            again = run("import-bundle", str(bundle), "--reissue-ids", str(key))
+            assert not again["created"].get("iterations")
+        with CompactorClient(target.compactor.address, admin) as comp:
+            verified = comp.verify("log-old")
+            assert verified.ok and verified.lines_checked == 3, verified
+            lines = [comp.reconstruct("log-old", n) for n in (1, 2, 3)]
+            assert [r.summary.format for r in lines] == [2, 2, 2]
+            assert lines[0].detail_json == '{"zqx":"old detail one"}'  # still checks out
+        assert files_holding(tmp_path / "b", [v.encode() for v in old.values()]) == {}

@@ -14,10 +14,12 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
-from engram.bundle.format import BundleError
+from engram.bundle.format import BundleError, iteration_row
 from engram.bundle.reissue import Reissue, load_key, make_key
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.artifacts.domain import chain
+from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
+from services.compactor.servicer import summary_pb
 from services.shard.domain import records
 from services.shard.domain.compaction import SUMMARY_SOURCE
 from services.shard.servicer import (
@@ -225,3 +227,20 @@ def test_an_erasure_s_run_items_follow_the_chain_derived_again() -> None:
     assert empty.leaf_hash == chain.EMPTY_RUN_LEAF
     assert manifest.id != "mf_" + "c" * 40 and manifest.id.startswith("mf_")
     assert manifest.leaf_hash != "cd" * 32
+
+
+def test_an_erasure_s_iteration_log_item_follows_the_log_s_new_head() -> None:
+    item = IterationInput(iteration=1, plan_digest="p", parent_digest="", start_ts="",
+                          end_ts="", files_touched=0, net_add=0, net_del=0, risk_score=0.0,
+                          status="ok", detail_json="{}", guardrails_json="[]")
+    line = WarmLine.chained(item, 1, genesis_hash(FLEET, "log"))  # format 1
+    row = {"run_id": "log", **MessageToDict(summary_pb(line), preserving_proto_field_name=True)}
+    reissue = Reissue(KEY)
+    reissue.plan(Rows(iterations=[]))  # type: ignore[arg-type]
+    reissue.lines.plan([iteration_row(row)])
+    new_head = reissue.lines.iteration(*iteration_row(row)).summary.hash
+    erasure = reissue.erasure(gpb.Erasure(items=[
+        gpb.ErasedItem(kind="iterations", id="log", leaf_hash=line.hash),
+        gpb.ErasedItem(kind="iterations", id="gone", leaf_hash="ab" * 32)]))
+    assert erasure.items[0].leaf_hash == new_head != line.hash
+    assert erasure.items[1].leaf_hash not in ("ab" * 32, new_head)

@@ -1,0 +1,84 @@
+"""``--reissue-ids`` for the compactor's iteration logs: format-1 warm lines re-addressed
+(see :mod:`engram.bundle.reissue`).
+
+A format-1 line's ``detailDigest`` is the plain SHA-256 of its iteration's detail and its hash
+covers every field. Each becomes a format-2 line: a salt derived under the key, the seed's
+fields committed to under it, and ``detailDigest`` the detail's commitment where the bundle
+carries the detail (else a value derived under the key: the detail is gone, nothing can be
+checked against it). Each line's hash covers the one before, so a log's chain is derived
+again from its first changed line on, and the erasures' ``iterations`` items (a log's head)
+follow; a log erased whole is not in the bundle, and its leaf is derived under the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from engram.bundle.format import BundleError
+from engram.compactor.v1 import compactor_service_pb2 as cpb
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.common.commitment import commitment
+from services.compactor.domain.warm_chain import IterationInput, WarmLine, detail_content
+from services.compactor.servicer import summary_line, summary_pb
+
+Derive = Callable[[str, str], str]
+
+
+class IterationLines:
+    """Plans (``plan``, in the bundle's order) and rewrites one bundle's warm lines."""
+
+    def __init__(self, derive: Derive) -> None:
+        self._derive = derive
+        self._links: dict[tuple[str, int], str] = {}
+        """(run, iteration) -> the line's hash after re-addressing."""
+        self._heads: dict[str, str] = {}
+        """Old hash -> new, for every line whose hash changes."""
+        self._held: set[str] = set()
+
+    def plan(self, items: Iterable[tuple[str, cpb.ImportedIteration]]) -> None:
+        for run_id, item in items:
+            old = item.summary
+            new = self.iteration(run_id, item).summary
+            self._held.add(old.hash)
+            self._links[(run_id, old.iteration)] = new.hash
+            if new.hash != old.hash:
+                self._heads[old.hash] = new.hash
+
+    def iteration(self, run_id: str, item: cpb.ImportedIteration) -> cpb.ImportedIteration:
+        """The line in format 2, linked to its predecessor's new hash (a run's lines are
+        planned in order first)."""
+        line = summary_line(item.summary)
+        prev = self._links.get((run_id, line.iteration - 1), line.prev_hash)
+        if line.format != 1 and prev == line.prev_hash:
+            return item
+        if line.format == 1:
+            salt = self._derive("line-salt", f"{run_id}:{line.iteration}")
+            try:
+                digest = (commitment(salt, detail_content(item.detail_json,
+                                                          item.guardrails_json))
+                          if item.detail_json else self._derive("commitment", line.detail_digest))
+            except ValueError:
+                raise BundleError(f"iteration {line.iteration} of run {run_id!r} carries a "
+                                  "detail or guardrails that are not JSON; stopped before "
+                                  "it") from None
+            line = WarmLine.chained(IterationInput(
+                iteration=line.iteration, plan_digest=line.plan_digest,
+                parent_digest=line.parent_digest, start_ts=line.start_ts, end_ts=line.end_ts,
+                files_touched=line.files_touched, net_add=line.net_add, net_del=line.net_del,
+                risk_score=line.risk_score, status=line.status, detail_json="",
+                guardrails_json=""), line.iteration, prev, digest=digest, salt=salt)
+        else:
+            line = replace(line, prev_hash=prev)
+            line = replace(line, hash=line.computed_hash())
+        renamed = cpb.ImportedIteration()
+        renamed.CopyFrom(item)
+        renamed.summary.CopyFrom(summary_pb(line))
+        return renamed
+
+    def erased_item(self, item: gpb.ErasedItem) -> None:
+        """An erasure's ``iterations`` item (a log's head), renamed in place."""
+        if item.leaf_hash in self._held or item.leaf_hash in self._heads:
+            item.leaf_hash = self._heads.get(item.leaf_hash, item.leaf_hash)
+        else:
+            item.leaf_hash = self._derive("hash", item.leaf_hash)
