@@ -133,6 +133,8 @@ class Reissue:
             self.tombstone(tombstone, planning=True)
         for record in _items(reader, "records", spb.Record):
             self.record(record, planning=True)
+        self.runs.plan_erasures(_items(reader, "erasures", gpb.Erasure))
+        self.lines.plan_erasures(_items(reader, "erasures", gpb.Erasure))
         self.runs.plan_manifests(_items(reader, "manifests", apb.Manifest))
         self.runs.plan_events(_items(reader, "events", apb.Event))
         self.runs.plan_snapshots(_items(reader, "snapshots", apb.Snapshot))

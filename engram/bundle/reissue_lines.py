@@ -30,34 +30,43 @@ class IterationLines:
 
     def __init__(self, derive: Derive) -> None:
         self._derive = derive
-        self._links: dict[tuple[str, int], str] = {}
-        """(run, iteration) -> the line's hash after re-addressing."""
+        self._named: set[str] = set()
+        """The log heads the bundle's erasures list."""
         self._heads: dict[str, str] = {}
-        """Old hash -> new, for every line whose hash changes."""
-        self._held: set[str] = set()
+        """Those of them the bundle holds -> the head after re-addressing."""
+        self._last: dict[str, tuple[int, str]] = {}
+        """Run -> iteration and new hash of the line rewritten last (a pass walks in order)."""
+
+    def plan_erasures(self, erasures: Iterable[gpb.Erasure]) -> None:
+        for erasure in erasures:
+            self._named.update(item.leaf_hash for item in erasure.items
+                               if item.kind == "iterations")
 
     def plan(self, items: Iterable[tuple[str, cpb.ImportedIteration]]) -> None:
         for run_id, item in items:
-            old = item.summary
             new = self.iteration(run_id, item).summary
-            self._held.add(old.hash)
-            self._links[(run_id, old.iteration)] = new.hash
-            if new.hash != old.hash:
-                self._heads[old.hash] = new.hash
+            if item.summary.hash in self._named:
+                self._heads[item.summary.hash] = new.hash
+        self._last.clear()  # the import's own pass links again from each log's start
 
     def iteration(self, run_id: str, item: cpb.ImportedIteration) -> cpb.ImportedIteration:
         """The line in format 2, linked to its predecessor's new hash (a run's lines are
         planned in order first)."""
         line = summary_line(item.summary)
-        prev = self._links.get((run_id, line.iteration - 1), line.prev_hash)
+        last = self._last.get(run_id)
+        prev = (last[1] if last is not None and last[0] == line.iteration - 1
+                else line.prev_hash)
         if line.format != 1 and prev == line.prev_hash:
+            self._last[run_id] = (line.iteration, line.hash)
             return item
         if line.format == 1:
             salt = self._derive("line-salt", f"{run_id}:{line.iteration}")
             try:
                 digest = (commitment(salt, detail_content(item.detail_json,
                                                           item.guardrails_json))
-                          if item.detail_json else self._derive("commitment", line.detail_digest))
+                          # gone: derived from its place, so equal lost details look unequal
+                          if item.detail_json
+                          else self._derive("commitment", f"{run_id}:{line.iteration}"))
             except ValueError:
                 raise BundleError(f"iteration {line.iteration} of run {run_id!r} carries a "
                                   "detail or guardrails that are not JSON; stopped before "
@@ -74,11 +83,9 @@ class IterationLines:
         renamed = cpb.ImportedIteration()
         renamed.CopyFrom(item)
         renamed.summary.CopyFrom(summary_pb(line))
+        self._last[run_id] = (line.iteration, line.hash)
         return renamed
 
     def erased_item(self, item: gpb.ErasedItem) -> None:
         """An erasure's ``iterations`` item (a log's head), renamed in place."""
-        if item.leaf_hash in self._held or item.leaf_hash in self._heads:
-            item.leaf_hash = self._heads.get(item.leaf_hash, item.leaf_hash)
-        else:
-            item.leaf_hash = self._derive("hash", item.leaf_hash)
+        item.leaf_hash = self._heads.get(item.leaf_hash) or self._derive("hash", item.leaf_hash)

@@ -42,35 +42,42 @@ class RunItems:
         self.manifests: dict[str, str] = {}
         """Old manifest id -> new, for every format-1 manifest of the bundle."""
         self._held_manifests: set[str] = set()
-        self._links: dict[tuple[str, int], str] = {}
-        """(run, seq) -> the event's link after re-addressing."""
-        self._hashes: dict[str, str] = {}
-        """Old event hash or snapshot state_hash -> new, where it changed."""
-        self._held_leaves: set[str] = set()
+        self._manifest_hashes: dict[str, str] = {}
+        """Old content_hash -> new, for every format-1 manifest (an erasure's manifest leaf)."""
+        self._named: set[str] = set()
+        """The event, run and snapshot leaves the bundle's erasures list."""
+        self._leaves: dict[str, str] = {}
+        """Those of them the bundle holds -> their leaf after re-addressing."""
+        self._last: dict[str, tuple[int, str]] = {}
+        """Run -> seq and new link of the event rewritten last (a pass walks runs in order)."""
 
-    # -- planning ----------------------------------------------------------------
+    # -- planning (memory: the manifests, the erasures' leaves, one link a run) ----------
+
+    def plan_erasures(self, erasures: Iterable[gpb.Erasure]) -> None:
+        """First: which leaves to map (an event's or snapshot's of a kept run, a run's head)."""
+        for erasure in erasures:
+            self._named.update(item.leaf_hash for item in erasure.items
+                               if item.kind in ("event", "snapshot", "run"))
 
     def plan_manifests(self, manifests: Iterable[apb.Manifest]) -> None:
         for manifest in manifests:
             self._held_manifests.add(manifest.manifest_id)
             if (manifest.format or 1) == 1:
                 self.manifests[manifest.manifest_id] = self._manifest_id(manifest.manifest_id)
-                self._hashes[manifest.content_hash] = self.manifest(manifest).content_hash
+                self._manifest_hashes[manifest.content_hash] = \
+                    self.manifest(manifest).content_hash
 
     def plan_events(self, events: Iterable[apb.Event]) -> None:
         for event in events:
-            self._held_leaves.add(event.hash)
             new = self.event(event)
-            self._links[(event.run_id, event.seq)] = new.hash
-            if new.hash != event.hash:
-                self._hashes[event.hash] = new.hash
+            if event.hash in self._named:
+                self._leaves[event.hash] = new.hash
+        self._last.clear()  # the import's own pass links again from each run's start
 
     def plan_snapshots(self, snapshots: Iterable[apb.Snapshot]) -> None:
         for snapshot in snapshots:
-            self._held_leaves.add(snapshot.state_hash)
-            new = self.snapshot(snapshot)
-            if new.state_hash != snapshot.state_hash:
-                self._hashes[snapshot.state_hash] = new.state_hash
+            if snapshot.state_hash in self._named:
+                self._leaves[snapshot.state_hash] = self.snapshot(snapshot).state_hash
 
     # -- rewriting ----------------------------------------------------------------
 
@@ -94,12 +101,15 @@ class RunItems:
 
     def event(self, message: apb.Event) -> apb.Event:
         """The event with its manifest renamed, format 2, linked to its predecessor's new
-        link (the run's events are planned in order first)."""
+        link (a pass gives each run's events in order, as the bundle holds them)."""
+        last = self._last.get(message.run_id)
         prev = (chain.GENESIS if message.seq <= 1
-                else self._links.get((message.run_id, message.seq - 1), message.prev_hash))
+                else last[1] if last is not None and last[0] == message.seq - 1
+                else message.prev_hash)
         manifest_id = self._renamed_manifest(message.manifest_id)
         legacy = (message.format or 1) == 1
         if not legacy and prev == message.prev_hash and manifest_id == message.manifest_id:
+            self._last[message.run_id] = (message.seq, message.hash)
             return message
         renamed = _copy(message)
         renamed.manifest_id = manifest_id
@@ -114,6 +124,7 @@ class RunItems:
             payload_commitment=renamed.payload_commitment, manifest_id=manifest_id,
             artifact_ids=tuple(renamed.artifact_ids), agent_id=renamed.agent_id,
             created_us=renamed.create_time.ToMicroseconds())
+        self._last[message.run_id] = (message.seq, renamed.hash)
         return renamed
 
     def snapshot(self, message: apb.Snapshot) -> apb.Snapshot:
@@ -132,12 +143,12 @@ class RunItems:
     def erased_item(self, item: gpb.ErasedItem) -> None:
         """An erasure's event, snapshot, manifest or run item, renamed in place."""
         if item.kind in ("event", "snapshot", "run"):
-            if item.leaf_hash in self._held_leaves or item.leaf_hash in self._hashes:
-                item.leaf_hash = self._hashes.get(item.leaf_hash, item.leaf_hash)
-            elif item.leaf_hash != chain.EMPTY_RUN_LEAF:
+            if item.leaf_hash in self._leaves:
+                item.leaf_hash = self._leaves[item.leaf_hash]
+            elif item.leaf_hash != chain.EMPTY_RUN_LEAF:  # not here: erased whole, or gone
                 item.leaf_hash = self._derive("hash", item.leaf_hash)
         elif item.kind == "manifest":
             held = item.id in self._held_manifests
             item.id = self._renamed_manifest(item.id)
-            item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
+            item.leaf_hash = (self._manifest_hashes.get(item.leaf_hash, item.leaf_hash) if held
                               else self._derive("hash", item.leaf_hash))
