@@ -443,6 +443,10 @@ class BundleReader:
                 raise BundleError(f"{path} line {number} is not a JSON object")
             yield row
 
+    def messages(self, kind: str, message: type[Any]) -> Iterator[Any]:
+        """The rows of one part, each parsed as ``message`` (:func:`parse_row`)."""
+        return (parse_row(row, message(), kind) for row in self.rows(kind))
+
     def blob(self, sha256: str) -> IO[bytes]:
         return self._open(blob_path(sha256))
 

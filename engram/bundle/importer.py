@@ -320,7 +320,7 @@ class Importer:
         counts instead of bytes: an erasure's items), each sent with ``send``; counts what it
         created and what was there already."""
         created = present = 0
-        rows = (parse_row(row, message(), kind) for row in reader.rows(kind))
+        rows = reader.messages(kind, message)
         if rewrite is not None:
             rows = (rewrite(row) for row in rows)
         for batch in (_batches(rows, BATCH, most_items, items) if items is not None

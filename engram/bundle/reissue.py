@@ -38,10 +38,9 @@ import secrets
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
-from engram.bundle.format import BundleError, BundleReader, iteration_row, parse_row
+from engram.bundle.format import BundleError, BundleReader, iteration_row
 from engram.bundle.reissue_lines import IterationLines
 from engram.bundle.reissue_runs import RunItems
 from engram.governance.v1 import governance_service_pb2 as gpb
@@ -114,30 +113,45 @@ class Reissue:
         return hmac.new(self._key, f"engram-reissue-{purpose}\x1f{old_id}".encode(),
                         hashlib.sha256).hexdigest()
 
-    def _absent_id(self, record_id: str) -> str:
-        """A record the bundle does not hold (a write refused or never stored, an original
-        retention removed), named by a decision or a summary: it may be format 1, and nothing
-        tells, so its id is replaced alike; nothing left can be checked against it."""
+    def _new_id(self, record_id: str) -> str:
+        """The id a format-1 record of the bundle gets, and one the bundle does not hold (a
+        write refused or never stored, an original retention removed) named by a decision, a
+        summary or an erasure: it may be format 1, and nothing tells, so it is replaced alike;
+        nothing left can be checked against it."""
         return self._derive("id", record_id)[:records.ID_HEX_LEN]
+
+    def _renamed_id(self, record_id: str) -> str:
+        """A record id as anything naming it must now name it."""
+        if record_id not in self._held:
+            return self._new_id(record_id)
+        return self.ids.get(record_id, record_id)
+
+    def _renamed(self, record_id: str, record_hash: str) -> tuple[str, str]:
+        """A record's id and record_hash as something naming both (an erasure item, a
+        summary's ``replaces``) must now name them; derived under the key if not held."""
+        leaf = (self._hashes.get(record_hash, record_hash) if record_id in self._held
+                else self._derive("hash", record_hash))
+        return self._renamed_id(record_id), leaf
 
     def plan(self, reader: BundleReader) -> None:
         """Reads the bundle's tombstones and records twice: their new ids first (a reference
         may name any of them), then their new hashes, in creation order (a summary names its
         originals' hashes, and they were written before it)."""
         for kind, message in (("tombstones", spb.RecordTombstone), ("records", spb.Record)):
-            for item in _items(reader, kind, message):
+            for item in reader.messages(kind, message):
                 self._held.add(item.id)
                 if (item.format or 1) == 1:
-                    self.ids[item.id] = self._derive("id", item.id)[:records.ID_HEX_LEN]
-        for tombstone in _items(reader, "tombstones", spb.RecordTombstone):
+                    self.ids[item.id] = self._new_id(item.id)
+        for tombstone in reader.messages("tombstones", spb.RecordTombstone):
             self.tombstone(tombstone, planning=True)
-        for record in _items(reader, "records", spb.Record):
+        for record in reader.messages("records", spb.Record):
             self.record(record, planning=True)
-        self.runs.plan_erasures(_items(reader, "erasures", gpb.Erasure))
-        self.lines.plan_erasures(_items(reader, "erasures", gpb.Erasure))
-        self.runs.plan_manifests(_items(reader, "manifests", apb.Manifest))
-        self.runs.plan_events(_items(reader, "events", apb.Event))
-        self.runs.plan_snapshots(_items(reader, "snapshots", apb.Snapshot))
+        for erasure in reader.messages("erasures", gpb.Erasure):  # read once for both
+            self.runs.links.note_erasure(erasure)
+            self.lines.links.note_erasure(erasure)
+        self.runs.plan_manifests(reader.messages("manifests", apb.Manifest))
+        self.runs.plan_events(reader.messages("events", apb.Event))
+        self.runs.plan_snapshots(reader.messages("snapshots", apb.Snapshot))
         self.lines.plan(iteration_row(row) for row in reader.rows("iterations"))
 
     def record(self, message: spb.Record, *, planning: bool = False) -> spb.Record:
@@ -185,20 +199,15 @@ class Reissue:
             return metadata
         try:
             replaced = json.loads(metadata["replaces"])
-            renamed = [self._replaced(str(item["id"]), str(item["record_hash"]))
+            renamed = [dict(zip(("id", "record_hash"),
+                                self._renamed(str(item["id"]), str(item["record_hash"])),
+                                strict=True))
                        for item in replaced]
         except (ValueError, TypeError, KeyError):
             return metadata
         if renamed != replaced:
             metadata["replaces"] = json.dumps(renamed, separators=(",", ":"))
         return metadata
-
-    def _replaced(self, record_id: str, record_hash: str) -> dict[str, str]:
-        if record_id not in self._held:  # removed since: its derived id and hash go too
-            return {"id": self._absent_id(record_id),
-                    "record_hash": self._derive("hash", record_hash)}
-        return {"id": self.ids.get(record_id, record_id),
-                "record_hash": self._hashes.get(record_hash, record_hash)}
 
     def tombstone(self, message: spb.RecordTombstone, *,
                   planning: bool = False) -> spb.RecordTombstone:
@@ -235,7 +244,7 @@ class Reissue:
             renamed.record_id = self.ids.get(message.record_id, message.record_id)
             renamed.content_hash = self._gate[message.record_id]
         else:
-            renamed.record_id = self._absent_id(message.record_id)
+            renamed.record_id = self._new_id(message.record_id)
             renamed.content_hash = self._derive("commitment", message.content_hash)
         return renamed
 
@@ -248,27 +257,15 @@ class Reissue:
             renamed.selector_value = self._renamed_id(renamed.selector_value)
         for item in renamed.items:
             if item.kind in _RECORD_KINDS:
-                held = item.id in self._held
-                item.id = self._renamed_id(item.id)
-                item.leaf_hash = (self._hashes.get(item.leaf_hash, item.leaf_hash) if held
-                                  else self._derive("hash", item.leaf_hash))
+                item.id, item.leaf_hash = self._renamed(item.id, item.leaf_hash)
             elif item.kind == "iterations":
                 self.lines.erased_item(item)
             else:
                 self.runs.erased_item(item)
         return renamed
 
-    def _renamed_id(self, record_id: str) -> str:
-        if record_id not in self._held:
-            return self._absent_id(record_id)
-        return self.ids.get(record_id, record_id)
-
     def id_map(self) -> Iterator[dict[str, str]]:
         """Each re-addressed record's and manifest's old and new id."""
         renamed = {**self.ids, **self.runs.manifests}
         for old, new in sorted(renamed.items()):
             yield {"old": old, "new": new}
-
-
-def _items(reader: BundleReader, kind: str, message: type[Any]) -> Iterator[Any]:
-    return (parse_row(row, message(), kind) for row in reader.rows(kind))

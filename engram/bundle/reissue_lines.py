@@ -12,17 +12,16 @@ follow; a log erased whole is not in the bundle, and its leaf is derived under t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import replace
 
 from engram.bundle.format import BundleError
+from engram.bundle.reissue_chain import ChainLinks, Derive
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.commitment import commitment
 from services.compactor.domain.warm_chain import IterationInput, WarmLine, detail_content
 from services.compactor.servicer import summary_line, summary_pb
-
-Derive = Callable[[str, str], str]
 
 
 class IterationLines:
@@ -30,34 +29,21 @@ class IterationLines:
 
     def __init__(self, derive: Derive) -> None:
         self._derive = derive
-        self._named: set[str] = set()
-        """The log heads the bundle's erasures list."""
-        self._heads: dict[str, str] = {}
-        """Those of them the bundle holds -> the head after re-addressing."""
-        self._last: dict[str, tuple[int, str]] = {}
-        """Run -> iteration and new hash of the line rewritten last (a pass walks in order)."""
-
-    def plan_erasures(self, erasures: Iterable[gpb.Erasure]) -> None:
-        for erasure in erasures:
-            self._named.update(item.leaf_hash for item in erasure.items
-                               if item.kind == "iterations")
+        self.links = ChainLinks(derive, ("iterations",))
+        """Each log's chain (an erasure's ``iterations`` item names its head)."""
 
     def plan(self, items: Iterable[tuple[str, cpb.ImportedIteration]]) -> None:
         for run_id, item in items:
-            new = self.iteration(run_id, item).summary
-            if item.summary.hash in self._named:
-                self._heads[item.summary.hash] = new.hash
-        self._last.clear()  # the import's own pass links again from each log's start
+            self.links.planned(item.summary.hash, self.iteration(run_id, item).summary.hash)
+        self.links.end_pass()
 
     def iteration(self, run_id: str, item: cpb.ImportedIteration) -> cpb.ImportedIteration:
         """The line in format 2, linked to its predecessor's new hash (a run's lines are
         planned in order first)."""
         line = summary_line(item.summary)
-        last = self._last.get(run_id)
-        prev = (last[1] if last is not None and last[0] == line.iteration - 1
-                else line.prev_hash)
+        prev = self.links.prev(run_id, line.iteration, line.prev_hash)
         if line.format != 1 and prev == line.prev_hash:
-            self._last[run_id] = (line.iteration, line.hash)
+            self.links.linked(run_id, line.iteration, line.hash)
             return item
         if line.format == 1:
             salt = self._derive("line-salt", f"{run_id}:{line.iteration}")
@@ -83,9 +69,9 @@ class IterationLines:
         renamed = cpb.ImportedIteration()
         renamed.CopyFrom(item)
         renamed.summary.CopyFrom(summary_pb(line))
-        self._last[run_id] = (line.iteration, line.hash)
+        self.links.linked(run_id, line.iteration, line.hash)
         return renamed
 
     def erased_item(self, item: gpb.ErasedItem) -> None:
         """An erasure's ``iterations`` item (a log's head), renamed in place."""
-        item.leaf_hash = self._heads.get(item.leaf_hash) or self._derive("hash", item.leaf_hash)
+        item.leaf_hash = self.links.leaf(item.leaf_hash)

@@ -16,15 +16,15 @@ under the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TypeVar
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
+from engram.bundle.reissue_chain import ChainLinks, Derive
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.artifacts.domain import chain
 from services.common.commitment import commitment
 
-Derive = Callable[[str, str], str]
 M = TypeVar("M", apb.Manifest, apb.Event, apb.Snapshot)
 
 
@@ -44,20 +44,10 @@ class RunItems:
         self._held_manifests: set[str] = set()
         self._manifest_hashes: dict[str, str] = {}
         """Old content_hash -> new, for every format-1 manifest (an erasure's manifest leaf)."""
-        self._named: set[str] = set()
-        """The event, run and snapshot leaves the bundle's erasures list."""
-        self._leaves: dict[str, str] = {}
-        """Those of them the bundle holds -> their leaf after re-addressing."""
-        self._last: dict[str, tuple[int, str]] = {}
-        """Run -> seq and new link of the event rewritten last (a pass walks runs in order)."""
+        self.links = ChainLinks(derive, ("event", "snapshot", "run"))
+        """Each run's event chain (an event's or snapshot's leaf, a run's head)."""
 
     # -- planning (memory: the manifests, the erasures' leaves, one link a run) ----------
-
-    def plan_erasures(self, erasures: Iterable[gpb.Erasure]) -> None:
-        """First: which leaves to map (an event's or snapshot's of a kept run, a run's head)."""
-        for erasure in erasures:
-            self._named.update(item.leaf_hash for item in erasure.items
-                               if item.kind in ("event", "snapshot", "run"))
 
     def plan_manifests(self, manifests: Iterable[apb.Manifest]) -> None:
         for manifest in manifests:
@@ -69,15 +59,13 @@ class RunItems:
 
     def plan_events(self, events: Iterable[apb.Event]) -> None:
         for event in events:
-            new = self.event(event)
-            if event.hash in self._named:
-                self._leaves[event.hash] = new.hash
-        self._last.clear()  # the import's own pass links again from each run's start
+            self.links.planned(event.hash, self.event(event).hash)
+        self.links.end_pass()
 
     def plan_snapshots(self, snapshots: Iterable[apb.Snapshot]) -> None:
         for snapshot in snapshots:
-            if snapshot.state_hash in self._named:
-                self._leaves[snapshot.state_hash] = self.snapshot(snapshot).state_hash
+            if self.links.lists(snapshot.state_hash):  # none else is named by its leaf
+                self.links.planned(snapshot.state_hash, self.snapshot(snapshot).state_hash)
 
     # -- rewriting ----------------------------------------------------------------
 
@@ -102,14 +90,12 @@ class RunItems:
     def event(self, message: apb.Event) -> apb.Event:
         """The event with its manifest renamed, format 2, linked to its predecessor's new
         link (a pass gives each run's events in order, as the bundle holds them)."""
-        last = self._last.get(message.run_id)
         prev = (chain.GENESIS if message.seq <= 1
-                else last[1] if last is not None and last[0] == message.seq - 1
-                else message.prev_hash)
+                else self.links.prev(message.run_id, message.seq, message.prev_hash))
         manifest_id = self._renamed_manifest(message.manifest_id)
         legacy = (message.format or 1) == 1
         if not legacy and prev == message.prev_hash and manifest_id == message.manifest_id:
-            self._last[message.run_id] = (message.seq, message.hash)
+            self.links.linked(message.run_id, message.seq, message.hash)
             return message
         renamed = _copy(message)
         renamed.manifest_id = manifest_id
@@ -124,7 +110,7 @@ class RunItems:
             payload_commitment=renamed.payload_commitment, manifest_id=manifest_id,
             artifact_ids=tuple(renamed.artifact_ids), agent_id=renamed.agent_id,
             created_us=renamed.create_time.ToMicroseconds())
-        self._last[message.run_id] = (message.seq, renamed.hash)
+        self.links.linked(message.run_id, message.seq, renamed.hash)
         return renamed
 
     def snapshot(self, message: apb.Snapshot) -> apb.Snapshot:
@@ -143,10 +129,7 @@ class RunItems:
     def erased_item(self, item: gpb.ErasedItem) -> None:
         """An erasure's event, snapshot, manifest or run item, renamed in place."""
         if item.kind in ("event", "snapshot", "run"):
-            if item.leaf_hash in self._leaves:
-                item.leaf_hash = self._leaves[item.leaf_hash]
-            elif item.leaf_hash != chain.EMPTY_RUN_LEAF:  # not here: erased whole, or gone
-                item.leaf_hash = self._derive("hash", item.leaf_hash)
+            item.leaf_hash = self.links.leaf(item.leaf_hash, kept=(chain.EMPTY_RUN_LEAF,))
         elif item.kind == "manifest":
             held = item.id in self._held_manifests
             item.id = self._renamed_manifest(item.id)
