@@ -142,7 +142,11 @@ def _paced(stop: threading.Event, interval: float, action: Callable[[], None]) -
 def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
         stack: Stack) -> None:
     metrics_port = free_port()
+    # The harness turns per-agent rate limits off for benchmarks (UNTHROTTLED); this test
+    # needs the defaults on, or "the flooder within its rate limit" checks nothing.
     stack.extra["shard"] = {"ENGRAM_SHARD_ADMISSION": ADMISSION,
+                            "ENGRAM_SHARD_RATE_LIMIT_WRITES": f"{RATE_LIMIT_WRITES:g}",
+                            "ENGRAM_SHARD_RATE_LIMIT_WRITE_BURST": str(RATE_LIMIT_BURST),
                             "ENGRAM_SHARD_METRICS_PORT": str(metrics_port)}
     stack.start("governance")
     stack.start("shard")
