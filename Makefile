@@ -53,12 +53,26 @@ breaking: $(STAMP) ## buf breaking: the contracts against BREAKING_AGAINST (defa
 up: $(STAMP) ## run all services in the foreground on SQLite + local files under $ENGRAM_HOME
 	$(BIN)/engram up
 
+# The front-proxy tests (engram front-config) run nginx; Debian's nginx-light has HTTP/2 and
+# gRPC. Installed only where this runs as root with apt-get; elsewhere those tests skip.
+front-proxy: ## install nginx for the front-proxy tests (Debian's nginx-light; needs root)
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing nginx-light (apt-get) for the front-proxy tests"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nginx-light >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+	         apt-get install -y -q --no-install-recommends nginx-light >/dev/null; } \
+	    || echo "note: nginx-light could not be installed; the front-proxy tests will skip"; \
+	  else \
+	    echo "note: nginx is not installed (needs root and apt-get here); the front-proxy tests will skip"; \
+	  fi; }
+
 TEST_WORKERS ?= 2
-test: $(STAMP) ## run the whole test suite (Python, then the TypeScript client's against real services)
+test: $(STAMP) front-proxy ## run the whole test suite (Python, then the TypeScript client's against real services)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
 	cd clients/typescript && npm ci --no-audit --no-fund && npm test
 
-soak: $(STAMP) ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)
+soak: $(STAMP) front-proxy ## the fault tests' long variant (tests/faults with ENGRAM_SOAK=1; about an hour)
 	ENGRAM_SOAK=1 $(BIN)/python -m pytest -q -rA -s -m faults -o timeout=7200 tests/faults
 
 BENCHES ?= shard gate artifacts compactor search gateway
@@ -71,4 +85,4 @@ bench: $(STAMP) ## run every benchmark (BENCHES=...), JSON figures into bench-re
 clean: ## remove the virtualenv and local data
 	rm -rf $(VENV) .engram .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help setup lock compare-setup mpnet protos lint breaking up test soak bench clean
+.PHONY: help setup lock compare-setup mpnet protos lint breaking up front-proxy test soak bench clean

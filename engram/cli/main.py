@@ -11,6 +11,7 @@ from engram.cli import (
     compactor,
     evals,
     forget,
+    front,
     gateway,
     gov,
     mcp,
@@ -36,6 +37,7 @@ app.command("bench")(bench.bench)
 app.add_typer(evals.app, name="eval")
 app.command("mcp")(mcp.mcp)
 app.command("gateway")(gateway.gateway)
+app.command("front-config")(front.front_config)
 
 
 def main() -> None:

@@ -17,6 +17,11 @@ of a window of 20 within 2x the unloaded p99). The issue's further criteria (the
 refused, refusals faster than acknowledged writes, under ENGRAM_SOAK=1 a refusal p99 under
 50 ms; the well-behaved agents' p99 during the overload within 2x unloaded) do not hold yet:
 the test reports them and ends XFAIL while any is missed (docs/reliability.md, "Overload").
+
+The second variant puts the front proxy (`engram front-config`, nginx) between every caller
+and the shard, as deploy/components/front does in Kubernetes: at most FRONT_LIMITS calls in
+flight in all and per token, the rest refused by nginx before they reach the Python process.
+The shard behind it runs its default (static) admission; the same criteria apply.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,14 +42,20 @@ import pytest
 
 from engram.bench._harness import free_port
 from engram.client import EngramRpcError, ShardClient
+from engram.front import FrontLimits
 from engram.shard.v1 import shard_service_pb2 as pb
 from tests.faults.conftest import SOAK, Stack, scale
+from tests.front import front_proxy, need_nginx
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 RATE_LIMIT_WRITES = 100.0  # the shard's default ENGRAM_SHARD_RATE_LIMIT_WRITES
 RATE_LIMIT_BURST = 200
-ADMISSION = os.environ.get("ENGRAM_TEST_ADMISSION", "adaptive")
+ADMISSION = os.environ.get("ENGRAM_TEST_ADMISSION", "")
+FRONT_LIMITS = FrontLimits(max_in_flight=6, per_caller_in_flight=1)
+"""The front proxy's limits in the second variant, chosen on this 2-core machine
+(docs/reliability.md, "The front proxy"): 6 calls in flight keep the shard's group commits
+full without a queue; one per token, as the agents here call one at a time."""
 
 
 @dataclass(frozen=True)
@@ -139,18 +151,29 @@ def _paced(stop: threading.Event, interval: float, action: Callable[[], None]) -
             stop.wait(delay)
 
 
+@pytest.mark.parametrize("front", ["direct", "front-proxy"])
 def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
-        stack: Stack) -> None:
+        stack: Stack, front: str) -> None:
+    if front == "front-proxy":
+        need_nginx()
+    admission = ADMISSION or ("adaptive" if front == "direct" else "static")
+    with ExitStack() as proxy:
+        _overload_test(stack, front, admission, proxy)
+
+
+def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -> None:
     metrics_port = free_port()
     # The harness turns per-agent rate limits off for benchmarks (UNTHROTTLED); this test
     # needs the defaults on, or "the flooder within its rate limit" checks nothing.
-    stack.extra["shard"] = {"ENGRAM_SHARD_ADMISSION": ADMISSION,
+    stack.extra["shard"] = {"ENGRAM_SHARD_ADMISSION": admission,
                             "ENGRAM_SHARD_RATE_LIMIT_WRITES": f"{RATE_LIMIT_WRITES:g}",
                             "ENGRAM_SHARD_RATE_LIMIT_WRITE_BURST": str(RATE_LIMIT_BURST),
                             "ENGRAM_SHARD_METRICS_PORT": str(metrics_port)}
     stack.start("governance")
     stack.start("shard")
     address = stack.address("shard")
+    if front == "front-proxy":
+        address = proxy.enter_context(front_proxy(address, FRONT_LIMITS, stack.home / "front"))
     clients: dict[str, ShardClient] = {}
 
     def client(who: str) -> ShardClient:
@@ -247,7 +270,7 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
           f"{len(admitted)} OK (p99 {p99(admitted) * 1000:.1f} ms), {len(refused)} refused "
           f"{reasons} (p99 {p99(refused) * 1000:.1f} ms); well-behaved p99 during "
           f"{p99(good_during) * 1000:.1f} ms, {sum(c.code != 'OK' for c in good_during)} of "
-          f"{len(good_during)} refused; admission {ADMISSION}, limits seen "
+          f"{len(good_during)} refused; {front}, admission {admission}, limits seen "
           f"{limit_under_load}; flooder {flood_ok} OK of {len(flooded)} (cap "
           f"{flood_cap:.0f}); recovered {recovered_at} s after the load stopped")
 
@@ -266,7 +289,9 @@ def test_twice_the_capacity_and_a_flooder_are_refused_fast_and_recovered_from(
         strict["refusal p99 under 50 ms"] = bool(refused) and p99(refused) < 0.050
     missed = [name for name, held in strict.items() if not held]
     if missed:
-        # Known gap (docs/reliability.md, "Overload"): with adaptive admission the excess is
-        # refused, but refusals cost the shard's CPU and GIL and the well-behaved agents' p99
-        # is about 6x unloaded (static: the excess queues, 13x). Reported on every run.
+        # Known gap (docs/reliability.md, "Overload"): direct, with adaptive admission, the
+        # excess is refused, but refusals cost the shard's CPU and GIL and the well-behaved
+        # agents' p99 is about 6x unloaded (static: the excess queues, 13x). Behind the front
+        # proxy the refusals never reach the shard: 1.2-1.5x in 5 of 5 runs at FRONT_LIMITS,
+        # timed, so reported rather than asserted. Reported on every run.
         pytest.xfail(f"overload criteria not met: {missed}")

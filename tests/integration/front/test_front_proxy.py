@@ -1,0 +1,169 @@
+"""The front proxy (engram/front.py) in front of a real service: calls over its limits are
+refused by nginx itself with the status, reason and RetryInfo the service's own admission
+sends; everything else passes through untouched (auth included)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.artifacts.v1 import artifacts_service_pb2_grpc as rpc
+from engram.bench._harness import free_port
+from engram.client import EngramRpcError
+from engram.front import FrontLimits
+from tests.conftest import TokenFactory
+from tests.front import front_proxy, need_nginx
+from tests.stack import GatedStack, gated_stack
+
+LIMITS = FrontLimits(max_in_flight=3, per_caller_in_flight=2, retry_after_ms=70)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
+          make_token: TokenFactory) -> Iterator[GatedStack]:
+    need_nginx()
+    with (gated_stack(tmp_path_factory.mktemp("front-stack"), engram_home, make_token)
+          as servers, grpc.insecure_channel(servers.artifacts.address) as channel):
+        for run in ("front-run", "front-big"):
+            rpc.ArtifactsServiceStub(channel).StartRun(pb.StartRunRequest(run_id=run),
+                                                       metadata=_auth(make_token("front-a")))
+        yield servers
+
+
+@pytest.fixture(scope="module")
+def front(stack: GatedStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with front_proxy(stack.artifacts.address, LIMITS,
+                     tmp_path_factory.mktemp("front-nginx")) as address:
+        yield address
+
+
+class Held:
+    """Uploads that stay in flight (their request stream waits) until released."""
+
+    def __init__(self, channel: grpc.Channel, token: str, count: int) -> None:
+        self.release = threading.Event()
+        stub = rpc.ArtifactsServiceStub(channel)
+        self.calls = [stub.CreateArtifact.future(self._requests(), metadata=_auth(token),
+                                                 timeout=30) for _ in range(count)]
+
+    def _requests(self) -> Iterator[pb.CreateArtifactRequest]:
+        yield pb.CreateArtifactRequest(header=pb.ArtifactHeader(run_id="front-run", step_id="s1",
+                                                                name="held.bin"))
+        self.release.wait(30)
+
+    def __enter__(self) -> Held:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release.set()
+        for call in self.calls:
+            call.cancel()
+
+
+def _auth(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+def _get(channel: grpc.Channel, token: str) -> grpc.StatusCode:
+    """A unary call through the proxy; the code it ended with (NOT_FOUND: it reached the
+    service, which has no such artifact)."""
+    try:
+        rpc.ArtifactsServiceStub(channel).GetArtifact(
+            pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=_auth(token),
+            timeout=10)
+    except grpc.RpcError as error:
+        return error.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _refused(channel: grpc.Channel, token: str) -> EngramRpcError:
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        rpc.ArtifactsServiceStub(channel).GetArtifact(
+            pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=_auth(token),
+            timeout=10)
+    assert time.monotonic() - started < 5
+    return EngramRpcError.from_rpc_error(caught.value)
+
+
+def _until_in_flight(channel: grpc.Channel, token: str) -> None:
+    """Wait until the held calls are counted: the next call of ``token`` is refused."""
+    deadline = time.monotonic() + 10
+    while _get(channel, token) != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        assert time.monotonic() < deadline, "the held calls were never counted in flight"
+        time.sleep(0.05)
+
+
+def test_a_call_passes_through_to_the_service(front: str, make_token: TokenFactory) -> None:
+    with grpc.insecure_channel(front) as channel:
+        assert _get(channel, make_token("front-a")) == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_caller_over_its_own_limit_is_refused_and_others_are_not(
+        front: str, make_token: TokenFactory) -> None:
+    a, b = make_token("front-a"), make_token("front-b")
+    with grpc.insecure_channel(front) as channel, Held(channel, a, LIMITS.per_caller_in_flight):
+        _until_in_flight(channel, a)
+        refusal = _refused(channel, a)
+        assert refusal.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal.reason == "OVERLOADED"
+        assert refusal.metadata["limit"] == "front proxy"
+        assert refusal.retry_delay == pytest.approx(0.070)
+        assert "retry after the delay" in refusal.message
+        # Another token is another caller: under the total (2 held + 1), it passes.
+        assert _get(channel, b) == grpc.StatusCode.NOT_FOUND
+    with grpc.insecure_channel(front) as channel:
+        deadline = time.monotonic() + 10
+        while _get(channel, a) != grpc.StatusCode.NOT_FOUND:  # the slots come back
+            assert time.monotonic() < deadline, "the caller's slots did not come back"
+            time.sleep(0.05)
+
+
+def test_the_total_is_shared_by_every_caller(front: str, make_token: TokenFactory) -> None:
+    a, b, c = (make_token(f"front-{who}") for who in "abc")
+    with (grpc.insecure_channel(front) as channel,
+          Held(channel, a, 2), Held(channel, b, 1)):
+        _until_in_flight(channel, c)  # 3 held of 3: c, with nothing in flight, is refused
+        assert _refused(channel, c).reason == "OVERLOADED"
+
+
+def test_authentication_is_still_the_services(front: str, make_token: TokenFactory) -> None:
+    forged = make_token("front-a")[:-8] + "AAAAAAAA"
+    with grpc.insecure_channel(front) as channel:
+        assert _get(channel, forged) == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as caught:
+            rpc.ArtifactsServiceStub(channel).GetArtifact(
+                pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_message_past_nginx_default_body_size_passes(front: str,
+                                                       make_token: TokenFactory) -> None:
+    """nginx refuses request bodies over 1 MB by default; the service sets its own limit."""
+    blob = bytes(range(256)) * (3 * 4096)  # 3 MiB
+    def requests() -> Iterator[pb.CreateArtifactRequest]:
+        yield pb.CreateArtifactRequest(header=pb.ArtifactHeader(run_id="front-big", step_id="s1",
+                                                                name="big.bin"))
+        for start in range(0, len(blob), 1 << 20):
+            yield pb.CreateArtifactRequest(chunk=blob[start:start + (1 << 20)])
+        yield pb.CreateArtifactRequest(trailer=pb.ArtifactTrailer(
+            size_bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest()))
+
+    with grpc.insecure_channel(front) as channel:
+        stored = rpc.ArtifactsServiceStub(channel).CreateArtifact(
+            requests(), metadata=_auth(make_token("front-big")), timeout=30)
+    assert stored.artifact.size_bytes == len(blob)
+
+
+def test_a_service_that_does_not_answer_is_unavailable(tmp_path: Path,
+                                                       make_token: TokenFactory) -> None:
+    with (front_proxy(f"127.0.0.1:{free_port()}", LIMITS, tmp_path) as address,
+          grpc.insecure_channel(address) as channel):
+        assert _get(channel, make_token("front-a")) == grpc.StatusCode.UNAVAILABLE
