@@ -293,3 +293,35 @@ def test_an_iteration_log_s_format_1_lines_are_re_addressed_and_its_chain_derive
             assert [r.summary.format for r in lines] == [2, 2, 2]
             assert lines[0].detail_json == '{"zqx":"old detail one"}'  # still checks out
         assert files_holding(tmp_path / "b", [v.encode() for v in old.values()]) == {}
+
+
+@pytest.mark.parametrize("roles", [("governor",), ("agent",)])
+def test_a_token_without_the_admin_role_imports_nothing(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch, roles: tuple[str, ...]) -> None:
+    """--reissue-ids drives the admin-only import RPCs: without the admin role the first one
+    is refused, the command exits 2 (a refused call) naming PERMISSION_DENIED, and the target
+    holds nothing."""
+    admin = make_token("op", FLEET, ADMIN)
+    bundle, key = tmp_path / "f.bundle", tmp_path / "reissue.key"
+    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
+        plant_legacy(origin, admin)
+        with cli_for(origin, admin, monkeypatch) as run:
+            run("export", "--fleet", FLEET, "-o", str(bundle))
+    (tmp_path / "b").mkdir()
+    with full_stack(tmp_path / "b", engram_home, make_token) as target:
+        with cli_for(target, make_token("op", FLEET, roles), monkeypatch) as run:
+            refused = run("import-bundle", str(bundle), "--reissue-ids", str(key),
+                          "--new-reissue-key", "--id-map", str(tmp_path / "ids"), code=2)
+            assert refused["error"]["code"] == "PERMISSION_DENIED", refused
+            assert refused["error"]["metadata"] == {"required_roles": "admin"}
+        with ShardClient(target.shard.address, admin) as shard:
+            assert list(shard.list()) == []
+        with GovernanceClient(target.governance.address, admin) as gov:
+            assert list(gov.decisions(fleet_id=FLEET)) == []
+            assert list(gov.erasures()) == []
+        assert not (tmp_path / "ids").exists()
+        # The key made for the refused run stays (a rerun names it without
+        # --new-reissue-key) and is readable by its owner only.
+        if key.exists():
+            assert stat.S_IMODE(key.stat().st_mode) == 0o600
