@@ -88,14 +88,12 @@ def export(
     if out.exists():
         raise fail(f"{out} exists; remove it or choose another -o", code=2)
     started = time.perf_counter()
-    with rpc_errors(as_json), _progress(as_json) as progress:
+    with rpc_errors(as_json), _progress(as_json) as progress, _bundle_errors(as_json):
         clients = open_clients(cli_settings())
         try:
             totals = {} if run else {"records": clients.shard.status().total_records}
             meter = _Meter(progress, "exporting", totals)
             report = Exporter(clients, meter).export(out, fleet, run)
-        except BundleError as error:
-            raise fail(str(error)) from None
         finally:
             clients.close()
     seconds = time.perf_counter() - started

@@ -97,3 +97,16 @@ def test_a_domain_created_while_records_are_listed_comes_with_its_record(
         domains = {d["name"] for d in reader.rows("domains")}
         assert {r.get("domain") for r in reader.rows("records")} <= domains
         assert "finance" in domains
+
+
+def test_a_refused_export_says_why_as_json_and_writes_nothing(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --json a bundle error is JSON on stdout, as import-bundle prints it (before, a
+    plain line on stderr that a script parsing stdout could not read)."""
+    out = tmp_path / "other.bundle"
+    with (full_stack(tmp_path, engram_home, make_token) as stack,
+          cli_for(stack, make_token("op", "fleet-a", ADMIN), monkeypatch) as run):
+        refused = run("export", "--fleet", "fleet-b", "-o", str(out), code=1)
+    assert "the token belongs to fleet 'fleet-a', not 'fleet-b'" in refused["error"]["message"]
+    assert not out.exists() and not list(tmp_path.glob("other.bundle*"))
