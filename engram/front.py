@@ -97,6 +97,9 @@ def refusal_details(limits: FrontLimits) -> str:
     return base64.b64encode(status.SerializeToString()).decode().rstrip("=")
 
 
+_BAD_REQUEST_MESSAGE = ("the front proxy refused the request's headers (more than one "
+                        "authorization header, or a malformed one); send exactly one "
+                        "'authorization: Bearer <token>'")
 _UNAVAILABLE_MESSAGE = "the service behind the front proxy did not answer; retry"
 _REFUSAL_MESSAGE = ("the service is at its limit of calls in flight (in all, or for this "
                     "caller) at its front proxy; retry after the delay in RetryInfo")
@@ -171,6 +174,9 @@ http {{
         limit_conn engram_caller {limits.per_caller_in_flight};
         limit_conn_status 429;
         limit_conn_log_level info;
+        # A request nginx refuses itself (more than one authorization header, a malformed
+        # one): a gRPC status, not an HTTP 400 a client reports as INTERNAL.
+        error_page 400 = @engram_bad_request;
 
         location / {{
             grpc_pass grpc://engram_service;
@@ -185,6 +191,13 @@ http {{
             add_header grpc-status 8 always;
             add_header grpc-message "{_REFUSAL_MESSAGE}" always;
             add_header grpc-status-details-bin "{details}" always;
+            return 204;
+        }}
+
+        location @engram_bad_request {{
+            default_type application/grpc;
+            add_header grpc-status 3 always;
+            add_header grpc-message "{_BAD_REQUEST_MESSAGE}" always;
             return 204;
         }}
 

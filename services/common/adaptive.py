@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 
+from services.common.auth import call_metadata
 from services.common.errors import ResourceExhausted
 from services.common.interceptors import Behavior, _BehaviorInterceptor
 
@@ -206,7 +207,7 @@ class AdaptiveAdmissionInterceptor(_BehaviorInterceptor):
         limit, caller_of = self._limit, self._caller_of
 
         def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
-            metadata = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            metadata = call_metadata(context.invocation_metadata())
             admission = limit.enter(caller_of(metadata), method)
             began = time.perf_counter()
             try:

@@ -14,7 +14,7 @@ only that service in, or ``service`` to let any service principal in.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from services.common.access import AccessRestrictions
 from services.common.errors import PermissionDenied, Unauthenticated
@@ -68,6 +68,23 @@ def bearer_token(header: str) -> str:
     another caller."""
     scheme, _, token = header.strip().partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def call_metadata(pairs: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
+    """A call's text metadata as a dict. More than one ``authorization`` header is refused
+    ``UNAUTHENTICATED TOKEN_AMBIGUOUS``: which one counts would depend on who reads them (a
+    dict keeps the last, nginx's front proxy keys callers by the first), so a caller could be
+    one agent to its limits and another to its authentication."""
+    metadata: dict[str, str] = {}
+    for key, value in pairs:
+        if not isinstance(value, str):
+            continue
+        if key == "authorization" and key in metadata:
+            raise Unauthenticated(
+                "more than one authorization header: send exactly one "
+                "'authorization: Bearer <token>'", reason="TOKEN_AMBIGUOUS")
+        metadata[key] = value
+    return metadata
 
 
 def caller_kinds(principal: Principal) -> frozenset[str]:

@@ -34,6 +34,7 @@ from services.common.auth import (
     SERVICE_ROLE,
     Authorizer,
     bind_principal,
+    call_metadata,
     current_principal,
     unbind_principal,
 )
@@ -201,7 +202,7 @@ class AuthInterceptor(_BehaviorInterceptor):
             return behavior
 
         def metadata_of(context: grpc.ServicerContext) -> dict[str, str]:
-            return {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
+            return call_metadata(context.invocation_metadata())
 
         if streaming:
 

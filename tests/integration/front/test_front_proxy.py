@@ -167,3 +167,27 @@ def test_a_service_that_does_not_answer_is_unavailable(tmp_path: Path,
     with (front_proxy(f"127.0.0.1:{free_port()}", LIMITS, tmp_path) as address,
           grpc.insecure_channel(address) as channel):
         assert _get(channel, make_token("front-a")) == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("real_first", [True, False])
+def test_two_authorization_headers_are_refused_directly_and_through_the_proxy(
+        stack: GatedStack, front: str, make_token: TokenFactory, real_first: bool) -> None:
+    """Which of two headers counts depends on who reads them: the service's dict kept the
+    last, nginx keys callers by the first, so a caller rotating a made-up first header beside
+    its real token was a new caller to the proxy's limits on every call. The service refuses
+    the pair UNAUTHENTICATED TOKEN_AMBIGUOUS; nginx refuses it itself, INVALID_ARGUMENT (an
+    HTTP 400 a client would report as INTERNAL without the mapping)."""
+    real, made_up = f"Bearer {make_token('front-a')}", "Bearer " + "x" * 80
+    headers = ((real, made_up) if real_first else (made_up, real))
+    metadata = tuple(("authorization", value) for value in headers)
+    for address, code in ((stack.artifacts.address, grpc.StatusCode.UNAUTHENTICATED),
+                          (front, grpc.StatusCode.INVALID_ARGUMENT)):
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
+            rpc.ArtifactsServiceStub(channel).GetArtifact(
+                pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=metadata,
+                timeout=10)
+        error = EngramRpcError.from_rpc_error(caught.value)
+        assert error.code == code, (address, error)
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            assert error.reason == "TOKEN_AMBIGUOUS"
+        assert "exactly one 'authorization: Bearer <token>'" in error.message
