@@ -10,10 +10,12 @@ limit itself, in C: ``RESOURCE_EXHAUSTED`` with ``ErrorInfo`` reason ``OVERLOADE
 client needs nothing new. What passes is the service's own business: it still authenticates
 every call, rate-limits each agent and runs its own admission.
 
-A caller is its token (the last 64 characters of ``authorization``, which are the token's
-signature: nginx counts only keys of at most 255 bytes, and a token is longer). A forged
-token is a caller of its own here, so it is bounded by the total limit, and the service
-refuses it.
+A caller is its token: the last 64 base64url characters of its signature (nginx counts only
+keys of at most 255 bytes, and a token is longer), whatever the service also accepts around
+them (trailing spaces, ``==`` padding) left out, so one token cannot pass as several callers.
+A header of any other form (none, or not ending in a signature) is one caller for all of
+them: each such call is refused by the service anyway. A forged token is a caller of its own
+here, bounded by the total limit, and the service refuses it.
 
 Every HTTP/2 stream counts as a connection for nginx's ``limit_conn``, so "in flight" means
 calls, not TCP connections.
@@ -142,11 +144,12 @@ http {{
     uwsgi_temp_path {state_dir}/engram-front-uwsgi;
     scgi_temp_path {state_dir}/engram-front-scgi;
 
-    # A caller is its token's signature: the last {CALLER_KEY_CHARS} characters of the header
-    # (nginx counts keys of at most 255 bytes). No header: counted in the total only.
+    # A caller is its token's signature: its last {CALLER_KEY_CHARS} base64url characters,
+    # without the padding and trailing spaces the service also accepts (nginx counts keys of
+    # at most 255 bytes). Any other header, or none: one caller for all of them.
     map $http_authorization $engram_caller {{
-        "~(?<signature>.{{{CALLER_KEY_CHARS}}})$" $signature;
-        default $http_authorization;
+        "~(?<signature>[A-Za-z0-9_-]{{{CALLER_KEY_CHARS}}})=*\\s*$" $signature;
+        default not-a-token;
     }}
     map $http_authorization $engram_everyone {{
         default all;

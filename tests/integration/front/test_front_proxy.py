@@ -191,3 +191,15 @@ def test_two_authorization_headers_are_refused_directly_and_through_the_proxy(
         if code == grpc.StatusCode.UNAUTHENTICATED:
             assert error.reason == "TOKEN_AMBIGUOUS"
         assert "exactly one 'authorization: Bearer <token>'" in error.message
+
+
+def test_one_token_spelled_differently_is_still_one_caller(front: str,
+                                                          make_token: TokenFactory) -> None:
+    """The service accepts a token with trailing spaces or with '==' after its signature; to
+    the proxy each spelling was a caller of its own (the key was the header's last 64
+    characters), so one agent could hold its limit once per spelling."""
+    a = make_token("front-a")
+    with grpc.insecure_channel(front) as channel, Held(channel, a, LIMITS.per_caller_in_flight):
+        _until_in_flight(channel, a)
+        for spelling in (a + "   ", a + "==", a + "== "):
+            assert _refused(channel, spelling).reason == "OVERLOADED", repr(spelling[-4:])
