@@ -45,8 +45,11 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory,
     write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
     gate, trust = connect_governance(governance.address, token_file, gate_timeout=5.0,
                                      ttl_seconds=0.0)
+    # The index snapshot beside this stack's store: under the shared home, the next stack's
+    # shard found this one's, refused it (another store) and logged a rebuild.
     shard, _ = build_shard_server(ShardSettings(
-        home=home, port=0, db_url=urls["shard"], embedder="none"),
+        home=home, port=0, db_url=urls["shard"], embedder="none",
+        index_snapshot_path=data / "shard-index.snapshot"),
         gate=gate, trust=trust)
     shard.start()
     artifacts_token = data / "artifacts-service.token"
