@@ -37,6 +37,12 @@ SERVICE_EDGES = {("shard", "governance"), ("compactor", "shard"), ("compactor", 
 EMBEDDER_EDGES = {("shard", EMBEDDER), (EMBEDDER, "governance")}
 """With the embedder: the shard embeds through it; it polls governance. Nobody else calls it."""
 EMBEDDER_OVERLAYS = ("prod-embedder", "prod-tls-embedder")
+FRONT = "front"
+"""The front proxy (components/front, docs/deploy.md): a container of this name beside the
+shard's in each shard pod, with a container port of this name; the shard's Service and its
+NetworkPolicy send every caller there."""
+FRONT_PORT = 50061
+FRONT_OVERLAYS = ("prod-front",)
 # Read by boto3's default credential chain (the compactor's S3 client), not by Engram settings.
 BOTO_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"}
 
@@ -76,7 +82,8 @@ def kustomize(overlay: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-@pytest.fixture(scope="session", params=["dev", "prod", "prod-tls", *EMBEDDER_OVERLAYS])
+@pytest.fixture(scope="session", params=["dev", "prod", "prod-tls", *EMBEDDER_OVERLAYS,
+                                                   *FRONT_OVERLAYS])
 def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
     return request.param, kustomize(request.param)
 

@@ -8,6 +8,7 @@ from tests.deploy.test_kustomize import (
     PROBES,
     Rendered,
     _container,
+    _entry_port,
     _env,
     _matches,
     _objects,
@@ -59,7 +60,8 @@ def test_the_gateway_reaches_the_four_and_only_clients_reach_it(overlay: Rendere
         return found
 
     for name in SERVICES:
-        assert ("gateway", "grpc") in callers(name), name
+        # On the service's gRPC port, or its front proxy's where it has one.
+        assert ("gateway", _entry_port(overlay, name)) in callers(name), name
     gateway: set[tuple[str, str]] = {pair for pair in callers("gateway")
                                      if not pair[0].startswith("monitoring:")}
     assert gateway == {("client", "http")}

@@ -14,6 +14,8 @@ from tests.deploy.conftest import (
     EMBEDDER,
     EMBEDDER_EDGES,
     EMBEDDER_OVERLAYS,
+    FRONT,
+    FRONT_OVERLAYS,
     GRPC_PORTS,
     SERVICE_EDGES,
     SERVICES,
@@ -41,10 +43,33 @@ def _deployment(rendered: Rendered, service: str) -> dict[str, Any]:
     return _objects(rendered, "Deployment")[f"engram-{service}"]
 
 
+def _sidecars(rendered: Rendered, service: str) -> set[str]:
+    """The containers a service's pod runs beside the service's own: the front proxy beside
+    the shard in the overlays with components/front; none elsewhere."""
+    return {FRONT} if service == "shard" and rendered[0] in FRONT_OVERLAYS else set()
+
+
 def _container(rendered: Rendered, service: str) -> dict[str, Any]:
+    """The service's own container: the one named after it, first in the pod (the overlays'
+    patches address containers/0)."""
     containers = _deployment(rendered, service)["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1, f"{service}: one container per pod"
+    names = [c["name"] for c in containers]
+    assert sorted(names) == sorted({service} | _sidecars(rendered, service)), (
+        f"{rendered[0]}: {service}'s pod runs {names}")
+    assert names[0] == service, f"{rendered[0]}: {service}'s own container is not first: {names}"
     return dict(containers[0])
+
+
+def _pod_containers(rendered: Rendered, service: str) -> list[dict[str, Any]]:
+    spec = _deployment(rendered, service)["spec"]["template"]["spec"]
+    return [*spec["containers"], *spec.get("initContainers", [])]
+
+
+def _entry_port(rendered: Rendered, service: str) -> str:
+    """The pod port the service's callers reach: its Service's grpc targetPort and the port
+    its NetworkPolicy admits them on. The front proxy's where there is one, else the service's
+    own gRPC port."""
+    return FRONT if FRONT in _sidecars(rendered, service) else "grpc"
 
 
 def _port(container: dict[str, Any], name: str) -> int:
@@ -107,7 +132,7 @@ def test_each_service_has_deployment_service_and_serviceaccount(overlay: Rendere
             deployment["spec"]["template"]["metadata"]["labels"].items())
         ports = {p["name"]: p for p in svc["spec"]["ports"]}
         assert ports["grpc"]["port"] == GRPC_PORTS[service]
-        assert ports["grpc"]["targetPort"] == "grpc"
+        assert ports["grpc"]["targetPort"] == _entry_port(overlay, service), service
         assert ports["metrics"]["targetPort"] == "metrics"
 
 
@@ -155,12 +180,15 @@ def _memory(quantity: str) -> int:
 
 def test_every_container_has_requests_within_limits(overlay: Rendered) -> None:
     for service in _services(overlay):
-        resources = _container(overlay, service)["resources"]
-        for key in ("cpu", "memory"):
-            assert key in resources["requests"] and key in resources["limits"], (service, key)
-        assert _cpu(resources["requests"]["cpu"]) <= _cpu(resources["limits"]["cpu"]), service
-        assert _memory(resources["requests"]["memory"]) <= _memory(
-            resources["limits"]["memory"]), service
+        _container(overlay, service)  # the pod runs exactly its expected containers
+        for container in _pod_containers(overlay, service):
+            resources = container["resources"]
+            which = (service, container["name"])
+            for key in ("cpu", "memory"):
+                assert key in resources["requests"] and key in resources["limits"], (which, key)
+            assert _cpu(resources["requests"]["cpu"]) <= _cpu(resources["limits"]["cpu"]), which
+            assert _memory(resources["requests"]["memory"]) <= _memory(
+                resources["limits"]["memory"]), which
 
 
 def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
@@ -346,27 +374,34 @@ def test_default_deny_ingress_covers_every_pod(overlay: Rendered) -> None:
 def test_network_policy_edges_are_exactly_the_trust_boundaries(overlay: Rendered) -> None:
     allowed = _allowed(overlay)
     services = _services(overlay)
+    entry = {service: _entry_port(overlay, service) for service in services}
     grpc_edges = {(caller, callee) for callee, pairs in allowed.items()
-                  for caller, port in pairs if port == "grpc" and caller in services}
+                  for caller, port in pairs if port == entry[callee] and caller in services}
     assert grpc_edges == (SERVICE_EDGES | EMBEDDER_EDGES if EMBEDDER in services
                           else SERVICE_EDGES)
-    client_targets = {callee for callee, pairs in allowed.items() if (CLIENT, "grpc") in pairs}
+    client_targets = {callee for callee, pairs in allowed.items()
+                      if (CLIENT, entry[callee]) in pairs}
     assert client_targets == {"shard", "artifacts", "compactor"}, "governance takes no clients"
     for callee, pairs in allowed.items():
         for caller, port in pairs:
-            assert port in ("grpc", "metrics"), (callee, caller, port)
+            assert port in (entry[callee], "metrics"), (callee, caller, port)
             if caller.startswith("monitoring:"):
                 assert port == "metrics", f"monitoring may only scrape {callee}"
             else:
-                assert port == "grpc", f"{caller} may reach {callee} only on grpc"
+                assert port == entry[callee], (
+                    f"{caller} may reach {callee} only on {entry[callee]}")
         assert any(c.startswith("monitoring:") for c, _ in pairs), f"{callee} is not scraped"
 
 
 def test_named_policy_ports_exist_on_every_selected_pod(overlay: Rendered) -> None:
+    """Each named port once in the pod (a name two containers declare is ambiguous)."""
     for service in _services(overlay):
-        container = _container(overlay, service)
+        _container(overlay, service)
+        names = [p["name"] for c in _deployment(overlay, service)["spec"]["template"]["spec"][
+            "containers"] for p in c.get("ports", [])]
+        assert len(names) == len(set(names)), f"{service}: port names {names}"
         for _caller, port in _allowed(overlay)[service]:
-            _port(container, port)
+            assert port in names, f"{service}'s pod has no port named {port!r}"
 
 
 def test_replicas_and_rollout_per_overlay(overlay: Rendered) -> None:
