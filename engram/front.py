@@ -94,9 +94,9 @@ def refusal_details(limits: FrontLimits) -> str:
         seconds=limits.retry_after_ms // 1000, nanos=limits.retry_after_ms % 1000 * 1_000_000))
     for detail in (info, retry):
         packed = any_pb2.Any()
-        packed.Pack(detail)
+        packed.Pack(detail, deterministic=True)
         status.details.append(packed)
-    return base64.b64encode(status.SerializeToString()).decode().rstrip("=")
+    return base64.b64encode(status.SerializeToString(deterministic=True)).decode().rstrip("=")
 
 
 _BAD_REQUEST_MESSAGE = ("the front proxy refused the request's headers (more than one "

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,16 @@ def test_the_command_prints_or_writes_it_and_refuses_bad_input(tmp_path: Path) -
     unwritable = runner.invoke(app, ["front-config", "--out", str(tmp_path / "no" / "x.conf")])
     assert unwritable.exit_code == 1
     assert "cannot write" in unwritable.output
+
+
+def test_the_configuration_is_the_same_bytes_in_every_process() -> None:
+    """The refusal's ErrorInfo metadata is a protobuf map: serialized in hash order it made a
+    new configuration (so a new ConfigMap name, so a restart of every shard pod) whenever it
+    was generated again (found by the sidecar's author)."""
+    made = {subprocess.run(
+        [sys.executable, "-c", "from engram.front import FrontLimits, render; "
+         "print(render('127.0.0.1:1', '127.0.0.1:2', FrontLimits()))"],
+        capture_output=True, text=True, timeout=60, check=True,
+        env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
+        for seed in range(6)}
+    assert len(made) == 1
