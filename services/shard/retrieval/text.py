@@ -11,6 +11,7 @@ extra dependency.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -35,20 +36,35 @@ STOP_WORDS = frozenset(_STOP_WORD_TEXT.split())
 MAX_QUERY_TERMS = 32
 
 
+def _vowels(word: str) -> Iterator[bool]:
+    """Whether each letter is a vowel in Porter's sense: a, e, i, o, u, and a y that follows
+    a consonant. One pass, left to right: the recursive form (a y asks its left neighbour)
+    went one call deep per letter, so a word of ~1,000 y's raised RecursionError in the
+    index and a later, innocent write failed INTERNAL."""
+    previous_vowel = True  # a y at the start is a consonant
+    for ch in word:
+        vowel = ch in "aeiou" or (ch == "y" and not previous_vowel)
+        yield vowel
+        previous_vowel = vowel
+
+
 def _is_consonant(word: str, i: int) -> bool:
     ch = word[i]
     if ch in "aeiou":
         return False
-    if ch == "y":
-        return i == 0 or not _is_consonant(word, i - 1)
-    return True
+    if ch != "y":
+        return True
+    start = i  # the run of y's ending at i: consonant and vowel in turn from its first
+    while start > 0 and word[start - 1] == "y":
+        start -= 1
+    first_consonant = start == 0 or word[start - 1] in "aeiou"
+    return first_consonant == ((i - start) % 2 == 0)
 
 
 def _measure(stem: str) -> int:
     """Porter's m: the number of vowel-consonant sequences in ``stem``."""
     m, previous_vowel = 0, False
-    for i in range(len(stem)):
-        vowel = not _is_consonant(stem, i)
+    for vowel in _vowels(stem):
         if previous_vowel and not vowel:
             m += 1
         previous_vowel = vowel
@@ -56,7 +72,7 @@ def _measure(stem: str) -> int:
 
 
 def _has_vowel(stem: str) -> bool:
-    return any(not _is_consonant(stem, i) for i in range(len(stem)))
+    return any(_vowels(stem))
 
 
 def _double_consonant(word: str) -> bool:

@@ -190,3 +190,18 @@ def test_limits_are_settings(engram_home: Path, tmp_path: Path,
             assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         server.stop(0)
+
+
+@pytest.mark.parametrize("word", ["y" * 3000, "ay" * 2000, "by" * 2000 + "ing"])
+def test_a_long_word_is_indexed_and_the_next_writes_are_not_hurt(
+        client_for: Callable[..., ShardClient], word: str) -> None:
+    """The stemmer asked each y's left neighbour recursively: a word of ~1,000 y's raised
+    RecursionError in the index, that record was never searchable and another agent's next
+    write failed INTERNAL (found in review). Each write here succeeds and is found."""
+    long_writer, other = client_for("agent-long"), client_for("agent-other")
+    stored = long_writer.add(f"zqlong {word} marker", run_id="long-words")
+    after = [other.add(f"zqafter note {i}", run_id="long-words") for i in range(3)]
+    hits = long_writer.search("zqlong", mode="lexical")
+    assert hits[0].record.id == stored.record.id  # (run neighbours may follow it)
+    found = {hit.record.id for hit in other.search("zqafter", mode="lexical", limit=10)}
+    assert {created.record.id for created in after} <= found
