@@ -148,7 +148,7 @@ http {{
     # without the padding and trailing spaces the service also accepts (nginx counts keys of
     # at most 255 bytes). Any other header, or none: one caller for all of them.
     map $http_authorization $engram_caller {{
-        "~(?<signature>[A-Za-z0-9_-]{{{CALLER_KEY_CHARS}}})=*\\s*$" $signature;
+        "~(?<signature>[A-Za-z0-9_-]{{{CALLER_KEY_CHARS}}})=*[ \\t]*$" $signature;
         default not-a-token;
     }}
     map $http_authorization $engram_everyone {{
@@ -171,6 +171,11 @@ http {{
         # The service enforces its own message limits (ENGRAM_MAX_MESSAGE_BYTES).
         client_max_body_size 0;
         client_body_timeout 300s;
+        # Header fields as large as the service takes (it answers a too-large one for that
+        # call); nginx's 4k/8k defaults ended the whole connection (GOAWAY), every call on it.
+        large_client_header_buffers 8 64k;
+        # Metadata keys with '_' pass as the service would see them (nginx drops them).
+        underscores_in_headers on;
 
         # HTTP/2: each call in flight counts as a connection.
         limit_conn engram_all {limits.max_in_flight};
@@ -185,6 +190,7 @@ http {{
             grpc_pass grpc://engram_service;
             grpc_read_timeout 3600s;
             grpc_send_timeout 3600s;
+            error_page 400 = @engram_bad_request;
             error_page 429 = @engram_overloaded;
             error_page 502 503 504 = @engram_unavailable;
         }}

@@ -136,3 +136,17 @@ def test_the_bearer_token_is_read_the_same_way_everywhere() -> None:
 
     assert bearer_token("bearer  tok.en ") == "tok.en"
     assert bearer_token("Basic tok.en") == "" and bearer_token("Bearer") == ""
+
+
+@pytest.mark.parametrize("around", ["\x1f", "\x1c", "\x1d\x1e", "\u00a0", "\u2003"])
+def test_only_spaces_and_tabs_may_surround_a_bearer_token(around: str) -> None:
+    """Python's bare strip() also removed U+001C-U+001F and Unicode spaces: the service read
+    'Bearer <token>\\x1f' as the token while the front proxy's caller key (signature, then
+    spaces and tabs) did not match it, so one token was two callers there (found in review;
+    a raw HTTP/2 client sends such bytes, grpc-python refuses to). Now the character stays
+    part of the token, which then does not verify."""
+    from services.common.auth import bearer_token
+
+    assert bearer_token(f"Bearer tok.en{around}") == f"tok.en{around}"
+    assert bearer_token(f"Bearer {around}tok.en") == f"{around}tok.en"
+    assert bearer_token("Bearer \ttok.en \t") == "tok.en"

@@ -114,3 +114,14 @@ def test_the_configuration_is_the_same_bytes_in_every_process() -> None:
         env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout
         for seed in range(6)}
     assert len(made) == 1
+
+
+def test_requests_nginx_refuses_after_choosing_the_location_are_mapped_too() -> None:
+    """A location's own error_page list replaces the server's: a 400 raised inside `location /`
+    (a body shorter than its content-length, seen with a raw HTTP/2 client in review) reached
+    gRPC clients as a bare HTTP 400, i.e. INTERNAL. And nginx drops header names with '_'
+    unless told otherwise, so metadata the service would see went missing."""
+    text = render("127.0.0.1:1", "127.0.0.1:2", FrontLimits())
+    location = text.split("location / {", 1)[1].split("}", 1)[0]
+    assert "error_page 400 = @engram_bad_request;" in location
+    assert "underscores_in_headers on;" in text
