@@ -46,6 +46,10 @@ class ShardMetrics(Collector):
         yield gauge("engram_shard_embedder_queue_records",
                     "Records queued for or in the embedder, not yet embedded.",
                     self._index.embed_queue())
+        yield counter("engram_shard_index_change_failures",
+                      "Changes to the in-memory search index that raised and were dropped: "
+                      "their records are stored but not searchable on this replica until its "
+                      "index is rebuilt (the log names each).", [], self._index.change_failures)
         yield counter("engram_shard_embedder_failures",
                       "Embedder failures the shard absorbed without an error, by stage: query "
                       "(a hybrid search ranked lexically, its query not embedded), index (an "

@@ -104,13 +104,26 @@ class _FleetSlot:
     threads handed it while it was busy (applied in order by the next holder)."""
 
     index: FleetIndex
+    failures: Tally = field(default_factory=Tally)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inbox: deque[FleetChange] = field(default_factory=deque)
 
     def apply_inbox(self) -> None:
-        """Under ``lock``: apply what was handed over, oldest first."""
+        """Under ``lock``: apply what was handed over, oldest first. The holder may be any
+        caller that takes the fleet (a search, another agent's write): a change that raises
+        is logged, counted in ``failures`` and dropped, never that caller's error. Before, a
+        record the stemmer could not analyse made another agent's next write fail INTERNAL
+        (found in review)."""
         while self.inbox:
-            self.inbox.popleft()(self.index)
+            change = self.inbox.popleft()
+            try:
+                change(self.index)
+            except Exception:
+                self.failures.add()
+                log.exception("a change to the fleet's search index failed and was dropped: "
+                              "the record is stored but not searchable on this replica until "
+                              "its index is rebuilt (a start without the index snapshot)",
+                              extra={"record_id": getattr(change, "record_id", "")})
 
 
 _NEAR_CANDIDATES = 16
@@ -225,6 +238,8 @@ class SearchIndex:
         self.embedder_failures = Tally()
         """Embedder failures absorbed without an error, by stage: ``query`` (a hybrid search
         ranked lexically), ``index`` (an indexing batch put back to be retried)."""
+        self.change_failures = Tally()
+        """Index changes that raised and were dropped (:meth:`_FleetSlot.apply_inbox`)."""
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -319,7 +334,7 @@ class SearchIndex:
         with self._lock:
             for fleet_id, index in fleets.items():
                 index.reset_vectors(dimension, self.hnsw_threshold)
-                self._fleets[fleet_id] = _FleetSlot(index)
+                self._fleets[fleet_id] = _FleetSlot(index, self.change_failures)
             self._cursor.restore(header.position, header.gaps)
             self._last_id = header.last_id
             self._handed = header.records
@@ -587,7 +602,7 @@ class SearchIndex:
         """Under ``_lock``: the fleet's slot, created empty on first sight."""
         slot = self._fleets.get(fleet_id)
         if slot is None:
-            slot = _FleetSlot(self._empty_index())
+            slot = _FleetSlot(self._empty_index(), self.change_failures)
             self._fleets[fleet_id] = slot
         return slot
 
@@ -1096,6 +1111,7 @@ def _adder(row: RecordText) -> FleetChange:
     def add(index: FleetIndex) -> None:
         index.add(row.id, row.run_id, row.content, key, day, facts)
 
+    add.record_id = row.id  # type: ignore[attr-defined]  # named in the log if it fails
     return add
 
 

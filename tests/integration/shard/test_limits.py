@@ -205,3 +205,30 @@ def test_a_long_word_is_indexed_and_the_next_writes_are_not_hurt(
     assert hits[0].record.id == stored.record.id  # (run neighbours may follow it)
     found = {hit.record.id for hit in other.search("zqafter", mode="lexical", limit=10)}
     assert {created.record.id for created in after} <= found
+
+
+def test_an_index_change_that_fails_is_counted_and_hurts_no_other_call(
+        shard: tuple[str, ShardService], client_for: Callable[..., ShardClient],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whoever takes a fleet next applies the changes handed to it, so a change that raised
+    failed that caller (another agent's write: INTERNAL) and was lost unseen. Now it is
+    logged, counted (engram_shard_index_change_failures_total) and dropped."""
+    from services.shard.search.fleet_index import FleetIndex
+
+    add = FleetIndex.add
+
+    def failing_add(self: FleetIndex, record_id: str, run_id: str, content: str,
+                    *args: object) -> None:
+        if "zqpoison" in content:
+            raise RuntimeError("analysis failed")
+        add(self, record_id, run_id, content, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FleetIndex, "add", failing_add)
+    index = shard[1].search_engine.index
+    assert index is not None
+    poisoner, other = client_for("agent-poison"), client_for("agent-other")
+    poisoner.add("zqpoison in this record", run_id="poison")  # stored: acknowledged
+    after = [other.add(f"zqafter note {i}", run_id="poison") for i in range(3)]
+    found = {hit.record.id for hit in other.search("zqafter", mode="lexical", limit=10)}
+    assert {created.record.id for created in after} <= found
+    assert sum(count for _, count in index.change_failures.items()) == 1
