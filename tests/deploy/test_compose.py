@@ -52,6 +52,8 @@ def _sql_roles() -> dict[str, tuple[str, str]]:
     return {role: (password, owners[role]) for role, password in roles.items()}
 
 
+FRONT_SERVICE = "shard-front"
+"""The front proxy before the shard (profile "front"; docs/reliability.md)."""
 ALL = (*SERVICES, EMBEDDER)
 """The four and the optional embedding service (profile "embedder")."""
 EMBEDDER_PROFILE_ENV = {"ENGRAM_SHARD_EMBEDDER_ADDR": "embedder:50055"}
@@ -59,13 +61,14 @@ EMBEDDER_PROFILE_ENV = {"ENGRAM_SHARD_EMBEDDER_ADDR": "embedder:50055"}
 
 
 def test_topology_is_four_services_postgres_s3_and_init(compose: Compose) -> None:
-    assert set(compose["services"]) == {*ALL, "postgres", "s3", "engram-init"}
+    assert set(compose["services"]) == {*ALL, FRONT_SERVICE, "postgres", "s3", "engram-init"}
     images = {_service(compose, s)["image"] for s in (*ALL, "engram-init")}
     assert len(images) == 1, "one image for every Engram container"
     for service in ALL:
         assert _service(compose, service)["command"] == ["python", "-m", f"services.{service}"]
     profiles = {name: spec.get("profiles") for name, spec in compose["services"].items()}
     assert profiles.pop(EMBEDDER) == [EMBEDDER], "the embedder runs only with its profile"
+    assert profiles.pop(FRONT_SERVICE) == ["front"], "the front proxy runs only with its profile"
     assert set(profiles.values()) == {None}, "everything else runs by default"
     init_sql = "./deploy/compose/init-db.sql:/docker-entrypoint-initdb.d/10-engram.sql:ro"
     assert init_sql in _service(compose, "postgres")["volumes"]
@@ -236,3 +239,51 @@ def test_healthcheck_command_reports_grpc_health(compose: Compose, health_server
     for service in ALL:
         check = _service(compose, service)["healthcheck"]["test"]
         assert check[3] == test[3] and check[4] == str(GRPC_PORTS[service]), service
+
+
+def test_the_front_profile_runs_the_generated_proxy_before_the_shard(
+        compose: Compose, tmp_path: Any) -> None:
+    """Profile "front": nginx from `engram front-config` before the shard, hardened as the
+    services are, the same image as deploy/components/front, on a network it shares with
+    the shard alone, its configuration the generator's (the command in the file's comment
+    writes exactly the committed file) and accepted by nginx."""
+    from typer.testing import CliRunner
+
+    from engram.cli.main import app
+    from engram.front import FrontLimits, render
+    from tests.front import NGINX
+
+    spec = _service(compose, FRONT_SERVICE)
+    uid, _, gid = str(spec["user"]).partition(":")
+    assert int(uid) != 0 and int(gid) != 0
+    assert spec["read_only"] is True and "/tmp" in spec["tmpfs"]
+    assert spec["cap_drop"] == ["ALL"] and "cap_add" not in spec
+    assert "no-new-privileges:true" in spec["security_opt"]
+    component = (ROOT / "deploy" / "components" / "front" / "kustomization.yaml").read_text()
+    assert f"image: {spec['image']}" in component, "the same nginx image as the component"
+    assert spec["entrypoint"] == ["nginx", "-e", "stderr", "-c", "/etc/engram-front/nginx.conf"]
+    assert spec["volumes"] == ["./deploy/compose/front.conf:/etc/engram-front/nginx.conf:ro"]
+    assert spec["ports"] == ["127.0.0.1:50061:50061"]
+    assert spec["depends_on"] == {"shard": {"condition": "service_healthy"}}
+    networks = _networks(compose)
+    for network in networks[FRONT_SERVICE]:
+        members = {name for name, nets in networks.items() if network in nets}
+        assert members == {FRONT_SERVICE, "shard"}, f"{network}: {members}"
+
+    config = (ROOT / "deploy" / "compose" / "front.conf").read_text()
+    assert config == render("shard:50051", "0.0.0.0:50061", FrontLimits(16, 4, 50))
+    [command] = [line.split("#", 1)[1].strip() for line in
+                 (ROOT / "docker-compose.yml").read_text().splitlines()
+                 if line.strip().startswith("#") and "engram front-config" in line]
+    args = command.split()[1:]
+    assert args[-2:] == ["-o", "deploy/compose/front.conf"]
+    out = tmp_path / "front.conf"
+    assert CliRunner().invoke(app, [*args[:-1], str(out)]).exit_code == 0
+    assert out.read_text() == config, f"regenerate it: {command}"
+    if NGINX is not None:  # the host name resolves only inside compose's network
+        local = tmp_path / "local.conf"
+        local.write_text(config.replace("server shard:50051;", "server 127.0.0.1:50051;")
+                         .replace("/tmp/", f"{tmp_path}/"))
+        checked = subprocess.run([NGINX, "-t", "-c", str(local), "-p", str(tmp_path)],
+                                 capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, checked.stderr
