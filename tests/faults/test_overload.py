@@ -14,9 +14,11 @@ Criterion: every call that is not OK is RESOURCE_EXHAUSTED with a reason (never 
 UNKNOWN, UNAVAILABLE or a deadline); the flooder gets no more than its rate limit; within
 10 s after the load stops the 4 agents' writes succeed at their unloaded latency again (p99
 of a window of 20 within 2x the unloaded p99). The issue's further criteria (the excess
-refused, refusals faster than acknowledged writes, under ENGRAM_SOAK=1 a refusal p99 under
-50 ms; the well-behaved agents' p99 during the overload within 2x unloaded) do not hold yet:
-the test reports them and ends XFAIL while any is missed (docs/reliability.md, "Overload").
+refused, refusals faster than acknowledged writes, refusals answered within 50 ms at p99 as
+the well-behaved agents time them, in this process at normal priority; the well-behaved
+agents' p99 during the overload within 2x unloaded) are timed: the test reports them and
+ends XFAIL while any is missed (docs/reliability.md, "Overload"). Directly they do not hold;
+through the front proxy they did in every run here.
 
 The second variant puts the front proxy (`engram front-config`, nginx) between every caller
 and the shard, as deploy/components/front does in Kubernetes: at most FRONT_LIMITS calls in
@@ -44,7 +46,7 @@ from engram.bench._harness import free_port
 from engram.client import EngramRpcError, ShardClient
 from engram.front import FrontLimits
 from engram.shard.v1 import shard_service_pb2 as pb
-from tests.faults.conftest import SOAK, Stack, scale
+from tests.faults.conftest import Stack, scale
 from tests.front import front_proxy, need_nginx
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -264,13 +266,17 @@ def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -
         if all(c.code == "OK" for c in part) and p99(part) <= 2 * p99(unloaded):
             recovered_at = part[0].started - overload_to
             break
+    # Refusals timed by the well-behaved agents, in this process at normal priority (the
+    # load's own are timed by a process at the lowest priority, which waits for a CPU).
+    good_refused = [c for c in good_during if c.code == "RESOURCE_EXHAUSTED"]
     print(f"capacity {capacity:.0f} writes/s, {offered:.0f} offered a second under load; "
           f"unloaded p99 {p99(unloaded) * 1000:.1f} ms "
           f"({len(unloaded)} calls); overload {len(during)} calls in {seconds} s: "
           f"{len(admitted)} OK (p99 {p99(admitted) * 1000:.1f} ms), {len(refused)} refused "
           f"{reasons} (p99 {p99(refused) * 1000:.1f} ms); well-behaved p99 during "
           f"{p99(good_during) * 1000:.1f} ms, {sum(c.code != 'OK' for c in good_during)} of "
-          f"{len(good_during)} refused; {front}, admission {admission}, limits seen "
+          f"{len(good_during)} refused (p99 {p99(good_refused) * 1000:.1f} ms, timed in this "
+          f"process); {front}, admission {admission}, limits seen "
           f"{limit_under_load}; flooder {flood_ok} OK of {len(flooded)} (cap "
           f"{flood_cap:.0f}); recovered {recovered_at} s after the load stopped")
 
@@ -285,8 +291,9 @@ def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -
         and p99(refused) < p99(admitted),
         "well-behaved p99 within 2x unloaded": p99(good_during) <= 2 * p99(unloaded),
     }
-    if SOAK:
-        strict["refusal p99 under 50 ms"] = bool(refused) and p99(refused) < 0.050
+    # Timed by the well-behaved agents (normal priority): the load's own refusals are timed
+    # by a process at the lowest priority, which mostly measures its wait for a CPU.
+    strict["refusal p99 under 50 ms"] = not good_refused or p99(good_refused) < 0.050
     missed = [name for name, held in strict.items() if not held]
     if missed:
         # Known gap (docs/reliability.md, "Overload"): direct, with adaptive admission, the
