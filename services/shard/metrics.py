@@ -48,8 +48,9 @@ class ShardMetrics(Collector):
                     self._index.embed_queue())
         yield counter("engram_shard_index_change_failures",
                       "Changes to the in-memory search index that raised and were dropped: "
-                      "their records are stored but not searchable on this replica until its "
-                      "index is rebuilt (the log names each).", [], self._index.change_failures)
+                      "their records are stored but left out of this replica's search index "
+                      "(the log names each).", [], self._index.change_failures,
+                      known=[()])
         yield counter("engram_shard_embedder_failures",
                       "Embedder failures the shard absorbed without an error, by stage: query "
                       "(a hybrid search ranked lexically, its query not embedded), index (an "

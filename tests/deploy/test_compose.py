@@ -264,7 +264,8 @@ def test_the_front_profile_runs_the_generated_proxy_before_the_shard(
     assert spec["entrypoint"] == ["nginx", "-e", "stderr", "-c", "/etc/engram-front/nginx.conf"]
     assert spec["volumes"] == ["./deploy/compose/front.conf:/etc/engram-front/nginx.conf:ro"]
     assert spec["ports"] == ["127.0.0.1:50061:50061"]
-    assert spec["depends_on"] == {"shard": {"condition": "service_healthy"}}
+    # nginx resolves the shard's name once: it must restart when the shard is recreated.
+    assert spec["depends_on"] == {"shard": {"condition": "service_healthy", "restart": True}}
     networks = _networks(compose)
     for network in networks[FRONT_SERVICE]:
         members = {name for name, nets in networks.items() if network in nets}

@@ -253,20 +253,22 @@ class FleetIndex:
         """Add one record (in ``seq`` order, ``day`` its date if known); returns its number."""
         if record_id in self.doc_of:
             return self.doc_of[record_id]
+        # What can fail on the text runs first: a record whose analysis raises leaves the
+        # index as it was (the caller drops the change), not half added (found in review).
+        cfg = self.settings
+        tokens = tokenize(text)
+        own = _term_counts(tokens)
+        prior = cfg.length_prior * np.log1p(len(tokens)) + (
+            0.0 if _asks(text) else cfg.statement_prior)
         holder = self.text_keys.setdefault(text_key, record_id) if text_key else record_id
         if holder != record_id and self._key_later is not None:
             self._key_later.setdefault(text_key, []).append(record_id)
-        tokens = tokenize(text)
-        own = _term_counts(tokens)
         doc = len(self.ids)
         self._grow(doc + 1)
         self._add_facts(doc, facts or DocFacts())
         if day is not None:
             self._dates[doc] = (day.year, day.month, day.day)
-        cfg = self.settings
-        self._prior[doc] = cfg.length_prior * np.log1p(len(tokens)) + (
-            0.0 if _asks(text) else cfg.statement_prior
-        )
+        self._prior[doc] = prior
         bag = dict(own)
         tail = self._tail(run_id) if run_id else []
         steps = [cfg.distance_decay ** (len(tail) - 1 - i) for i in range(len(tail))]

@@ -115,15 +115,23 @@ class _FleetSlot:
         record the stemmer could not analyse made another agent's next write fail INTERNAL
         (found in review)."""
         while self.inbox:
-            change = self.inbox.popleft()
-            try:
-                change(self.index)
-            except Exception:
-                self.failures.add()
-                log.exception("a change to the fleet's search index failed and was dropped: "
-                              "the record is stored but not searchable on this replica until "
-                              "its index is rebuilt (a start without the index snapshot)",
-                              extra={"record_id": getattr(change, "record_id", "")})
+            _applied(self.inbox.popleft(), self.index, self.failures)
+
+
+def _applied(change: FleetChange, index: FleetIndex, failures: Tally) -> bool:
+    """Apply ``change``; one that raises is logged, counted and dropped (False). What can fail
+    on a record's text (its analysis) runs before :meth:`FleetIndex.add` changes anything,
+    so the record is only left out of this replica's index; a rebuild from the store (an
+    erasure's, a start without the snapshot) meets the same record and leaves it out too."""
+    try:
+        change(index)
+        return True
+    except Exception:
+        failures.add()
+        log.exception("a change to the fleet's search index failed and was dropped: the "
+                      "record is stored but left out of this replica's search index",
+                      extra={"record_id": getattr(change, "record_id", "")})
+        return False
 
 
 _NEAR_CANDIDATES = 16
@@ -729,7 +737,7 @@ class SearchIndex:
             for record_id in later:
                 row = rows.get(record_id)
                 if row is not None:  # else erased meanwhile: the next forget drops it
-                    _adder(row)(rebuilt)
+                    _applied(_adder(row), rebuilt, self.change_failures)
         if self.embedder is not None:
             self._add_stored_vectors(rebuilt, [
                 i for i in rebuilt.ids if rebuilt.needs_vector(i) and old.has_vector(i)])
@@ -752,8 +760,8 @@ class SearchIndex:
             return
         with self.db.session() as session:
             stored = self.repo.stored_vectors(session, ids, model)
-        if stored:
-            found = list(stored)
+        found = [i for i in stored if i in index.doc_of]  # a record left out (_applied)
+        if found:
             add([index.doc_of[i] for i in found], np.stack(
                 [np.frombuffer(stored[i], dtype="<f4") for i in found]).astype(np.float32))
 
@@ -784,7 +792,7 @@ class SearchIndex:
             if not rows:
                 break
             for row in rows:
-                _adder(row)(index)
+                _applied(_adder(row), index, self.change_failures)
             after = rows[-1].seq
             if self.embedder is not None:
                 self._add_stored_vectors(index, [row.id for row in rows])
@@ -1121,6 +1129,8 @@ def _vector_adder(record_ids: list[str], vectors: np.ndarray) -> FleetChange:
         if known:
             index.add_vectors([index.doc_of[record_ids[i]] for i in known], vectors[known])
 
+    add.record_id = (record_ids[0] if len(record_ids) == 1 else  # type: ignore[attr-defined]
+                     f"{record_ids[0]} and {len(record_ids) - 1} more" if record_ids else "")
     return add
 
 

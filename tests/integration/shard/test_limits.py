@@ -207,6 +207,9 @@ def test_a_long_word_is_indexed_and_the_next_writes_are_not_hurt(
     assert {created.record.id for created in after} <= found
 
 
+FLEET_A = "fleet-a"  # the fleet of make_token's default tokens
+
+
 def test_an_index_change_that_fails_is_counted_and_hurts_no_other_call(
         shard: tuple[str, ShardService], client_for: Callable[..., ShardClient],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,3 +235,28 @@ def test_an_index_change_that_fails_is_counted_and_hurts_no_other_call(
     found = {hit.record.id for hit in other.search("zqafter", mode="lexical", limit=10)}
     assert {created.record.id for created in after} <= found
     assert sum(count for _, count in index.change_failures.items()) == 1
+
+    # A rebuild of the fleet (here retention's removal of most of it, which is not done in
+    # place) meets the same record: it is left out again, and the removal still happens
+    # (before, the rebuild raised and the removed records stayed searchable).
+    old = [other.add(f"zqold note {i}", run_id="old").record.id for i in range(12)]
+    index.sync()
+    service = shard[1]
+    with service.db.session() as session:
+        service.repo.remove(session, FLEET_A, old)
+    assert index.forget(FLEET_A, old)
+    assert not other.search("zqold", mode="lexical", limit=20)
+    assert sum(count for _, count in index.change_failures.items()) == 2
+
+
+def test_index_change_failures_are_exported_from_zero(shard: tuple[str, ShardService]) -> None:
+    """A counter that first appears at 1 never shows an increase to Prometheus, so the alert
+    on it would miss a replica's first failure (found in review)."""
+    from services.shard.metrics import ShardMetrics
+
+    index = shard[1].search_engine.index
+    assert index is not None
+    families = {family.name: family for family in ShardMetrics(shard[1], index).collect()}
+    samples = families["engram_shard_index_change_failures"].samples
+    assert [(sample.name, sample.value) for sample in samples] == [
+        ("engram_shard_index_change_failures_total", 0.0)]

@@ -62,3 +62,30 @@ def test_dense_search_returns_the_nearest_allowed(monkeypatch: pytest.MonkeyPatc
     exact = members[np.argsort(-(vectors[members] @ query))][: len(found)]
     overlap = len({d for d, _ in found} & set(exact.tolist())) / len(found)
     assert overlap >= 0.9
+
+
+def test_an_add_whose_analysis_fails_leaves_the_index_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The text key, tags and metadata were recorded before the text was analysed: a record
+    whose analysis raised (the stemmer's recursion) left its tag and text key behind, so the
+    next record matched the failed one's tag filter (found in review). Now nothing of it
+    stays, and the next record is numbered and filtered as if it had never been tried."""
+    index = FleetIndex(0, ContextSettings())
+    index.add("a", "run", "the first note about lunch", b"ka", facts=DocFacts(agent_id="x"))
+    counts = fleet_index._term_counts
+
+    def failing(tokens: list[str]) -> dict[str, float]:
+        if "zqpoison" in tokens:
+            raise RecursionError("analysis failed")
+        return counts(tokens)
+
+    monkeypatch.setattr(fleet_index, "_term_counts", failing)
+    with pytest.raises(RecursionError):
+        index.add("b", "run", "zqpoison zebra", b"kb",
+                  facts=DocFacts(agent_id="x", tags=("secret",), metadata={"level": "top"}))
+    assert "b" not in index.doc_of and b"kb" not in index.text_keys
+    index.add("c", "run", "a later note", b"kc", facts=DocFacts(agent_id="x"))
+    assert index.doc_of == {"a": 0, "c": 1}
+    assert index.mask(DocFilter(tags_all=("secret",))) is not None
+    assert not index.mask(DocFilter(tags_all=("secret",))).any()  # type: ignore[union-attr]
+    assert not index.mask(DocFilter(metadata=(("level", "top"),))).any()  # type: ignore[union-attr]
