@@ -269,6 +269,7 @@ def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -
     # Refusals timed by the well-behaved agents, in this process at normal priority (the
     # load's own are timed by a process at the lowest priority, which waits for a CPU).
     good_refused = [c for c in good_during if c.code == "RESOURCE_EXHAUSTED"]
+    good_admitted = [c for c in good_during if c.code == "OK"]
     print(f"capacity {capacity:.0f} writes/s, {offered:.0f} offered a second under load; "
           f"unloaded p99 {p99(unloaded) * 1000:.1f} ms "
           f"({len(unloaded)} calls); overload {len(during)} calls in {seconds} s: "
@@ -287,8 +288,12 @@ def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -
     strict = {
         "twice the capacity offered": offered >= 0.9 * 2 * capacity,
         "the excess is refused": bool(refused),
-        "refusals faster than acknowledged writes": bool(refused)
-        and p99(refused) < p99(admitted),
+        # Both timed by the well-behaved agents, in this process (the load's own refusals are
+        # timed at the lowest priority: in a busy CI run that made them look slower than
+        # admitted writes while the agents here saw 2-3 ms refusals).
+        "refusals faster than acknowledged writes": bool(refused) and (
+            p99(good_refused) < p99(good_admitted) if good_refused and good_admitted
+            else p99(refused) < p99(admitted)),
         "well-behaved p99 within 2x unloaded": p99(good_during) <= 2 * p99(unloaded),
     }
     # Timed by the well-behaved agents (normal priority): the load's own refusals are timed
