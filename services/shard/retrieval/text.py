@@ -49,16 +49,8 @@ def _vowels(word: str) -> Iterator[bool]:
 
 
 def _is_consonant(word: str, i: int) -> bool:
-    ch = word[i]
-    if ch in "aeiou":
-        return False
-    if ch != "y":
-        return True
-    start = i  # the run of y's ending at i: consonant and vowel in turn from its first
-    while start > 0 and word[start - 1] == "y":
-        start -= 1
-    first_consonant = start == 0 or word[start - 1] in "aeiou"
-    return first_consonant == ((i - start) % 2 == 0)
+    *_, vowel = _vowels(word[: i + 1])
+    return not vowel
 
 
 def _measure(stem: str) -> int:
