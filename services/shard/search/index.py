@@ -104,7 +104,8 @@ class _FleetSlot:
     threads handed it while it was busy (applied in order by the next holder)."""
 
     index: FleetIndex
-    failures: Tally = field(default_factory=Tally)
+    failures: Tally
+    """The index's ``change_failures``, shared by every fleet."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     inbox: deque[FleetChange] = field(default_factory=deque)
 
@@ -118,20 +119,18 @@ class _FleetSlot:
             _applied(self.inbox.popleft(), self.index, self.failures)
 
 
-def _applied(change: FleetChange, index: FleetIndex, failures: Tally) -> bool:
-    """Apply ``change``; one that raises is logged, counted and dropped (False). What can fail
+def _applied(change: FleetChange, index: FleetIndex, failures: Tally) -> None:
+    """Apply ``change``; one that raises is logged, counted and dropped. What can fail
     on a record's text (its analysis) runs before :meth:`FleetIndex.add` changes anything,
     so the record is only left out of this replica's index; a rebuild from the store (an
     erasure's, a start without the snapshot) meets the same record and leaves it out too."""
     try:
         change(index)
-        return True
     except Exception:
         failures.add()
         log.exception("a change to the fleet's search index failed and was dropped: the "
                       "record is stored but left out of this replica's search index",
                       extra={"record_id": getattr(change, "record_id", "")})
-        return False
 
 
 _NEAR_CANDIDATES = 16
