@@ -20,12 +20,21 @@ NGINX = shutil.which("nginx") or (
 
 
 def need_nginx() -> str:
-    """nginx's path; skips the test when `make setup` could not install it (it installs
-    Debian's nginx-light where it runs as root with apt-get)."""
+    """nginx's path; skips the test when `make test` could not install it (its front-proxy
+    target installs Debian's nginx-light where it runs as root with apt-get)."""
     if NGINX is None:
-        pytest.skip("nginx is not installed (make setup installs nginx-light with apt-get when "
-                    "it runs as root; elsewhere install nginx with HTTP/2 and gRPC)")
+        pytest.skip("nginx is not installed (make test / make front-proxy install nginx-light "
+                    "with apt-get when run as root; elsewhere install nginx with HTTP/2 and "
+                    "gRPC)")
     return NGINX
+
+
+def nginx_check(text: str, directory: Path) -> subprocess.CompletedProcess[str]:
+    """`nginx -t` of the configuration ``text``, written to ``directory`` (its prefix)."""
+    config = directory / "nginx-check.conf"
+    config.write_text(text)
+    return subprocess.run([need_nginx(), "-t", "-c", str(config), "-p", str(directory)],
+                          capture_output=True, text=True, timeout=30, check=False)
 
 
 @contextmanager

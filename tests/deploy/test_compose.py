@@ -251,7 +251,7 @@ def test_the_front_profile_runs_the_generated_proxy_before_the_shard(
 
     from engram.cli.main import app
     from engram.front import FrontLimits, render
-    from tests.front import NGINX
+    from tests.front import NGINX, nginx_check
 
     spec = _service(compose, FRONT_SERVICE)
     uid, _, gid = str(spec["user"]).partition(":")
@@ -282,9 +282,6 @@ def test_the_front_profile_runs_the_generated_proxy_before_the_shard(
     assert CliRunner().invoke(app, [*args[:-1], str(out)]).exit_code == 0
     assert out.read_text() == config, f"regenerate it: {command}"
     if NGINX is not None:  # the host name resolves only inside compose's network
-        local = tmp_path / "local.conf"
-        local.write_text(config.replace("server shard:50051;", "server 127.0.0.1:50051;")
-                         .replace("/tmp/", f"{tmp_path}/"))
-        checked = subprocess.run([NGINX, "-t", "-c", str(local), "-p", str(tmp_path)],
-                                 capture_output=True, text=True, timeout=30)
+        checked = nginx_check(config.replace("server shard:50051;", "server 127.0.0.1:50051;")
+                              .replace("/tmp/", f"{tmp_path}/"), tmp_path)
         assert checked.returncode == 0, checked.stderr

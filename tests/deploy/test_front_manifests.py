@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import re
 import shlex
-import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -26,7 +25,7 @@ from engram.front import FrontLimits, render
 from tests.deploy.conftest import FRONT, FRONT_OVERLAYS, FRONT_PORT, GRPC_PORTS, ROOT, kustomize
 from tests.deploy.test_embedder_manifests import _with_components
 from tests.deploy.test_kustomize import CLIENT, Rendered, _allowed, _objects
-from tests.front import need_nginx
+from tests.front import nginx_check
 
 COMPONENT = ROOT / "deploy" / "components" / "front"
 CONFIG = COMPONENT / "nginx.conf"
@@ -264,18 +263,13 @@ def test_the_image_is_an_official_nginx_pinned_by_version(with_front: Rendered) 
 
 def test_nginx_accepts_the_mounted_configuration(with_front: Rendered, tmp_path: Path) -> None:
     """`nginx -t` on the ConfigMap's text, its state directory moved to a writable one."""
-    nginx = need_nginx()
     _, text = _mounted_config(with_front)
     assert text.count(f" {STATE_DIR}/engram-front") == 6
-    config = tmp_path / "nginx.conf"
-    config.write_text(text.replace(f" {STATE_DIR}/engram-front", f" {tmp_path}/engram-front"))
-    checked = subprocess.run([nginx, "-t", "-c", str(config), "-p", str(tmp_path)],
-                             capture_output=True, text=True, timeout=30, check=False)
+    local = text.replace(f" {STATE_DIR}/engram-front", f" {tmp_path}/engram-front")
+    checked = nginx_check(local, tmp_path)
     assert checked.returncode == 0, checked.stderr
     # The check can fail: a configuration cut short is refused.
-    config.write_text(config.read_text().rstrip().removesuffix("}"))
-    cut = subprocess.run([nginx, "-t", "-c", str(config), "-p", str(tmp_path)],
-                         capture_output=True, text=True, timeout=30, check=False)
+    cut = nginx_check(local.rstrip().removesuffix("}"), tmp_path)
     assert cut.returncode != 0, "nginx -t accepted a configuration without its last brace"
 
 

@@ -304,6 +304,6 @@ def _overload_test(stack: Stack, front: str, admission: str, proxy: ExitStack) -
         # Known gap (docs/reliability.md, "Overload"): direct, with adaptive admission, the
         # excess is refused, but refusals cost the shard's CPU and GIL and the well-behaved
         # agents' p99 is about 6x unloaded (static: the excess queues, 13x). Behind the front
-        # proxy the refusals never reach the shard: 1.2-1.5x in 5 of 5 runs at FRONT_LIMITS,
-        # timed, so reported rather than asserted. Reported on every run.
+        # proxy the refusals never reach the shard and every run here met the criteria
+        # (docs/reliability.md, "The front proxy"); timed, so reported, not asserted.
         pytest.xfail(f"overload criteria not met: {missed}")

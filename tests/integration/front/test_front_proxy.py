@@ -71,13 +71,17 @@ def _auth(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
+def _call(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+    """A unary call for an artifact no one stored: NOT_FOUND once it reaches the service."""
+    rpc.ArtifactsServiceStub(channel).GetArtifact(
+        pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=metadata, timeout=10)
+
+
 def _get(channel: grpc.Channel, token: str) -> grpc.StatusCode:
     """A unary call through the proxy; the code it ended with (NOT_FOUND: it reached the
     service, which has no such artifact)."""
     try:
-        rpc.ArtifactsServiceStub(channel).GetArtifact(
-            pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=_auth(token),
-            timeout=10)
+        _call(channel, _auth(token))
     except grpc.RpcError as error:
         return error.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
@@ -86,9 +90,7 @@ def _get(channel: grpc.Channel, token: str) -> grpc.StatusCode:
 def _refused(channel: grpc.Channel, token: str) -> EngramRpcError:
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as caught:
-        rpc.ArtifactsServiceStub(channel).GetArtifact(
-            pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=_auth(token),
-            timeout=10)
+        _call(channel, _auth(token))
     assert time.monotonic() - started < 5
     return EngramRpcError.from_rpc_error(caught.value)
 
@@ -139,8 +141,7 @@ def test_authentication_is_still_the_services(front: str, make_token: TokenFacto
     with grpc.insecure_channel(front) as channel:
         assert _get(channel, forged) == grpc.StatusCode.UNAUTHENTICATED
         with pytest.raises(grpc.RpcError) as caught:
-            rpc.ArtifactsServiceStub(channel).GetArtifact(
-                pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), timeout=10)
+            _call(channel, ())
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
@@ -183,9 +184,7 @@ def test_two_authorization_headers_are_refused_directly_and_through_the_proxy(
     for address, code in ((stack.artifacts.address, grpc.StatusCode.UNAUTHENTICATED),
                           (front, grpc.StatusCode.INVALID_ARGUMENT)):
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as caught:
-            rpc.ArtifactsServiceStub(channel).GetArtifact(
-                pb.GetArtifactRequest(artifact_id="art_" + "0" * 32), metadata=metadata,
-                timeout=10)
+            _call(channel, metadata)
         error = EngramRpcError.from_rpc_error(caught.value)
         assert error.code == code, (address, error)
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -210,18 +209,17 @@ def test_a_large_header_ends_only_its_own_call_as_the_service_answers_it(
         stack: GatedStack, front: str, make_token: TokenFactory, size: int) -> None:
     """nginx's default header buffers answered a 9 KB metadata value with GOAWAY: every call on
     the connection ended UNAVAILABLE (found in review). Through the proxy the call now ends
-    as it does directly, and a call beside it on the same channel is not hurt."""
+    as the service answers it, and a call beside it on the same channel is not hurt."""
     token = make_token("front-a")
     metadata = (*_auth(token), ("x-engram-note", "n" * size))
 
     def outcome(address: str) -> grpc.StatusCode:
         with grpc.insecure_channel(address) as channel:
-            stub = rpc.ArtifactsServiceStub(channel)
-            beside = stub.GetArtifact.future(pb.GetArtifactRequest(artifact_id="art_" + "1" * 32),
-                                             metadata=_auth(token), timeout=10)
+            beside = rpc.ArtifactsServiceStub(channel).GetArtifact.future(
+                pb.GetArtifactRequest(artifact_id="art_" + "1" * 32), metadata=_auth(token),
+                timeout=10)
             try:
-                stub.GetArtifact(pb.GetArtifactRequest(artifact_id="art_" + "0" * 32),
-                                 metadata=metadata, timeout=10)
+                _call(channel, metadata)
                 code = grpc.StatusCode.OK
             except grpc.RpcError as error:
                 code = error.code()

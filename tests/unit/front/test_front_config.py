@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from engram.cli.main import app
 from engram.front import FrontConfigError, FrontLimits, refusal_details, render
-from tests.front import need_nginx
+from tests.front import nginx_check
 
 
 def test_the_refusal_carries_the_services_own_reason_and_retry_delay() -> None:
@@ -71,12 +71,8 @@ def test_a_state_dir_that_could_break_the_configuration_is_refused(state_dir: st
 
 
 def test_nginx_accepts_the_configuration(tmp_path: Path) -> None:
-    nginx = need_nginx()
-    config = tmp_path / "nginx.conf"
-    config.write_text(render("127.0.0.1:50051", "127.0.0.1:50061", FrontLimits(),
-                             state_dir=str(tmp_path)))
-    checked = subprocess.run([nginx, "-t", "-c", str(config), "-p", str(tmp_path)],
-                             capture_output=True, text=True, timeout=30)
+    checked = nginx_check(render("127.0.0.1:50051", "127.0.0.1:50061", FrontLimits(),
+                                 state_dir=str(tmp_path)), tmp_path)
     assert checked.returncode == 0, checked.stderr
 
 
