@@ -12,15 +12,21 @@ from services.shard.retrieval.embedding import (
     HashEmbedder,
     TestEmbedderRefused,
 )
+from services.shard.retrieval.embedding_concat import build_embedder
 from services.shard.retrieval.encoder_choice import encoder_spec
 
 
 def load_encoder(settings: EmbedderSettings) -> EmbeddingProvider:
-    """The encoder ENGRAM_EMBEDDER_EMBEDDER names (the hash one only for tests)."""
+    """The encoder ENGRAM_EMBEDDER_EMBEDDER names (the hash one only for tests); names joined
+    by ``+`` (and the ``quality`` profile) are one :class:`ConcatEmbedder`, as in the shard."""
     if settings.embedder == "none":
         raise ValueError("ENGRAM_EMBEDDER_EMBEDDER=none: an embedding service needs a model")
-    chosen = encoder_spec(settings.embedder, settings.home, settings.int8,
-                          "ENGRAM_EMBEDDER_EMBEDDER")
+    return build_embedder(settings.embedder, "ENGRAM_EMBEDDER_EMBEDDER",
+                          lambda name: _encoder(settings, name))
+
+
+def _encoder(settings: EmbedderSettings, name: str) -> EmbeddingProvider:
+    chosen = encoder_spec(name, settings.home, settings.int8, "ENGRAM_EMBEDDER_EMBEDDER")
     if chosen is None:
         if not settings.allow_test_embedder:
             raise TestEmbedderRefused(

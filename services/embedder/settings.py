@@ -20,7 +20,8 @@ class EmbedderSettings(GovernanceClientSettings):
         default="minilm",
         description="the encoder, named as ENGRAM_SHARD_EMBEDDER names it: minilm (the "
         "packaged all-MiniLM-L6-v2, int8), minilm-fp32, mpnet (after `make mpnet`) or the path "
-        "of a sentence-transformers model directory; hash only with allow_test_embedder")
+        "of a sentence-transformers model directory, or two or three of these joined by + "
+        "(quality: minilm+mpnet); hash only with allow_test_embedder")
     int8: bool = Field(
         default=True, description="mpnet or a model directory in int8 (dynamic quantization, "
         "~2x faster) or float32; minilm / minilm-fp32 say it themselves")

@@ -20,6 +20,7 @@ from services.shard.retrieval.embedding import (
     HashEmbedder,
     require_production,
 )
+from services.shard.retrieval.embedding_concat import build_embedder
 from services.shard.retrieval.encoder_choice import encoder_spec
 from services.shard.retrieval.model_dir import ModelSpec
 from services.shard.search.index import SearchIndex
@@ -46,30 +47,42 @@ def embedder_spec(settings: ShardSettings) -> tuple[ModelSpec, bool] | None:
 
 
 def embedding_provider(settings: ShardSettings) -> EmbeddingProvider | None:
-    """The provider for ``settings.embedder`` (None for "none"); refuses test-only ones."""
+    """The provider for ``settings.embedder`` (None for "none"); refuses test-only ones. Names
+    joined by ``+`` (and the ``quality`` profile) are one :class:`ConcatEmbedder`."""
     if settings.embedder_addr:
         return _remote_provider(settings)
     if settings.embedder == "none":
         return None
+    provider = build_embedder(
+        settings.embedder, "ENGRAM_SHARD_EMBEDDER",
+        lambda name: _encoder(settings.model_copy(update={"embedder": name})))
+    try:
+        require_production(provider, allow_test_embedder=settings.allow_test_embedder)
+    except BaseException:
+        provider.close()
+        raise
+    return provider
+
+
+def _encoder(settings: ShardSettings) -> EmbeddingProvider:
+    """The one encoder ``settings.embedder`` names."""
     provider: EmbeddingProvider
     chosen = embedder_spec(settings)
     if chosen is None:
-        provider = HashEmbedder()
+        return HashEmbedder()
+    spec, int8 = chosen
+    if settings.embed_process:
+        from services.shard.retrieval.embedding_process import ProcessEmbedder
+
+        provider = ProcessEmbedder(spec, threads=settings.embed_threads, int8=int8,
+                                   niceness=settings.index_niceness,
+                                   log_level=settings.log_level)
     else:
-        spec, int8 = chosen
-        if settings.embed_process:
-            from services.shard.retrieval.embedding_process import ProcessEmbedder
+        # Imported here: a lexical-only or test shard never loads ONNX Runtime.
+        from services.shard.retrieval.embedding_onnx import onnx_encoder
 
-            provider = ProcessEmbedder(spec, threads=settings.embed_threads, int8=int8,
-                                       niceness=settings.index_niceness,
-                                       log_level=settings.log_level)
-        else:
-            # Imported here: a lexical-only or test shard never loads ONNX Runtime.
-            from services.shard.retrieval.embedding_onnx import onnx_encoder
-
-            provider = onnx_encoder(spec, threads=settings.embed_threads, int8=int8,
-                                    pool_niceness=settings.index_niceness, build_apart=True)
-    require_production(provider, allow_test_embedder=settings.allow_test_embedder)
+        provider = onnx_encoder(spec, threads=settings.embed_threads, int8=int8,
+                                pool_niceness=settings.index_niceness, build_apart=True)
     return provider
 
 

@@ -49,10 +49,13 @@ class ShardSettings(GovernanceClientSettings):
     (all-mpnet-base-v2 after `make mpnet`: better vectors at ~8x MiniLM's cost), hash, none, or
     the path of a sentence-transformers model directory (BERT family: config.json,
     model.safetensors, tokenizer.json, 1_Pooling/config.json) an operator mounts, such as
-    BGE, E5 or GTE; the shard refuses to start when a file is missing or malformed."""
+    BGE, E5 or GTE; the shard refuses to start when a file is missing or malformed. Two or
+    three of these joined by ``+`` are one model whose vectors are theirs side by side (cosine:
+    the mean of theirs): ``quality`` is ``minilm+mpnet``, the quality profile
+    (docs/retrieval.md: better recall, every record and query embedded by both)."""
     previous_embedder: str = ""
     """While the records are re-embedded after a change of ``embedder``: the model they were
-    embedded with (the same forms: minilm, minilm-fp32, mpnet or a directory). Its stored
+    embedded with (the same forms: minilm, minilm-fp32, mpnet, a directory, or a join). Its stored
     vectors then rank the records the new model has not reached yet (each query is embedded
     by both models), so semantic recall holds through the re-embedding; once it ends (or
     when no vector of that model is stored) the model is let go. Empty: only the new model's

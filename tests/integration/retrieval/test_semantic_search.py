@@ -522,3 +522,60 @@ def test_a_fleets_status_counts_only_its_own_records_waiting_for_vectors(
     finally:
         release.set()
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_joined_model_embeds_with_every_part_and_re_embeds_what_one_model_wrote(
+    settings: ShardSettings, make_token: TokenFactory
+) -> None:
+    """``minilm+minilm-fp32`` (the quality profile's shape, with two packaged models): every
+    record re-embedded by both parts, each in its own child process; one vector a record
+    under the joined identity, as long as both parts' together; queries answered by both;
+    one part's child killed and replaced under a search; a restart reuses the vectors."""
+    from sqlalchemy import create_engine, text
+
+    from services.shard.retrieval.embedding_concat import ConcatEmbedder
+
+    token = make_token("agent-joined", "fleet-joined")
+    client, _service, server = _serve(settings, token)
+    try:
+        target = client.add("My dog loves running on the beach every morning").record
+        client.add("Kubernetes pods restart when the liveness probe fails")
+        client.add("The quarterly revenue report shows sales grew by twelve percent")
+        _caught_up(client)
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+    joined = settings.model_copy(update={"embedder": "minilm+minilm-fp32",
+                                         "previous_embedder": "minilm"})
+    client, service, server = _serve(joined, token)
+    try:
+        model = client.status().embedding_model
+        assert model == "all-MiniLM-L6-v2-int8+all-MiniLM-L6-v2"
+        _caught_up(client)
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target.id
+        embedder = service.search_engine.index.embedder  # type: ignore[union-attr]
+        assert isinstance(embedder, ConcatEmbedder) and embedder.dimension == 768
+        assert embedder.embed_started is not None  # queries go to both children at once
+        part = embedder.parts[1]
+        assert isinstance(part, ProcessEmbedder) and part.pid is not None
+        first = part.pid
+        os.kill(first, signal.SIGKILL)
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target.id
+        assert part.pid != first
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+    engine = create_engine(settings.database_url())
+    with engine.connect() as connection:
+        stored = connection.execute(text(
+            "SELECT model, length(vector), count(*) FROM record_vectors "
+            "GROUP BY model, length(vector)")).all()
+    engine.dispose()
+    assert [tuple(row) for row in stored] == [(model, 768 * 4, 3)]
+    client, service, server = _serve(joined.model_copy(update={"previous_embedder": ""}), token)
+    try:
+        assert client.status().indexing_lag == 0
+        assert client.search("puppy playing by the sea", mode="semantic")[0].record.id == \
+            target.id
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
