@@ -101,8 +101,9 @@ def bench(
         "postgresql+psycopg://postgres@127.0.0.1:5432/postgres)"),
     embedder: str | None = typer.Option(
         None, "--embedder", rich_help_panel=FLEET,
-        help="with --start: the shard's embedder, none (search is lexical) or minilm (hybrid, "
-        "as `engram up` runs) (default: none)"),
+        help="fleet with --start: the shard's embedder, none (search is lexical) or minilm "
+        "(hybrid, as `engram up` runs) (default: none). search: minilm (default) or quality "
+        "(the quality profile, minilm+mpnet, after `make mpnet`), with that profile's targets"),
 ) -> None:
     """Run one benchmark against services it starts itself on 127.0.0.1 (fleet: or against
     the running `engram up` stack with --no-start). Exits 1 when a fleet run had no
@@ -116,8 +117,12 @@ def bench(
     }
     ratios = {"write": write_ratio, "search": search_ratio, "snapshot": snapshot_ratio,
               "iteration": iteration_ratio, "artifact": artifact_ratio}
-    scale_options = ({"records": records, "home": home, "fleets": fleets}
-                     if name == "scale" else {})
+    scale_options: dict[str, Any] = ({"records": records, "home": home, "fleets": fleets}
+                                     if name == "scale" else {})
+    if embedder is not None and name not in ("fleet", "search"):
+        raise fail("--embedder: only for `engram bench fleet` and `engram bench search`")
+    if name == "search" and embedder is not None:
+        scale_options["embedder"] = fleet_options.pop("embedder")
     if name == "scale":
         fleet_options.pop("home")
         fleet_options.pop("fleets")

@@ -37,3 +37,23 @@ def test_cli_rejects_an_unknown_benchmark_with_the_choices() -> None:
     result = CliRunner().invoke(app, ["bench", "nosuch"])
     assert result.exit_code != 0
     assert "chroma" in result.output and "search" in result.output
+
+
+def test_embedder_reaches_the_search_bench_and_no_other_but_fleet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from engram.bench import search
+
+    seen: dict[str, object] = {}
+
+    def run(**kwargs: object) -> dict[str, object]:
+        seen.update(kwargs)
+        return {"embedder": kwargs["embedder"]}
+
+    monkeypatch.setattr(search, "run", run)
+    result = CliRunner().invoke(app, ["bench", "search", "--embedder", "quality", "--json"])
+    assert result.exit_code == 0, result.output
+    assert seen["embedder"] == "quality"
+    refused = CliRunner().invoke(app, ["bench", "gate", "--embedder", "quality"])
+    assert refused.exit_code != 0
+    assert "--embedder: only for `engram bench fleet` and `engram bench search`" in \
+        refused.output
