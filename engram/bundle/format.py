@@ -31,7 +31,11 @@ from google.protobuf.json_format import ParseDict, ParseError
 
 from engram.compactor.v1 import compactor_service_pb2 as cpb
 
-FORMAT = "engram-bundle/1"
+FORMAT = "engram-bundle/2"
+FORMAT_1 = "engram-bundle/1"
+"""Bundles written before 2026-11-29: their ``content_digest`` covers the members only, not
+the fleet and run the manifest names (a copy relabelled to another fleet kept its digest)."""
+READABLE = (FORMAT_1, FORMAT)
 MANIFEST_PATH = "MANIFEST.json"
 SPOOL_BYTES = 8 * 1024 * 1024
 """A member up to this size is spooled in memory; a larger one goes to a temporary file."""
@@ -97,10 +101,13 @@ class Manifest:
     fleet_id: str
     run_id: str = ""
     members: list[Member] = field(default_factory=list)
+    format: str = FORMAT
 
     @property
     def content_digest(self) -> str:
-        digest = hashlib.sha256(FORMAT.encode() + b"\n")
+        digest = hashlib.sha256(self.format.encode() + b"\n")
+        if self.format != FORMAT_1:  # the fleet and run it is of are part of what it says
+            digest.update(canonical_line({"fleet_id": self.fleet_id, "run_id": self.run_id}))
         for member in sorted(self.members, key=lambda m: m.path):
             digest.update(canonical_line(member.to_dict()))
         return digest.hexdigest()
@@ -114,7 +121,7 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         return json.dumps({
-            "format": FORMAT, "fleet_id": self.fleet_id, "run_id": self.run_id,
+            "format": self.format, "fleet_id": self.fleet_id, "run_id": self.run_id,
             "members": [m.to_dict() for m in sorted(self.members, key=lambda m: m.path)],
             "content_digest": self.content_digest,
         }, sort_keys=True, indent=1, ensure_ascii=False).encode() + b"\n"
@@ -123,10 +130,11 @@ class Manifest:
     def from_bytes(cls, data: bytes) -> Manifest:
         try:
             document = json.loads(data)
-            if document.get("format") != FORMAT:
+            if document.get("format") not in READABLE:
                 raise BundleError(f"{MANIFEST_PATH} is format {document.get('format')!r}, "
-                                  f"this engram reads {FORMAT!r}")
+                                  f"this engram reads {' and '.join(map(repr, READABLE))}")
             manifest = cls(fleet_id=str(document["fleet_id"]), run_id=str(document["run_id"]),
+                           format=str(document["format"]),
                            members=[Member(path=str(m["path"]), size=int(m["size"]),
                                            sha256=str(m["sha256"]),
                                            rows=None if m.get("rows") is None else int(m["rows"]))
@@ -441,6 +449,11 @@ class BundleReader:
                 raise BundleError(f"{path} line {number} is not JSON ({error})") from None
             if not isinstance(row, dict):
                 raise BundleError(f"{path} line {number} is not a JSON object")
+            if "fleet_id" in row and row["fleet_id"] != self.manifest.fleet_id:
+                # Governance's import calls act on the token's fleet, not the row's: a row of
+                # another fleet would land in this one.
+                raise BundleError(f"{path} line {number} is of fleet {row['fleet_id']!r}, not "
+                                  f"the bundle's {self.manifest.fleet_id!r}")
             yield row
 
     def messages(self, kind: str, message: type[Any]) -> Iterator[Any]:

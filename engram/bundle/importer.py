@@ -170,6 +170,11 @@ class Importer:
         changed = same = 0
         while chunk := list(islice(pinned, 100)):  # a chunk at a time: the part may be huge
             wanted = [parse_row(row, gpb.AgentTrust(), "trust") for row in chunk]
+            for trust in wanted:  # checked before this chunk sets any
+                if trust.tier not in TIER_NAMES:
+                    known = ", ".join(f"{v} ({n})" for v, n in sorted(TIER_NAMES.items()))
+                    raise BundleError(f"trust of agent {trust.agent_id!r} holds tier "
+                                      f"{trust.tier}, not one of {known}")
             current = {t.agent_id: t for t in self.clients.governance.trusts(
                 fleet, [t.agent_id for t in wanted])}
             for trust in wanted:

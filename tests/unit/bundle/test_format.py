@@ -312,3 +312,74 @@ def test_a_deeply_nested_manifest_is_a_bundle_error(tmp_path: Path) -> None:
         tar.addfile(info, io.BytesIO(data))
     with BundleReader(out) as reader, pytest.raises(BundleError, match="not a bundle manifest"):
         reader.verify()
+
+
+def _relabelled(source: Path, target: Path, recompute: bool, **fields: str) -> None:
+    """A copy whose manifest names another fleet or run; with ``recompute`` its
+    content_digest is made again for the new fields (what a forger does)."""
+    def change(info: tarfile.TarInfo, data: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
+        if info.name != MANIFEST_PATH:
+            return [(info, data)]
+        document = json.loads(data)
+        document.update(fields)
+        if recompute:
+            document["content_digest"] = Manifest(
+                fleet_id=document["fleet_id"], run_id=document["run_id"],
+                members=[Member(m["path"], m["size"], m["sha256"], m.get("rows"))
+                         for m in document["members"]]).content_digest
+        return [(info, json.dumps(document).encode())]
+
+    rewrite(source, target, change)
+
+
+@pytest.mark.parametrize("fields", [{"fleet_id": "fleet-b"}, {"run_id": ""},
+                                    {"run_id": "run-9"}])
+def test_the_digest_covers_the_fleet_and_run_the_manifest_names(
+        tmp_path: Path, fields: dict[str, str]) -> None:
+    """Before format 2 a copy relabelled to another fleet (or from one run to the whole
+    fleet) kept its content_digest, so `import-bundle --expect` let it into the other fleet."""
+    out = tmp_path / "run.bundle"
+    with BundleWriter(out, "fleet-a", "run-1") as bundle, bundle.part("domains") as part:
+        part.write({"name": "technical"})
+    original = bundle.manifest.content_digest
+    _relabelled(out, tmp_path / "plain.bundle", False, **fields)
+    assert "was altered" in problems_of(tmp_path / "plain.bundle")[0]
+    _relabelled(out, tmp_path / "forged.bundle", True, **fields)
+    with BundleReader(tmp_path / "forged.bundle") as reader:
+        assert reader.verify().content_digest != original
+
+
+def test_a_row_of_another_fleet_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "mixed.bundle"
+    with BundleWriter(out, "fleet-b") as bundle, bundle.part("rules") as part:
+        part.write({"fleet_id": "fleet-b", "id": "kept"})
+        part.write({"fleet_id": "fleet-a", "id": "smuggled"})
+    with BundleReader(out) as reader:
+        reader.verify()
+        rows = reader.rows("rules")
+        assert next(rows)["id"] == "kept"
+        with pytest.raises(BundleError, match="line 2 is of fleet 'fleet-a', not the bundle's "
+                                              "'fleet-b'"):
+            next(rows)
+
+
+def test_a_format_1_bundle_still_reads(tmp_path: Path) -> None:
+    """Bundles written before format 2 keep their digest (members only) and import."""
+    out = tmp_path / "old.bundle"
+    write_bundle(out)
+
+    def change(info: tarfile.TarInfo, data: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
+        if info.name != MANIFEST_PATH:
+            return [(info, data)]
+        document = json.loads(data)
+        digest = hashlib.sha256(b"engram-bundle/1\n")
+        for member in sorted(document["members"], key=lambda m: m["path"]):
+            digest.update(format_module.canonical_line(member))
+        document.update(format="engram-bundle/1", content_digest=digest.hexdigest())
+        return [(info, json.dumps(document).encode())]
+
+    rewrite(out, tmp_path / "format1.bundle", change)
+    with BundleReader(tmp_path / "format1.bundle") as reader:
+        manifest = reader.verify()
+        assert manifest.format == "engram-bundle/1"
+        assert [r["id"] for r in reader.rows("records")] == ["r0", "r1", "r2"]

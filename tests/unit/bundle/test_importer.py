@@ -104,3 +104,18 @@ def test_an_artifact_with_a_malformed_hash_is_a_bundle_error(tmp_path: Path) -> 
         reader.verify()
         with pytest.raises(BundleError, match=r"artifact a1's hash '\.\./x' is not"):
             Importer(FakeClients()).run(reader)  # type: ignore[arg-type]
+
+
+def test_a_pinned_tier_outside_the_enum_is_a_bundle_error(tmp_path: Path) -> None:
+    """Before, ``TIER_NAMES[99]`` ended the import with a KeyError traceback."""
+    out = tmp_path / "tier.bundle"
+    bundle_with_part(out, "trust", [canonical_line(
+        {"agent_id": "rogue", "fleet_id": "fleet-a", "pinned": True, "tier": 99})])
+    clients = FakeClients()
+    set_tiers: list[Any] = []
+    clients.governance.set_tier = lambda *a, **k: set_tiers.append(a)
+    with BundleReader(out) as reader, pytest.raises(BundleError, match="agent 'rogue' holds "
+                                                                        "tier 99, not one of"):
+        reader.verify()
+        Importer(clients).run(reader)  # type: ignore[arg-type]
+    assert set_tiers == []
