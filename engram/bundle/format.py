@@ -252,8 +252,12 @@ class BundleWriter:
         return self.manifest
 
     def abort(self) -> None:
-        self._tar.close()
-        self.partial.unlink(missing_ok=True)
+        try:
+            self._tar.close()  # on a full disk this fails too (it flushes the end blocks)
+        except OSError:
+            pass  # the partial file goes anyway
+        finally:
+            self.partial.unlink(missing_ok=True)
 
     def __enter__(self) -> Self:
         return self

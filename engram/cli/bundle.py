@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.progress import (
@@ -87,6 +88,8 @@ def export(
     content_digest: keep it to check the bundle later (engram import-bundle --expect)."""
     if out.exists():
         raise fail(f"{out} exists; remove it or choose another -o", code=2)
+    if not out.parent.is_dir():
+        raise fail(f"{out.parent} is not a directory; create it or choose another -o", code=2)
     started = time.perf_counter()
     with rpc_errors(as_json), _progress(as_json) as progress, _bundle_errors(as_json):
         clients = open_clients(cli_settings())
@@ -198,10 +201,22 @@ def _bundle_errors(as_json: bool) -> Iterator[None]:
     try:
         yield
     except BundleError as error:
-        if as_json:
-            emit_json({"error": {"message": str(error), "problems": error.problems}})
-            raise typer.Exit(1) from None
-        raise fail(str(error)) from None
+        _bundle_failure(str(error), error.problems, as_json)
+    except OSError as error:
+        # A local file (the bundle on a full disk, a token file): one line, not a traceback;
+        # the writer has removed what it began.
+        _bundle_failure(str(error) if error.filename else
+                        f"the bundle could not be written or read: {error.strerror or error}",
+                        [], as_json)
+    except sqlite3.Error as error:
+        _bundle_failure(f"the export's staging database: {error}", [], as_json)
+
+
+def _bundle_failure(message: str, problems: list[str], as_json: bool) -> NoReturn:
+    if as_json:
+        emit_json({"error": {"message": message, "problems": problems}})
+        raise typer.Exit(1)
+    raise fail(message)
 
 
 def _reissue(key_file: Path, new_key: bool) -> Reissue:
