@@ -23,6 +23,7 @@ from services.shard.retrieval.embedding import (
 from services.shard.retrieval.embedding_concat import build_embedder
 from services.shard.retrieval.encoder_choice import encoder_spec
 from services.shard.retrieval.model_dir import ModelSpec
+from services.shard.search.fleet_index import ContextSettings
 from services.shard.search.index import SearchIndex
 from services.shard.service import ShardService
 from services.shard.servicer import (
@@ -125,6 +126,7 @@ def build_shard_server(
         previous = embedding_provider(settings.model_copy(
             update={"embedder": settings.previous_embedder, "embedder_addr": None}))
     index = SearchIndex(database, provider, niceness=settings.index_niceness,
+                        context=ContextSettings(lexical_weight=settings.lexical_weight),
                         snapshot_path=snapshot, previous=previous)
     service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,

@@ -105,6 +105,11 @@ class ShardSettings(GovernanceClientSettings):
     index_snapshot_path: Path | None = None
     """Default: $ENGRAM_HOME/shard/lexical-index.snapshot (one per replica: it is local)."""
 
+    lexical_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Hybrid search: the lexical ranking's share of the fused score (the semantic ranking
+    gets the rest). 0.5 is the best measured with MiniLM; the quality profile measured
+    best at 0.4 (docs/retrieval.md). A change rebuilds the lexical index snapshot once."""
+
     dedup: Literal["off", "exact", "semantic"] = "exact"
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic
     (also cosine >= dedup_similarity; embeds each write synchronously, ~2-3 ms a record)."""

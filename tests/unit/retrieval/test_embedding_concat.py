@@ -209,7 +209,7 @@ def test_the_embedding_service_loads_a_join_as_the_shard_does(tmp_path: Path) ->
     from services.embedder.server import load_encoder
     from services.embedder.settings import EmbedderSettings
 
-    with pytest.raises(ValueError, match="ENGRAM_EMBEDDER_EMBEDDER.*named twice"):
+    with pytest.raises(ValueError, match=r"ENGRAM_EMBEDDER_EMBEDDER.*named twice"):
         load_encoder(EmbedderSettings(home=tmp_path, embedder="hash+hash"))
     with pytest.raises(TestEmbedderRefused):
         load_encoder(EmbedderSettings(home=tmp_path, embedder="hash+minilm"))
@@ -222,3 +222,20 @@ def test_the_embedding_service_loads_a_join_as_the_shard_does(tmp_path: Path) ->
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     finally:
         joined.close()
+
+
+def test_the_lexical_weight_setting_reaches_the_index_and_is_bounded(
+        tmp_path: Path, engram_home: Path) -> None:
+    from pydantic import ValidationError
+
+    from services.shard.server import build_shard_server
+    from services.shard.settings import ShardSettings
+
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValidationError, match="lexical_weight"):
+            ShardSettings(lexical_weight=bad)
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, embedder="none", lexical_weight=0.4)
+    _server, service = build_shard_server(settings)
+    index = service.search_engine.index
+    assert index is not None and index.context.lexical_weight == 0.4
