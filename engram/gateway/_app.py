@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import queue
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -74,6 +75,21 @@ def rate_problem(bytes_per_s: float) -> str:
             f"got {bytes_per_s}")
 
 
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""The services' default ``ENGRAM_LIMITS_GRPC_RECEIVE_BYTES``."""
+
+
+def _services_receive_limit() -> int:
+    value = os.environ.get("ENGRAM_LIMITS_GRPC_RECEIVE_BYTES", "")
+    if not value:
+        return DEFAULT_MAX_REQUEST_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"ENGRAM_LIMITS_GRPC_RECEIVE_BYTES must be a whole number of bytes, "
+                         f"got {value!r}") from None
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """Where each service listens, how to reach it (TLS files) and the unary deadline."""
@@ -123,6 +139,12 @@ class GatewayConfig:
     UPLOADS_BUSY. 300 s by default: the service spools the whole body and only then puts it to
     its store, S3 in one PutObject up to 1 GiB, so a large blob's answer comes minutes after
     its last byte (1 GiB at 3.5 MB/s is 300 s)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """The largest request message the services accept (their
+    ``ENGRAM_LIMITS_GRPC_RECEIVE_BYTES``, read from the same variable here): a JSON body that
+    makes a larger message is 400 BODY_TOO_LARGE before any call. Sent on, gRPC refused it
+    RESOURCE_EXHAUSTED, which reached HTTP clients as 429, a signal to retry a call that can
+    never succeed."""
     title: str = "Engram HTTP/JSON gateway"
     extra_metadata: Sequence[tuple[str, str]] = field(default_factory=tuple)
 
@@ -135,6 +157,9 @@ class GatewayConfig:
             problem = rate_problem(getattr(self, name))
             if problem:
                 raise ValueError(f"{name} {problem}")
+        if self.max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be at least 1, got "
+                             f"{self.max_request_bytes}")
         if self.uploads_per_token < 1:
             raise ValueError(f"uploads_per_token must be at least 1, got "
                              f"{self.uploads_per_token}")
@@ -158,7 +183,8 @@ class GatewayConfig:
             tls_ca=read(settings.tls_ca), tls_cert=read(settings.tls_cert),
             tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds,
             body_idle_seconds=settings.timeout_seconds,
-            stream_idle_seconds=settings.timeout_seconds, **overrides)
+            stream_idle_seconds=settings.timeout_seconds,
+            max_request_bytes=_services_receive_limit(), **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -195,15 +221,33 @@ def _transcoded(route: Route, params: Mapping[str, str], query: Sequence[tuple[s
                              reason="INVALID_JSON") from None
 
 
-def _malformed_authorization(request: Request) -> JSONResponse | None:
-    """A header gRPC metadata cannot carry (non-ASCII, control characters) is the caller's
-    mistake: 401 here, not a 500 from the channel."""
+MAX_AUTHORIZATION_BYTES = 4096
+"""An Engram token is a few hundred bytes; gRPC metadata past 8 KiB in all is refused with a
+RESOURCE_EXHAUSTED a client would retry (429), at random below its hard limit."""
+
+
+def _refused_authorization(request: Request) -> JSONResponse | None:
+    """401 before the body is read when the call cannot be authenticated: every route reaches
+    an RPC that needs a token, so a caller without one gets nothing parsed for it (before, an
+    anonymous 8 MiB body was read and parsed first, a CPU-second each). A header gRPC metadata
+    cannot carry (non-ASCII, control characters) or longer than any token is the caller's
+    mistake: 401 here, not a 500 from the channel or a 429 for its size."""
     value = request.headers.get("authorization")
-    if value is None or (value.isascii() and value.isprintable()):
-        return None
-    return error_response(status_of(
-        grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a token "
-        "never has; send 'Bearer <token>'", "TOKEN_MALFORMED"))
+    if value is not None and not (value.isascii() and value.isprintable()):
+        return error_response(status_of(
+            grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a "
+            "token never has; send 'Bearer <token>'", "TOKEN_MALFORMED"))
+    if value is not None and len(value) > MAX_AUTHORIZATION_BYTES:
+        return error_response(status_of(
+            grpc.StatusCode.UNAUTHENTICATED, f"the Authorization header is {len(value)} bytes, "
+            f"over the {MAX_AUTHORIZATION_BYTES} a token fits in; send 'Bearer <token>'",
+            "TOKEN_MALFORMED"))
+    scheme, _, token = (value or "").strip(" \t").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip(" \t"):
+        return error_response(status_of(
+            grpc.StatusCode.UNAUTHENTICATED, "missing bearer token: send 'Authorization: "
+            "Bearer <token>' (see `engram token create`)", "TOKEN_MISSING"))
+    return None
 
 
 def _upload_holder(authorization: str) -> bytes:
@@ -328,9 +372,9 @@ class Gateway:
                                         "ROUTE_NOT_FOUND"))
 
     async def handle(self, route: Route, params: dict[str, str], request: Request) -> Response:
-        malformed = _malformed_authorization(request)
-        if malformed is not None:
-            return malformed
+        refused = _refused_authorization(request)
+        if refused is not None:
+            return refused
         if route.client_streaming:
             if route.method.full_name != _UPLOAD_METHOD:
                 return error_response(status_of(
@@ -343,6 +387,13 @@ class Gateway:
         # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
         # every other request (and /healthz) meanwhile.
         message = await asyncio.to_thread(_transcoded, route, params, query, raw)
+        size = message.ByteSize()
+        if size > self.config.max_request_bytes:
+            return error_response(status_of(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the request makes a {size}-byte message, "
+                f"over the {self.config.max_request_bytes} bytes the services accept "
+                "(ENGRAM_LIMITS_GRPC_RECEIVE_BYTES): send less per call, e.g. fewer records "
+                "per records:batchCreate", "BODY_TOO_LARGE"))
         if route.server_streaming:
             return await self.server_stream(route, message, request)
         call = self.callable(route, "unary_unary")

@@ -38,6 +38,10 @@ class FixedToken:
         return self.value
 
 
+MAX_AUTHORIZATION_BYTES = 4096
+"""An Engram token is a few hundred bytes (as the HTTP gateway's limit)."""
+
+
 class BearerHeader:
     """Streamable HTTP: every request names its caller in ``Authorization: Bearer``.
 
@@ -49,6 +53,14 @@ class BearerHeader:
         value = ""
         if headers is not None:
             value = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        if not (value.isascii() and value.isprintable()) or len(value) > MAX_AUTHORIZATION_BYTES:
+            # gRPC metadata cannot carry it (INTERNAL "Invalid metadata" from the channel), or
+            # it is longer than any token (RESOURCE_EXHAUSTED for the metadata's size, at
+            # random below gRPC's hard limit): the caller's mistake, said as such.
+            raise EngramRpcError(
+                grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a "
+                f"token never has, or is over {MAX_AUTHORIZATION_BYTES} bytes; send "
+                "'Bearer <token>'", "TOKEN_MALFORMED")
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise EngramRpcError(grpc.StatusCode.UNAUTHENTICATED, MISSING_TOKEN, "TOKEN_MISSING")

@@ -286,3 +286,41 @@ def test_a_body_that_stops_coming_is_408_and_nothing_is_stored(stack: Stack) -> 
         assert record.startswith("HTTP/1.1 408") and "BODY_IDLE_TIMEOUT" in record, record
         listed = requests.get(f"{url}/v1/runs/run-idle/artifacts", headers=auth, timeout=10)
         assert listed.status_code == 200 and not listed.json().get("artifacts"), listed.text
+
+
+def test_a_call_without_a_token_is_refused_before_its_body_is_read(gateway_url: str) -> None:
+    """Found by a review (2026-11-29): an anonymous 8 MiB JSON body was read and parsed (a
+    CPU-second, hundreds of MB) before the service refused the missing token. Now the 401
+    comes while most of the announced body has not even been sent."""
+    host, port = gateway_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(b"POST /v1/records HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: 8000000\r\n\r\n" + b"{\"record\": {\"content\": \"")
+        answer = conn.recv(65536).decode("latin-1")
+    assert answer.startswith("HTTP/1.1 401"), answer[:200]
+    assert "TOKEN_MISSING" in answer
+
+
+@pytest.mark.parametrize("header", ["Bearer " + "a" * 12_000, "Basic dXNlcjpwdw=="])
+def test_a_header_longer_than_a_token_or_not_bearer_is_401_every_time(
+        gateway_url: str, header: str) -> None:
+    """A 12 KB token was 401 or 429 at random (gRPC's metadata soft limit), its 429 naming
+    the metadata's sizes."""
+    reasons = set()
+    for _ in range(10):
+        answer = requests.get(f"{gateway_url}/v1/status", timeout=10,
+                              headers={"Authorization": header})
+        assert answer.status_code == 401, answer.text[:200]
+        assert "metadata" not in answer.text
+        reasons.add(answer.json()["details"][0]["reason"])
+    assert reasons == {"TOKEN_MALFORMED" if len(header) > 4096 else "TOKEN_MISSING"}
+
+
+def test_a_body_over_the_services_message_limit_is_400_not_429(
+        stack: Stack, gateway_url: str) -> None:
+    """A 5 MB record is over the services' 4 MiB message limit: gRPC refused it
+    RESOURCE_EXHAUSTED, which HTTP clients took for 429 and retried for ever."""
+    answer = requests.post(f"{gateway_url}/v1/records", headers=_auth(stack), timeout=30,
+                           json={"record": {"content": "x" * 5_000_000}})
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["details"][0]["reason"] == "BODY_TOO_LARGE"

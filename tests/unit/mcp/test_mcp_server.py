@@ -93,6 +93,17 @@ def test_http_callers_without_a_bearer_token_are_unauthenticated(
     assert caught.value.reason == "TOKEN_MISSING"
 
 
+@pytest.mark.parametrize("value", ["Bearer \xff\xfe", "Bearer tok\x00en", "Bearer \u00e9t\u00e9",
+                                   "Bearer " + "a" * 12_000])
+def test_a_header_grpc_cannot_carry_or_longer_than_a_token_is_malformed(value: str) -> None:
+    """Found by a review (2026-11-29): a non-ASCII token reached the channel and came back
+    INTERNAL "Invalid metadata"; a 12 KB one RESOURCE_EXHAUSTED naming gRPC's metadata sizes."""
+    with pytest.raises(EngramRpcError) as caught:
+        BearerHeader().token({"Authorization": value})
+    assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert caught.value.reason == "TOKEN_MALFORMED"
+
+
 def test_http_callers_are_their_bearer_token_and_stdio_is_the_servers() -> None:
     assert BearerHeader().token({"Authorization": "bearer  tok-1 "}) == "tok-1"
     assert FixedToken("env-token").token({"authorization": "Bearer other"}) == "env-token"
