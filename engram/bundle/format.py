@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Self
+from typing import IO, Any, NamedTuple, Self
 
 from google.protobuf.json_format import ParseDict, ParseError
 
@@ -41,6 +41,11 @@ SPOOL_BYTES = 8 * 1024 * 1024
 """A member up to this size is spooled in memory; a larger one goes to a temporary file."""
 CHUNK = 1024 * 1024
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+MANIFEST_BASE_BYTES = 64 * 1024
+MANIFEST_BYTES_PER_MEMBER = 1024
+"""A manifest's entry is about 200 bytes (path, SHA-256, size, rows): at most this much a
+member of the bundle, and ``MANIFEST_BASE_BYTES`` more, is read (never over
+``MAX_MANIFEST_BYTES``)."""
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """A part's line (one item) may not exceed this; the services' own messages are smaller."""
 MAX_HEADER_BYTES = 64 * 1024
@@ -302,6 +307,23 @@ def _outside(info: tarfile.TarInfo) -> str | None:
     return None
 
 
+class _Entry(NamedTuple):
+    """What the reader keeps of a tar member: tarfile's own ``TarInfo`` (kept for every member
+    by tarfile too) holds its pax headers, up to 64 KiB each, so a bundle of many members
+    held hundreds of MB before a byte was verified."""
+
+    name: str
+    size: int
+    offset_data: int
+    outside: str | None
+    """Why it may not be in a bundle (:func:`_outside`), or None."""
+
+    def tarinfo(self) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(self.name)
+        info.size, info.offset_data, info.type = self.size, self.offset_data, tarfile.REGTYPE
+        return info
+
+
 class _Refused(Exception):
     """A tar header no bundle has, refused before tarfile reads it."""
 
@@ -331,7 +353,7 @@ class BundleReader:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._infos: list[tarfile.TarInfo] = []
+        self._infos: list[_Entry] = []
         try:
             self._tar = tarfile.open(  # noqa: SIM115 - closed by close()
                 self.path, "r:", tarinfo=_BoundedTarInfo)
@@ -343,40 +365,47 @@ class BundleReader:
             while (info := self._tar.next()) is not None:
                 if len(self._infos) >= MAX_MEMBERS:
                     raise _Refused(f"it has more than {MAX_MEMBERS} members")
-                self._infos.append(info)
+                self._infos.append(_Entry(info.name, info.size, info.offset_data,
+                                          _outside(info)))
+                self._tar.members.clear()  # tarfile keeps every TarInfo read otherwise
         except (_Refused, tarfile.TarError, OSError, RecursionError) as error:
             self._tar.close()
             reason = "is refused:" if isinstance(error, _Refused) else "is not a readable bundle:"
             raise BundleError(f"{self.path} {reason} {error}") from None
-        self._index: dict[str, tarfile.TarInfo] = {}
+        self._index: dict[str, _Entry] = {}
         self.manifest: Manifest | None = None
 
     def payload_bytes(self) -> int:
         """The bytes :meth:`verify` will hash (every member but the manifest)."""
-        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and not _outside(i))
+        return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and not i.outside)
 
     def verify(self, progress: Any = None) -> Manifest:
         """Hashes every member and compares it with the manifest; raises ``BundleError`` naming
         every altered, missing, added, repeated or outside member. ``progress(n_bytes)`` is
         called as bytes are hashed."""
         problems: list[str] = []
-        seen: dict[str, tarfile.TarInfo] = {}
+        seen: dict[str, _Entry] = {}
         for info in self._infos:
-            why = _outside(info)
+            why = info.outside
             if why:
                 problems.append(f"{info.name!r} {why}")
             elif info.name in seen:
                 problems.append(f"{info.name} is repeated in the bundle")
             else:
                 seen[info.name] = info
-        manifest_info: tarfile.TarInfo | None = seen.pop(MANIFEST_PATH, None)
+        manifest_info = seen.pop(MANIFEST_PATH, None)
         if manifest_info is None:
             raise BundleError(f"{self.path} is not a complete bundle",
                               [f"{MANIFEST_PATH} is missing", *problems])
-        if manifest_info.size > MAX_MANIFEST_BYTES:
-            raise BundleError(f"{MANIFEST_PATH} is {manifest_info.size} bytes, over the "
-                              f"{MAX_MANIFEST_BYTES} a bundle's manifest may have")
-        handle = self._tar.extractfile(manifest_info)
+        # A manifest lists the bundle's members, a few hundred bytes each: one far larger than
+        # its bundle's members need is refused before it is parsed (a 267 MB manifest of
+        # 6.5 M made-up entries took 2.9 GB to parse).
+        most = min(MAX_MANIFEST_BYTES,
+                   MANIFEST_BASE_BYTES + MANIFEST_BYTES_PER_MEMBER * len(self._infos))
+        if manifest_info.size > most:
+            raise BundleError(f"{MANIFEST_PATH} is {manifest_info.size} bytes, over the {most} "
+                              f"a manifest of a bundle of {len(self._infos)} members may have")
+        handle = self._tar.extractfile(manifest_info.tarinfo())
         assert handle is not None  # a regular file, checked above
         manifest = Manifest.from_bytes(handle.read())
         listed = {m.path: m for m in manifest.members}
@@ -409,10 +438,10 @@ class BundleReader:
         self.manifest = manifest
         return manifest
 
-    def _hash(self, info: tarfile.TarInfo, progress: Any,
+    def _hash(self, info: _Entry, progress: Any,
               most: int) -> tuple[str, int, int]:
         """SHA-256, size and line count of a member, reading at most ``most`` + 1 bytes."""
-        handle = self._tar.extractfile(info)
+        handle = self._tar.extractfile(info.tarinfo())
         assert handle is not None
         digest, size, rows = hashlib.sha256(), 0, 0
         while chunk := handle.read(min(CHUNK, most + 1 - size)):
@@ -429,7 +458,7 @@ class BundleReader:
         info = self._index.get(path)
         if info is None:
             raise KeyError(path)
-        handle = self._tar.extractfile(info)
+        handle = self._tar.extractfile(info.tarinfo())
         assert handle is not None
         return handle
 

@@ -304,7 +304,7 @@ def test_a_deeply_nested_line_is_a_bundle_error(tmp_path: Path) -> None:
 
 
 def test_a_deeply_nested_manifest_is_a_bundle_error(tmp_path: Path) -> None:
-    data = b'{"format":' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    data = b'{"format":' + b"[" * 30_000 + b"]" * 30_000 + b"}"  # within the size bound
     out = tmp_path / "deep-manifest.bundle"
     with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo(MANIFEST_PATH)
@@ -383,3 +383,33 @@ def test_a_format_1_bundle_still_reads(tmp_path: Path) -> None:
         manifest = reader.verify()
         assert manifest.format == "engram-bundle/1"
         assert [r["id"] for r in reader.rows("records")] == ["r0", "r1", "r2"]
+
+
+def test_a_manifest_larger_than_its_members_need_is_refused_unparsed(tmp_path: Path) -> None:
+    """A review (2026-11-29) made a 267 MB manifest of 6.5 M made-up entries: parsing it took
+    2.9 GB before the digest was compared. A manifest is bounded by its bundle's members."""
+    write_bundle(tmp_path / "a")
+    rewrite(tmp_path / "a", tmp_path / "b", lambda info, data: [
+        (info, data + b" " * 200_000 if info.name == MANIFEST_PATH else data)])
+    with BundleReader(tmp_path / "b") as reader, pytest.raises(
+            BundleError, match=r"over the 69632 a manifest of a bundle of 4 members may have"):
+        reader.verify()
+
+
+def test_the_reader_keeps_no_tar_header_of_its_members(tmp_path: Path) -> None:
+    """tarfile keeps every TarInfo it reads, each with its pax headers (up to 64 KiB): a
+    bundle of 8000 members with 60 KB headers held 535 MB before a byte was verified."""
+    out = tmp_path / "pax.bundle"
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(400):
+            info = tarfile.TarInfo(f"parts/x{i}.jsonl")
+            info.pax_headers = {"comment": "p" * 60_000}
+            tar.addfile(info, io.BytesIO(b""))
+    tracemalloc.start()
+    try:
+        with BundleReader(out) as reader:
+            _, peak = tracemalloc.get_traced_memory()
+            assert len(reader._infos) == 400 and not reader._tar.members
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, peak  # 400 x 60 KB is 24 MB when the headers are kept
