@@ -367,7 +367,8 @@ class BundleReader:
                     raise _Refused(f"it has more than {MAX_MEMBERS} members")
                 self._infos.append(_Entry(info.name, info.size, info.offset_data,
                                           _outside(info)))
-                self._tar.members.clear()  # tarfile keeps every TarInfo read otherwise
+                # tarfile keeps every TarInfo it reads in this list (not in its typing stubs)
+                self._tar.members.clear()  # type: ignore[attr-defined]
         except (_Refused, tarfile.TarError, OSError, RecursionError) as error:
             self._tar.close()
             reason = "is refused:" if isinstance(error, _Refused) else "is not a readable bundle:"
