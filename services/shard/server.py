@@ -126,7 +126,7 @@ def build_shard_server(
         previous = embedding_provider(settings.model_copy(
             update={"embedder": settings.previous_embedder, "embedder_addr": None}))
     index = SearchIndex(database, provider, niceness=settings.index_niceness,
-                        context=ContextSettings(lexical_weight=settings.lexical_weight),
+                        context=ContextSettings(lexical_weight=settings.hybrid_lexical_weight()),
                         snapshot_path=snapshot, previous=previous)
     service = ShardService(database, gate=gate, trust=trust, index=index,
                            dedup=settings.dedup, dedup_similarity=settings.dedup_similarity,

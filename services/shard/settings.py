@@ -12,6 +12,10 @@ from pydantic_settings import SettingsConfigDict
 from engram.client import TlsFiles
 from services.common.settings import GovernanceClientSettings
 
+QUALITY_LEXICAL_WEIGHT = 0.4
+"""Hybrid fusion's lexical share with the quality profile: recall@10 0.853 on LoCoMo against
+0.847 at 0.5 (docs/retrieval.md)."""
+
 
 class ShardSettings(GovernanceClientSettings):
     model_config = SettingsConfigDict(
@@ -105,10 +109,16 @@ class ShardSettings(GovernanceClientSettings):
     index_snapshot_path: Path | None = None
     """Default: $ENGRAM_HOME/shard/lexical-index.snapshot (one per replica: it is local)."""
 
-    lexical_weight: float = Field(default=0.5, ge=0.0, le=1.0)
+    lexical_weight: float | None = Field(default=None, ge=0.0, le=1.0)
     """Hybrid search: the lexical ranking's share of the fused score (the semantic ranking
-    gets the rest). 0.5 is the best measured with MiniLM; the quality profile measured
-    best at 0.4 (docs/retrieval.md). A change rebuilds the lexical index snapshot once."""
+    gets the rest). Default: 0.4 with the quality profile (``embedder=quality``), 0.5 with
+    anything else, the best measured for each (docs/retrieval.md). A change rebuilds the
+    lexical index snapshot once."""
+
+    def hybrid_lexical_weight(self) -> float:
+        if self.lexical_weight is not None:
+            return self.lexical_weight
+        return QUALITY_LEXICAL_WEIGHT if self.embedder == "quality" else 0.5
 
     dedup: Literal["off", "exact", "semantic"] = "exact"
     """Duplicate memories in a fleet: off, exact (same normalised text; free) or semantic

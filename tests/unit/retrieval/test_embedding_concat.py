@@ -239,3 +239,6 @@ def test_the_lexical_weight_setting_reaches_the_index_and_is_bounded(
     _server, service = build_shard_server(settings)
     index = service.search_engine.index
     assert index is not None and index.context.lexical_weight == 0.4
+    assert ShardSettings().hybrid_lexical_weight() == 0.5
+    assert ShardSettings(embedder="quality").hybrid_lexical_weight() == 0.4
+    assert ShardSettings(embedder="quality", lexical_weight=0.5).hybrid_lexical_weight() == 0.5
