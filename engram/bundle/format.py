@@ -380,10 +380,11 @@ class BundleReader:
         """The bytes :meth:`verify` will hash (every member but the manifest)."""
         return sum(i.size for i in self._infos if i.name != MANIFEST_PATH and not i.outside)
 
-    def verify(self, progress: Any = None) -> Manifest:
+    def verify(self, progress: Any = None, expect_digest: str = "") -> Manifest:
         """Hashes every member and compares it with the manifest; raises ``BundleError`` naming
         every altered, missing, added, repeated or outside member. ``progress(n_bytes)`` is
-        called as bytes are hashed."""
+        called as bytes are hashed. With ``expect_digest``, a manifest whose digest is another
+        is refused before a member is hashed."""
         problems: list[str] = []
         seen: dict[str, _Entry] = {}
         for info in self._infos:
@@ -409,6 +410,9 @@ class BundleReader:
         handle = self._tar.extractfile(manifest_info.tarinfo())
         assert handle is not None  # a regular file, checked above
         manifest = Manifest.from_bytes(handle.read())
+        if expect_digest and manifest.content_digest != expect_digest:
+            raise BundleError(f"the bundle's content_digest is {manifest.content_digest}, not "
+                              f"the {expect_digest} expected; nothing was imported")
         listed = {m.path: m for m in manifest.members}
         if len(listed) != len(manifest.members):
             problems.append(f"{MANIFEST_PATH} lists a member twice")

@@ -413,3 +413,18 @@ def test_the_reader_keeps_no_tar_header_of_its_members(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 4 * 1024 * 1024, peak  # 400 x 60 KB is 24 MB when the headers are kept
+
+
+def test_an_unexpected_digest_is_refused_before_a_member_is_hashed(tmp_path: Path) -> None:
+    """`import-bundle --expect` was compared after every member was hashed (minutes for a
+    large bundle, and a hostile manifest parsed first)."""
+    out = tmp_path / "a"
+    written = write_bundle(out)
+    hashed: list[int] = []
+    with BundleReader(out) as reader, pytest.raises(BundleError, match="not the 0000"):
+        reader.verify(hashed.append, expect_digest="0" * 64)
+    assert hashed == []
+    with BundleReader(out) as reader:
+        assert reader.verify(hashed.append, written.content_digest).content_digest == \
+            written.content_digest
+    assert hashed
