@@ -153,6 +153,10 @@ def run(scale: float = 1.0, progress: bool = True,
             figures.update(acknowledged_writes(client, single))
             wait_indexed(client)
             done = int(client.status().total_records)
+            # Each size past what the writes above stored (at a small --scale they stored more
+            # than the first size, and its rate came out negative).
+            for i, size in enumerate(sizes):
+                sizes[i] = max(size, (sizes[i - 1] if i else done) + 1000)
             for size in sizes:
                 bar.update(task, description=f"ingest + index to {size}")
                 every = round(1 / filter_fraction) if filter_fraction else 0
