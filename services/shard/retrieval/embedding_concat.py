@@ -76,7 +76,6 @@ class ConcatEmbedder:
         self.name: str = concat_identity([p.name for p in self.parts])
         self.dimension: int = sum(p.dimension for p in self.parts)
         self.for_tests_only: bool = any(p.for_tests_only for p in self.parts)
-        self._scale = np.float32(1 / np.sqrt(len(self.parts)))
         # One thread a part for the foreground (queries, the dedup check) and one a part for
         # the indexer's batches: a query never waits behind a batch in a pool.
         self._foreground = ThreadPoolExecutor(len(self.parts), "concat-embed")
@@ -126,7 +125,11 @@ class ConcatEmbedder:
                 raise RuntimeError(f"encoder {part.name} returned vectors of shape "
                                    f"{block.shape}, expected ({count}, {part.dimension})")
         joined: Vectors = np.concatenate(rows, axis=1).astype(np.float32, copy=False)
-        joined *= self._scale
+        # Each part's rows are unit length, so this is their norm whole; but a part may give a
+        # zero row (the hash encoder for a text without a word), and the join is then
+        # normalised by what it has.
+        norms = np.linalg.norm(joined, axis=1, keepdims=True)
+        np.divide(joined, norms, out=joined, where=norms > 0)
         return joined
 
     def close(self) -> None:

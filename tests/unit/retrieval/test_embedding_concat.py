@@ -71,6 +71,32 @@ def test_vectors_are_unit_and_their_cosine_is_the_mean_of_the_parts() -> None:
         joined.close()
 
 
+def test_a_part_without_a_vector_for_a_text_still_gives_a_unit_row() -> None:
+    """Found by a review: the hash part gives a zero row for a text without a word, and the
+    join's row was 0.707 long (the module promised unit rows)."""
+    joined = ConcatEmbedder([HashEmbedder(32), _Part(48)])
+    try:
+        vectors = joined.embed(["", "!!! ???", "words here"])
+        np.testing.assert_allclose(np.linalg.norm(vectors[:2], axis=1), [0.0, 0.0])
+        mixed = ConcatEmbedder([HashEmbedder(32), _Unit(16)])
+        try:
+            np.testing.assert_allclose(np.linalg.norm(mixed.embed(["", "x y"]), axis=1), 1.0,
+                                       rtol=1e-5)
+        finally:
+            mixed.close()
+    finally:
+        joined.close()
+
+
+class _Unit(HashEmbedder):
+    """A part that always has a vector (as a real model does)."""
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        out[:, 0] = 1.0
+        return out
+
+
 def test_a_single_part_is_refused() -> None:
     with pytest.raises(ValueError, match="at least two"):
         ConcatEmbedder([HashEmbedder()])
