@@ -272,6 +272,14 @@ class AccessRepository:
                              chain_seq: int) -> None:
         session.add(RevokedTokenRow(**revocation.state(), chain_seq=chain_seq))
 
+    def replace_revoked_token(self, session: Session, revocation: TokenRevocation,
+                              chain_seq: int) -> None:
+        row = session.get(RevokedTokenRow, (revocation.jti, revocation.fleet_id))
+        assert row is not None, "replaced only when found"
+        for name, value in revocation.state().items():
+            setattr(row, name, value)
+        row.chain_seq = chain_seq
+
     def upsert_revoked_agent(self, session: Session, revocation: AgentRevocation,
                              chain_seq: int) -> None:
         row = session.get(RevokedAgentRow, (revocation.fleet_id, revocation.agent_id))

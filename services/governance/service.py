@@ -389,15 +389,21 @@ class GovernanceService:
     # -- revocation and the access restrictions every service enforces --------------------
 
     def revoke_token(self, revocation: TokenRevocation) -> tuple[TokenRevocation, bool]:
-        """Record it; ``(stored, created)``, the earlier one when the jti was revoked already."""
+        """Record it; ``(stored, created)``: the earlier one when the jti was revoked already
+        until at least as late, else this one (chained again: a revocation lasts as long as
+        the latest expiry it was given, so one recorded with a wrong, earlier expiry does not
+        keep a later, right one from taking effect)."""
         with self._state_change() as session:
             existing = self._access.revoked_token(session, revocation.fleet_id, revocation.jti)
-            if existing is not None:
+            if existing is not None and existing.expires_ms >= revocation.expires_ms:
                 return existing, False
             head = self._repo.lock_head(session)
             seq = self._append(session, head, "token.revoked",
                                {"revocation": revocation.state()}, revocation.revoked_ms)
-            self._access.insert_revoked_token(session, revocation, seq)
+            if existing is None:
+                self._access.insert_revoked_token(session, revocation, seq)
+            else:
+                self._access.replace_revoked_token(session, revocation, seq)
             self._access.bump_version(session)
             return revocation, True
 

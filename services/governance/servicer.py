@@ -502,7 +502,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                                   "revocation is kept exactly as long as the token could be "
                                   "used", reason="EXPIRE_TIME_REQUIRED")
         now_ms = self._service.now_ms()
-        expires_ms = request.expire_time.ToMilliseconds()
+        expires_ms = time_us(request.expire_time, "expire_time",
+                             reason="INVALID_EXPIRE_TIME") // 1000
         if expires_ms > now_ms + MAX_TTL_SECONDS * 1000:
             raise InvalidArgument(f"expire_time is more than {MAX_TTL_SECONDS // 86400} days "
                                   "ahead; no token lives that long", reason="INVALID_EXPIRE_TIME")

@@ -97,6 +97,36 @@ def test_a_revocation_is_its_fleets_alone(stack: Stack, governor: GovernanceClie
     assert verified.ok and not verified.problems, verified.problems
 
 
+def test_a_revocation_given_a_wrong_earlier_expiry_is_extended_by_the_right_one(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    """Found by a review (2026-11-29): a revocation recorded with an expiry already past (a
+    seconds-for-milliseconds slip) answered every later one with itself (created=false), so
+    the token was never refused. A revocation now lasts as long as the latest expiry given."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    token = make_token("agent-1", "fleet-a")
+    claims = inspect_token(token)["claims"]
+    assert governor.revoke_token(claims["jti"], datetime.fromtimestamp(1, UTC),
+                                 reason="typo").created
+    right = governor.revoke_token(claims["jti"], datetime.fromtimestamp(claims["exp"], UTC),
+                                  reason="leaked")
+    assert right.created and right.revoked.expire_time.seconds == claims["exp"]
+    assert right.revoked.reason == "leaked"
+    for service in SERVICES:
+        _until(service, stack, token, REVOKED)
+    assert not governor.revoke_token(claims["jti"], datetime.fromtimestamp(2, UTC)).created
+    verified = governor.verify_chain()  # both entries replay, the later one standing
+    assert verified.ok and not verified.problems, verified.problems
+    length = verified.checkpoint.length
+    for seconds in (-9_000_000_000_000_000, -62_450_956_800):  # outside 0001..9999
+        with pytest.raises(EngramRpcError) as refused:
+            governor.call(governor.stub.RevokeToken, gpb.RevokeTokenRequest(
+                jti="j-odd", expire_time=Timestamp(seconds=seconds)))
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT  # was INTERNAL
+        assert refused.value.reason == "INVALID_EXPIRE_TIME"
+    assert governor.verify_chain().checkpoint.length == length
+
+
 def test_a_stream_open_when_its_token_is_revoked_ends_there(
         stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
     """Found by review: a response stream was authorized once, at its start, so a download
