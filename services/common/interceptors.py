@@ -359,7 +359,7 @@ class ConcurrencyInterceptor(_BehaviorInterceptor):
 
 
 class StreamLimitInterceptor(_BehaviorInterceptor):
-    """An agent's server streams open at once, and its fleet's, bounded
+    """An agent's streams (server streams and uploads) open at once, and its fleet's, bounded
     (:class:`StreamsPerAgent`); service principals and public methods pass (runs inside
     :class:`AuthInterceptor`). A stream's place is given back once, when its generator ends:
     data exhausted, an error, or gRPC dropping it after a cancellation or a deadline (the
@@ -371,9 +371,27 @@ class StreamLimitInterceptor(_BehaviorInterceptor):
         self._kinds = kinds
 
     def wrap(self, behavior: Behavior, method: str, streaming: bool) -> Behavior:
-        if not streaming or method not in self._kinds:
+        if method not in self._kinds:
             return behavior
         streams = self._streams
+        if not streaming:
+
+            def upload(request: Any, context: grpc.ServicerContext) -> Any:
+                """A client stream (an upload) holds its slot while the client sends, as long
+                as it likes: it counts as a stream too. Before 2026-11-29 it did not, and one
+                agent's stalled uploads held every slot of the service (found by review)."""
+                if not isinstance(request, Iterator):
+                    return behavior(request, context)
+                principal = current_principal()
+                if SERVICE_ROLE in principal.roles:
+                    return behavior(request, context)
+                streams.enter(principal.fleet_id, principal.agent_id)
+                try:
+                    return behavior(request, context)
+                finally:
+                    streams.leave(principal.fleet_id, principal.agent_id)
+
+            return upload
 
         def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             principal = current_principal()

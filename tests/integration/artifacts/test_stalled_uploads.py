@@ -1,0 +1,65 @@
+"""Uploads that stop sending hold a call slot each: they count against the agent's and the
+fleet's stream limits, so one agent cannot take every slot of the service (found by a review
+on 2026-11-29: 16 stalled CreateArtifact calls of one agent left every other fleet
+RESOURCE_EXHAUSTED CONCURRENCY_LIMIT)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from engram.artifacts.v1 import artifacts_service_pb2 as pb
+from engram.client import EngramRpcError
+from engram.client.artifacts import ArtifactsClient
+from tests.integration.artifacts.conftest import running_artifacts
+
+
+def _stalled(client: ArtifactsClient, release: threading.Event, name: str) -> Any:
+    """A CreateArtifact that sends its header and one chunk, then nothing until ``release``."""
+    def requests() -> Iterator[pb.CreateArtifactRequest]:
+        yield pb.CreateArtifactRequest(header=pb.ArtifactHeader(
+            run_id="run-1", step_id="s", name=name))
+        yield pb.CreateArtifactRequest(chunk=b"x" * 1024)
+        release.wait(60)
+
+    return client.stub.CreateArtifact.future(requests(), metadata=client.metadata, timeout=60)
+
+
+def test_one_agents_stalled_uploads_stop_at_its_limit_and_others_get_in(
+        tmp_path: Path, engram_home: Path, make_token: Callable[..., str]) -> None:
+    release = threading.Event()
+    held: list[Any] = []
+    with running_artifacts(f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "blobs", engram_home,
+                           make_token, max_concurrent_rpcs=8,
+                           max_streams_per_agent=2) as running:
+        attacker = running.client_for("fleet-a", "agent-1")
+        other = running.client_for("fleet-b", "agent-2")
+        other.max_retries = 0
+        try:
+            attacker.start_run("run-1")
+            held = [_stalled(attacker, release, f"f{i}") for i in range(2)]
+            for call in held:  # still sending: neither has ended
+                with pytest.raises(grpc.FutureTimeoutError):
+                    call.result(timeout=0.5)
+            refused = _stalled(attacker, release, "f2")
+            with pytest.raises(grpc.RpcError) as failure:
+                refused.result(timeout=10)
+            error = EngramRpcError.from_rpc_error(failure.value)
+            assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                  "STREAM_LIMIT")
+            assert error.metadata["scope"] == "agent"
+            for call in held:  # the uploads under way go on
+                assert not call.done()
+            for _ in range(10):  # every other fleet's calls still get a slot
+                with pytest.raises(EngramRpcError) as missing:
+                    other.get_run("no-such-run")
+                assert missing.value.code == grpc.StatusCode.NOT_FOUND
+        finally:
+            release.set()
+            for call in held:
+                call.cancel()
