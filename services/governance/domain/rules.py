@@ -25,6 +25,9 @@ from services.governance.domain.tiers import AgentTrust, TrustTier
 
 SUSPENDED_RULE_ID = "builtin:suspended"
 MAX_TAGS = 64
+MAX_NAME_CHARS = 256
+"""A required tag or an allowed domain: longer than any the shard takes (tags 64 characters by
+default, ENGRAM_LIMITS_TAG_CHARS; domain names 64)."""
 MAX_RATE_WINDOW_SECONDS = 7 * 24 * 3600
 
 
@@ -129,6 +132,12 @@ def _names(params: Mapping[str, Any], key: str, kind: RuleKind) -> list[str]:
             or not all(isinstance(v, str) and v.strip() for v in values)):
         raise InvalidArgument(f"{kind.value} rule needs 1..{MAX_TAGS} non-empty {key}",
                               reason="INVALID_RULE")
+    # A tag or domain name longer than any the shard takes could never be met; unbounded, a
+    # governor's create-and-delete cycle of one rule added megabytes to the chain every fleet
+    # verifies (found by a review, 2026-11-29).
+    if any(len(v.strip()) > MAX_NAME_CHARS for v in values):
+        raise InvalidArgument(f"{kind.value} rule: each of {key} may have at most "
+                              f"{MAX_NAME_CHARS} characters", reason="INVALID_RULE")
     return sorted({v.strip() for v in values})
 
 

@@ -160,3 +160,16 @@ def test_a_fleet_s_deny_patterns_are_compiled_once_however_many_other_fleets_hol
             assert not judge(candidate, AgentTrust("f", "a"), rules, lambda _w: 0)
     assert compiled.count("password[:=]") == 1
     assert len(compiled) == 1 + 11 * MAX_RULES_PER_FLEET
+
+
+@pytest.mark.parametrize(("kind", "key"), [(RuleKind.REQUIRED_TAGS, "tags"),
+                                           (RuleKind.DOMAIN_ACCESS, "allowed_domains")])
+def test_a_rule_names_no_tag_or_domain_longer_than_the_shard_takes(kind: RuleKind,
+                                                                   key: str) -> None:
+    """Found by a review (2026-11-29): a 5 MB domain name was accepted, and a governor's
+    create-and-delete cycle of such a rule added 16 MB to the chain every fleet verifies."""
+    params = {key: ["ok", "x" * (rules_module.MAX_NAME_CHARS + 1)]}
+    with pytest.raises(InvalidArgument, match="at most 256 characters"):
+        validate_params(kind, params)
+    params[key] = ["ok", "x" * rules_module.MAX_NAME_CHARS]
+    assert validate_params(kind, params)[key][1] == "x" * rules_module.MAX_NAME_CHARS
