@@ -23,6 +23,8 @@ from services.common.limits import (
 from services.common.tokens import validate_identifier
 
 MAX_NAME_LEN = 512
+MAX_SEGMENT_BYTES = 255
+"""A file name's limit on Linux file systems (NAME_MAX): each part of an artifact name."""
 MAX_TYPE_LEN = 128
 MAX_MIME_LEN = 255
 MAX_METADATA_BYTES = 16 * 1024
@@ -68,15 +70,25 @@ def identifier(kind: str, value: str) -> str:
 
 
 def artifact_name(name: str) -> str:
-    """A relative name inside a run and step; refuses traversal."""
-    if len(name) > MAX_NAME_LEN:
-        raise InvalidArgument(f"artifact name is {len(name)} characters; at most {MAX_NAME_LEN}",
+    """A relative name inside a run and step; refuses traversal, and a name no store can hold:
+    over ``MAX_NAME_LEN`` UTF-8 bytes (the blob key must fit S3's 1024), or with a part between
+    slashes over ``MAX_SEGMENT_BYTES`` (a file system's name limit). Before 2026-11-29 such a
+    part failed in the store, INTERNAL after the whole upload (found by a review)."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if len(name) > MAX_NAME_LEN or size > MAX_NAME_LEN:
+        raise InvalidArgument(f"artifact name is {size} bytes; at most {MAX_NAME_LEN}",
                               reason="INVALID_ARTIFACT_NAME")
     try:
-        return validate_key(name)
+        key = validate_key(name)
     except InvalidArgument as error:
         raise InvalidArgument(f"artifact name {name!r} is not a safe relative path: "
                               f"{error.message}", reason="INVALID_ARTIFACT_NAME") from None
+    for part in key.split("/"):
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_SEGMENT_BYTES:
+            raise InvalidArgument(f"artifact name part {part[:40]!r}… is over "
+                                  f"{MAX_SEGMENT_BYTES} bytes, more than a file name may have",
+                                  reason="INVALID_ARTIFACT_NAME")
+    return key
 
 
 def artifact_path(fleet_id: str, run_id: str, step_id: str, artifact_id: str,

@@ -336,6 +336,23 @@ def test_traversal_names_are_refused(artifacts_server: RunningArtifacts, name: s
     assert _no_blobs(env) and _artifact_rows(env) == 0
 
 
+@pytest.mark.parametrize("name", ["a" * 256, "\u00e9" * 200, "ok/" + "b" * 300,
+                                  "\u00e9" * 300])
+def test_a_name_no_store_can_hold_is_refused_and_leaves_nothing(
+        artifacts_server: RunningArtifacts, name: str) -> None:
+    """Found by a review (2026-11-29): a part over 255 bytes failed at the store's link,
+    INTERNAL after the whole upload, and left the directories it had made."""
+    env = artifacts_server
+    run_id = _start(env)
+    with pytest.raises(EngramRpcError) as caught:
+        env.client.upload(iter([b"x"]), run_id=run_id, step_id="s", name=name)
+    assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                        "INVALID_ARTIFACT_NAME")
+    assert _artifact_rows(env) == 0
+    left = [p for p in env.blob_root.rglob("*") if p.name != ".tmp"]  # the spool directory
+    assert left == [], "files or directories left"
+
+
 def test_unknown_run_and_stopped_run_are_refused(artifacts_server: RunningArtifacts) -> None:
     env = artifacts_server
     with pytest.raises(EngramRpcError) as unknown:
