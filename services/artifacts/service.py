@@ -96,6 +96,10 @@ K = TypeVar("K")
 RESERVED_EVENT_PREFIX = "run."
 DEFAULT_REHYDRATE_EVENTS = 10_000
 MAX_REHYDRATE_EVENTS = 100_000
+REHYDRATE_BYTES = 16 * 1024 * 1024
+"""What one Rehydrate returns of events at most (their payloads and fields): the rest is
+``truncated``, for ListEvents to page through. gRPC's reply limit is 64 MiB."""
+REHYDRATE_PAGE = 500
 CLIENT_STOP_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 EVENT_BATCH = 1000
 ARTIFACT_BATCH = 500
@@ -612,11 +616,11 @@ class ArtifactsService:
         with self.db.snapshot() as session:  # the run's head and its events at one moment
             run, snapshot = self._latest_snapshot(session, fleet_id,
                                                   check.identifier("run_id", run_id))
-            events = self.repository.events_after(
-                session, fleet_id, run.run_id, snapshot.seq if snapshot is not None else 0,
-                limit + 1)
-        _check_tail(run, snapshot.seq if snapshot is not None else 0, events[:limit],
-                    complete=len(events) <= limit)
+            events, more = self._events_within(session, fleet_id, run.run_id,
+                                               snapshot.seq if snapshot is not None else 0,
+                                               limit)
+        _check_tail(run, snapshot.seq if snapshot is not None else 0, events,
+                    complete=not more)
         manifest = None
         if snapshot is not None:
             if snapshot.manifest_id:
@@ -627,8 +631,29 @@ class ArtifactsService:
             for artifact_id in snapshot.artifact_ids:
                 self.resolve(fleet_id, agent_id, run.run_id,
                              Pointer(PointerType.ARTIFACT, artifact_id), critical=True)
-        return Rehydration(run=run, snapshot=snapshot, events=events[:limit],
-                           truncated=len(events) > limit, manifest=manifest)
+        return Rehydration(run=run, snapshot=snapshot, events=events, truncated=more,
+                           manifest=manifest)
+
+    def _events_within(self, session: Session, fleet_id: str, run_id: str, after_seq: int,
+                       limit: int) -> tuple[list[Event], bool]:
+        """Up to ``limit`` events after ``after_seq`` and within ``REHYDRATE_BYTES`` (at least
+        one), read a page at a time; and whether more follow. Before 2026-11-29 the events
+        were read at once however large: 1,150 events of 61 KB made a reply over gRPC's
+        64 MiB, and up to 100,000 could be held (found by a review)."""
+        events: list[Event] = []
+        size = 0
+        while True:
+            want = min(REHYDRATE_PAGE, limit + 1 - len(events))
+            page = self.repository.events_after(session, fleet_id, run_id, after_seq, want)
+            for event in page:
+                cost = _event_bytes(event)
+                if len(events) == limit or (events and size + cost > REHYDRATE_BYTES):
+                    return events, True
+                events.append(event)
+                size += cost
+            if len(page) < want:
+                return events, False
+            after_seq = page[-1].seq
 
     # -- evidence and manifests ---------------------------------------------
 
@@ -794,6 +819,13 @@ class ArtifactsService:
             f"{outcome.attempts} attempts; run {run.run_id} is {status.value}",
             reason="CRITICAL_POINTER_UNRESOLVED",
             metadata={**diagnostics, "run_status": status.value})
+
+
+def _event_bytes(event: Event) -> int:
+    """About what an event adds to a reply: its payload, its ids and hashes."""
+    payload = event.payload_json
+    return ((len(payload) if payload.isascii() else len(payload.encode()))
+            + len(event.type) + 64 * len(event.artifact_ids) + len(event.manifest_id) + 256)
 
 
 def _check_tail(run: Run, after_seq: int, events: list[Event], complete: bool) -> None:

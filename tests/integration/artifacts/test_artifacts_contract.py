@@ -221,6 +221,36 @@ def test_rehydrate_is_latest_snapshot_plus_events_since(
     assert ahead.value.code == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def test_rehydrate_returns_events_within_its_byte_budget_and_says_more_follow(
+        artifacts_server: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review (2026-11-29): Rehydrate read every event after the snapshot at once,
+    however large: 1,150 events of 61 KB made a reply over gRPC's 64 MiB (RESOURCE_EXHAUSTED
+    for the run, whatever the caller asked) after 341 MiB of memory. Here the budget is 1 MiB
+    (REHYDRATE_BYTES, 16 MiB in service) and the page 7 events, so pages and budget both show."""
+    from services.artifacts import service as service_module
+
+    monkeypatch.setattr(service_module, "REHYDRATE_BYTES", 1024 * 1024)
+    monkeypatch.setattr(service_module, "REHYDRATE_PAGE", 7)
+    env = artifacts_server
+    run_id = _start(env)
+    blob = "y" * 50_000
+    for i in range(40):  # 2 MB of payloads
+        env.client.append_event(run_id, "step", {"i": i, "blob": blob})
+    view = env.client.rehydrate(run_id)
+    assert view.truncated and 15 <= len(view.events) <= 21, len(view.events)
+    assert [e.seq for e in view.events] == list(range(1, len(view.events) + 1))
+    assert sum(len(e.payload_json) for e in view.events) <= 1024 * 1024
+    rest = list(env.client.list_events(run_id, after_seq=view.events[-1].seq))
+    assert [e.seq for e in rest] == list(range(len(view.events) + 1, 41))
+    few = env.client.rehydrate(run_id, max_events=3)
+    assert few.truncated and [e.seq for e in few.events] == [1, 2, 3]
+    env.client.create_snapshot(run_id, {"upto": 38}, seq=38)
+    tail = env.client.rehydrate(run_id)
+    assert not tail.truncated and [e.seq for e in tail.events] == [39, 40]
+    exact = env.client.rehydrate(run_id, max_events=2)
+    assert not exact.truncated and [e.seq for e in exact.events] == [39, 40]
+
+
 def test_rehydrate_stops_run_when_snapshot_artifact_is_gone(
         artifacts_server: RunningArtifacts) -> None:
     env = artifacts_server
