@@ -101,8 +101,8 @@ class TextScans:
     @contextmanager
     def slot(self, what: str) -> Iterator[None]:
         if not self._slots.acquire(blocking=False):
-            raise ResourceExhausted(f"{what}: other text scans are running on this replica; "
-                                    "retry in a moment", reason="SCAN_BUSY")
+            raise ResourceExhausted(f"{what}: other scans of the whole store are running on "
+                                    "this replica; retry in a moment", reason="SCAN_BUSY")
         try:
             yield
         finally:

@@ -24,7 +24,7 @@ from services.common.auth import (
     is_caller,
     target_fleet,
 )
-from services.common.erasure_source import MAX_ERASURE_ITEMS
+from services.common.erasure_source import MAX_ERASURE_ITEMS, TextScans
 from services.common.errors import EngramError, InvalidArgument, NotFound, PermissionDenied
 from services.common.limits import check_limit, validate_request_id
 from services.common.pagination import PageTokens
@@ -66,6 +66,8 @@ _GOVERNORS = frozenset({"governor", "admin"})
 _ERASING = frozenset({SHARD_SERVICE, ARTIFACTS_SERVICE, COMPACTOR_SERVICE})
 """The services that erase what a recorded erasure lists (any fleet's: each checks its own)."""
 MAX_NEIGHBOURS = 50
+VERIFY_SLOTS = 2
+"""Chain verifications (VerifyChain) running at once; one more is RESOURCE_EXHAUSTED SCAN_BUSY."""
 
 
 def _m(name: str) -> str:
@@ -283,6 +285,10 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         self._pages = pages or PageTokens.ephemeral(limits)
         self._limits = limits
         self._restrictions = restrictions
+        # A verification replays the whole chain, every fleet's history: at most two at once,
+        # so a governor (of any fleet) looping VerifyChain cannot take the workers every
+        # fleet's gate needs (found by a review, 2026-11-29).
+        self._verifications = TextScans(VERIFY_SLOTS)
 
     def DecideWrites(self, request: pb.DecideWritesRequest,
                      context: grpc.ServicerContext) -> pb.DecideWritesResponse:
@@ -447,7 +453,8 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                     context: grpc.ServicerContext) -> pb.VerifyChainResponse:
         since = (Checkpoint(request.since.head, request.since.length)
                  if request.HasField("since") else None)
-        report = self._service.verify_chain(since)
+        with self._verifications.slot("VerifyChain"):
+            report = self._service.verify_chain(since)
         return pb.VerifyChainResponse(
             ok=report.ok, checkpoint=pb.ChainCheckpoint(head=report.checkpoint.head,
                                                        length=report.checkpoint.length),

@@ -140,3 +140,40 @@ def test_a_request_that_breaks_alone_does_not_fail_the_others_recorded_decisions
     assert (error.code, error.reason) == ("INTERNAL", "GATE_REQUEST_FAILED")
     assert "a bug" not in error.message  # no internals in what callers read
     assert [d.agent_id for d in governor.decisions()] == ["agent-1"]
+
+
+def test_two_chain_verifications_at_once_and_the_gate_still_decides(
+        shard_service: GovernanceClient, gov_for: GovClientFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review (2026-11-29): VerifyChain replays every fleet's history and had no
+    limit of its own; eight at once, from one governor, took every worker and another fleet's
+    gate got CONCURRENCY_LIMIT. Now a third at once is SCAN_BUSY and the gate goes on."""
+    import threading
+
+    from services.governance.service import GovernanceService
+
+    entered, release = threading.Semaphore(0), threading.Event()
+    verify = GovernanceService.verify_chain
+
+    def slow(self: GovernanceService, since: object = None) -> object:
+        entered.release()
+        release.wait(30)
+        return verify(self, since)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GovernanceService, "verify_chain", slow)
+    governors = [gov_for(f"gov-{i}", "fleet-b") for i in range(3)]
+    threads = [threading.Thread(target=g.verify_chain) for g in governors[:2]]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            assert entered.acquire(timeout=10)
+        _refused(governors[2].verify_chain, grpc.StatusCode.RESOURCE_EXHAUSTED, "SCAN_BUSY")
+        reply = shard_service.decide("fleet-c", "agent-9", "req-9",
+                                     [candidate("the gate is not held by the scans")])
+        assert reply.decisions[0].allowed
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert governors[2].verify_chain().ok  # a slot is free again
