@@ -95,8 +95,9 @@ def call_metadata(pairs: Iterable[tuple[str, str | bytes]]) -> dict[str, str]:
 
 def caller_kinds(principal: Principal) -> frozenset[str]:
     """The kinds an access table can name for this caller: its roles and, for a service
-    principal, its identity (``service:<name>`` from the agent id ``svc-<name>``)."""
-    if SERVICE_ROLE not in principal.roles:
+    principal, its identity (``service:<name>`` from the agent id ``svc-<name>`` of fleet
+    ``system``; a token of another fleet is no service, found by a review on 2026-11-29)."""
+    if SERVICE_ROLE not in principal.roles or principal.fleet_id != SERVICE_FLEET:
         return principal.roles
     name = principal.agent_id.removeprefix(SERVICE_AGENT_PREFIX)
     if principal.agent_id == f"{SERVICE_AGENT_PREFIX}{name}" and name in SERVICE_NAMES:

@@ -108,6 +108,16 @@ def test_each_service_identity_is_granted_only_what_its_role_needs(kind: str) ->
     assert _granted(kind) - generic == SERVICE_GRANTS[kind]
 
 
+def test_a_service_token_of_another_fleet_is_no_service_identity() -> None:
+    """Found by a review (2026-11-29): svc-shard with role service in fleet-a (a token
+    `engram token create --role service --fleet fleet-a` mints) decided writes and read the
+    trust of any fleet, as the shard does."""
+    assert caller_kinds(Principal("svc-shard", "fleet-a", frozenset({"service"}))) == \
+        {"service"}
+    assert "service:shard" in caller_kinds(Principal("svc-shard", "system",
+                                                     frozenset({"service"})))
+
+
 def test_an_unknown_service_principal_is_granted_only_the_generic_methods() -> None:
     stranger = Principal("svc-x", "system", frozenset({"service"}))
     assert caller_kinds(stranger) == {"service"}
