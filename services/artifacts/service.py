@@ -482,8 +482,14 @@ class ArtifactsService:
         def find(session: Session) -> Event | None:
             if not draft.request_id:
                 return None
-            return self.repository.event_for_request(session, fleet_id, run_id,
-                                                     draft.request_id)
+            prior = self.repository.event_for_request(session, fleet_id, run_id,
+                                                      draft.request_id)
+            if prior is not None and not prior.erased and (
+                    prior.type, prior.payload_json, prior.manifest_id,
+                    tuple(prior.artifact_ids)) != (draft.type, draft.payload_json,
+                                                   draft.manifest_id, draft.artifact_ids):
+                raise _request_id_reused(draft.request_id, "event", prior.seq)
+            return prior
 
         return self._first_answer(append, find)
 
@@ -580,8 +586,14 @@ class ArtifactsService:
         def find(session: Session) -> Snapshot | None:
             if not request_id:
                 return None
-            return self.repository.snapshot_for_request(session, fleet_id, draft.run_id,
-                                                        request_id)
+            prior = self.repository.snapshot_for_request(session, fleet_id, draft.run_id,
+                                                         request_id)
+            if prior is not None and not prior.erased and (
+                    (prior.state_json, prior.manifest_id, tuple(prior.artifact_ids))
+                    != (draft.state_json, draft.manifest_id, draft.artifact_ids)
+                    or (draft.seq and prior.seq != draft.seq)):
+                raise _request_id_reused(request_id, "snapshot", prior.seq)
+            return prior
 
         return self._first_answer(create, find)
 
@@ -819,6 +831,16 @@ class ArtifactsService:
             f"{outcome.attempts} attempts; run {run.run_id} is {status.value}",
             reason="CRITICAL_POINTER_UNRESOLVED",
             metadata={**diagnostics, "run_status": status.value})
+
+
+def _request_id_reused(request_id: str, what: str, seq: int) -> AlreadyExists:
+    """A request id sent again with another body: refused, as the shard and the compactor
+    refuse it. Before 2026-11-29 the first call's answer came back and the new body was
+    dropped without a word (found by a review)."""
+    return AlreadyExists(
+        f"request_id {request_id!r} already made the {what} at seq {seq} of this run with "
+        f"other content; use a new request_id for a new {what}", reason="REQUEST_ID_REUSED",
+        metadata={"seq": str(seq)})
 
 
 def _event_bytes(event: Event) -> int:

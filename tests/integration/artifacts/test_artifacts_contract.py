@@ -251,6 +251,34 @@ def test_rehydrate_returns_events_within_its_byte_budget_and_says_more_follow(
     assert not exact.truncated and [e.seq for e in exact.events] == [39, 40]
 
 
+def test_a_request_id_sent_again_with_another_body_is_refused(
+        artifacts_server: RunningArtifacts) -> None:
+    """Found by a review (2026-11-29): AppendEvent and CreateSnapshot answered a reused
+    request_id with the first call's result and dropped the new body without a word (the shard
+    and the compactor refuse it REQUEST_ID_REUSED)."""
+    env = artifacts_server
+    run_id = _start(env)
+    first = env.client.append_event(run_id, "tool.called", {"cmd": "ls"}, request_id="e-1")
+    again = env.client.append_event(run_id, "tool.called", {"cmd": "ls"}, request_id="e-1")
+    assert (again.event.seq, again.created) == (first.event.seq, False)  # a retry
+    for kind, payload in (("tool.called", {"cmd": "rm -rf /"}), ("other", {"cmd": "ls"})):
+        with pytest.raises(EngramRpcError) as reused:
+            env.client.append_event(run_id, kind, payload, request_id="e-1")
+        assert (reused.value.code, reused.value.reason) == (grpc.StatusCode.ALREADY_EXISTS,
+                                                            "REQUEST_ID_REUSED")
+    snapshot = env.client.create_snapshot(run_id, {"state": "A"}, request_id="s-1")
+    env.client.append_event(run_id, "step", {"i": 2})
+    # a retry (seq 0: the head when it first ran) gets the first snapshot back
+    assert env.client.create_snapshot(run_id, {"state": "A"},
+                                      request_id="s-1").snapshot_id == snapshot.snapshot_id
+    for state, seq in (({"state": "B"}, 0), ({"state": "A"}, 2)):
+        with pytest.raises(EngramRpcError) as reused:
+            env.client.create_snapshot(run_id, state, seq=seq, request_id="s-1")
+        assert reused.value.reason == "REQUEST_ID_REUSED"
+    assert env.client.get_run(run_id).event_count == 2
+    assert [s.snapshot_id for s in env.client.list_snapshots(run_id)] == [snapshot.snapshot_id]
+
+
 def test_rehydrate_stops_run_when_snapshot_artifact_is_gone(
         artifacts_server: RunningArtifacts) -> None:
     env = artifacts_server
