@@ -46,7 +46,8 @@ NOT_RETRIED: dict[str, str] = {
         "a second stop of a stopped run is FAILED_PRECONDITION",
     "engram.artifacts.v1.ArtifactsService/ResolvePointer":
         "an unresolved critical pointer stops the run; the caller decides to ask again",
-    "engram.compactor.v1.CompactorService/PinIteration": "a second pin is ALREADY_EXISTS",
+    "engram.compactor.v1.CompactorService/PinIteration":
+        "a second pin answers the first, its reason kept: the operator pins, and sees it",
     "engram.compactor.v1.CompactorService/CompactMemory": "an operator's policy run",
     "engram.compactor.v1.CompactorService/ApplyMemoryRetention": "an operator's policy run",
     "engram.shard.v1.ShardService/CompactRecords": "an operator's policy run",
