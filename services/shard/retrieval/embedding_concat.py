@@ -1,9 +1,9 @@
 """Several encoders as one: the quality profile (``ENGRAM_SHARD_EMBEDDER=quality``, that is
 ``minilm+mpnet``; docs/retrieval.md, "The quality profile").
 
-A text's vector is the concatenation of every part's L2-normalised vector, each scaled by
-``1/sqrt(parts)``: the result is normalised again, and its cosine with another such vector is
-the mean of the parts' cosines. Documents and queries are embedded the same way (by every
+A text's vector is the concatenation of every part's L2-normalised vector, normalised again
+(each part weighs ``1/sqrt(parts)``): its cosine with another such vector is the mean of the
+parts' cosines. Documents and queries are embedded the same way (by every
 part), so the vector index, the stored vectors, the semantic duplicate check and a
 re-embedding need nothing new: the concatenation is one model to them, with its own identity
 (the parts' names joined by ``+``), so vectors of the profile are never mixed with vectors of
