@@ -75,6 +75,13 @@ class Aborted(EngramError):
     default_reason = "ABORTED"
 
 
+class DeadlineExceeded(EngramError):
+    """A call that waited past a limit of the service's own (an upload that stopped sending)."""
+
+    code = "DEADLINE_EXCEEDED"
+    default_reason = "DEADLINE_EXCEEDED"
+
+
 class Unauthenticated(EngramError):
     code = "UNAUTHENTICATED"
     default_reason = "UNAUTHENTICATED"

@@ -10,6 +10,8 @@ stream, not just its creation.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -38,7 +40,7 @@ from services.common.auth import (
     current_principal,
     unbind_principal,
 )
-from services.common.errors import ERROR_DOMAIN, EngramError, InvalidArgument
+from services.common.errors import ERROR_DOMAIN, DeadlineExceeded, EngramError, InvalidArgument
 from services.common.metrics import GrpcMetrics, Tally
 from services.common.storage_errors import storage_error
 
@@ -188,7 +190,69 @@ def _is_abort(exc: Exception, context: grpc.ServicerContext) -> bool:
 
 
 STREAM_RECHECK_SECONDS = 1.0
-"""How often a response stream's caller is authorized again while the stream runs."""
+"""How often a stream's caller is authorized again while the stream runs."""
+UPLOAD_IDLE_SECONDS = 60.0
+"""An upload (a client stream) that sends nothing for this long is ended, DEADLINE_EXCEEDED
+UPLOAD_IDLE, and its place given back."""
+_READ_AHEAD = 2
+"""Messages of an upload read ahead of the service: flow control still holds the client."""
+
+
+def _client_stream(requests: Iterator[Any], recheck: Callable[[], object]) -> Iterator[Any]:
+    """An upload's messages, read by a thread of its own so that this one can wait for them
+    with a timeout: the caller is authorized again each second also while the upload sends
+    nothing (a revoked token or a suspended agent ends it within the bound, where before it
+    held its place until the next message came), and an upload silent for
+    ``UPLOAD_IDLE_SECONDS`` is ended (found by a review, 2026-11-29: stalled uploads held
+    their call slots for good). The reader thread ends with the call."""
+    inbox: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=_READ_AHEAD)
+    done = threading.Event()
+
+    def deliver(item: tuple[str, Any]) -> bool:
+        while not done.is_set():
+            try:
+                inbox.put(item, timeout=STREAM_RECHECK_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for message in requests:
+                if not deliver(("message", message)):
+                    return
+        except BaseException as error:  # the call ended under it (cancel, deadline)
+            deliver(("error", error))
+        else:
+            deliver(("end", None))
+
+    threading.Thread(target=read, name="upload-reader", daemon=True).start()
+    checked = heard = time.monotonic()
+    try:
+        while True:
+            try:
+                kind, item = inbox.get(timeout=STREAM_RECHECK_SECONDS)
+            except queue.Empty:
+                kind, item = "", None
+            now = time.monotonic()
+            if now - checked >= STREAM_RECHECK_SECONDS:
+                recheck()
+                checked = now
+            if kind == "message":
+                heard = now
+                yield item
+            elif kind == "end":
+                return
+            elif kind == "error":
+                raise item
+            elif now - heard >= UPLOAD_IDLE_SECONDS:
+                raise DeadlineExceeded(
+                    f"the upload sent nothing for {UPLOAD_IDLE_SECONDS:g} s; it was ended and "
+                    "nothing of it was stored", reason="UPLOAD_IDLE",
+                    metadata={"idle_seconds": f"{UPLOAD_IDLE_SECONDS:g}"})
+    finally:
+        done.set()
 
 
 class AuthInterceptor(_BehaviorInterceptor):
@@ -225,22 +289,15 @@ class AuthInterceptor(_BehaviorInterceptor):
 
             return stream
 
-        def rechecked(requests: Iterator[Any], metadata: dict[str, str]) -> Iterator[Any]:
-            """A client stream's messages (an upload), its caller authorized again each
-            second: a token revoked mid-upload ends the call there, nothing stored."""
-            checked = time.monotonic()
-            for message in requests:
-                if time.monotonic() - checked >= STREAM_RECHECK_SECONDS:
-                    authorizer.authorize(method, metadata)
-                    checked = time.monotonic()
-                yield message
-
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             metadata = metadata_of(context)
             token = bind_principal(authorizer.authorize(method, metadata))
             try:
                 if isinstance(request, Iterator):  # request-streaming: an upload
-                    request = rechecked(request, metadata)
+                    # Its caller authorized again each second: a token revoked mid-upload
+                    # ends the call there, nothing stored.
+                    request = _client_stream(
+                        request, lambda: authorizer.authorize(method, metadata))
                 return behavior(request, context)
             finally:
                 unbind_principal(token)

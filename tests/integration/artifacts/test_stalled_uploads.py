@@ -63,3 +63,31 @@ def test_one_agents_stalled_uploads_stop_at_its_limit_and_others_get_in(
             release.set()
             for call in held:
                 call.cancel()
+
+
+def test_an_upload_that_sends_nothing_is_ended_and_its_place_given_back(
+        tmp_path: Path, engram_home: Path, make_token: Callable[..., str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """UPLOAD_IDLE_SECONDS (60 in service, 1 here): a stalled upload is ended DEADLINE_EXCEEDED
+    UPLOAD_IDLE, nothing stored, and the agent's place comes back."""
+    from services.common import interceptors
+
+    monkeypatch.setattr(interceptors, "UPLOAD_IDLE_SECONDS", 1.0)
+    release = threading.Event()
+    with running_artifacts(f"sqlite:///{tmp_path / 'a.db'}", tmp_path / "blobs", engram_home,
+                           make_token, max_streams_per_agent=1) as running:
+        agent = running.client_for("fleet-a", "agent-1")
+        agent.start_run("run-1")
+        try:
+            stalled = _stalled(agent, release, "idle.bin")
+            with pytest.raises(grpc.RpcError) as ended:
+                stalled.result(timeout=10)
+            error = EngramRpcError.from_rpc_error(ended.value)
+            assert (error.code, error.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                  "UPLOAD_IDLE")
+            assert list(agent.list_artifacts("run-1")) == []
+            stored = agent.upload(iter([b"a whole upload"]), run_id="run-1", step_id="s",
+                                  name="next.bin")  # its one place is free again
+            assert stored.size_bytes == len(b"a whole upload")
+        finally:
+            release.set()

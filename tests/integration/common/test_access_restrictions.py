@@ -174,6 +174,40 @@ def test_an_upload_under_way_when_its_token_is_revoked_ends_there_and_stores_not
         assert not list(agent.list_artifacts("run-u"))
 
 
+def test_a_stalled_upload_of_a_suspended_agent_ends_within_the_bound(
+        stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
+    """Found by a review (2026-11-29): an upload that stopped sending was authorized again
+    only when its next chunk came, so a suspended agent's stalled uploads held their places
+    for good. Its caller is now authorized again each second also while it sends nothing."""
+    import threading
+
+    token = make_token("agent-s", "fleet-a")
+    release = threading.Event()
+
+    def requests() -> Iterator[apb.CreateArtifactRequest]:
+        yield apb.CreateArtifactRequest(header=apb.ArtifactHeader(run_id="run-s", step_id="s",
+                                                                  name="stalled.bin"))
+        yield apb.CreateArtifactRequest(chunk=b"x" * 1024)
+        release.wait(60)
+
+    with ArtifactsClient(stack.address("artifacts"), token) as agent:
+        agent.start_run("run-s")
+        call = agent.stub.CreateArtifact.future(requests(), metadata=agent.metadata, timeout=60)
+        try:
+            with pytest.raises(grpc.FutureTimeoutError):
+                call.result(timeout=0.5)  # admitted and waiting for more
+            governor.set_tier("agent-s", "suspended", reason="stalling uploads")
+            began = time.monotonic()
+            with pytest.raises(grpc.RpcError) as ended:
+                call.result(timeout=BOUND + 5)
+            assert time.monotonic() - began <= BOUND + 2
+            failure = EngramRpcError.from_rpc_error(ended.value)
+            assert (failure.code, failure.reason) == SUSPENDED
+        finally:
+            release.set()
+            call.cancel()
+
+
 def test_revoking_an_agent_refuses_its_older_tokens_everywhere(
         stack: Stack, governor: GovernanceClient, make_token: TokenFactory) -> None:
     token = make_token("agent-1", "fleet-a")
