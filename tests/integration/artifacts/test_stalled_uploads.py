@@ -30,6 +30,15 @@ def _stalled(client: ArtifactsClient, release: threading.Event, name: str) -> An
     return client.stub.CreateArtifact.future(requests(), metadata=client.metadata, timeout=60)
 
 
+def _ended(call: Any, code: grpc.StatusCode, reason: str) -> EngramRpcError:
+    """The error an upload's call ended with (within 10 s), checked to be ``code``/``reason``."""
+    with pytest.raises(grpc.RpcError) as failure:
+        call.result(timeout=10)
+    error = EngramRpcError.from_rpc_error(failure.value)
+    assert (error.code, error.reason) == (code, reason)
+    return error
+
+
 def test_one_agents_stalled_uploads_stop_at_its_limit_and_others_get_in(
         tmp_path: Path, engram_home: Path, make_token: Callable[..., str]) -> None:
     release = threading.Event()
@@ -46,12 +55,8 @@ def test_one_agents_stalled_uploads_stop_at_its_limit_and_others_get_in(
             for call in held:  # still sending: neither has ended
                 with pytest.raises(grpc.FutureTimeoutError):
                     call.result(timeout=0.5)
-            refused = _stalled(attacker, release, "f2")
-            with pytest.raises(grpc.RpcError) as failure:
-                refused.result(timeout=10)
-            error = EngramRpcError.from_rpc_error(failure.value)
-            assert (error.code, error.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                  "STREAM_LIMIT")
+            error = _ended(_stalled(attacker, release, "f2"),
+                           grpc.StatusCode.RESOURCE_EXHAUSTED, "STREAM_LIMIT")
             assert error.metadata["scope"] == "agent"
             for call in held:  # the uploads under way go on
                 assert not call.done()
@@ -79,12 +84,8 @@ def test_an_upload_that_sends_nothing_is_ended_and_its_place_given_back(
         agent = running.client_for("fleet-a", "agent-1")
         agent.start_run("run-1")
         try:
-            stalled = _stalled(agent, release, "idle.bin")
-            with pytest.raises(grpc.RpcError) as ended:
-                stalled.result(timeout=10)
-            error = EngramRpcError.from_rpc_error(ended.value)
-            assert (error.code, error.reason) == (grpc.StatusCode.DEADLINE_EXCEEDED,
-                                                  "UPLOAD_IDLE")
+            _ended(_stalled(agent, release, "idle.bin"), grpc.StatusCode.DEADLINE_EXCEEDED,
+                   "UPLOAD_IDLE")
             assert list(agent.list_artifacts("run-1")) == []
             stored = agent.upload(iter([b"a whole upload"]), run_id="run-1", step_id="s",
                                   name="next.bin")  # its one place is free again
