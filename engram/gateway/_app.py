@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
+from engram.client._bearer import bearer_of, malformed_authorization
 from engram.client.artifacts import MIME_TYPE
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
 from engram.gateway._openapi import build_openapi
@@ -221,29 +222,18 @@ def _transcoded(route: Route, params: Mapping[str, str], query: Sequence[tuple[s
                              reason="INVALID_JSON") from None
 
 
-MAX_AUTHORIZATION_BYTES = 4096
-"""An Engram token is a few hundred bytes; gRPC metadata past 8 KiB in all is refused with a
-RESOURCE_EXHAUSTED a client would retry (429), at random below its hard limit."""
-
-
 def _refused_authorization(request: Request) -> JSONResponse | None:
     """401 before the body is read when the call cannot be authenticated: every route reaches
     an RPC that needs a token, so a caller without one gets nothing parsed for it (before, an
     anonymous 8 MiB body was read and parsed first, a CPU-second each). A header gRPC metadata
     cannot carry (non-ASCII, control characters) or longer than any token is the caller's
     mistake: 401 here, not a 500 from the channel or a 429 for its size."""
-    value = request.headers.get("authorization")
-    if value is not None and not (value.isascii() and value.isprintable()):
-        return error_response(status_of(
-            grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a "
-            "token never has; send 'Bearer <token>'", "TOKEN_MALFORMED"))
-    if value is not None and len(value) > MAX_AUTHORIZATION_BYTES:
-        return error_response(status_of(
-            grpc.StatusCode.UNAUTHENTICATED, f"the Authorization header is {len(value)} bytes, "
-            f"over the {MAX_AUTHORIZATION_BYTES} a token fits in; send 'Bearer <token>'",
-            "TOKEN_MALFORMED"))
-    scheme, _, token = (value or "").strip(" \t").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip(" \t"):
+    value = request.headers.get("authorization") or ""
+    problem = malformed_authorization(value)
+    if problem is not None:
+        return error_response(status_of(grpc.StatusCode.UNAUTHENTICATED, problem,
+                                        "TOKEN_MALFORMED"))
+    if not bearer_of(value):
         return error_response(status_of(
             grpc.StatusCode.UNAUTHENTICATED, "missing bearer token: send 'Authorization: "
             "Bearer <token>' (see `engram token create`)", "TOKEN_MISSING"))

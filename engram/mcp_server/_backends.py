@@ -15,6 +15,7 @@ from typing import Protocol
 import grpc
 
 from engram.client import ArtifactsClient, ClientSettings, EngramRpcError, ShardClient, open_channel
+from engram.client._bearer import bearer_of, malformed_authorization
 
 MISSING_TOKEN = (
     "missing bearer token: send 'Authorization: Bearer <token>' with every HTTP request "
@@ -38,10 +39,6 @@ class FixedToken:
         return self.value
 
 
-MAX_AUTHORIZATION_BYTES = 4096
-"""An Engram token is a few hundred bytes (as the HTTP gateway's limit)."""
-
-
 class BearerHeader:
     """Streamable HTTP: every request names its caller in ``Authorization: Bearer``.
 
@@ -53,18 +50,13 @@ class BearerHeader:
         value = ""
         if headers is not None:
             value = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
-        if not (value.isascii() and value.isprintable()) or len(value) > MAX_AUTHORIZATION_BYTES:
-            # gRPC metadata cannot carry it (INTERNAL "Invalid metadata" from the channel), or
-            # it is longer than any token (RESOURCE_EXHAUSTED for the metadata's size, at
-            # random below gRPC's hard limit): the caller's mistake, said as such.
-            raise EngramRpcError(
-                grpc.StatusCode.UNAUTHENTICATED, "the Authorization header holds characters a "
-                f"token never has, or is over {MAX_AUTHORIZATION_BYTES} bytes; send "
-                "'Bearer <token>'", "TOKEN_MALFORMED")
-        scheme, _, token = value.strip().partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        problem = malformed_authorization(value)
+        if problem is not None:  # the caller's mistake, said as such (not INTERNAL, not 429)
+            raise EngramRpcError(grpc.StatusCode.UNAUTHENTICATED, problem, "TOKEN_MALFORMED")
+        token = bearer_of(value)
+        if not token:
             raise EngramRpcError(grpc.StatusCode.UNAUTHENTICATED, MISSING_TOKEN, "TOKEN_MISSING")
-        return token.strip()
+        return token
 
 
 class Backends(Protocol):
