@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from services.artifacts.server import build_artifacts_server
 from services.artifacts.settings import ArtifactsSettings
@@ -83,8 +84,10 @@ class FullStack:
 @contextmanager
 def full_stack(data: Path, home: Path, make_token: TokenFactory,
                db_urls: Mapping[str, str] | None = None, *,
-               governed: bool = False) -> Iterator[FullStack]:
-    """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``)."""
+               governed: bool = False,
+               compactor: Mapping[str, Any] | None = None) -> Iterator[FullStack]:
+    """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``;
+    ``compactor``: more of its settings, e.g. small tiers)."""
     with gated_stack(data, home, make_token, db_urls, governed=governed) as servers:
         token_file = data / "compactor-service.token"
         write_token_file(token_file, make_token("svc-compactor", "system", ("service",)))
@@ -93,7 +96,8 @@ def full_stack(data: Path, home: Path, make_token: TokenFactory,
             db_url=(db_urls or {}).get("compactor", f"sqlite:///{data / 'compactor.db'}"),
             blob_url=(data / "cold").resolve().as_uri(), shard_addr=servers.shard.address,
             service_token_file=token_file,
-            governance_addr=servers.governance.address if governed else None)).start()
+            governance_addr=servers.governance.address if governed else None,
+            **(compactor or {}))).start()
         try:
             yield FullStack(servers.governance, servers.shard, servers.artifacts, compactor)
         finally:

@@ -276,6 +276,9 @@ class Exporter:
         below = min(details, default=last + 1) - 1
         while below >= 1:
             view = compactor.reconstruct(run, below)
+            if view.summary.erasure_id:  # erased in place: no detail, nor its snapshot
+                below -= 1
+                continue
             if view.source == cpb.DETAIL_SOURCE_BASE_SNAPSHOT:
                 below = view.base_iteration
             elif view.source != cpb.DETAIL_SOURCE_COLD_SNAPSHOT:

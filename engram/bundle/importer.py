@@ -61,7 +61,7 @@ _CARRIED_OUT: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = (
     (("records",), frozenset({"record", "summary"}), "shard"),
     (("runs", "artifacts", "manifests", "evidence", "events", "snapshots"),
      frozenset({"run", "event", "snapshot", "manifest", "evidence"}), "artifacts"),
-    (("iterations",), frozenset({"iterations"}), "compactor"),
+    (("iterations",), frozenset({"iterations", "iteration"}), "compactor"),
 )
 """Which service carries out an erasure listing these item kinds, and the bundle parts whose
 import can bring back what it lists (the shard's first: a record erasure is carried out

@@ -258,7 +258,7 @@ class Reissue:
         for item in renamed.items:
             if item.kind in _RECORD_KINDS:
                 item.id, item.leaf_hash = self._renamed(item.id, item.leaf_hash)
-            elif item.kind == "iterations":
+            elif item.kind in ("iterations", "iteration"):
                 self.lines.erased_item(item)
             else:
                 self.runs.erased_item(item)

@@ -7,7 +7,9 @@ fields committed to under it, and ``detailDigest`` the detail's commitment where
 carries the detail (else a value derived under the key: the detail is gone, nothing can be
 checked against it). Each line's hash covers the one before, so a log's chain is derived
 again from its first changed line on, and the erasures' ``iterations`` items (a log's head)
-follow; a log erased whole is not in the bundle, and its leaf is derived under the key.
+follow, and so do its ``iteration`` items (a line erased in place: its tombstone is linked
+again like any format-2 line, its hash following from what it kept); a log erased whole is not
+in the bundle, and its leaf is derived under the key.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ class IterationLines:
 
     def __init__(self, derive: Derive) -> None:
         self._derive = derive
-        self.links = ChainLinks(derive, ("iterations",))
-        """Each log's chain (an erasure's ``iterations`` item names its head)."""
+        self.links = ChainLinks(derive, ("iterations", "iteration"))
+        """Each log's chain (an erasure's ``iterations`` item names its head, an ``iteration``
+        item a line erased in place)."""
 
     def plan(self, items: Iterable[tuple[str, cpb.ImportedIteration]]) -> None:
         for run_id, item in items:
@@ -73,5 +76,6 @@ class IterationLines:
         return renamed
 
     def erased_item(self, item: gpb.ErasedItem) -> None:
-        """An erasure's ``iterations`` item (a log's head), renamed in place."""
+        """An erasure's ``iterations`` item (a log's head) or ``iteration`` item (a line erased
+        in place, whose tombstone the bundle holds), renamed in place."""
         item.leaf_hash = self.links.leaf(item.leaf_hash)

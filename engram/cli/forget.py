@@ -4,7 +4,8 @@
 Three steps, each through a service's own RPC: the services list what the selector matches
 (the shard its records and the compaction summaries quoting them; for ``--run`` also the
 artifacts service's run and the compactor's iteration log, with the head hashes their
-tombstones keep; for ``--match`` the format-2 events and snapshots holding the text, and for
+tombstones keep; for ``--match`` the format-2 events, snapshots and iterations holding the
+text, and for
 ``--agent`` the agent's format-2 events in runs other agents started, each erased in place
 with its run kept); governance chains the erasure (who, why, which items); each service then
 erases exactly what governance recorded. A selection larger than one erasure's 10,000 items
@@ -102,16 +103,21 @@ class _Services:
             "runs holding the text", as_json)
         found = [run for page in pages for run in page.runs]
         loose = [i for page in pages for i in page.loose_items]
-        logs = [run.run_id for page in _every_page(
+        found_logs = [run for page in _every_page(
             lambda token: self.compactor.find_iteration_logs(text, FIND_PAGE, page_token=token),
             "iteration logs holding the text", as_json) for run in page.runs]
+        logs = [log.run_id for log in found_logs if log.whole_log_needed]
+        lines = [gpb.ErasedItem(kind="iteration", id=f"{log.run_id}:{i.iteration}",
+                                leaf_hash=i.leaf_hash)
+                 for log in found_logs if not log.whole_log_needed for i in log.iterations]
         self.format1_manifests.update(
             (i.id, None) for i in loose if i.kind == "manifest" and i.format == 1)
         return _Holding(
-            runs=list(dict.fromkeys([*(r.run_id for r in found), *logs])),
+            runs=list(dict.fromkeys([*(r.run_id for r in found),
+                                     *(log.run_id for log in found_logs)])),
             whole=list(dict.fromkeys([*(r.run_id for r in found if r.whole_run_needed),
                                       *logs])),
-            items=_erased_items(i for r in found for i in r.items),
+            items=_erased_items(i for r in found for i in r.items) + lines,
             loose=_erased_items(loose))
 
     def agent_run_items(self, agent_id: str) -> tuple[list[gpb.ErasedItem], list[str]]:
@@ -152,10 +158,11 @@ class _Services:
             done["snapshots_erased"] = runs.snapshots_erased
             done["manifests_erased"] = runs.manifests_erased
             done["evidence_erased"] = runs.evidence_erased
-        if "iterations" in kinds:
+        if kinds & {"iterations", "iteration"}:
             logs = self.compactor.forget_iterations(erasure_id)
             done["iteration_logs"] = [{"run_id": r.run_id, "last_iteration": r.last_iteration,
                                        "blobs": r.blobs} for r in logs.runs]
+            done["iterations_erased"] = logs.iterations_erased
         done["seconds"] = round(time.monotonic() - began, 3)
         return done
 
@@ -167,7 +174,8 @@ class _Holding:
     whole: list[str] = field(default_factory=list)
     """Those holding it where only erasing the whole run removes it."""
     items: list[gpb.ErasedItem] = field(default_factory=list)
-    """Format-2 events and snapshots holding it: erased in place, their runs kept."""
+    """Format-2 events, snapshots and iterations holding it: erased in place, their runs and
+    logs kept."""
     loose: list[gpb.ErasedItem] = field(default_factory=list)
     """Manifests of no run and evidence citing no artifact holding it: deleted."""
 
@@ -208,15 +216,16 @@ def forget(
                             "snapshots, artifacts, manifests and iteration log"),
     match: str = typer.Option("", "--match", help="every record whose content, a tag or a "
                               "metadata key or value holds this text (case-insensitive), "
-                              "every format-2 event payload and snapshot state holding it "
-                              "(erased in place, their runs kept), and every manifest of no "
+                              "every format-2 event payload, snapshot state and iteration "
+                              "(its warm line and detail) holding it (erased in place, their "
+                              "runs and logs kept), and every manifest of no "
                               "run and evidence citing no artifact holding it; the text "
                               "itself is not recorded anywhere"),
     whole_runs: bool = typer.Option(False, "--whole-runs", help="with --match: erase whole, "
                                     "instead, every run whose metadata, stop reason, events, "
                                     "snapshots, artifacts, manifests, evidence or iteration log "
                                     "hold the text (needed where it is in anything but a "
-                                    "format-2 event payload or snapshot state)"),
+                                    "format-2 event payload, snapshot state or iteration)"),
     resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
                                "(after a service was down or a run was interrupted)"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
@@ -226,11 +235,11 @@ def forget(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Erase records (and with --run or --agent whole runs; with --match or --agent single
-    events and snapshots of kept runs): their content, tags, metadata and what derives from
-    them (full-text terms, vectors, the search index, compaction summaries quoting them, a
-    run's events, snapshots, artifacts and iteration log) leave every store; tombstones keep
-    the leaf hashes so chains still verify. The erasure is a chained governance event.
-    Governor or admin role."""
+    events, snapshots and iterations of kept runs): their content, tags, metadata and what
+    derives from them (full-text terms, vectors, the search index, compaction summaries
+    quoting them, a run's events, snapshots, artifacts and iteration log) leave every store;
+    tombstones keep the leaf hashes so chains still verify. The erasure is a chained
+    governance event. Governor or admin role."""
     chosen = [(k, v) for k, v in (("agent", agent), ("record", record), ("run", run),
                                   ("match", match), ("resume", resume)) if v]
     if len(chosen) != 1:
@@ -273,11 +282,12 @@ def forget(
             _warn_left(left, legacy, [*old_records, *old_manifests])
         return
     total = sum(len(e["records"]) for e in erasures)
-    events, snapshots, manifests, evidence = (
+    events, snapshots, manifests, evidence, iterations = (
         sum(e.get(f"{what}_erased", 0) for e in erasures)
-        for what in ("events", "snapshots", "manifests", "evidence"))
+        for what in ("events", "snapshots", "manifests", "evidence", "iterations"))
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
                "manifests_erased": manifests, "evidence_erased": evidence,
+               "iterations_erased": iterations,
                "erasures": erasures, "runs_holding_text": left,
                "format1_events_left": legacy, "format1_records": list(old_records),
                "format1_manifests": list(old_manifests)}
@@ -288,8 +298,8 @@ def forget(
         console.print("nothing matches: nothing erased")
     else:
         console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
-                      f"{manifests} manifest(s) and {evidence} evidence item(s) erased in "
-                      f"{len(erasures)} erasure(s)")
+                      f"{iterations} iteration(s), {manifests} manifest(s) and {evidence} "
+                      f"evidence item(s) erased in {len(erasures)} erasure(s)")
     _warn_left(left, legacy, [*old_records, *old_manifests])
 
 
@@ -297,8 +307,8 @@ def _warn_left(left: list[str], legacy: list[str], derived: list[str]) -> None:
     if left:
         err_console.print(f"[yellow]{len(left)} run(s) still hold the text where only "
                           "erasing the whole run removes it (metadata, stop reason, event "
-                          "types, format-1 events or snapshots, manifests, artifacts, evidence "
-                          f"or iteration logs): {', '.join(left[:10])}"
+                          "types, format-1 events, snapshots or iterations, manifests, "
+                          f"artifacts or evidence): {', '.join(left[:10])}"
                           f"{' …' if len(left) > 10 else ''}; erase them whole with "
                           "--whole-runs (or --run)[/yellow]")
     if legacy:

@@ -6,7 +6,8 @@ ring, segment and snapshot bookkeeping, pins and request ids and leaves a tombst
 iteration, head hash, the erasure); then every blob under the run's prefix (sealed
 segments, index files, cold snapshots) is purged with all its S3 versions, and the cached
 segments dropped. A tombstone whose blobs are not all gone says so; a rerun finishes. The
-append path refuses an erased run in its own transaction.
+append path refuses an erased run in its own transaction. Single iterations it lists (kind
+``iteration``) are erased in place, their log kept (:mod:`services.compactor.line_erasure`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert, select, update
@@ -35,6 +36,8 @@ from services.common.errors import FailedPrecondition, NotFound
 from services.common.find_cursor import FindCursor, runs_from
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
 from services.compactor.domain.blob_layout import run_prefix
+from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
+from services.compactor.line_erasure import ITEM_KIND, LineEraser, in_place_items
 from services.compactor.repository import holding_run
 from services.compactor.service import IterationLog
 from services.compactor.tables import (
@@ -59,7 +62,11 @@ PURGED_TABLES = ("compactor_runs", "compactor_warm_lines", "compactor_hot",
 
 
 INDEX_FILES = "/warm/index/"
-CHAIN_FIELDS = frozenset({"v", "salt", "summaryCommitment", "detailDigest", "prevHash", "hash"})
+MAX_LISTED_ITERATIONS = 10_000
+"""Iterations one FindIterationLogs page lists at most (an erasure's items); a log with more
+holding the text is erased whole."""
+CHAIN_FIELDS = frozenset({"v", "salt", "summaryCommitment", "detailDigest", "prevHash", "hash",
+                          "erasureId", "erasedUs", "erasedBy"})
 """A warm line's fields that only chain it: random salts and hex digests. A text is looked for
 in the rest, so a short number or hex fragment (``4711``) does not name nearly every run by
 matching a salt or a hash somewhere in its log."""
@@ -82,6 +89,14 @@ def line_holds(text: str, needle: str) -> bool:
 def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:
     """A sealed segment line by line and a cold snapshot without its summary's chain fields
     (:func:`line_holds`); anything else, or a file that does not parse, as bytes."""
+    lines, whole = blob_hits(key, chunks, needle)
+    return bool(lines) or whole
+
+
+def blob_hits(key: str, chunks: Iterator[bytes], needle: str) -> tuple[list[WarmLine], bool]:
+    """The lines of the iterations a blob holds the text for (a segment's lines holding it, a
+    cold snapshot's summary when its iteration holds it), and whether it holds it where no
+    single line can be erased (a line or file that does not parse, another kind of file)."""
     if key.endswith(".gz"):
         data = gzip.decompress(b"".join(chunks))
         try:
@@ -89,12 +104,25 @@ def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:
             summary = document["summary"]
             document["summary"] = {k: v for k, v in summary.items() if k not in CHAIN_FIELDS}
         except (ValueError, TypeError, KeyError, AttributeError):
-            return bytes_hold(iter([data]), needle)
-        return holds(json.dumps(document, ensure_ascii=False), needle) or holds(
-            json.dumps(document), needle)
+            return [], bytes_hold(iter([data]), needle)
+        if not (holds(json.dumps(document, ensure_ascii=False), needle)
+                or holds(json.dumps(document), needle)):
+            return [], False
+        try:
+            return [WarmLine.from_dict(summary)], False
+        except (ValueError, TypeError, KeyError):
+            return [], True  # its summary is no line: the iteration cannot be named
     if key.endswith(".jsonl"):
-        return any(line_holds(line, needle) for line in _lines(chunks))
-    return bytes_hold(chunks, needle)
+        hits: list[WarmLine] = []
+        whole = False
+        for text in _lines(chunks):
+            if line_holds(text, needle):
+                try:
+                    hits.append(WarmLine.parse(text))
+                except ValueError:
+                    whole = True
+        return hits, whole
+    return [], bytes_hold(chunks, needle)
 
 
 def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
@@ -111,10 +139,30 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[str]:
 
 
 @dataclass(frozen=True)
+class FoundIteration:
+    iteration: int
+    leaf_hash: str
+    format: int
+
+
+@dataclass(frozen=True)
 class FoundLog:
     run_id: str
     head_hash: str
     last_iteration: int
+    iterations: tuple[FoundIteration, ...] = ()
+    """The iterations holding the text, oldest first (at most MAX_LISTED_ITERATIONS)."""
+    whole_log_needed: bool = False
+    """Only erasing the log whole removes it: a format-1 line holds it, something that does
+    not parse does, or more iterations than one page lists."""
+
+
+@dataclass(frozen=True)
+class ErasureDone:
+    logs: list[ForgottenIterations]
+    already: int
+    iterations: int
+    """Single iterations erased in place."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +183,7 @@ class IterationEraser:
         self._purge_throttle = PurgeThrottle()
         self._scans = TextScans()
 
-    def erase(self, fleet_id: str, erasure_id: str,
-              now_us: int) -> tuple[list[ForgottenIterations], int]:
+    def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> ErasureDone:
         order = recorded_erasure(self.source, "compactor", erasure_id, fleet_id)
         erased: list[ForgottenIterations] = []
         already = 0
@@ -157,11 +204,40 @@ class IterationEraser:
                 purged = self._purge_blobs(fleet_id, run_id)
             if head is not None:
                 erased.append(ForgottenIterations(run_id, head[0], head[1], purged))
+        lines = LineEraser(self.iterations, self.db, self.blobs)
+        in_place = 0
+        for run_id, items in in_place_items(order).items():
+            with self.iterations.run_lock(fleet_id, run_id):
+                done = lines.erase(order, run_id, items, now_us)
+            if done.erased:
+                self._purge_throttle.owe()
+            in_place += done.erased
+            already += done.already
         self._purge_throttle.purge(lambda: self.db.vacuum(PURGED_TABLES))
-        if erased:
+        if erased or in_place:
             log.info("iteration logs erased", extra={"erasure_id": erasure_id,
-                                                     "fleet_id": fleet_id, "runs": len(erased)})
-        return erased, already
+                                                     "fleet_id": fleet_id, "runs": len(erased),
+                                                     "iterations": in_place})
+        return ErasureDone(erased, already, in_place)
+
+    def check_tombstones(self, fleet_id: str, run_id: str, lines: Sequence[WarmLine]) -> None:
+        """An iteration erased in place (a tombstone) is imported only when an erasure
+        governance holds for this fleet lists it under its kept hash: nobody plants a tombstone
+        to keep an iteration's content away (FAILED_PRECONDITION TOMBSTONE_NOT_IN_ERASURE)."""
+        listed: dict[str, set[tuple[str, str, str]]] = {}
+        for line in lines:
+            if not line.erased:
+                continue
+            if line.erasure_id not in listed:
+                order = recorded_erasure(self.source, "compactor", line.erasure_id, fleet_id)
+                listed[line.erasure_id] = set(order.items)
+            item_id = f"{run_id}:{line.iteration}"
+            if (ITEM_KIND, item_id, line.hash) not in listed[line.erasure_id]:
+                raise FailedPrecondition(
+                    f"iteration {item_id} is a tombstone of erasure {line.erasure_id}, which "
+                    "does not list it under that hash; import the fleet's erasures first",
+                    reason="TOMBSTONE_NOT_IN_ERASURE",
+                    metadata={"id": item_id, "erasure_id": line.erasure_id})
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True,
@@ -184,35 +260,64 @@ class IterationEraser:
                                           runs_from(RunRow.created_us, RunRow.run_id, start))
                                    .order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundLog] = []
+        listed = 0
         for run_id, head_hash, last_iter, created_us in runs:
             still_wanted(active)
-            if self._holds(fleet_id, run_id, needle):
-                if len(found) == limit:
+            hits, whole = self._holding(fleet_id, run_id, needle)
+            if hits or whole:
+                whole = whole or len(hits) > MAX_LISTED_ITERATIONS or any(
+                    line.format != LINE_FORMAT for line in hits.values())
+                iterations = tuple(FoundIteration(i, hits[i].hash, hits[i].format)
+                                   for i in sorted(hits)[:MAX_LISTED_ITERATIONS])
+                if len(found) == limit or (
+                        found and listed + len(iterations) > MAX_LISTED_ITERATIONS):
                     return found, FindCursor(created_us, run_id)
-                found.append(FoundLog(run_id, head_hash, int(last_iter)))
+                listed += len(iterations)
+                found.append(FoundLog(run_id, head_hash, int(last_iter), iterations, whole))
         return found, None
 
-    def _holds(self, fleet_id: str, run_id: str, needle: str) -> bool:
+    def _holding(self, fleet_id: str, run_id: str,
+                 needle: str) -> tuple[dict[int, WarmLine], bool]:
+        """The run's iterations holding the text (their lines, by iteration: hot details, warm
+        lines, sealed segments, cold snapshots), and whether it is held where only erasing the
+        whole log removes it (:func:`blob_hits`)."""
+        hits: dict[int, WarmLine] = {}
+        whole = False
+
+        def hit(text: str) -> None:
+            nonlocal whole
+            try:
+                line = WarmLine.parse(text)
+            except ValueError:
+                whole = True
+                return
+            if not line.erased:
+                hits.setdefault(line.iteration, line)
+
         with self.db.session() as session:
             hot = session.execute(select(HotRow.line, HotRow.detail_json, HotRow.guardrails_json)
                                   .where(HotRow.fleet_id == fleet_id, HotRow.run_id == run_id))
             for line, detail, guardrails in hot:
                 if (line_holds(line, needle) or json_holds(detail, needle)
                         or json_holds(guardrails, needle)):
-                    return True
+                    hit(line)
             warm = session.scalars(select(WarmLineRow.line).where(
                 WarmLineRow.fleet_id == fleet_id, WarmLineRow.run_id == run_id))
-            if any(line_holds(line, needle) for line in warm):
-                return True
+            for line in warm:
+                if line_holds(line, needle):
+                    hit(line)
         for key in self.blobs.list(run_prefix(fleet_id, run_id) + "/"):
             if INDEX_FILES in key:  # segment keys, sizes and hashes: nothing recorded
                 continue
             try:
-                if blob_holds(key, self.blobs.open(key), needle):
-                    return True
+                lines, unparsed = blob_hits(key, self.blobs.open(key), needle)
             except NotFound:  # deleted since it was listed (an older index, a retired snapshot)
                 continue
-        return False
+            whole = whole or unparsed
+            for found in lines:
+                if not found.erased:
+                    hits.setdefault(found.iteration, found)
+        return hits, whole
 
     def _tombstone(self, session: Session, order: ErasureOrder, run_id: str, leaf: str,
                    now_us: int) -> tuple[int, str] | None:

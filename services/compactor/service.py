@@ -33,6 +33,7 @@ from typing import Protocol
 
 from services.common.blobstore import BlobStore
 from services.common.commitment import is_salt, new_salt
+from services.common.erasure_source import is_erasure_id
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -45,6 +46,7 @@ from services.common.group_commit import GroupCommit
 from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.tokens import validate_identifier
 from services.compactor.domain.blob_layout import SegmentEntry, SnapshotContent
 from services.compactor.domain.memory_policy import (
     DEFAULT_IMPORTANCE_BELOW,
@@ -205,6 +207,8 @@ class IterationLog:
         line = imported.line
         if line.iteration < 1:
             raise InvalidArgument(f"an imported iteration is >= 1, got {line.iteration}")
+        if line.erased:
+            return self._checked_tombstone(fleet_id, run_id, imported)
         if line.format not in (1, LINE_FORMAT) or (
                 line.format == 1 and (line.salt or line.summary_commitment)):
             raise InvalidArgument(
@@ -241,6 +245,35 @@ class IterationLog:
         return AppendRequest(fleet_id, run_id, item, line.detail_digest, detail_known=known,
                              expected_hash=line.hash, salt=line.salt)
 
+    def _checked_tombstone(self, fleet_id: str, run_id: str,
+                           imported: ImportedIteration) -> AppendRequest:
+        """An iteration erased in place at the origin: kept as its tombstone, no detail."""
+        line = imported.line
+        where = {"iteration": str(line.iteration)}
+        if line.format != LINE_FORMAT:
+            raise InvalidArgument(f"iteration {line.iteration}: a tombstone is format 2",
+                                  reason="INVALID_FORMAT", metadata=where)
+        for name in ("detail_digest", "hash", "summary_commitment", "prev_hash"):
+            if not _SHA256.fullmatch(getattr(line, name)):
+                raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
+                                      "(64 lowercase hex characters)", reason="INVALID_HASH",
+                                      metadata=where)
+        if imported.detail_json or imported.guardrails_json:
+            raise InvalidArgument(f"iteration {line.iteration} is a tombstone: it carries no "
+                                  "detail", reason="TOMBSTONE_WITH_DETAIL", metadata=where)
+        check_tombstone_form(line)
+        if not line.intact():
+            raise InvalidArgument(
+                f"iteration {line.iteration}: its tombstone does not hash to its hash, or names "
+                "no erasure id (era_ and 28 hex digits) or erase time (altered)",
+                reason="ITERATION_HASH_MISMATCH", metadata=where)
+        item = IterationInput(iteration=line.iteration, plan_digest="", parent_digest="",
+                              start_ts="", end_ts="", files_touched=0, net_add=0, net_del=0,
+                              risk_score=0.0, status="erased", detail_json="null",
+                              guardrails_json="null")
+        return AppendRequest(fleet_id, run_id, item, line.detail_digest, detail_known=False,
+                             expected_hash=line.hash, tombstone=line)
+
     def _finish_after_commit(self, fleet_id: str, run_id: str) -> None:
         """The iteration is committed: a failed seal or snapshot is not a failed write."""
         if self.repairs.due((fleet_id, run_id), self._clock()):
@@ -262,6 +295,11 @@ class IterationLog:
         line = self.summary(fleet_id, run_id, item.iteration)
         if line.same_content(item):
             return RecordResult(line, False)
+        if line.erased:
+            raise AlreadyExists(
+                f"iteration {item.iteration} of run {run_id} was erased (erasure "
+                f"{line.erasure_id}); the warm log is append-only: record the next iteration",
+                reason="ITERATION_ERASED", metadata={"iteration": str(item.iteration)})
         raise AlreadyExists(
             f"iteration {item.iteration} of run {run_id} is already recorded with different "
             "content; the warm log is append-only", reason="ITERATION_EXISTS",
@@ -304,6 +342,11 @@ class IterationLog:
     def run_lock(self, fleet_id: str, run_id: str) -> threading.Lock:
         """Held by whoever writes the run's blobs (its finisher, its eraser)."""
         return self._finish_locks[hash((fleet_id, run_id)) % len(self._finish_locks)]
+
+    @property
+    def warm(self) -> WarmArchive:
+        """The sealed segments' archive (an erasure in place rewrites a segment through it)."""
+        return self._warm
 
     def drop_cached(self, prefix: str) -> None:
         """Forget cached segments whose keys start with ``prefix`` (an erased run's)."""
@@ -404,6 +447,8 @@ class IterationLog:
 
     def reconstruct(self, fleet_id: str, run_id: str, iteration: int) -> Reconstruction:
         line = self.summary(fleet_id, run_id, iteration)
+        if line.erased:  # its detail, hot entry and cold snapshot went with it
+            return Reconstruction(line, DetailSource.SUMMARY_ONLY)
         hot = self.repo.hot(fleet_id, run_id, iteration)
         if hot is not None:
             self._check_detail(line, hot.detail_json, hot.guardrails_json, "hot ring")
@@ -506,7 +551,7 @@ class IterationLog:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
                                           f"time(s), last: {failure.error}; retried with backoff"))
         return VerifyReport(walker.checked, len(sealed), len(view.snapshots), head.last_iter,
-                            head.head_hash, tuple(problems))
+                            head.head_hash, tuple(problems), walker.tombstoned)
 
     def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
         """The newest index file's segment list (what operators and tools read)."""
@@ -525,6 +570,24 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
+
+
+def check_tombstone_form(line: WarmLine) -> None:
+    """INVALID_ARGUMENT INVALID_TOMBSTONE unless an imported line's erasure fields are those
+    of a tombstone (an erasure id of governance's form, an erase time, the eraser's id) or
+    all absent (a line that was not erased)."""
+    where = {"iteration": str(line.iteration)}
+    if not line.erased:
+        if line.erased_us or line.erased_by:
+            raise InvalidArgument(f"iteration {line.iteration} carries a tombstone's erase time "
+                                  "or eraser but no erasure_id", reason="INVALID_TOMBSTONE",
+                                  metadata=where)
+        return
+    if not is_erasure_id(line.erasure_id) or line.erased_us <= 0:
+        raise InvalidArgument(f"iteration {line.iteration} is a tombstone: it names the erasure "
+                              "that erased it (era_ and 28 lowercase hex digits) and when",
+                              reason="INVALID_TOMBSTONE", metadata=where)
+    validate_identifier("erased_by", line.erased_by)
 
 
 def _run_not_found(fleet_id: str, run_id: str) -> NotFound:

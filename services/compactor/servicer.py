@@ -21,7 +21,12 @@ from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
 from services.compactor.domain.warm_chain import IterationInput, WarmLine
 from services.compactor.erasure import IterationEraser
-from services.compactor.service import ImportedIteration, IterationLog, MemoryPolicyRunner
+from services.compactor.service import (
+    ImportedIteration,
+    IterationLog,
+    MemoryPolicyRunner,
+    check_tombstone_form,
+)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CompactorService"].full_name
 _WRITERS = frozenset({"agent", "admin"})  # no service calls the compactor
@@ -94,6 +99,12 @@ def _us_timestamp(us: int) -> Timestamp:
 
 
 def summary_pb(line: WarmLine) -> pb.IterationSummary:
+    if line.erased:
+        return pb.IterationSummary(
+            iteration=line.iteration, detail_digest=line.detail_digest,
+            prev_hash=line.prev_hash, hash=line.hash, format=line.format,
+            summary_commitment=line.summary_commitment, erasure_id=line.erasure_id,
+            erase_time=_us_timestamp(line.erased_us), erased_by=line.erased_by)
     return pb.IterationSummary(
         iteration=line.iteration, plan_digest=line.plan_digest, parent_digest=line.parent_digest,
         start_time=_timestamp(line.start_ts), end_time=_timestamp(line.end_ts),
@@ -104,7 +115,16 @@ def summary_pb(line: WarmLine) -> pb.IterationSummary:
 
 
 def summary_line(summary: pb.IterationSummary) -> WarmLine:
-    """A summary as the warm line it came from (times in the text the line holds)."""
+    """A summary as the warm line it came from (times in the text the line holds); a tombstone
+    (``erasure_id`` set) as one, whatever else it carries."""
+    if summary.erasure_id:
+        return WarmLine(
+            iteration=summary.iteration, plan_digest="", parent_digest="", start_ts="",
+            end_ts="", files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
+            detail_digest=summary.detail_digest, prev_hash=summary.prev_hash, hash=summary.hash,
+            format=summary.format or 1, summary_commitment=summary.summary_commitment,
+            erasure_id=summary.erasure_id, erased_us=_erased_us(summary),
+            erased_by=summary.erased_by)
     return WarmLine(
         iteration=summary.iteration, plan_digest=summary.plan_digest,
         parent_digest=summary.parent_digest, start_ts=_timestamp_text(summary, "start_time"),
@@ -113,7 +133,13 @@ def summary_line(summary: pb.IterationSummary) -> WarmLine:
         status=summary.status, detail_digest=summary.detail_digest,
         prev_hash=summary.prev_hash, hash=summary.hash,
         format=summary.format or 1,  # 0: a bundle made before formats were carried
-        salt=summary.salt, summary_commitment=summary.summary_commitment)
+        salt=summary.salt, summary_commitment=summary.summary_commitment,
+        # a tombstone's fields without its erasure: kept so that an import refuses them
+        erased_us=_erased_us(summary), erased_by=summary.erased_by)
+
+
+def _erased_us(summary: pb.IterationSummary) -> int:
+    return summary.erase_time.ToMicroseconds() if summary.HasField("erase_time") else 0
 
 
 def pin_pb(pin: Pin) -> pb.Pin:
@@ -175,8 +201,10 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
             fleet_id, request.match, request.limit, context.is_active,
             FindCursor.from_key(self._pages.decode(request.page_token, filters)))
         return pb.FindIterationLogsResponse(runs=[pb.FoundIterationLog(
-            run_id=r.run_id, head_hash=r.head_hash, last_iteration=r.last_iteration)
-            for r in found], more=following is not None,
+            run_id=r.run_id, head_hash=r.head_hash, last_iteration=r.last_iteration,
+            iterations=[pb.FoundIteration(iteration=i.iteration, leaf_hash=i.leaf_hash,
+                                          format=i.format) for i in r.iterations],
+            whole_log_needed=r.whole_log_needed) for r in found], more=following is not None,
             next_page_token=self._pages.encode(following.key(), filters) if following else "")
 
     def ForgetIterations(self, request: pb.ForgetIterationsRequest,
@@ -184,11 +212,12 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
         if self._eraser is None:
             raise FailedPrecondition("this compactor cannot erase (built without a blob store "
                                      "and governance)", reason="GOVERNANCE_REQUIRED")
-        erased, already = self._eraser.erase(current_principal().fleet_id, request.erasure_id,
-                                             int(time.time() * 1_000_000))
+        done = self._eraser.erase(current_principal().fleet_id, request.erasure_id,
+                                  int(time.time() * 1_000_000))
         return pb.ForgetIterationsResponse(runs=[pb.ForgottenIterations(
             run_id=r.run_id, last_iteration=r.last_iteration, head_hash=r.head_hash,
-            blobs=r.blobs) for r in erased], already_erased=already)
+            blobs=r.blobs) for r in done.logs], already_erased=done.already,
+            iterations_erased=done.iterations)
 
     def RecordIteration(self, request: pb.RecordIterationRequest,
                         context: grpc.ServicerContext) -> pb.RecordIterationResponse:
@@ -206,10 +235,17 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
 
     def ImportIterations(self, request: pb.ImportIterationsRequest,
                          context: grpc.ServicerContext) -> pb.ImportIterationsResponse:
-        created, present = self._log.import_iterations(
-            current_principal().fleet_id, _run_id(request.run_id),
-            [ImportedIteration(summary_line(it.summary), it.detail_json, it.guardrails_json)
-             for it in request.iterations])
+        fleet, run_id = current_principal().fleet_id, _run_id(request.run_id)
+        items = [ImportedIteration(summary_line(it.summary), it.detail_json, it.guardrails_json)
+                 for it in request.iterations]
+        for item in items:
+            check_tombstone_form(item.line)
+        if any(item.line.erased for item in items):
+            if self._eraser is None:
+                raise FailedPrecondition("this compactor cannot check an erased iteration "
+                                         "against governance", reason="GOVERNANCE_REQUIRED")
+            self._eraser.check_tombstones(fleet, run_id, [item.line for item in items])
+        created, present = self._log.import_iterations(fleet, run_id, items)
         return pb.ImportIterationsResponse(created=created, already_present=present)
 
     def ListRecentIterations(self, request: pb.ListRecentIterationsRequest,
@@ -268,7 +304,7 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
             ok=report.ok, lines_checked=report.lines_checked,
             segments_checked=report.segments_checked,
             snapshots_checked=report.snapshots_checked, last_iteration=report.last_iteration,
-            head_hash=report.head_hash,
+            head_hash=report.head_hash, tombstoned=report.tombstoned,
             problems=[pb.VerifyProblem(location=loc, detail=detail)
                       for loc, detail in report.problems])
 

@@ -34,7 +34,7 @@ POLICY_KIND_COMPACT: PolicyKind
 POLICY_KIND_RETENTION: PolicyKind
 
 class IterationSummary(_message.Message):
-    __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_digest", "prev_hash", "hash", "format", "salt", "summary_commitment")
+    __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_digest", "prev_hash", "hash", "format", "salt", "summary_commitment", "erasure_id", "erase_time", "erased_by")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PARENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,9 @@ class IterationSummary(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     SALT_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_COMMITMENT_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
+    ERASE_TIME_FIELD_NUMBER: _ClassVar[int]
+    ERASED_BY_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     plan_digest: str
     parent_digest: str
@@ -67,7 +70,10 @@ class IterationSummary(_message.Message):
     format: int
     salt: str
     summary_commitment: str
-    def __init__(self, iteration: _Optional[int] = ..., plan_digest: _Optional[str] = ..., parent_digest: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files_touched: _Optional[int] = ..., net_add: _Optional[int] = ..., net_del: _Optional[int] = ..., risk_score: _Optional[float] = ..., status: _Optional[str] = ..., detail_digest: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., summary_commitment: _Optional[str] = ...) -> None: ...
+    erasure_id: str
+    erase_time: _timestamp_pb2.Timestamp
+    erased_by: str
+    def __init__(self, iteration: _Optional[int] = ..., plan_digest: _Optional[str] = ..., parent_digest: _Optional[str] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., files_touched: _Optional[int] = ..., net_add: _Optional[int] = ..., net_del: _Optional[int] = ..., risk_score: _Optional[float] = ..., status: _Optional[str] = ..., detail_digest: _Optional[str] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., format: _Optional[int] = ..., salt: _Optional[str] = ..., summary_commitment: _Optional[str] = ..., erasure_id: _Optional[str] = ..., erase_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., erased_by: _Optional[str] = ...) -> None: ...
 
 class IterationInput(_message.Message):
     __slots__ = ("iteration", "plan_digest", "parent_digest", "start_time", "end_time", "files_touched", "net_add", "net_del", "risk_score", "status", "detail_json", "guardrails_json")
@@ -230,7 +236,7 @@ class VerifyProblem(_message.Message):
     def __init__(self, location: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyRunResponse(_message.Message):
-    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems")
+    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems", "tombstoned")
     OK_FIELD_NUMBER: _ClassVar[int]
     LINES_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +244,7 @@ class VerifyRunResponse(_message.Message):
     LAST_ITERATION_FIELD_NUMBER: _ClassVar[int]
     HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     lines_checked: int
     segments_checked: int
@@ -245,7 +252,8 @@ class VerifyRunResponse(_message.Message):
     last_iteration: int
     head_hash: str
     problems: _containers.RepeatedCompositeFieldContainer[VerifyProblem]
-    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ...) -> None: ...
+    tombstoned: int
+    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ..., tombstoned: _Optional[int] = ...) -> None: ...
 
 class FindIterationLogsRequest(_message.Message):
     __slots__ = ("match", "limit", "page_token")
@@ -258,14 +266,28 @@ class FindIterationLogsRequest(_message.Message):
     def __init__(self, match: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class FoundIterationLog(_message.Message):
-    __slots__ = ("run_id", "head_hash", "last_iteration")
+    __slots__ = ("run_id", "head_hash", "last_iteration", "iterations", "whole_log_needed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
     LAST_ITERATION_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_LOG_NEEDED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     head_hash: str
     last_iteration: int
-    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., last_iteration: _Optional[int] = ...) -> None: ...
+    iterations: _containers.RepeatedCompositeFieldContainer[FoundIteration]
+    whole_log_needed: bool
+    def __init__(self, run_id: _Optional[str] = ..., head_hash: _Optional[str] = ..., last_iteration: _Optional[int] = ..., iterations: _Optional[_Iterable[_Union[FoundIteration, _Mapping]]] = ..., whole_log_needed: _Optional[bool] = ...) -> None: ...
+
+class FoundIteration(_message.Message):
+    __slots__ = ("iteration", "leaf_hash", "format")
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    LEAF_HASH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    iteration: int
+    leaf_hash: str
+    format: int
+    def __init__(self, iteration: _Optional[int] = ..., leaf_hash: _Optional[str] = ..., format: _Optional[int] = ...) -> None: ...
 
 class FindIterationLogsResponse(_message.Message):
     __slots__ = ("runs", "more", "next_page_token")
@@ -296,12 +318,14 @@ class ForgottenIterations(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., blobs: _Optional[int] = ...) -> None: ...
 
 class ForgetIterationsResponse(_message.Message):
-    __slots__ = ("runs", "already_erased")
+    __slots__ = ("runs", "already_erased", "iterations_erased")
     RUNS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_ERASED_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_ERASED_FIELD_NUMBER: _ClassVar[int]
     runs: _containers.RepeatedCompositeFieldContainer[ForgottenIterations]
     already_erased: int
-    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenIterations, _Mapping]]] = ..., already_erased: _Optional[int] = ...) -> None: ...
+    iterations_erased: int
+    def __init__(self, runs: _Optional[_Iterable[_Union[ForgottenIterations, _Mapping]]] = ..., already_erased: _Optional[int] = ..., iterations_erased: _Optional[int] = ...) -> None: ...
 
 class CompactedGroup(_message.Message):
     __slots__ = ("summary_id", "replaced_ids", "replaced_hashes", "domain", "run_id")

@@ -183,6 +183,10 @@ class CompactorServiceServicer:
         forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
         index files and cold snapshots (every S3 version). A tombstone keeps the
         run's last iteration and head hash; nothing is recorded to it again.
+        Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+        erased in place, their log kept: the line becomes its tombstone (chain
+        fields and the erasure), its hot detail, request ids, pins and cold
+        snapshot go, a sealed segment holding it is rewritten.
         Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -192,7 +196,8 @@ class CompactorServiceServicer:
     def FindIterationLogs(self, request, context):
         """The runs whose iteration log (hot details, warm lines, sealed segments,
         cold snapshots) holds a text (case-insensitive), for engram forget
-        --match: such a log can only be erased whole. Governor or admin role.
+        --match, with the iterations holding it (erasable in place when they are
+        all format 2). Governor or admin role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

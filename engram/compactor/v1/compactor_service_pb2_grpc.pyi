@@ -81,12 +81,17 @@ class CompactorServiceStub:
     forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
     index files and cold snapshots (every S3 version). A tombstone keeps the
     run's last iteration and head hash; nothing is recorded to it again.
+    Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+    erased in place, their log kept: the line becomes its tombstone (chain
+    fields and the erasure), its hot detail, request ids, pins and cold
+    snapshot go, a sealed segment holding it is rewritten.
     Governor or admin role.
     """
     FindIterationLogs: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.FindIterationLogsRequest, _compactor_service_pb2.FindIterationLogsResponse]
     """The runs whose iteration log (hot details, warm lines, sealed segments,
     cold snapshots) holds a text (case-insensitive), for engram forget
-    --match: such a log can only be erased whole. Governor or admin role.
+    --match, with the iterations holding it (erasable in place when they are
+    all format 2). Governor or admin role.
     """
     CompactMemory: _grpc.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]
     """Asks the shard to summarise old, low-importance memory records."""
@@ -148,12 +153,17 @@ class CompactorServiceAsyncStub(CompactorServiceStub):
     forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
     index files and cold snapshots (every S3 version). A tombstone keeps the
     run's last iteration and head hash; nothing is recorded to it again.
+    Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+    erased in place, their log kept: the line becomes its tombstone (chain
+    fields and the erasure), its hot detail, request ids, pins and cold
+    snapshot go, a sealed segment holding it is rewritten.
     Governor or admin role.
     """
     FindIterationLogs: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.FindIterationLogsRequest, _compactor_service_pb2.FindIterationLogsResponse]  # type: ignore[assignment]
     """The runs whose iteration log (hot details, warm lines, sealed segments,
     cold snapshots) holds a text (case-insensitive), for engram forget
-    --match: such a log can only be erased whole. Governor or admin role.
+    --match, with the iterations holding it (erasable in place when they are
+    all format 2). Governor or admin role.
     """
     CompactMemory: _aio.UnaryUnaryMultiCallable[_compactor_service_pb2.CompactMemoryRequest, _compactor_service_pb2.CompactMemoryResponse]  # type: ignore[assignment]
     """Asks the shard to summarise old, low-importance memory records."""
@@ -260,6 +270,10 @@ class CompactorServiceServicer(metaclass=_abc_1.ABCMeta):
         forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
         index files and cold snapshots (every S3 version). A tombstone keeps the
         run's last iteration and head hash; nothing is recorded to it again.
+        Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+        erased in place, their log kept: the line becomes its tombstone (chain
+        fields and the erasure), its hot detail, request ids, pins and cold
+        snapshot go, a sealed segment holding it is rewritten.
         Governor or admin role.
         """
 
@@ -271,7 +285,8 @@ class CompactorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_compactor_service_pb2.FindIterationLogsResponse, _abc.Awaitable[_compactor_service_pb2.FindIterationLogsResponse]]:
         """The runs whose iteration log (hot details, warm lines, sealed segments,
         cold snapshots) holds a text (case-insensitive), for engram forget
-        --match: such a log can only be erased whole. Governor or admin role.
+        --match, with the iterations holding it (erasable in place when they are
+        all format 2). Governor or admin role.
         """
 
     @_abc_1.abstractmethod

@@ -6,6 +6,7 @@ names carry the first line's ``startTs``, gzip headers carry no time), and a
 step redone after a crash writes exactly what the interrupted step would have.
 
     <fleet>/<run>/warm/segments/<seq>-<startTs>.jsonl   sealed warm segments
+    <fleet>/<run>/warm/segments/<seq>-r<sha>.jsonl      one rewritten by an erasure in place
     <fleet>/<run>/warm/index/<version>.json             index file (newest wins)
     <fleet>/<run>/cold/<iteration>.json.gz              cold snapshots
 """
@@ -33,6 +34,13 @@ def run_prefix(fleet_id: str, run_id: str) -> str:
 def segment_key(fleet_id: str, run_id: str, seq: int, first_start_ts: str) -> str:
     stamp = re.sub(r"[^0-9A-Za-z]", "", first_start_ts)[:20] or "nostart"
     return f"{run_prefix(fleet_id, run_id)}/warm/segments/{seq:06d}-{stamp}.jsonl"
+
+
+def rewritten_segment_key(fleet_id: str, run_id: str, seq: int, sha256: str) -> str:
+    """Where segment ``seq`` goes when an erasure rewrites it (a line in it tombstoned): named
+    by its new content, so a rewrite redone after a crash lands on the same key, and by no
+    line's ``startTs`` (the first line may be the one erased)."""
+    return f"{run_prefix(fleet_id, run_id)}/warm/segments/{seq:06d}-r{sha256[:16]}.jsonl"
 
 
 def index_key(fleet_id: str, run_id: str, version: int) -> str:

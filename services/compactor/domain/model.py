@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.compactor.domain.blob_layout import SegmentEntry
@@ -106,6 +106,8 @@ class AppendRequest:
     """An imported iteration's hash at its origin: the line must come out the same."""
     salt: str = ""
     """The line's salt (format 2); empty for a format-1 line."""
+    tombstone: WarmLine | None = None
+    """An imported line erased in place at its origin: stored as it is (no detail)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class VerifyReport:
     last_iteration: int
     head_hash: str
     problems: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    tombstoned: int = 0
+    """Lines checked that are tombstones (erased in place)."""
 
     @property
     def ok(self) -> bool:
@@ -170,7 +174,11 @@ def plan_append(config: TierConfig, request: AppendRequest,
             f"not {iteration}", reason="ITERATION_OUT_OF_ORDER",
             metadata={"next_iteration": str(last + 1)})
     prev = head.head_hash if head else genesis_hash(fleet_id, run_id)
-    line = WarmLine.chained(item, iteration, prev, request.detail_digest, request.salt)
+    if request.tombstone is not None:
+        line = request.tombstone if request.tombstone.prev_hash == prev else replace(
+            request.tombstone, hash="")  # its hash covers another prev_hash: refused below
+    else:
+        line = WarmLine.chained(item, iteration, prev, request.detail_digest, request.salt)
     if request.expected_hash and line.hash != request.expected_hash:
         raise InvalidArgument(
             f"run {run_id}: imported iteration {iteration} does not hash to its summary's hash "

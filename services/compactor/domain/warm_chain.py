@@ -13,6 +13,12 @@ Two formats live side by side (``v``, absent in format 1; docs/erasure.md):
   fields and ``detailDigest`` to the detail (services/common/commitment.py), and ``hash`` is
   the SHA-256 of the canonical ``{v, iter, prevHash, summaryCommitment, detailDigest}``, so
   once a line and its salt are erased no kept hash confirms a guess of what it held.
+
+A format-2 line erased in place (``engram forget --match``; docs/erasure.md) becomes its
+tombstone: ``{v, iter, prevHash, summaryCommitment, detailDigest, hash}`` and the erasure
+(``erasureId``, ``erasedUs``, ``erasedBy``), the seed's fields and the salt gone. Its hash
+still follows from what it keeps, so the chain verifies through it; its commitments can no
+longer be opened.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, commits_to, is_salt
+from services.common.erasure_source import is_erasure_id
 from services.common.errors import InvalidArgument
 from services.common.limits import check_limit, parse_json
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
@@ -148,6 +155,26 @@ class WarmLine:
     """Format 2: 32 random bytes as hex, stored in the line (erased with it)."""
     summary_commitment: str = ""
     """Format 2: the commitment to the seed's fields under ``salt``."""
+    erasure_id: str = ""
+    """Set on a tombstone: the erasure that erased the line in place (its seed fields, detail
+    and salt are gone)."""
+    erased_us: int = 0
+    erased_by: str = ""
+
+    @property
+    def erased(self) -> bool:
+        return bool(self.erasure_id)
+
+    def tombstone(self, erasure_id: str, erased_us: int, erased_by: str) -> WarmLine:
+        """This format-2 line erased: what the chain needs to go on, and who erased it."""
+        if self.format != LINE_FORMAT:
+            raise ValueError("only a format-2 line can be erased in place")
+        return WarmLine(
+            iteration=self.iteration, plan_digest="", parent_digest="", start_ts="", end_ts="",
+            files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
+            detail_digest=self.detail_digest, prev_hash=self.prev_hash, hash=self.hash,
+            format=LINE_FORMAT, summary_commitment=self.summary_commitment,
+            erasure_id=erasure_id, erased_us=erased_us, erased_by=erased_by)
 
     @classmethod
     def chained(cls, item: IterationInput, iteration: int, prev_hash: str,
@@ -174,6 +201,17 @@ class WarmLine:
             raise ValueError(f"unknown warm line format {line_format!r}")
         if line_format == 1 and ("salt" in data or "summaryCommitment" in data):
             raise ValueError("a format-1 warm line carries no salt or commitment")
+        if "erasureId" in data:
+            if line_format != LINE_FORMAT or "salt" in data:
+                raise ValueError("a warm line tombstone is format 2 and keeps no salt")
+            return cls(
+                iteration=int(data["iter"]), plan_digest="", parent_digest="", start_ts="",
+                end_ts="", files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
+                detail_digest=str(data["detailDigest"]), prev_hash=str(data["prevHash"]),
+                hash=str(data["hash"]), format=LINE_FORMAT,
+                summary_commitment=str(data["summaryCommitment"]),
+                erasure_id=str(data["erasureId"]), erased_us=int(data["erasedUs"]),
+                erased_by=str(data["erasedBy"]))
         return cls(
             iteration=int(data["iter"]), plan_digest=str(data["planDigest"]),
             parent_digest=str(data["parentDigest"]), start_ts=str(data["startTs"]),
@@ -196,6 +234,12 @@ class WarmLine:
             raise ValueError(f"not a warm summary line: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.erased:
+            return {"v": self.format, "iter": self.iteration, "prevHash": self.prev_hash,
+                    "summaryCommitment": self.summary_commitment,
+                    "detailDigest": self.detail_digest, "hash": self.hash,
+                    "erasureId": self.erasure_id, "erasedUs": self.erased_us,
+                    "erasedBy": self.erased_by}
         fields: dict[str, Any] = {
             "iter": self.iteration, "planDigest": self.plan_digest,
             "parentDigest": self.parent_digest, "startTs": self.start_ts, "endTs": self.end_ts,
@@ -222,14 +266,21 @@ class WarmLine:
     def intact(self) -> bool:
         """Whether the line's fields give its hash; for format 2 also whether the seed's fields
         and the salt give its summaryCommitment (a change to either, to the commitment, or a
-        salt that is not 64 lowercase hex is not intact)."""
+        salt that is not 64 lowercase hex is not intact). A tombstone is intact when what it
+        kept gives its hash and it names an erasure (of the form governance issues) and a
+        time."""
         if self.computed_hash() != self.hash:
             return False
+        if self.erased:
+            return is_erasure_id(self.erasure_id) and self.erased_us > 0
         return self.format == 1 or commits_to(self.salt, _summary_content(self.to_dict()),
                                               self.summary_commitment)
 
     def commits_detail(self, detail_json: str, guardrails_json: str) -> bool:
-        """Whether the detail and guardrails (JSON values) are what ``detailDigest`` covers."""
+        """Whether the detail and guardrails (JSON values) are what ``detailDigest`` covers
+        (never for a tombstone: its salt is gone)."""
+        if self.erased:
+            return False
         try:
             content = detail_content(detail_json, guardrails_json)
         except ValueError:
@@ -240,6 +291,8 @@ class WarmLine:
 
     def same_content(self, item: IterationInput) -> bool:
         """Whether ``item`` is what this line recorded (a retry, not a conflict)."""
+        if self.erased:
+            return False
         theirs = WarmLine.chained(item, self.iteration, self.prev_hash, salt=self.salt) \
             if self.format == 1 or is_salt(self.salt) else None
         return theirs is not None and theirs.to_dict() == self.to_dict()
@@ -273,6 +326,7 @@ class ChainWalker:
         self.expected_prev = genesis
         self.expected_iter = 1
         self.checked = 0
+        self.tombstoned = 0
         self.problems: list[ChainProblem] = []
 
     def feed_text(self, location: str, text: str) -> WarmLine | None:
@@ -286,6 +340,7 @@ class ChainWalker:
 
     def feed(self, location: str, line: WarmLine) -> None:
         self.checked += 1
+        self.tombstoned += line.erased
         if line.iteration != self.expected_iter:
             self.problems.append(ChainProblem(
                 location, f"expected iteration {self.expected_iter}, found {line.iteration} "
@@ -293,7 +348,9 @@ class ChainWalker:
         if not line.intact():
             self.problems.append(ChainProblem(
                 location, f"iteration {line.iteration}: line content does not match its hash "
-                "or its commitment (tampered)"))
+                "or its commitment (tampered)" if not line.erased else
+                f"iteration {line.iteration}: tombstone does not match its hash or names no "
+                "erasure (tampered)"))
         if line.prev_hash != self.expected_prev:
             self.problems.append(ChainProblem(
                 location, f"iteration {line.iteration}: prevHash does not link to the line "

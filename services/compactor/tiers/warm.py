@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from services.common.blobstore import BlobStore
 from services.common.errors import IntegrityError, NotFound
@@ -13,6 +14,7 @@ from services.compactor.domain.blob_layout import (
     index_key,
     parse_index,
     parse_segment,
+    rewritten_segment_key,
     run_prefix,
     segment_bytes,
     segment_key,
@@ -39,6 +41,18 @@ class WarmArchive:
                  hooked([data], self._hook, None, "seal:before_rename"), entry.sha256)
         self._hook("seal:after_rename")
         return entry
+
+    def rewrite_segment(self, fleet_id: str, run_id: str, entry: SegmentEntry,
+                        lines: Sequence[WarmLine]) -> SegmentEntry:
+        """Store sealed segment ``entry`` again holding ``lines`` (the same iterations and
+        hashes, some lines tombstoned) under a key named by its new content; its new entry.
+        The old file is the caller's to purge once the new entry is committed."""
+        data = segment_bytes(lines)
+        sha = digest_of(data)
+        new = replace(entry, key=rewritten_segment_key(fleet_id, run_id, entry.seq, sha),
+                      bytes=len(data), sha256=sha)
+        put_once(self._blobs, new.key, data, sha)
+        return new
 
     def write_index(self, fleet_id: str, run_id: str, version: int,
                     segments: Sequence[SegmentEntry]) -> None:

@@ -16,9 +16,11 @@ from services.common.tokens import is_identifier, validate_identifier
 
 SELECTOR_KINDS = ("agent", "record", "run", "match")
 ITEM_KINDS = ("record", "summary", "run", "iterations", "event", "snapshot", "manifest",
-              "evidence")
+              "evidence", "iteration")
 """``event``: one event of a kept run, id ``<run_id>:<seq>``, leaf its hash; ``snapshot``: one
-snapshot, leaf its state_hash (both erased in place by the artifacts service); ``manifest``:
+snapshot, leaf its state_hash (both erased in place by the artifacts service); ``iteration``:
+one iteration of a kept log, id ``<run_id>:<n>``, leaf its warm line's hash (erased in place
+by the compactor); ``manifest``:
 a manifest built for no run, leaf its content_hash; ``evidence``: evidence citing no
 artifact, leaf 64 zeros (both deleted by the artifacts service)."""
 MAX_REASON_CHARS = 1000
@@ -94,14 +96,15 @@ MAX_EVENT_SEQ = 2**63 - 1
 _SEQ = re.compile(r"[1-9][0-9]{0,18}")
 
 
-def _check_event_id(index: int, item_id: str) -> None:
-    """``<run_id>:<seq>``: the run id an identifier as every run id is (1..128 characters, so
-    the whole id may be longer than an identifier), seq 1..2^63-1 without leading zeros."""
+def _check_run_item_id(index: int, kind: str, item_id: str) -> None:
+    """``<run_id>:<n>`` (an event's seq, an iteration's number): the run id an identifier as
+    every run id is (1..128 characters, so the whole id may be longer than an identifier), n
+    1..2^63-1 without leading zeros."""
     run_id, _, seq = item_id.rpartition(":")
     if (not run_id or not _SEQ.fullmatch(seq) or int(seq) > MAX_EVENT_SEQ
             or not is_identifier(run_id)):
-        raise InvalidArgument(f"item {index}: an event's id is <run_id>:<seq> (run_id an id of "
-                              f"1..128 characters, seq 1..{MAX_EVENT_SEQ} without leading "
+        raise InvalidArgument(f"item {index}: an {kind}'s id is <run_id>:<n> (run_id an id of "
+                              f"1..128 characters, n 1..{MAX_EVENT_SEQ} without leading "
                               f"zeros), got {item_id[:80]!r}", reason="INVALID_ITEM")
 
 
@@ -129,8 +132,8 @@ def check_request(selector_kind: str, selector_value: str, reason: str,
         if item.kind not in ITEM_KINDS:
             raise InvalidArgument(f"item {index}: kind must be one of {', '.join(ITEM_KINDS)}, "
                                   f"got {item.kind!r}", reason="INVALID_ITEM")
-        if item.kind == "event":
-            _check_event_id(index, item.id)
+        if item.kind in ("event", "iteration"):
+            _check_run_item_id(index, item.kind, item.id)
         else:
             validate_identifier(f"item {index} id", item.id)
         if not _HEX64.fullmatch(item.leaf_hash):

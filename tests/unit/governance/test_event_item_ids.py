@@ -1,4 +1,5 @@
-"""An erasure's ``event`` item id is ``<run_id>:<seq>`` (services/governance/domain/erasures.py):
+"""An erasure's ``event`` item id is ``<run_id>:<seq>``, an ``iteration`` item's ``<run_id>:<n>``
+(services/governance/domain/erasures.py):
 the run id is held to what a run id is (an identifier of 1..128 characters), not the whole item
 id, so the events of a run with a 127- or 128-character id can be erased (such an id made
 every ``forget --match``/``--agent`` that touched the run refused whole); the seq is 1..2^63-1
@@ -26,8 +27,9 @@ def _check(*items: ErasedItem) -> None:
     "run:with:colons:7",  # a run id may hold ':' (the seq is after the last)
     f"run-x:{MAX_EVENT_SEQ}",
 ])
-def test_an_event_of_any_valid_run_id_and_seq_is_accepted(item_id: str) -> None:
-    _check(ErasedItem("event", item_id, LEAF))
+@pytest.mark.parametrize("kind", ["event", "iteration"])
+def test_an_event_of_any_valid_run_id_and_seq_is_accepted(kind: str, item_id: str) -> None:
+    _check(ErasedItem(kind, item_id, LEAF))
 
 
 @pytest.mark.parametrize("item_id", [
@@ -38,9 +40,10 @@ def test_an_event_of_any_valid_run_id_and_seq_is_accepted(item_id: str) -> None:
     "run-x:1" + "0" * 19,
     "run-x:0", "run-x:01", "run-x:", ":1", "run x:1", "..:1", "run-x:\u0661",
 ])
-def test_an_event_id_no_run_or_store_can_hold_is_refused(item_id: str) -> None:
+@pytest.mark.parametrize("kind", ["event", "iteration"])
+def test_an_event_id_no_run_or_store_can_hold_is_refused(kind: str, item_id: str) -> None:
     with pytest.raises(InvalidArgument) as refused:
-        _check(ErasedItem("event", item_id, LEAF))
+        _check(ErasedItem(kind, item_id, LEAF))
     assert refused.value.reason == "INVALID_ITEM"
 
 

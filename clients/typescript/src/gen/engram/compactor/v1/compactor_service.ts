@@ -160,6 +160,18 @@ export interface IterationSummary {
    * startTs, endTs, filesTouched, netAdd, netDel, riskScore, status).
    */
   summaryCommitment: string;
+  /**
+   * Set when the line was erased in place (a tombstone): the erasure that did
+   * it. The seed's fields and the salt are then empty; iteration, the
+   * commitments, prev_hash and hash are kept, so the chain still verifies.
+   */
+  erasureId: string;
+  /** When it was erased (set with erasure_id). */
+  eraseTime:
+    | Date
+    | undefined;
+  /** Who erased it (the governor's agent id; set with erasure_id). */
+  erasedBy: string;
 }
 
 export interface IterationInput {
@@ -287,6 +299,8 @@ export interface VerifyRunResponse {
   lastIteration: number;
   headHash: string;
   problems: VerifyProblem[];
+  /** Lines checked that are tombstones (iterations erased in place). */
+  tombstoned: number;
 }
 
 export interface FindIterationLogsRequest {
@@ -305,6 +319,23 @@ export interface FoundIterationLog {
   runId: string;
   headHash: string;
   lastIteration: number;
+  /**
+   * The iterations holding the text (oldest first, at most 10000), each with
+   * its line's hash and format.
+   */
+  iterations: FoundIteration[];
+  /**
+   * Only erasing the whole log removes the text: a format-1 line holds it, a
+   * line or file that does not parse does, or more than 10000 iterations do.
+   */
+  wholeLogNeeded: boolean;
+}
+
+export interface FoundIteration {
+  iteration: number;
+  /** The line's hash: the leaf its tombstone keeps. */
+  leafHash: string;
+  format: number;
 }
 
 export interface FindIterationLogsResponse {
@@ -330,6 +361,8 @@ export interface ForgottenIterations {
 export interface ForgetIterationsResponse {
   runs: ForgottenIterations[];
   alreadyErased: number;
+  /** Single iterations erased in place by this call (their logs kept). */
+  iterationsErased: number;
 }
 
 export interface CompactedGroup {
@@ -440,6 +473,9 @@ function createBaseIterationSummary(): IterationSummary {
     format: 0,
     salt: "",
     summaryCommitment: "",
+    erasureId: "",
+    eraseTime: undefined,
+    erasedBy: "",
   };
 }
 
@@ -492,6 +528,15 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     }
     if (message.summaryCommitment !== "") {
       writer.uint32(130).string(message.summaryCommitment);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(138).string(message.erasureId);
+    }
+    if (message.eraseTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.eraseTime), writer.uint32(146).fork()).join();
+    }
+    if (message.erasedBy !== "") {
+      writer.uint32(154).string(message.erasedBy);
     }
     return writer;
   },
@@ -637,6 +682,30 @@ export const IterationSummary: MessageFns<IterationSummary> = {
             message.summaryCommitment = reader.string();
             continue;
           }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.eraseTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 19: {
+            if (tag !== 154) {
+              break;
+            }
+
+            message.erasedBy = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -711,6 +780,21 @@ export const IterationSummary: MessageFns<IterationSummary> = {
         : isSet(object.summary_commitment)
         ? globalThis.String(object.summary_commitment)
         : "",
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
+      eraseTime: isSet(object.eraseTime)
+        ? fromJsonTimestamp(object.eraseTime)
+        : isSet(object.erase_time)
+        ? fromJsonTimestamp(object.erase_time)
+        : undefined,
+      erasedBy: isSet(object.erasedBy)
+        ? globalThis.String(object.erasedBy)
+        : isSet(object.erased_by)
+        ? globalThis.String(object.erased_by)
+        : "",
     };
   },
 
@@ -764,6 +848,15 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     if (message.summaryCommitment !== "") {
       obj.summaryCommitment = message.summaryCommitment;
     }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
+    if (message.eraseTime !== undefined) {
+      obj.eraseTime = message.eraseTime.toISOString();
+    }
+    if (message.erasedBy !== "") {
+      obj.erasedBy = message.erasedBy;
+    }
     return obj;
   },
 
@@ -788,6 +881,9 @@ export const IterationSummary: MessageFns<IterationSummary> = {
     message.format = object.format ?? 0;
     message.salt = object.salt ?? "";
     message.summaryCommitment = object.summaryCommitment ?? "";
+    message.erasureId = object.erasureId ?? "";
+    message.eraseTime = object.eraseTime ?? undefined;
+    message.erasedBy = object.erasedBy ?? "";
     return message;
   },
 };
@@ -2545,6 +2641,7 @@ function createBaseVerifyRunResponse(): VerifyRunResponse {
     lastIteration: 0,
     headHash: "",
     problems: [],
+    tombstoned: 0,
   };
 }
 
@@ -2570,6 +2667,9 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     }
     for (const v of message.problems) {
       VerifyProblem.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.tombstoned !== 0) {
+      writer.uint32(64).int64(message.tombstoned);
     }
     return writer;
   },
@@ -2643,6 +2743,14 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
             message.problems.push(VerifyProblem.decode(reader, reader.uint32()));
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.tombstoned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2686,6 +2794,7 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
       problems: globalThis.Array.isArray(object?.problems)
         ? object.problems.map((e: any) => VerifyProblem.fromJSON(e))
         : [],
+      tombstoned: isSet(object.tombstoned) ? globalThis.Number(object.tombstoned) : 0,
     };
   },
 
@@ -2712,6 +2821,9 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     if (message.problems?.length) {
       obj.problems = message.problems.map((e) => VerifyProblem.toJSON(e));
     }
+    if (message.tombstoned !== 0) {
+      obj.tombstoned = Math.round(message.tombstoned);
+    }
     return obj;
   },
 
@@ -2727,6 +2839,7 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     message.lastIteration = object.lastIteration ?? 0;
     message.headHash = object.headHash ?? "";
     message.problems = object.problems?.map((e) => VerifyProblem.fromPartial(e)) || [];
+    message.tombstoned = object.tombstoned ?? 0;
     return message;
   },
 };
@@ -2837,7 +2950,7 @@ export const FindIterationLogsRequest: MessageFns<FindIterationLogsRequest> = {
 };
 
 function createBaseFoundIterationLog(): FoundIterationLog {
-  return { runId: "", headHash: "", lastIteration: 0 };
+  return { runId: "", headHash: "", lastIteration: 0, iterations: [], wholeLogNeeded: false };
 }
 
 export const FoundIterationLog: MessageFns<FoundIterationLog> = {
@@ -2850,6 +2963,12 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
     }
     if (message.lastIteration !== 0) {
       writer.uint32(24).int64(message.lastIteration);
+    }
+    for (const v of message.iterations) {
+      FoundIteration.encode(v!, writer.uint32(34).fork()).join();
+    }
+    if (message.wholeLogNeeded !== false) {
+      writer.uint32(40).bool(message.wholeLogNeeded);
     }
     return writer;
   },
@@ -2891,6 +3010,22 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
             message.lastIteration = longToNumber(reader.int64());
             continue;
           }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.iterations.push(FoundIteration.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.wholeLogNeeded = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2920,6 +3055,14 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
         : isSet(object.last_iteration)
         ? globalThis.Number(object.last_iteration)
         : 0,
+      iterations: globalThis.Array.isArray(object?.iterations)
+        ? object.iterations.map((e: any) => FoundIteration.fromJSON(e))
+        : [],
+      wholeLogNeeded: isSet(object.wholeLogNeeded)
+        ? globalThis.Boolean(object.wholeLogNeeded)
+        : isSet(object.whole_log_needed)
+        ? globalThis.Boolean(object.whole_log_needed)
+        : false,
     };
   },
 
@@ -2934,6 +3077,12 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
     if (message.lastIteration !== 0) {
       obj.lastIteration = Math.round(message.lastIteration);
     }
+    if (message.iterations?.length) {
+      obj.iterations = message.iterations.map((e) => FoundIteration.toJSON(e));
+    }
+    if (message.wholeLogNeeded !== false) {
+      obj.wholeLogNeeded = message.wholeLogNeeded;
+    }
     return obj;
   },
 
@@ -2945,6 +3094,113 @@ export const FoundIterationLog: MessageFns<FoundIterationLog> = {
     message.runId = object.runId ?? "";
     message.headHash = object.headHash ?? "";
     message.lastIteration = object.lastIteration ?? 0;
+    message.iterations = object.iterations?.map((e) => FoundIteration.fromPartial(e)) || [];
+    message.wholeLogNeeded = object.wholeLogNeeded ?? false;
+    return message;
+  },
+};
+
+function createBaseFoundIteration(): FoundIteration {
+  return { iteration: 0, leafHash: "", format: 0 };
+}
+
+export const FoundIteration: MessageFns<FoundIteration> = {
+  encode(message: FoundIteration, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.iteration !== 0) {
+      writer.uint32(8).int64(message.iteration);
+    }
+    if (message.leafHash !== "") {
+      writer.uint32(18).string(message.leafHash);
+    }
+    if (message.format !== 0) {
+      writer.uint32(24).int32(message.format);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): FoundIteration {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseFoundIteration();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.iteration = longToNumber(reader.int64());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.leafHash = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.format = reader.int32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): FoundIteration {
+    return {
+      iteration: isSet(object.iteration) ? globalThis.Number(object.iteration) : 0,
+      leafHash: isSet(object.leafHash)
+        ? globalThis.String(object.leafHash)
+        : isSet(object.leaf_hash)
+        ? globalThis.String(object.leaf_hash)
+        : "",
+      format: isSet(object.format) ? globalThis.Number(object.format) : 0,
+    };
+  },
+
+  toJSON(message: FoundIteration): unknown {
+    const obj: any = {};
+    if (message.iteration !== 0) {
+      obj.iteration = Math.round(message.iteration);
+    }
+    if (message.leafHash !== "") {
+      obj.leafHash = message.leafHash;
+    }
+    if (message.format !== 0) {
+      obj.format = Math.round(message.format);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<FoundIteration>, I>>(base?: I): FoundIteration {
+    return FoundIteration.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<FoundIteration>, I>>(object: I): FoundIteration {
+    const message = createBaseFoundIteration();
+    message.iteration = object.iteration ?? 0;
+    message.leafHash = object.leafHash ?? "";
+    message.format = object.format ?? 0;
     return message;
   },
 };
@@ -3257,7 +3513,7 @@ export const ForgottenIterations: MessageFns<ForgottenIterations> = {
 };
 
 function createBaseForgetIterationsResponse(): ForgetIterationsResponse {
-  return { runs: [], alreadyErased: 0 };
+  return { runs: [], alreadyErased: 0, iterationsErased: 0 };
 }
 
 export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
@@ -3267,6 +3523,9 @@ export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
     }
     if (message.alreadyErased !== 0) {
       writer.uint32(16).int32(message.alreadyErased);
+    }
+    if (message.iterationsErased !== 0) {
+      writer.uint32(24).int64(message.iterationsErased);
     }
     return writer;
   },
@@ -3300,6 +3559,14 @@ export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
             message.alreadyErased = reader.int32();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.iterationsErased = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3320,6 +3587,11 @@ export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
         : isSet(object.already_erased)
         ? globalThis.Number(object.already_erased)
         : 0,
+      iterationsErased: isSet(object.iterationsErased)
+        ? globalThis.Number(object.iterationsErased)
+        : isSet(object.iterations_erased)
+        ? globalThis.Number(object.iterations_erased)
+        : 0,
     };
   },
 
@@ -3331,6 +3603,9 @@ export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
     if (message.alreadyErased !== 0) {
       obj.alreadyErased = Math.round(message.alreadyErased);
     }
+    if (message.iterationsErased !== 0) {
+      obj.iterationsErased = Math.round(message.iterationsErased);
+    }
     return obj;
   },
 
@@ -3341,6 +3616,7 @@ export const ForgetIterationsResponse: MessageFns<ForgetIterationsResponse> = {
     const message = createBaseForgetIterationsResponse();
     message.runs = object.runs?.map((e) => ForgottenIterations.fromPartial(e)) || [];
     message.alreadyErased = object.alreadyErased ?? 0;
+    message.iterationsErased = object.iterationsErased ?? 0;
     return message;
   },
 };
@@ -4829,6 +5105,10 @@ export const CompactorServiceService = {
    * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
    * index files and cold snapshots (every S3 version). A tombstone keeps the
    * run's last iteration and head hash; nothing is recorded to it again.
+   * Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+   * erased in place, their log kept: the line becomes its tombstone (chain
+   * fields and the erasure), its hot detail, request ids, pins and cold
+   * snapshot go, a sealed segment holding it is rewritten.
    * Governor or admin role.
    */
   forgetIterations: {
@@ -4845,7 +5125,8 @@ export const CompactorServiceService = {
   /**
    * The runs whose iteration log (hot details, warm lines, sealed segments,
    * cold snapshots) holds a text (case-insensitive), for engram forget
-   * --match: such a log can only be erased whole. Governor or admin role.
+   * --match, with the iterations holding it (erasable in place when they are
+   * all format 2). Governor or admin role.
    */
   findIterationLogs: {
     path: "/engram.compactor.v1.CompactorService/FindIterationLogs" as const,
@@ -4943,13 +5224,18 @@ export interface CompactorServiceServer extends UntypedServiceImplementation {
    * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
    * index files and cold snapshots (every S3 version). A tombstone keeps the
    * run's last iteration and head hash; nothing is recorded to it again.
+   * Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+   * erased in place, their log kept: the line becomes its tombstone (chain
+   * fields and the erasure), its hot detail, request ids, pins and cold
+   * snapshot go, a sealed segment holding it is rewritten.
    * Governor or admin role.
    */
   forgetIterations: handleUnaryCall<ForgetIterationsRequest, ForgetIterationsResponse>;
   /**
    * The runs whose iteration log (hot details, warm lines, sealed segments,
    * cold snapshots) holds a text (case-insensitive), for engram forget
-   * --match: such a log can only be erased whole. Governor or admin role.
+   * --match, with the iterations holding it (erasable in place when they are
+   * all format 2). Governor or admin role.
    */
   findIterationLogs: handleUnaryCall<FindIterationLogsRequest, FindIterationLogsResponse>;
   /** Asks the shard to summarise old, low-importance memory records. */
@@ -5106,6 +5392,10 @@ export interface CompactorServiceClient extends Client {
    * forget --run; docs/erasure.md): the hot ring, warm lines, sealed segments,
    * index files and cold snapshots (every S3 version). A tombstone keeps the
    * run's last iteration and head hash; nothing is recorded to it again.
+   * Single format-2 iterations it lists (kind "iteration", id <run>:<n>) are
+   * erased in place, their log kept: the line becomes its tombstone (chain
+   * fields and the erasure), its hot detail, request ids, pins and cold
+   * snapshot go, a sealed segment holding it is rewritten.
    * Governor or admin role.
    */
   forgetIterations(
@@ -5126,7 +5416,8 @@ export interface CompactorServiceClient extends Client {
   /**
    * The runs whose iteration log (hot details, warm lines, sealed segments,
    * cold snapshots) holds a text (case-insensitive), for engram forget
-   * --match: such a log can only be erased whole. Governor or admin role.
+   * --match, with the iterations holding it (erasable in place when they are
+   * all format 2). Governor or admin role.
    */
   findIterationLogs(
     request: FindIterationLogsRequest,

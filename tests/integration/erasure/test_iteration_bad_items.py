@@ -1,0 +1,82 @@
+"""ForgetIterations refuses an ``iteration`` item it cannot erase in place, by name, and erases
+nothing of that run (docs/erasure.md): an iteration or run the fleet's logs do not hold
+(NOT_FOUND), a leaf that is not the line's hash (ERASURE_MISMATCH), a format-1 line (its hash
+would confirm a guess of it: FORMAT1_LINE), another fleet's erasure (NOT_FOUND)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engram.client import EngramRpcError
+from engram.client.compactor import CompactorClient, iteration_from_json
+from engram.client.governance import GovernanceClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
+from engram.governance.v1 import governance_service_pb2 as gpb
+from services.compactor.domain.warm_chain import IterationInput, WarmLine, genesis_hash
+from services.compactor.servicer import summary_pb
+from tests.conftest import TokenFactory
+from tests.integration.bundle.conftest import ADMIN
+from tests.stack import full_stack
+
+FLEET = "fleet-x"
+
+
+def _format1_line(run_id: str) -> cpb.IterationSummary:
+    """A line recorded before salted commitments (format 1), as a bundle would bring it."""
+    return summary_pb(WarmLine.chained(IterationInput(
+        iteration=1, plan_digest="old", parent_digest="", start_ts="", end_ts="",
+        files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="ok",
+        detail_json='{"n":1}', guardrails_json="null"), 1, genesis_hash(FLEET, run_id)))
+
+
+def test_iteration_items_are_refused_by_name_and_nothing_is_erased(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    other = make_token("op", "fleet-y", ADMIN)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with CompactorClient(stack.compactor.address, agent) as comp:
+            lines = [comp.record("run-x", iteration_from_json(
+                {"iter": n, "planDigest": f"p{n}", "status": "ok", "detail": {"n": n}})).summary
+                for n in (1, 2)]
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            comp.import_iterations("run-old", [cpb.ImportedIteration(
+                summary=_format1_line("run-old"), detail_json='{"n":1}',
+                guardrails_json="null")])
+            (old,) = comp.summaries("run-old")
+        assert old.format == 1
+
+        def item(item_id: str, leaf: str) -> gpb.ErasedItem:
+            return gpb.ErasedItem(kind="iteration", id=item_id, leaf_hash=leaf)
+
+        with GovernanceClient(stack.governance.address, admin) as gov:
+            def recorded(*items: gpb.ErasedItem) -> str:
+                return str(gov.record_erasure("run", "run-x", list(items)).erasure.erasure_id)
+
+            cases = {
+                recorded(item("run-x:1", lines[0].hash), item("run-x:9", lines[1].hash)):
+                    (grpc.StatusCode.NOT_FOUND, "ITERATION_NOT_FOUND"),
+                recorded(item("run-nope:1", lines[0].hash)):
+                    (grpc.StatusCode.NOT_FOUND, "RUN_NOT_FOUND"),
+                recorded(item("run-x:1", lines[0].hash), item("run-x:2", "00" * 32)):
+                    (grpc.StatusCode.FAILED_PRECONDITION, "ERASURE_MISMATCH"),
+                recorded(item("run-old:1", old.hash)):
+                    (grpc.StatusCode.FAILED_PRECONDITION, "FORMAT1_LINE"),
+            }
+        with GovernanceClient(stack.governance.address, other) as gov:
+            foreign = str(gov.record_erasure("run", "run-x", [
+                item("run-x:1", lines[0].hash)]).erasure.erasure_id)
+        cases[foreign] = (grpc.StatusCode.NOT_FOUND, "ERASURE_NOT_FOUND")
+
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            for erasure_id, expected in cases.items():
+                with pytest.raises(EngramRpcError) as refused:
+                    comp.forget_iterations(erasure_id)
+                assert (refused.value.code, refused.value.reason) == expected, erasure_id
+            assert list(comp.summaries("run-x")) == lines  # nothing erased
+            assert list(comp.summaries("run-old")) == [old]
+            assert comp.reconstruct("run-x", 1).detail_json == '{"n":1}'
+            report = comp.verify("run-x")
+            assert report.ok and report.tombstoned == 0
