@@ -105,6 +105,14 @@ def caller_kinds(principal: Principal) -> frozenset[str]:
     return principal.roles
 
 
+def is_service(principal: Principal) -> bool:
+    """Whether the caller is one of Engram's services (role ``service`` in fleet ``system``),
+    which carry many agents' work and so pass the per-agent rate, record and stream limits. A
+    token with role ``service`` minted for another fleet is not (before 2026-11-29 it passed
+    them too: found by a review)."""
+    return SERVICE_ROLE in principal.roles and principal.fleet_id == SERVICE_FLEET
+
+
 def is_caller(principal: Principal, kind: str) -> bool:
     """Whether this caller is of ``kind`` (a role or a service identity)."""
     return kind in caller_kinds(principal)

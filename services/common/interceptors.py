@@ -33,11 +33,11 @@ from services.common.admission import (
     StreamsPerAgent,
 )
 from services.common.auth import (
-    SERVICE_ROLE,
     Authorizer,
     bind_principal,
     call_metadata,
     current_principal,
+    is_service,
     unbind_principal,
 )
 from services.common.errors import ERROR_DOMAIN, DeadlineExceeded, EngramError, InvalidArgument
@@ -440,7 +440,7 @@ class StreamLimitInterceptor(_BehaviorInterceptor):
                 if not isinstance(request, Iterator):
                     return behavior(request, context)
                 principal = current_principal()
-                if SERVICE_ROLE in principal.roles:
+                if is_service(principal):
                     return behavior(request, context)
                 streams.enter(principal.fleet_id, principal.agent_id)
                 try:
@@ -452,7 +452,7 @@ class StreamLimitInterceptor(_BehaviorInterceptor):
 
         def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             principal = current_principal()
-            if SERVICE_ROLE in principal.roles:
+            if is_service(principal):
                 yield from behavior(request, context)
                 return
             streams.enter(principal.fleet_id, principal.agent_id)
@@ -481,7 +481,7 @@ class RateLimitInterceptor(_BehaviorInterceptor):
 
         def admit() -> None:
             principal = current_principal()
-            if SERVICE_ROLE not in principal.roles:
+            if not is_service(principal):
                 limiter.admit(principal.fleet_id, principal.agent_id, kind)
 
         if streaming:
@@ -520,7 +520,7 @@ class RecordRateInterceptor(_BehaviorInterceptor):
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             if isinstance(request, Message):
                 principal = current_principal()
-                if SERVICE_ROLE not in principal.roles:
+                if not is_service(principal):
                     rate.admit(principal.fleet_id, principal.agent_id, count(request))
             return behavior(request, context)
 

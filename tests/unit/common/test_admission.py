@@ -96,8 +96,9 @@ def test_an_agent_holds_at_most_its_streams_and_others_are_not_affected() -> Non
     wrapped = StreamLimitInterceptor(StreamsPerAgent(2, "ENGRAM_SHARD_MAX_STREAMS_PER_AGENT"),
                                      {method: READ}).wrap(forever, method, True)
 
-    def opened(agent: str, roles: frozenset[str] = frozenset({"agent"})) -> Iterator[int]:
-        token = bind_principal(Principal(agent_id=agent, fleet_id="fleet-a", roles=roles))
+    def opened(agent: str, roles: frozenset[str] = frozenset({"agent"}),
+               fleet: str = "fleet-a") -> Iterator[int]:
+        token = bind_principal(Principal(agent_id=agent, fleet_id=fleet, roles=roles))
         try:
             stream = wrapped(None, None)
             next(stream)  # the stream is open (the limit is taken when it starts)
@@ -110,7 +111,16 @@ def test_an_agent_holds_at_most_its_streams_and_others_are_not_affected() -> Non
         opened("greedy")
     assert refused.value.reason == "STREAM_LIMIT"
     other = opened("polite")  # another agent is not refused
-    services = [opened("svc", frozenset({"service"})) for _ in range(5)]  # not limited
+    services = [opened("svc", frozenset({"service"}), "system")
+                for _ in range(5)]  # not limited
+    # role service minted for another fleet is no service: limited as an agent is
+    opened("svc-a", frozenset({"service"})).close()
+    posing = opened("svc-a", frozenset({"service"}))
+    posing_too = opened("svc-a", frozenset({"service"}))
+    with pytest.raises(ResourceExhausted):
+        opened("svc-a", frozenset({"service"}))
+    posing.close()
+    posing_too.close()
     first.close()  # a stream that ends gives its place back
     again = opened("greedy")
     for stream in (second, other, again, *services):
@@ -278,8 +288,8 @@ def test_the_record_interceptor_counts_agents_batches_and_lets_services_pass() -
     wrapped = interceptor.wrap(write, method, False)
     batch = pb.BatchCreateRecordsRequest(records=[pb.RecordInput(content="x")] * 3)
 
-    def call(roles: frozenset[str], request: object = batch) -> object:
-        token = bind_principal(Principal(agent_id="a", fleet_id="f", roles=roles))
+    def call(roles: frozenset[str], request: object = batch, fleet: str = "f") -> object:
+        token = bind_principal(Principal(agent_id="a", fleet_id=fleet, roles=roles))
         try:
             return wrapped(request, None)
         finally:
@@ -290,8 +300,31 @@ def test_the_record_interceptor_counts_agents_batches_and_lets_services_pass() -
         call(frozenset({"agent"}))
     assert len(stored) == 1  # refused before the method ran
     for _ in range(5):  # a service principal carries many agents' work
-        assert call(frozenset({"service"})) == "written"
+        assert call(frozenset({"service"}), fleet="system") == "written"
+    with pytest.raises(ResourceExhausted):  # role service of another fleet: no service
+        call(frozenset({"service"}))
     undecodable = Undecodable(ValueError("bad bytes"))
     assert call(frozenset({"agent"}), undecodable) == "written"  # TextInterceptor refuses it
     reads = "/engram.shard.v1.ShardService/GetRecord"
     assert interceptor.wrap(write, reads, False) is write
+
+
+def test_the_call_rate_lets_services_pass_and_not_a_service_role_of_another_fleet() -> None:
+    from services.common.interceptors import RateLimitInterceptor
+
+    method = "/engram.shard.v1.ShardService/CreateRecord"
+    limiter = RateLimiter({WRITE: (1.0, 1)}, {WRITE: "WRITES"}, Clock())
+    wrapped = RateLimitInterceptor(limiter, {method: WRITE}).wrap(
+        lambda _request, _context: "done", method, False)
+
+    def call(fleet: str) -> object:
+        token = bind_principal(Principal("svc-shard", fleet, frozenset({"service"})))
+        try:
+            return wrapped(None, None)
+        finally:
+            unbind_principal(token)
+
+    assert [call("system") for _ in range(5)] == ["done"] * 5
+    assert call("fleet-a") == "done"
+    with pytest.raises(ResourceExhausted):  # found by review: it passed as a service did
+        call("fleet-a")
