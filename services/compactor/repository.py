@@ -92,6 +92,10 @@ class ConcurrentAppend(Exception):
     """Another writer moved the run's head first; re-read it and plan again."""
 
 
+MAX_PINS_PER_RUN = 1000
+"""Pins one run holds at most (found by review on 2026-11-29: they were uncapped)."""
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -402,6 +406,13 @@ class CompactorRepository:
             existing = session.get(PinRow, (fleet_id, run_id, iteration))
             if existing is not None:
                 return existing.to_entity()
+            held = session.scalar(select(func.count()).select_from(PinRow).where(
+                _run_key(PinRow, fleet_id, run_id))) or 0
+            if held >= MAX_PINS_PER_RUN:
+                raise FailedPrecondition(
+                    f"run {run_id} holds {held} pins, the most one run may hold (each keeps a "
+                    "cold snapshot from retirement, and VerifyRun reads them all)",
+                    reason="PIN_LIMIT", metadata={"limit": str(MAX_PINS_PER_RUN)})
             own = session.get(SnapshotRow, (fleet_id, run_id, iteration))
             if own is not None and own.state != SnapshotState.RETIRING.value:
                 target = iteration

@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from services.common.blobstore import BlobStore
@@ -507,21 +507,43 @@ class IterationLog:
         at one moment.
 
         A seal deletes the index file it supersedes and a retirement its snapshot's file, both
-        under the run's lock: the view and the files only a seal or a retirement deletes (the
-        index file it names, its stored snapshots) are read holding that lock, so each named
-        file is there unless it is really missing. Segment files are not deleted by either;
-        they are read and every check made after the lock is released (an erasure deleting
-        them meanwhile is NOT_FOUND, not damage)."""
+        under the run's lock: the view and the index file it names are read holding that lock,
+        so the file is there unless it is really missing. Snapshot files are read after the
+        lock is released, and one found missing is checked against the run's stored snapshots
+        under the lock again (retired meanwhile is not damage). Segment files are not deleted
+        by either; they are read and every check made after the lock is released (an erasure
+        deleting them meanwhile is NOT_FOUND, not damage), except by an erasure in place,
+        which rewrites a segment holding an erased line under a new key with a new index
+        version: a report with problems whose run changed its index version meanwhile is made
+        again."""
+        for _attempt in range(_REREAD_ATTEMPTS):
+            view, report = self._verify_once(fleet_id, run_id)
+            if report.ok:
+                break
+            now = self._head(fleet_id, run_id)  # erased meanwhile (ForgetIterations): NOT_FOUND
+            if now.index_version == view.head.index_version:
+                break
+        self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(report.problems))
+        return report
+
+    def _verify_once(self, fleet_id: str, run_id: str) -> tuple[RunView, VerifyReport]:
         with self.run_lock(fleet_id, run_id):
             view = self._view(fleet_id, run_id)
             index = self._warm.load_index(fleet_id, run_id, view.head.index_version,
                                           view.sealed)
-            snapshots = self._cold.load(view.snapshots)
-        report = self._verify_view(view, index, snapshots)
-        if not report.ok:
-            self._head(fleet_id, run_id)  # erased meanwhile (ForgetIterations): NOT_FOUND
-        self.integrity_failures.add("WARM_LOG_PROBLEM", amount=len(report.problems))
-        return report
+        # The snapshot files are read without the lock (64 runs share it, and a run may hold
+        # a thousand pinned snapshots): one found missing is damage only if the run still
+        # lists it as stored once the lock is held again (not retired or erased meanwhile).
+        snapshots = self._cold.load(view.snapshots)
+        missing = [s for s in view.snapshots if snapshots[s.iteration].data is None]
+        if missing:
+            with self.run_lock(fleet_id, run_id):
+                now = self.repo.view(fleet_id, run_id)
+            stored = {s.iteration: s for s in now.snapshots} if now is not None else {}
+            gone = {s.iteration for s in missing if stored.get(s.iteration) != s}
+            view = replace(view, snapshots=[s for s in view.snapshots
+                                            if s.iteration not in gone])
+        return view, self._verify_view(view, index, snapshots)
 
     def _view(self, fleet_id: str, run_id: str) -> RunView:
         view = self.repo.view(fleet_id, run_id)
