@@ -65,13 +65,17 @@ def gateway(
         "take the next part of its body or, once it has it whole, to answer; then the call is "
         "cancelled and the upload is 504 UPLOAD_ANSWER_TIMEOUT. Generous: the service stores a "
         "blob only once it has all of it (to S3 in one put up to 1 GiB)"),
+    header_timeout: float = typer.Option(
+        10.0, callback=_seconds, help="seconds a connection has to send a request's line and "
+        "headers, from its opening or the end of its previous response; then it is closed (a "
+        "client sending headers a byte at a time, or none, would hold it for ever)"),
 ) -> None:
     """Serve every annotated RPC of shard, governance, artifacts and compactor as HTTP/JSON.
     Each request acts as its own Authorization: Bearer token; no token is UNAUTHENTICATED."""
     try:
         from engram.gateway import serve
     except ModuleNotFoundError as error:
-        if (error.name or "").split(".")[0] not in ("starlette", "uvicorn"):
+        if (error.name or "").split(".")[0] not in ("starlette", "uvicorn", "h11"):
             raise
         raise fail(f"`engram gateway` needs the gateway extra: {GATEWAY_EXTRA} "
                    f"(module {error.name!r} is not installed)") from None
@@ -83,6 +87,7 @@ def gateway(
         serve(settings(), host=host, port=port, log_level=log_level,
               body_min_bytes_per_s=body_min_rate, uploads_per_token=uploads_per_token,
               stream_min_bytes_per_s=stream_min_rate, uploads_max=uploads_max,
-              upload_answer_seconds=upload_answer_timeout)
+              upload_answer_seconds=upload_answer_timeout,
+              header_timeout_seconds=header_timeout)
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None

@@ -17,6 +17,7 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 
 from engram.gateway import Gateway, GatewayConfig  # noqa: E402
+from engram.gateway._http import DEFAULT_HEADER_TIMEOUT, header_timed  # noqa: E402
 from services.common.tokens import write_token_file  # noqa: E402
 from services.compactor.server import build_compactor_server  # noqa: E402
 from services.compactor.settings import CompactorSettings  # noqa: E402
@@ -51,14 +52,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, engram_home: Path,
 
 
 class GatewayThread:
-    """uvicorn serving the gateway app on a socket bound to port 0, in a daemon thread."""
+    """uvicorn serving the gateway app on a socket bound to port 0, in a daemon thread, with
+    the protocol ``engram gateway`` serves with (its header timeout)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.server = uvicorn.Server(uvicorn.Config(gateway.app(), log_level="error",
-                                                    lifespan="on"))
+                                                    lifespan="on",
+                                                    http=header_timed(header_timeout)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
 

@@ -345,3 +345,58 @@ def test_uploads_past_the_gateways_cap_are_503_at_once(stack: Stack) -> None:
                 break
             time.sleep(0.1)
         assert again.status_code == 200, again.text
+
+
+def _closed_after(conn: socket.socket, limit_s: float) -> float | None:
+    """Seconds until the gateway closed ``conn`` (reading whatever it sends), or None if it
+    was still open after ``limit_s``."""
+    began = time.monotonic()
+    conn.settimeout(0.1)
+    while time.monotonic() - began < limit_s:
+        try:
+            if conn.recv(4096) == b"":
+                return time.monotonic() - began
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return time.monotonic() - began
+    return None
+
+
+def test_request_headers_that_come_too_slowly_or_not_at_all_close_the_connection(
+        stack: Stack) -> None:
+    """Found by review (2026-11-29): uvicorn has no header timeout, so a client sending its
+    headers a byte at a time, or nothing, held its connection for ever. Now the headers have
+    ``--header-timeout`` seconds (checked: without it both connections are still open after 4 s).
+    A request whose headers come in time, and a keep-alive connection's next request, are
+    served as before."""
+    from engram.gateway import Gateway, GatewayConfig
+    from tests.integration.gateway.conftest import GatewayThread
+
+    with GatewayThread(Gateway(GatewayConfig(stack.addresses, timeout_seconds=10.0)),
+                       header_timeout=0.8) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as silent, \
+                socket.create_connection((host, int(port)), timeout=10) as dribbling:
+            dribbling.sendall(b"GET /v1/runs HTTP/1.1\r\nHost: x\r\n")
+            began = time.monotonic()
+            for byte in b"X-Slow: 1234567890abcdefghij":
+                if time.monotonic() - began > 4:
+                    break
+                try:
+                    dribbling.sendall(bytes([byte]))
+                except OSError:
+                    break  # closed under us: what the test wants
+                time.sleep(0.2)
+            assert _closed_after(dribbling, 4.0) is not None
+            assert _closed_after(silent, 4.0) is not None
+        with socket.create_connection((host, int(port)), timeout=10) as kept:
+            for _ in range(2):  # two requests on one connection, the second after a pause
+                kept.sendall(b"GET /v1/nope HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while b"ROUTE_NOT_FOUND" not in answer:  # head and body may come apart
+                    piece = kept.recv(65536)
+                    assert piece, answer  # closed: the keep-alive request was not served
+                    answer += piece
+                assert answer.startswith(b"HTTP/1.1 404"), answer[:100]
+                time.sleep(0.4)

@@ -1,0 +1,64 @@
+"""The HTTP/1.1 protocol the gateway serves with: uvicorn's h11 protocol plus a header timeout.
+
+uvicorn has none: a client that sends its request line and headers a byte at a time, or opens
+a connection and sends nothing, holds that connection (and its memory) for as long as it likes,
+so a few hundred such clients took every connection an operator allows (found by review on
+2026-11-29). Here a connection whose request headers have not all arrived within
+``header_timeout`` seconds of its opening, or of the end of its previous response, is closed.
+A request body is not covered: the gateway's own body timeouts apply to it (docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DEFAULT_HEADER_TIMEOUT = 10.0
+log = logging.getLogger("engram.gateway")
+
+
+def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class, closing connections whose headers come too slowly."""
+
+    class HeaderTimedProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # a request's line and headers are in
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+                self._arm()  # the next request's headers
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.warning("request headers did not arrive in time; connection closed",
+                            extra={"client": str(self.client),
+                                   "header_timeout_s": header_timeout})
+                self.transport.close()
+
+    return HeaderTimedProtocol
