@@ -29,6 +29,7 @@ from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
 from engram.client._bearer import bearer_of, malformed_authorization
 from engram.client.artifacts import MIME_TYPE
+from engram.gateway._budget import BodyBudget, BodyLease, BodyRefused
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
@@ -140,6 +141,14 @@ class GatewayConfig:
     UPLOADS_BUSY. 300 s by default: the service spools the whole body and only then puts it to
     its store, S3 in one PutObject up to 1 GiB, so a large blob's answer comes minutes after
     its last byte (1 GiB at 3.5 MB/s is 300 s)."""
+    body_bytes_max: int = 4 * MAX_JSON_BODY
+    """Bytes of JSON request bodies the gateway holds at once, being received or parsed (at
+    least ``MAX_JSON_BODY``); a body that would pass it is 503 UNAVAILABLE (BODIES_BUSY) with
+    Retry-After, nothing stored. Without it any number of 8 MiB bodies were read and parsed at
+    once (found by review on 2026-11-29)."""
+    body_bytes_per_token: int = 2 * MAX_JSON_BODY
+    """Of those, what one token holds at once (at least ``MAX_JSON_BODY``, at most
+    ``body_bytes_max``); past it 429 RESOURCE_EXHAUSTED (BODY_LIMIT) with Retry-After."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """The largest request message the services accept (their
     ``ENGRAM_LIMITS_GRPC_RECEIVE_BYTES``, read from the same variable here): a JSON body that
@@ -161,6 +170,9 @@ class GatewayConfig:
         if self.max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be at least 1, got "
                              f"{self.max_request_bytes}")
+        if not MAX_JSON_BODY <= self.body_bytes_per_token <= self.body_bytes_max:
+            raise ValueError(f"body_bytes_per_token must be {MAX_JSON_BODY}..body_bytes_max "
+                             f"({self.body_bytes_max}), got {self.body_bytes_per_token}")
         if self.uploads_per_token < 1:
             raise ValueError(f"uploads_per_token must be at least 1, got "
                              f"{self.uploads_per_token}")
@@ -276,6 +288,7 @@ class Gateway:
         self._uploads: dict[bytes, int] = {}
         """Uploads running, by their holder (_upload_holder; event loop only)."""
         self._uploads_running = 0
+        self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token)
         """Uploads running, whoever sent them (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
@@ -371,12 +384,18 @@ class Gateway:
                     grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
                     "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
             return await self.upload(route, params, request)
-        raw = (await _read_limited(request, self._body_pace()) if route.body
-               else None)
-        query = request.query_params.multi_items() if route.body != "*" else []
-        # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
-        # every other request (and /healthz) meanwhile.
-        message = await asyncio.to_thread(_transcoded, route, params, query, raw)
+        lease = self._bodies.lease(_upload_holder(request.headers.get("authorization", "")))
+        try:
+            raw = (await _read_limited(request, self._body_pace(), lease) if route.body
+                   else None)
+            query = request.query_params.multi_items() if route.body != "*" else []
+            # Parsing megabytes of JSON takes a CPU-second: off the event loop, which serves
+            # every other request (and /healthz) meanwhile.
+            message = await asyncio.to_thread(_transcoded, route, params, query, raw)
+        except BodyRefused as busy:
+            return error_response(busy.status, headers={"retry-after": "1"})
+        finally:
+            lease.release()
         size = message.ByteSize()
         if size > self.config.max_request_bytes:
             return error_response(status_of(
@@ -695,9 +714,10 @@ def _too_slow(pace: Pace, received: int, waited: float) -> BodyIdle:
                     "stored", "BODY_TOO_SLOW")
 
 
-async def _read_limited(request: Request, pace: Pace) -> bytes:
+async def _read_limited(request: Request, pace: Pace, lease: BodyLease) -> bytes:
     received = bytearray()
     async for piece in _body(request, pace):
+        lease.take(len(piece))
         received += piece
         if len(received) > MAX_JSON_BODY:
             raise TranscodeError(f"a JSON body may be at most {MAX_JSON_BODY} bytes; "

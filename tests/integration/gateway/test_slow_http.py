@@ -400,3 +400,54 @@ def test_request_headers_that_come_too_slowly_or_not_at_all_close_the_connection
                     answer += piece
                 assert answer.startswith(b"HTTP/1.1 404"), answer[:100]
                 time.sleep(0.4)
+
+
+def _held_body(url: str, auth: dict[str, str], size: int, sent: int) -> socket.socket:
+    """A connection that announced a JSON body of ``size`` bytes and sent ``sent`` of them."""
+    host, port, head = _head(url, "POST", "/v1/records", {
+        **auth, "Content-Type": "application/json", "Content-Length": str(size)})
+    conn = socket.create_connection((host, port), timeout=10)
+    conn.sendall(head + b'{"record": {"content": "' + b"x" * (sent - 24))
+    return conn
+
+
+def _posted(url: str, auth: dict[str, str], size: int) -> requests.Response:
+    body = b'{"record": {"content": "' + b"y" * (size - 27) + b'"}}'
+    return requests.post(f"{url}/v1/records", headers={**auth, "Content-Type":
+                                                       "application/json"},
+                         data=body, timeout=30)
+
+
+def test_json_bodies_held_at_once_are_bounded_per_token_and_in_all(stack: Stack) -> None:
+    """Found by review (2026-11-29): any number of 8 MiB JSON bodies were read whole and
+    parsed at once. Now one token holds at most body_bytes_per_token bytes of bodies being
+    received or parsed (429 BODY_LIMIT) and the gateway body_bytes_max (503 BODIES_BUSY), each
+    with Retry-After and nothing stored; the bytes come back when a body is done or its
+    client goes (checked: without the budget every post below is answered 400, the content
+    being too long for a record)."""
+    from engram.gateway._app import MAX_JSON_BODY
+
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0,
+                           body_bytes_max=2 * MAX_JSON_BODY,
+                           body_bytes_per_token=MAX_JSON_BODY)
+    first, second, third = (_auth(stack, name) for name in ("first", "second", "third"))
+    mb = 1_000_000
+    with GatewayThread(Gateway(config)) as url:
+        held = [_held_body(url, first, 7 * mb, 6 * mb), _held_body(url, second, 7 * mb, 6 * mb)]
+        time.sleep(0.5)  # the gateway has taken what they sent
+        own = _posted(url, first, 3 * mb)
+        assert (own.status_code, own.json()["details"][0]["reason"]) == (429, "BODY_LIMIT")
+        assert own.headers["retry-after"] == "1"
+        busy = _posted(url, third, 5 * mb)
+        assert (busy.status_code, busy.json()["details"][0]["reason"]) == (503, "BODIES_BUSY")
+        assert busy.headers["retry-after"] == "1"
+        for conn in held:
+            conn.close()
+        deadline = time.monotonic() + 10
+        while True:  # the closed bodies' bytes come back
+            again = _posted(url, third, 5 * mb)
+            if again.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert again.status_code == 400, again.text  # through the budget: too long a record
+        assert _posted(url, first, 3 * mb).status_code == 400

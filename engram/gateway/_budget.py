@@ -1,0 +1,78 @@
+"""How many bytes of JSON request bodies the gateway holds at once (found by review on
+2026-11-29: an authenticated caller could send any number of 8 MiB bodies at once, each read
+whole into memory and parsed, several hundred MB a body parsed; nothing bounded how many).
+
+A body takes its bytes as they arrive and gives them back once its request message is built
+(parsed): one token holds at most ``per_token`` bytes (one more piece is 429 RESOURCE_EXHAUSTED
+``BODY_LIMIT``), the gateway at most ``total`` (503 UNAVAILABLE ``BODIES_BUSY``); both say
+``Retry-After: 1`` and store nothing. Everything runs on the event loop: no lock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from engram.gateway._errors import status_of
+
+
+class BodyRefused(Exception):
+    """A body that would pass a budget: its status (and the Retry-After the answer carries)."""
+
+    def __init__(self, status: Any) -> None:
+        super().__init__(status.message)
+        self.status = status
+
+
+class BodyBudget:
+    def __init__(self, total: int, per_token: int) -> None:
+        if not 1 <= per_token <= total:
+            raise ValueError(f"a token's body budget must be 1..{total} bytes (the gateway's), "
+                             f"got {per_token}")
+        self.total, self.per_token = total, per_token
+        self.held = 0
+        self._by_token: dict[bytes, int] = {}
+
+    def lease(self, holder: bytes) -> BodyLease:
+        return BodyLease(self, holder)
+
+    def _take(self, holder: bytes, size: int) -> None:
+        mine = self._by_token.get(holder, 0)
+        if mine + size > self.per_token:
+            raise BodyRefused(status_of(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"this token's request bodies being received "
+                f"or parsed would pass {self.per_token} bytes at once; retry when one is done",
+                "BODY_LIMIT", {"limit_bytes": str(self.per_token)}))
+        if self.held + size > self.total:
+            raise BodyRefused(status_of(
+                grpc.StatusCode.UNAVAILABLE, f"the gateway holds {self.held} bytes of request "
+                f"bodies, the most it takes at once is {self.total}; retry in a moment",
+                "BODIES_BUSY", {"limit_bytes": str(self.total)}))
+        self._by_token[holder] = mine + size
+        self.held += size
+
+    def _give(self, holder: bytes, size: int) -> None:
+        self.held -= size
+        left = self._by_token.get(holder, 0) - size
+        if left > 0:
+            self._by_token[holder] = left
+        else:
+            self._by_token.pop(holder, None)
+
+
+class BodyLease:
+    """One body's bytes held in a :class:`BodyBudget`; :meth:`release` gives them all back."""
+
+    def __init__(self, budget: BodyBudget, holder: bytes) -> None:
+        self._budget, self._holder = budget, holder
+        self.size = 0
+
+    def take(self, size: int) -> None:
+        self._budget._take(self._holder, size)
+        self.size += size
+
+    def release(self) -> None:
+        if self.size:
+            self._budget._give(self._holder, self.size)
+            self.size = 0
