@@ -258,6 +258,8 @@ class Exporter:
             stage.put("iterations", f"{run}/{summary.iteration:020d}",
                       {"run_id": run, **proto_row(summary)})
             last = summary.iteration
+            if summary.erasure_id:  # erased in place: the run bundle carries its erasure
+                named.add(summary.erasure_id)
         for iteration, (detail, guardrails) in self._iteration_details(run, last).items():
             key = f"{run}/{iteration:020d}"
             row = stage.get("iterations", key)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, insert, select, update
@@ -73,17 +73,41 @@ matching a salt or a hash somewhere in its log."""
 
 
 def line_holds(text: str, needle: str) -> bool:
-    """A warm line (JSON) holds the text in a field other than :data:`CHAIN_FIELDS`; a line
-    that does not parse is searched whole (a damaged line is rather found than missed)."""
+    """A warm line (JSON) holds the text in the value of a field other than
+    :data:`CHAIN_FIELDS` (never in a field's name: ``Del`` is in every line's ``netDel``); a
+    line that does not parse is searched whole (a damaged line is rather found than
+    missed)."""
     try:
         fields = json.loads(text)
     except ValueError:
         return json_holds(text, needle)
     if not isinstance(fields, dict):
         return json_holds(text, needle)
-    content = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
-    return holds(json.dumps(content, ensure_ascii=False), needle) or holds(
-        json.dumps(content), needle)
+    return _values_hold((v for k, v in fields.items() if k not in CHAIN_FIELDS), needle)
+
+
+def _recorded_holds(detail_json: str, guardrails_json: str, needle: str) -> bool:
+    """A hot entry's detail or guardrails (JSON) hold the text; stored JSON that does not
+    parse is searched as it is."""
+    try:
+        return _values_hold([json.loads(detail_json), json.loads(guardrails_json)], needle)
+    except ValueError:
+        return json_holds(detail_json, needle) or json_holds(guardrails_json, needle)
+
+
+def _values_hold(values: Iterable[object], needle: str) -> bool:
+    """One of ``values`` (a line's recorded values; a detail, whose keys are what its
+    recorder wrote) holds the text, as stored or with its JSON escapes."""
+    for value in values:
+        if value is None:  # no detail recorded: "null" is nothing anybody wrote
+            continue
+        if isinstance(value, str):
+            if holds(value, needle):
+                return True
+        elif holds(json.dumps(value, ensure_ascii=False), needle) or holds(
+                json.dumps(value), needle):
+            return True
+    return False
 
 
 def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:
@@ -102,11 +126,12 @@ def blob_hits(key: str, chunks: Iterator[bytes], needle: str) -> tuple[list[Warm
         try:
             document = json.loads(data)
             summary = document["summary"]
-            document["summary"] = {k: v for k, v in summary.items() if k not in CHAIN_FIELDS}
+            recorded = [v for k, v in summary.items() if k not in CHAIN_FIELDS]
+            recorded += [document["detail"], document["guardrails"]]
         except (ValueError, TypeError, KeyError, AttributeError):
             return [], bytes_hold(iter([data]), needle)
-        if not (holds(json.dumps(document, ensure_ascii=False), needle)
-                or holds(json.dumps(document), needle)):
+        # what the iteration recorded; not the document's own keys, fleet, run or iteration
+        if not _values_hold(recorded, needle):
             return [], False
         try:
             return [WarmLine.from_dict(summary)], False
@@ -298,8 +323,7 @@ class IterationEraser:
             hot = session.execute(select(HotRow.line, HotRow.detail_json, HotRow.guardrails_json)
                                   .where(HotRow.fleet_id == fleet_id, HotRow.run_id == run_id))
             for line, detail, guardrails in hot:
-                if (line_holds(line, needle) or json_holds(detail, needle)
-                        or json_holds(guardrails, needle)):
+                if line_holds(line, needle) or _recorded_holds(detail, guardrails, needle):
                     hit(line)
             warm = session.scalars(select(WarmLineRow.line).where(
                 WarmLineRow.fleet_id == fleet_id, WarmLineRow.run_id == run_id))

@@ -51,6 +51,7 @@ def test_an_iteration_erased_in_place_travels_as_a_tombstone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
     before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
+    run_bundle = tmp_path / "run.bundle"
     with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
         with ArtifactsClient(origin.artifacts.address, agent) as art:
             art.start_run("run-t", {})  # a bundle carries the logs of the fleet's runs
@@ -63,6 +64,9 @@ def test_an_iteration_erased_in_place_travels_as_a_tombstone(
             done = run("forget", "--match", SECRET)
             assert done["iterations_erased"] == 1
             run("export", "--fleet", FLEET, "-o", str(after))
+            # a run bundle carries the erasure its tombstone names (found by review: it did
+            # not, and the bundle could not be imported anywhere: ERASURE_NOT_FOUND)
+            run("export", "--fleet", FLEET, "--run", "run-t", "-o", str(run_bundle))
         erasure_id = done["erasures"][0]["erasure_id"]
         with CompactorClient(origin.compactor.address, admin) as comp:
             lines = list(comp.summaries("run-t"))
@@ -83,6 +87,14 @@ def test_an_iteration_erased_in_place_travels_as_a_tombstone(
         with CompactorClient(target.compactor.address, admin) as comp:
             assert list(comp.summaries("run-t")) == lines  # nothing brought back
             assert not comp.reconstruct("run-t", 2).detail_json
+
+    (tmp_path / "r").mkdir()
+    with full_stack(tmp_path / "r", engram_home, make_token, governed=True) as target, \
+            cli_for(target, admin, monkeypatch) as run:
+        assert run("import-bundle", str(run_bundle))["not_imported"] == {}
+        with CompactorClient(target.compactor.address, admin) as comp:
+            assert list(comp.summaries("run-t")) == lines
+            assert comp.verify("run-t").tombstoned == 1
 
     # the older bundle, then the newer: its last step erases the line the older brought
     (tmp_path / "c").mkdir()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from services.compactor.erasure import blob_holds, line_holds
 
 SALT = "ab" * 32
@@ -17,6 +19,25 @@ LINE = json.dumps({"iter": 3, "status": "success", "planDigest": "plan-3", "v": 
 def test_a_line_is_searched_in_its_recorded_fields_only() -> None:
     assert line_holds(LINE, "plan-3") and line_holds(LINE, "success")
     assert not line_holds(LINE, "4711") and not line_holds(LINE, "abab")
+
+
+@pytest.mark.parametrize("name", ["Digest", "status", "iter", "Del", "summary", "fleet",
+                                  "detail", "guardrails", "null"])
+def test_the_names_of_fields_are_not_what_was_recorded(name: str) -> None:
+    """Found by review (2026-11-29): ``--match Del`` found every line (its ``netDel``) and
+    ``--match tail`` every cold snapshot (its ``detail``): with iterations erased in place,
+    every iteration of the fleet."""
+    line = json.dumps({**json.loads(LINE), "netDel": 1, "startTs": "2025"})
+    assert not line_holds(line, name)
+    snapshot = gzip.compress(json.dumps({"fleet": "fleet-a", "run": "run-1", "iter": 3,
+                                         "summary": json.loads(line), "detail": {"n": 1},
+                                         "guardrails": None}).encode())
+    assert not blob_holds("f/r/cold/0000000003.json.gz", iter([snapshot]), name)
+    recorded = gzip.compress(json.dumps({"fleet": "f", "run": "r", "iter": 3,
+                                         "summary": json.loads(line),
+                                         "detail": {name: 1}, "guardrails": []}).encode())
+    assert blob_holds("f/r/cold/0000000003.json.gz", iter([recorded]),
+                      name.casefold())  # a detail's keys are what its recorder wrote
 
 
 def test_a_damaged_line_or_file_is_searched_whole() -> None:
