@@ -378,12 +378,10 @@ class IterationEraser:
             if row is None or not row.blobs_left:
                 return 0
         prefix = run_prefix(fleet_id, run_id) + "/"
-        keys = list(self.blobs.list(prefix))
-        for key in keys:
-            self.blobs.purge(key)
+        purged = self.blobs.purge_prefix(prefix)  # noncurrent versions of deleted keys too
         self.iterations.drop_cached(prefix)
         with self.db.session() as session:
             session.execute(update(RunTombstoneRow).where(
                 RunTombstoneRow.fleet_id == fleet_id, RunTombstoneRow.run_id == run_id)
                 .values(blobs_left=False))
-        return len(keys)
+        return purged

@@ -24,7 +24,12 @@ from services.common.blobstore import BlobStore
 from services.common.db import Database
 from services.common.erasure_source import ErasureOrder
 from services.common.errors import FailedPrecondition, NotFound
-from services.compactor.domain.blob_layout import SegmentEntry, index_key, run_prefix
+from services.compactor.domain.blob_layout import (
+    SegmentEntry,
+    index_key,
+    run_prefix,
+    snapshot_key,
+)
 from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
 from services.compactor.repository import holding_run
 from services.compactor.service import IterationLog
@@ -138,8 +143,9 @@ class LineEraser:
                     table.iteration == iteration))
             snapshot = session.get(SnapshotRow, (fleet_id, run_id, iteration))
             if snapshot is not None:
-                purge.append(snapshot.key)
                 session.delete(snapshot)
+            # also when retired before: a versioned bucket may keep it as a noncurrent version
+            purge.append(snapshot_key(fleet_id, run_id, iteration))
             erased += 1
         if rewritten:
             purge += self._rewrite(session, run, sealed, segments, rewritten)

@@ -66,6 +66,14 @@ class BlobStore(ABC):
         A store without versions deletes it."""
         self.delete(key)
 
+    def purge_prefix(self, prefix: str) -> int:
+        """Every blob under ``prefix`` with every earlier version (erasing a whole run), also
+        of keys whose current version is gone; returns how many keys were current."""
+        keys = list(self.list(prefix))
+        for key in keys:
+            self.purge(key)
+        return len(keys)
+
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix``, in lexicographic order."""

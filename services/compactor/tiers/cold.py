@@ -36,8 +36,11 @@ class ColdArchive:
         return sha, len(compressed)
 
     def delete(self, snapshots: Sequence[SnapshotInfo]) -> None:
+        """Retire ``snapshots``: purged with every version (a versioned bucket would otherwise
+        keep each retired snapshot's detail as a noncurrent version, out of reach of an
+        erasure: found by review on 2026-11-29)."""
         for snapshot in snapshots:
-            self._blobs.delete(snapshot.key)
+            self._blobs.purge(snapshot.key)
             self._hook("retention:mid")
 
     def read(self, snapshot: SnapshotInfo) -> SnapshotContent:

@@ -65,7 +65,7 @@ class WarmArchive:
         current = index_key(fleet_id, run_id, version)
         for key in list(self._blobs.list(f"{run_prefix(fleet_id, run_id)}/warm/index/")):
             if key < current:
-                self._blobs.delete(key)
+                self._blobs.purge(key)  # every version: no noncurrent copy lists old segments
 
     def read_segment(self, entry: SegmentEntry) -> list[WarmLine]:
         data = b"".join(self._blobs.open(entry.key))

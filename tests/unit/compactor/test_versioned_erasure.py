@@ -1,0 +1,86 @@
+"""In a versioned bucket (moto), nothing of an erased iteration survives as a noncurrent
+version (found by review on 2026-11-29): retention purged no version of a retired cold
+snapshot, so the detail of an iteration erased later stayed in the bucket; erasing a whole log
+purged only the keys still current."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import replace
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from services.common.blobstore import blob_store_from_url
+from services.common.db import Database
+from services.common.erasure_source import ErasureOrder
+from services.common.errors import NotFound
+from services.compactor.domain.model import TierConfig
+from services.compactor.erasure import IterationEraser
+from services.compactor.repository import CompactorRepository
+from services.compactor.service import IterationLog
+from tests.unit.compactor.support import make_iteration
+
+F, R = "fleet-a", "run-v"
+BUCKET = "versioned"
+MARKER = "zqxversioned"
+
+
+class Source:
+    def __init__(self) -> None:
+        self.orders: dict[str, ErasureOrder] = {}
+
+    def erasure(self, erasure_id: str) -> ErasureOrder:
+        if erasure_id not in self.orders:
+            raise NotFound("no such erasure", reason="ERASURE_NOT_FOUND")
+        return self.orders[erasure_id]
+
+    def add(self, n: int, items: list[tuple[str, str, str]]) -> str:
+        erasure_id = f"era_{n:028x}"
+        self.orders[erasure_id] = ErasureOrder(erasure_id, F, "op", tuple(items))
+        return erasure_id
+
+
+def _versions_holding(client: object, needle: str) -> list[tuple[str, bool]]:
+    found = []
+    listed = client.list_object_versions(Bucket=BUCKET)  # type: ignore[attr-defined]
+    for version in listed.get("Versions", []):
+        body = client.get_object(  # type: ignore[attr-defined]
+            Bucket=BUCKET, Key=version["Key"], VersionId=version["VersionId"])["Body"].read()
+        if version["Key"].endswith(".gz"):
+            body = gzip.decompress(body)
+        if needle.encode() in body:
+            found.append((version["Key"], version["IsLatest"]))
+    return found
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["in-place", "whole-log"])
+def test_no_version_of_an_erased_iteration_is_left(database: Database, whole: bool) -> None:
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        client.put_bucket_versioning(Bucket=BUCKET,
+                                     VersioningConfiguration={"Status": "Enabled"})
+        blobs = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
+                                    access_key_id="test", secret_access_key="test")
+        log = IterationLog(CompactorRepository(database), blobs,
+                           TierConfig(hot_size=2, rotate_bytes=1024, snapshot_every=2,
+                                      keep_snapshots=1))
+        source = Source()
+        eraser = IterationEraser(log, database, blobs, source)
+        for n in range(1, 9):
+            item = make_iteration(n)
+            if n == 2:
+                item = replace(item, plan_digest=f"plan-{MARKER}")
+            log.record(F, R, item)
+        assert _versions_holding(client, MARKER)  # the retired snapshot of iteration 2 too
+        if whole:
+            head = log.verify(F, R)
+            items = [("iterations", R, head.head_hash)]
+        else:
+            (found,), _ = eraser.find(F, MARKER, 10)
+            items = [("iteration", f"{R}:{i.iteration}", i.leaf_hash) for i in found.iterations]
+            assert [i.iteration for i in found.iterations] == [2]
+        eraser.erase(F, source.add(1, items), 5)
+        assert _versions_holding(client, MARKER) == []
