@@ -233,9 +233,7 @@ class IterationEraser:
         in_place = 0
         for run_id, items in in_place_items(order).items():
             with self.iterations.run_lock(fleet_id, run_id):
-                done = lines.erase(order, run_id, items, now_us)
-            if done.erased:
-                self._purge_throttle.owe()
+                done = lines.erase(order, run_id, items, now_us, self._purge_throttle.owe)
             in_place += done.erased
             already += done.already
         self._purge_throttle.purge(lambda: self.db.vacuum(PURGED_TABLES))

@@ -14,7 +14,7 @@ cut short.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, select
@@ -35,7 +35,6 @@ from services.compactor.repository import holding_run
 from services.compactor.service import IterationLog
 from services.compactor.tables import (
     HotRow,
-    IterationRequestRow,
     PinRow,
     RunRow,
     RunTombstoneRow,
@@ -79,8 +78,10 @@ class LineEraser:
         self.blobs = blobs
 
     def erase(self, order: ErasureOrder, run_id: str, items: Sequence[tuple[int, str]],
-              now_us: int) -> LinesErased:
-        """Tombstone ``items`` of the run's log; the caller holds the run's lock."""
+              now_us: int, owe: Callable[[], None]) -> LinesErased:
+        """Tombstone ``items`` of the run's log; the caller holds the run's lock. ``owe`` is
+        called right after the commit when a line was erased: the store's purge is owed from
+        then on, whatever fails after."""
         fleet_id = order.fleet_id
         with holding_run(self.db, fleet_id, run_id) as session:
             if session.get(RunTombstoneRow, (fleet_id, run_id)) is not None:
@@ -92,6 +93,8 @@ class LineEraser:
                 raise NotFound(f"run {run_id} has no iteration log in fleet {fleet_id}",
                                reason="RUN_NOT_FOUND", metadata={"run_id": run_id})
             erased, already, purge = self._tombstone(session, order, run, items, now_us)
+        if erased:
+            owe()
         purged = 0
         for key in purge:
             self.blobs.purge(key)
@@ -137,7 +140,9 @@ class LineEraser:
                 segments[seq] = [tombstone if x.iteration == iteration else x
                                  for x in segments[seq]]
                 rewritten.add(seq)
-            for table in (HotRow, IterationRequestRow, PinRow):
+            # its request ids are kept: a retry of the call that recorded it is answered
+            # ITERATION_ERASED, not recorded again as the next iteration
+            for table in (HotRow, PinRow):
                 session.execute(delete(table).where(
                     table.fleet_id == fleet_id, table.run_id == run_id,
                     table.iteration == iteration))
@@ -169,7 +174,7 @@ class LineEraser:
                 entry = new
             entries.append(entry)
         version = run.index_version + 1
-        self.blobs.purge(index_key(fleet_id, run_id, version))  # a crashed attempt's, unlisted
+        self.iterations.warm.discard_index(fleet_id, run_id, version)  # a crash's, unlisted
         self.iterations.warm.write_index(fleet_id, run_id, version, entries)
         run.index_version = version
         return replaced

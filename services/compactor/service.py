@@ -288,6 +288,8 @@ class IterationLog:
             line = self.summary(fleet_id, run_id, recorded_iteration)
             if item.iteration in (0, recorded_iteration) and line.same_content(item):
                 return RecordResult(line, False)
+            if line.erased:
+                raise _erased(run_id, line)
             raise AlreadyExists(
                 f"request_id {request_id!r} already recorded iteration {recorded_iteration} of "
                 f"run {run_id} with other content; use a new request_id for a new iteration",
@@ -296,10 +298,7 @@ class IterationLog:
         if line.same_content(item):
             return RecordResult(line, False)
         if line.erased:
-            raise AlreadyExists(
-                f"iteration {item.iteration} of run {run_id} was erased (erasure "
-                f"{line.erasure_id}); the warm log is append-only: record the next iteration",
-                reason="ITERATION_ERASED", metadata={"iteration": str(item.iteration)})
+            raise _erased(run_id, line)
         raise AlreadyExists(
             f"iteration {item.iteration} of run {run_id} is already recorded with different "
             "content; the warm log is append-only", reason="ITERATION_EXISTS",
@@ -378,6 +377,9 @@ class IterationLog:
         entry = self._warm.write_segment(fleet_id, run_id, seq, lines)
         head = self.repo.head(fleet_id, run_id)
         version = (head.index_version if head else 0) + 1
+        # An index file of a version not committed yet was left by a crash (a seal's, or an
+        # erasure's rewrite whose commit never came, listing other segments): not ours to keep.
+        self._warm.discard_index(fleet_id, run_id, version)
         self._warm.write_index(fleet_id, run_id, version,
                                [*self.repo.sealed_segments(fleet_id, run_id), entry])
         self.repo.complete_seal(fleet_id, run_id, entry, version)
@@ -417,15 +419,25 @@ class IterationLog:
         return lines
 
     def summaries(self, fleet_id: str, run_id: str, first: int, last: int) -> list[WarmLine]:
-        """Warm lines ``first..last`` across sealed segments and the database."""
-        found: list[WarmLine] = []
-        sealed, in_database = self.repo.warm_lines(fleet_id, run_id, first, last)
-        for entry in sealed:
-            if entry.last_iter < first or entry.first_iter > last:
+        """Warm lines ``first..last`` across sealed segments and the database. A segment file
+        gone between the listing and its read (an erasure in place rewrote it under a new key)
+        is read again from a new listing."""
+        for attempt in range(_REREAD_ATTEMPTS):
+            found: list[WarmLine] = []
+            sealed, in_database = self.repo.warm_lines(fleet_id, run_id, first, last)
+            try:
+                for entry in sealed:
+                    if entry.last_iter < first or entry.first_iter > last:
+                        continue
+                    found.extend(x for x in self._segment(entry)
+                                 if first <= x.iteration <= last)
+            except NotFound:
+                if attempt == _REREAD_ATTEMPTS - 1:
+                    raise
                 continue
-            found.extend(x for x in self._segment(entry) if first <= x.iteration <= last)
-        found.extend(in_database)
-        return found
+            found.extend(in_database)
+            return found
+        raise AssertionError("unreachable")
 
     def summary(self, fleet_id: str, run_id: str, iteration: int) -> WarmLine:
         head = self._head(fleet_id, run_id)
@@ -592,6 +604,15 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
+
+
+def _erased(run_id: str, line: WarmLine) -> AlreadyExists:
+    """A call for an iteration erased in place (a retry of the call that recorded it, or the
+    same iteration again): it is not recorded again."""
+    return AlreadyExists(
+        f"iteration {line.iteration} of run {run_id} was erased (erasure {line.erasure_id}); "
+        "the warm log is append-only and an erased iteration is not recorded again",
+        reason="ITERATION_ERASED", metadata={"iteration": str(line.iteration)})
 
 
 def check_tombstone_form(line: WarmLine) -> None:

@@ -61,6 +61,10 @@ class WarmArchive:
                  digest_of(document))
         self._hook("seal:after_index")
 
+    def discard_index(self, fleet_id: str, run_id: str, version: int) -> None:
+        """Purge index file ``version`` (one no committed head names yet)."""
+        self._blobs.purge(index_key(fleet_id, run_id, version))
+
     def drop_indexes_before(self, fleet_id: str, run_id: str, version: int) -> None:
         current = index_key(fleet_id, run_id, version)
         for key in list(self._blobs.list(f"{run_prefix(fleet_id, run_id)}/warm/index/")):

@@ -83,7 +83,8 @@ def test_a_segment_rewritten_by_an_erasure_while_verify_reads_is_no_damage(
             order = ErasureOrder("era_" + "2" * 28, F, "op", (("iteration", f"{R}:2",
                                                                 line.hash),))
             with log.run_lock(F, R):
-                LineEraser(log, database, blobs).erase(order, R, [(2, line.hash)], 7)
+                LineEraser(log, database, blobs).erase(order, R, [(2, line.hash)], 7,
+                                                       lambda: None)
 
     blobs = WatchedBlobs(tmp_path / "b", on_open)
     log = IterationLog(CompactorRepository(database), blobs, TierConfig(rotate_bytes=1024))
