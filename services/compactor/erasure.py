@@ -245,16 +245,25 @@ class IterationEraser:
 
     def check_tombstones(self, fleet_id: str, run_id: str, lines: Sequence[WarmLine]) -> None:
         """An iteration erased in place (a tombstone) is imported only when an erasure
-        governance holds for this fleet lists it under its kept hash: nobody plants a tombstone
-        to keep an iteration's content away (FAILED_PRECONDITION TOMBSTONE_NOT_IN_ERASURE)."""
+        governance holds for this fleet lists it under its kept hash and the tombstone names
+        its requester as eraser: nobody plants a tombstone to keep an iteration's content away
+        or names another eraser (FAILED_PRECONDITION TOMBSTONE_NOT_IN_ERASURE)."""
         listed: dict[str, set[tuple[str, str, str]]] = {}
+        requested: dict[str, str] = {}
         for line in lines:
             if not line.erased:
                 continue
             if line.erasure_id not in listed:
                 order = recorded_erasure(self.source, "compactor", line.erasure_id, fleet_id)
                 listed[line.erasure_id] = set(order.items)
+                requested[line.erasure_id] = order.requested_by
             item_id = f"{run_id}:{line.iteration}"
+            if line.erased_by != requested[line.erasure_id]:
+                raise FailedPrecondition(
+                    f"iteration {item_id} is a tombstone of erasure {line.erasure_id}, which "
+                    f"{requested[line.erasure_id]!r} requested, not {line.erased_by!r}",
+                    reason="TOMBSTONE_NOT_IN_ERASURE",
+                    metadata={"id": item_id, "erasure_id": line.erasure_id})
             if (ITEM_KIND, item_id, line.hash) not in listed[line.erasure_id]:
                 raise FailedPrecondition(
                     f"iteration {item_id} is a tombstone of erasure {line.erasure_id}, which "

@@ -139,7 +139,11 @@ def summary_line(summary: pb.IterationSummary) -> WarmLine:
 
 
 def _erased_us(summary: pb.IterationSummary) -> int:
-    return summary.erase_time.ToMicroseconds() if summary.HasField("erase_time") else 0
+    """The summary's erase time; INVALID_ARGUMENT INVALID_TOMBSTONE outside 0001..9999 (was
+    INTERNAL: found by review)."""
+    if not summary.HasField("erase_time"):
+        return 0
+    return time_us(summary.erase_time, "erase_time", reason="INVALID_TOMBSTONE")
 
 
 def pin_pb(pin: Pin) -> pb.Pin:

@@ -33,6 +33,8 @@ def _copy(summary: cpb.IterationSummary, **changes: object) -> cpb.ImportedItera
     for name, value in changes.items():
         if name == "erase_us":
             copied.erase_time.FromMicroseconds(int(str(value)))
+        elif name == "erase_seconds":  # past what FromMicroseconds takes
+            copied.erase_time.seconds = int(str(value))
         elif name == "no_erase_time":
             copied.ClearField("erase_time")
         else:
@@ -144,7 +146,13 @@ def test_an_iteration_erased_in_place_travels_as_a_tombstone(
                 (_copy(tombstone, erasure_id=listed.erasure_id, detail_digest="ab" * 32),
                  (grpc.StatusCode.INVALID_ARGUMENT, "ITERATION_HASH_MISMATCH")),
                 (_copy(tombstone, erasure_id=listed.erasure_id, format=1),
-                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FORMAT"))):
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FORMAT")),
+                # found by review: another eraser than the erasure's (was taken), an erase
+                # time no timestamp holds (was INTERNAL)
+                (_copy(tombstone, erasure_id=listed.erasure_id, erased_by="ceo"),
+                 (grpc.StatusCode.FAILED_PRECONDITION, "TOMBSTONE_NOT_IN_ERASURE")),
+                (_copy(tombstone, erasure_id=listed.erasure_id, erase_seconds=10**12),
+                 (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_TOMBSTONE"))):
             assert _refused(comp, bad) == expected, bad
         assert [s.iteration for s in comp.summaries("run-t")] == [1]  # nothing stored
         # listed, under its hash: taken, and the log goes on through it
