@@ -17,6 +17,7 @@ from engram.cli._output import (
     JSON_OPTION,
     console,
     emit_json,
+    err_console,
     fail,
     message_dict,
     rpc_errors,
@@ -193,7 +194,12 @@ def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
         console.print(f"[green]ok[/green]: {report.lines_checked} lines in "
                       f"{report.segments_checked} sealed segments + active, "
                       f"{report.snapshots_checked} snapshots; head {report.head_hash[:16]}… "
-                      f"at iteration {report.last_iteration}")
+                      f"at iteration {report.last_iteration}"
+                      + (f"; {report.tombstoned} erased in place" if report.tombstoned else ""))
+        if report.tombstones_unconfirmed:
+            err_console.print(f"[yellow]{report.tombstones_unconfirmed} erased iteration(s) "
+                              "could not be checked against governance's erasures (not "
+                              "reachable)[/yellow]")
     else:
         for problem in report.problems:
             console.print(f"[red]{problem.location}[/red]: {problem.detail}")

@@ -35,6 +35,7 @@ from services.common.erasure_source import (
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.find_cursor import FindCursor, runs_from
 from services.common.text_match import bytes_hold, holds, json_holds, needle_of
+from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup, RecordedErasures
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
 from services.compactor.line_erasure import ITEM_KIND, LineEraser, in_place_items
@@ -206,6 +207,7 @@ class IterationEraser:
         self.blobs = blobs
         self.source = source
         self._purge_throttle = PurgeThrottle()
+        self._recorded = RecordedErasures()
         self._scans = TextScans()
 
     def erase(self, fleet_id: str, erasure_id: str, now_us: int) -> ErasureDone:
@@ -270,6 +272,28 @@ class IterationEraser:
                     "does not list it under that hash; import the fleet's erasures first",
                     reason="TOMBSTONE_NOT_IN_ERASURE",
                     metadata={"id": item_id, "erasure_id": line.erasure_id})
+
+    def audit(self, fleet_id: str, run_id: str,
+              tombstones: Sequence[WarmLine]) -> tuple[list[tuple[str, str]], int]:
+        """VerifyRun's check of the log's tombstones against governance: each must be listed,
+        under the hash it kept, by the erasure it names (anyone able to write the database
+        could blank a line, name an erasure and leave a chain that still verifies; found by
+        review on 2026-11-29). Returns the problems and how many could not be confirmed
+        (governance not reachable)."""
+        lookup = ErasureLookup(self.source, fleet_id, log, recorded=self._recorded)
+        problems: list[tuple[str, str]] = []
+        unconfirmed = 0
+        for line in tombstones:
+            listed = lookup.lists(line.erasure_id, (ITEM_KIND,), f"{run_id}:{line.iteration}",
+                                  line.hash)
+            if listed is None:
+                unconfirmed += 1
+            elif not listed:
+                problems.append((f"iteration {line.iteration}", f"tombstone of erasure "
+                                 f"{line.erasure_id}, which does not list it under its hash "
+                                 f"({NOT_IN_ERASURE})"))
+        lookup.report_unconfirmed(unconfirmed)
+        return problems, unconfirmed
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True,

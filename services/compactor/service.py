@@ -585,7 +585,8 @@ class IterationLog:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
                                           f"time(s), last: {failure.error}; retried with backoff"))
         return VerifyReport(walker.checked, len(sealed), len(view.snapshots), head.last_iter,
-                            head.head_hash, tuple(problems), walker.tombstoned)
+                            head.head_hash, tuple(problems), walker.tombstoned,
+                            tuple(walker.tombstones))
 
     def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
         """The newest index file's segment list (what operators and tools read)."""

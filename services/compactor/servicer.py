@@ -303,14 +303,24 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
     def VerifyRun(self, request: pb.VerifyRunRequest,
                   context: grpc.ServicerContext) -> pb.VerifyRunResponse:
         fleet = current_principal().fleet_id
-        report = self._log.verify(fleet, _run_id(request.run_id))
+        run_id = _run_id(request.run_id)
+        report = self._log.verify(fleet, run_id)
+        problems, unconfirmed = list(report.problems), 0
+        if report.tombstones:
+            if self._eraser is None:
+                unconfirmed = len(report.tombstones)
+            else:
+                found, unconfirmed = self._eraser.audit(fleet, run_id, report.tombstones)
+                problems += found
+                self._log.integrity_failures.add("TOMBSTONE_NOT_IN_ERASURE", amount=len(found))
         return pb.VerifyRunResponse(
-            ok=report.ok, lines_checked=report.lines_checked,
+            ok=not problems, lines_checked=report.lines_checked,
             segments_checked=report.segments_checked,
             snapshots_checked=report.snapshots_checked, last_iteration=report.last_iteration,
             head_hash=report.head_hash, tombstoned=report.tombstoned,
+            tombstones_unconfirmed=unconfirmed,
             problems=[pb.VerifyProblem(location=loc, detail=detail)
-                      for loc, detail in report.problems])
+                      for loc, detail in problems])
 
     def CompactMemory(self, request: pb.CompactMemoryRequest,
                       context: grpc.ServicerContext) -> pb.CompactMemoryResponse:

@@ -236,7 +236,7 @@ class VerifyProblem(_message.Message):
     def __init__(self, location: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyRunResponse(_message.Message):
-    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems", "tombstoned")
+    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems", "tombstoned", "tombstones_unconfirmed")
     OK_FIELD_NUMBER: _ClassVar[int]
     LINES_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +245,7 @@ class VerifyRunResponse(_message.Message):
     HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
+    TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     lines_checked: int
     segments_checked: int
@@ -253,7 +254,8 @@ class VerifyRunResponse(_message.Message):
     head_hash: str
     problems: _containers.RepeatedCompositeFieldContainer[VerifyProblem]
     tombstoned: int
-    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ..., tombstoned: _Optional[int] = ...) -> None: ...
+    tombstones_unconfirmed: int
+    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., tombstones_unconfirmed: _Optional[int] = ...) -> None: ...
 
 class FindIterationLogsRequest(_message.Message):
     __slots__ = ("match", "limit", "page_token")

@@ -154,6 +154,8 @@ class VerifyReport:
     problems: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     tombstoned: int = 0
     """Lines checked that are tombstones (erased in place)."""
+    tombstones: tuple[WarmLine, ...] = ()
+    """Those lines, for the audit against governance's erasures."""
 
     @property
     def ok(self) -> bool:

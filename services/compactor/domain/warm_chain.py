@@ -327,6 +327,8 @@ class ChainWalker:
         self.expected_iter = 1
         self.checked = 0
         self.tombstoned = 0
+        self.tombstones: list[WarmLine] = []
+        """The tombstones fed (their erasures are checked against governance elsewhere)."""
         self.problems: list[ChainProblem] = []
 
     def feed_text(self, location: str, text: str) -> WarmLine | None:
@@ -340,7 +342,9 @@ class ChainWalker:
 
     def feed(self, location: str, line: WarmLine) -> None:
         self.checked += 1
-        self.tombstoned += line.erased
+        if line.erased:
+            self.tombstoned += 1
+            self.tombstones.append(line)
         if line.iteration != self.expected_iter:
             self.problems.append(ChainProblem(
                 location, f"expected iteration {self.expected_iter}, found {line.iteration} "

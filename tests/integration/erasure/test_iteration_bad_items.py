@@ -5,6 +5,8 @@ would confirm a guess of it: FORMAT1_LINE), another fleet's erasure (NOT_FOUND).
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import grpc
@@ -80,3 +82,36 @@ def test_iteration_items_are_refused_by_name_and_nothing_is_erased(
             assert comp.reconstruct("run-x", 1).detail_json == '{"n":1}'
             report = comp.verify("run-x")
             assert report.ok and report.tombstoned == 0
+
+
+def test_a_tombstone_no_erasure_lists_fails_verification(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    """Found by review (2026-11-29): a line blanked in the database into a tombstone naming an
+    erasure governance never recorded verified (its kept fields give its hash). VerifyRun now
+    asks governance, as VerifyArtifacts and VerifyRecords do; without governance the
+    tombstones are counted unconfirmed."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    data = tmp_path / "data"
+    with full_stack(data, engram_home, make_token, governed=True) as stack:
+        with CompactorClient(stack.compactor.address, agent) as comp:
+            for n in (1, 2, 3):
+                comp.record("run-f", iteration_from_json(
+                    {"iter": n, "planDigest": f"p{n}", "status": "ok", "detail": {"n": n}}))
+        with closing(sqlite3.connect(data / "compactor.db")) as db:
+            (text,) = db.execute("SELECT line FROM compactor_warm_lines WHERE run_id = 'run-f' "
+                                 "AND iteration = 2").fetchone()
+            forged = WarmLine.parse(text).tombstone("era_" + "0" * 28, 1, "nobody")
+            db.execute("UPDATE compactor_warm_lines SET line = ? WHERE run_id = 'run-f' AND "
+                       "iteration = 2", (forged.text(),))
+            db.execute("DELETE FROM compactor_hot WHERE run_id = 'run-f' AND iteration = 2")
+            db.commit()
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            report = comp.verify("run-f")
+            assert not report.ok and report.tombstoned == 1
+            assert [(p.location, "TOMBSTONE_NOT_IN_ERASURE" in p.detail)
+                    for p in report.problems] == [("iteration 2", True)]
+            assert report.tombstones_unconfirmed == 0
+        stack.governance.stop(0)  # governance gone: neither failed nor passed
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            report = comp.verify("run-f")
+            assert report.ok and report.tombstones_unconfirmed == 1

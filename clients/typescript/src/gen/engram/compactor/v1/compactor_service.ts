@@ -299,8 +299,17 @@ export interface VerifyRunResponse {
   lastIteration: number;
   headHash: string;
   problems: VerifyProblem[];
-  /** Lines checked that are tombstones (iterations erased in place). */
+  /**
+   * Lines checked that are tombstones (iterations erased in place). Each is
+   * checked against the erasure it names (governance must list it under its
+   * hash: a problem TOMBSTONE_NOT_IN_ERASURE otherwise).
+   */
   tombstoned: number;
+  /**
+   * Tombstones whose erasure governance could not be asked about (unreachable,
+   * or no governance address): neither failed nor passed.
+   */
+  tombstonesUnconfirmed: number;
 }
 
 export interface FindIterationLogsRequest {
@@ -2642,6 +2651,7 @@ function createBaseVerifyRunResponse(): VerifyRunResponse {
     headHash: "",
     problems: [],
     tombstoned: 0,
+    tombstonesUnconfirmed: 0,
   };
 }
 
@@ -2670,6 +2680,9 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     }
     if (message.tombstoned !== 0) {
       writer.uint32(64).int64(message.tombstoned);
+    }
+    if (message.tombstonesUnconfirmed !== 0) {
+      writer.uint32(72).int64(message.tombstonesUnconfirmed);
     }
     return writer;
   },
@@ -2751,6 +2764,14 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
             message.tombstoned = longToNumber(reader.int64());
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.tombstonesUnconfirmed = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2795,6 +2816,11 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
         ? object.problems.map((e: any) => VerifyProblem.fromJSON(e))
         : [],
       tombstoned: isSet(object.tombstoned) ? globalThis.Number(object.tombstoned) : 0,
+      tombstonesUnconfirmed: isSet(object.tombstonesUnconfirmed)
+        ? globalThis.Number(object.tombstonesUnconfirmed)
+        : isSet(object.tombstones_unconfirmed)
+        ? globalThis.Number(object.tombstones_unconfirmed)
+        : 0,
     };
   },
 
@@ -2824,6 +2850,9 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     if (message.tombstoned !== 0) {
       obj.tombstoned = Math.round(message.tombstoned);
     }
+    if (message.tombstonesUnconfirmed !== 0) {
+      obj.tombstonesUnconfirmed = Math.round(message.tombstonesUnconfirmed);
+    }
     return obj;
   },
 
@@ -2840,6 +2869,7 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     message.headHash = object.headHash ?? "";
     message.problems = object.problems?.map((e) => VerifyProblem.fromPartial(e)) || [];
     message.tombstoned = object.tombstoned ?? 0;
+    message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
     return message;
   },
 };
