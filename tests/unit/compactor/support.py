@@ -6,6 +6,8 @@ import hashlib
 import json
 from collections.abc import Callable
 
+from services.common.erasure_source import ErasureOrder
+from services.common.errors import NotFound
 from services.compactor.domain.warm_chain import IterationInput
 from services.compactor.service import IterationLog
 
@@ -26,3 +28,22 @@ def make_iteration(n: int, *, size: int = 40, status: str = "success") -> Iterat
         detail_json=json.dumps({"context": body, "metrics": {"n": n}}),
         guardrails_json=json.dumps([{"stage": "lint", "ok": n % 3 != 0}]),
     )
+
+
+class RecordedErasures:
+    """An ErasureSource standing in for governance: the erasures ``add`` recorded, all of
+    ``fleet_id``, requested by ``op``."""
+
+    def __init__(self, fleet_id: str) -> None:
+        self.fleet_id = fleet_id
+        self.orders: dict[str, ErasureOrder] = {}
+
+    def erasure(self, erasure_id: str) -> ErasureOrder:
+        if erasure_id not in self.orders:
+            raise NotFound("no such erasure", reason="ERASURE_NOT_FOUND")
+        return self.orders[erasure_id]
+
+    def add(self, items: list[tuple[str, str, str]]) -> str:
+        erasure_id = f"era_{len(self.orders) + 1:028x}"
+        self.orders[erasure_id] = ErasureOrder(erasure_id, self.fleet_id, "op", tuple(items))
+        return erasure_id

@@ -16,32 +16,16 @@ import pytest
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
-from services.common.erasure_source import ErasureOrder
-from services.common.errors import AlreadyExists, NotFound, Unavailable
+from services.common.errors import AlreadyExists, Unavailable
 from services.compactor import line_erasure
 from services.compactor.domain.model import TierConfig
 from services.compactor.erasure import IterationEraser
 from services.compactor.repository import CompactorRepository
 from services.compactor.service import IterationLog
-from tests.unit.compactor.support import make_iteration
+from tests.unit.compactor.support import RecordedErasures, make_iteration
 
 F, R = "fleet-a", "run-e"
 MARKER = "zqxfault"
-
-
-class Source:
-    def __init__(self) -> None:
-        self.orders: dict[str, ErasureOrder] = {}
-
-    def erasure(self, erasure_id: str) -> ErasureOrder:
-        if erasure_id not in self.orders:
-            raise NotFound("no such erasure", reason="ERASURE_NOT_FOUND")
-        return self.orders[erasure_id]
-
-    def add(self, items: list[tuple[str, str, str]]) -> str:
-        erasure_id = f"era_{len(self.orders) + 1:028x}"
-        self.orders[erasure_id] = ErasureOrder(erasure_id, F, "op", tuple(items))
-        return erasure_id
 
 
 class FlakyBlobs(FileBlobStore):
@@ -55,13 +39,13 @@ class FlakyBlobs(FileBlobStore):
         return super().list(prefix)
 
 
-def _setup(database: Database, tmp_path: Path) -> tuple[IterationLog, FlakyBlobs, Source,
+def _setup(database: Database, tmp_path: Path) -> tuple[IterationLog, FlakyBlobs, RecordedErasures,
                                                         IterationEraser]:
     blobs = FlakyBlobs(tmp_path / "blobs")
     log = IterationLog(CompactorRepository(database), blobs,
                        TierConfig(hot_size=3, rotate_bytes=1024, snapshot_every=4),
                        clock=lambda: 0.0)
-    source = Source()
+    source = RecordedErasures(F)
     return log, blobs, source, IterationEraser(log, database, blobs, source)
 
 

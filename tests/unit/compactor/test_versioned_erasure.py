@@ -14,32 +14,15 @@ from moto import mock_aws
 
 from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
-from services.common.erasure_source import ErasureOrder
-from services.common.errors import NotFound
 from services.compactor.domain.model import TierConfig
 from services.compactor.erasure import IterationEraser
 from services.compactor.repository import CompactorRepository
 from services.compactor.service import IterationLog
-from tests.unit.compactor.support import make_iteration
+from tests.unit.compactor.support import RecordedErasures, make_iteration
 
 F, R = "fleet-a", "run-v"
 BUCKET = "versioned"
 MARKER = "zqxversioned"
-
-
-class Source:
-    def __init__(self) -> None:
-        self.orders: dict[str, ErasureOrder] = {}
-
-    def erasure(self, erasure_id: str) -> ErasureOrder:
-        if erasure_id not in self.orders:
-            raise NotFound("no such erasure", reason="ERASURE_NOT_FOUND")
-        return self.orders[erasure_id]
-
-    def add(self, n: int, items: list[tuple[str, str, str]]) -> str:
-        erasure_id = f"era_{n:028x}"
-        self.orders[erasure_id] = ErasureOrder(erasure_id, F, "op", tuple(items))
-        return erasure_id
 
 
 def _versions_holding(client: object, needle: str) -> list[tuple[str, bool]]:
@@ -67,7 +50,7 @@ def test_no_version_of_an_erased_iteration_is_left(database: Database, whole: bo
         log = IterationLog(CompactorRepository(database), blobs,
                            TierConfig(hot_size=2, rotate_bytes=1024, snapshot_every=2,
                                       keep_snapshots=1))
-        source = Source()
+        source = RecordedErasures(F)
         eraser = IterationEraser(log, database, blobs, source)
         for n in range(1, 9):
             item = make_iteration(n)
@@ -82,5 +65,5 @@ def test_no_version_of_an_erased_iteration_is_left(database: Database, whole: bo
             (found,), _ = eraser.find(F, MARKER, 10)
             items = [("iteration", f"{R}:{i.iteration}", i.leaf_hash) for i in found.iterations]
             assert [i.iteration for i in found.iterations] == [2]
-        eraser.erase(F, source.add(1, items), 5)
+        eraser.erase(F, source.add(items), 5)
         assert _versions_holding(client, MARKER) == []
