@@ -361,6 +361,19 @@ class IterationEraser:
             for line in warm:
                 if line_holds(line, needle):
                     hit(line)
+            # a pin's reason is an operator's text about its iteration: erasing the iteration
+            # in place deletes its pins (before 2026-11-29 no erasure but the whole log's
+            # found or removed a reason holding the text)
+            pinned = [iteration for iteration, reason in session.execute(
+                select(PinRow.iteration, PinRow.reason).where(
+                    PinRow.fleet_id == fleet_id, PinRow.run_id == run_id))
+                if holds(reason, needle)]
+        for iteration in pinned:
+            if iteration not in hits:
+                try:
+                    hit(self.iterations.summary(fleet_id, run_id, iteration).text())
+                except NotFound:  # erased whole meanwhile
+                    continue
         for key in self.blobs.list(run_prefix(fleet_id, run_id) + "/"):
             if INDEX_FILES in key:  # segment keys, sizes and hashes: nothing recorded
                 continue

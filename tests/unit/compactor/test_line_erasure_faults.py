@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 from services.common.blobstore.file import FileBlobStore
 from services.common.db import Database
@@ -22,6 +23,7 @@ from services.compactor.domain.model import TierConfig
 from services.compactor.erasure import IterationEraser
 from services.compactor.repository import CompactorRepository
 from services.compactor.service import IterationLog
+from services.compactor.tables import PinRow
 from tests.unit.compactor.support import RecordedErasures, make_iteration
 
 F, R = "fleet-a", "run-e"
@@ -126,3 +128,23 @@ def test_a_retry_of_the_call_that_recorded_an_erased_iteration_records_nothing(
         log.record(F, R, item, request_id="req-2")
     assert refused.value.reason == "ITERATION_ERASED"  # before: recorded again as iteration 3
     assert log.last_iteration(F, R) == 2
+
+
+def test_a_pin_whose_reason_holds_the_text_goes_with_its_iteration(
+        database: Database, tmp_path: Path) -> None:
+    """A pin's reason is an operator's text about its iteration: ``--match`` finds it there
+    and erasing the iteration in place deletes the pin (before, only erasing the whole log
+    removed it, and nothing found it)."""
+    log, _blobs, source, eraser = _setup(database, tmp_path)
+    for n in range(1, 7):
+        log.record(F, R, make_iteration(n))
+    log.pin(F, R, 4, f"customer {MARKER} complained")
+    log.pin(F, R, 5, "an unrelated anomaly")
+    (found,), _ = eraser.find(F, MARKER, 10)
+    assert [(i.iteration, found.whole_log_needed) for i in found.iterations] == [(4, False)]
+    eraser.erase(F, source.add([("iteration", f"{R}:4", found.iterations[0].leaf_hash)]), 1)
+    with database.session() as session:
+        assert list(session.scalars(select(PinRow.iteration))) == [5]
+    assert not eraser.find(F, MARKER, 10)[0]
+    for path in tmp_path.glob("compactor.db*"):
+        assert MARKER.encode() not in path.read_bytes(), path
