@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -29,11 +30,13 @@ from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
 from engram.client._bearer import bearer_of, malformed_authorization
 from engram.client.artifacts import MIME_TYPE
-from engram.gateway._budget import BodyBudget, BodyLease, BodyRefused
+from engram.gateway._budget import UNVERIFIED, BodyBudget, BodyLease, BodyRefused
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
 from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
+from services.common.errors import EngramError
+from services.common.tokens import TokenVerifier, local_public_keys
 
 log = logging.getLogger("engram.gateway")
 
@@ -148,7 +151,15 @@ class GatewayConfig:
     once (found by review on 2026-11-29)."""
     body_bytes_per_token: int = 2 * MAX_JSON_BODY
     """Of those, what one token holds at once (at least ``MAX_JSON_BODY``, at most
-    ``body_bytes_max``); past it 429 RESOURCE_EXHAUSTED (BODY_LIMIT) with Retry-After."""
+    ``body_bytes_max``); past it 429 RESOURCE_EXHAUSTED (BODY_LIMIT) with Retry-After. With
+    ``token_keys``, what one agent holds (its tokens verified here), and every token that does
+    not verify shares one such budget."""
+    token_keys: tuple[Path, ...] = ()
+    """Public keys (files or directories, as the services' ``ENGRAM_AUTH_PUBLIC_KEY(S)``) the
+    gateway verifies bearer tokens with, only to know whose a body is: made-up tokens would
+    otherwise each get a budget of their own and fill the total (found by review on
+    2026-11-29). The services still authorize every call. Empty: each Authorization value
+    is its own holder."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """The largest request message the services accept (their
     ``ENGRAM_LIMITS_GRPC_RECEIVE_BYTES``, read from the same variable here): a JSON body that
@@ -197,7 +208,8 @@ class GatewayConfig:
             tls_key=read(settings.tls_key), timeout_seconds=settings.timeout_seconds,
             body_idle_seconds=settings.timeout_seconds,
             stream_idle_seconds=settings.timeout_seconds,
-            max_request_bytes=_services_receive_limit(), **overrides)
+            max_request_bytes=_services_receive_limit(),
+            token_keys=_token_keys(settings.home), **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -252,6 +264,19 @@ def _refused_authorization(request: Request) -> JSONResponse | None:
     return None
 
 
+def _token_keys(home: Path) -> tuple[Path, ...]:
+    """The services' public key sources: ``ENGRAM_AUTH_PUBLIC_KEY`` and
+    ``ENGRAM_AUTH_PUBLIC_KEYS`` (comma-separated) when set, else ``$ENGRAM_HOME``'s key pair
+    when it has one (``engram up``); none otherwise."""
+    named = [os.environ.get("ENGRAM_AUTH_PUBLIC_KEY", ""),
+             *os.environ.get("ENGRAM_AUTH_PUBLIC_KEYS", "").split(",")]
+    given = tuple(Path(p.strip()) for p in named if p.strip())
+    if given:
+        return given
+    local = local_public_keys(home)
+    return tuple(local) if local[0].is_file() else ()
+
+
 def _upload_holder(authorization: str) -> bytes:
     """Whose upload this is: the token as the services read it (scheme in any case, spaces
     around the token ignored), and of a JWT only what its signature signs, ``header.payload``
@@ -289,6 +314,7 @@ class Gateway:
         """Uploads running, by their holder (_upload_holder; event loop only)."""
         self._uploads_running = 0
         self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token)
+        self._verifier = TokenVerifier.load(config.token_keys) if config.token_keys else None
         """Uploads running, whoever sent them (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
@@ -384,7 +410,7 @@ class Gateway:
                     grpc.StatusCode.UNIMPLEMENTED, f"{route.method.full_name} is "
                     "client-streaming and has no HTTP form here", "STREAM_NOT_SUPPORTED"))
             return await self.upload(route, params, request)
-        lease = self._bodies.lease(_upload_holder(request.headers.get("authorization", "")))
+        lease = self._bodies.lease(self._body_holder(request.headers.get("authorization", "")))
         try:
             raw = (await _read_limited(request, self._body_pace(), lease) if route.body
                    else None)
@@ -412,6 +438,18 @@ class Gateway:
         except grpc.aio.AioRpcError as error:
             return _grpc_error(error, route)
         return JSONResponse(to_json(response))
+
+    def _body_holder(self, authorization: str) -> bytes:
+        """Whose JSON body this is, for the budget: the verified agent when the gateway has
+        the services' public keys (every token that does not verify is one holder), else the
+        token as :func:`_upload_holder` reads it."""
+        if self._verifier is None:
+            return _upload_holder(authorization)
+        try:
+            principal = self._verifier.verify(bearer_of(authorization))
+        except (EngramError, ValueError):
+            return UNVERIFIED
+        return hashlib.sha256(f"{principal.fleet_id}\0{principal.agent_id}".encode()).digest()
 
     def _body_pace(self) -> Pace:
         return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s,
@@ -717,11 +755,12 @@ def _too_slow(pace: Pace, received: int, waited: float) -> BodyIdle:
 async def _read_limited(request: Request, pace: Pace, lease: BodyLease) -> bytes:
     received = bytearray()
     async for piece in _body(request, pace):
-        lease.take(len(piece))
-        received += piece
-        if len(received) > MAX_JSON_BODY:
+        # the size first: a body that can never be taken is 400, not a 429/503 to retry
+        if len(received) + len(piece) > MAX_JSON_BODY:
             raise TranscodeError(f"a JSON body may be at most {MAX_JSON_BODY} bytes; "
                                  "upload blobs as artifacts", reason="BODY_TOO_LARGE")
+        lease.take(len(piece))
+        received += piece
     return bytes(received)
 
 

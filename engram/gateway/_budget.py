@@ -16,6 +16,9 @@ import grpc
 
 from engram.gateway._errors import status_of
 
+UNVERIFIED = b"unverified"
+"""The one holder of every body whose bearer token the gateway could not verify."""
+
 
 class BodyRefused(Exception):
     """A body that would pass a budget: its status (and the Retry-After the answer carries)."""
@@ -69,6 +72,8 @@ class BodyLease:
         self.size = 0
 
     def take(self, size: int) -> None:
+        if size <= 0:  # Starlette ends every body with b"": no entry for nothing
+            return
         self._budget._take(self._holder, size)
         self.size += size
 

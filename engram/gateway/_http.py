@@ -32,17 +32,24 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            if self.conn.their_state is not h11.IDLE:  # a request's line and headers are in
+            if not self._waiting():  # a request's line and headers are in
                 self._disarm()
+            elif self._header_timer is None:
+                self._arm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-                self._arm()  # the next request's headers
+            if not self.transport.is_closing() and self._waiting():
+                self._arm()  # the next request's headers (or the rest of an unread body)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _waiting(self) -> bool:
+            """No request being served: waiting for the next headers, or for the rest of a
+            body the answer was sent without (401, 429, 408 ...)."""
+            return self.conn.their_state is h11.IDLE or self.conn.our_state is h11.DONE
 
         def _arm(self) -> None:
             self._disarm()
@@ -55,7 +62,7 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
 
         def _headers_late(self) -> None:
             self._header_timer = None
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            if self._waiting() and not self.transport.is_closing():
                 log.warning("request headers did not arrive in time; connection closed",
                             extra={"client": str(self.client),
                                    "header_timeout_s": header_timeout})

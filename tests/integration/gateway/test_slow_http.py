@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -451,3 +452,96 @@ def test_json_bodies_held_at_once_are_bounded_per_token_and_in_all(stack: Stack)
             time.sleep(0.2)
         assert again.status_code == 400, again.text  # through the budget: too long a record
         assert _posted(url, first, 3 * mb).status_code == 400
+
+
+NOWHERE = {name: "127.0.0.1:1" for name in ("shard", "governance", "artifacts", "compactor")}
+"""Services nobody listens on: every answer below is the gateway's own."""
+EARLY = (b"POST /v1/records HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 10\r\n\r\n")
+
+
+def _whole_answer(conn: socket.socket) -> bytes:
+    conn.settimeout(5)
+    answer = b""
+    while not answer.rstrip().endswith(b"}"):
+        piece = conn.recv(65536)
+        assert piece, answer
+        answer += piece
+    return answer
+
+
+@pytest.mark.parametrize("case", ["body-then-headers", "one-body-byte", "after-408"])
+def test_after_an_early_answer_the_connection_still_has_a_header_timeout(case: str) -> None:
+    """Found by review (2026-11-29): after an answer sent before the body was read (401 with
+    no token, 408, 429/503 of the body budget), the timer was never armed again, so a client
+    finishing or trickling that body kept the connection for ever. 3 s: past the 0.8 s header
+    timeout and short of uvicorn's 5 s keep-alive."""
+    config = GatewayConfig(NOWHERE, timeout_seconds=5.0, body_idle_seconds=0.5)
+    with GatewayThread(Gateway(config), header_timeout=0.8) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            if case == "after-408":
+                conn.sendall(EARLY.replace(b"Host: x", b"Host: x\r\nAuthorization: Bearer x")
+                             .replace(b"10", b"1000000") + b"{")
+                assert _whole_answer(conn).startswith(b"HTTP/1.1 408")
+                conn.sendall(b"x")
+            elif case == "one-body-byte":
+                conn.sendall(EARLY.replace(b"10", b"1000000"))
+                assert _whole_answer(conn).startswith(b"HTTP/1.1 401")
+                conn.sendall(b"x")
+            else:
+                conn.sendall(EARLY)
+                assert _whole_answer(conn).startswith(b"HTTP/1.1 401")
+                conn.sendall(b"0123456789" + b"GET /v1/runs HTTP/1.1\r\n")
+            assert _closed_after(conn, 3.0) is not None
+
+
+def test_made_up_tokens_share_one_body_budget(stack: Stack, engram_home: Path) -> None:
+    """Found by review (2026-11-29): each made-up bearer string got a per-token budget of its
+    own, so a few anonymous connections filled the gateway's and every JSON call was 503. With
+    the services' public keys the gateway knows whose a body is: tokens that do not verify
+    share one budget, and a real token's body still gets through."""
+    from engram.gateway._app import MAX_JSON_BODY
+    from services.common.tokens import local_public_keys
+
+    config = GatewayConfig(stack.addresses, timeout_seconds=10.0,
+                           body_bytes_max=2 * MAX_JSON_BODY, body_bytes_per_token=MAX_JSON_BODY,
+                           token_keys=tuple(local_public_keys(engram_home)))
+    with GatewayThread(Gateway(config)) as url:
+        held = _held_body(url, {"Authorization": "Bearer forged-0"}, MAX_JSON_BODY,
+                          MAX_JSON_BODY - 10)
+        try:
+            time.sleep(0.5)
+            other = _posted(url, {"Authorization": "Bearer forged-1"}, 100_000)
+            assert (other.status_code, other.json()["details"][0]["reason"]) == (
+                429, "BODY_LIMIT")  # the forged tokens' one budget is taken
+            real = _posted(url, _auth(stack, "runner"), 100_000)
+            reason = real.json()["details"][0]["reason"]
+            assert (real.status_code, reason) == (400, "CONTENT_TOO_LARGE"), real.text
+            # through the budget to the service (before: 503 BODIES_BUSY)
+        finally:
+            held.close()
+
+
+def test_empty_bodies_leave_nothing_in_the_budget() -> None:
+    """Found by review: Starlette ends every body with an empty piece, and each left an entry
+    of 0 bytes for its token, for ever (a made-up string a request made it grow unbounded)."""
+    gateway = Gateway(GatewayConfig(NOWHERE, timeout_seconds=5.0))
+    with GatewayThread(gateway) as url:
+        for n in range(20):
+            requests.post(f"{url}/v1/records", data=b"", timeout=10,
+                          headers={"Authorization": f"Bearer made-up-{n}"})
+        assert (gateway._bodies.held, gateway._bodies._by_token) == (0, {})
+
+
+def test_a_body_over_the_json_limit_is_400_not_a_refusal_to_retry() -> None:
+    """Found by review: the budget was charged before the size was checked, so a body that can
+    never be taken could come back 429 BODY_LIMIT or 503 BODIES_BUSY, which clients retry."""
+    from engram.gateway._app import MAX_JSON_BODY
+
+    config = GatewayConfig(NOWHERE, timeout_seconds=5.0, body_bytes_max=2 * MAX_JSON_BODY,
+                           body_bytes_per_token=MAX_JSON_BODY)
+    with GatewayThread(Gateway(config)) as url:
+        answer = _posted(url, {"Authorization": "Bearer a.b.c"}, MAX_JSON_BODY + 27)
+        assert (answer.status_code, answer.json()["details"][0]["reason"]) == (
+            400, "BODY_TOO_LARGE")
