@@ -5,6 +5,7 @@ Needs the mcp extra; the ``mcp`` SDK is imported only when the command runs.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import typer
@@ -23,11 +24,17 @@ def mcp(
         "127.0.0.1", help="http: address to listen on; put anything else behind TLS"
     ),
     port: int = typer.Option(8765, help="http: port to listen on (endpoint path /mcp)"),
+    header_timeout: float = typer.Option(
+        10.0, help="http: seconds a connection has to send a request's line and headers, from "
+        "its opening or the end of its previous response; then it is closed"),
 ) -> None:
     """Run the MCP server: remember, recall, get, list and verify memories; start, stop and
     log runs. stdio acts as ENGRAM_TOKEN; http as each request's Authorization: Bearer."""
     if transport not in ("stdio", "http"):
         raise fail(f"--transport must be stdio or http, got {transport!r}", code=2)
+    if not (math.isfinite(header_timeout) and header_timeout > 0):
+        raise fail(f"--header-timeout must be a positive number of seconds, got "
+                   f"{header_timeout}", code=2)
     try:
         from engram.mcp_server import serve
     except ModuleNotFoundError as error:
@@ -41,6 +48,6 @@ def mcp(
                           "the network in clear; serve it behind a TLS-terminating proxy",
                           soft_wrap=True)
     try:
-        serve(settings(), chosen, host=host, port=port)
+        serve(settings(), chosen, host=host, port=port, header_timeout_seconds=header_timeout)
     except FileNotFoundError as error:  # no ENGRAM_TOKEN and no admin token (stdio)
         raise fail(str(error)) from None

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,13 +60,21 @@ def _free_port() -> int:
 def http_url(stack: Stack) -> Iterator[str]:
     """`engram mcp --transport http`, started with a valid token of its own in ENGRAM_TOKEN:
     requests without a bearer token must still fail (no fallback to the server's token)."""
+    with mcp_over_http(stack) as url:
+        yield url
+
+
+@contextmanager
+def mcp_over_http(stack: Stack, *args: str) -> Iterator[str]:
+    """`engram mcp --transport http` with ``args``, running until the block ends."""
     port = _free_port()
     env = {**os.environ, **stack.env(stack.tokens("server-owner", "fleet-a", ("governor",)))}
-    log = stack.home / "mcp-http.log"  # a file, not a pipe nobody drains while tests run
+    log = stack.home / f"mcp-http-{port}.log"  # a file, not a pipe nobody drains
     with log.open("w") as sink:
         server = subprocess.Popen(
             [sys.executable, "-m", "engram.cli.main", "mcp", "--transport", "http", "--port",
-             str(port)], env=env, cwd=stack.home, stdout=subprocess.DEVNULL, stderr=sink)
+             str(port), *args], env=env, cwd=stack.home, stdout=subprocess.DEVNULL,
+            stderr=sink)
     try:
         deadline = time.monotonic() + 30
         while True:

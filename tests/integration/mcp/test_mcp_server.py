@@ -214,3 +214,31 @@ def test_http_writes_pass_the_governance_gate(stack: Stack, http_url: str) -> No
         assert "PERMISSION_DENIED" in text, text
 
     over_http(http_url, stack.tokens("mallory", "fleet-a"), scenario)
+
+
+def test_request_headers_that_come_too_slowly_close_the_connection(stack: Stack) -> None:
+    """The MCP server's HTTP transport is uvicorn too, which has no header timeout: headers
+    sent a byte at a time held a connection for ever (the gateway's hole, found by review on
+    2026-11-29). `--header-timeout` closes it (checked: with the SDK's own server the
+    connection is still open after 4 s)."""
+    import socket
+    import time
+
+    from tests.integration.mcp.conftest import mcp_over_http
+
+    with mcp_over_http(stack, "--header-timeout", "0.8") as url:
+        host, port = url.removeprefix("http://").split("/")[0].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            began = time.monotonic()
+            conn.settimeout(0.2)
+            closed = False
+            while time.monotonic() - began < 4 and not closed:
+                try:
+                    conn.sendall(b"X")
+                    closed = conn.recv(4096) == b""
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = True
+            assert closed, "the connection is still open 4 s later"
