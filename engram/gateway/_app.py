@@ -62,6 +62,9 @@ its connection, with no bound on how many."""
 UPLOAD_QUEUE = 8
 """Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
+KEY_RELOAD_SECONDS = 30.0
+"""How often, at most, a token signed by an unknown key makes the gateway read its key sources
+again."""
 _UPLOAD_METHOD = "engram.artifacts.v1.ArtifactsService.CreateArtifact"
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -154,12 +157,20 @@ class GatewayConfig:
     ``body_bytes_max``); past it 429 RESOURCE_EXHAUSTED (BODY_LIMIT) with Retry-After. With
     ``token_keys``, what one agent holds (its tokens verified here), and every token that does
     not verify shares one such budget."""
+    body_bytes_unverified: int = MAX_JSON_BODY
+    """Of those, what every token the gateway cannot verify holds together (at most
+    ``body_bytes_per_token``): with one token's share it leaves room for others."""
     token_keys: tuple[Path, ...] = ()
     """Public keys (files or directories, as the services' ``ENGRAM_AUTH_PUBLIC_KEY(S)``) the
     gateway verifies bearer tokens with, only to know whose a body is: made-up tokens would
     otherwise each get a budget of their own and fill the total (found by review on
     2026-11-29). The services still authorize every call. Empty: each Authorization value
-    is its own holder."""
+    is its own holder. A token signed by a key the gateway has not loaded makes it read the
+    sources again, at most every ``KEY_RELOAD_SECONDS`` (a key rotation: restart it with the
+    services or let it find the new key)."""
+    token_leeway_seconds: float = 30.0
+    """Clock skew tolerated on a token's times, as the services' ``ENGRAM_AUTH_LEEWAY_SECONDS``
+    (read from the same variable)."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """The largest request message the services accept (their
     ``ENGRAM_LIMITS_GRPC_RECEIVE_BYTES``, read from the same variable here): a JSON body that
@@ -184,6 +195,10 @@ class GatewayConfig:
         if not MAX_JSON_BODY <= self.body_bytes_per_token <= self.body_bytes_max:
             raise ValueError(f"body_bytes_per_token must be {MAX_JSON_BODY}..body_bytes_max "
                              f"({self.body_bytes_max}), got {self.body_bytes_per_token}")
+        if not MAX_JSON_BODY <= self.body_bytes_unverified <= self.body_bytes_per_token:
+            raise ValueError(f"body_bytes_unverified must be {MAX_JSON_BODY}.."
+                             f"body_bytes_per_token ({self.body_bytes_per_token}), got "
+                             f"{self.body_bytes_unverified}")
         if self.uploads_per_token < 1:
             raise ValueError(f"uploads_per_token must be at least 1, got "
                              f"{self.uploads_per_token}")
@@ -209,7 +224,8 @@ class GatewayConfig:
             body_idle_seconds=settings.timeout_seconds,
             stream_idle_seconds=settings.timeout_seconds,
             max_request_bytes=_services_receive_limit(),
-            token_keys=_token_keys(settings.home), **overrides)
+            token_keys=_token_keys(settings.home), token_leeway_seconds=_token_leeway(),
+            **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -277,6 +293,20 @@ def _token_keys(home: Path) -> tuple[Path, ...]:
     return tuple(local) if local[0].is_file() else ()
 
 
+def _token_leeway() -> float:
+    raw = os.environ.get("ENGRAM_AUTH_LEEWAY_SECONDS", "").strip()
+    if not raw:
+        return 30.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"ENGRAM_AUTH_LEEWAY_SECONDS must be a number of seconds, got "
+                         f"{raw!r}") from None
+    if not (math.isfinite(value) and 0 <= value <= 600):
+        raise ValueError(f"ENGRAM_AUTH_LEEWAY_SECONDS must be 0..600, got {raw!r}")
+    return value
+
+
 def _upload_holder(authorization: str) -> bytes:
     """Whose upload this is: the token as the services read it (scheme in any case, spaces
     around the token ignored), and of a JWT only what its signature signs, ``header.payload``
@@ -313,8 +343,14 @@ class Gateway:
         self._uploads: dict[bytes, int] = {}
         """Uploads running, by their holder (_upload_holder; event loop only)."""
         self._uploads_running = 0
-        self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token)
-        self._verifier = TokenVerifier.load(config.token_keys) if config.token_keys else None
+        self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token,
+                                  config.body_bytes_unverified)
+        self._verifier = self._load_verifier()
+        self._keys_read = time.monotonic()
+        if self._verifier is None:
+            log.warning("no token public keys (ENGRAM_AUTH_PUBLIC_KEY(S), or $ENGRAM_HOME's key "
+                        "pair): request bodies are budgeted by Authorization value, so made-up "
+                        "tokens each get a budget of their own (docs/gateway.md)")
         """Uploads running, whoever sent them (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
@@ -445,11 +481,49 @@ class Gateway:
         token as :func:`_upload_holder` reads it."""
         if self._verifier is None:
             return _upload_holder(authorization)
+        token = bearer_of(authorization)
         try:
-            principal = self._verifier.verify(bearer_of(authorization))
-        except (EngramError, ValueError):
+            principal = self._verifier.verify(token)
+        except EngramError as error:
+            if error.reason != "TOKEN_KEY_UNKNOWN" or not self._reload_keys():
+                return UNVERIFIED
+            try:
+                principal = self._verifier.verify(token)
+            except EngramError:
+                return UNVERIFIED
+        except ValueError:
             return UNVERIFIED
-        return hashlib.sha256(f"{principal.fleet_id}\0{principal.agent_id}".encode()).digest()
+        # by token (its jti), not agent: a revoked token holds no share of its agent's new one
+        return hashlib.sha256(
+            f"{principal.fleet_id}\0{principal.agent_id}\0{principal.token_id}".encode()
+        ).digest()
+
+    def _load_verifier(self) -> TokenVerifier | None:
+        if not self.config.token_keys:
+            return None
+        return TokenVerifier.load(self.config.token_keys,
+                                  leeway_seconds=self.config.token_leeway_seconds)
+
+    def _reload_keys(self) -> bool:
+        """Read the key sources again (a key rotation), at most every KEY_RELOAD_SECONDS;
+        whether a new verifier was loaded."""
+        now = time.monotonic()
+        if now - self._keys_read < KEY_RELOAD_SECONDS:
+            return False
+        self._keys_read = now
+        try:
+            verifier = self._load_verifier()
+        except (OSError, ValueError) as error:
+            log.warning("token public keys could not be read again", extra={"error": str(error)})
+            return False
+        if verifier is None or verifier.key_ids == self._verifier_ids():
+            return False
+        log.info("token public keys read again", extra={"key_ids": sorted(verifier.key_ids)})
+        self._verifier = verifier
+        return True
+
+    def _verifier_ids(self) -> frozenset[str]:
+        return self._verifier.key_ids if self._verifier is not None else frozenset()
 
     def _body_pace(self) -> Pace:
         return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s,

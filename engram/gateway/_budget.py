@@ -29,11 +29,16 @@ class BodyRefused(Exception):
 
 
 class BodyBudget:
-    def __init__(self, total: int, per_token: int) -> None:
-        if not 1 <= per_token <= total:
-            raise ValueError(f"a token's body budget must be 1..{total} bytes (the gateway's), "
-                             f"got {per_token}")
-        self.total, self.per_token = total, per_token
+    def __init__(self, total: int, per_token: int, unverified: int | None = None) -> None:
+        """``unverified``: what the :data:`UNVERIFIED` holder (every token the gateway could
+        not verify) holds at most, less than a token's so that it and one token together
+        leave room for others (found by review); ``per_token`` when not given."""
+        unverified = per_token if unverified is None else unverified
+        if not 1 <= per_token <= total or not 1 <= unverified <= per_token:
+            raise ValueError(f"a token's body budget must be 1..{total} bytes (the gateway's) "
+                             f"and the unverified one 1..{per_token}, got {per_token} and "
+                             f"{unverified}")
+        self.total, self.per_token, self.unverified = total, per_token, unverified
         self.held = 0
         self._by_token: dict[bytes, int] = {}
 
@@ -42,11 +47,12 @@ class BodyBudget:
 
     def _take(self, holder: bytes, size: int) -> None:
         mine = self._by_token.get(holder, 0)
-        if mine + size > self.per_token:
+        limit = self.unverified if holder == UNVERIFIED else self.per_token
+        if mine + size > limit:
             raise BodyRefused(status_of(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, f"this token's request bodies being received "
-                f"or parsed would pass {self.per_token} bytes at once; retry when one is done",
-                "BODY_LIMIT", {"limit_bytes": str(self.per_token)}))
+                f"or parsed would pass {limit} bytes at once; retry when one is done",
+                "BODY_LIMIT", {"limit_bytes": str(limit)}))
         if self.held + size > self.total:
             raise BodyRefused(status_of(
                 grpc.StatusCode.UNAVAILABLE, f"the gateway holds {self.held} bytes of request "
