@@ -27,14 +27,17 @@ def mcp(
     header_timeout: float = typer.Option(
         10.0, help="http: seconds a connection has to send a request's line and headers, from "
         "its opening or the end of its previous response; then it is closed"),
+    body_timeout: float = typer.Option(
+        30.0, help="http: seconds a request's body has to arrive whole, from the end of its "
+        "headers; then the request is dropped"),
 ) -> None:
     """Run the MCP server: remember, recall, get, list and verify memories; start, stop and
     log runs. stdio acts as ENGRAM_TOKEN; http as each request's Authorization: Bearer."""
     if transport not in ("stdio", "http"):
         raise fail(f"--transport must be stdio or http, got {transport!r}", code=2)
-    if not (math.isfinite(header_timeout) and header_timeout > 0):
-        raise fail(f"--header-timeout must be a positive number of seconds, got "
-                   f"{header_timeout}", code=2)
+    for name, value in (("--header-timeout", header_timeout), ("--body-timeout", body_timeout)):
+        if not (math.isfinite(value) and value > 0):
+            raise fail(f"{name} must be a positive number of seconds, got {value}", code=2)
     try:
         from engram.mcp_server import serve
     except ModuleNotFoundError as error:
@@ -48,6 +51,7 @@ def mcp(
                           "the network in clear; serve it behind a TLS-terminating proxy",
                           soft_wrap=True)
     try:
-        serve(settings(), chosen, host=host, port=port, header_timeout_seconds=header_timeout)
+        serve(settings(), chosen, host=host, port=port, header_timeout_seconds=header_timeout,
+              body_timeout_seconds=body_timeout)
     except FileNotFoundError as error:  # no ENGRAM_TOKEN and no admin token (stdio)
         raise fail(str(error)) from None

@@ -60,12 +60,18 @@ def _free_port() -> int:
 def http_url(stack: Stack) -> Iterator[str]:
     """`engram mcp --transport http`, started with a valid token of its own in ENGRAM_TOKEN:
     requests without a bearer token must still fail (no fallback to the server's token)."""
-    with mcp_over_http(stack) as url:
-        yield url
+    with mcp_over_http(stack) as server:
+        yield server.url
+
+
+@dataclass
+class McpHttp:
+    url: str
+    process: subprocess.Popen[bytes]
 
 
 @contextmanager
-def mcp_over_http(stack: Stack, *args: str) -> Iterator[str]:
+def mcp_over_http(stack: Stack, *args: str) -> Iterator[McpHttp]:
     """`engram mcp --transport http` with ``args``, running until the block ends."""
     port = _free_port()
     env = {**os.environ, **stack.env(stack.tokens("server-owner", "fleet-a", ("governor",)))}
@@ -85,7 +91,7 @@ def mcp_over_http(stack: Stack, *args: str) -> Iterator[str]:
                 break
             except OSError:
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield McpHttp(f"http://127.0.0.1:{port}/mcp", server)
     finally:
         server.terminate()
         try:

@@ -226,8 +226,8 @@ def test_request_headers_that_come_too_slowly_close_the_connection(stack: Stack)
 
     from tests.integration.mcp.conftest import mcp_over_http
 
-    with mcp_over_http(stack, "--header-timeout", "0.8") as url:
-        host, port = url.removeprefix("http://").split("/")[0].split(":")
+    with mcp_over_http(stack, "--header-timeout", "0.8") as server:
+        host, port = server.url.removeprefix("http://").split("/")[0].split(":")
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             began = time.monotonic()
@@ -242,3 +242,36 @@ def test_request_headers_that_come_too_slowly_close_the_connection(stack: Stack)
                 except OSError:
                     closed = True
             assert closed, "the connection is still open 4 s later"
+
+
+def test_a_trickled_body_is_dropped_and_sigterm_still_stops_the_server(stack: Stack) -> None:
+    """Found by review (2026-11-29): past its headers, a body sent a byte every half second
+    held the connection for as long as the client liked (the SDK reads a body with no limit of
+    time), and SIGTERM waited on it for ever. Now the body has --body-timeout seconds and the
+    shutdown 10 s."""
+    import signal
+    import socket
+    import time
+
+    from tests.integration.mcp.conftest import mcp_over_http
+
+    with mcp_over_http(stack, "--header-timeout", "0.8", "--body-timeout", "1") as server:
+        host, port = server.url.removeprefix("http://").split("/")[0].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         b"Content-Type: application/json\r\n"
+                         b"Accept: application/json, text/event-stream\r\n"
+                         b"Authorization: Bearer x\r\nContent-Length: 100000\r\n\r\n{")
+            conn.settimeout(0.5)
+            began, closed = time.monotonic(), False
+            while time.monotonic() - began < 6 and not closed:
+                try:
+                    conn.sendall(b" ")
+                    closed = conn.recv(65536) == b""
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = True
+            assert closed, "the trickled request still holds its connection 6 s later"
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=15) is not None
