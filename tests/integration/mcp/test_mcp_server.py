@@ -216,32 +216,39 @@ def test_http_writes_pass_the_governance_gate(stack: Stack, http_url: str) -> No
     over_http(http_url, stack.tokens("mallory", "fleet-a"), scenario)
 
 
+def _closed_while_trickling(url: str, start: bytes, byte: bytes, within: float) -> bool:
+    """Open a connection to the server of ``url``, send ``start``, then ``byte`` every few
+    tenths of a second: whether the server closed it within ``within`` seconds."""
+    import socket
+    import time
+
+    host, port = url.removeprefix("http://").split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(start)
+        conn.settimeout(0.3)
+        began = time.monotonic()
+        while time.monotonic() - began < within:
+            try:
+                conn.sendall(byte)
+                if conn.recv(65536) == b"":
+                    return True
+            except TimeoutError:
+                continue
+            except OSError:
+                return True
+    return False
+
+
 def test_request_headers_that_come_too_slowly_close_the_connection(stack: Stack) -> None:
     """The MCP server's HTTP transport is uvicorn too, which has no header timeout: headers
     sent a byte at a time held a connection for ever (the gateway's hole, found by review on
     2026-11-29). `--header-timeout` closes it (checked: with the SDK's own server the
     connection is still open after 4 s)."""
-    import socket
-    import time
-
     from tests.integration.mcp.conftest import mcp_over_http
 
     with mcp_over_http(stack, "--header-timeout", "0.8") as server:
-        host, port = server.url.removeprefix("http://").split("/")[0].split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
-            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            began = time.monotonic()
-            conn.settimeout(0.2)
-            closed = False
-            while time.monotonic() - began < 4 and not closed:
-                try:
-                    conn.sendall(b"X")
-                    closed = conn.recv(4096) == b""
-                except TimeoutError:
-                    continue
-                except OSError:
-                    closed = True
-            assert closed, "the connection is still open 4 s later"
+        assert _closed_while_trickling(server.url, b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                                       b"X", 4.0), "the connection is still open 4 s later"
 
 
 def test_a_trickled_body_is_dropped_and_sigterm_still_stops_the_server(stack: Stack) -> None:
@@ -250,28 +257,14 @@ def test_a_trickled_body_is_dropped_and_sigterm_still_stops_the_server(stack: St
     time), and SIGTERM waited on it for ever. Now the body has --body-timeout seconds and the
     shutdown 10 s."""
     import signal
-    import socket
-    import time
 
     from tests.integration.mcp.conftest import mcp_over_http
 
     with mcp_over_http(stack, "--header-timeout", "0.8", "--body-timeout", "1") as server:
-        host, port = server.url.removeprefix("http://").split("/")[0].split(":")
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
-            conn.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         b"Content-Type: application/json\r\n"
-                         b"Accept: application/json, text/event-stream\r\n"
-                         b"Authorization: Bearer x\r\nContent-Length: 100000\r\n\r\n{")
-            conn.settimeout(0.5)
-            began, closed = time.monotonic(), False
-            while time.monotonic() - began < 6 and not closed:
-                try:
-                    conn.sendall(b" ")
-                    closed = conn.recv(65536) == b""
-                except TimeoutError:
-                    continue
-                except OSError:
-                    closed = True
-            assert closed, "the trickled request still holds its connection 6 s later"
+        start = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Accept: application/json, text/event-stream\r\nAuthorization: Bearer x\r\n"
+                 b"Content-Length: 100000\r\n\r\n{")
+        assert _closed_while_trickling(server.url, start, b" ", 6.0), \
+            "the trickled request still holds its connection 6 s later"
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=15) is not None
