@@ -106,9 +106,23 @@ def _values_hold(values: Iterable[object], needle: str) -> bool:
             if holds(value, needle):
                 return True
         elif holds(json.dumps(value, ensure_ascii=False), needle) or holds(
-                json.dumps(value), needle):
-            return True
+                json.dumps(value), needle) or any(holds(text, needle)
+                                                   for text in _texts(value)):
+            return True  # the last: a text with a quote, backslash or newline, unescaped
     return False
+
+
+def _texts(value: object) -> Iterator[str]:
+    """Every key and string of a JSON value, as the recorder wrote it (no escapes)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _texts(item)
 
 
 def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:

@@ -59,3 +59,13 @@ def test_a_line_split_across_chunks_is_read_whole() -> None:
     chunks = [data[i:i + 7] for i in range(0, len(data), 7)]
     assert blob_holds("f/r/warm/segments/000001-x.jsonl", iter(chunks), "plan-ünïcode")
     assert not blob_holds("f/r/warm/segments/000001-x.jsonl", iter(chunks), "abab")
+
+
+def test_a_text_with_quotes_backslashes_or_newlines_is_found_in_a_detail() -> None:
+    """Before, such a text was looked for in the detail's JSON, where it is escapes."""
+    text = 'say "hi"\\ to\nbob'
+    snapshot = gzip.compress(json.dumps({"fleet": "f", "run": "r", "iter": 3,
+                                         "summary": json.loads(LINE),
+                                         "detail": {"said": [text]},
+                                         "guardrails": None}).encode())
+    assert blob_holds("f/r/cold/0000000003.json.gz", iter([snapshot]), text.casefold())
