@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from services.common.errors import InvalidArgument
 
@@ -29,14 +29,29 @@ def holds(text: str, needle: str) -> bool:
 
 
 def json_holds(stored: str, needle: str) -> bool:
-    """In the JSON as stored or in its decoded strings (escapes undone)."""
+    """In the JSON as stored or in its decoded strings (escapes undone: a text with a quote,
+    a backslash or a newline is found in the string that holds it)."""
     if holds(stored, needle):
         return True
     try:
-        decoded = json.dumps(json.loads(stored), ensure_ascii=False)
+        parsed = json.loads(stored)
     except ValueError:
         return False
-    return holds(decoded, needle)
+    return holds(json.dumps(parsed, ensure_ascii=False), needle) or any(
+        holds(text, needle) for text in json_texts(parsed))
+
+
+def json_texts(value: object) -> Iterator[str]:
+    """Every key and string of a parsed JSON value, as its writer wrote it (no escapes)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from json_texts(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from json_texts(item)
 
 
 def bytes_hold(chunks: Iterable[bytes], needle: str) -> bool:

@@ -34,7 +34,7 @@ from services.common.erasure_source import (
 )
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.find_cursor import FindCursor, runs_from
-from services.common.text_match import bytes_hold, holds, json_holds, needle_of
+from services.common.text_match import bytes_hold, holds, json_holds, json_texts, needle_of
 from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup, RecordedErasures
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
@@ -107,22 +107,9 @@ def _values_hold(values: Iterable[object], needle: str) -> bool:
                 return True
         elif holds(json.dumps(value, ensure_ascii=False), needle) or holds(
                 json.dumps(value), needle) or any(holds(text, needle)
-                                                   for text in _texts(value)):
+                                                   for text in json_texts(value)):
             return True  # the last: a text with a quote, backslash or newline, unescaped
     return False
-
-
-def _texts(value: object) -> Iterator[str]:
-    """Every key and string of a JSON value, as the recorder wrote it (no escapes)."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield str(key)
-            yield from _texts(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item)
 
 
 def blob_holds(key: str, chunks: Iterator[bytes], needle: str) -> bool:

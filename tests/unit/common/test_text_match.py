@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.common.errors import InvalidArgument
@@ -41,3 +43,12 @@ def test_bytes_are_case_folded_as_text_beyond_ascii() -> None:
     assert bytes_hold([bytes([b]) for b in blob], needle_of("straße 5"))
     assert not bytes_hold([blob], needle_of("Mueller"))
     assert not bytes_hold([b"\xff\xfe M\xc3"], needle_of("m\u00fc"))
+
+
+def test_a_text_with_quotes_backslashes_or_newlines_is_found_in_json() -> None:
+    """Before, the JSON was searched as stored and re-encoded, where such characters are
+    escapes: `forget --match 'say "hi"'` found no event payload or snapshot state holding it."""
+    text = 'say "hi"\\ to\nbob'
+    stored = json.dumps({"said": [text], "key \"q\"": 1})
+    assert json_holds(stored, needle_of(text)) and json_holds(stored, needle_of('key "q"'))
+    assert not json_holds(stored, needle_of('say "ho"'))
