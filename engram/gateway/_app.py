@@ -36,7 +36,7 @@ from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
 from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
 from services.common.errors import EngramError
-from services.common.tokens import TokenVerifier, local_public_keys
+from services.common.tokens import TokenVerifier, load_public_keys, local_public_keys
 
 log = logging.getLogger("engram.gateway")
 
@@ -168,6 +168,9 @@ class GatewayConfig:
     is its own holder. A token signed by a key the gateway has not loaded makes it read the
     sources again, at most every ``KEY_RELOAD_SECONDS`` (a key rotation: restart it with the
     services or let it find the new key)."""
+    token_home: Path | None = None
+    """Set when ``token_keys`` are ``$ENGRAM_HOME``'s key pair: a reload works them out again
+    (the retired-keys directory appears with the first rotation)."""
     token_leeway_seconds: float = 30.0
     """Clock skew tolerated on a token's times, as the services' ``ENGRAM_AUTH_LEEWAY_SECONDS``
     (read from the same variable)."""
@@ -225,6 +228,7 @@ class GatewayConfig:
             stream_idle_seconds=settings.timeout_seconds,
             max_request_bytes=_services_receive_limit(),
             token_keys=_token_keys(settings.home), token_leeway_seconds=_token_leeway(),
+            token_home=None if _named_token_keys() else settings.home,
             **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
@@ -280,13 +284,17 @@ def _refused_authorization(request: Request) -> JSONResponse | None:
     return None
 
 
-def _token_keys(home: Path) -> tuple[Path, ...]:
-    """The services' public key sources: ``ENGRAM_AUTH_PUBLIC_KEY`` and
-    ``ENGRAM_AUTH_PUBLIC_KEYS`` (comma-separated) when set, else ``$ENGRAM_HOME``'s key pair
-    when it has one (``engram up``); none otherwise."""
+def _named_token_keys() -> tuple[Path, ...]:
+    """``ENGRAM_AUTH_PUBLIC_KEY`` and ``ENGRAM_AUTH_PUBLIC_KEYS`` (comma-separated)."""
     named = [os.environ.get("ENGRAM_AUTH_PUBLIC_KEY", ""),
              *os.environ.get("ENGRAM_AUTH_PUBLIC_KEYS", "").split(",")]
-    given = tuple(Path(p.strip()) for p in named if p.strip())
+    return tuple(Path(p.strip()) for p in named if p.strip())
+
+
+def _token_keys(home: Path) -> tuple[Path, ...]:
+    """The services' public key sources: those the environment names when it names any, else
+    ``$ENGRAM_HOME``'s key pair when it has one (``engram up``); none otherwise."""
+    given = _named_token_keys()
     if given:
         return given
     local = local_public_keys(home)
@@ -499,31 +507,42 @@ class Gateway:
         ).digest()
 
     def _load_verifier(self) -> TokenVerifier | None:
-        if not self.config.token_keys:
+        self._keys = load_public_keys(self._key_sources()) if self._key_sources() else {}
+        return self._verifier_of(self._keys)
+
+    def _verifier_of(self, keys: dict[str, Any]) -> TokenVerifier | None:
+        if not keys:
             return None
-        return TokenVerifier.load(self.config.token_keys,
-                                  leeway_seconds=self.config.token_leeway_seconds)
+        return TokenVerifier(keys, audience=None,
+                             leeway_seconds=self.config.token_leeway_seconds)
+
+    def _key_sources(self) -> tuple[Path, ...]:
+        """The configured sources; for $ENGRAM_HOME's key pair, worked out again (its
+        retired-keys directory appears with the first rotation)."""
+        if self.config.token_home is not None:
+            return _token_keys(self.config.token_home) or self.config.token_keys
+        return self.config.token_keys
 
     def _reload_keys(self) -> bool:
-        """Read the key sources again (a key rotation), at most every KEY_RELOAD_SECONDS;
-        whether a new verifier was loaded."""
+        """Read the key sources again (a key rotation), at most every KEY_RELOAD_SECONDS, and
+        add the keys found to those loaded (a token of a retired key still verifies at the
+        services until it expires); whether a key was added."""
         now = time.monotonic()
         if now - self._keys_read < KEY_RELOAD_SECONDS:
             return False
         self._keys_read = now
         try:
-            verifier = self._load_verifier()
+            sources = self._key_sources()
+            found = load_public_keys(sources) if sources else {}
         except (OSError, ValueError) as error:
             log.warning("token public keys could not be read again", extra={"error": str(error)})
             return False
-        if verifier is None or verifier.key_ids == self._verifier_ids():
+        if set(found) <= set(self._keys):
             return False
-        log.info("token public keys read again", extra={"key_ids": sorted(verifier.key_ids)})
-        self._verifier = verifier
+        self._keys = {**self._keys, **found}
+        log.info("token public keys read again", extra={"key_ids": sorted(self._keys)})
+        self._verifier = self._verifier_of(self._keys)
         return True
-
-    def _verifier_ids(self) -> frozenset[str]:
-        return self._verifier.key_ids if self._verifier is not None else frozenset()
 
     def _body_pace(self) -> Pace:
         return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, Literal
 
@@ -14,12 +15,16 @@ Transport = Literal["stdio", "http"]
 log = logging.getLogger("engram.mcp")
 
 
+MAX_BODY = 8 * 1024 * 1024
+"""The most of a request body buffered before the app sees it (the SDK takes 4 MiB)."""
+
+
 def body_deadline(app: Any, seconds: float) -> Any:
-    """``app`` (ASGI) with a deadline on each request's body: all of it within ``seconds`` of
-    its headers, else the app is told the client went away (it answers no more, and the
-    connection is closed after the header timeout). The SDK reads a body with no limit of
-    time: one trickled a byte at a time held its connection, and SIGTERM waited on it for
-    ever (found by review on 2026-11-29)."""
+    """``app`` (ASGI) given each request's body only once all of it has arrived, within
+    ``seconds`` of its headers: else 408 with ``Connection: close`` and the app never called
+    (413 past ``MAX_BODY``). The SDK reads a body with no limit of time: one trickled a byte at
+    a time held its connection, and SIGTERM waited on it for ever (found by review on
+    2026-11-29); told the client had gone, it answered 500 with a traceback in the log."""
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -27,27 +32,44 @@ def body_deadline(app: Any, seconds: float) -> Any:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        whole = False
-
-        async def timed() -> Any:
-            nonlocal whole
-            if whole:
-                return await receive()
+        pieces: list[Any] = []
+        size = 0
+        while True:
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
             except TimeoutError:
-                whole = True
-                log.warning("a request body did not arrive in time; the request was dropped",
+                log.warning("a request body did not arrive in time; answered 408",
                             extra={"client": str(scope.get("client")),
                                    "body_timeout_s": seconds})
-                return {"type": "http.disconnect"}
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                whole = True
-            return message
+                await _refuse(send, 408, "the request body did not arrive in time")
+                return
+            pieces.append(message)
+            if message["type"] != "http.request":
+                break  # the client went away: the app hears it as it would have
+            size += len(message.get("body", b""))
+            if size > MAX_BODY:
+                await _refuse(send, 413, f"a request body may be at most {MAX_BODY} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(m.get("body", b"") for m in pieces if m["type"] == "http.request")
+        first: list[Any] = ([{"type": "http.request", "body": body, "more_body": False}]
+                            if pieces[-1]["type"] == "http.request" else [pieces[-1]])
 
-        await app(scope, timed, send)
+        async def replayed() -> Any:
+            return first.pop() if first else await receive()
+
+        await app(scope, replayed, send)
 
     return guarded
+
+
+async def _refuse(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 HTTP_PATH = "/mcp"
 
 

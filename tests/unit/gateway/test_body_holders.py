@@ -84,3 +84,24 @@ def test_without_keys_the_gateway_says_so(tmp_path: Path,
     Gateway(GatewayConfig(NOWHERE))
     assert "no token public keys" in caplog.text
     assert GatewayConfig(NOWHERE).body_bytes_unverified == MAX_JSON_BODY
+
+
+def test_a_rotation_under_engram_home_keeps_the_old_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: the first rotation under $ENGRAM_HOME made the reload read only the new
+    `signing.pub` (the retired-keys directory did not exist at start), and every token of the
+    old key, which the services accept until it expires, fell into the unverified share."""
+    from engram.client import ClientSettings
+    from services.common.tokens import rotate_signing_key
+
+    monkeypatch.delenv("ENGRAM_AUTH_PUBLIC_KEY", raising=False)
+    monkeypatch.delenv("ENGRAM_AUTH_PUBLIC_KEYS", raising=False)
+    old = _signer(tmp_path).issue("runner", "fleet-a", {"agent"})
+    gateway = Gateway(GatewayConfig.from_settings(ClientSettings({"ENGRAM_HOME":
+                                                                  str(tmp_path)})))
+    assert gateway._body_holder(f"Bearer {old}") != UNVERIFIED
+    rotate_signing_key(tmp_path)
+    new = TokenSigner.load(key_paths(tmp_path).private).issue("runner", "fleet-a", {"agent"})
+    monkeypatch.setattr(_app, "KEY_RELOAD_SECONDS", 0.0)
+    assert gateway._body_holder(f"Bearer {new}") != UNVERIFIED
+    assert gateway._body_holder(f"Bearer {old}") != UNVERIFIED
