@@ -36,7 +36,8 @@ from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
 from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
 from services.common.errors import EngramError
-from services.common.tokens import TokenVerifier, load_public_keys, local_public_keys
+from services.common.settings import TokenKeySettings
+from services.common.tokens import TokenVerifier, load_public_keys
 
 log = logging.getLogger("engram.gateway")
 
@@ -218,6 +219,7 @@ class GatewayConfig:
         if (settings.tls_cert is None) != (settings.tls_key is None):
             raise ValueError("a client certificate needs its key: set both ENGRAM_TLS_CERT and "
                              "ENGRAM_TLS_KEY")
+        keys = TokenKeySettings(home=settings.home)  # as the services read them
         return cls(
             addresses={"shard": settings.shard_addr, "governance": settings.governance_addr,
                        "artifacts": settings.artifacts_addr,
@@ -227,9 +229,8 @@ class GatewayConfig:
             body_idle_seconds=settings.timeout_seconds,
             stream_idle_seconds=settings.timeout_seconds,
             max_request_bytes=_services_receive_limit(),
-            token_keys=_token_keys(settings.home), token_leeway_seconds=_token_leeway(),
-            token_home=None if _named_token_keys() else settings.home,
-            **overrides)
+            token_keys=_token_keys(keys), token_leeway_seconds=keys.auth_leeway_seconds,
+            token_home=None if keys.names_public_keys else settings.home, **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
         target = self.addresses[backend]
@@ -284,35 +285,11 @@ def _refused_authorization(request: Request) -> JSONResponse | None:
     return None
 
 
-def _named_token_keys() -> tuple[Path, ...]:
-    """``ENGRAM_AUTH_PUBLIC_KEY`` and ``ENGRAM_AUTH_PUBLIC_KEYS`` (comma-separated)."""
-    named = [os.environ.get("ENGRAM_AUTH_PUBLIC_KEY", ""),
-             *os.environ.get("ENGRAM_AUTH_PUBLIC_KEYS", "").split(",")]
-    return tuple(Path(p.strip()) for p in named if p.strip())
-
-
-def _token_keys(home: Path) -> tuple[Path, ...]:
+def _token_keys(keys: TokenKeySettings) -> tuple[Path, ...]:
     """The services' public key sources: those the environment names when it names any, else
     ``$ENGRAM_HOME``'s key pair when it has one (``engram up``); none otherwise."""
-    given = _named_token_keys()
-    if given:
-        return given
-    local = local_public_keys(home)
-    return tuple(local) if local[0].is_file() else ()
-
-
-def _token_leeway() -> float:
-    raw = os.environ.get("ENGRAM_AUTH_LEEWAY_SECONDS", "").strip()
-    if not raw:
-        return 30.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"ENGRAM_AUTH_LEEWAY_SECONDS must be a number of seconds, got "
-                         f"{raw!r}") from None
-    if not (math.isfinite(value) and 0 <= value <= 600):
-        raise ValueError(f"ENGRAM_AUTH_LEEWAY_SECONDS must be 0..600, got {raw!r}")
-    return value
+    sources = keys.public_key_sources()
+    return tuple(sources) if keys.names_public_keys or sources[0].is_file() else ()
 
 
 def _upload_holder(authorization: str) -> bytes:
@@ -351,15 +328,16 @@ class Gateway:
         self._uploads: dict[bytes, int] = {}
         """Uploads running, by their holder (_upload_holder; event loop only)."""
         self._uploads_running = 0
+        """Uploads running, whoever sent them (event loop only)."""
         self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token,
                                   config.body_bytes_unverified)
-        self._verifier = self._load_verifier()
+        self._keys = self._read_keys()
+        self._verifier = self._verifier_of(self._keys)
         self._keys_read = time.monotonic()
         if self._verifier is None:
             log.warning("no token public keys (ENGRAM_AUTH_PUBLIC_KEY(S), or $ENGRAM_HOME's key "
                         "pair): request bodies are budgeted by Authorization value, so made-up "
                         "tokens each get a budget of their own (docs/gateway.md)")
-        """Uploads running, whoever sent them (event loop only)."""
 
     def channel(self, backend: str) -> grpc.aio.Channel:
         # Opened on first use, inside the server's event loop (grpc.aio binds to it).
@@ -506,9 +484,9 @@ class Gateway:
             f"{principal.fleet_id}\0{principal.agent_id}\0{principal.token_id}".encode()
         ).digest()
 
-    def _load_verifier(self) -> TokenVerifier | None:
-        self._keys = load_public_keys(self._key_sources()) if self._key_sources() else {}
-        return self._verifier_of(self._keys)
+    def _read_keys(self) -> dict[str, Any]:
+        sources = self._key_sources()
+        return load_public_keys(sources) if sources else {}
 
     def _verifier_of(self, keys: dict[str, Any]) -> TokenVerifier | None:
         if not keys:
@@ -520,7 +498,8 @@ class Gateway:
         """The configured sources; for $ENGRAM_HOME's key pair, worked out again (its
         retired-keys directory appears with the first rotation)."""
         if self.config.token_home is not None:
-            return _token_keys(self.config.token_home) or self.config.token_keys
+            return (_token_keys(TokenKeySettings(home=self.config.token_home))
+                    or self.config.token_keys)
         return self.config.token_keys
 
     def _reload_keys(self) -> bool:
@@ -532,8 +511,7 @@ class Gateway:
             return False
         self._keys_read = now
         try:
-            sources = self._key_sources()
-            found = load_public_keys(sources) if sources else {}
+            found = self._read_keys()
         except (OSError, ValueError) as error:
             log.warning("token public keys could not be read again", extra={"error": str(error)})
             return False

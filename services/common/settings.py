@@ -70,13 +70,15 @@ LIMIT_DEFAULTS = LimitsSettings.model_construct()
 """Every limit at its default, read from no environment (domain code's default argument)."""
 
 
-class ServerSettings(BaseSettings):
+class TokenKeySettings(BaseSettings):
+    """What verifies bearer tokens, read the same way by every service and by the HTTP gateway
+    (which verifies them only to budget request bodies by token)."""
+
     model_config = SettingsConfigDict(
         env_prefix="ENGRAM_", frozen=True, extra="ignore", populate_by_name=True
     )
 
     home: Path = Field(default=Path(".engram"), validation_alias=_shared("ENGRAM_HOME"))
-    log_level: str = Field(default="INFO", validation_alias=_shared("ENGRAM_LOG_LEVEL"))
     auth_public_key: Path | None = Field(
         default=None,
         validation_alias=_shared("ENGRAM_AUTH_PUBLIC_KEY"),
@@ -93,6 +95,29 @@ class ServerSettings(BaseSettings):
         default=30.0, ge=0, le=600, validation_alias=_shared("ENGRAM_AUTH_LEEWAY_SECONDS"),
         description="clock skew tolerated when checking a token's exp and iat",
     )
+
+    @property
+    def names_public_keys(self) -> bool:
+        """Whether the environment names the keys (else ``$ENGRAM_HOME``'s are used)."""
+        return self.auth_public_key is not None or any(
+            p.strip() for p in self.auth_public_keys.split(","))
+
+    def public_key_sources(self) -> list[Path]:
+        """Every file or directory to load verification keys from."""
+        extra = [Path(p.strip()) for p in self.auth_public_keys.split(",") if p.strip()]
+        if self.auth_public_key is not None:
+            return [self.auth_public_key, *extra]
+        if extra:
+            return extra
+        return local_public_keys(self.home)
+
+
+class ServerSettings(TokenKeySettings):
+    model_config = SettingsConfigDict(
+        env_prefix="ENGRAM_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    log_level: str = Field(default="INFO", validation_alias=_shared("ENGRAM_LOG_LEVEL"))
     auth_restrictions_refresh_seconds: float = Field(
         default=2.0, gt=0, le=300,
         validation_alias=_shared("ENGRAM_AUTH_RESTRICTIONS_REFRESH_SECONDS"),
@@ -194,15 +219,6 @@ class ServerSettings(BaseSettings):
 
     def receive_limit(self) -> int:
         return self.max_receive_bytes or self.limits.grpc_receive_bytes
-
-    def public_key_sources(self) -> list[Path]:
-        """Every file or directory to load verification keys from."""
-        extra = [Path(p.strip()) for p in self.auth_public_keys.split(",") if p.strip()]
-        if self.auth_public_key is not None:
-            return [self.auth_public_key, *extra]
-        if extra:
-            return extra
-        return local_public_keys(self.home)
 
     def data_dir(self, service: str) -> Path:
         return self.home / service
