@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.artifacts.tables import EventRow, RunRow, RunTombstoneRow, SnapshotRow
-from services.common.erasure_source import ErasureOrder
+from services.common.erasure_source import ErasureOrder, run_item_key
 from services.common.errors import FailedPrecondition, NotFound
 
 IN_PLACE_KINDS = ("event", "snapshot")
@@ -32,19 +32,6 @@ class ErasedInPlace:
     already: int = 0
 
 
-MAX_SEQ = 2**63 - 1
-"""The largest seq the store holds (a signed 64-bit INTEGER)."""
-
-
-def event_key(item_id: str) -> tuple[str, int]:
-    """``<run_id>:<seq>`` as (run id, seq); governance checked the form. A seq no store can
-    hold (an erasure recorded or imported before governance refused one) is 0: no event has
-    it, so the item is not found rather than failing the lookup inside the driver."""
-    run_id, _, seq = item_id.rpartition(":")
-    number = int(seq) if seq.isascii() and seq.isdigit() else 0
-    return run_id, number if 1 <= number <= MAX_SEQ else 0
-
-
 def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> ErasedInPlace:
     """Tombstone the order's events and snapshots in ``session`` (the caller commits)."""
     fleet_id = order.fleet_id
@@ -55,7 +42,7 @@ def erase_in_place(session: Session, order: ErasureOrder, now_us: int) -> Erased
     for kind, item_id, leaf in order.items:
         found: EventRow | SnapshotRow
         if kind == "event":
-            run_id, seq = event_key(item_id)
+            run_id, seq = run_item_key(item_id)
             row = session.get(EventRow, (fleet_id, run_id, seq)) if seq else None
             if row is None:
                 already += _absent(session, order, run_id, f"event {item_id}", "EVENT_NOT_FOUND")
@@ -116,7 +103,7 @@ def _lock_runs(session: Session, order: ErasureOrder) -> None:
     if session.get_bind().dialect.name != "postgresql":
         return
     fleet_id = order.fleet_id
-    runs = {event_key(item_id)[0] for kind, item_id, _ in order.items if kind == "event"}
+    runs = {run_item_key(item_id)[0] for kind, item_id, _ in order.items if kind == "event"}
     snapshot_ids = [item_id for kind, item_id, _ in order.items if kind == "snapshot"]
     for start in range(0, len(snapshot_ids), 500):
         runs.update(session.scalars(select(SnapshotRow.run_id).where(

@@ -35,6 +35,20 @@ ERASURE_ID = re.compile(r"era_[0-9a-f]{28}")
 digits; ``services.governance.domain.erasures.check_erasure_id``)."""
 
 
+MAX_RUN_ITEM = 2**63 - 1
+"""The largest event seq or iteration number a store holds (a signed 64-bit INTEGER)."""
+
+
+def run_item_key(item_id: str) -> tuple[str, int]:
+    """An ``event`` or ``iteration`` item's ``<run_id>:<n>`` as (run id, n); governance checked
+    the form. An n no store can hold (an erasure recorded or imported before governance refused
+    one) is 0: nothing has it, so the item is not found rather than failing the lookup inside
+    the driver."""
+    run_id, _, number = item_id.rpartition(":")
+    value = int(number) if number.isascii() and number.isdigit() else 0
+    return run_id, value if 1 <= value <= MAX_RUN_ITEM else 0
+
+
 def is_erasure_id(erasure_id: str) -> bool:
     """Whether ``erasure_id`` has the form governance gives erasure ids: a tombstone naming
     anything else names no erasure (it was not made by one)."""

@@ -37,8 +37,14 @@ def json_holds(stored: str, needle: str) -> bool:
         parsed = json.loads(stored)
     except ValueError:
         return False
-    return holds(json.dumps(parsed, ensure_ascii=False), needle) or any(
-        holds(text, needle) for text in json_texts(parsed))
+    return decoded_holds(parsed, needle)
+
+
+def decoded_holds(value: object, needle: str) -> bool:
+    """In a parsed JSON value, written out with its characters as they are, or in one of its
+    keys and strings (a text with a quote, a backslash or a newline)."""
+    return holds(json.dumps(value, ensure_ascii=False), needle) or any(
+        holds(text, needle) for text in json_texts(value))
 
 
 def json_texts(value: object) -> Iterator[str]:

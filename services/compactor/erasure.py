@@ -34,7 +34,13 @@ from services.common.erasure_source import (
 )
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.find_cursor import FindCursor, runs_from
-from services.common.text_match import bytes_hold, holds, json_holds, json_texts, needle_of
+from services.common.text_match import (
+    bytes_hold,
+    decoded_holds,
+    holds,
+    json_holds,
+    needle_of,
+)
 from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup, RecordedErasures
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
@@ -105,10 +111,8 @@ def _values_hold(values: Iterable[object], needle: str) -> bool:
         if isinstance(value, str):
             if holds(value, needle):
                 return True
-        elif holds(json.dumps(value, ensure_ascii=False), needle) or holds(
-                json.dumps(value), needle) or any(holds(text, needle)
-                                                   for text in json_texts(value)):
-            return True  # the last: a text with a quote, backslash or newline, unescaped
+        elif holds(json.dumps(value), needle) or decoded_holds(value, needle):
+            return True
     return False
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from services.common.blobstore import BlobStore
 from services.common.db import Database
-from services.common.erasure_source import ErasureOrder
+from services.common.erasure_source import ErasureOrder, run_item_key
 from services.common.errors import FailedPrecondition, NotFound
 from services.compactor.domain.blob_layout import (
     SegmentEntry,
@@ -46,20 +46,12 @@ from services.compactor.tables import (
 ITEM_KIND = "iteration"
 
 
-def iteration_key(item_id: str) -> tuple[str, int]:
-    """``<run_id>:<n>`` as (run id, iteration); governance checked the form. One no log can
-    hold is 0: no line has it, so the item is not found."""
-    run_id, _, number = item_id.rpartition(":")
-    iteration = int(number) if number.isascii() and number.isdigit() else 0
-    return run_id, iteration if 1 <= iteration < 2**63 else 0
-
-
 def in_place_items(order: ErasureOrder) -> dict[str, list[tuple[int, str]]]:
     """The order's iterations by run (in the order listed): (iteration, leaf)."""
     runs: dict[str, list[tuple[int, str]]] = {}
     for kind, item_id, leaf in order.items:
         if kind == ITEM_KIND:
-            run_id, iteration = iteration_key(item_id)
+            run_id, iteration = run_item_key(item_id)
             runs.setdefault(run_id, []).append((iteration, leaf))
     return runs
 
@@ -68,7 +60,6 @@ def in_place_items(order: ErasureOrder) -> dict[str, list[tuple[int, str]]]:
 class LinesErased:
     erased: int
     already: int
-    blobs: int
 
 
 class LineEraser:
@@ -85,22 +76,21 @@ class LineEraser:
         fleet_id = order.fleet_id
         with holding_run(self.db, fleet_id, run_id) as session:
             if session.get(RunTombstoneRow, (fleet_id, run_id)) is not None:
-                return LinesErased(0, len(items), 0)  # the whole log went before
+                return LinesErased(0, len(items))  # the whole log went before
             run = session.get(RunRow, (fleet_id, run_id))
             if run is None:
                 if order.imported:  # a bundle's erasure of a log never held here
-                    return LinesErased(0, 0, 0)
+                    return LinesErased(0, 0)
                 raise NotFound(f"run {run_id} has no iteration log in fleet {fleet_id}",
                                reason="RUN_NOT_FOUND", metadata={"run_id": run_id})
             erased, already, purge = self._tombstone(session, order, run, items, now_us)
         if erased:
             owe()
-        purged = 0
         for key in purge:
             self.blobs.purge(key)
             self.iterations.drop_cached(key)
-            purged += 1
-        return LinesErased(erased, already, purged + self._sweep(fleet_id, run_id))
+        self._sweep(fleet_id, run_id)
+        return LinesErased(erased, already)
 
     def _tombstone(self, session: Session, order: ErasureOrder, run: RunRow,
                    items: Sequence[tuple[int, str]],
@@ -179,14 +169,14 @@ class LineEraser:
         run.index_version = version
         return replaced
 
-    def _sweep(self, fleet_id: str, run_id: str) -> int:
+    def _sweep(self, fleet_id: str, run_id: str) -> None:
         """Purge the run's warm and cold blobs nothing lists: replaced segments and index
         files, erased snapshots (a crash after the commit left them), a crashed seal's or
         snapshot's file (its finisher writes it again)."""
         with self.db.session() as session:
             run = session.get(RunRow, (fleet_id, run_id))
             if run is None:
-                return 0
+                return
             listed = set(session.scalars(select(SegmentRow.key).where(
                 SegmentRow.fleet_id == fleet_id, SegmentRow.run_id == run_id)))
             listed |= set(session.scalars(select(SnapshotRow.key).where(
@@ -199,7 +189,6 @@ class LineEraser:
         for key in stale:
             self.blobs.purge(key)
             self.iterations.drop_cached(key)
-        return len(stale)
 
 
 def _check(order: ErasureOrder, run_id: str, line: WarmLine, leaf: str) -> None:

@@ -216,10 +216,7 @@ class IterationLog:
                 "(1 without salt and commitment, or 2 with them)", reason="INVALID_FORMAT",
                 metadata={"iteration": str(line.iteration)})
         hashes = ("detail_digest", "hash", "summary_commitment")
-        for name in hashes if line.format == LINE_FORMAT else hashes[:2]:
-            if not _SHA256.fullmatch(getattr(line, name)):
-                raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
-                                      "(64 lowercase hex characters)", reason="INVALID_HASH")
+        _require_sha256(line, hashes if line.format == LINE_FORMAT else hashes[:2])
         if line.format == LINE_FORMAT and not is_salt(line.salt):
             raise InvalidArgument(f"iteration {line.iteration}: a format-2 line's salt is 64 "
                                   "lowercase hex characters", reason="INVALID_SALT",
@@ -253,11 +250,8 @@ class IterationLog:
         if line.format != LINE_FORMAT:
             raise InvalidArgument(f"iteration {line.iteration}: a tombstone is format 2",
                                   reason="INVALID_FORMAT", metadata=where)
-        for name in ("detail_digest", "hash", "summary_commitment", "prev_hash"):
-            if not _SHA256.fullmatch(getattr(line, name)):
-                raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
-                                      "(64 lowercase hex characters)", reason="INVALID_HASH",
-                                      metadata=where)
+        _require_sha256(line, ("detail_digest", "hash", "summary_commitment", "prev_hash"),
+                        where)
         if imported.detail_json or imported.guardrails_json:
             raise InvalidArgument(f"iteration {line.iteration} is a tombstone: it carries no "
                                   "detail", reason="TOMBSTONE_WITH_DETAIL", metadata=where)
@@ -585,8 +579,7 @@ class IterationLog:
             problems.append(("tier work", f"pending seals or snapshots failed {failure.attempts} "
                                           f"time(s), last: {failure.error}; retried with backoff"))
         return VerifyReport(walker.checked, len(sealed), len(view.snapshots), head.last_iter,
-                            head.head_hash, tuple(problems), walker.tombstoned,
-                            tuple(walker.tombstones))
+                            head.head_hash, tuple(problems), tuple(walker.tombstones))
 
     def index_entries(self, fleet_id: str, run_id: str) -> list[SegmentEntry]:
         """The newest index file's segment list (what operators and tools read)."""
@@ -605,6 +598,16 @@ class MemoryCompactionPort(Protocol):
     def apply_retention(self, fleet_id: str, older_than_days: float,
                         dry_run: bool) -> Sequence[str]:
         """The removed (or, in a dry run, removable) record ids."""
+
+
+def _require_sha256(line: WarmLine, names: Sequence[str],
+                    metadata: Mapping[str, str] | None = None) -> None:
+    """INVALID_ARGUMENT INVALID_HASH unless each of the line's ``names`` is a SHA-256."""
+    for name in names:
+        if not _SHA256.fullmatch(getattr(line, name)):
+            raise InvalidArgument(f"iteration {line.iteration}: {name} must be a SHA-256 "
+                                  "(64 lowercase hex characters)", reason="INVALID_HASH",
+                                  metadata=metadata)
 
 
 def _erased(run_id: str, line: WarmLine) -> AlreadyExists:

@@ -118,13 +118,10 @@ def summary_line(summary: pb.IterationSummary) -> WarmLine:
     """A summary as the warm line it came from (times in the text the line holds); a tombstone
     (``erasure_id`` set) as one, whatever else it carries."""
     if summary.erasure_id:
-        return WarmLine(
-            iteration=summary.iteration, plan_digest="", parent_digest="", start_ts="",
-            end_ts="", files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
-            detail_digest=summary.detail_digest, prev_hash=summary.prev_hash, hash=summary.hash,
-            format=summary.format or 1, summary_commitment=summary.summary_commitment,
-            erasure_id=summary.erasure_id, erased_us=_erased_us(summary),
-            erased_by=summary.erased_by)
+        return WarmLine.erased_line(
+            summary.iteration, summary.detail_digest, summary.prev_hash, summary.hash,
+            summary.summary_commitment, summary.erasure_id, _erased_us(summary),
+            summary.erased_by, line_format=summary.format or 1)
     return WarmLine(
         iteration=summary.iteration, plan_digest=summary.plan_digest,
         parent_digest=summary.parent_digest, start_ts=_timestamp_text(summary, "start_time"),

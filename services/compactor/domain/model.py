@@ -152,10 +152,13 @@ class VerifyReport:
     last_iteration: int
     head_hash: str
     problems: tuple[tuple[str, str], ...] = field(default_factory=tuple)
-    tombstoned: int = 0
-    """Lines checked that are tombstones (erased in place)."""
     tombstones: tuple[WarmLine, ...] = ()
-    """Those lines, for the audit against governance's erasures."""
+    """Lines checked that are tombstones (erased in place), for the audit against
+    governance's erasures."""
+
+    @property
+    def tombstoned(self) -> int:
+        return len(self.tombstones)
 
     @property
     def ok(self) -> bool:

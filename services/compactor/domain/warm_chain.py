@@ -169,12 +169,21 @@ class WarmLine:
         """This format-2 line erased: what the chain needs to go on, and who erased it."""
         if self.format != LINE_FORMAT:
             raise ValueError("only a format-2 line can be erased in place")
-        return WarmLine(
-            iteration=self.iteration, plan_digest="", parent_digest="", start_ts="", end_ts="",
+        return WarmLine.erased_line(self.iteration, self.detail_digest, self.prev_hash,
+                                    self.hash, self.summary_commitment, erasure_id, erased_us,
+                                    erased_by)
+
+    @classmethod
+    def erased_line(cls, iteration: int, detail_digest: str, prev_hash: str, hash_: str,
+                    summary_commitment: str, erasure_id: str, erased_us: int, erased_by: str,
+                    line_format: int = LINE_FORMAT) -> WarmLine:
+        """A tombstone: the chain fields it keeps and the erasure, the seed's fields empty."""
+        return cls(
+            iteration=iteration, plan_digest="", parent_digest="", start_ts="", end_ts="",
             files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
-            detail_digest=self.detail_digest, prev_hash=self.prev_hash, hash=self.hash,
-            format=LINE_FORMAT, summary_commitment=self.summary_commitment,
-            erasure_id=erasure_id, erased_us=erased_us, erased_by=erased_by)
+            detail_digest=detail_digest, prev_hash=prev_hash, hash=hash_, format=line_format,
+            summary_commitment=summary_commitment, erasure_id=erasure_id, erased_us=erased_us,
+            erased_by=erased_by)
 
     @classmethod
     def chained(cls, item: IterationInput, iteration: int, prev_hash: str,
@@ -204,14 +213,10 @@ class WarmLine:
         if "erasureId" in data:
             if line_format != LINE_FORMAT or "salt" in data:
                 raise ValueError("a warm line tombstone is format 2 and keeps no salt")
-            return cls(
-                iteration=int(data["iter"]), plan_digest="", parent_digest="", start_ts="",
-                end_ts="", files_touched=0, net_add=0, net_del=0, risk_score=0.0, status="",
-                detail_digest=str(data["detailDigest"]), prev_hash=str(data["prevHash"]),
-                hash=str(data["hash"]), format=LINE_FORMAT,
-                summary_commitment=str(data["summaryCommitment"]),
-                erasure_id=str(data["erasureId"]), erased_us=int(data["erasedUs"]),
-                erased_by=str(data["erasedBy"]))
+            return cls.erased_line(
+                int(data["iter"]), str(data["detailDigest"]), str(data["prevHash"]),
+                str(data["hash"]), str(data["summaryCommitment"]), str(data["erasureId"]),
+                int(data["erasedUs"]), str(data["erasedBy"]))
         return cls(
             iteration=int(data["iter"]), plan_digest=str(data["planDigest"]),
             parent_digest=str(data["parentDigest"]), start_ts=str(data["startTs"]),
@@ -326,10 +331,13 @@ class ChainWalker:
         self.expected_prev = genesis
         self.expected_iter = 1
         self.checked = 0
-        self.tombstoned = 0
         self.tombstones: list[WarmLine] = []
         """The tombstones fed (their erasures are checked against governance elsewhere)."""
         self.problems: list[ChainProblem] = []
+
+    @property
+    def tombstoned(self) -> int:
+        return len(self.tombstones)
 
     def feed_text(self, location: str, text: str) -> WarmLine | None:
         try:
@@ -343,7 +351,6 @@ class ChainWalker:
     def feed(self, location: str, line: WarmLine) -> None:
         self.checked += 1
         if line.erased:
-            self.tombstoned += 1
             self.tombstones.append(line)
         if line.iteration != self.expected_iter:
             self.problems.append(ChainProblem(
