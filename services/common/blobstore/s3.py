@@ -217,12 +217,9 @@ class S3BlobStore(BlobStore):
 
         name = self._object_key(key)
         try:
-            paginator = self.client.get_paginator("list_object_versions")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=name):
-                for entry in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
-                    if entry["Key"] == name:
-                        self.client.delete_object(Bucket=self.bucket, Key=name,
-                                                  VersionId=entry["VersionId"])
+            for found, version in self._versions(name):
+                if found == name:
+                    self.client.delete_object(Bucket=self.bucket, Key=name, VersionId=version)
             self.client.delete_object(Bucket=self.bucket, Key=name)
         except (BotoCoreError, ClientError) as error:
             raise self._unavailable(error, "purge") from error
@@ -233,16 +230,20 @@ class S3BlobStore(BlobStore):
         from botocore.exceptions import BotoCoreError, ClientError
 
         current = len(list(self.list(prefix)))
+        base = f"{self.prefix}/" if self.prefix else ""
         try:
-            paginator = self.client.get_paginator("list_object_versions")
-            base = f"{self.prefix}/" if self.prefix else ""
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=base + prefix):
-                for entry in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
-                    self.client.delete_object(Bucket=self.bucket, Key=entry["Key"],
-                                              VersionId=entry["VersionId"])
+            for found, version in self._versions(base + prefix):
+                self.client.delete_object(Bucket=self.bucket, Key=found, VersionId=version)
         except (BotoCoreError, ClientError) as error:
             raise self._unavailable(error, "purge") from error
         return current
+
+    def _versions(self, object_prefix: str) -> Iterator[tuple[str, str]]:
+        """(object key, version id) of every version and delete marker under the prefix."""
+        paginator = self.client.get_paginator("list_object_versions")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=object_prefix):
+            for entry in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]:
+                yield str(entry["Key"]), str(entry["VersionId"])
 
     def list(self, prefix: str = "") -> Iterator[str]:
         from botocore.exceptions import BotoCoreError, ClientError
