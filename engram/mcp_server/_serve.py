@@ -12,8 +12,8 @@ from engram.mcp_server._backends import BearerHeader, FixedToken, GrpcBackends, 
 from engram.mcp_server._server import build_mcp_server
 
 Transport = Literal["stdio", "http"]
+HTTP_PATH = "/mcp"
 log = logging.getLogger("engram.mcp")
-
 
 MAX_BODY = 8 * 1024 * 1024
 """The most of a request body buffered before the app sees it (the SDK takes 4 MiB)."""
@@ -70,7 +70,6 @@ async def _refuse(send: Any, status: int, message: str) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-HTTP_PATH = "/mcp"
 
 
 def serve(settings: ClientSettings, transport: Transport = "stdio", *,
