@@ -130,3 +130,27 @@ def test_the_upload_answer_timeout_reaches_the_gateway(monkeypatch: pytest.Monke
         assert refused.exit_code == 2 and "--upload-answer-timeout" in said, (value, said)
         assert "must be a positive number of seconds" in said
     assert not served
+
+
+def test_the_header_timeout_reaches_uvicorn_and_a_bad_one_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--header-timeout (default 10 s) is the protocol uvicorn serves with; 0, a negative
+    number, nan and inf are exit 2 before anything is served (so are they for `engram mcp`,
+    with --body-timeout)."""
+    import uvicorn
+
+    protocols: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: protocols.append(kw["http"]))
+    result = CliRunner().invoke(app, ["gateway", "--port", "0", "--header-timeout", "2.5"])
+    assert result.exit_code == 0, result.output
+    assert protocols and protocols[-1].__name__ == "HeaderTimedProtocol"  # type: ignore[attr-defined]
+    protocols.clear()
+    for command in (["gateway", "--header-timeout"], ["mcp", "--transport", "http",
+                                                      "--header-timeout"],
+                    ["mcp", "--transport", "http", "--body-timeout"]):
+        for value in ("0", "-1", "nan", "inf"):
+            refused = CliRunner().invoke(app, [*command, value])
+            said = " ".join(refused.output.replace("│", " ").split())
+            assert refused.exit_code == 2, (command, value, said)
+            assert "must be a positive number of seconds" in said, (command, value, said)
+    assert not protocols
