@@ -7,6 +7,11 @@ Two steps, because the second model runs on torch, which Engram does not install
 
        /tmp/st/bin/python tools/locomo_second_model.py embed MODEL_DIR out.npz FILES...
 
+   or, with Engram's venv, the vectors of the shard's own encoder (``minilm``, ``mpnet``
+   after ``make mpnet``, or a model directory; int8 unless ``--float32``)::
+
+       .venv/bin/python tools/locomo_second_model.py embed-engram mpnet mpnet.npz FILES...
+
 2. ``score``: with Engram's venv, run the harness of ``tools/locomo_offline.py`` with
    the concatenation of one or more such files as the dense signal::
 
@@ -15,7 +20,9 @@ Two steps, because the second model runs on torch, which Engram does not install
 
 ``--map-queries`` keeps the second and later models off the query path: a query's
 vector for them is its first-model vector through a ridge map fitted on the turns of
-the *other* conversations (documents still carry every model's vector).
+the *other* conversations (documents still carry every model's vector); with
+``--fit self``, on the turns of the question's own conversation, as a shard would fit
+one map per fleet on the fleet's own records (docs/retrieval.md, "The quality profile").
 """
 
 from __future__ import annotations
@@ -50,6 +57,28 @@ def embed(model_dir: str, out: str, files: list[str]) -> None:
     texts = _texts([load_conversation(f) for f in files])
     model = SentenceTransformer(model_dir, device="cpu")
     vectors = model.encode(texts, batch_size=32, normalize_embeddings=True)
+    np.savez(out, keys=np.array([_key(t) for t in texts]), vectors=vectors.astype(np.float32))
+    print(f"{len(texts)} texts -> {out} {vectors.shape}")
+
+
+def embed_engram(name: str, out: str, files: list[str], int8: bool) -> None:
+    import tempfile
+
+    from services.shard.retrieval.embedding_onnx import OnnxBertEmbedder
+    from services.shard.retrieval.encoder_choice import encoder_spec
+
+    texts = _texts([load_conversation(f) for f in files])
+    with tempfile.TemporaryDirectory(prefix="engram-probe-") as home:
+        chosen = encoder_spec(name, Path(home), int8, "embed-engram")
+        if chosen is None:
+            raise SystemExit(f"{name!r} names no encoder")
+        spec, as_int8 = chosen
+        model = OnnxBertEmbedder(spec, int8=as_int8, threads=2, build_apart=True)
+        try:
+            vectors = np.concatenate([model.embed(texts[start : start + 64])
+                                      for start in range(0, len(texts), 64)])
+        finally:
+            model.close()
     np.savez(out, keys=np.array([_key(t) for t in texts]), vectors=vectors.astype(np.float32))
     print(f"{len(texts)} texts -> {out} {vectors.shape}")
 
@@ -110,8 +139,9 @@ def score(args: argparse.Namespace) -> None:
     convs = [load_conversation(f) for f in args.files]
 
     def embedder_of(conv: Conversation) -> ProbeEmbedder:
-        others = [t.memory_text() for c in convs if c.name != conv.name for t in c.turns]
-        maps = ridge_maps(tables, others, args.ridge) if args.map_queries else None
+        fitted = [t.memory_text() for c in convs
+                  if (c.name == conv.name) == (args.fit == "self") for t in c.turns]
+        maps = ridge_maps(tables, fitted, args.ridge) if args.map_queries else None
         return ProbeEmbedder(tables, maps, {t.memory_text() for t in conv.turns})
 
     settings = replace(harness.BEST, lexical_weight=args.lexical_weight)
@@ -127,6 +157,12 @@ def main() -> None:
     one.add_argument("model_dir")
     one.add_argument("out")
     one.add_argument("files", nargs="+")
+    own = sub.add_parser("embed-engram", help="vectors of every turn and question from the "
+                         "shard's own encoder (no torch)")
+    own.add_argument("name", help="minilm, mpnet (after `make mpnet`) or a model directory")
+    own.add_argument("out")
+    own.add_argument("files", nargs="+")
+    own.add_argument("--float32", action="store_true", help="not int8")
     two = sub.add_parser("score", help="hybrid recall@5/@10 with these vectors as the dense signal")
     two.add_argument("vectors", help="comma-separated .npz files written by 'embed'")
     two.add_argument("files", nargs="+")
@@ -134,10 +170,14 @@ def main() -> None:
     two.add_argument("--lexical-weight", type=float, default=0.5)
     two.add_argument("--map-queries", action="store_true")
     two.add_argument("--ridge", type=float, default=1.0)
+    two.add_argument("--fit", choices=("others", "self"), default="others",
+                     help="fit the map on the other conversations' turns, or the question's own")
     two.add_argument("--tune", default="26,30")
     args = parser.parse_args()
     if args.command == "embed":
         embed(args.model_dir, args.out, args.files)
+    elif args.command == "embed-engram":
+        embed_engram(args.name, args.out, args.files, not args.float32)
     else:
         score(args)
 
