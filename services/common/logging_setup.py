@@ -1,4 +1,8 @@
-"""Structured JSON logs on stderr: one object per line."""
+"""Structured JSON logs on stderr: one object per line.
+
+Imports nothing of gRPC or the client: the embedder's child process configures its logging
+here too, and each module it loads is memory it holds for its lifetime.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,19 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from services.common.tracing import current_trace_ids
+
+def current_trace_ids() -> dict[str, str]:
+    """The current span's trace and span ids (hex), for a log line; empty outside a span.
+
+    A process that never loaded OpenTelemetry's API has no span: it is not imported here."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None:
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    return {"trace_id": format(context.trace_id, "032x"),
+            "span_id": format(context.span_id, "016x")}
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 

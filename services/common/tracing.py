@@ -49,16 +49,3 @@ def server_interceptors() -> list[grpc.ServerInterceptor[Any, Any]]:
 
     interceptor: grpc.ServerInterceptor[Any, Any] = server_interceptor()  # type: ignore[no-untyped-call]
     return [interceptor]
-
-
-def current_trace_ids() -> dict[str, str]:
-    """The current span's trace and span ids (hex), for a log line; empty outside a span."""
-    if not tracing_active():
-        return {}
-    from opentelemetry import trace
-
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return {}
-    return {"trace_id": format(context.trace_id, "032x"),
-            "span_id": format(context.span_id, "016x")}
