@@ -39,10 +39,12 @@ from services.shard.retrieval.embedding import (
 )
 from services.shard.retrieval.model_dir import (
     RELATIVE_BIAS,
+    WORD_TABLE,
     ModelDirError,
     ModelSpec,
     load_encoder_weights,
     relative_position_bias,
+    word_table,
 )
 
 if TYPE_CHECKING:
@@ -53,11 +55,14 @@ _OPSET = 17
 
 
 def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec, *,
-               pool: bool = True) -> ModelProto:
+               pool: bool = True, word_input: bool = False) -> ModelProto:
     """The ONNX model: ``input_ids``, ``mask`` (int32, batch x length) in, pooled (mean or
     CLS token, as ``spec`` says; not normalised) float32 rows out; with ``pool=False`` the
     last hidden states (batch x length x hidden, ``last_hidden_state``) instead, as an
-    exported transformer gives them.
+    exported transformer gives them. With ``word_input`` the token embedding table is an
+    input (``word``, fed on every run: :func:`model_dir.word_table` maps it from the weights
+    file) instead of a weight the session holds in its own memory; the output is the same,
+    bit for bit.
 
     Token type 0 is folded into the position embeddings (a sentence encoder has one segment),
     so EmbedLayerNormalization needs no segment input. Attention takes the mask as per-row
@@ -85,7 +90,7 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec, *,
             [
                 "input_ids",
                 "",
-                const("word", w["embeddings.word_embeddings.weight"]),
+                "word" if word_input else const("word", w[WORD_TABLE]),
                 const(
                     "position",
                     w["embeddings.position_embeddings.weight"]
@@ -230,6 +235,9 @@ def bert_graph(weights: dict[str, npt.NDArray[np.float32]], spec: ModelSpec, *,
             helper.make_tensor_value_info("mask", TensorProto.INT32, batch_by_length),
         ]
     )
+    if word_input:
+        graph.input.append(helper.make_tensor_value_info(
+            "word", TensorProto.FLOAT, list(w[WORD_TABLE].shape)))
     graph.output.append(
         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", spec.hidden])
         if pool else helper.make_tensor_value_info(
@@ -312,7 +320,7 @@ def build_encoder_file(spec: ModelSpec, int8: bool, path: Path) -> None:
     import onnx
     import onnxruntime as ort
 
-    model = bert_graph(load_encoder_weights(spec), spec)
+    model = bert_graph(load_encoder_weights(spec), spec, word_input=True)
     onnx.save(model, path)
     if not int8:
         return
@@ -332,10 +340,11 @@ def check_int8(reference: Any, quantized: Any, spec: ModelSpec) -> None:
     """An operator's model quantized badly gives vectors that look fine and rank noise:
     compare with float32 on a few sentences and refuse it below :data:`INT8_MIN_COSINE`."""
     ids = SentenceTokenizer(spec.directory, spec.max_tokens).encode(INT8_CHECK_TEXTS)
+    table = word_table(spec)
     cosines = []
     for row in ids:
         token_ids, mask = padded([row], np.int32, np.int32)
-        feed = {"input_ids": token_ids, "mask": mask}
+        feed = {"input_ids": token_ids, "mask": mask, "word": table}
         (exact,) = reference.run(["pooled"], feed)
         (int8,) = quantized.run(["pooled"], feed)
         a, b = exact[0], int8[0]
@@ -392,6 +401,8 @@ class OnnxBertEmbedder(PooledEncoder):
             self._session = ort.InferenceSession(
                 str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]
             )
+        # The token table is not in the graph: mapped from the weights file, fed on each run.
+        self._word = word_table(spec)
         trim_heap()  # the float graph, the quantizer's copies and the float session are gone
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
@@ -406,7 +417,8 @@ class OnnxBertEmbedder(PooledEncoder):
 
     def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
         token_ids, mask = padded(batch, np.int32, np.int32)
-        (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask})
+        (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask,
+                                                   "word": self._word})
         out: npt.NDArray[np.float32] = pooled
         return out
 
