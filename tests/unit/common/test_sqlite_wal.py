@@ -94,4 +94,6 @@ def test_every_connection_is_wal_with_full_sync(tmp_path: Path) -> None:
         assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert session.execute(text("PRAGMA synchronous")).scalar() == 2
         assert session.execute(text("PRAGMA secure_delete")).scalar() == 1
+        # Each connection's own page cache, 512 KiB (SQLite's default is 2 MB a connection).
+        assert session.execute(text("PRAGMA cache_size")).scalar() == -512
     database.dispose()
