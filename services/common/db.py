@@ -52,7 +52,7 @@ CHECKPOINT_RETRY_S = 2.0
 # Each pooled connection keeps its own page cache (SQLite's default: 2 MB), up to 18 of them in
 # a burst. The file's pages are in the OS page cache anyway, so a miss costs a read() from
 # memory: a shard at 10k records held 11 MB less at 512 KB, at the same CPU a write
-# (docs/scaling.md, "Memory").
+# (docs/retrieval.md, "Memory (2026-11-29)").
 SQLITE_CACHE_KIB = 512
 _FAST_BUSY_S = 0.5
 

@@ -5,9 +5,9 @@ a record (tokenise, pad, call ONNX Runtime, one text per run for the int8 model)
 holds that lock for a fraction of each text, and a lowered-priority indexer
 thread that holds it makes request threads wait (priority inversion): with the
 indexer embedding in-process, 64 writes in flight reached ~710/s; with the same
-work in another process, ~840/s. So the model lives in a child process (spawned,
-so it shares nothing with the gRPC server's threads) and the shard talks to it
-over pipes:
+work in another process, ~840/s. So the model lives in a child process (a fresh
+interpreter running :mod:`embedding_child`, so it shares nothing with the gRPC server's
+threads) and the shard talks to it over pipes:
 
 - *foreground* pipes (queries, write-time dedup), each served by its own thread at
   normal priority, so a query never waits behind an indexing batch;
@@ -23,12 +23,16 @@ If the shard dies, the child reads end-of-file and exits.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import queue
+import subprocess
+import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +41,8 @@ from services.common.errors import Unavailable
 from services.shard.retrieval.embedding import Vectors
 from services.shard.retrieval.model_dir import ModelSpec
 
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
+"""The directory holding the ``services`` package."""
 _READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 
 
@@ -46,73 +52,34 @@ class EmbedderUnavailable(Unavailable):
     default_reason = "EMBEDDER_UNAVAILABLE"
 
 
-def _serve(conn: Connection, model: Any, niceness: int) -> None:
-    from services.common.priority import lower_this_thread
-
-    lower_this_thread(niceness)
-    while True:
-        try:
-            texts = conn.recv()
-        except (EOFError, OSError):  # the shard closed the pipe or died: nothing left to do
-            os._exit(0)
-        try:
-            reply: tuple[bool, Any] = (True, model.embed(texts))
-        except Exception as error:  # report it to the caller; the child keeps serving
-            reply = (False, f"{type(error).__name__}: {error}")
-        conn.send(reply)
-
-
-def _child(foreground: list[Connection], background: Connection, spec: ModelSpec | None,
-           threads: int, int8: bool, niceness: int, log_level: str) -> None:
-    from services.common.logging_setup import configure_logging
-    from services.common.memory import limit_arenas
-    from services.shard.retrieval.embedding_onnx import onnx_encoder
-
-    limit_arenas()  # as the services do (run_service): a fresh interpreter, not inherited
-    configure_logging("shard-embedder", log_level)  # the same JSON lines as the shard's
-
-    try:
-        model = onnx_encoder(spec, threads=threads, int8=int8, pool_niceness=niceness,
-                             build_apart=True)
-    except Exception as error:
-        background.send((False, f"{type(error).__name__}: {error}"))
-        return
-    background.send((True, (model.name, model.dimension)))
-    workers = [
-        threading.Thread(target=_serve, args=(conn, model, 0), daemon=True)
-        for conn in foreground
-    ]
-    workers.append(threading.Thread(target=_serve, args=(background, model, niceness),
-                                    daemon=True))
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-
-
 class _Child:
     """One running child and the parent's ends of its pipes."""
 
     def __init__(self, spec: ModelSpec | None, threads: int, int8: bool, niceness: int,
                  foreground: int, log_level: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        pairs = [context.Pipe() for _ in range(foreground + 1)]
-        self.process = context.Process(
-            target=_child,
-            args=([child for _, child in pairs[:-1]], pairs[-1][1], spec, threads, int8,
-                  niceness, log_level),
-            name="engram-embedder",
-            daemon=True,
-        )
-        self.process.start()
-        for _, child_end in pairs:
-            child_end.close()
+        pairs = [multiprocessing.Pipe() for _ in range(foreground + 1)]
+        child_ends = [pairs[-1][1], *(child for _, child in pairs[:-1])]  # background first
+        fds = [end.fileno() for end in child_ends]
+        environment = dict(os.environ)
+        # The child imports this package from where the shard did (as spawn passed sys.path).
+        environment["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "services.shard.retrieval.embedding_child",
+                 *map(str, fds)],
+                pass_fds=fds, stdin=subprocess.DEVNULL, env=environment)
+        finally:
+            for end in child_ends:
+                end.close()
         self.background = pairs[-1][0]
         self.free: queue.SimpleQueue[Connection] = queue.SimpleQueue()
         for parent_end, _ in pairs[:-1]:
             self.free.put(parent_end)
         self.connections = [parent_end for parent_end, _ in pairs]
         self.background_lock = threading.Lock()
+        with contextlib.suppress(OSError, ValueError):  # it died at once: the reply says so
+            self.background.send((spec, threads, int8, niceness, log_level))
         if not self.background.poll(_READY_TIMEOUT_S):
             self.close()
             raise EmbedderUnavailable(
@@ -123,7 +90,7 @@ class _Child:
         except EmbedderUnavailable:
             self.close()
             raise EmbedderUnavailable(
-                f"the embedder process exited while starting (code {self.process.exitcode}); "
+                f"the embedder process exited while starting (code {self.exitcode}); "
                 "its error is in the log above"
             ) from None
         if not ok:
@@ -155,20 +122,31 @@ class _Child:
             raise self._gone() from None
         return reply
 
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.poll()
+
+    def _join(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout)
+
     def _gone(self) -> EmbedderUnavailable:
-        self.process.join(timeout=1)
+        self._join(1)
         return EmbedderUnavailable(
-            f"the embedder process exited (code {self.process.exitcode}); the next call "
+            f"the embedder process exited (code {self.exitcode}); the next call "
             "starts a new one"
         )
 
     def close(self) -> None:
         for conn in self.connections:
             conn.close()
-        self.process.join(timeout=5)
-        if self.process.is_alive():
+        self._join(5)
+        if self.alive():
             self.process.kill()
-            self.process.join(timeout=5)
+            self._join(5)
 
 
 class ProcessEmbedder:
@@ -198,7 +176,7 @@ class ProcessEmbedder:
         try:
             return self._foreground(child, texts)
         except EmbedderUnavailable:
-            if child.process.is_alive():
+            if child.alive():
                 raise
             # The child died under this call. Embedding is pure, so the call is repeated
             # once, on the new child: a query never fails for a child that can be replaced.
@@ -239,7 +217,7 @@ class ProcessEmbedder:
 
     def _current(self) -> _Child:
         child = self._child
-        if child.process.is_alive():
+        if child.alive():
             return child
         with self._lock:
             if self._closed:  # a call racing close() must not start a child nobody stops
@@ -295,7 +273,7 @@ class PendingVectors:
         except EmbedderUnavailable as error:
             child.free.put(conn)
             conn = None
-            if child.process.is_alive():
+            if child.alive():
                 self._error = error
             else:  # the child died under this call: once more on the new child
                 try:

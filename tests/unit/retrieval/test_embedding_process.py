@@ -190,16 +190,17 @@ def test_a_started_query_the_death_broke_is_answered_by_the_next_child(
         embedder.embed_started(TEXTS)
 
 
-def test_the_child_exits_when_the_shard_dies() -> None:
-    script = (
-        "import os, sys\n"
-        "from services.shard.retrieval.embedding_process import ProcessEmbedder\n"
-        "e = ProcessEmbedder(threads=1, int8=True)\n"
-        "print(e.pid, flush=True)\n"
-        "os.kill(os.getpid(), 9)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+def _as_a_shard(then: str) -> subprocess.CompletedProcess[str]:
+    """A process that starts a ProcessEmbedder ``e``, then runs ``then``."""
+    script = ("import os\n"
+              "from services.shard.retrieval.embedding_process import ProcessEmbedder\n"
+              "e = ProcessEmbedder(threads=1, int8=True)\n" + then)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300, check=False)
+
+
+def test_the_child_exits_when_the_shard_dies() -> None:
+    done = _as_a_shard("print(e.pid, flush=True)\nos.kill(os.getpid(), 9)\n")
     assert done.returncode == -signal.SIGKILL, done.stderr
     orphan = int(done.stdout.split()[0])
     deadline = time.monotonic() + 10
@@ -210,6 +211,33 @@ def test_the_child_exits_when_the_shard_dies() -> None:
         time.sleep(0.05)
     else:
         assert not os.path.exists(f"/proc/{orphan}"), "the embedder child outlived the shard"
+
+
+def test_the_embedder_is_the_shards_only_child_process() -> None:
+    """No resource tracker beside it (multiprocessing's spawn started one, 12 MB, for
+    semaphores the embedder never uses): one child, the embedder, named for what it is."""
+    done = _as_a_shard(
+        "me = str(os.getpid())\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    try:\n"
+        "        stat = open(f'/proc/{pid}/stat').read()\n"
+        "        cmd = open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if stat.rsplit(')', 1)[1].split()[1] == me:\n"
+        "        print('child', cmd, flush=True)\n"
+        "e.close()\n"
+    )
+    assert done.returncode == 0, done.stderr
+    children = [line for line in done.stdout.splitlines() if line.startswith("child")]
+    assert len(children) == 1, children
+    assert "-m services.shard.retrieval.embedding_child" in children[0]
+
+
+def test_the_child_module_refuses_to_be_run_by_hand() -> None:
+    done = subprocess.run([sys.executable, "-m", "services.shard.retrieval.embedding_child"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "started by the shard" in done.stderr
 
 
 def test_the_shard_runs_minilm_in_a_child_by_default() -> None:
