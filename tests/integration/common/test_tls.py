@@ -97,7 +97,7 @@ def test_the_health_port_says_not_serving_while_the_server_drains(
         tmp_path: Path, engram_home: Path) -> None:
     settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'd.db'}", port=0,
                              allow_ungated=True, embedder="none", health_port=0,
-                             drain_delay_seconds=2.0)
+                             drain_delay_seconds=5.0)  # the window the probe must hit
     server, _service = build_shard_server(settings)
     server.start()
     assert server.health_port is not None

@@ -170,7 +170,7 @@ def stack(tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> Iterat
     governance.start()
     token_file = tmp_path / "shard-service.token"
     write_token_file(token_file, make_token("svc-shard", "system", ("service",)))
-    gate, trust = connect_governance(governance.address, token_file, gate_timeout=2.0,
+    gate, trust = connect_governance(governance.address, token_file, gate_timeout=10.0,
                                      ttl_seconds=0.0)
     shard, service = build_shard_server(
         ShardSettings(home=engram_home, port=0, db_url=f"sqlite:///{tmp_path / 'shard.db'}"),

@@ -47,8 +47,10 @@ def _run(messages: list[tuple[float, dict[str, Any]]], app_delay: float,
 
 
 def test_a_body_in_time_reaches_an_app_that_asks_late() -> None:
+    # The body at 0.01 s against a 2 s deadline (0.2 s left a stalled event loop room to fire
+    # both timers in one turn), the app asking after the deadline.
     got, sent = _run([(0.01, {"type": "http.request", "body": b"{}", "more_body": False})],
-                     app_delay=0.4, seconds=0.2)
+                     app_delay=2.5, seconds=2)
     assert got == [{"type": "http.request", "body": b"{}", "more_body": False}] and not sent
 
 
