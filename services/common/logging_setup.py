@@ -18,9 +18,13 @@ def current_trace_ids() -> dict[str, str]:
 
     A process that never loaded OpenTelemetry's API has no span: it is not imported here."""
     trace = sys.modules.get("opentelemetry.trace")
-    if trace is None:
+    current_span = getattr(trace, "get_current_span", None)  # None while another thread imports it
+    if current_span is None:
         return {}
-    context = trace.get_current_span().get_span_context()
+    try:
+        context = current_span().get_span_context()
+    except Exception:  # a log line is never lost for its trace ids
+        return {}
     if not context.is_valid:
         return {}
     return {"trace_id": format(context.trace_id, "032x"),

@@ -44,6 +44,7 @@ from services.shard.retrieval.model_dir import (
     ModelSpec,
     load_encoder_weights,
     relative_position_bias,
+    weights_stamp,
     word_table,
 )
 
@@ -402,6 +403,10 @@ class OnnxBertEmbedder(PooledEncoder):
                 str(path), sess_options=session_options(), providers=["CPUExecutionProvider"]
             )
         # The token table is not in the graph: mapped from the weights file, fed on each run.
+        # A file rewritten in place would feed another model's table to these layers: each
+        # batch checks it is the file mapped (one stat) and refuses otherwise.
+        self._weights = spec.weights_file
+        self._stamp = weights_stamp(self._weights)
         self._word = word_table(spec)
         trim_heap()  # the float graph, the quantizer's copies and the float session are gone
 
@@ -416,6 +421,13 @@ class OnnxBertEmbedder(PooledEncoder):
         return [done[k % self._threads][k // self._threads] for k in range(len(batches))]
 
     def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
+        try:
+            same = weights_stamp(self._weights) == self._stamp
+        except OSError:
+            same = False
+        if not same:
+            raise ModelDirError(f"{self._weights} changed (or went) under the running embedder; "
+                                "restart the shard to load the model anew")
         token_ids, mask = padded(batch, np.int32, np.int32)
         (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask,
                                                    "word": self._word})

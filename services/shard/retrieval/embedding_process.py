@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import queue
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -43,6 +42,32 @@ from services.shard.retrieval.model_dir import ModelSpec
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 """The directory holding the ``services`` package."""
+
+
+def _executable() -> str:
+    """The interpreter multiprocessing would start (``set_executable`` is honoured)."""
+    from multiprocessing import spawn
+
+    return os.fsdecode(spawn.get_executable())
+
+
+def _interpreter_flags() -> list[str]:
+    """The shard's own interpreter flags (``-I``, ``-E``, ``-X ...``), as spawn passed them,
+    and ``-P``: ``-m`` would otherwise put the working directory (the service's writable data
+    directory, in the image) first on the child's import path."""
+    return [*subprocess._args_from_interpreter_flags(), "-P"]  # type: ignore[attr-defined]
+
+
+def _child_environment() -> dict[str, str]:
+    """The shard's environment; the directory holding ``services`` first on PYTHONPATH when it
+    is a source tree (an install into site-packages needs nothing added)."""
+    import site
+
+    environment = dict(os.environ)
+    if _PACKAGE_ROOT not in site.getsitepackages():
+        environment["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return environment
 _READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 
 
@@ -60,15 +85,16 @@ class _Child:
         pairs = [multiprocessing.Pipe() for _ in range(foreground + 1)]
         child_ends = [pairs[-1][1], *(child for _, child in pairs[:-1])]  # background first
         fds = [end.fileno() for end in child_ends]
-        environment = dict(os.environ)
-        # The child imports this package from where the shard did (as spawn passed sys.path).
-        environment["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "services.shard.retrieval.embedding_child",
-                 *map(str, fds)],
-                pass_fds=fds, stdin=subprocess.DEVNULL, env=environment)
+                [_executable(), *_interpreter_flags(), "-m",
+                 "services.shard.retrieval.embedding_child", *map(str, fds)],
+                pass_fds=fds, stdin=subprocess.DEVNULL, env=_child_environment())
+        except (OSError, ValueError) as error:
+            for parent_end, _ in pairs:
+                parent_end.close()
+            raise EmbedderUnavailable(f"the embedder process could not be started: {error}") \
+                from None
         finally:
             for end in child_ends:
                 end.close()

@@ -351,33 +351,57 @@ def load_encoder_weights(spec: ModelSpec) -> dict[str, npt.NDArray[np.float32]]:
     return weights
 
 
+def weights_stamp(path: Path) -> tuple[int, int, int, int]:
+    """What tells a file rewritten in place from the one mapped: device, inode, size, mtime."""
+    status = path.stat()
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+
+
 def word_table(spec: ModelSpec) -> npt.NDArray[np.float32]:
     """``spec``'s token embedding table, (vocabulary, hidden) float32.
 
     Mapped read-only from ``model.safetensors`` where the file stores it as float32: only the
     pages of tokens a text uses become resident, and they are the page cache's, shared and
     reclaimable, not the process's own heap (the table is 60-70% of MiniLM's weights). A file
-    that stores it otherwise (float16, bfloat16) is read and converted once, as before."""
+    that stores it otherwise (float16, bfloat16) has that one tensor read and converted. The
+    caller keeps :func:`weights_stamp` of the file to notice it rewritten under the mapping."""
+    unreadable = f"{spec.weights_file} is not a readable safetensors file"
     try:
         with spec.weights_file.open("rb") as handle:
             (header_size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(header_size)) if header_size < 100_000_000 else {}
+            if header_size > 100_000_000:
+                raise ValueError(f"a header of {header_size} bytes")
+            header = json.loads(handle.read(header_size))
         size = spec.weights_file.stat().st_size
     except (OSError, ValueError, struct.error) as error:
-        raise ModelDirError(f"{spec.weights_file} is not a readable safetensors file: {error}") \
-            from None
-    entry = next((header[key] for key in (WORD_TABLE, f"bert.{WORD_TABLE}", f"mpnet.{WORD_TABLE}")
-                  if isinstance(header.get(key), dict)), None)
-    if entry is not None and entry.get("dtype") == "F32":
-        shape = entry.get("shape")
-        start, end = entry.get("data_offsets", (0, -1))
-        offset = 8 + header_size + start
-        if (isinstance(shape, list) and len(shape) == 2 and shape[1] == spec.hidden
-                and shape[0] > 0 and end - start == shape[0] * shape[1] * 4
-                and offset + end - start <= size):
-            mapped: npt.NDArray[np.float32] = np.memmap(
-                spec.weights_file, dtype="<f4", mode="r", offset=offset, shape=tuple(shape))
-            return mapped
-    table: npt.NDArray[np.float32] = np.ascontiguousarray(
-        load_encoder_weights(spec)[WORD_TABLE], dtype=np.float32)
+        raise ModelDirError(f"{unreadable}: {error}") from None
+    if not isinstance(header, dict):
+        raise ModelDirError(f"{unreadable}: its header is not a JSON object")
+    key = next((k for k in (WORD_TABLE, f"bert.{WORD_TABLE}", f"mpnet.{WORD_TABLE}")
+                if isinstance(header.get(k), dict)), None)
+    if key is None:
+        raise ModelDirError(f"{spec.weights_file} has no {WORD_TABLE}")
+    entry = header[key]
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(shape, list) and len(shape) == 2
+            and all(type(n) is int for n in shape) and shape[0] > 0 and shape[1] == spec.hidden):
+        raise ModelDirError(f"{spec.weights_file}: {key} has shape {shape}, the config says "
+                            f"(vocabulary, {spec.hidden})")
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(type(n) is int for n in offsets)
+            and 0 <= offsets[0] < offsets[1] <= size - 8 - header_size):
+        raise ModelDirError(f"{unreadable}: {key} has data offsets {offsets}")
+    if entry.get("dtype") == "F32" and offsets[1] - offsets[0] == shape[0] * shape[1] * 4:
+        mapped: npt.NDArray[np.float32] = np.memmap(
+            spec.weights_file, dtype="<f4", mode="r", offset=8 + header_size + offsets[0],
+            shape=(shape[0], shape[1]))
+        return mapped
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(spec.weights_file), framework="numpy") as weights:
+            table: npt.NDArray[np.float32] = np.ascontiguousarray(weights.get_tensor(key),
+                                                                  dtype=np.float32)
+    except (OSError, SafetensorError) as error:
+        raise ModelDirError(f"{unreadable}: {error}") from None
     return table

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -232,6 +233,38 @@ def test_the_embedder_is_the_shards_only_child_process() -> None:
     children = [line for line in done.stdout.splitlines() if line.startswith("child")]
     assert len(children) == 1, children
     assert "-m services.shard.retrieval.embedding_child" in children[0]
+
+
+def test_a_child_that_cannot_be_started_is_embedder_unavailable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """UNAVAILABLE (a search ranks lexically, the indexer retries), not an OSError that would
+    answer INTERNAL; and the parent's ends of the pipes are closed, not left to the GC."""
+    from services.shard.retrieval import embedding_process
+
+    opened: list[Any] = []
+    real_pipe = embedding_process.multiprocessing.Pipe
+
+    def pipe() -> Any:
+        pair = real_pipe()
+        opened.extend(pair)
+        return pair
+
+    monkeypatch.setattr(embedding_process.multiprocessing, "Pipe", pipe)
+    monkeypatch.setattr(embedding_process, "_executable", lambda: "/nonexistent/python")
+    with pytest.raises(EmbedderUnavailable, match="could not be started"):
+        ProcessEmbedder(threads=1, int8=True)
+    assert opened and all(end.closed for end in opened)
+
+
+def test_the_child_runs_with_the_shards_interpreter_flags_and_not_from_its_directory() -> None:
+    from services.shard.retrieval.embedding_process import _interpreter_flags
+
+    done = subprocess.run([sys.executable, "-E", "-c",
+                           "from services.shard.retrieval.embedding_process import "
+                           "_interpreter_flags; print(_interpreter_flags())"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert "'-E'" in done.stdout and "'-P'" in done.stdout, done.stderr
+    assert _interpreter_flags()[-1] == "-P"
 
 
 def test_the_child_module_refuses_to_be_run_by_hand() -> None:

@@ -4,7 +4,10 @@ resident memory in the embedder process (MiniLM's table is 47 MB, mpnet's 94 MB)
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -95,3 +98,52 @@ def test_a_weights_file_that_is_not_safetensors_is_refused(tmp_path: Path) -> No
     (directory / "model.safetensors").write_bytes(b"\xff" * 8 + b"not json")
     with pytest.raises(ModelDirError, match="not a readable safetensors file"):
         word_table(spec)
+
+
+def _header_edited(directory: Path, edit: Callable[[dict[str, Any]], object]) -> None:
+    """Rewrite model.safetensors with ``edit`` applied to its header (the data kept)."""
+    path = directory / "model.safetensors"
+    data = path.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    replaced = edit(header)
+    encoded = json.dumps(header if replaced is None else replaced, separators=(",", ":")).encode()
+    encoded += b" " * max(0, size - len(encoded))  # the data stays where the offsets say
+    assert len(encoded) == size, "the edit made the header longer"
+    path.write_bytes(data[:8] + encoded + data[8 + size :])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h[WORD_TABLE].update(data_offsets=[-8, h[WORD_TABLE]["data_offsets"][1]]),
+     "data offsets"),  # would map the header itself as floats
+    (lambda h: h[WORD_TABLE].update(data_offsets=["0", "1"]), "data offsets"),
+    (lambda h: h[WORD_TABLE].update(shape=[30522.0, 32]), "has shape"),
+    (lambda h: h[WORD_TABLE].update(shape=[30522, 31]), "has shape"),
+    (lambda h: h.pop(WORD_TABLE) and None, "has no embeddings.word_embeddings.weight"),
+    (lambda h: [1, 2, 3], "not a JSON object"),
+])
+def test_a_header_that_does_not_describe_the_table_is_refused_by_name(
+        tmp_path: Path, edit: Callable[[dict[str, Any]], object], message: str) -> None:
+    directory = _tiny_bert(tmp_path / "tiny")
+    spec = inspect_model_dir(directory)
+    _header_edited(directory, edit)
+    with pytest.raises(ModelDirError, match=message):
+        word_table(spec)
+
+
+def test_a_weights_file_rewritten_in_place_is_refused_not_mixed_in(tmp_path: Path) -> None:
+    """Mapped, a file overwritten in place would feed another model's table to the loaded
+    layers and store its vectors under the old identity: each batch checks the file."""
+    directory = _tiny_bert(tmp_path / "tiny")
+    encoder = OnnxBertEmbedder(inspect_model_dir(directory))
+    before = encoder.embed(TEXTS)
+    path = directory / "model.safetensors"
+    weights = load_file(str(path))
+    weights[WORD_TABLE] = weights[WORD_TABLE][::-1].copy()  # another table, the same size
+    with open(path, "r+b") as handle:  # in place: the same inode, as `cp` over it does
+        replacement = Path(tmp_path / "other.safetensors")
+        save_file(weights, str(replacement))
+        handle.write(replacement.read_bytes())
+    with pytest.raises(ModelDirError, match="restart the shard"):
+        encoder.embed(TEXTS)
+    assert before.shape == (len(TEXTS), 32)
