@@ -56,11 +56,16 @@ def moto_endpoint() -> Iterator[str]:
         process.wait(10)
 
 
+ARTIFACTS_SERVICE = "engram.artifacts.v1.ArtifactsService"
+
+
 def _serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                              timeout=1)
+            # By the service's own name: another test's server that took the port answers ""
+            # SERVING too (tests/unit/bench/test_server_process.py), but not this name.
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=ARTIFACTS_SERVICE), timeout=1)
         except grpc.RpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)

@@ -130,14 +130,16 @@ def test_a_shard_whose_embedder_never_answers_does_not_start(
         tmp_path: Path, engram_home: Path, make_service_token: Callable[[str], str]) -> None:
     token = tmp_path / "shard.token"
     token.write_text(make_service_token("shard"))
-    with socket.socket() as closed:  # a port nobody listens on
+    # Bound and not listening for the whole test: nobody answers, and no other test's server
+    # can take the port meanwhile.
+    with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    error = _one_error_line(_start("shard", engram_home, **{
-        "ENGRAM_SHARD_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
-        "ENGRAM_SHARD_EMBEDDER_ADDR": f"127.0.0.1:{port}",
-        "ENGRAM_SHARD_SERVICE_TOKEN_FILE": str(token),
-        "ENGRAM_SHARD_EMBEDDER_START_TIMEOUT_SECONDS": "0.5"}))
+        error = _one_error_line(_start("shard", engram_home, **{
+            "ENGRAM_SHARD_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+            "ENGRAM_SHARD_EMBEDDER_ADDR": f"127.0.0.1:{port}",
+            "ENGRAM_SHARD_SERVICE_TOKEN_FILE": str(token),
+            "ENGRAM_SHARD_EMBEDDER_START_TIMEOUT_SECONDS": "0.5"}))
     assert "ENGRAM_SHARD_EMBEDDER_START_TIMEOUT_SECONDS" in str(error["msg"])
 
 

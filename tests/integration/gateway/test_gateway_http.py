@@ -231,19 +231,22 @@ def test_a_service_down_is_503_naming_the_service_not_its_address(stack: Stack) 
     from engram.gateway import Gateway, GatewayConfig
     from tests.integration.gateway.conftest import GatewayThread
 
-    with socket.socket() as sock:  # a port nothing listens on
+    # A port bound and not listening for the whole test: connections are refused, and no other
+    # test's server can take it meanwhile (closed before use, it was free for anyone).
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"127.0.0.1:{sock.getsockname()[1]}"
-    addresses = {**stack.addresses, "compactor": closed}
-    with GatewayThread(Gateway(GatewayConfig(addresses, timeout_seconds=5.0))) as url:
-        answer = requests.get(f"{url}/v1/runs/r/iterations", headers=_auth(stack), timeout=10)
-        assert answer.status_code == 503, answer.text
-        status = answer.json()
-        assert status["code"] == 14 and closed not in answer.text
-        assert status["details"][0]["reason"] == "SERVICE_UNAVAILABLE"
-        assert status["details"][0]["metadata"] == {"service": "compactor"}
-        # The other services are unaffected.
-        assert requests.get(f"{url}/v1/status", headers=_auth(stack), timeout=10).ok
+        addresses = {**stack.addresses, "compactor": closed}
+        with GatewayThread(Gateway(GatewayConfig(addresses, timeout_seconds=5.0))) as url:
+            answer = requests.get(f"{url}/v1/runs/r/iterations", headers=_auth(stack),
+                                  timeout=10)
+            assert answer.status_code == 503, answer.text
+            status = answer.json()
+            assert status["code"] == 14 and closed not in answer.text
+            assert status["details"][0]["reason"] == "SERVICE_UNAVAILABLE"
+            assert status["details"][0]["metadata"] == {"service": "compactor"}
+            # The other services are unaffected.
+            assert requests.get(f"{url}/v1/status", headers=_auth(stack), timeout=10).ok
 
 
 def _stalled(url: str, path: str, auth: dict[str, str], body: bytes, length: int) -> str:
