@@ -48,13 +48,13 @@ WAL_SIZE_LIMIT_BYTES = 1 << 20
 # lock and makes it answer busy at once. A busy answer that came back this fast is retried, for
 # at most this long; one that waited out the busy timeout is a reader holding the WAL.
 CHECKPOINT_RETRY_S = 2.0
+_FAST_BUSY_S = 0.5
 
 # Each pooled connection keeps its own page cache (SQLite's default: 2 MB), up to 18 of them in
 # a burst. The file's pages are in the OS page cache anyway, so a miss costs a read() from
 # memory: a shard at 10k records held 11 MB less at 512 KB, at the same CPU a write
 # (docs/retrieval.md, "Memory (2026-11-29)").
 SQLITE_CACHE_KIB = 512
-_FAST_BUSY_S = 0.5
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -113,10 +113,7 @@ class TokenKeySettings(BaseSettings):
 
 
 class ServerSettings(TokenKeySettings):
-    model_config = SettingsConfigDict(
-        env_prefix="ENGRAM_", frozen=True, extra="ignore", populate_by_name=True
-    )
-
+    # model_config: TokenKeySettings' (ENGRAM_ prefix, frozen), inherited.
     log_level: str = Field(default="INFO", validation_alias=_shared("ENGRAM_LOG_LEVEL"))
     auth_restrictions_refresh_seconds: float = Field(
         default=2.0, gt=0, le=300,

@@ -404,7 +404,7 @@ class OnnxBertEmbedder(PooledEncoder):
             )
         # The token table is not in the graph: mapped from the weights file, fed on each run.
         # A file rewritten in place would feed another model's table to these layers: each
-        # batch checks it is the file mapped (one stat) and refuses otherwise.
+        # call checks it is the file mapped (one stat) and refuses otherwise.
         self._weights = spec.weights_file
         self._stamp = weights_stamp(self._weights)
         self._word = word_table(spec)
@@ -412,6 +412,7 @@ class OnnxBertEmbedder(PooledEncoder):
 
     def _run(self, batches: list[Batch]) -> list[npt.NDArray[np.float32]]:
         """Batches in ``threads`` interleaved stripes; ORT releases the GIL while it runs."""
+        self._require_weights_unchanged()  # once a call, not once a batch (a text, in int8)
         serial = super()._run
         if self._pool is None or len(batches) < 2:
             return serial(batches)
@@ -420,7 +421,7 @@ class OnnxBertEmbedder(PooledEncoder):
         done = [serial(stripes[0]), *(future.result() for future in others)]
         return [done[k % self._threads][k // self._threads] for k in range(len(batches))]
 
-    def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
+    def _require_weights_unchanged(self) -> None:
         try:
             same = weights_stamp(self._weights) == self._stamp
         except OSError:
@@ -428,6 +429,8 @@ class OnnxBertEmbedder(PooledEncoder):
         if not same:
             raise ModelDirError(f"{self._weights} changed (or went) under the running embedder; "
                                 "restart the shard to load the model anew")
+
+    def _forward(self, batch: Batch) -> npt.NDArray[np.float32]:
         token_ids, mask = padded(batch, np.int32, np.int32)
         (pooled,) = self._session.run(["pooled"], {"input_ids": token_ids, "mask": mask,
                                                    "word": self._word})

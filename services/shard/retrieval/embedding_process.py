@@ -40,6 +40,7 @@ from services.common.errors import Unavailable
 from services.shard.retrieval.embedding import Vectors
 from services.shard.retrieval.model_dir import ModelSpec
 
+_READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 """The directory holding the ``services`` package."""
 
@@ -68,7 +69,6 @@ def _child_environment() -> dict[str, str]:
         environment["PYTHONPATH"] = os.pathsep.join(
             p for p in (_PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
     return environment
-_READY_TIMEOUT_S = 300.0  # building the int8 graph takes ~2 s; a loaded machine, far longer
 
 
 class EmbedderUnavailable(Unavailable):
