@@ -81,13 +81,36 @@ class ExactVectorIndex:
             self._slots[key] = -1
             self._size = last
 
-    def vectors(self, keys: Keys) -> Vectors:
+    def _rows(self, keys: Keys) -> npt.NDArray[np.floating]:
         wanted = np.asarray(keys, dtype=np.int64)
         inside = (wanted >= 0) & (wanted < len(self._slots))
         slots = np.where(inside, self._slots[np.where(inside, wanted, 0)], -1)
         if (slots < 0).any():
             raise KeyError(int(wanted[np.argmax(slots < 0)]))
-        rows = self._matrix[slots]
+        rows: npt.NDArray[np.floating] = self._matrix[slots]
+        return rows
+
+    def dots(self, keys: Keys, query: Vectors) -> Vectors:
+        """The dot product of each key's stored vector with ``query`` (its cosine, both being
+        normalised), in ``keys``' order.
+
+        Float16 rows go to usearch's exact kernel (SimSIMD: half floats widened in registers),
+        not through :meth:`vectors`: widening every row to float32 in numpy first was most of
+        a hybrid search's scoring at 10k records (1,000 rows: 0.66 -> 0.32 ms on an AVX2
+        EPYC). The kernel rounds the query to float16 too; cosines move by up to 4e-5."""
+        rows = self._rows(keys)
+        if rows.dtype != np.float16 or not len(rows):
+            out: Vectors = rows.astype(np.float32, copy=False) @ query.astype(np.float32)
+            return out
+        from usearch.index import search
+
+        found = search(rows, query.astype(np.float16), len(rows), "ip", exact=True, threads=1)
+        sims = np.empty(len(rows), dtype=np.float32)
+        sims[found.keys.astype(np.int64)] = 1.0 - found.distances
+        return sims
+
+    def vectors(self, keys: Keys) -> Vectors:
+        rows = self._rows(keys)
         if rows.dtype == np.float16:
             # The same float32 values as astype, from a table of all 65,536 halves: numpy's
             # float16 cast was 35% of a hybrid search's scoring at 10k records (~400 rows).
@@ -176,9 +199,12 @@ class HnswVectorIndex:
 class TieredVectorIndex:
     """Exact below ``threshold`` vectors, HNSW from then on (built from the exact copy once).
 
-    Past the threshold both the HNSW graph and the copy that serves :meth:`vectors` (the
-    candidates' cosines, a fancy-indexed matrix product instead of one HNSW lookup per key)
-    hold float16: half the memory of float32 for cosines that differ in the fourth decimal.
+    Past the threshold the HNSW graph holds bfloat16 and the copy that serves :meth:`dots`
+    and :meth:`vectors` (the candidates' cosines, one kernel call over their rows instead of
+    one HNSW lookup per key) float16: each half the memory of float32, for cosines that differ
+    in the fourth decimal. bfloat16 in the graph because a CPU without half-float arithmetic
+    widens it with a shift: at 10k MiniLM vectors of the bench's records, 100 nearest took
+    0.80 ms against 1.21 ms in float16 (AVX2 EPYC), recall@100 against exact 0.839 in both.
     """
 
     def __init__(self, dimension: int, *, threshold: int = 10_000) -> None:
@@ -203,7 +229,7 @@ class TieredVectorIndex:
         assert self._exact is not None
         self._exact.add(keys, vectors)
         if len(self._exact) >= self.threshold:
-            hnsw = HnswVectorIndex(self.dimension, dtype="f16")
+            hnsw = HnswVectorIndex(self.dimension, dtype="bf16")
             store = ExactVectorIndex(self.dimension, dtype=np.float16)
             all_keys, all_vectors = self._exact.items()
             key_list = [int(k) for k in all_keys]
@@ -228,9 +254,16 @@ class TieredVectorIndex:
 
     def vectors(self, keys: Keys) -> Vectors:
         """The stored vectors of ``keys`` (each must have been added; KeyError otherwise)."""
+        return self._source().vectors(keys)
+
+    def dots(self, keys: Keys, query: Vectors) -> Vectors:
+        """Each key's cosine to ``query`` (normalised), as :meth:`ExactVectorIndex.dots`."""
+        return self._source().dots(keys, query)
+
+    def _source(self) -> ExactVectorIndex:
         source = self._store if self._store is not None else self._exact
         assert source is not None
-        return source.vectors(keys)
+        return source
 
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
         if self._hnsw is not None:

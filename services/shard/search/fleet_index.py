@@ -592,11 +592,11 @@ class FleetIndex:
         out = np.full(len(docs), np.nan, dtype=np.float32)
         have = self._has_vector[docs]
         if query_vector is not None and have.any():
-            out[have] = self.vectors.vectors(docs[have]) @ query_vector
+            out[have] = self.vectors.dots(docs[have], query_vector)
         if previous_vector is not None and self.previous is not None:
             old = self._only_previous(len(self.ids))[docs]
             if old.any():
-                out[old] = self.previous.vectors(docs[old]) @ previous_vector
+                out[old] = self.previous.dots(docs[old], previous_vector)
         return out
 
     def search(
@@ -683,7 +683,7 @@ class FleetIndex:
         if not len(docs):
             return []
         if len(docs) <= EXACT_FILTERED:
-            sims = self.vectors.vectors(docs) @ query_vector
+            sims = self.vectors.dots(docs, query_vector)
             best = _top(sims, depth)
             return list(zip(docs[best].tolist(), sims[best].tolist(), strict=True))
         total = len(self.vectors)

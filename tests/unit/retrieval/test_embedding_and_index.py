@@ -94,6 +94,24 @@ def test_exact_index_looks_up_vectors_by_key_in_any_order_and_refuses_unknown_ke
         index.add([-2], data[:1])
 
 
+def test_dots_are_each_keys_cosine_in_the_order_asked_for_float32_and_float16_rows() -> None:
+    """Float16 rows are scored by usearch's kernel, not widened in numpy first: the same
+    cosines (the query is rounded to float16 too), in the keys' order, repeats included."""
+    data = _clustered(300, 384, 5)
+    query = data[11]
+    asked = np.array([17, 250, 3, 17, 299, 0], dtype=np.int64)
+    for dtype, tolerance in ((np.float32, 1e-6), (np.float16, 1e-4)):
+        index = ExactVectorIndex(384, dtype=dtype)
+        index.add(list(range(300)), data)
+        dots = index.dots(asked, query)
+        assert dots.dtype == np.float32
+        assert np.allclose(dots, data[asked] @ query, atol=tolerance)
+        assert np.allclose(dots, index.vectors(asked) @ query, atol=tolerance)
+        assert index.dots(np.array([], dtype=np.int64), query).shape == (0,)
+        with pytest.raises(KeyError):
+            index.dots([4, 300], query)
+
+
 def test_hnsw_recall_against_exact_is_high() -> None:
     data = _clustered(2000, 32, 2)
     exact, hnsw = ExactVectorIndex(32), HnswVectorIndex(32)
@@ -114,6 +132,11 @@ def test_tiered_index_switches_to_hnsw_past_threshold_and_keeps_results() -> Non
     stored = tiered.vectors([3, 110])
     assert stored.dtype == np.float32
     assert np.allclose(stored, data[[3, 110]], atol=1e-3)
+    assert np.allclose(tiered.dots([3, 110], data[110]), data[[3, 110]] @ data[110], atol=1e-3)
+    # The graph (bfloat16) finds what an exact scan finds.
+    exact = ExactVectorIndex(16)
+    exact.add(list(range(120)), data)
+    assert recall_against(exact, tiered, data[:40], 5) >= 0.95
 
 
 def test_tiered_index_is_exact_again_once_removals_take_it_below_half_its_threshold() -> None:
