@@ -22,7 +22,7 @@ from alembic import command, context
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
@@ -128,6 +128,21 @@ class Database:
             raise
         finally:
             session.close()
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A Core connection for reads alone, without an ORM session's begin, commit and close
+        around it (a search's catch-up read, asked on every query: 0.18 -> 0.09 ms in process);
+        rolled back as it goes back to the pool. Errors are translated as :meth:`session`'s."""
+        try:
+            with self.engine.connect() as connection:
+                yield connection
+        except OperationalError as exc:
+            if _is_connection_error(exc):
+                raise Unavailable(
+                    f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"
+                ) from exc
+            raise
 
     @contextmanager
     def writing(self) -> Iterator[Session]:

@@ -28,6 +28,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Connection, Result
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import BindParameter, TextClause
 
@@ -263,6 +264,15 @@ class RequestClaim(NamedTuple):
     record_ids: Sequence[str]
 
 
+def _dicts(result: Result[Any]) -> Iterator[dict[str, Any]]:
+    """``result``'s rows as plain dicts. ``Result.mappings()`` resolves every key through
+    SQLAlchemy's row machinery: 40 records read by id took 1.40 ms that way and 0.84 ms as
+    dicts (in process, SQLite, AVX2 EPYC); search reads 40 on every query."""
+    keys = list(result.keys())
+    for row in result:
+        yield dict(zip(keys, row, strict=True))
+
+
 class ShardRepository:
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
@@ -273,7 +283,7 @@ class ShardRepository:
         wanted = list(set(ids))
         found: dict[str, Record] = {}
         for start in range(0, len(wanted), 500):
-            rows = session.execute(_EXISTING, {"ids": wanted[start : start + 500]}).mappings()
+            rows = _dicts(session.execute(_EXISTING, {"ids": wanted[start : start + 500]}))
             found.update((row["id"], row_to_record(row)) for row in rows)
         return found
 
@@ -405,7 +415,7 @@ class ShardRepository:
     # -- domains ------------------------------------------------------------
 
     def domains(self, session: Session, fleet_id: str) -> list[Domain]:
-        rows = session.execute(_DOMAINS_OF, {"fleet": fleet_id}).mappings()
+        rows = _dicts(session.execute(_DOMAINS_OF, {"fleet": fleet_id}))
         return [row_to_domain(row) for row in rows]
 
     def add_domains(self, session: Session, fleet_id: str, domains: Sequence[Domain]) -> None:
@@ -488,7 +498,7 @@ class ShardRepository:
         statement = _LIVE_BY_IDS if exclude_compacted else _EXISTING
         # Core rows through the session's connection, skipping the ORM's result machinery
         # (asked on every search: 40 ids at 10k records, 1.09 -> 1.02 ms p50 in process).
-        rows = session.connection().execute(statement, {"ids": list(ids)}).mappings()
+        rows = _dicts(session.connection().execute(statement, {"ids": list(ids)}))
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def _filtered(self, flt: RecordFilter, *, fleet_by_index: bool = True):  # type: ignore[no-untyped-def]
@@ -661,7 +671,7 @@ class ShardRepository:
     def by_ids_checked(self, session: Session, fleet_id: str,
                        ids: Sequence[str]) -> dict[str, Record | IntegrityError]:
         """As :meth:`by_ids`, with an unreadable row as its DATA_LOSS error."""
-        rows = session.execute(_EXISTING, {"ids": list(ids)}).mappings()
+        rows = _dicts(session.execute(_EXISTING, {"ids": list(ids)}))
         return {row["id"]: _checked(row) for row in rows if row["fleet_id"] == fleet_id}
 
     def scan(self, session: Session, flt: RecordFilter, batch: int = 500) -> Iterator[Record]:
@@ -828,11 +838,12 @@ class ShardRepository:
 
     # -- the search index: catch-up and stored vectors ----------------------
 
-    def texts_after(self, session: Session, position: int, gaps: Sequence[int],
+    def texts_after(self, reader: Session | Connection, position: int, gaps: Sequence[int],
                     limit: int) -> list[RecordText]:
         """Records past ``seq`` ``position``, and those among ``gaps``, oldest first."""
         params: dict[str, object] = {"position": position, "limit": limit}
-        connection = session.connection()  # Core rows: no ORM result machinery
+        # Core rows: no ORM result machinery
+        connection = reader.connection() if isinstance(reader, Session) else reader
         if gaps:
             rows = connection.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
         else:

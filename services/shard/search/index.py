@@ -556,8 +556,8 @@ class SearchIndex:
         while True:
             gaps = self._cursor.gaps()
             with self._handing():
-                with self.db.session() as session:
-                    rows = self.repo.texts_after(session, self._cursor.position, gaps, chunk)
+                with self.db.reading() as connection:
+                    rows = self.repo.texts_after(connection, self._cursor.position, gaps, chunk)
                 if not rows:
                     return
                 touched: dict[str, _FleetSlot] = {}
