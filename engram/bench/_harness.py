@@ -235,10 +235,16 @@ class ServerProcess:
 
 
 def shard_process(home: Path, *, embedder: str, timeout: float = 60.0) -> ServerProcess:
-    """A shard alone (no governance: the gated figures are `engram bench gate`) on SQLite."""
+    """A shard alone (no governance: the gated figures are `engram bench gate`) on SQLite.
+
+    Its schema is migrated first, from this process, as a deployment's migration Job does
+    (docs/deploy.md): a replica that migrates itself holds alembic (11.5 MB) until its next
+    start, and the figures are a serving replica's."""
+    url = f"sqlite:///{home / 'shard.db'}"
+    _migrate_shard(url)
     env = {
         "ENGRAM_HOME": str(home),
-        "ENGRAM_SHARD_DB_URL": f"sqlite:///{home / 'shard.db'}",
+        "ENGRAM_SHARD_DB_URL": url,
         "ENGRAM_LOG_LEVEL": "WARNING",
         "ENGRAM_SHARD_ALLOW_UNGATED": "true",
         "ENGRAM_SHARD_EMBEDDER": embedder,
@@ -247,6 +253,17 @@ def shard_process(home: Path, *, embedder: str, timeout: float = 60.0) -> Server
         [sys.executable, "-m", "services.shard"], env, port_env="ENGRAM_SHARD_PORT",
         timeout=timeout,
     )
+
+
+def _migrate_shard(url: str) -> None:
+    from services.common.db import Database
+    from services.shard.server import MIGRATIONS
+
+    database = Database(url)
+    try:
+        database.prepare_schema(MIGRATIONS, "shard", migrate=True)
+    finally:
+        database.dispose()
 
 
 def _serve_echo() -> None:

@@ -16,12 +16,8 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command, context
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -31,7 +27,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from services.common.errors import Unavailable
+from services.common.schema import recorded_revisions, schema_head
 from services.common.startup import StartupError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger("engram.db")
 
@@ -171,6 +171,8 @@ class Database:
 
     def upgrade(self, migrations_dir: Path) -> None:
         """Bring the schema to the newest revision shipped with the service."""
+        from alembic import command  # only when a migration runs: services/common/schema.py
+
         config = _alembic_config(migrations_dir)
         config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
         with self.engine.begin() as connection:
@@ -182,16 +184,24 @@ class Database:
         it is there already. A schema that is not (an empty database, or one an older build
         left) is a :class:`StartupError` naming both revisions and ENGRAM_<SERVICE>_MIGRATE,
         instead of the first query failing on a missing table. Each service's migrations
-        record their revision in :func:`version_table` (its migrations/env.py)."""
+        record their revision in :func:`version_table` (its migrations/env.py).
+
+        A schema found current (every start but the first after an upgrade) is checked
+        without importing alembic (:mod:`services.common.schema`)."""
+        head = schema_head(migrations_dir)
+        with self.reading() as connection:
+            recorded = recorded_revisions(connection, version_table(service))
+        if head is not None and recorded == {head}:
+            return
         if migrate:
             self.upgrade(migrations_dir)
             return
+        from alembic.script import ScriptDirectory
+
         setting = f"ENGRAM_{service.upper()}_MIGRATE"
         head = ScriptDirectory.from_config(_alembic_config(migrations_dir)).get_current_head()
-        with self.engine.connect() as connection:
-            current = MigrationContext.configure(connection, opts={
-                "version_table": version_table(service)}).get_current_revision()
-        if current != head:
+        current = ", ".join(sorted(recorded))
+        if recorded != {head}:
             where = make_url(self.url).render_as_string(hide_password=True)
             raise StartupError(
                 f"the database at {where} has schema revision "
@@ -284,6 +294,8 @@ class Database:
 
 
 def _alembic_config(migrations_dir: Path) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir))
     return config
@@ -297,6 +309,8 @@ def version_table(service: str) -> str:
 
 def run_migrations(target_metadata: MetaData, service: str) -> None:
     """The body of every service's migrations/env.py (connection from Database.upgrade)."""
+    from alembic import context
+
     connection = context.config.attributes.get("connection")
     if connection is None:
         raise RuntimeError(f"run the {service} migrations through "
