@@ -137,7 +137,7 @@ class Database:
         try:
             with self.engine.connect() as connection:
                 yield connection
-        except OperationalError as exc:
+        except DBAPIError as exc:  # OperationalError, or an InterfaceError on a dropped link
             if _is_connection_error(exc):
                 raise Unavailable(
                     f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"

@@ -25,14 +25,14 @@ def schema_head(migrations_dir: Path) -> str | None:
     revisions: set[str] = set()
     replaced: set[str] = set()
     for path in sorted((migrations_dir / "versions").glob("*.py")):
+        if path.name == "__init__.py" or path.name.startswith("."):  # as alembic skips them
+            continue
         fields = _fields(path)
         if fields is None:
             return None
         revision, down = fields.get("revision"), fields.get("down_revision")
-        if revision is None:
-            continue  # not a migration (__init__.py)
         if not isinstance(revision, str):
-            return None
+            return None  # a script that names its revision some other way: alembic reads it
         revisions.add(revision)
         if isinstance(down, str):
             replaced.add(down)
@@ -48,17 +48,18 @@ def _fields(path: Path) -> dict[str, object] | None:
     """``revision`` and ``down_revision`` as the script assigns them at module level."""
     found: dict[str, object] = {}
     for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target, value = node.targets[0], node.value
+        if isinstance(node, ast.Assign):  # also chained: revision = rev_id = "0005"
+            targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            target, value = node.target, node.value
+            targets, value = [node.target], node.value
         else:
             continue
-        if isinstance(target, ast.Name) and target.id in _FIELDS:
-            try:
-                found[target.id] = ast.literal_eval(value)
-            except ValueError:
-                return None
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in _FIELDS:
+                try:
+                    found[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    return None
     return found
 
 

@@ -97,7 +97,8 @@ class ExactVectorIndex:
         Float16 rows go to usearch's exact kernel (SimSIMD: half floats widened in registers),
         not through :meth:`vectors`: widening every row to float32 in numpy first was most of
         a hybrid search's scoring at 10k records (1,000 rows: 0.66 -> 0.32 ms on an AVX2
-        EPYC). The kernel rounds the query to float16 too; cosines move by up to 4e-5."""
+        EPYC). The kernel rounds the query to float16 too (4e-5 seen on MiniLM vectors, 5e-4
+        at most)."""
         rows = self._rows(keys)
         if rows.dtype != np.float16 or not len(rows):
             out: Vectors = rows.astype(np.float32, copy=False) @ query.astype(np.float32)
@@ -199,12 +200,13 @@ class HnswVectorIndex:
 class TieredVectorIndex:
     """Exact below ``threshold`` vectors, HNSW from then on (built from the exact copy once).
 
-    Past the threshold the HNSW graph holds bfloat16 and the copy that serves :meth:`dots`
-    and :meth:`vectors` (the candidates' cosines, one kernel call over their rows instead of
-    one HNSW lookup per key) float16: each half the memory of float32, for cosines that differ
-    in the fourth decimal. bfloat16 in the graph because a CPU without half-float arithmetic
-    widens it with a shift: at 10k MiniLM vectors of the bench's records, 100 nearest took
-    0.80 ms against 1.21 ms in float16 (AVX2 EPYC), recall@100 against exact 0.839 in both.
+    Past the threshold the HNSW graph holds bfloat16 and the copy that serves :meth:`dots`,
+    :meth:`vectors` and the cosines :meth:`search` returns (the candidates' cosines, one
+    kernel call over their rows instead of one HNSW lookup per key) float16: each half the
+    memory of float32; float16 cosines are within 5e-4 of float32. bfloat16 in the graph,
+    which only chooses the keys, because a CPU without half-float arithmetic widens it with a
+    shift: at 10k MiniLM vectors of the bench's records, 100 nearest took 0.80 ms against
+    1.21 ms in float16 (AVX2 EPYC), recall@100 against exact 0.839 in both.
     """
 
     def __init__(self, dimension: int, *, threshold: int = 10_000) -> None:
@@ -266,8 +268,16 @@ class TieredVectorIndex:
         return source
 
     def search(self, query: Vectors, k: int) -> list[tuple[int, float]]:
-        if self._hnsw is not None:
-            return self._hnsw.search(query, k)
+        if self._hnsw is not None and self._store is not None:
+            # The graph finds the keys; their cosines come from the float16 copy, since a
+            # bfloat16 cosine is 8x coarser and callers compare them with thresholds
+            # (semantic dedup at 0.97, the seeds' min_similarity).
+            keys = [key for key, _ in self._hnsw.search(query, k)]
+            if not keys:
+                return []
+            sims = self._store.dots(keys, query)
+            order = np.argsort(-sims, kind="stable")
+            return [(keys[i], float(sims[i])) for i in order]
         assert self._exact is not None
         return self._exact.search(query, k)
 

@@ -46,15 +46,18 @@ def test_a_chain_a_merge_and_annotated_fields_give_the_one_head(tmp_path: Path) 
         'revision = "a"\ndown_revision = None\n',
         'revision: str = "b"\ndown_revision: str | None = "a"\n',
         'revision = "c"\ndown_revision = "a"\n',
-        'revision = "d"\ndown_revision = ("b", "c")\n')
-    assert schema_head(migrations) == "d"
+        'revision = "d"\ndown_revision = ("b", "c")\n',
+        'revision = rev_id = "e"\ndown_revision = "d"\n')
+    (migrations / "versions" / ".#0004_step.py").write_text("an editor's lock file")
+    assert schema_head(migrations) == "e"
 
 
 @pytest.mark.parametrize("second", [
     'revision = "c"\ndown_revision = "a"\n',  # two heads: b and c
     'revision = "b" + ""\ndown_revision = "a"\n',  # not a literal
     'revision = "b"\ndown_revision = 7\n',  # not a revision
-], ids=["two heads", "computed", "bad down_revision"])
+    'if True:\n    revision = "c"\n    down_revision = "b"\n',  # not at module level
+], ids=["two heads", "computed", "bad down_revision", "hidden revision"])
 def test_scripts_that_do_not_name_one_head_leave_it_to_alembic(tmp_path: Path,
                                                               second: str) -> None:
     migrations = _scripts(tmp_path, 'revision = "a"\ndown_revision = None\n',

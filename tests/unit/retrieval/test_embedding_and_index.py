@@ -133,10 +133,15 @@ def test_tiered_index_switches_to_hnsw_past_threshold_and_keeps_results() -> Non
     assert stored.dtype == np.float32
     assert np.allclose(stored, data[[3, 110]], atol=1e-3)
     assert np.allclose(tiered.dots([3, 110], data[110]), data[[3, 110]] @ data[110], atol=1e-3)
-    # The graph (bfloat16) finds what an exact scan finds.
+    # The graph (bfloat16) finds what an exact scan finds; its hits' cosines are the float16
+    # copy's, best first (a threshold such as semantic dedup's 0.97 compares them).
     exact = ExactVectorIndex(16)
     exact.add(list(range(120)), data)
     assert recall_against(exact, tiered, data[:40], 5) >= 0.95
+    hits = tiered.search(data[7], 10)
+    keys = [key for key, _ in hits]
+    assert [sim for _, sim in hits] == pytest.approx(tiered.dots(keys, data[7]).tolist(), abs=0)
+    assert [sim for _, sim in hits] == sorted((sim for _, sim in hits), reverse=True)
 
 
 def test_tiered_index_is_exact_again_once_removals_take_it_below_half_its_threshold() -> None:
