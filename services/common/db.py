@@ -117,9 +117,7 @@ class Database:
         except OperationalError as exc:
             session.rollback()
             if _is_connection_error(exc):
-                raise Unavailable(
-                    f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"
-                ) from exc
+                raise _unavailable(exc) from exc
             if self.dialect == "sqlite" and "disk is full" in str(exc.orig).lower():
                 self.checkpoint()  # fold the WAL back into the file: the space it held returns
             raise
@@ -139,9 +137,7 @@ class Database:
                 yield connection
         except DBAPIError as exc:  # OperationalError, or an InterfaceError on a dropped link
             if _is_connection_error(exc):
-                raise Unavailable(
-                    f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE"
-                ) from exc
+                raise _unavailable(exc) from exc
             raise
 
     @contextmanager
@@ -329,6 +325,10 @@ def _is_connection_error(exc: DBAPIError) -> bool:
                        "connection failed", "not currently accepting connections",
                        "connection is closed", "consuming input failed")
     )
+
+
+def _unavailable(exc: DBAPIError) -> Unavailable:
+    return Unavailable(f"database unavailable: {_short(exc)}", reason="DATABASE_UNAVAILABLE")
 
 
 def _short(exc: DBAPIError) -> str:

@@ -838,12 +838,11 @@ class ShardRepository:
 
     # -- the search index: catch-up and stored vectors ----------------------
 
-    def texts_after(self, reader: Session | Connection, position: int, gaps: Sequence[int],
+    def texts_after(self, connection: Connection, position: int, gaps: Sequence[int],
                     limit: int) -> list[RecordText]:
-        """Records past ``seq`` ``position``, and those among ``gaps``, oldest first."""
+        """Records past ``seq`` ``position``, and those among ``gaps``, oldest first (Core
+        rows, through :meth:`Database.reading`: no ORM session or result machinery)."""
         params: dict[str, object] = {"position": position, "limit": limit}
-        # Core rows: no ORM result machinery
-        connection = reader.connection() if isinstance(reader, Session) else reader
         if gaps:
             rows = connection.execute(_TEXTS_AFTER_AND_GAPS, {**params, "gaps": list(gaps)})
         else:

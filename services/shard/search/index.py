@@ -845,8 +845,9 @@ class SearchIndex:
             if after >= through or len(self._pending) >= self.batch:
                 return
         with self._handing():
-            with self.db.session() as session:
-                rows = [row for row in self.repo.texts_after(session, after, [], self.batch * 4)
+            with self.db.reading() as connection:
+                rows = [row for row in self.repo.texts_after(connection, after, [],
+                                                             self.batch * 4)
                         if row.seq <= through]
             with self._lock:
                 self._pending.extendleft(reversed(
