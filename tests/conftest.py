@@ -149,6 +149,29 @@ def fresh_postgres_url(fresh_postgres_urls: Callable[[], str]) -> str:
     return fresh_postgres_urls()
 
 
+@pytest.fixture
+def moto_endpoint() -> Iterator[str]:
+    """An S3 endpoint on a loopback port of its own: moto's server in a thread of this process
+    (port 0, so no other test can take the port between choosing and binding it), reset after
+    the test. Subprocesses reach it by its address like any S3; clients need credentials of
+    any value."""
+    import urllib.request
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        yield endpoint
+    finally:
+        # moto keeps its buckets in this process: the next test starts from none
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset",
+                                                      method="POST"), timeout=30).close()
+        server.stop()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist (``make test`` runs ``-n 2 --dist loadgroup``) the fault tests share one
     worker, one after another: each kills, starves or times a whole stack, and its criteria

@@ -33,10 +33,12 @@ class GatedStack:
 @contextmanager
 def gated_stack(data: Path, home: Path, make_token: TokenFactory,
                 db_urls: Mapping[str, str] | None = None, *,
-                governed: bool = False) -> Iterator[GatedStack]:
+                governed: bool = False,
+                artifacts: Mapping[str, Any] | None = None) -> Iterator[GatedStack]:
     """The three servers, each with its SQLite store under ``data`` (or the database
     ``db_urls[service]`` names); stopped on exit. ``governed``: artifacts reads access
-    restrictions and erasures from governance too, with its own service token."""
+    restrictions and erasures from governance too, with its own service token.
+    ``artifacts``: more of its settings (e.g. an S3 ``blob_url``)."""
     urls = {name: f"sqlite:///{data / f'{name}.db'}"
             for name in ("governance", "shard", "artifacts")} | dict(db_urls or {})
     governance = build_governance_server(GovernanceSettings(
@@ -55,16 +57,16 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory,
     shard.start()
     artifacts_token = data / "artifacts-service.token"
     write_token_file(artifacts_token, make_token("svc-artifacts", "system", ("service",)))
-    artifacts, _ = build_artifacts_server(ArtifactsSettings(
-        home=home, port=0, db_url=urls["artifacts"],
-        blob_url=(data / "blobs").as_uri(),
-        governance_addr=governance.address if governed else None,
-        service_token_file=artifacts_token if governed else None))
-    artifacts.start()
+    artifacts_server, _ = build_artifacts_server(ArtifactsSettings(**{
+        "home": home, "port": 0, "db_url": urls["artifacts"],
+        "blob_url": (data / "blobs").as_uri(),
+        "governance_addr": governance.address if governed else None,
+        "service_token_file": artifacts_token if governed else None} | dict(artifacts or {})))
+    artifacts_server.start()
     try:
-        yield GatedStack(governance, shard, artifacts)
+        yield GatedStack(governance, shard, artifacts_server)
     finally:
-        artifacts.stop(0)
+        artifacts_server.stop(0)
         shard.stop(0)
         governance.stop(0)
 
@@ -85,20 +87,23 @@ class FullStack:
 def full_stack(data: Path, home: Path, make_token: TokenFactory,
                db_urls: Mapping[str, str] | None = None, *,
                governed: bool = False,
+               artifacts: Mapping[str, Any] | None = None,
                compactor: Mapping[str, Any] | None = None) -> Iterator[FullStack]:
     """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``;
-    ``compactor``: more of its settings, e.g. small tiers)."""
-    with gated_stack(data, home, make_token, db_urls, governed=governed) as servers:
+    ``artifacts``, ``compactor``: more of their settings, e.g. small tiers or S3 blobs)."""
+    with gated_stack(data, home, make_token, db_urls, governed=governed,
+                     artifacts=artifacts) as servers:
         token_file = data / "compactor-service.token"
         write_token_file(token_file, make_token("svc-compactor", "system", ("service",)))
-        compactor = build_compactor_server(CompactorSettings(
-            home=home, port=0,
-            db_url=(db_urls or {}).get("compactor", f"sqlite:///{data / 'compactor.db'}"),
-            blob_url=(data / "cold").resolve().as_uri(), shard_addr=servers.shard.address,
-            service_token_file=token_file,
-            governance_addr=servers.governance.address if governed else None,
-            **(compactor or {}))).start()
+        compactor_server = build_compactor_server(CompactorSettings(**{
+            "home": home, "port": 0,
+            "db_url": (db_urls or {}).get("compactor", f"sqlite:///{data / 'compactor.db'}"),
+            "blob_url": (data / "cold").resolve().as_uri(),
+            "shard_addr": servers.shard.address, "service_token_file": token_file,
+            "governance_addr": servers.governance.address if governed else None,
+        } | dict(compactor or {}))).start()
         try:
-            yield FullStack(servers.governance, servers.shard, servers.artifacts, compactor)
+            yield FullStack(servers.governance, servers.shard, servers.artifacts,
+                            compactor_server)
         finally:
-            compactor.stop(0)
+            compactor_server.stop(0)

@@ -5,11 +5,8 @@ from __future__ import annotations
 import base64
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,30 +32,6 @@ def _script_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGRAM_", "AWS_"))}
     env.update(PATH=f"{BIN}:{env.get('PATH', '/usr/bin:/bin')}", PYTHONPATH=str(ROOT), **extra)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def moto_endpoint() -> Iterator[str]:
-    port = _free_port()
-    process = subprocess.Popen([f"{BIN}/moto_server", "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            assert process.poll() is None, "moto_server exited"
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def _verify(public_key: Path, token_file: Path) -> Principal:

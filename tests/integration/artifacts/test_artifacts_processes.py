@@ -8,12 +8,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 import grpc
-import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -35,25 +34,6 @@ def _wait(check: Callable[[], bool], process: subprocess.Popen[bytes], what: str
             return
         time.sleep(0.1)
     raise RuntimeError(f"{what} did not come up")
-
-
-@pytest.fixture
-def moto_endpoint() -> Iterator[str]:
-    port = _free_port()
-    process = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H",
-                                "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def listening() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    try:
-        _wait(listening, process, "moto_server")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 ARTIFACTS_SERVICE = "engram.artifacts.v1.ArtifactsService"

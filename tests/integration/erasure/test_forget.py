@@ -23,6 +23,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import boto3
 import grpc
 import pytest
 import sqlalchemy as sa
@@ -80,6 +81,52 @@ def _files_holding(roots: list[Path], needles: list[bytes]) -> list[str]:
     return hits
 
 
+class _Bucket:
+    """A versioned bucket on moto's S3 server that both services keep their blobs in."""
+
+    NAME = "engram-erasure"
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                               aws_access_key_id="test", aws_secret_access_key="test")
+
+    def settings(self) -> dict[str, dict[str, str]]:
+        return {"artifacts": {"blob_url": f"s3://{self.NAME}/artifacts",
+                              "s3_endpoint_url": self.endpoint, "s3_region": "us-east-1",
+                              "s3_access_key_id": "test", "s3_secret_access_key": "test"},
+                "compactor": {"blob_url": f"s3://{self.NAME}/compactor",
+                              "blob_endpoint_url": self.endpoint, "blob_region": "us-east-1"}}
+
+    def holding(self, needles: list[bytes]) -> list[str]:
+        """Every version of every object (key, user metadata and bytes; a gzip object also
+        decompressed) holding a needle, and every multipart upload left unfinished."""
+        hits = []
+        for page in self.s3.get_paginator("list_object_versions").paginate(Bucket=self.NAME):
+            for version in page.get("Versions", []):
+                key = version["Key"]
+                got = self.s3.get_object(Bucket=self.NAME, Key=key,
+                                         VersionId=version["VersionId"])
+                data = got["Body"].read()
+                if key.endswith(".gz"):
+                    data += gzip.decompress(data)
+                data += (key + json.dumps(got.get("Metadata", {}))).encode()
+                hits += [f"s3://{self.NAME}/{key}: {n.decode()}"
+                         for n in needles if n in data.lower()]
+        uploads = self.s3.list_multipart_uploads(Bucket=self.NAME).get("Uploads", [])
+        return hits + [f"s3://{self.NAME}/{u['Key']}: an unfinished upload" for u in uploads]
+
+
+def _versioned_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> _Bucket:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the compactor's client reads these
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    bucket = _Bucket(endpoint)
+    bucket.s3.create_bucket(Bucket=bucket.NAME)
+    bucket.s3.put_bucket_versioning(Bucket=bucket.NAME,
+                                    VersioningConfiguration={"Status": "Enabled"})
+    return bucket
+
+
 def _tables_holding(url: str, needles: list[str]) -> list[str]:
     engine = sa.create_engine(normalize_url(url))
     hits = []
@@ -124,20 +171,29 @@ def _guessable_log(run_id: str, lines: list[cpb.IterationSummary], detail: objec
     return [detail_digest(detail_json, "null"), prev]
 
 
-@pytest.mark.parametrize("others", [0, 24], ids=["index-rebuilt", "index-in-place"])
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@pytest.mark.parametrize(("backend", "others"), [
+    pytest.param("sqlite", 0, id="sqlite-index-rebuilt"),
+    pytest.param("sqlite", 24, id="sqlite-index-in-place"),
+    pytest.param("postgres", 0, id="postgres-index-rebuilt"),
+    pytest.param("postgres", 24, id="postgres-index-in-place"),
+    # blobs and cold snapshots in a versioned bucket: a plain delete would only hide them
+    pytest.param("postgres-s3", 24, id="postgres-s3-index-in-place")])
 def test_forget_leaves_no_byte_of_the_marker(
         backend: str, others: int, tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    make_db = request.getfixturevalue("fresh_postgres_urls") if backend == "postgres" else None
+    sqlite = backend == "sqlite"
+    make_db = None if sqlite else request.getfixturevalue("fresh_postgres_urls")
     urls = ({name: make_db() for name in ("shard", "governance", "artifacts", "compactor")}
             if make_db is not None else {})
+    bucket = _versioned_bucket(request.getfixturevalue("moto_endpoint"), monkeypatch) \
+        if backend.endswith("-s3") else None
     marker = "zqxmark" + secrets.token_hex(6)
     admin = make_token("op", FLEET, ADMIN)
     agent = make_token("scout-1", FLEET)
     planted = f"the launch code is {marker}, keep it"
     data = tmp_path / "data"
-    with full_stack(data, engram_home, make_token, urls, governed=True) as stack:
+    with full_stack(data, engram_home, make_token, urls, governed=True,
+                    **(bucket.settings() if bucket else {})) as stack:
         with ShardClient(stack.shard.address, agent) as shard:
             quoted = shard.add(planted, run_id="run-1", importance=0.1).record
             tagged = shard.add("a record tagged with the marker", run_id="run-1",
@@ -193,27 +249,34 @@ def test_forget_leaves_no_byte_of_the_marker(
                    # what a manifest id or hash derived from the content would be, its salt
                    hashlib.sha256(loose_manifest.content_json.encode()).hexdigest()[:40],
                    loose_manifest.salt]
-        if backend == "sqlite":  # as an autocheckpoint would: the pages reach the main file
+        if sqlite:  # as an autocheckpoint would: the pages reach the main file
             with closing(sqlite3.connect(data / "shard.db")) as db:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         # the scans below can fail: before the erasure they find the marker
-        assert _files_holding([data / "cold"], [marker.encode()])
-        if backend == "sqlite":
+        if bucket:  # the blob, the cold snapshot
+            assert {hit.split("/")[3] for hit in bucket.holding([marker.encode()])} \
+                == {"artifacts", "compactor"}
+            assert not _files_holding([data / "cold", data / "blobs"], [marker.encode()])
+        else:
+            assert _files_holding([data / "cold"], [marker.encode()])
+        if sqlite:
             assert _files_holding([data], [marker.encode()])
         else:
             assert _tables_holding(urls["shard"], needles)
             assert _tables_holding(urls["artifacts"], [marker])
         blob_hash = hashlib.sha256(blob).hexdigest()  # in the artifact's row until erased
-        assert (_files_holding([data], [blob_hash.encode()]) if backend == "sqlite"
+        assert (_files_holding([data], [blob_hash.encode()]) if sqlite
                 else _tables_holding(urls["artifacts"], [blob_hash]))
         salts = [event.salt, snapshot.salt]
         assert {hit.rsplit(": ", 1)[1] for hit in (
-            _files_holding([data], [salt.encode() for salt in salts]) if backend == "sqlite"
+            _files_holding([data], [salt.encode() for salt in salts]) if sqlite
             else _tables_holding(urls["artifacts"], salts))} == set(salts)
         # the lines' salts are in the compactor's store (database, segments, snapshots)
         found = _files_holding([data], [salt.encode() for salt in line_salts])
-        if backend == "postgres":
+        if not sqlite:
             found += _tables_holding(urls["compactor"], line_salts)
+        if bucket:
+            found += bucket.holding([salt.encode() for salt in line_salts])
         assert {hit.rsplit(": ", 1)[1] for hit in found} == set(line_salts)
 
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
@@ -302,6 +365,8 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
         for url in urls.values():  # every table of every service, cast to text
             assert _tables_holding(url, needles) == []
+        if bucket:  # every version of every object, and no upload left unfinished
+            assert bucket.holding([n.encode() for n in needles]) == []
     # stopping saves the index snapshot again: still nothing
     assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
 
