@@ -72,7 +72,7 @@ def _files_holding(roots: list[Path], needles: list[bytes]) -> list[str]:
     """Every file's bytes, and a gzip file's (a cold snapshot) also decompressed."""
     hits = []
     for root in roots:
-        for path in root.rglob("*"):
+        for path in [root] if root.is_file() else root.rglob("*"):
             if path.is_file():
                 data = path.read_bytes()
                 if path.suffix == ".gz":
@@ -139,6 +139,33 @@ def _tables_holding(url: str, needles: list[str]) -> list[str]:
     finally:
         engine.dispose()
     return hits
+
+
+def _no_read_returns_run_9(stack: Any, token: str, artifact_id: str,
+                           evidence_id: str) -> None:
+    """After its whole run was erased: its artifact's row and bytes, events, snapshots,
+    rehydration, cited evidence and every iteration (hot, warm, cold) answer an error."""
+    with ArtifactsClient(stack.artifacts.address, token) as art:
+        reads = {"artifact": lambda: art.get_artifact(artifact_id),
+                 "bytes": lambda: b"".join(art.read(artifact_id)[1]),
+                 "events": lambda: list(art.list_events("run-9")),
+                 "snapshot": lambda: art.latest_snapshot("run-9"),
+                 "snapshots": lambda: list(art.list_snapshots("run-9")),
+                 "rehydrate": lambda: art.rehydrate("run-9"),
+                 "evidence": lambda: art.get_evidence(evidence_id)}
+        with CompactorClient(stack.compactor.address, token) as comp:
+            reads |= {f"iteration {n}": lambda n=n: comp.reconstruct("run-9", n)
+                      for n in (1, 25, 30)}  # cold, warm, hot
+            reads |= {"recent": lambda: list(comp.recent("run-9")),
+                      "summaries": lambda: list(comp.summaries("run-9"))}
+            answered = {}
+            for what, read in reads.items():
+                try:
+                    answered[what] = read()
+                except EngramRpcError as error:
+                    assert error.code in (grpc.StatusCode.NOT_FOUND,
+                                          grpc.StatusCode.FAILED_PRECONDITION), (what, error)
+            assert all(not got for got in answered.values()), answered
 
 
 def _guessable_hashes(event: apb.Event, snapshot: apb.Snapshot) -> list[str]:
@@ -214,9 +241,9 @@ def test_forget_leaves_no_byte_of_the_marker(
             event = art.append_event("run-9", "tool.called", {"query": marker}).event
             snapshot = art.create_snapshot("run-9", {"seen": marker}, seq=1)
             art.create_manifest({"files": [marker]}, run_id="run-9")
-            art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
-                                artifact_id=uploaded.artifact_id,
-                                metadata={"quote": marker})
+            cited = art.create_evidence("corpus-1", "index-1", "chunk-9", 0, 10,
+                                        artifact_id=uploaded.artifact_id,
+                                        metadata={"quote": marker}).evidence
             # held by no run: a manifest built for none, evidence citing no artifact
             loose_manifest = art.create_manifest({"window": [marker]}).manifest
             loose_evidence = art.create_evidence("corpus-2", "index-1", "chunk-1", 0, 4,
@@ -282,6 +309,10 @@ def test_forget_leaves_no_byte_of_the_marker(
         with cli_for(stack, agent, monkeypatch) as run:  # an agent may not erase
             run("forget", "--match", marker, code=2)
         with cli_for(stack, admin, monkeypatch) as run:
+            before = tmp_path / "before.bundle"  # the scan of the later export can fail
+            run("export", "--fleet", FLEET, "-o", str(before))
+            assert _files_holding([before], [marker.encode()])
+            before.unlink()
             holding = run("forget", "--match", marker, "--dry-run")["runs_holding_text"]
             assert holding == ["run-9"]  # run-10's lines are format 2: erasable in place
             run_dry = run("forget", "--run", "run-9", "--dry-run")["would_erase"]
@@ -328,6 +359,9 @@ def test_forget_leaves_no_byte_of_the_marker(
                         fetch(item_id)
                     assert gone.value.code == grpc.StatusCode.NOT_FOUND
                 assert art.get_manifest(kept_manifest.manifest_id) == kept_manifest
+            _no_read_returns_run_9(stack, admin, uploaded.artifact_id, cited.evidence_id)
+            bundle = tmp_path / "after.bundle"
+            run("export", "--fleet", FLEET, "-o", str(bundle))
 
         erasure_id = done["erasures"][0]["erasure_id"]
         with ShardClient(stack.shard.address, admin) as shard:
@@ -362,7 +396,7 @@ def test_forget_leaves_no_byte_of_the_marker(
                     kind="record", id=kept.id, leaf_hash=kept.record_hash)])
             assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
 
-        assert _files_holding([data, engram_home], [n.encode() for n in needles]) == []
+        assert _files_holding([data, engram_home, bundle], [n.encode() for n in needles]) == []
         for url in urls.values():  # every table of every service, cast to text
             assert _tables_holding(url, needles) == []
         if bucket:  # every version of every object, and no upload left unfinished
