@@ -174,7 +174,8 @@ def verify(
 ) -> None:
     """Re-hash every blob against its pointer, every snapshot's state and every manifest's
     content against its hash, and check every tombstone (an event or snapshot erased in
-    place) against the erasure governance recorded; exits 1 when any is missing, altered or
+    place, and, without --run, a run erased whole) against the erasure governance recorded;
+    exits 1 when any is missing, altered or
     erased by no erasure, and 2
     when no problem was found but some tombstones could not be confirmed (governance
     unreachable)."""
@@ -188,7 +189,8 @@ def verify(
                       + (f" ({report.snapshots_tombstoned} erased: tombstones)"
                          if report.snapshots_tombstoned else "")
                       + f", {len(report.snapshot_problems)} problems; "
-                      f"{report.events_tombstoned} erased events; "
+                      f"{report.events_tombstoned} erased events"
+                      + (f", {report.runs_tombstoned} erased runs" if not run else "") + "; "
                       f"{len(report.tombstone_problems)} tombstone problems; "
                       f"{report.manifests_checked} manifests, "
                       f"{len(report.manifest_problems)} problems")

@@ -14,7 +14,11 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Select, and_, bindparam, or_, select
 from sqlalchemy.orm import QueryableAttribute, Session
 
-from services.artifacts.domain.chain import tombstone_intact
+from services.artifacts.domain.chain import (
+    run_leaf,
+    run_tombstone_intact,
+    tombstone_intact,
+)
 from services.artifacts.domain.entities import (
     Artifact,
     Event,
@@ -104,6 +108,17 @@ class ArtifactsRepository:
         """The erasure that erased this run, or None."""
         row = session.get(RunTombstoneRow, (fleet_id, run_id))
         return row.erasure_id if row is not None else None
+
+    def run_tombstones(self, session: Session, fleet_id: str, after: str,
+                       limit: int) -> list[StoredTombstone]:
+        """The fleet's erased runs, in run id order past ``after``: each leaf is the head hash
+        the erasure listed (``run_leaf``), its form an erasure id of governance's and a time."""
+        query = select(RunTombstoneRow).where(RunTombstoneRow.fleet_id == fleet_id,
+                                              RunTombstoneRow.run_id > after)
+        return [StoredTombstone("run", row.run_id, row.run_id, run_leaf(row.head_hash),
+                                row.erasure_id, run_tombstone_intact(
+                                    row.head_hash, row.erasure_id, row.erased_us))
+                for row in session.scalars(query.order_by(RunTombstoneRow.run_id).limit(limit))]
 
     def add_run(self, session: Session, run: Run) -> None:
         session.add(RunRow(

@@ -412,9 +412,15 @@ class ArtifactsService:
 
     def tombstones(self, fleet_id: str, run_id: str = "") -> Iterator[StoredTombstone]:
         """Every event, then every snapshot, of the fleet (of one run when ``run_id`` is set)
-        that was erased in place, paged (one session a batch)."""
+        that was erased in place, then (the fleet's only) every run erased whole, paged (one
+        session a batch)."""
         if run_id:
             self.get_run(fleet_id, run_id)
+        else:
+            yield from self._in_batches(
+                lambda session, after, limit: self.repository.run_tombstones(
+                    session, fleet_id, after, limit),
+                "", lambda found: found.run_id, ARTIFACT_BATCH)
         yield from self._in_batches(
             lambda session, after, limit: self.repository.event_tombstones(
                 session, fleet_id, run_id, after, limit),

@@ -387,7 +387,8 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
                 snapshot_id=p.snapshot_id, run_id=p.run_id, problem=p.problem,
                 expected_hash=p.expected_hash, actual_hash=p.actual_hash)
                 for p in snapshot_problems],
-            events_tombstoned=audit.events, tombstones_unconfirmed=audit.unconfirmed,
+            events_tombstoned=audit.events, runs_tombstoned=audit.runs,
+            tombstones_unconfirmed=audit.unconfirmed,
             tombstone_problems=[pb.TombstoneProblem(
                 kind=p.kind, id=p.id, run_id=p.run_id, erasure_id=p.erasure_id,
                 problem=p.problem, leaf_hash=p.leaf_hash) for p in audit.problems])

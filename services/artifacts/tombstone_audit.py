@@ -1,6 +1,6 @@
 """VerifyArtifacts' audit of tombstones (docs/erasure.md): every event and snapshot erased in
-place must be listed, under the hash it kept, by the erasure it names, as governance recorded it
-for this fleet.
+place, and every run erased whole, must be listed, under the hash it kept, by the erasure it
+names, as governance recorded it for this fleet.
 
 The chain check (ReplayEvents, Rehydrate, every snapshot read) sees only a tombstone's form: a
 tombstone keeps its link, so anyone able to write the database could blank an item's content,
@@ -34,6 +34,8 @@ class TombstoneAudit:
     snapshots: int = 0
     """Snapshots checked that are erased in place (and well formed: a malformed snapshot
     tombstone is a SNAPSHOT_HASH_MISMATCH of its own)."""
+    runs: int = 0
+    """Runs checked that are erased whole (their rows deleted, a run tombstone left)."""
     unconfirmed: int = 0
     """Tombstones whose erasure governance could not be asked about."""
     problems: list[TombstoneProblem] = field(default_factory=list)
@@ -49,6 +51,8 @@ def audit_tombstones(tombstones: Iterable[StoredTombstone], source: ErasureSourc
             if not tombstone.well_formed:
                 continue  # reported among the snapshot problems (SNAPSHOT_HASH_MISMATCH)
             audit.snapshots += 1
+        elif tombstone.kind == "run":
+            audit.runs += 1
         else:
             audit.events += 1
         problem = ""

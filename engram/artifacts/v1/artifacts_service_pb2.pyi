@@ -350,7 +350,7 @@ class VerifyArtifactsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class VerifyArtifactsResponse(_message.Message):
-    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned", "events_tombstoned", "tombstone_problems", "tombstones_unconfirmed", "manifests_checked", "manifest_problems")
+    __slots__ = ("checked", "problems", "snapshots_checked", "snapshot_problems", "snapshots_tombstoned", "events_tombstoned", "tombstone_problems", "tombstones_unconfirmed", "manifests_checked", "manifest_problems", "runs_tombstoned")
     CHECKED_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +361,7 @@ class VerifyArtifactsResponse(_message.Message):
     TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
     MANIFESTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    RUNS_TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     checked: int
     problems: _containers.RepeatedCompositeFieldContainer[ArtifactProblem]
     snapshots_checked: int
@@ -371,7 +372,8 @@ class VerifyArtifactsResponse(_message.Message):
     tombstones_unconfirmed: int
     manifests_checked: int
     manifest_problems: _containers.RepeatedCompositeFieldContainer[ManifestProblem]
-    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ..., events_tombstoned: _Optional[int] = ..., tombstone_problems: _Optional[_Iterable[_Union[TombstoneProblem, _Mapping]]] = ..., tombstones_unconfirmed: _Optional[int] = ..., manifests_checked: _Optional[int] = ..., manifest_problems: _Optional[_Iterable[_Union[ManifestProblem, _Mapping]]] = ...) -> None: ...
+    runs_tombstoned: int
+    def __init__(self, checked: _Optional[int] = ..., problems: _Optional[_Iterable[_Union[ArtifactProblem, _Mapping]]] = ..., snapshots_checked: _Optional[int] = ..., snapshot_problems: _Optional[_Iterable[_Union[SnapshotProblem, _Mapping]]] = ..., snapshots_tombstoned: _Optional[int] = ..., events_tombstoned: _Optional[int] = ..., tombstone_problems: _Optional[_Iterable[_Union[TombstoneProblem, _Mapping]]] = ..., tombstones_unconfirmed: _Optional[int] = ..., manifests_checked: _Optional[int] = ..., manifest_problems: _Optional[_Iterable[_Union[ManifestProblem, _Mapping]]] = ..., runs_tombstoned: _Optional[int] = ...) -> None: ...
 
 class ManifestProblem(_message.Message):
     __slots__ = ("manifest_id", "run_id", "problem", "expected_hash", "actual_hash")

@@ -114,6 +114,14 @@ def tombstone_intact(format: int, salt: str, content: str, kept_commitment: str,
         _HEX64.fullmatch(kept_commitment)) and is_erasure_id(erasure_id) and erased_us > 0
 
 
+def run_tombstone_intact(head_hash: str, erasure_id: str, erased_us: int) -> bool:
+    """Whether a whole run's tombstone has a tombstone's form: the head hash it kept is empty
+    (a run with no events) or a hash, and it names an erasure id of governance's form and when
+    it was erased. Whether that erasure lists the run is VerifyArtifacts' audit."""
+    return (not head_hash or bool(_HEX64.fullmatch(head_hash))) and \
+        is_erasure_id(erasure_id) and erased_us > 0
+
+
 def event_intact(event: Event, prev_hash: str) -> bool:
     """Whether ``event`` hashes to its hash after ``prev_hash``; format 2 also needs its
     commitment to recompute from its payload and salt (format 1 has neither). An event erased

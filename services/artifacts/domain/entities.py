@@ -143,9 +143,10 @@ class SnapshotProblem:
 
 @dataclass(frozen=True)
 class StoredTombstone:
-    """An event or snapshot as erased in place, what VerifyArtifacts checks against the erasure
-    it names: kind ``event`` (id ``<run_id>:<seq>``, leaf its hash) or ``snapshot`` (id its
-    snapshot_id, leaf its state_hash)."""
+    """An event or snapshot as erased in place, or a run erased whole, what VerifyArtifacts
+    checks against the erasure it names: kind ``event`` (id ``<run_id>:<seq>``, leaf its hash),
+    ``snapshot`` (id its snapshot_id, leaf its state_hash) or ``run`` (id its run_id, leaf its
+    head hash as the erasure listed it)."""
 
     kind: str
     id: str

@@ -359,6 +359,9 @@ def test_forget_leaves_no_byte_of_the_marker(
                         fetch(item_id)
                     assert gone.value.code == grpc.StatusCode.NOT_FOUND
                 assert art.get_manifest(kept_manifest.manifest_id) == kept_manifest
+                checked = art.verify()  # run-9 as a tombstone its erasure lists
+                assert (checked.runs_tombstoned, checked.tombstones_unconfirmed) == (1, 0)
+                assert not checked.tombstone_problems and not checked.problems
             _no_read_returns_run_9(stack, admin, uploaded.artifact_id, cited.evidence_id)
             bundle = tmp_path / "after.bundle"
             run("export", "--fleet", FLEET, "-o", str(bundle))

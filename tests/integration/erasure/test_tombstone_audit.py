@@ -122,3 +122,56 @@ def test_verify_reports_tombstones_no_recorded_erasure_lists(
             unconfirmed = run("artifacts", "verify", "--run", "run-g", code=2)
             assert (unconfirmed["tombstones_unconfirmed"],
                     unconfirmed["tombstone_problems"]) == (1, [])
+
+
+def _forge_run_tombstone(db_path: Path, run_id: str, head_hash: str, erasure_id: str) -> None:
+    """A run deleted behind the service's back, a tombstone left in its place."""
+    with closing(sqlite3.connect(db_path)) as db:
+        for table in ("events", "snapshots", "runs"):
+            db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+        db.execute("INSERT INTO run_tombstones (fleet_id, run_id, agent_id, created_us, "
+                   "event_count, head_hash, erasure_id, erased_us, erased_by, blobs_left_json) "
+                   "VALUES (?, ?, 'scout-1', 1, 1, ?, ?, 7, 'op', '[]')",
+                   (FLEET, run_id, head_hash, erasure_id))
+        db.commit()
+
+
+def test_verify_checks_every_run_erased_whole_against_its_erasure(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    data = tmp_path / "data"
+    db = data / "artifacts.db"
+    with full_stack(data, engram_home, make_token, governed=True) as stack:
+        with ArtifactsClient(stack.artifacts.address, agent) as art:
+            heads = {}
+            for run_id in ("run-e", "run-x", "run-y"):
+                art.start_run(run_id, {})
+                heads[run_id] = art.append_event(run_id, "said", {"n": run_id}).event.hash
+            art.start_run("run-empty", {})  # erased before any event: its leaf is 64 zeros
+        with cli_for(stack, admin, monkeypatch) as run:
+            erasure = run("forget", "--run", "run-e")["erasures"][0]["erasure_id"]
+            run("forget", "--run", "run-empty")
+            clean = run("artifacts", "verify")
+            assert (clean["runs_tombstoned"], clean.get("tombstone_problems", [])) == (2, [])
+            assert run("artifacts", "verify", "--run", "run-x")["runs_tombstoned"] == 0
+
+        _forge_run_tombstone(db, "run-x", heads["run-x"], erasure)  # an erasure of run-e only
+        _forge_run_tombstone(db, "run-y", heads["run-y"], "x")  # names no erasure at all
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            report = art.verify()
+            assert report.runs_tombstoned == 4
+            assert {(p.kind, p.id, p.run_id, p.problem, p.erasure_id, p.leaf_hash)
+                    for p in report.tombstone_problems} == {
+                ("run", "run-x", "run-x", "TOMBSTONE_NOT_IN_ERASURE", erasure, heads["run-x"]),
+                ("run", "run-y", "run-y", "INVALID_TOMBSTONE", "x", heads["run-y"])}
+            assert report.tombstones_unconfirmed == 0
+        with cli_for(stack, admin, monkeypatch) as run:
+            assert len(run("artifacts", "verify", code=1)["tombstone_problems"]) == 2
+
+        stack.governance.stop(0)  # nothing confirmed; the malformed one fails on its form
+        with ArtifactsClient(stack.artifacts.address, admin) as art:
+            report = art.verify()
+            assert [(p.id, p.problem) for p in report.tombstone_problems] == [
+                ("run-y", "INVALID_TOMBSTONE")]
+            assert (report.runs_tombstoned, report.tombstones_unconfirmed) == (4, 3)

@@ -419,6 +419,14 @@ export interface VerifyArtifactsResponse {
    */
   manifestsChecked: number;
   manifestProblems: ManifestProblem[];
+  /**
+   * Whole runs of the fleet erased (run tombstones: the run's id, author, head hash and
+   * erasure kept, everything it held gone), each checked against the erasure it names
+   * like events_tombstoned (a problem is a TombstoneProblem of kind "run", an
+   * unconfirmed one counts in tombstones_unconfirmed). Counted for the whole fleet
+   * only: a verification of one run answers RUN_ERASED for an erased run.
+   */
+  runsTombstoned: number;
 }
 
 /** A stored manifest that no longer matches its hash. */
@@ -437,9 +445,9 @@ export interface ManifestProblem {
 
 /** A tombstone (an event or snapshot erased in place) that no recorded erasure accounts for. */
 export interface TombstoneProblem {
-  /** "event" or "snapshot". */
+  /** "event", "snapshot" or "run" (a whole run erased). */
   kind: string;
-  /** An event's "<run_id>:<seq>"; a snapshot's snapshot_id. */
+  /** An event's "<run_id>:<seq>"; a snapshot's snapshot_id; a run's run_id. */
   id: string;
   runId: string;
   /** The erasure the tombstone names. */
@@ -450,7 +458,10 @@ export interface TombstoneProblem {
    * (an erasure id not of governance's form, no erase time, content or salt left).
    */
   problem: string;
-  /** The hash the tombstone kept: an event's hash, a snapshot's state_hash. */
+  /**
+   * The hash the tombstone kept: an event's hash, a snapshot's state_hash, a run's head
+   * hash (64 zeros for a run that had no events).
+   */
   leafHash: string;
 }
 
@@ -4243,6 +4254,7 @@ function createBaseVerifyArtifactsResponse(): VerifyArtifactsResponse {
     tombstonesUnconfirmed: 0,
     manifestsChecked: 0,
     manifestProblems: [],
+    runsTombstoned: 0,
   };
 }
 
@@ -4277,6 +4289,9 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     }
     for (const v of message.manifestProblems) {
       ManifestProblem.encode(v!, writer.uint32(82).fork()).join();
+    }
+    if (message.runsTombstoned !== 0) {
+      writer.uint32(88).int64(message.runsTombstoned);
     }
     return writer;
   },
@@ -4374,6 +4389,14 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
             message.manifestProblems.push(ManifestProblem.decode(reader, reader.uint32()));
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.runsTombstoned = longToNumber(reader.int64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4432,6 +4455,11 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
         : globalThis.Array.isArray(object?.manifest_problems)
         ? object.manifest_problems.map((e: any) => ManifestProblem.fromJSON(e))
         : [],
+      runsTombstoned: isSet(object.runsTombstoned)
+        ? globalThis.Number(object.runsTombstoned)
+        : isSet(object.runs_tombstoned)
+        ? globalThis.Number(object.runs_tombstoned)
+        : 0,
     };
   },
 
@@ -4467,6 +4495,9 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     if (message.manifestProblems?.length) {
       obj.manifestProblems = message.manifestProblems.map((e) => ManifestProblem.toJSON(e));
     }
+    if (message.runsTombstoned !== 0) {
+      obj.runsTombstoned = Math.round(message.runsTombstoned);
+    }
     return obj;
   },
 
@@ -4485,6 +4516,7 @@ export const VerifyArtifactsResponse: MessageFns<VerifyArtifactsResponse> = {
     message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
     message.manifestsChecked = object.manifestsChecked ?? 0;
     message.manifestProblems = object.manifestProblems?.map((e) => ManifestProblem.fromPartial(e)) || [];
+    message.runsTombstoned = object.runsTombstoned ?? 0;
     return message;
   },
 };
