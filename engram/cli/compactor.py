@@ -184,12 +184,21 @@ def pin(
 @app.command()
 def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_OPTION) -> None:
     """Re-hash the warm chain across segments, the segments against the index and every kept
-    cold snapshot. Exits 1 when anything does not verify."""
+    cold snapshot; for a log erased whole, check its tombstone against the erasure governance
+    recorded. Exits 1 when anything does not verify."""
     spinner = nullcontext() if as_json else console.status(f"verifying {run}")
     with rpc_errors(as_json), _client() as client, spinner:
         report = client.verify(run)
     if as_json:
         emit_json(message_dict(report))
+    elif report.ok and report.erased:
+        console.print(f"[green]ok[/green]: erased whole by {report.erasure_id} (head "
+                      f"{report.head_hash[:16]}… at iteration {report.last_iteration})"
+                      + ("" if report.tombstones_unconfirmed else
+                         ", as governance recorded that erasure"))
+        if report.tombstones_unconfirmed:
+            err_console.print("[yellow]the erasure could not be checked against governance "
+                              "(not reachable)[/yellow]")
     elif report.ok:
         console.print(f"[green]ok[/green]: {report.lines_checked} lines in "
                       f"{report.segments_checked} sealed segments + active, "

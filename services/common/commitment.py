@@ -27,6 +27,11 @@ def is_salt(value: str) -> bool:
     return _SALT.fullmatch(value) is not None
 
 
+def is_hash(value: str) -> bool:
+    """Whether ``value`` has the form of a stored SHA-256 (64 lowercase hex characters)."""
+    return _SALT.fullmatch(value) is not None
+
+
 def commitment(salt: str, content: bytes) -> str:
     """The commitment to ``content`` (already canonical bytes) under ``salt`` (hex); raises
     ``ValueError`` for a salt that is not 64 lowercase hex characters."""

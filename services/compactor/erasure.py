@@ -16,18 +16,20 @@ import gzip
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from services.common.blobstore import BlobStore
+from services.common.commitment import is_hash
 from services.common.db import Database
 from services.common.erasure_source import (
     ErasureOrder,
     ErasureSource,
     PurgeThrottle,
     TextScans,
+    is_erasure_id,
     recorded_erasure,
     selection_limit,
     still_wanted,
@@ -41,7 +43,12 @@ from services.common.text_match import (
     json_holds,
     needle_of,
 )
-from services.common.tombstone_audit import NOT_IN_ERASURE, ErasureLookup, RecordedErasures
+from services.common.tombstone_audit import (
+    INVALID,
+    NOT_IN_ERASURE,
+    ErasureLookup,
+    RecordedErasures,
+)
 from services.compactor.domain.blob_layout import run_prefix
 from services.compactor.domain.warm_chain import LINE_FORMAT, WarmLine
 from services.compactor.line_erasure import ITEM_KIND, LineEraser, in_place_items
@@ -188,6 +195,17 @@ class FoundLog:
     not parse does, or more iterations than one page lists."""
 
 
+@dataclass
+class ErasedLog:
+    """A log erased whole as VerifyRun reports it: what its tombstone kept, and the audit."""
+
+    last_iteration: int
+    head_hash: str
+    erasure_id: str
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    unconfirmed: int = 0
+
+
 @dataclass(frozen=True)
 class ErasureDone:
     logs: list[ForgottenIterations]
@@ -299,6 +317,34 @@ class IterationEraser:
                                  f"({NOT_IN_ERASURE})"))
         lookup.report_unconfirmed(unconfirmed)
         return problems, unconfirmed
+
+    def erased_log(self, fleet_id: str, run_id: str) -> ErasedLog | None:
+        """VerifyRun of a log erased whole: its tombstone, checked against the erasure it
+        names as :meth:`audit` checks single iterations (anyone able to write the database
+        could delete a log and leave a tombstone naming an erasure); None when the log was
+        not erased."""
+        with self.db.session() as session:
+            row = session.get(RunTombstoneRow, (fleet_id, run_id))
+            if row is None:
+                return None
+            erased = ErasedLog(row.last_iter, row.head_hash, row.erasure_id)
+            well_formed = (is_erasure_id(row.erasure_id) and row.erased_us > 0
+                           and is_hash(row.head_hash))
+        if not well_formed:
+            erased.problems.append(("log tombstone", f"not a tombstone's form: no erasure id, "
+                                    f"erase time or head hash as an erasure leaves ({INVALID})"))
+            self.iterations.integrity_failures.add(INVALID)
+            return erased
+        lookup = ErasureLookup(self.source, fleet_id, log, recorded=self._recorded)
+        listed = lookup.lists(row.erasure_id, ("iterations",), run_id, row.head_hash)
+        if listed is None:
+            erased.unconfirmed = 1
+        elif not listed:
+            erased.problems.append(("log tombstone", f"of erasure {row.erasure_id}, which does "
+                                    f"not list the log under its head ({NOT_IN_ERASURE})"))
+            self.iterations.integrity_failures.add(NOT_IN_ERASURE)
+        lookup.report_unconfirmed(erased.unconfirmed)
+        return erased
 
     def find(self, fleet_id: str, match: str, limit: int,
              active: Callable[[], bool] = lambda: True,

@@ -301,6 +301,14 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
                   context: grpc.ServicerContext) -> pb.VerifyRunResponse:
         fleet = current_principal().fleet_id
         run_id = _run_id(request.run_id)
+        erased = self._eraser.erased_log(fleet, run_id) if self._eraser is not None else None
+        if erased is not None:  # erased whole: its tombstone, as its erasure lists it
+            return pb.VerifyRunResponse(
+                ok=not erased.problems, erased=True, erasure_id=erased.erasure_id,
+                last_iteration=erased.last_iteration, head_hash=erased.head_hash,
+                tombstones_unconfirmed=erased.unconfirmed,
+                problems=[pb.VerifyProblem(location=loc, detail=detail)
+                          for loc, detail in erased.problems])
         report = self._log.verify(fleet, run_id)
         problems, unconfirmed = list(report.problems), 0
         if report.tombstones:

@@ -236,7 +236,7 @@ class VerifyProblem(_message.Message):
     def __init__(self, location: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class VerifyRunResponse(_message.Message):
-    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems", "tombstoned", "tombstones_unconfirmed")
+    __slots__ = ("ok", "lines_checked", "segments_checked", "snapshots_checked", "last_iteration", "head_hash", "problems", "tombstoned", "tombstones_unconfirmed", "erased", "erasure_id")
     OK_FIELD_NUMBER: _ClassVar[int]
     LINES_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_CHECKED_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,8 @@ class VerifyRunResponse(_message.Message):
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONED_FIELD_NUMBER: _ClassVar[int]
     TOMBSTONES_UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    ERASED_FIELD_NUMBER: _ClassVar[int]
+    ERASURE_ID_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     lines_checked: int
     segments_checked: int
@@ -255,7 +257,9 @@ class VerifyRunResponse(_message.Message):
     problems: _containers.RepeatedCompositeFieldContainer[VerifyProblem]
     tombstoned: int
     tombstones_unconfirmed: int
-    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., tombstones_unconfirmed: _Optional[int] = ...) -> None: ...
+    erased: bool
+    erasure_id: str
+    def __init__(self, ok: _Optional[bool] = ..., lines_checked: _Optional[int] = ..., segments_checked: _Optional[int] = ..., snapshots_checked: _Optional[int] = ..., last_iteration: _Optional[int] = ..., head_hash: _Optional[str] = ..., problems: _Optional[_Iterable[_Union[VerifyProblem, _Mapping]]] = ..., tombstoned: _Optional[int] = ..., tombstones_unconfirmed: _Optional[int] = ..., erased: _Optional[bool] = ..., erasure_id: _Optional[str] = ...) -> None: ...
 
 class FindIterationLogsRequest(_message.Message):
     __slots__ = ("match", "limit", "page_token")

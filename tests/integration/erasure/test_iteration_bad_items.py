@@ -115,3 +115,62 @@ def test_a_tombstone_no_erasure_lists_fails_verification(
         with CompactorClient(stack.compactor.address, admin) as comp:
             report = comp.verify("run-f")
             assert report.ok and report.tombstones_unconfirmed == 1
+
+
+def _forge_log_tombstone(db_path: Path, run_id: str, head_hash: str, erasure_id: str) -> None:
+    """An iteration log deleted behind the compactor's back, a tombstone left in its place."""
+    with closing(sqlite3.connect(db_path)) as db:
+        for table in ("compactor_hot", "compactor_warm_lines", "compactor_runs"):
+            db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+        db.execute("INSERT INTO compactor_run_tombstones (fleet_id, run_id, last_iter, "
+                   "head_hash, erasure_id, erased_us, erased_by, blobs_left) "
+                   "VALUES (?, ?, 2, ?, ?, 7, 'op', 0)", (FLEET, run_id, head_hash, erasure_id))
+        db.commit()
+
+
+def test_verify_run_checks_a_log_erased_whole_against_its_erasure(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory) -> None:
+    """VerifyRun of a log erased whole answers what its tombstone kept (before 2026-11-30:
+    NOT_FOUND, as a run never recorded), and reports a tombstone its erasure does not list."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    data = tmp_path / "data"
+    with full_stack(data, engram_home, make_token, governed=True) as stack:
+        heads = {}
+        with CompactorClient(stack.compactor.address, agent) as comp:
+            for run_id in ("run-e", "run-x", "run-y", "run-z"):
+                for n in (1, 2):
+                    heads[run_id] = comp.record(run_id, iteration_from_json(
+                        {"iter": n, "planDigest": f"p{n}", "status": "ok"})).summary.hash
+        with GovernanceClient(stack.governance.address, admin) as gov:
+            erasure = gov.record_erasure("run", "run-e", [gpb.ErasedItem(
+                kind="iterations", id="run-e", leaf_hash=heads["run-e"])]).erasure.erasure_id
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            assert [log.run_id for log in comp.forget_iterations(erasure).runs] == ["run-e"]
+            report = comp.verify("run-e")
+            assert (report.ok, report.erased, report.erasure_id, report.head_hash,
+                    report.last_iteration, report.tombstones_unconfirmed) == (
+                        True, True, erasure, heads["run-e"], 2, 0)
+            assert not comp.verify("run-x").erased
+            with pytest.raises(EngramRpcError) as never:
+                comp.verify("run-never")
+            assert never.value.code == grpc.StatusCode.NOT_FOUND
+
+        _forge_log_tombstone(data / "compactor.db", "run-x", heads["run-x"], erasure)
+        _forge_log_tombstone(data / "compactor.db", "run-y", heads["run-y"], "x")
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            listed_elsewhere, malformed = comp.verify("run-x"), comp.verify("run-y")
+            assert (listed_elsewhere.ok, listed_elsewhere.erased) == (False, True)
+            assert [(p.location, p.detail.endswith("(TOMBSTONE_NOT_IN_ERASURE)"))
+                    for p in listed_elsewhere.problems] == [("log tombstone", True)]
+            assert not malformed.ok
+            assert malformed.problems[0].detail.endswith("(INVALID_TOMBSTONE)")
+
+        stack.governance.stop(0)
+        # an erasure the compactor has not read yet cannot be confirmed: neither failed nor
+        # passed; one it read before is answered from what governance said then
+        _forge_log_tombstone(data / "compactor.db", "run-z", heads["run-z"], "era_" + "e" * 28)
+        with CompactorClient(stack.compactor.address, admin) as comp:
+            unconfirmed = comp.verify("run-z")
+            assert (unconfirmed.ok, unconfirmed.tombstones_unconfirmed) == (True, 1)
+            assert comp.verify("run-e").ok and not comp.verify("run-x").ok
+            assert not comp.verify("run-y").ok

@@ -310,6 +310,18 @@ export interface VerifyRunResponse {
    * or no governance address): neither failed nor passed.
    */
   tombstonesUnconfirmed: number;
+  /**
+   * The whole log was erased (engram forget --run, --whole-runs): nothing of it is
+   * stored, last_iteration and head_hash are what its tombstone kept, and the
+   * tombstone is checked against the erasure it names (governance must list
+   * ("iterations", run_id, head_hash): a problem at location "log tombstone" with
+   * TOMBSTONE_NOT_IN_ERASURE otherwise, INVALID_TOMBSTONE when it is not of a
+   * tombstone's form; tombstones_unconfirmed 1 when governance cannot be asked).
+   * Before 2026-11-30 an erased log answered NOT_FOUND RUN_NOT_FOUND, like a run
+   * never recorded.
+   */
+  erased: boolean;
+  erasureId: string;
 }
 
 export interface FindIterationLogsRequest {
@@ -2652,6 +2664,8 @@ function createBaseVerifyRunResponse(): VerifyRunResponse {
     problems: [],
     tombstoned: 0,
     tombstonesUnconfirmed: 0,
+    erased: false,
+    erasureId: "",
   };
 }
 
@@ -2683,6 +2697,12 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     }
     if (message.tombstonesUnconfirmed !== 0) {
       writer.uint32(72).int64(message.tombstonesUnconfirmed);
+    }
+    if (message.erased !== false) {
+      writer.uint32(80).bool(message.erased);
+    }
+    if (message.erasureId !== "") {
+      writer.uint32(90).string(message.erasureId);
     }
     return writer;
   },
@@ -2772,6 +2792,22 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
             message.tombstonesUnconfirmed = longToNumber(reader.int64());
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.erased = reader.bool();
+            continue;
+          }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.erasureId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2821,6 +2857,12 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
         : isSet(object.tombstones_unconfirmed)
         ? globalThis.Number(object.tombstones_unconfirmed)
         : 0,
+      erased: isSet(object.erased) ? globalThis.Boolean(object.erased) : false,
+      erasureId: isSet(object.erasureId)
+        ? globalThis.String(object.erasureId)
+        : isSet(object.erasure_id)
+        ? globalThis.String(object.erasure_id)
+        : "",
     };
   },
 
@@ -2853,6 +2895,12 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     if (message.tombstonesUnconfirmed !== 0) {
       obj.tombstonesUnconfirmed = Math.round(message.tombstonesUnconfirmed);
     }
+    if (message.erased !== false) {
+      obj.erased = message.erased;
+    }
+    if (message.erasureId !== "") {
+      obj.erasureId = message.erasureId;
+    }
     return obj;
   },
 
@@ -2870,6 +2918,8 @@ export const VerifyRunResponse: MessageFns<VerifyRunResponse> = {
     message.problems = object.problems?.map((e) => VerifyProblem.fromPartial(e)) || [];
     message.tombstoned = object.tombstoned ?? 0;
     message.tombstonesUnconfirmed = object.tombstonesUnconfirmed ?? 0;
+    message.erased = object.erased ?? false;
+    message.erasureId = object.erasureId ?? "";
     return message;
   },
 };
