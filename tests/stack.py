@@ -34,11 +34,12 @@ class GatedStack:
 def gated_stack(data: Path, home: Path, make_token: TokenFactory,
                 db_urls: Mapping[str, str] | None = None, *,
                 governed: bool = False,
+                shard: Mapping[str, Any] | None = None,
                 artifacts: Mapping[str, Any] | None = None) -> Iterator[GatedStack]:
     """The three servers, each with its SQLite store under ``data`` (or the database
     ``db_urls[service]`` names); stopped on exit. ``governed``: artifacts reads access
     restrictions and erasures from governance too, with its own service token.
-    ``artifacts``: more of its settings (e.g. an S3 ``blob_url``)."""
+    ``shard``, ``artifacts``: more of their settings (an embedder, an S3 ``blob_url``)."""
     urls = {name: f"sqlite:///{data / f'{name}.db'}"
             for name in ("governance", "shard", "artifacts")} | dict(db_urls or {})
     governance = build_governance_server(GovernanceSettings(
@@ -50,11 +51,11 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory,
                                      ttl_seconds=0.0)
     # The index snapshot beside this stack's store: under the shared home, the next stack's
     # shard found this one's, refused it (another store) and logged a rebuild.
-    shard, _ = build_shard_server(ShardSettings(
-        home=home, port=0, db_url=urls["shard"], embedder="none",
-        index_snapshot_path=data / "shard-index.snapshot"),
+    shard_server, _ = build_shard_server(ShardSettings(**{
+        "home": home, "port": 0, "db_url": urls["shard"], "embedder": "none",
+        "index_snapshot_path": data / "shard-index.snapshot"} | dict(shard or {})),
         gate=gate, trust=trust)
-    shard.start()
+    shard_server.start()
     artifacts_token = data / "artifacts-service.token"
     write_token_file(artifacts_token, make_token("svc-artifacts", "system", ("service",)))
     artifacts_server, _ = build_artifacts_server(ArtifactsSettings(**{
@@ -64,10 +65,10 @@ def gated_stack(data: Path, home: Path, make_token: TokenFactory,
         "service_token_file": artifacts_token if governed else None} | dict(artifacts or {})))
     artifacts_server.start()
     try:
-        yield GatedStack(governance, shard, artifacts_server)
+        yield GatedStack(governance, shard_server, artifacts_server)
     finally:
         artifacts_server.stop(0)
-        shard.stop(0)
+        shard_server.stop(0)
         governance.stop(0)
 
 
@@ -87,11 +88,13 @@ class FullStack:
 def full_stack(data: Path, home: Path, make_token: TokenFactory,
                db_urls: Mapping[str, str] | None = None, *,
                governed: bool = False,
+               shard: Mapping[str, Any] | None = None,
                artifacts: Mapping[str, Any] | None = None,
                compactor: Mapping[str, Any] | None = None) -> Iterator[FullStack]:
     """:func:`gated_stack` and a compactor beside it (its store too from ``db_urls``;
-    ``artifacts``, ``compactor``: more of their settings, e.g. small tiers or S3 blobs)."""
-    with gated_stack(data, home, make_token, db_urls, governed=governed,
+    ``shard``, ``artifacts``, ``compactor``: more of their settings, e.g. an embedder, small
+    tiers or S3 blobs)."""
+    with gated_stack(data, home, make_token, db_urls, governed=governed, shard=shard,
                      artifacts=artifacts) as servers:
         token_file = data / "compactor-service.token"
         write_token_file(token_file, make_token("svc-compactor", "system", ("service",)))

@@ -19,6 +19,8 @@ import json
 import secrets
 import sqlite3
 import threading
+import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,23 @@ def _versioned_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> _Bucket
     return bucket
 
 
+def _vector_ids(url: str) -> set[str]:
+    """The records the shard's store holds a vector of."""
+    engine = sa.create_engine(normalize_url(url))
+    try:
+        with engine.connect() as conn:
+            return set(conn.execute(sa.text("SELECT record_id FROM record_vectors")).scalars())
+    finally:
+        engine.dispose()
+
+
+def _wait_for(check: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.1)
+
+
 def _tables_holding(url: str, needles: list[str]) -> list[str]:
     engine = sa.create_engine(normalize_url(url))
     hits = []
@@ -219,8 +238,12 @@ def test_forget_leaves_no_byte_of_the_marker(
     agent = make_token("scout-1", FLEET)
     planted = f"the launch code is {marker}, keep it"
     data = tmp_path / "data"
+    blobs = bucket.settings() if bucket else {}
+    shard_url = urls.get("shard", f"sqlite:///{data / 'shard.db'}")
     with full_stack(data, engram_home, make_token, urls, governed=True,
-                    **(bucket.settings() if bucket else {})) as stack:
+                    shard={"embedder": "hash", "allow_test_embedder": True},  # stored vectors
+                    artifacts=blobs.get("artifacts"),  # sealed segments of 2-3 lines:
+                    compactor={"rotate_bytes": 1024, **blobs.get("compactor", {})}) as stack:
         with ShardClient(stack.shard.address, agent) as shard:
             quoted = shard.add(planted, run_id="run-1", importance=0.1).record
             tagged = shard.add("a record tagged with the marker", run_id="run-1",
@@ -267,6 +290,13 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert loose_manifest.format == 2 and loose_manifest.salt
         assert all(line.format == 2 and line.salt for line in lines9 + lines10)
         line_salts = [line.salt for line in lines9 + lines10]
+        sealed = [hit for hit in (bucket.holding([salt.encode() for salt in line_salts])
+                                  if bucket else _files_holding(
+                                      [data / "cold"], [salt.encode() for salt in line_salts]))
+                  if "/warm/segments/" in hit]
+        assert len(sealed) >= 20  # run-9's lines in sealed segments
+        planted_ids = {quoted.id, tagged.id, described.id, kept.id}
+        _wait_for(lambda: planted_ids <= _vector_ids(shard_url), "the records' vectors")
         needles = [marker, hashlib.sha256(planted.encode()).hexdigest(),
                    *_guessable_hashes(event, snapshot),
                    *_guessable_log("run-9", lines9, {"said": marker}),
@@ -402,6 +432,8 @@ def test_forget_leaves_no_byte_of_the_marker(
         assert _files_holding([data, engram_home, bundle], [n.encode() for n in needles]) == []
         for url in urls.values():  # every table of every service, cast to text
             assert _tables_holding(url, needles) == []
+        vectors = _vector_ids(shard_url)
+        assert kept.id in vectors and not vectors & would
         if bucket:  # every version of every object, and no upload left unfinished
             assert bucket.holding([n.encode() for n in needles]) == []
     # stopping saves the index snapshot again: still nothing
