@@ -206,6 +206,10 @@ def _unless_absent(call: Any) -> Any:
         raise
 
 
+LEFT_EXIT = 3
+"""Exit status of an erasure that left the text in runs only erasing them whole removes."""
+
+
 def forget(
     agent: str = typer.Option("", "--agent", help="every record this agent wrote, every "
                               "run it started (as --run does) and its events in runs other "
@@ -239,7 +243,10 @@ def forget(
     derives from them (full-text terms, vectors, the search index, compaction summaries
     quoting them, a run's events, snapshots, artifacts and iteration log) leave every store;
     tombstones keep the leaf hashes so chains still verify. The erasure is a chained
-    governance event. Governor or admin role."""
+    governance event. Governor or admin role. Exits 3 when what it could erase is erased but
+    the text is left where only erasing whole runs removes it (runs_holding_text: use
+    --whole-runs or --run; format1_events_left: --run); 1 for a bad command line, 2 when a
+    call was refused or failed."""
     chosen = [(k, v) for k, v in (("agent", agent), ("record", record), ("run", run),
                                   ("match", match), ("resume", resume)) if v]
     if len(chosen) != 1:
@@ -293,14 +300,16 @@ def forget(
                "format1_manifests": list(old_manifests)}
     if as_json:
         emit_json(summary)
-        return
-    if not erasures:
-        console.print("nothing matches: nothing erased")
     else:
-        console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
-                      f"{iterations} iteration(s), {manifests} manifest(s) and {evidence} "
-                      f"evidence item(s) erased in {len(erasures)} erasure(s)")
-    _warn_left(left, legacy, [*old_records, *old_manifests])
+        if not erasures:
+            console.print("nothing matches: nothing erased")
+        else:
+            console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
+                          f"{iterations} iteration(s), {manifests} manifest(s) and {evidence} "
+                          f"evidence item(s) erased in {len(erasures)} erasure(s)")
+        _warn_left(left, legacy, [*old_records, *old_manifests])
+    if left or legacy:  # a script must not take "the text is gone" from exit status 0
+        raise typer.Exit(LEFT_EXIT)
 
 
 def _warn_left(left: list[str], legacy: list[str], derived: list[str]) -> None:
