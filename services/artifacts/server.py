@@ -29,7 +29,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 
 def build_artifacts_server(settings: ArtifactsSettings) -> tuple[EngramServer, ArtifactsService]:
     """The server (not started) and the service behind it, for tests to reach the stores."""
-    database = Database(settings.database_url())
+    database = Database(settings.database_url(), **settings.database_options())
     database.prepare_schema(MIGRATIONS, "artifacts", migrate=settings.migrate)
     blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
     service = ArtifactsService(database, blobs, retry_delay_s=settings.resolve_retry_delay_seconds,

@@ -23,10 +23,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from services.common.errors import Unavailable
+from services.common.errors import ResourceExhausted, Unavailable
 from services.common.schema import recorded_revisions, schema_head
 from services.common.startup import StartupError
 
@@ -80,8 +81,12 @@ def normalize_url(url: str) -> str:
 
 
 class Database:
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+    def __init__(self, url: str, *, pool_size: int = 8, pool_timeout: float = 30.0) -> None:
+        """``pool_size``: connections kept open (as many again may be opened beside them on
+        Postgres, ten on SQLite); ``pool_timeout``: how long a call waits for one when all are
+        in use before it is refused RESOURCE_EXHAUSTED DATABASE_BUSY."""
         self.url = normalize_url(url)
+        self.pool_timeout = pool_timeout
         parsed = make_url(self.url)
         self.dialect = parsed.get_backend_name()
         kwargs: dict[str, Any] = {"future": True}
@@ -92,11 +97,11 @@ class Database:
             if parsed.database in (None, "", ":memory:"):
                 kwargs["poolclass"] = NullPool
             else:
-                kwargs["pool_size"] = pool_size
+                kwargs.update(pool_size=pool_size, pool_timeout=pool_timeout)
         else:
             # A server that stops answering must not hang a probe or a call for minutes.
             kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
-                          connect_args={"connect_timeout": 5})
+                          pool_timeout=pool_timeout, connect_args={"connect_timeout": 5})
         self.engine: Engine = create_engine(self.url, **kwargs)
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
@@ -121,6 +126,9 @@ class Database:
             if self.dialect == "sqlite" and "disk is full" in str(exc.orig).lower():
                 self.checkpoint()  # fold the WAL back into the file: the space it held returns
             raise
+        except PoolTimeout as exc:
+            session.rollback()
+            raise self._busy() from exc
         except BaseException:
             session.rollback()
             raise
@@ -139,6 +147,17 @@ class Database:
             if _is_connection_error(exc):
                 raise _unavailable(exc) from exc
             raise
+        except PoolTimeout as exc:
+            raise self._busy() from exc
+
+    def _busy(self) -> ResourceExhausted:
+        """Every pooled connection stayed in use for ``pool_timeout``: the replica is past what
+        its database connections carry. RESOURCE_EXHAUSTED with a delay, which the SDK waits
+        out and retries (it was INTERNAL: SQLAlchemy's TimeoutError)."""
+        return ResourceExhausted(
+            f"every database connection of this replica's pool stayed in use for "
+            f"{self.pool_timeout:g} s; retry later (an operator may raise the pool size or add "
+            "replicas)", reason="DATABASE_BUSY", retry_delay=1.0)
 
     @contextmanager
     def writing(self) -> Iterator[Session]:

@@ -126,6 +126,16 @@ class ServerSettings(TokenKeySettings):
     metrics_port: int | None = Field(
         default=None, description="Prometheus /metrics port; unset disables the endpoint"
     )
+    db_pool_size: int = Field(
+        default=8, ge=1, le=512,
+        description="database connections kept open (Postgres opens as many again under load, "
+        "SQLite ten more)",
+    )
+    db_pool_timeout_seconds: float = Field(
+        default=30.0, gt=0, le=600,
+        description="how long a call waits for a database connection when every one is in "
+        "use; then RESOURCE_EXHAUSTED DATABASE_BUSY, with RetryInfo",
+    )
     max_concurrent_rpcs: int = Field(
         default=128, ge=1,
         description="calls this process runs at once; one more is answered RESOURCE_EXHAUSTED "
@@ -216,6 +226,10 @@ class ServerSettings(TokenKeySettings):
 
     def receive_limit(self) -> int:
         return self.max_receive_bytes or self.limits.grpc_receive_bytes
+
+    def database_options(self) -> dict[str, Any]:
+        """``Database``'s pool settings, as this service's environment sets them."""
+        return {"pool_size": self.db_pool_size, "pool_timeout": self.db_pool_timeout_seconds}
 
     def data_dir(self, service: str) -> Path:
         return self.home / service

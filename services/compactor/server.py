@@ -103,7 +103,7 @@ def _repair_backoff(settings: CompactorSettings) -> RepairBackoff:
 
 def build_compactor_server(settings: CompactorSettings) -> EngramServer:
     repairs = _repair_backoff(settings)
-    database = Database(settings.database_url())
+    database = Database(settings.database_url(), **settings.database_options())
     try:
         return _build(settings, database, repairs)
     except BaseException:

@@ -32,7 +32,7 @@ def _now_ms() -> int:
 
 
 def build_governance_server(settings: GovernanceSettings) -> EngramServer:
-    database = Database(settings.database_url())
+    database = Database(settings.database_url(), **settings.database_options())
     database.prepare_schema(MIGRATIONS, "governance", migrate=settings.migrate)
     service = GovernanceService(database, _now_ms,
                                 erasure_bytes_per_day=settings.erasure_bytes_per_day)

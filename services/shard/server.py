@@ -114,7 +114,8 @@ def build_shard_server(
             "allow_ungated (ENGRAM_SHARD_ALLOW_UNGATED=true) for an isolated test or benchmark"
         )
     provider = embedding_provider(settings)  # refuse a test embedder before touching the store
-    database = database or Database(settings.database_url())
+    database = database or Database(settings.database_url(),
+                                    **settings.database_options())
     database.prepare_schema(MIGRATIONS, "shard", migrate=settings.migrate)
     # The in-memory index serves every search mode; without a provider it is lexical only.
     snapshot = None

@@ -1,0 +1,83 @@
+"""Every connection of a service's pool in use (a flood of slow calls, a tenant's huge query):
+the next call waits the pool's timeout, then gets RESOURCE_EXHAUSTED DATABASE_BUSY with a
+retry delay, a status the SDK retries after that delay. Before, SQLAlchemy's TimeoutError
+reached the interceptor and the caller saw INTERNAL. Once a connection comes back, calls
+succeed again. SQLite and Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import text
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from services.common.db import Database
+from services.common.errors import ResourceExhausted
+from services.governance.settings import GovernanceSettings
+from services.shard.settings import ShardSettings
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Database:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'pool.db'}"
+    else:
+        url = request.getfixturevalue("fresh_postgres_url")
+    db = Database(url, pool_size=1, pool_timeout=0.2)
+    request.addfinalizer(db.engine.dispose)
+    return db
+
+
+def _hold_every_connection(db: Database, held: ExitStack) -> int:
+    count = 0
+    while True:
+        try:
+            held.enter_context(db.engine.connect())
+        except PoolTimeout:
+            return count
+        count += 1
+
+
+def _session_select(db: Database) -> None:
+    with db.session() as session:
+        session.execute(text("SELECT 1"))
+
+
+def _reading_select(db: Database) -> None:
+    with db.reading() as connection:
+        connection.execute(text("SELECT 1"))
+
+
+@pytest.mark.parametrize("call", [_session_select, _reading_select],
+                         ids=["session", "reading"])
+def test_an_exhausted_pool_is_resource_exhausted_then_recovers(
+        database: Database, call: Callable[[Database], None]) -> None:
+    with ExitStack() as held:
+        assert _hold_every_connection(database, held) >= 1
+        with pytest.raises(ResourceExhausted) as busy:
+            call(database)
+        assert busy.value.reason == "DATABASE_BUSY"
+        assert busy.value.retry_delay and busy.value.retry_delay > 0
+        assert "connection" in busy.value.message and "pool" in busy.value.message
+    call(database)  # a connection came back: served again
+
+
+def test_each_service_reads_its_pool_settings(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ENGRAM_SHARD_DB_POOL_SIZE", "3")
+    monkeypatch.setenv("ENGRAM_SHARD_DB_POOL_TIMEOUT_SECONDS", "1.5")
+    options = ShardSettings().database_options()
+    assert options == {"pool_size": 3, "pool_timeout": 1.5}
+    pool = Database(f"sqlite:///{tmp_path / 'set.db'}", **options).engine.pool
+    assert (pool.size(), pool.timeout()) == (3, 1.5)  # type: ignore[attr-defined]
+    assert GovernanceSettings().database_options() == {"pool_size": 8, "pool_timeout": 30.0}
+    for name, bad in (("SIZE", "0"), ("SIZE", "many"), ("TIMEOUT_SECONDS", "0"),
+                      ("TIMEOUT_SECONDS", "601")):
+        monkeypatch.setenv(f"ENGRAM_SHARD_DB_POOL_{name}", bad)
+        with pytest.raises(ValidationError):
+            ShardSettings()
+        monkeypatch.delenv(f"ENGRAM_SHARD_DB_POOL_{name}")
