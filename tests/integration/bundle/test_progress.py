@@ -44,16 +44,16 @@ def test_export_and_import_draw_a_bar_per_part(
             drawn = screen.getvalue()
             assert "exporting records (rows)" in drawn and "14/14" in drawn
             assert "exporting blobs (bytes)" in drawn
-    with full_stack(tmp_path / "b", engram_home, make_token) as target:
-        with cli_for(target, admin, monkeypatch):
-            screen = _terminal(monkeypatch)
-            done = runner.invoke(app, ["import-bundle", str(bundle)])
-            assert done.exit_code == 0, done.output
-            drawn = screen.getvalue()
-            assert "importing verifying (bytes)" in drawn
-            assert "importing records (rows)" in drawn and "importing events (rows)" in drawn
-            screen = _terminal(monkeypatch)  # --json: the JSON alone, no bar
-            done = runner.invoke(app, ["import-bundle", str(bundle), "--json"])
-            assert done.exit_code == 0, done.output
-            assert screen.getvalue() == ""
-            assert json.loads(done.stdout)["not_imported"] == {}
+    with full_stack(tmp_path / "b", engram_home, make_token) as target, \
+            cli_for(target, admin, monkeypatch):
+        screen = _terminal(monkeypatch)
+        done = runner.invoke(app, ["import-bundle", str(bundle)])
+        assert done.exit_code == 0, done.output
+        drawn = screen.getvalue()
+        assert "importing verifying (bytes)" in drawn
+        assert "importing records (rows)" in drawn and "importing events (rows)" in drawn
+        screen = _terminal(monkeypatch)  # --json: the JSON alone, no bar
+        done = runner.invoke(app, ["import-bundle", str(bundle), "--json"])
+        assert done.exit_code == 0, done.output
+        assert screen.getvalue() == ""
+        assert json.loads(done.stdout)["not_imported"] == {}
