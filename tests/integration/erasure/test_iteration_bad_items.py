@@ -21,6 +21,7 @@ from services.compactor.domain.warm_chain import IterationInput, WarmLine, genes
 from services.compactor.servicer import summary_pb
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN
+from tests.integration.erasure.forged import replace_with_tombstone
 from tests.stack import full_stack
 
 FLEET = "fleet-x"
@@ -119,13 +120,11 @@ def test_a_tombstone_no_erasure_lists_fails_verification(
 
 def _forge_log_tombstone(db_path: Path, run_id: str, head_hash: str, erasure_id: str) -> None:
     """An iteration log deleted behind the compactor's back, a tombstone left in its place."""
-    with closing(sqlite3.connect(db_path)) as db:
-        for table in ("compactor_hot", "compactor_warm_lines", "compactor_runs"):
-            db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
-        db.execute("INSERT INTO compactor_run_tombstones (fleet_id, run_id, last_iter, "
-                   "head_hash, erasure_id, erased_us, erased_by, blobs_left) "
-                   "VALUES (?, ?, 2, ?, ?, 7, 'op', 0)", (FLEET, run_id, head_hash, erasure_id))
-        db.commit()
+    replace_with_tombstone(
+        db_path, run_id, ("compactor_hot", "compactor_warm_lines", "compactor_runs"),
+        "compactor_run_tombstones", {
+            "fleet_id": FLEET, "run_id": run_id, "last_iter": 2, "head_hash": head_hash,
+            "erasure_id": erasure_id, "erased_us": 7, "erased_by": "op", "blobs_left": 0})
 
 
 def test_verify_run_checks_a_log_erased_whole_against_its_erasure(

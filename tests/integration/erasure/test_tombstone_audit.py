@@ -21,6 +21,7 @@ from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from tests.conftest import TokenFactory
 from tests.integration.bundle.conftest import ADMIN, cli_for
+from tests.integration.erasure.forged import replace_with_tombstone
 from tests.stack import full_stack
 
 FLEET = "fleet-a"
@@ -126,14 +127,10 @@ def test_verify_reports_tombstones_no_recorded_erasure_lists(
 
 def _forge_run_tombstone(db_path: Path, run_id: str, head_hash: str, erasure_id: str) -> None:
     """A run deleted behind the service's back, a tombstone left in its place."""
-    with closing(sqlite3.connect(db_path)) as db:
-        for table in ("events", "snapshots", "runs"):
-            db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
-        db.execute("INSERT INTO run_tombstones (fleet_id, run_id, agent_id, created_us, "
-                   "event_count, head_hash, erasure_id, erased_us, erased_by, blobs_left_json) "
-                   "VALUES (?, ?, 'scout-1', 1, 1, ?, ?, 7, 'op', '[]')",
-                   (FLEET, run_id, head_hash, erasure_id))
-        db.commit()
+    replace_with_tombstone(db_path, run_id, ("events", "snapshots", "runs"), "run_tombstones", {
+        "fleet_id": FLEET, "run_id": run_id, "agent_id": "scout-1", "created_us": 1,
+        "event_count": 1, "head_hash": head_hash, "erasure_id": erasure_id, "erased_us": 7,
+        "erased_by": "op", "blobs_left_json": "[]"})
 
 
 def test_verify_checks_every_run_erased_whole_against_its_erasure(
