@@ -166,10 +166,11 @@ def moto_endpoint() -> Iterator[str]:
     try:
         yield endpoint
     finally:
-        # moto keeps its buckets in this process: the next test starts from none
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset",
-                                                      method="POST"), timeout=30).close()
-        server.stop()
+        try:  # moto keeps its buckets in this process: the next test starts from none
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset",
+                                                          method="POST"), timeout=30).close()
+        finally:
+            server.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

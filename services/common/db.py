@@ -247,12 +247,19 @@ class Database:
         except DBAPIError as exc:
             log.warning("WAL checkpoint failed: %s", _short(exc))
             return False
+        except PoolTimeout:
+            log.warning("WAL checkpoint skipped: every pooled connection is in use")
+            return False
 
     def vacuum(self, tables: Sequence[str]) -> None:
         """After an erasure: Postgres VACUUMs ``tables`` (dead tuples become free space);
         SQLite truncates the WAL (its pages hold the rows before they were deleted). Raises
         what the database raises: an erasure must not report success it did not reach."""
-        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        try:
+            connection = self.engine.connect()
+        except PoolTimeout as exc:
+            raise self._busy() from exc
+        with connection.execution_options(isolation_level="AUTOCOMMIT") as conn:
             if self.dialect == "sqlite":
                 if not self._truncate_wal(conn):
                     raise Unavailable("the WAL could not be emptied after the erasure (a reader "

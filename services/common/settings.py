@@ -132,7 +132,7 @@ class ServerSettings(TokenKeySettings):
         "SQLite ten more)",
     )
     db_pool_timeout_seconds: float = Field(
-        default=30.0, gt=0, le=600,
+        default=5.0, gt=0, le=600,
         description="how long a call waits for a database connection when every one is in "
         "use; then RESOURCE_EXHAUSTED DATABASE_BUSY, with RetryInfo",
     )

@@ -157,7 +157,7 @@ class CompactorRepository:
     # -- run head and append ------------------------------------------------
 
     def head(self, fleet_id: str, run_id: str) -> RunHead | None:
-        with self.db.engine.connect() as conn:
+        with self.db.reading() as conn:  # a lost database or a full pool: a status of its own
             row = conn.execute(_SELECT_HEAD, {"fleet": fleet_id, "run": run_id}).first()
             return _head_of(row) if row is not None else None
 

@@ -217,10 +217,13 @@ class S3BlobStore(BlobStore):
 
         name = self._object_key(key)
         try:
+            # The plain delete first: on a versioned bucket S3 answers it with a new delete
+            # marker named by the key (an artifact's name is in it, and may be erased text),
+            # which the sweep below then removes with the versions. Last, it left that marker.
+            self.client.delete_object(Bucket=self.bucket, Key=name)
             for found, version in self._versions(name):
                 if found == name:
                     self.client.delete_object(Bucket=self.bucket, Key=name, VersionId=version)
-            self.client.delete_object(Bucket=self.bucket, Key=name)
         except (BotoCoreError, ClientError) as error:
             raise self._unavailable(error, "purge") from error
 

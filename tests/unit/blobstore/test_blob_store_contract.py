@@ -225,3 +225,41 @@ def test_purge_on_a_versioned_bucket_removes_every_version() -> None:
         keys = [v["Key"] for v in [*left.get("Versions", []), *left.get("DeleteMarkers", [])]]
         assert keys == ["engram/runs/r/a.txt.other"]
         s3.close()
+
+
+class _RecordedDeletes:
+    """The store's S3 client, recording the version each delete_object names (None: none)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.versions = client, []
+
+    def delete_object(self, **kwargs: Any) -> Any:
+        self.versions.append(kwargs.get("VersionId"))
+        return self.client.delete_object(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def test_purge_sends_no_plain_delete_after_the_sweep() -> None:
+    """On real S3 (not moto) a plain delete of a versioned key adds a delete marker named by the
+    key, even when no version is left: sent after the sweep, it left one behind, and an
+    artifact's key holds its name (found by review)."""
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        client.put_bucket_versioning(Bucket=BUCKET,
+                                     VersioningConfiguration={"Status": "Enabled"})
+        s3 = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
+                                 access_key_id="test", secret_access_key="test")
+        assert isinstance(s3, S3BlobStore)
+        s3.put("runs/r/a-secret-name.txt", [b"one"])
+        client.put_object(Bucket=BUCKET, Key="engram/runs/r/a-secret-name.txt", Body=b"two")
+        recorded = _RecordedDeletes(s3.client)
+        s3._client = recorded
+        s3.purge("runs/r/a-secret-name.txt")
+        assert recorded.versions[0] is None and None not in recorded.versions[1:]
+        assert len(recorded.versions) >= 3  # the plain delete, then both versions (and marker)
+        left = client.list_object_versions(Bucket=BUCKET, Prefix="engram/runs/r/")
+        assert not left.get("Versions") and not left.get("DeleteMarkers")
+        s3.close()

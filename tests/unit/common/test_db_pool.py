@@ -17,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from services.common.db import Database
 from services.common.errors import ResourceExhausted
+from services.compactor.repository import CompactorRepository
 from services.governance.settings import GovernanceSettings
 from services.shard.settings import ShardSettings
 
@@ -74,10 +75,30 @@ def test_each_service_reads_its_pool_settings(
     assert options == {"pool_size": 3, "pool_timeout": 1.5}
     pool = Database(f"sqlite:///{tmp_path / 'set.db'}", **options).engine.pool
     assert (pool.size(), pool.timeout()) == (3, 1.5)  # type: ignore[attr-defined]
-    assert GovernanceSettings().database_options() == {"pool_size": 8, "pool_timeout": 30.0}
+    # well under the SDK's 30 s deadline, so a refused call is retried within it
+    assert GovernanceSettings().database_options() == {"pool_size": 8, "pool_timeout": 5.0}
     for name, bad in (("SIZE", "0"), ("SIZE", "many"), ("TIMEOUT_SECONDS", "0"),
                       ("TIMEOUT_SECONDS", "601")):
         monkeypatch.setenv(f"ENGRAM_SHARD_DB_POOL_{name}", bad)
         with pytest.raises(ValidationError):
             ShardSettings()
         monkeypatch.delenv(f"ENGRAM_SHARD_DB_POOL_{name}")
+
+
+def test_an_erasure_s_vacuum_on_a_full_pool_is_resource_exhausted(database: Database) -> None:
+    with ExitStack() as held:
+        _hold_every_connection(database, held)
+        with pytest.raises(ResourceExhausted) as busy:
+            database.vacuum(["t"])
+        assert busy.value.reason == "DATABASE_BUSY"
+        assert database.checkpoint() is (database.dialect != "sqlite")  # skipped, not raised
+
+
+def test_the_compactor_s_head_read_on_a_full_pool_is_resource_exhausted(
+        database: Database) -> None:
+    """ReconstructIteration, ListRecentIterations and VerifyRun start with it; it opened its
+    own connection from the engine, and so was INTERNAL still (found by review)."""
+    with ExitStack() as held:
+        _hold_every_connection(database, held)
+        with pytest.raises(ResourceExhausted):
+            CompactorRepository(database).head("fleet-a", "run-1")
