@@ -86,6 +86,7 @@ from services.common.errors import (
 )
 from services.common.metrics import Tally
 from services.common.pagination import PageTokens
+from services.common.tombstone_audit import RecordedErasures
 
 log = logging.getLogger("engram.artifacts")
 
@@ -123,6 +124,7 @@ class ArtifactsService:
                  limits: check.ArtifactLimits | None = None,
                  pages: PageTokens | None = None) -> None:
         self.db = database
+        self._recorded_erasures = RecordedErasures()  # what governance answered, across calls
         self.pages = pages or PageTokens.ephemeral()
         self.repository = ArtifactsRepository(database.dialect)
         self.blobs = blobs
@@ -411,8 +413,8 @@ class ArtifactsService:
         return checked, problems
 
     def tombstones(self, fleet_id: str, run_id: str = "") -> Iterator[StoredTombstone]:
-        """Every event, then every snapshot, of the fleet (of one run when ``run_id`` is set)
-        that was erased in place, then (the fleet's only) every run erased whole, paged (one
+        """The fleet's runs erased whole (without ``run_id``), then every event and every
+        snapshot of the fleet (of one run when ``run_id`` is set) erased in place, paged (one
         session a batch)."""
         if run_id:
             self.get_run(fleet_id, run_id)
@@ -436,7 +438,8 @@ class ArtifactsService:
         """Every tombstone of the fleet (of one run when ``run_id`` is set) checked against the
         erasure it names, as governance recorded it (``tombstone_audit``); each problem is
         counted as an integrity failure."""
-        audit = audit_tombstones(self.tombstones(fleet_id, run_id), source, fleet_id)
+        audit = audit_tombstones(self.tombstones(fleet_id, run_id), source, fleet_id,
+                                 self._recorded_erasures)
         for found in audit.problems:
             self.integrity_failures.add(found.problem)
         return audit

@@ -22,7 +22,12 @@ from dataclasses import dataclass, field
 
 from services.artifacts.domain.entities import StoredTombstone, TombstoneProblem
 from services.common.erasure_source import ErasureSource
-from services.common.tombstone_audit import INVALID, NOT_IN_ERASURE, ErasureLookup
+from services.common.tombstone_audit import (
+    INVALID,
+    NOT_IN_ERASURE,
+    ErasureLookup,
+    RecordedErasures,
+)
 
 log = logging.getLogger("engram.artifacts")
 
@@ -42,10 +47,12 @@ class TombstoneAudit:
 
 
 def audit_tombstones(tombstones: Iterable[StoredTombstone], source: ErasureSource | None,
-                     fleet_id: str) -> TombstoneAudit:
-    """Check each tombstone against the erasure it names (see the module's docstring)."""
+                     fleet_id: str, recorded: RecordedErasures | None = None) -> TombstoneAudit:
+    """Check each tombstone against the erasure it names (see the module's docstring);
+    ``recorded``: the erasures governance answered before, kept across calls (the service's),
+    so a caller paging verifications does not make it ask governance again each time."""
     audit = TombstoneAudit()
-    lookup = ErasureLookup(source, fleet_id, log)
+    lookup = ErasureLookup(source, fleet_id, log, recorded=recorded)
     for tombstone in tombstones:
         if tombstone.kind == "snapshot":
             if not tombstone.well_formed:

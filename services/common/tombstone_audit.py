@@ -24,6 +24,8 @@ from services.common.errors import EngramError, NotFound
 
 NOT_IN_ERASURE = "TOMBSTONE_NOT_IN_ERASURE"
 """No erasure governance recorded for the fleet lists the item under the hash it kept."""
+BESIDE_LIVE_LOG = "TOMBSTONE_BESIDE_LIVE_LOG"
+"""An iteration log erased whole that is still recorded (its rows beside its tombstone)."""
 INVALID = "INVALID_TOMBSTONE"
 """Not a tombstone's form (no erasure id of governance's form, no erase time, content left)."""
 CACHED_ITEMS = 100_000

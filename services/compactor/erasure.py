@@ -204,6 +204,9 @@ class ErasedLog:
     erasure_id: str
     problems: list[tuple[str, str]] = field(default_factory=list)
     unconfirmed: int = 0
+    live: bool = False
+    """The log is still recorded beside its tombstone (an append racing an imported erasure,
+    or a tombstone written into the database): VerifyRun checks the log and reports both."""
 
 
 @dataclass(frozen=True)
@@ -327,7 +330,8 @@ class IterationEraser:
             row = session.get(RunTombstoneRow, (fleet_id, run_id))
             if row is None:
                 return None
-            erased = ErasedLog(row.last_iter, row.head_hash, row.erasure_id)
+            erased = ErasedLog(row.last_iter, row.head_hash, row.erasure_id,
+                               live=session.get(RunRow, (fleet_id, run_id)) is not None)
             well_formed = (is_erasure_id(row.erasure_id) and row.erased_us > 0
                            and is_hash(row.head_hash))
         if not well_formed:

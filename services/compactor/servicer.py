@@ -17,6 +17,7 @@ from services.common.find_cursor import FindCursor, scan_filters
 from services.common.pagination import PageTokens
 from services.common.timestamps import time_us
 from services.common.tokens import validate_identifier
+from services.common.tombstone_audit import BESIDE_LIVE_LOG
 from services.compactor.domain.memory_policy import KIND_COMPACT, PolicyRun
 from services.compactor.domain.model import DetailSource, Pin, Reconstruction
 from services.compactor.domain.warm_chain import IterationInput, WarmLine
@@ -183,6 +184,10 @@ def _policy_fleet(requested: str) -> str:
     return target_fleet(current_principal(), requested)
 
 
+ERASURE_READERS = frozenset({"governor", "admin"})
+"""Who sees the head an erased log's tombstone kept (those who may read erasures)."""
+
+
 class CompactorServicer(pb_grpc.CompactorServiceServicer):
     def __init__(self, log: IterationLog, policies: MemoryPolicyRunner,
                  pages: PageTokens | None = None, eraser: IterationEraser | None = None) -> None:
@@ -299,18 +304,27 @@ class CompactorServicer(pb_grpc.CompactorServiceServicer):
 
     def VerifyRun(self, request: pb.VerifyRunRequest,
                   context: grpc.ServicerContext) -> pb.VerifyRunResponse:
-        fleet = current_principal().fleet_id
+        caller = current_principal()
+        fleet = caller.fleet_id
         run_id = _run_id(request.run_id)
         erased = self._eraser.erased_log(fleet, run_id) if self._eraser is not None else None
-        if erased is not None:  # erased whole: its tombstone, as its erasure lists it
+        if erased is not None and not erased.live:  # its tombstone, as its erasure lists it
+            # The kept head of a format-1 log is a hash over its content: it confirms a guess
+            # of the erased text, so only those who may read erasures (GetErasure) see it.
+            shown = caller.has_any(ERASURE_READERS)
             return pb.VerifyRunResponse(
                 ok=not erased.problems, erased=True, erasure_id=erased.erasure_id,
-                last_iteration=erased.last_iteration, head_hash=erased.head_hash,
+                last_iteration=erased.last_iteration if shown else 0,
+                head_hash=erased.head_hash if shown else "",
                 tombstones_unconfirmed=erased.unconfirmed,
                 problems=[pb.VerifyProblem(location=loc, detail=detail)
                           for loc, detail in erased.problems])
         report = self._log.verify(fleet, run_id)
         problems, unconfirmed = list(report.problems), 0
+        if erased is not None:  # a tombstone beside a log still recorded: one must be wrong
+            problems.append(("log tombstone", f"erasure {erased.erasure_id} erased this log, "
+                             f"yet it is still recorded ({BESIDE_LIVE_LOG})"))
+            self._log.integrity_failures.add(BESIDE_LIVE_LOG)
         if report.tombstones:
             if self._eraser is None:
                 unconfirmed = len(report.tombstones)

@@ -136,7 +136,7 @@ def test_verify_run_checks_a_log_erased_whole_against_its_erasure(
     with full_stack(data, engram_home, make_token, governed=True) as stack:
         heads = {}
         with CompactorClient(stack.compactor.address, agent) as comp:
-            for run_id in ("run-e", "run-x", "run-y", "run-z"):
+            for run_id in ("run-e", "run-x", "run-y", "run-z", "run-w"):
                 for n in (1, 2):
                     heads[run_id] = comp.record(run_id, iteration_from_json(
                         {"iter": n, "planDigest": f"p{n}", "status": "ok"})).summary.hash
@@ -150,12 +150,21 @@ def test_verify_run_checks_a_log_erased_whole_against_its_erasure(
                     report.last_iteration, report.tombstones_unconfirmed) == (
                         True, True, erasure, heads["run-e"], 2, 0)
             assert not comp.verify("run-x").erased
+            with CompactorClient(stack.compactor.address, agent) as own:  # an agent: no head
+                seen = own.verify("run-e")
+                assert (seen.ok, seen.erased, seen.head_hash, seen.last_iteration) == (
+                    True, True, "", 0)
             with pytest.raises(EngramRpcError) as never:
                 comp.verify("run-never")
             assert never.value.code == grpc.StatusCode.NOT_FOUND
 
         _forge_log_tombstone(data / "compactor.db", "run-x", heads["run-x"], erasure)
         _forge_log_tombstone(data / "compactor.db", "run-y", heads["run-y"], "x")
+        replace_with_tombstone(  # a tombstone beside a log still recorded: the log is checked
+            data / "compactor.db", "run-w", (), "compactor_run_tombstones", {
+                "fleet_id": FLEET, "run_id": "run-w", "last_iter": 2,
+                "head_hash": heads["run-w"], "erasure_id": erasure, "erased_us": 7,
+                "erased_by": "op", "blobs_left": 0})
         with CompactorClient(stack.compactor.address, admin) as comp:
             listed_elsewhere, malformed = comp.verify("run-x"), comp.verify("run-y")
             assert (listed_elsewhere.ok, listed_elsewhere.erased) == (False, True)
@@ -163,6 +172,10 @@ def test_verify_run_checks_a_log_erased_whole_against_its_erasure(
                     for p in listed_elsewhere.problems] == [("log tombstone", True)]
             assert not malformed.ok
             assert malformed.problems[0].detail.endswith("(INVALID_TOMBSTONE)")
+            beside = comp.verify("run-w")
+            assert (beside.ok, beside.erased, beside.lines_checked) == (False, False, 2)
+            assert [p.detail.endswith("(TOMBSTONE_BESIDE_LIVE_LOG)")
+                    for p in beside.problems] == [True]
 
         stack.governance.stop(0)
         # an erasure the compactor has not read yet cannot be confirmed: neither failed nor

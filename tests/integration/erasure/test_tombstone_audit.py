@@ -4,7 +4,9 @@ database under a tombstone no recorded erasure of the fleet lists (another fleet
 erasure id governance never issued, a real erasure of the fleet that lists other items) is
 reported TOMBSTONE_NOT_IN_ERASURE naming the item, one not of a tombstone's form is
 INVALID_TOMBSTONE (and breaks the chain on replay), while a genuine erasure's tombstones pass.
-With governance down the call still answers, and counts the tombstones it could not confirm."""
+With governance down the call still answers: erasures governance answered before still answer
+(the service keeps them), and the tombstones of one it never answered are counted
+unconfirmed."""
 
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ def test_verify_reports_tombstones_no_recorded_erasure_lists(
             forged_snap = art.create_snapshot("run-t", {"s": 2}, seq=2)
             art.start_run("run-g", {})
             good = art.append_event("run-g", "said", {"text": "to forget"}).event
+            art.start_run("run-u", {})
+            art.append_event("run-u", "said", {"text": "blanked while governance is down"})
         with GovernanceClient(stack.governance.address, admin) as gov:
             genuine = gov.record_erasure("match", "", [
                 gpb.ErasedItem(kind="event", id="run-t:1", leaf_hash=events[0].hash),
@@ -112,15 +116,21 @@ def test_verify_reports_tombstones_no_recorded_erasure_lists(
             assert shown["tombstones_unconfirmed"] == 0
             assert run("artifacts", "verify", "--run", "run-g")["events_tombstoned"] == 1
 
-        stack.governance.stop(0)  # governance down: nothing can be confirmed, nothing fails
+        stack.governance.stop(0)
+        # Governance down. An erasure it answered before still answers (a recorded erasure
+        # never changes; the service keeps what it read, so a caller paging verifications does
+        # not make it ask again); one it never answered cannot be confirmed: neither failed
+        # nor passed.
+        _blank_event(db, "run-u", 1, "era_" + "e" * 28)
         with ArtifactsClient(stack.artifacts.address, admin) as art:
             report = art.verify("run-t")
             assert {(p.id, p.problem) for p in report.tombstone_problems} == {
-                ("run-t:5", "INVALID_TOMBSTONE")}  # its form alone says so
-            assert report.tombstones_unconfirmed == 6  # 4 events and 2 snapshots
-            assert art.verify("run-g").tombstones_unconfirmed == 1
+                (item, problem) for _, item, problem, _ in forged} - {
+                ("run-t:3", "TOMBSTONE_NOT_IN_ERASURE")}
+            assert report.tombstones_unconfirmed == 1  # era_fff…: never recorded, never kept
+            assert art.verify("run-g").tombstones_unconfirmed == 0
         with cli_for(stack, admin, monkeypatch) as run:
-            unconfirmed = run("artifacts", "verify", "--run", "run-g", code=2)
+            unconfirmed = run("artifacts", "verify", "--run", "run-u", code=2)
             assert (unconfirmed["tombstones_unconfirmed"],
                     unconfirmed["tombstone_problems"]) == (1, [])
 
@@ -166,9 +176,9 @@ def test_verify_checks_every_run_erased_whole_against_its_erasure(
         with cli_for(stack, admin, monkeypatch) as run:
             assert len(run("artifacts", "verify", code=1)["tombstone_problems"]) == 2
 
-        stack.governance.stop(0)  # nothing confirmed; the malformed one fails on its form
+        stack.governance.stop(0)  # the erasures it answered before still answer
         with ArtifactsClient(stack.artifacts.address, admin) as art:
             report = art.verify()
             assert [(p.id, p.problem) for p in report.tombstone_problems] == [
-                ("run-y", "INVALID_TOMBSTONE")]
-            assert (report.runs_tombstoned, report.tombstones_unconfirmed) == (4, 3)
+                ("run-x", "TOMBSTONE_NOT_IN_ERASURE"), ("run-y", "INVALID_TOMBSTONE")]
+            assert (report.runs_tombstoned, report.tombstones_unconfirmed) == (4, 0)

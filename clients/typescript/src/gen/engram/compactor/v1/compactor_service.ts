@@ -318,7 +318,10 @@ export interface VerifyRunResponse {
    * TOMBSTONE_NOT_IN_ERASURE otherwise, INVALID_TOMBSTONE when it is not of a
    * tombstone's form; tombstones_unconfirmed 1 when governance cannot be asked).
    * Before 2026-11-30 an erased log answered NOT_FOUND RUN_NOT_FOUND, like a run
-   * never recorded.
+   * never recorded. The kept head_hash and last_iteration are answered to governors
+   * and admins only (a format-1 log's head is a hash over its content); others get
+   * "" and 0. A tombstone beside a log still recorded is a problem of its own
+   * ("log tombstone", TOMBSTONE_BESIDE_LIVE_LOG), and the log is checked as usual.
    */
   erased: boolean;
   erasureId: string;
