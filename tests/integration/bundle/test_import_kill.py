@@ -1,5 +1,6 @@
-"""An `engram import-bundle` process SIGKILLed half-way through a run's event chain (one event
-a call) leaves a prefix of the chain that verifies, and running the same import again finishes
+"""An `engram import-bundle` process SIGKILLed half-way through a run's event chain (sent in
+three calls; killed once the first has landed, so at most one more lands after it) leaves a
+prefix of the chain that verifies, and running the same import again finishes
 it: the target then exports the same carried parts as the origin. The in-process interruption
 tests (test_round_trip.py) raise an exception; a kill runs no cleanup at all."""
 
