@@ -9,17 +9,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from services.artifacts import server as artifacts_server
+from services.artifacts.settings import ArtifactsSettings
 from services.common.db import Database
 from services.common.errors import ResourceExhausted
+from services.common.tokens import write_token_file
+from services.compactor import server as compactor_server
 from services.compactor.repository import CompactorRepository
+from services.compactor.settings import CompactorSettings
+from services.governance import server as governance_server
 from services.governance.settings import GovernanceSettings
+from services.shard import server as shard_server
 from services.shard.settings import ShardSettings
+from tests.conftest import TokenFactory
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -102,3 +111,36 @@ def test_the_compactor_s_head_read_on_a_full_pool_is_resource_exhausted(
         _hold_every_connection(database, held)
         with pytest.raises(ResourceExhausted):
             CompactorRepository(database).head("fleet-a", "run-1")
+
+
+def test_every_service_builds_its_database_with_its_pool_settings(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, engram_home: Path,
+        make_token: TokenFactory) -> None:
+    built: dict[str, dict[str, object]] = {}
+
+    def recording(service: str) -> type[Database]:
+        class Recorded(Database):
+            def __init__(self, url: str, **options: Any) -> None:
+                built[service] = options
+                super().__init__(url, **options)
+        return Recorded
+
+    for module in (governance_server, shard_server, artifacts_server, compactor_server):
+        monkeypatch.setattr(module, "Database", recording(module.__name__.split(".")[1]))
+    pool = {"db_pool_size": 3, "db_pool_timeout_seconds": 1.5}
+    token = tmp_path / "service.token"
+    write_token_file(token, make_token("svc-compactor", "system", ("service",)))
+    common = {"home": engram_home, "port": 0}
+    governance_server.build_governance_server(GovernanceSettings(
+        **common, db_url=f"sqlite:///{tmp_path / 'g.db'}", **pool))
+    shard_server.build_shard_server(ShardSettings(
+        **common, db_url=f"sqlite:///{tmp_path / 's.db'}", embedder="none",
+        allow_ungated=True, index_snapshot_path=tmp_path / "s.snapshot", **pool))
+    artifacts_server.build_artifacts_server(ArtifactsSettings(
+        **common, db_url=f"sqlite:///{tmp_path / 'a.db'}", blob_url=(tmp_path / "b").as_uri(),
+        **pool))
+    compactor_server.build_compactor_server(CompactorSettings(
+        **common, db_url=f"sqlite:///{tmp_path / 'c.db'}", blob_url=(tmp_path / "c").as_uri(),
+        shard_addr="127.0.0.1:1", service_token_file=token, **pool))
+    assert built == {name: {"pool_size": 3, "pool_timeout": 1.5}
+                     for name in ("governance", "shard", "artifacts", "compactor")}
