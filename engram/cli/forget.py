@@ -301,8 +301,9 @@ def forget(
     if as_json:
         emit_json(summary)
     else:
-        if not erasures:
-            console.print("nothing matches: nothing erased")
+        if not erasures:  # "nothing matches" only when no run holds the text either
+            console.print("nothing erased" if left or legacy else
+                          "nothing matches: nothing erased")
         else:
             console.print(f"{total} record(s), {events} event(s), {snapshots} snapshot(s), "
                           f"{iterations} iteration(s), {manifests} manifest(s) and {evidence} "

@@ -16,9 +16,11 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.cli import forget as forget_command
+from engram.cli.main import app
 from engram.client.artifacts import ArtifactsClient
 from engram.client.governance import GovernanceClient
 from services.artifacts import erasure as artifacts_erasure
@@ -237,6 +239,11 @@ def test_forget_match_goes_past_runs_only_erasing_whole_clears(
             with ArtifactsClient(stack.artifacts.address, admin) as art:
                 assert all(e.erasure_id for e in art.replay("run-late"))
                 assert [r.run_id for r in art.find_runs("zqxstuck").runs] == ["run-meta"]
+            # again, as a person reads it: nothing more erased, but not "nothing matches"
+            shown = CliRunner().invoke(app, ["forget", "--match", "zqxstuck"])
+            assert shown.exit_code == 3
+            assert "nothing erased" in shown.output and "nothing matches" not in shown.output
+            assert "run-meta" in shown.output and "--whole-runs" in shown.output
             done = run("forget", "--match", "zqxstuck", "--whole-runs")
             assert sorted(r["run_id"] for e in done["erasures"] for r in e["runs"]) == [
                 "run-meta"]
