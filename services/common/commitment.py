@@ -28,8 +28,9 @@ def is_salt(value: str) -> bool:
 
 
 def is_hash(value: str) -> bool:
-    """Whether ``value`` has the form of a stored SHA-256 (64 lowercase hex characters)."""
-    return _SALT.fullmatch(value) is not None
+    """Whether ``value`` has the form of a stored SHA-256 (64 lowercase hex characters, the
+    form of a salt too)."""
+    return is_salt(value)
 
 
 def commitment(salt: str, content: bytes) -> str:

@@ -219,7 +219,8 @@ class S3BlobStore(BlobStore):
         try:
             # The plain delete first: on a versioned bucket S3 answers it with a new delete
             # marker named by the key (an artifact's name is in it, and may be erased text),
-            # which the sweep below then removes with the versions. Last, it left that marker.
+            # which the sweep below then removes with the versions. Sent after the sweep (as
+            # before 2026-11-30), it left that marker behind.
             self.client.delete_object(Bucket=self.bucket, Key=name)
             for found, version in self._versions(name):
                 if found == name:
