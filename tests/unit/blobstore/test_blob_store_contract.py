@@ -16,6 +16,7 @@ from services.common.blobstore import BlobInfo, BlobStore, blob_store_from_url
 from services.common.blobstore.file import FileBlobStore
 from services.common.blobstore.s3 import S3BlobStore
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound
+from tests.versioned_s3 import versioned_store
 
 BUCKET = "engram-test"
 
@@ -209,13 +210,7 @@ def test_purge_leaves_nothing_and_is_idempotent(store: BlobStore) -> None:
 
 def test_purge_on_a_versioned_bucket_removes_every_version() -> None:
     """A plain delete on a versioned bucket only hides the bytes behind a delete marker."""
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        client.put_bucket_versioning(Bucket=BUCKET,
-                                     VersioningConfiguration={"Status": "Enabled"})
-        s3 = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
-                                 access_key_id="test", secret_access_key="test")
+    with versioned_store(BUCKET) as (client, s3):
         s3.put("runs/r/a.txt", [b"first secret"])
         s3.delete("runs/r/a.txt")  # a delete marker over version 1
         client.put_object(Bucket=BUCKET, Key="engram/runs/r/a.txt", Body=b"second secret")
@@ -224,7 +219,6 @@ def test_purge_on_a_versioned_bucket_removes_every_version() -> None:
         left = client.list_object_versions(Bucket=BUCKET, Prefix="engram/runs/r/")
         keys = [v["Key"] for v in [*left.get("Versions", []), *left.get("DeleteMarkers", [])]]
         assert keys == ["engram/runs/r/a.txt.other"]
-        s3.close()
 
 
 class _RecordedDeletes:
@@ -245,14 +239,7 @@ def test_purge_sends_no_plain_delete_after_the_sweep() -> None:
     """On real S3 (not moto) a plain delete of a versioned key adds a delete marker named by the
     key, even when no version is left: sent after the sweep, it left one behind, and an
     artifact's key holds its name (found by review)."""
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        client.put_bucket_versioning(Bucket=BUCKET,
-                                     VersioningConfiguration={"Status": "Enabled"})
-        s3 = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
-                                 access_key_id="test", secret_access_key="test")
-        assert isinstance(s3, S3BlobStore)
+    with versioned_store(BUCKET) as (client, s3):
         s3.put("runs/r/a-secret-name.txt", [b"one"])
         client.put_object(Bucket=BUCKET, Key="engram/runs/r/a-secret-name.txt", Body=b"two")
         recorded = _RecordedDeletes(s3.client)
@@ -262,4 +249,3 @@ def test_purge_sends_no_plain_delete_after_the_sweep() -> None:
         assert len(recorded.versions) >= 3  # the plain delete, then both versions (and marker)
         left = client.list_object_versions(Bucket=BUCKET, Prefix="engram/runs/r/")
         assert not left.get("Versions") and not left.get("DeleteMarkers")
-        s3.close()

@@ -8,17 +8,15 @@ from __future__ import annotations
 import gzip
 from dataclasses import replace
 
-import boto3
 import pytest
-from moto import mock_aws
 
-from services.common.blobstore import blob_store_from_url
 from services.common.db import Database
 from services.compactor.domain.model import TierConfig
 from services.compactor.erasure import IterationEraser
 from services.compactor.repository import CompactorRepository
 from services.compactor.service import IterationLog
 from tests.unit.compactor.support import RecordedErasures, make_iteration
+from tests.versioned_s3 import versioned_store
 
 F, R = "fleet-a", "run-v"
 BUCKET = "versioned"
@@ -40,13 +38,7 @@ def _versions_holding(client: object, needle: str) -> list[tuple[str, bool]]:
 
 @pytest.mark.parametrize("whole", [False, True], ids=["in-place", "whole-log"])
 def test_no_version_of_an_erased_iteration_is_left(database: Database, whole: bool) -> None:
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
-        client.put_bucket_versioning(Bucket=BUCKET,
-                                     VersioningConfiguration={"Status": "Enabled"})
-        blobs = blob_store_from_url(f"s3://{BUCKET}/engram", region_name="us-east-1",
-                                    access_key_id="test", secret_access_key="test")
+    with versioned_store(BUCKET) as (client, blobs):
         log = IterationLog(CompactorRepository(database), blobs,
                            TierConfig(hot_size=2, rotate_bytes=1024, snapshot_every=2,
                                       keep_snapshots=1))
