@@ -206,7 +206,8 @@ class ErasedLog:
     unconfirmed: int = 0
     live: bool = False
     """The log is still recorded beside its tombstone (an append racing an imported erasure,
-    or a tombstone written into the database): VerifyRun checks the log and reports both."""
+    or a tombstone written into the database): VerifyRun reports that and checks the log; the
+    tombstone is not audited (whatever governance lists, one of the two is wrong)."""
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,8 @@ class IterationEraser:
                                live=session.get(RunRow, (fleet_id, run_id)) is not None)
             well_formed = (is_erasure_id(row.erasure_id) and row.erased_us > 0
                            and is_hash(row.head_hash))
+        if erased.live:  # VerifyRun reports the tombstone beside the log, then checks the log
+            return erased
         if not well_formed:
             erased.problems.append(("log tombstone", f"not a tombstone's form: no erasure id, "
                                     f"erase time or head hash as an erasure leaves ({INVALID})"))
