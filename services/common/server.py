@@ -116,10 +116,14 @@ class EngramServer:
         spec: ServiceSpec,
         settings: ServerSettings,
         health_server: grpc.Server | None = None,
+        executors: Sequence[futures.ThreadPoolExecutor] = (),
     ) -> None:
         self._server = server
         self._health = health_servicer
         self._health_server = health_server
+        self._executors = tuple(executors)
+        """The servers' worker pools: gRPC never shuts them down, so ``stop`` does (an idle
+        worker thread would otherwise outlive the server, one per call it ever ran at once)."""
         self.spec = spec
         self.settings = settings
         self.port = 0
@@ -235,6 +239,8 @@ class EngramServer:
         self._server.stop(grace).wait()
         if self._health_server is not None:  # probes saw NOT_SERVING throughout the drain
             self._health_server.stop(0).wait()
+        for executor in self._executors:  # idle workers exit; a stuck handler is not waited for
+            executor.shutdown(wait=False, cancel_futures=True)
         if self.spec.restrictions is not None:
             self.spec.restrictions.stop()
         self.spec.on_stop()
@@ -434,11 +440,12 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
                                spec.kinds),
         TextInterceptor(),
     ]
+    workers = futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
+        max_workers=in_flight + SPARE_WORKERS,
+        thread_name_prefix=f"{spec.name}-rpc",
+    )
     server = grpc.server(
-        futures.ThreadPoolExecutor(  # spare threads answer refusals and health while full
-            max_workers=in_flight + SPARE_WORKERS,
-            thread_name_prefix=f"{spec.name}-rpc",
-        ),
+        workers,
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", settings.receive_limit()),
@@ -463,8 +470,9 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
         port = server.add_secure_port(target, credentials)
     if port == 0:
         raise RuntimeError(f"could not bind {target}")
-    health_server, health_port = _health_only(settings, health_servicer)
-    engram_server = EngramServer(server, health_servicer, spec, settings, health_server)
+    health_server, health_port, health_workers = _health_only(settings, health_servicer)
+    engram_server = EngramServer(server, health_servicer, spec, settings, health_server,
+                                 executors=(workers, *health_workers))
     engram_server.port = port
     engram_server.health_port = health_port
     return engram_server
@@ -472,16 +480,17 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
 
 def _health_only(
     settings: ServerSettings, servicer: health.HealthServicer
-) -> tuple[grpc.Server | None, int | None]:
+) -> tuple[grpc.Server | None, int | None, tuple[futures.ThreadPoolExecutor, ...]]:
     """A plaintext server with nothing but the main server's health servicer on it.
 
     It answers the same statuses as the main port (one servicer), so a probe sees
     NOT_SERVING as soon as a drain starts; it reveals only whether the service is up.
     """
     if settings.health_port is None:
-        return None, None
+        return None, None, ()
+    workers = futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health")
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"),
+        workers,
         options=[("grpc.so_reuseport", 0)],
     )
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
@@ -489,4 +498,4 @@ def _health_only(
     port = server.add_insecure_port(target)
     if port == 0:
         raise RuntimeError(f"could not bind the health port {target}")
-    return server, port
+    return server, port, (workers,)
