@@ -114,9 +114,7 @@ def build_compactor_server(settings: CompactorSettings) -> EngramServer:
 def _build(settings: CompactorSettings, database: Database,
            repairs: RepairBackoff) -> EngramServer:
     database.prepare_schema(MIGRATIONS, "compactor", migrate=settings.migrate)
-    blobs = blob_store_from_url(settings.blob_store_url(),
-                                endpoint_url=settings.blob_endpoint_url,
-                                region_name=settings.blob_region)
+    blobs = blob_store_from_url(settings.blob_store_url(), **settings.blob_store_options())
     repository = CompactorRepository(database)
     # Interrupted tier work is finished in the background: one failing run delays no start.
     iteration_log = IterationLog(repository, blobs, settings.tier_config(), repairs=repairs,
