@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engram.bench._harness import Latency, peak_rss_mb, rss_mb, sequential
+from engram.bench._harness import Latency, peak_rss_mb, pss_mb, rss_mb, sequential
 from engram.bench.search import CORPUS, SINGLE_WRITE_SERIAL
 
 WARMUP_SERIAL = 70_000_000
@@ -129,6 +129,7 @@ def measure(embedder: str, size: int, single: int, searches: int) -> dict[str, f
         figures[f"search_p50_ms_at_{size}"] = latency.p50_ms
         figures[f"search_p95_ms_at_{size}"] = latency.p95_ms
         figures[f"rss_mb_at_{size}"] = rss_mb(os.getpid())
+        figures[f"pss_mb_at_{size}"] = pss_mb(os.getpid())
         figures["peak_rss_mb"] = peak_rss_mb(os.getpid())
         figures["records"] = float(collection.count())
     return figures

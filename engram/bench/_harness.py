@@ -325,6 +325,21 @@ def tree_rss_mb(pids: Sequence[int]) -> float:
     return round(sum(_status_kb(p, "VmRSS:") for p in pids) / 1024, 1)
 
 
+def pss_mb(pid: int | None = None) -> float:
+    """Proportional set size of a process and its children, from /proc/PID/smaps_rollup: each
+    page shared by N processes counts 1/N in each, so unlike :func:`rss_mb` the sum over a
+    tree counts what the processes share (libraries, a file both map) once."""
+    total_kb = 0
+    for process in process_tree(pid or os.getpid()):
+        try:
+            with open(f"/proc/{process}/smaps_rollup") as rollup:
+                total_kb += next((int(line.split()[1]) for line in rollup
+                                  if line.startswith("Pss:")), 0)
+        except OSError:  # exited meanwhile
+            continue
+    return round(total_kb / 1024, 1)
+
+
 def peak_rss_mb(pid: int | None = None) -> float:
     """Sum of each process's own peak (the peaks need not coincide: an upper bound)."""
     return round(sum(_status_kb(p, "VmHWM:") for p in process_tree(pid or os.getpid())) / 1024, 1)
