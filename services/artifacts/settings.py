@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.artifacts.domain.validation import (
@@ -16,7 +16,7 @@ from services.artifacts.domain.validation import (
     ArtifactLimits,
 )
 from services.common.limits import DEFAULT_JSON_DEPTH
-from services.common.settings import GovernanceClientSettings
+from services.common.settings import GovernanceClientSettings, s3_options
 
 
 class ArtifactsSettings(GovernanceClientSettings):
@@ -32,7 +32,8 @@ class ArtifactsSettings(GovernanceClientSettings):
     s3_endpoint_url: str | None = None
     s3_region: str | None = None
     s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    """Never shown (``repr``, dumps); with s3_access_key_id or neither."""
     s3_part_size_mb: int = 8
     s3_parts_in_flight: int = 4
     s3_single_put_max_mb: int = 1024
@@ -71,9 +72,8 @@ class ArtifactsSettings(GovernanceClientSettings):
         return self.blob_url or (self.data_dir("artifacts") / "blobs").resolve().as_uri()
 
     def blob_store_options(self) -> dict[str, Any]:
-        return {"endpoint_url": self.s3_endpoint_url, "region_name": self.s3_region,
-                "access_key_id": self.s3_access_key_id,
-                "secret_access_key": self.s3_secret_access_key,
+        return {**s3_options(self, self.s3_endpoint_url, self.s3_region,
+                             self.s3_access_key_id, self.s3_secret_access_key),
                 "part_size": self.s3_part_size_mb * 1024 * 1024,
                 "parts_in_flight": self.s3_parts_in_flight,
                 "single_put_max": self.s3_single_put_max_mb * 1024 * 1024,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engram.client import TlsFiles
@@ -251,3 +251,16 @@ class GovernanceClientSettings(ServerSettings):
     def governance_tls(self) -> TlsFiles:
         return TlsFiles(tls_ca=self.governance_tls_ca, tls_cert=self.governance_tls_cert,
                         tls_key=self.governance_tls_key)
+
+
+def s3_options(settings: BaseSettings, endpoint_url: str | None, region: str | None,
+               key_id: str | None, secret: SecretStr | None) -> dict[str, Any]:
+    """The S3 blob store's connection options; the two keys go together or not at all (unset:
+    boto3's own chain, ``AWS_*`` variables, a profile, the pod's role). One without the other
+    is refused here, at start, not by the first S3 call (a background repair, maybe)."""
+    if (key_id is None) != (secret is None):
+        prefix = str(settings.model_config.get("env_prefix", "ENGRAM_"))
+        raise ValueError(f"set both {prefix}S3_ACCESS_KEY_ID and {prefix}S3_SECRET_ACCESS_KEY, "
+                         "or neither (boto3 then finds keys itself)")
+    return {"endpoint_url": endpoint_url, "region_name": region, "access_key_id": key_id,
+            "secret_access_key": secret.get_secret_value() if secret is not None else None}

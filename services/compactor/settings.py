@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
-from services.common.settings import GovernanceClientSettings
+from services.common.settings import GovernanceClientSettings, s3_options
 from services.compactor.domain.model import TierConfig
 
 
@@ -22,17 +23,16 @@ class CompactorSettings(GovernanceClientSettings):
     blob_url: str | None = Field(
         default=None, description="file:///dir or s3://bucket/prefix; "
         "default file://$ENGRAM_HOME/compactor/blobs")
-    # The artifacts service's names (ENGRAM_ARTIFACTS_S3_...) work here too; BLOB_ENDPOINT_URL
-    # and BLOB_REGION, the compactor's first names, still do. Keys unset: boto3's own chain
-    # (AWS_* variables, a profile, the pod's role).
-    blob_endpoint_url: str | None = Field(
+    # ENGRAM_COMPACTOR_S3_*, as the artifacts service's ENGRAM_ARTIFACTS_S3_*; _BLOB_ENDPOINT_URL
+    # and _BLOB_REGION, the compactor's first names, still work (S3_* wins when both are set).
+    s3_endpoint_url: str | None = Field(
         default=None, description="S3-compatible endpoint", validation_alias=AliasChoices(
-            "blob_endpoint_url", "ENGRAM_COMPACTOR_S3_ENDPOINT_URL",
-            "ENGRAM_COMPACTOR_BLOB_ENDPOINT_URL"))
-    blob_region: str | None = Field(default=None, validation_alias=AliasChoices(
-        "blob_region", "ENGRAM_COMPACTOR_S3_REGION", "ENGRAM_COMPACTOR_BLOB_REGION"))
+            "ENGRAM_COMPACTOR_S3_ENDPOINT_URL", "ENGRAM_COMPACTOR_BLOB_ENDPOINT_URL"))
+    s3_region: str | None = Field(default=None, validation_alias=AliasChoices(
+        "ENGRAM_COMPACTOR_S3_REGION", "ENGRAM_COMPACTOR_BLOB_REGION"))
     s3_access_key_id: str | None = None
-    s3_secret_access_key: str | None = None
+    s3_secret_access_key: SecretStr | None = Field(
+        default=None, description="never shown (repr, dumps); with s3_access_key_id or neither")
     port: int = 50054
     shard_addr: str = "127.0.0.1:50051"
     service_token_file: Path | None = Field(
@@ -80,10 +80,9 @@ class CompactorSettings(GovernanceClientSettings):
     def blob_store_url(self) -> str:
         return self.blob_url or (self.data_dir("compactor") / "blobs").resolve().as_uri()
 
-    def blob_store_options(self) -> dict[str, str | None]:
-        return {"endpoint_url": self.blob_endpoint_url, "region_name": self.blob_region,
-                "access_key_id": self.s3_access_key_id,
-                "secret_access_key": self.s3_secret_access_key}
+    def blob_store_options(self) -> dict[str, Any]:
+        return s3_options(self, self.s3_endpoint_url, self.s3_region, self.s3_access_key_id,
+                          self.s3_secret_access_key)
 
     def tier_config(self) -> TierConfig:
         return TierConfig(hot_size=self.hot_size, rotate_bytes=self.rotate_bytes,

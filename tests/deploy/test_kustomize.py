@@ -275,7 +275,7 @@ def test_dependency_addresses_name_the_callee_services(overlay: Rendered) -> Non
     for url in (artifacts["ENGRAM_ARTIFACTS_BLOB_URL"], compactor["ENGRAM_COMPACTOR_BLOB_URL"]):
         assert url.startswith("s3://")
     assert artifacts["ENGRAM_ARTIFACTS_S3_ENDPOINT_URL"].startswith(("http://", "https://"))
-    assert compactor["ENGRAM_COMPACTOR_BLOB_ENDPOINT_URL"] == (
+    assert compactor["ENGRAM_COMPACTOR_S3_ENDPOINT_URL"] == (
         artifacts["ENGRAM_ARTIFACTS_S3_ENDPOINT_URL"])
 
 

@@ -99,7 +99,8 @@ class _Bucket:
                               "s3_endpoint_url": self.endpoint, "s3_region": "us-east-1",
                               "s3_access_key_id": "test", "s3_secret_access_key": "test"},
                 "compactor": {"blob_url": f"s3://{self.NAME}/compactor",
-                              "blob_endpoint_url": self.endpoint, "blob_region": "us-east-1"}}
+                              "s3_endpoint_url": self.endpoint, "s3_region": "us-east-1",
+                              "s3_access_key_id": "test", "s3_secret_access_key": "test"}}
 
     def holding(self, needles: list[bytes]) -> list[str]:
         """Every version of every object (key, user metadata and bytes; a gzip object also
@@ -125,7 +126,7 @@ class _Bucket:
 
 
 def _versioned_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> _Bucket:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # the compactor's client reads these
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")  # for any client made without keys
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     bucket = _Bucket(endpoint)
     bucket.s3.create_bucket(Bucket=bucket.NAME)
@@ -382,6 +383,8 @@ def test_forget_leaves_no_byte_of_the_marker(
             again = run("forget", "--record", quoted.id)
             assert again["erased"] == 0
             resumed = run("forget", "--resume", done["erasures"][0]["erasure_id"])
+            # not [] ("nothing left"): a resume cannot tell, the text is recorded nowhere
+            assert (resumed["runs_holding_text"], resumed["format1_events_left"]) == (None, None)
             assert resumed["erasures"][0]["records"] == []
             assert resumed["erasures"][0]["already_erased"] == len(would) - len(loose)
             assert resumed["erasures"][0]["manifests_erased"] == 0
@@ -809,6 +812,40 @@ def test_forget_a_run_with_no_events_yet(
             assert gone.value.reason == "RUN_ERASED"
             assert not art.find_runs(marker).runs
             assert art.get_run("run-other").event_count == 0
+
+
+def test_an_erasure_failing_after_governance_recorded_it_names_itself_and_resume_finishes_it(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service failing between governance's record of an erasure and its carrying out left
+    the operator with no id to give --resume: no command lists erasures, and the error did not
+    name it (found in review, 2026-11-30). The error names it now, in its message and its
+    metadata."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, agent) as shard:
+            secret = shard.add("the vault code is 4711", run_id="run-v").record
+        carry_out = forget_command._Services.carry_out
+        recorded: list[str] = []
+
+        def unreachable(self: Any, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
+            recorded.append(erasure_id)  # as if the shard went away after governance answered
+            raise EngramRpcError(grpc.StatusCode.UNAVAILABLE, "failed to connect to all "
+                                 "addresses")
+
+        with cli_for(stack, admin, monkeypatch) as run:
+            monkeypatch.setattr(forget_command._Services, "carry_out", unreachable)
+            failed = run("forget", "--record", secret.id, code=2)["error"]
+            assert failed["code"] == "UNAVAILABLE"
+            assert failed["metadata"]["erasure_id"] == recorded[0]
+            assert f"engram forget --resume {recorded[0]}" in failed["message"]
+            monkeypatch.setattr(forget_command._Services, "carry_out", carry_out)
+            finished = run("forget", "--resume", recorded[0])
+            assert finished["erased"] == 1
+        with ShardClient(stack.shard.address, admin) as shard:
+            with pytest.raises(EngramRpcError) as gone:
+                shard.get(secret.id)
+            assert gone.value.code == grpc.StatusCode.NOT_FOUND
 
 
 def test_forget_names_the_records_written_before_format_2_it_erases(
