@@ -231,7 +231,9 @@ def forget(
                                     "hold the text (needed where it is in anything but a "
                                     "format-2 event payload, snapshot state or iteration)"),
     resume: str = typer.Option("", "--resume", help="carry out a recorded erasure again "
-                               "(after a service was down or a run was interrupted)"),
+                               "(after a service was down or a run was interrupted; a failure "
+                               "names the erasure to resume); it cannot tell what is left of a "
+                               "--match text: run the first command with --dry-run for that"),
     fleet: str = typer.Option("", "--fleet", help="fleet (default: your token's fleet)"),
     reason: str = typer.Option("", "--reason", help="why, recorded in governance's chain"),
     dry_run: bool = typer.Option(False, "--dry-run", help="list what would be erased; change "
@@ -264,7 +266,7 @@ def forget(
         with rpc_errors(as_json):
             if kind == "resume":
                 recorded = services.governance.erasure(value)
-                erasures.append(services.carry_out(value, {i.kind for i in recorded.items}))
+                erasures.append(_carried_out(services, value, {i.kind for i in recorded.items}))
             elif kind == "match":
                 listed, left = _erase_matching(
                     services, value, fleet, reason, dry_run, erasures, as_json, whole_runs)
@@ -292,11 +294,14 @@ def forget(
     events, snapshots, manifests, evidence, iterations = (
         sum(e.get(f"{what}_erased", 0) for e in erasures)
         for what in ("events", "snapshots", "manifests", "evidence", "iterations"))
+    # --resume cannot tell what is left: the text is recorded nowhere (null, not "nothing").
+    known = kind != "resume"
     summary = {"erased": total, "events_erased": events, "snapshots_erased": snapshots,
                "manifests_erased": manifests, "evidence_erased": evidence,
                "iterations_erased": iterations,
-               "erasures": erasures, "runs_holding_text": left,
-               "format1_events_left": legacy, "format1_records": list(old_records),
+               "erasures": erasures, "runs_holding_text": left if known else None,
+               "format1_events_left": legacy if known else None,
+               "format1_records": list(old_records),
                "format1_manifests": list(old_manifests)}
     if as_json:
         emit_json(summary)
@@ -376,7 +381,7 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
         recorded = services.governance.record_erasure(
             kind, "" if kind == "match" else value, listed, reason=reason, fleet_id=fleet,
             request_id=uuid.uuid4().hex).erasure
-        done = services.carry_out(recorded.erasure_id, {i.kind for i in listed})
+        done = _carried_out(services, recorded.erasure_id, {i.kind for i in listed})
         done["chain_seq"] = recorded.chain_seq
         erasures.append(done)
         if not as_json:
@@ -384,6 +389,19 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
                               f"{recorded.chain_seq}): {len(done['records'])} record(s) erased")
         if not pending and (not selection.more or not done["records"]):
             return listed
+
+
+def _carried_out(services: _Services, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
+    """:meth:`_Services.carry_out`; a failure names the erasure, which governance recorded
+    already, and how to finish it (no command lists erasures: without its id in the error an
+    operator had nothing to give ``--resume``)."""
+    try:
+        return services.carry_out(erasure_id, kinds)
+    except EngramRpcError as error:
+        raise EngramRpcError(
+            error.code, f"{error.message}; erasure {erasure_id} is recorded but not carried out "
+            f"everywhere: finish it with `engram forget --resume {erasure_id}`", error.reason,
+            {**error.metadata, "erasure_id": erasure_id}, error.retry_delay) from error
 
 
 def _every_selected(services: _Services, selector: str, value: str, fleet: str,
