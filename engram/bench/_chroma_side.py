@@ -129,7 +129,8 @@ def measure(embedder: str, size: int, single: int, searches: int) -> dict[str, f
         figures[f"search_p50_ms_at_{size}"] = latency.p50_ms
         figures[f"search_p95_ms_at_{size}"] = latency.p95_ms
         figures[f"rss_mb_at_{size}"] = rss_mb(os.getpid())
-        figures[f"pss_mb_at_{size}"] = pss_mb(os.getpid())
+        if (pss := pss_mb(os.getpid())) is not None:  # None: no rollup to read here
+            figures[f"pss_mb_at_{size}"] = pss
         figures["peak_rss_mb"] = peak_rss_mb(os.getpid())
         figures["records"] = float(collection.count())
     return figures

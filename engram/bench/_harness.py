@@ -325,18 +325,23 @@ def tree_rss_mb(pids: Sequence[int]) -> float:
     return round(sum(_status_kb(p, "VmRSS:") for p in pids) / 1024, 1)
 
 
-def pss_mb(pid: int | None = None) -> float:
+def pss_mb(pid: int | None = None) -> float | None:
     """Proportional set size of a process and its children, from /proc/PID/smaps_rollup: each
     page shared by N processes counts 1/N in each, so unlike :func:`rss_mb` the sum over a
-    tree counts what the processes share (libraries, a file both map) once."""
+    tree counts what the processes share (libraries, a file both map) once. None where the
+    kernel gives no rollup (before Linux 4.14) or it may not be read: not a figure of 0."""
     total_kb = 0
     for process in process_tree(pid or os.getpid()):
         try:
             with open(f"/proc/{process}/smaps_rollup") as rollup:
                 total_kb += next((int(line.split()[1]) for line in rollup
                                   if line.startswith("Pss:")), 0)
-        except OSError:  # exited meanwhile
-            continue
+        except (FileNotFoundError, ProcessLookupError):
+            if os.path.exists(f"/proc/{process}"):  # the process is there, its rollup is not
+                return None
+            continue  # exited meanwhile
+        except OSError:  # permission denied, a sandbox
+            return None
     return round(total_kb / 1024, 1)
 
 

@@ -64,7 +64,8 @@ def _engram(size: int, single: int, count: int) -> dict[str, float]:
             for name, value in searches(client, count, ("hybrid", "semantic")).items():
                 figures[f"engram_{name}_at_{size}"] = value
             figures[f"engram_rss_mb_at_{size}"] = rss_mb(shard.pid)
-            figures[f"engram_pss_mb_at_{size}"] = pss_mb(shard.pid)
+            if (pss := pss_mb(shard.pid)) is not None:  # None: no rollup to read here
+                figures[f"engram_pss_mb_at_{size}"] = pss
     return figures
 
 
@@ -108,11 +109,13 @@ def _compare(
         "search_p95_chroma_over_engram_semantic": chroma_p95
         / engram[f"engram_semantic_p95_ms_at_{size}"],
         "rss_engram_over_chroma": engram[f"engram_rss_mb_at_{size}"] / chroma[f"rss_mb_at_{size}"],
-        # Reported beside the target: RSS summed over the shard and its embedder process
-        # counts the pages they share twice; PSS counts them once (on both sides).
-        "pss_engram_over_chroma": engram[f"engram_pss_mb_at_{size}"] / chroma[f"pss_mb_at_{size}"],
     }
     compared: dict[str, object] = {key: round(value, 2) for key, value in ratios.items()}
+    # Reported beside the target: RSS summed over the shard and its embedder process counts
+    # the pages they share twice; PSS counts them once (on both sides). None: not readable here.
+    engram_pss, chroma_pss = engram.get(f"engram_pss_mb_at_{size}"), chroma.get(f"pss_mb_at_{size}")
+    compared["pss_engram_over_chroma"] = (round(engram_pss / chroma_pss, 2)
+                                          if engram_pss and chroma_pss else None)
     compared["targets"] = {
         "acknowledged writes >= 30x Chroma's one by one": ratios["writes_vs_chroma_one_by_one"]
         >= 30,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from engram.bench._harness import pss_mb, rss_mb
 
 # A parent and a forked child sharing 64 MiB the parent wrote before the fork: RSS counts
@@ -37,3 +39,17 @@ def test_pss_counts_the_pages_a_tree_shares_once() -> None:
 
 def test_pss_of_a_process_gone_is_nothing() -> None:
     assert pss_mb(2**22 + 1) == 0.0  # no such pid: nothing, not an error
+
+
+def test_pss_not_readable_is_no_figure_not_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without smaps_rollup (before 4.14) or a sandbox that refuses it: None, which
+    the bench leaves out, not 0 (a review found 0 dividing Chroma's figure)."""
+    real_open = open
+
+    def refused(path: str, *args: object, **kwargs: object) -> object:
+        if str(path).endswith("smaps_rollup"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", refused)
+    assert pss_mb() is None
