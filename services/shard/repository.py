@@ -273,6 +273,42 @@ def _dicts(result: Result[Any]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, row, strict=True))
 
 
+_LIVE_COLUMNS = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash",
+                 "record_hash", "domain", "source", "importance", "tags_json", "metadata_json",
+                 "cross_refs_json", "created_us", "gate_decision_id", "format", "salt",
+                 "body_commitment")
+_LIVE_CHUNK = 500
+"""Ids a statement of :meth:`ShardRepository.live_by_ids` carries (each twice): under
+SQLite's 32,766 host parameters, one text per count up to it."""
+
+
+@functools.lru_cache(maxsize=2 * _LIVE_CHUNK)
+def _live_sql(dialect: str, count: int) -> str:
+    """The records among ``count`` ids that no compaction summary covers (``_LIVE_BY_IDS`` as
+    text in the driver's placeholders: ``?`` for sqlite3, ``%s`` for psycopg)."""
+    marks = ", ".join(["?" if dialect == "sqlite" else "%s"] * count)
+    return (f"SELECT {', '.join(_LIVE_COLUMNS)} FROM records WHERE id IN ({marks}) AND id NOT IN "
+            f"(SELECT original_id FROM compactions WHERE original_id IN ({marks}))")
+
+
+def _record_of(row: Sequence[Any]) -> Record:
+    """A row of ``_LIVE_COLUMNS`` as a record (by position; as :func:`row_to_record`, whose
+    DATA_LOSS it raises for a JSON field that no longer parses)."""
+    (record_id, fleet, run, agent, content, content_hash, record_hash, domain, source,
+     importance, tags, metadata, cross_refs, created_us, decision, form, salt, body) = row
+    try:
+        return Record(
+            id=record_id, fleet_id=fleet, run_id=run, agent_id=agent, content=content,
+            content_hash=content_hash, record_hash=record_hash, domain=domain, source=source,
+            importance=importance, tags=() if tags == "[]" else tuple(json.loads(tags)),
+            metadata=dict(json.loads(metadata)) if metadata != "{}" else {},
+            cross_refs=() if cross_refs == "[]" else tuple(json.loads(cross_refs)),
+            created_us=created_us, gate_decision_id=decision, format=int(form), salt=salt,
+            body_commitment=body)
+    except (ValueError, TypeError):
+        return row_to_record(dict(zip(_LIVE_COLUMNS, row, strict=True)))  # its error
+
+
 class ShardRepository:
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
@@ -500,6 +536,29 @@ class ShardRepository:
         # (asked on every search: 40 ids at 10k records, 1.09 -> 1.02 ms p50 in process).
         rows = _dicts(session.connection().execute(statement, {"ids": list(ids)}))
         return {row["id"]: row_to_record(row) for row in rows if row["fleet_id"] == fleet_id}
+
+    def live_by_ids(self, session: Session | Connection, fleet_id: str,
+                    ids: Sequence[str]) -> dict[str, Record]:
+        """:meth:`by_ids` with ``exclude_compacted``, for search (asked on every query, 40 ids
+        or more): one SQL text per number of ids, run on the driver's own cursor and its rows
+        read by position, past SQLAlchemy's expanding parameters and row objects (40 records
+        of 10k: 1.15 -> 0.5 ms in process, SQLite, AVX2 EPYC). Same rows, same records."""
+        if not ids:
+            return {}
+        ids = list(dict.fromkeys(ids))
+        found: dict[str, Record] = {}
+        connection = session.connection() if isinstance(session, Session) else session
+        cursor = connection.connection.cursor()
+        try:
+            for start in range(0, len(ids), _LIVE_CHUNK):
+                part = ids[start:start + _LIVE_CHUNK]
+                cursor.execute(_live_sql(self.dialect, len(part)), [*part, *part])
+                for row in cursor.fetchall():
+                    if row[1] == fleet_id:
+                        found[row[0]] = _record_of(row)
+        finally:
+            cursor.close()
+        return found
 
     def _filtered(self, flt: RecordFilter, *, fleet_by_index: bool = True):  # type: ignore[no-untyped-def]
         """``flt`` as one WHERE clause. The tag (and compaction) conditions are correlated

@@ -25,6 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+
 from services.common.db import Database
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.tokens import is_identifier
@@ -104,17 +107,24 @@ class SearchEngine:
                 "semantic search needs an embedding provider; this shard runs lexical only",
                 reason="SEMANTIC_UNAVAILABLE")
         flt = query.record_filter()
+        if self.index is not None and not query.cross:
+            # The usual search reads on a Core connection, not an ORM session (its begin,
+            # commit and close), and asks for trust with no connection held.
+            with self.db.reading() as connection:
+                found = self._indexed(connection, query, flt)
+            return self._rank(query.fleet_id, found, "direct")[: query.limit]
         with self.db.session() as session:
-            found = self._relevance(session, query, flt)
+            found = (self._indexed(session, query, flt) if self.index is not None else
+                     # no in-memory index: the store's full-text search
+                     self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH))
             hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
             if query.cross and hits:
                 hits = self._expand(session, query, flt, hits)
         return hits
 
-    def _relevance(self, session, query: SearchQuery,  # type: ignore[no-untyped-def]
-                   flt: RecordFilter) -> list[tuple[Record, float]]:
-        if self.index is None:  # no in-memory index: the store's full-text search
-            return self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
+    def _indexed(self, reader: Session | Connection, query: SearchQuery,
+                 flt: RecordFilter) -> list[tuple[Record, float]]:
+        assert self.index is not None
         found = self.index.search(query.fleet_id, query.text, query.mode,
                                   doc_filter=_doc_filter(flt))
         want = query.limit * _OVERFETCH
@@ -125,7 +135,7 @@ class SearchEngine:
         for start in range(0, len(found), chunk):
             part = found[start : start + chunk]
             ids = [rid for rid, _ in part]
-            records = self.repo.by_ids(session, query.fleet_id, ids, exclude_compacted=True)
+            records = self.repo.live_by_ids(reader, query.fleet_id, ids)
             for rid, relevance in part:
                 record = records.get(rid)
                 if record is None or not flt.matches(record):

@@ -93,6 +93,22 @@ def test_a_lookup_by_ids_does_not_walk_the_fleet(tmp_path: Path, name: str) -> N
         db.engine.dispose()
 
 
+def test_searchs_read_by_ids_does_not_walk_the_fleet(tmp_path: Path) -> None:
+    """ShardRepository.live_by_ids sends its SQL on the driver's own cursor, which the event
+    above does not see: its statement is explained here."""
+    from services.shard.repository import _live_sql
+
+    db = store(tmp_path, SHARD_MIGRATIONS)
+    try:
+        with db.engine.connect() as conn:
+            found = [str(row[-1]) for row in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN " + _live_sql("sqlite", len(IDS)), tuple(IDS + IDS))]
+        assert any("records USING INDEX" in p and "(id=?)" in p for p in found), found
+        assert not [p for p in found if "fleet_id" in p or p.startswith("SCAN records")], found
+    finally:
+        db.engine.dispose()
+
+
 def test_a_filtered_listing_searches_a_window_or_a_rare_tags_records(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """ListRecords' page (ShardRepository.page): the tag conditions are probes by record id, no
