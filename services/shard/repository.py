@@ -540,24 +540,24 @@ class ShardRepository:
     def live_by_ids(self, session: Session | Connection, fleet_id: str,
                     ids: Sequence[str]) -> dict[str, Record]:
         """:meth:`by_ids` with ``exclude_compacted``, for search (asked on every query, 40 ids
-        or more): one SQL text per number of ids, run on the driver's own cursor and its rows
-        read by position, past SQLAlchemy's expanding parameters and row objects (40 records
-        of 10k: 1.15 -> 0.5 ms in process, SQLite, AVX2 EPYC). Same rows, same records."""
+        or more): one SQL text per number of ids in the driver's placeholders, its rows read by
+        position, past SQLAlchemy's compilation of expanding parameters and its mappings (40
+        records of 10k: 0.84 -> 0.6 ms in process, SQLite, AVX2 EPYC). Same rows, same
+        records."""
         if not ids:
             return {}
         ids = list(dict.fromkeys(ids))
         found: dict[str, Record] = {}
         connection = session.connection() if isinstance(session, Session) else session
-        cursor = connection.connection.cursor()
-        try:
-            for start in range(0, len(ids), _LIVE_CHUNK):
-                part = ids[start:start + _LIVE_CHUNK]
-                cursor.execute(_live_sql(self.dialect, len(part)), [*part, *part])
-                for row in cursor.fetchall():
-                    if row[1] == fleet_id:
-                        found[row[0]] = _record_of(row)
-        finally:
-            cursor.close()
+        for start in range(0, len(ids), _LIVE_CHUNK):
+            part = ids[start:start + _LIVE_CHUNK]
+            # exec_driver_sql: no compilation, but SQLAlchemy's error handling (a dropped
+            # connection is still UNAVAILABLE, a full disk STORAGE_FULL, the link invalidated)
+            rows = connection.exec_driver_sql(_live_sql(self.dialect, len(part)),
+                                              (*part, *part))
+            for row in rows:
+                if row[1] == fleet_id:
+                    found[row[0]] = _record_of(row)
         return found
 
     def _filtered(self, flt: RecordFilter, *, fleet_by_index: bool = True):  # type: ignore[no-untyped-def]

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from services.common.db import Database
-from services.common.errors import IntegrityError
+from services.common.errors import IntegrityError, Unavailable
 from services.shard import repository
 from services.shard.domain import records
 from services.shard.domain.records import Record
@@ -62,5 +62,23 @@ def test_live_by_ids_reads_what_by_ids_reads(shard_db_url: str,
         with db.reading() as connection, pytest.raises(IntegrityError) as broken:
             repo.live_by_ids(connection, "fleet-a", [mine[7].id])
         assert broken.value.reason == "RECORD_FIELD_UNREADABLE"
+    finally:
+        db.dispose()
+
+
+def test_a_connection_lost_under_the_read_is_unavailable(fresh_postgres_url: str) -> None:
+    """A database that drops the connection under the read is UNAVAILABLE, as for any other
+    read. (Its SQL goes through SQLAlchemy's error handling, exec_driver_sql, which also marks
+    the link invalid; on the driver's bare cursor, tried first, this case was UNAVAILABLE too,
+    by way of the failed rollback as the connection went back to the pool.)"""
+    db = Database(fresh_postgres_url)
+    try:
+        db.prepare_schema(MIGRATIONS, "shard", migrate=True)
+        repo = ShardRepository(db.dialect)
+        with pytest.raises(Unavailable), db.reading() as connection:
+            pid = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+            with db.engine.connect() as other:
+                other.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+            repo.live_by_ids(connection, "fleet-a", ["0" * 32])
     finally:
         db.dispose()
