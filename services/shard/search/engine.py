@@ -108,13 +108,18 @@ class SearchEngine:
                 reason="SEMANTIC_UNAVAILABLE")
         flt = query.record_filter()
         if self.index is not None and not query.cross:
-            # The usual search reads on a Core connection, not an ORM session (its begin,
-            # commit and close), and asks for trust with no connection held.
+            # The index first (its catch-up takes a connection of its own), then the
+            # candidates on a Core connection, not an ORM session (its begin, commit and
+            # close), and trust asked with none held. One connection at a time: a search
+            # holding one while the index's catch-up waited for another stalled every search
+            # for the pool's timeout once the pool ran short (review, 2026-11-30).
+            ranked = self._candidates(query, flt)
             with self.db.reading() as connection:
-                found = self._indexed(connection, query, flt)
+                found = self._load(connection, query, flt, ranked)
             return self._rank(query.fleet_id, found, "direct")[: query.limit]
-        with self.db.session() as session:
-            found = (self._indexed(session, query, flt) if self.index is not None else
+        with self.db.session() as session:  # its connection is taken at its first statement
+            found = (self._load(session, query, flt, self._candidates(query, flt))
+                     if self.index is not None else
                      # no in-memory index: the store's full-text search
                      self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH))
             hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
@@ -122,11 +127,15 @@ class SearchEngine:
                 hits = self._expand(session, query, flt, hits)
         return hits
 
-    def _indexed(self, reader: Session | Connection, query: SearchQuery,
-                 flt: RecordFilter) -> list[tuple[Record, float]]:
+    def _candidates(self, query: SearchQuery, flt: RecordFilter) -> list[tuple[str, float]]:
+        """The index's ranking (record id, relevance), best first."""
         assert self.index is not None
-        found = self.index.search(query.fleet_id, query.text, query.mode,
-                                  doc_filter=_doc_filter(flt))
+        return self.index.search(query.fleet_id, query.text, query.mode,
+                                 doc_filter=_doc_filter(flt))
+
+    def _load(self, reader: Session | Connection, query: SearchQuery, flt: RecordFilter,
+              found: Sequence[tuple[str, float]]) -> list[tuple[Record, float]]:
+        """The stored records of the best candidates, with their relevance."""
         want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
         # The index filtered before ranking; compaction (and a re-check of the filter against

@@ -5,9 +5,12 @@ one statement carries, and DATA_LOSS for a row whose JSON no longer parses."""
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import text
+import threading
 
+import pytest
+from sqlalchemy import event, text
+
+from engram.client import ShardClient
 from services.common.db import Database
 from services.common.errors import IntegrityError, Unavailable
 from services.shard import repository
@@ -15,6 +18,7 @@ from services.shard.domain import records
 from services.shard.domain.records import Record
 from services.shard.repository import ShardRepository
 from services.shard.server import MIGRATIONS
+from services.shard.service import ShardService
 
 
 def _record(fleet: str, serial: int) -> Record:
@@ -82,3 +86,40 @@ def test_a_connection_lost_under_the_read_is_unavailable(fresh_postgres_url: str
             repo.live_by_ids(connection, "fleet-a", ["0" * 32])
     finally:
         db.dispose()
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_a_search_holds_one_database_connection_at_a_time(
+        shard: tuple[str, ShardService], client: ShardClient, cross: bool) -> None:
+    """A search read its candidates on a connection opened before the index's catch-up, which
+    takes one of its own: two per search, so once searches held the pool, the catch-up waited
+    for the pool's timeout and every search stalled, then failed DATABASE_BUSY (found in
+    review, 2026-11-30: two searches on a pool of 1 + 1, 1.01 s each, one refused)."""
+    _, service = shard
+    for serial in range(30):
+        client.add(f"alpha beta note {serial}", run_id="run-1")
+    held: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def checkout(*_: object) -> None:
+        me = threading.get_ident()
+        with lock:
+            held[me] = held.get(me, 0) + 1
+            peak[me] = max(peak.get(me, 0), held[me])
+
+    def checkin(*_: object) -> None:
+        me = threading.get_ident()
+        with lock:
+            held[me] = held.get(me, 0) - 1
+
+    event.listen(service.db.engine, "checkout", checkout)
+    event.listen(service.db.engine, "checkin", checkin)
+    try:
+        for serial in range(5):  # each search catches up on a write made just before it
+            client.add(f"alpha gamma later {serial}", run_id="run-2")
+            assert client.search("alpha", mode="lexical", cross=cross)
+    finally:
+        event.remove(service.db.engine, "checkout", checkout)
+        event.remove(service.db.engine, "checkin", checkin)
+    assert peak and max(peak.values()) == 1, peak

@@ -63,6 +63,8 @@ CALLS: dict[str, tuple[Path, Callable[[Any], None]]] = {
         s, "fleet-a", IDS)),
     "shard by_ids excluding compacted": (SHARD_MIGRATIONS, lambda s: ShardRepository(
         "sqlite").by_ids(s, "fleet-a", IDS, exclude_compacted=True)),
+    "shard live_by_ids (search's read)": (SHARD_MIGRATIONS, lambda s: ShardRepository(
+        "sqlite").live_by_ids(s, "fleet-a", IDS)),
     "shard links_from": (SHARD_MIGRATIONS, lambda s: ShardRepository("sqlite").links_from(
         s, "fleet-a", IDS)),
     "shard remove": (SHARD_MIGRATIONS, lambda s: ShardRepository("sqlite").remove(
@@ -89,22 +91,6 @@ def test_a_lookup_by_ids_does_not_walk_the_fleet(tmp_path: Path, name: str) -> N
         assert found, "nothing was sent"
         walking = [p for p in found if "fleet" in p and "(fleet_id=?)" in p]
         assert not walking, walking
-    finally:
-        db.engine.dispose()
-
-
-def test_searchs_read_by_ids_does_not_walk_the_fleet(tmp_path: Path) -> None:
-    """ShardRepository.live_by_ids sends its SQL on the driver's own cursor, which the event
-    above does not see: its statement is explained here."""
-    from services.shard.repository import _live_sql
-
-    db = store(tmp_path, SHARD_MIGRATIONS)
-    try:
-        with db.engine.connect() as conn:
-            found = [str(row[-1]) for row in conn.exec_driver_sql(
-                "EXPLAIN QUERY PLAN " + _live_sql("sqlite", len(IDS)), tuple(IDS + IDS))]
-        assert any("records USING INDEX" in p and "(id=?)" in p for p in found), found
-        assert not [p for p in found if "fleet_id" in p or p.startswith("SCAN records")], found
     finally:
         db.engine.dispose()
 
