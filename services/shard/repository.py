@@ -41,6 +41,7 @@ from services.shard.retrieval.text import query_terms
 from services.shard.tables import (
     DOMAINS,
     LINKS,
+    RECORD_COLUMNS,
     RECORD_TAGS,
     RECORD_VECTORS,
     RECORDS,
@@ -53,6 +54,7 @@ from services.shard.tables import (
     RecordTagRow,
     TombstoneRow,
     WriteRequestRow,
+    columns_to_record,
     record_values,
     row_to_domain,
     row_to_record,
@@ -273,10 +275,6 @@ def _dicts(result: Result[Any]) -> Iterator[dict[str, Any]]:
         yield dict(zip(keys, row, strict=True))
 
 
-_LIVE_COLUMNS = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash",
-                 "record_hash", "domain", "source", "importance", "tags_json", "metadata_json",
-                 "cross_refs_json", "created_us", "gate_decision_id", "format", "salt",
-                 "body_commitment")
 _LIVE_CHUNK = 500
 """Ids a statement of :meth:`ShardRepository.live_by_ids` carries (each twice): under
 SQLite's 32,766 host parameters, one text per count up to it."""
@@ -287,26 +285,8 @@ def _live_sql(dialect: str, count: int) -> str:
     """The records among ``count`` ids that no compaction summary covers (``_LIVE_BY_IDS`` as
     text in the driver's placeholders: ``?`` for sqlite3, ``%s`` for psycopg)."""
     marks = ", ".join(["?" if dialect == "sqlite" else "%s"] * count)
-    return (f"SELECT {', '.join(_LIVE_COLUMNS)} FROM records WHERE id IN ({marks}) AND id NOT IN "
-            f"(SELECT original_id FROM compactions WHERE original_id IN ({marks}))")
-
-
-def _record_of(row: Sequence[Any]) -> Record:
-    """A row of ``_LIVE_COLUMNS`` as a record (by position; as :func:`row_to_record`, whose
-    DATA_LOSS it raises for a JSON field that no longer parses)."""
-    (record_id, fleet, run, agent, content, content_hash, record_hash, domain, source,
-     importance, tags, metadata, cross_refs, created_us, decision, form, salt, body) = row
-    try:
-        return Record(
-            id=record_id, fleet_id=fleet, run_id=run, agent_id=agent, content=content,
-            content_hash=content_hash, record_hash=record_hash, domain=domain, source=source,
-            importance=importance, tags=() if tags == "[]" else tuple(json.loads(tags)),
-            metadata=dict(json.loads(metadata)) if metadata != "{}" else {},
-            cross_refs=() if cross_refs == "[]" else tuple(json.loads(cross_refs)),
-            created_us=created_us, gate_decision_id=decision, format=int(form), salt=salt,
-            body_commitment=body)
-    except (ValueError, TypeError):
-        return row_to_record(dict(zip(_LIVE_COLUMNS, row, strict=True)))  # its error
+    return (f"SELECT {', '.join(RECORD_COLUMNS)} FROM records WHERE id IN ({marks}) "
+            f"AND id NOT IN (SELECT original_id FROM compactions WHERE original_id IN ({marks}))")
 
 
 class ShardRepository:
@@ -557,7 +537,7 @@ class ShardRepository:
                                               (*part, *part))
             for row in rows:
                 if row[1] == fleet_id:
-                    found[row[0]] = _record_of(row)
+                    found[row[0]] = columns_to_record(row)
         return found
 
     def _filtered(self, flt: RecordFilter, *, fleet_by_index: bool = True):  # type: ignore[no-untyped-def]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -77,26 +77,53 @@ def row_to_record(row: Mapping[Any, Any]) -> Record:
         ) from None
 
 
+RECORD_COLUMNS = ("id", "fleet_id", "run_id", "agent_id", "content", "content_hash",
+                  "record_hash", "domain", "source", "importance", "tags_json", "metadata_json",
+                  "cross_refs_json", "created_us", "gate_decision_id", "format", "salt",
+                  "body_commitment")
+"""The records columns a domain record is made of, in :func:`columns_to_record`'s order."""
+
+
+def columns_to_record(values: Sequence[Any]) -> Record:
+    """A row of :data:`RECORD_COLUMNS` read by position (search's candidates) as a domain
+    record; a JSON field that no longer parses is :func:`row_to_record`'s DATA_LOSS."""
+    try:
+        return _record(*values)
+    except (ValueError, TypeError):
+        return row_to_record(dict(zip(RECORD_COLUMNS, values, strict=True)))
+
+
 def _row_to_record(row: Mapping[Any, Any]) -> Record:
+    return _record(row["id"], row["fleet_id"], row["run_id"], row["agent_id"], row["content"],
+                   row["content_hash"], row["record_hash"], row["domain"], row["source"],
+                   row["importance"], row["tags_json"], row["metadata_json"],
+                   row["cross_refs_json"], row["created_us"], row["gate_decision_id"],
+                   row["format"], row["salt"], row["body_commitment"])
+
+
+def _record(record_id: str, fleet_id: str, run_id: str, agent_id: str, content: str,
+            content_hash: str, record_hash: str, domain: str, source: str, importance: float,
+            tags_json: str, metadata_json: str, cross_refs_json: str, created_us: int,
+            gate_decision_id: str, form: int, salt: str, body_commitment: str) -> Record:
     return Record(
-        id=row["id"],
-        fleet_id=row["fleet_id"],
-        run_id=row["run_id"],
-        agent_id=row["agent_id"],
-        content=row["content"],
-        content_hash=row["content_hash"],
-        record_hash=row["record_hash"],
-        domain=row["domain"],
-        source=row["source"],
-        importance=row["importance"],
-        tags=_json_tuple(row["tags_json"]),
-        metadata=dict(json.loads(row["metadata_json"])) if row["metadata_json"] != "{}" else {},
-        cross_refs=_json_tuple(row["cross_refs_json"]),
-        created_us=row["created_us"],
-        gate_decision_id=row["gate_decision_id"],
-        format=int(row["format"]),
-        salt=row["salt"],
-        body_commitment=row["body_commitment"],
+        id=record_id,
+        fleet_id=fleet_id,
+        run_id=run_id,
+        agent_id=agent_id,
+        content=content,
+        content_hash=content_hash,
+        record_hash=record_hash,
+        domain=domain,
+        source=source,
+        importance=importance,
+        tags=_json_tuple(tags_json),
+        metadata=dict(json.loads(metadata_json)) if metadata_json != "{}" else {},
+        cross_refs=_json_tuple(cross_refs_json),
+        created_us=created_us,
+        gate_decision_id=gate_decision_id,
+        format=int(form),
+        salt=salt,
+        body_commitment=body_commitment,
     )
 
 
