@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -19,7 +20,7 @@ from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from tests.conftest import TokenFactory
-from tests.stack import FullStack
+from tests.stack import FullStack, full_stack
 
 ADMIN = ("admin", "governor")
 BLOB = b"tool output line\n" * 4000
@@ -61,6 +62,18 @@ def populate(stack: FullStack, make_token: TokenFactory, fleet: str = "fleet-a")
         for n in (1, 2):
             comp.record("run-1", iteration_from_json(
                 {"iter": n, "planDigest": f"p{n}", "status": "ok", "detail": {"n": n}}))
+
+
+@contextmanager
+def populated_origin(tmp_path: Path, engram_home: Path, make_token: TokenFactory, *,
+                     dirs: str = "ab", governed: bool = False) -> Iterator[FullStack]:
+    """The stack a move starts from: ``tmp_path / d`` made for each stack's data (``dirs``),
+    a full stack in ``tmp_path / "a"`` holding :func:`populate`'s fleet."""
+    for name in dirs:
+        (tmp_path / name).mkdir()
+    with full_stack(tmp_path / "a", engram_home, make_token, governed=governed) as origin:
+        populate(origin, make_token)
+        yield origin
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import pytest
 
 from engram.client.artifacts import ArtifactsClient
 from tests.conftest import TokenFactory
-from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.integration.bundle.conftest import ADMIN, cli_for, populated_origin
 from tests.integration.bundle.test_round_trip import CARRIED, members
 from tests.stack import FullStack, full_stack
 
@@ -39,11 +39,8 @@ def test_an_import_killed_in_a_run_s_chain_resumes_when_run_again(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
-    for name in "ab":
-        (tmp_path / name).mkdir()
     bundle, again = tmp_path / "origin.bundle", tmp_path / "target.bundle"
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
+    with populated_origin(tmp_path, engram_home, make_token) as origin:
         with ArtifactsClient(origin.artifacts.address, make_token("scout-1", "fleet-a")) as art:
             art.start_run("run-long", {"goal": "a chain worth cutting"})
             for n in range(EVENTS):  # 8 MB: three ImportRunItems calls of 3 MiB at most

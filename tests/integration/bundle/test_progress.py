@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import engram.cli.bundle as bundle_command
 from engram.cli.main import app
 from tests.conftest import TokenFactory
-from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.integration.bundle.conftest import ADMIN, cli_for, populated_origin
 from tests.stack import full_stack
 
 
@@ -31,19 +31,16 @@ def test_export_and_import_draw_a_bar_per_part(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
-    for name in "ab":
-        (tmp_path / name).mkdir()
     bundle = tmp_path / "x.bundle"
     runner = CliRunner()
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
-        with cli_for(origin, admin, monkeypatch):
-            screen = _terminal(monkeypatch)
-            done = runner.invoke(app, ["export", "--fleet", "fleet-a", "-o", str(bundle)])
-            assert done.exit_code == 0, done.output
-            drawn = screen.getvalue()
-            assert "exporting records (rows)" in drawn and "14/14" in drawn
-            assert "exporting blobs (bytes)" in drawn
+    with populated_origin(tmp_path, engram_home, make_token) as origin, \
+            cli_for(origin, admin, monkeypatch):
+        screen = _terminal(monkeypatch)
+        done = runner.invoke(app, ["export", "--fleet", "fleet-a", "-o", str(bundle)])
+        assert done.exit_code == 0, done.output
+        drawn = screen.getvalue()
+        assert "exporting records (rows)" in drawn and "14/14" in drawn
+        assert "exporting blobs (bytes)" in drawn
     with full_stack(tmp_path / "b", engram_home, make_token) as target, \
             cli_for(target, admin, monkeypatch):
         screen = _terminal(monkeypatch)

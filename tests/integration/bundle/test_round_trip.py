@@ -20,7 +20,7 @@ from engram.client.compactor import CompactorClient
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from tests.conftest import TokenFactory
-from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.integration.bundle.conftest import ADMIN, cli_for, populated_origin
 from tests.integration.bundle.test_tombstones import erase_one
 from tests.stack import FullStack, full_stack
 
@@ -74,10 +74,7 @@ def test_round_trip_sqlite_postgres_sqlite(
         fresh_postgres_urls: Callable[[], str], monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
     first, second, third = (tmp_path / f"{n}.bundle" for n in ("first", "second", "third"))
-    for name in "abc":
-        (tmp_path / name).mkdir()
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
+    with populated_origin(tmp_path, engram_home, make_token, dirs="abc") as origin:
         with ShardClient(origin.shard.address, admin) as shard:  # summaries replace originals
             compacted = shard.compact(importance_below=0.35, older_than_days=0)
             assert compacted.compacted >= 2
@@ -126,13 +123,10 @@ def test_an_altered_bundle_is_refused_naming_it_and_nothing_is_written(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
-    for name in "ab":
-        (tmp_path / name).mkdir()
     bundle, altered = tmp_path / "x.bundle", tmp_path / "altered.bundle"
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
-        with cli_for(origin, admin, monkeypatch) as run:
-            run("export", "--fleet", "fleet-a", "-o", str(bundle))
+    with populated_origin(tmp_path, engram_home, make_token) as origin, \
+            cli_for(origin, admin, monkeypatch) as run:
+        run("export", "--fleet", "fleet-a", "-o", str(bundle))
     with tarfile.open(bundle) as old, tarfile.open(altered, "w") as new:
         for info in old.getmembers():
             data = old.extractfile(info).read()  # type: ignore[union-attr]
@@ -159,13 +153,10 @@ def test_an_interrupted_import_resumes_when_run_again(
         tmp_path: Path, engram_home: Path, make_token: TokenFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
-    for name in "abc":
-        (tmp_path / name).mkdir()
     bundle = tmp_path / "x.bundle"
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
-        with cli_for(origin, admin, monkeypatch) as run:
-            run("export", "--fleet", "fleet-a", "-o", str(bundle))
+    with populated_origin(tmp_path, engram_home, make_token, dirs="abc") as origin, \
+            cli_for(origin, admin, monkeypatch) as run:
+        run("export", "--fleet", "fleet-a", "-o", str(bundle))
     monkeypatch.setattr(importer, "BATCH", 5)
 
     def stop_after_first_batch(kind: str, rows: int, nbytes: int) -> None:

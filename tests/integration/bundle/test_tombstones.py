@@ -27,7 +27,7 @@ from engram.shard.v1 import shard_service_pb2 as spb
 from services.shard.domain import records
 from services.shard.servicer import tombstone_from_proto, tombstone_to_proto
 from tests.conftest import TokenFactory
-from tests.integration.bundle.conftest import ADMIN, cli_for, populate
+from tests.integration.bundle.conftest import ADMIN, cli_for, populate, populated_origin
 from tests.stack import FullStack, full_stack
 
 ERASED = "architecture: the gateway protocol uses mTLS"
@@ -47,10 +47,7 @@ def test_an_erasure_travels_and_an_older_bundle_brings_nothing_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
     admin = make_token("op", "fleet-a", ADMIN)
     before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
-    for name in "ab":
-        (tmp_path / name).mkdir()
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
+    with populated_origin(tmp_path, engram_home, make_token) as origin:
         with cli_for(origin, admin, monkeypatch) as run:
             run("export", "--fleet", "fleet-a", "-o", str(before))
         erased = erase_one(origin, admin, monkeypatch)
@@ -206,15 +203,12 @@ def test_an_erased_run_stays_erased_on_a_target_that_never_held_it(
     from a bundle made before the erasure is refused (it was accepted before: checked)."""
     admin = make_token("op", "fleet-a", ADMIN)
     before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
-    for name in "ab":
-        (tmp_path / name).mkdir()
-    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
-        populate(origin, make_token)
-        with cli_for(origin, admin, monkeypatch) as run:
-            run("export", "--fleet", "fleet-a", "-o", str(before))
-            run("forget", "--run", "run-1", "--reason", "the run held a secret")
-            exported = run("export", "--fleet", "fleet-a", "-o", str(after))
-            assert exported["rows"]["runs"] == 0 and exported["rows"]["erasures"] == 1
+    with populated_origin(tmp_path, engram_home, make_token, governed=True) as origin, \
+            cli_for(origin, admin, monkeypatch) as run:
+        run("export", "--fleet", "fleet-a", "-o", str(before))
+        run("forget", "--run", "run-1", "--reason", "the run held a secret")
+        exported = run("export", "--fleet", "fleet-a", "-o", str(after))
+        assert exported["rows"]["runs"] == 0 and exported["rows"]["erasures"] == 1
     with BundleReader(before) as reader:
         reader.verify()
         old_run = ParseDict(next(iter(reader.rows("runs"))), apb.Run())
@@ -244,10 +238,7 @@ def test_an_erasure_the_origin_had_not_carried_out_is_carried_out_on_import(
     erasure was carried out before the records came; checked failing without the last step)."""
     admin = make_token("op", "fleet-a", ADMIN)
     bundle = tmp_path / "x.bundle"
-    for name in "ab":
-        (tmp_path / name).mkdir()
-    with full_stack(tmp_path / "a", engram_home, make_token) as origin:
-        populate(origin, make_token)
+    with populated_origin(tmp_path, engram_home, make_token) as origin:
         with ShardClient(origin.shard.address, admin) as shard:
             record = next(r for r in shard.list(run_id="run-2"))
         with GovernanceClient(origin.governance.address, admin) as gov:
@@ -275,10 +266,7 @@ def test_an_erased_manifest_of_no_run_stays_erased_when_an_older_bundle_brings_i
     evidence kinds among those the import carries out)."""
     admin = make_token("op", "fleet-a", ADMIN)
     before, after = tmp_path / "before.bundle", tmp_path / "after.bundle"
-    for name in "ab":
-        (tmp_path / name).mkdir()
-    with full_stack(tmp_path / "a", engram_home, make_token, governed=True) as origin:
-        populate(origin, make_token)
+    with populated_origin(tmp_path, engram_home, make_token, governed=True) as origin:
         with ArtifactsClient(origin.artifacts.address, admin) as art:
             manifest = art.create_manifest({"window": ["zqxbundled"]}).manifest
             evidence = art.create_evidence("corpus", "index", "chunk-1", 0, 1,
