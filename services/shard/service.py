@@ -106,7 +106,8 @@ class _WriteJob:
     request_id: str
     digest: str
     request_ids: tuple[str, ...] = ()
-    """Every record id of the request, in order (a replay returns one result per input)."""
+    """The id of the record answering each input of the request, in order (a duplicate's is
+    its original's): a replay returns one result per input."""
     write_keys: tuple[tuple[str, str], ...] = ()
     """``(record id, write key)`` of the format-2 records: claimed with them."""
     compacts: tuple[Record, ...] = ()
@@ -259,7 +260,7 @@ class ShardService:
         # a pool checkout, a commit and a close: about a tenth of an ungated write's CPU).
         with self.db.session() as session:
             if request_id:
-                replay = self._replay(session, fleet, agent, request_id, digest)
+                replay = self._replay(session, fleet, agent, request_id, digest, shas)
                 if replay is not None:
                     return replay
             assigned = assign(session)
@@ -326,7 +327,7 @@ class ShardService:
         # bound to the whole body: a decision is never replayed for metadata it did not judge.
         fresh = self._gate(principal, fresh, _gate_key(request_id, digest, fresh))
         job = _WriteJob(fleet, agent, tuple(records.seal(r) for r in fresh), request_id, digest,
-                        tuple(r.id for r in prepared),
+                        tuple(_answered_by(r.id, duplicate_of) for r in prepared),
                         tuple((r.id, keys[r.id]) for r in fresh if r.id in keys), compacts)
         # By the id each record was prepared with: a record that lost a race to an equal
         # concurrent write answers with the winner's record.
@@ -409,14 +410,18 @@ class ShardService:
                     earliest = out.get(first.id, first.id)
                     out[record.id] = earliest
             elif isinstance(target, StoredDuplicate):
-                own = [stored[i] for i in target.record_ids if i in stored
+                # Its own id found stored is the same record written before, not a duplicate
+                # (the commit answers it as stored already, as the gated path's check does).
+                own = [stored[i] for i in target.record_ids if i in stored and i != record.id
                        and stored[i].run_id == record.run_id and stored[i].agent_id == agent]
                 if own:
                     out[record.id] = own[0]
         return out
 
     def _replay(self, session: Session, fleet: str, agent: str, request_id: str,
-                digest: str) -> list[WriteResult] | None:
+                digest: str, shas: Sequence[str]) -> list[WriteResult] | None:
+        """The first answer to ``request_id`` again, one result per input (``shas``: each
+        input's content hash); None when the request writes anew."""
         found = self.repo.find_request(session, fleet, agent, request_id)
         if found is None:
             return None
@@ -424,9 +429,14 @@ class ShardService:
         if recorded_digest != digest:
             raise _request_id_reused(request_id)
         stored = self.repo.by_ids(session, fleet, ids)
-        if not stored:  # what it stored is gone (retention): the request writes anew
+        if len(ids) != len(shas) or any(i not in stored for i in ids):
+            # Some of what it stored is gone (retention), or the row predates answers by
+            # input: the request writes anew, which finds what is left by its write keys.
             return None
-        return [WriteResult(stored[i], created=False) for i in ids if i in stored]
+        # An input answered by a record of other content was a duplicate of it.
+        return [WriteResult(stored[i], created=False,
+                            duplicate_of=i if stored[i].content_hash != sha else "")
+                for i, sha in zip(ids, shas, strict=True)]
 
     def _resolve_cross_refs(self, fleet: str, drafts: Sequence[RecordDraft], ids: Sequence[str],
                             known: set[str]) -> list[tuple[str, ...]]:
@@ -514,9 +524,12 @@ class ShardService:
                                 for mine, won in lost.items()})
             # Every job's request_id, the group's in one statement, before the records go in:
             # a refused reuse stores nothing.
+            # Recorded by the id of the record that answers each input: a record that lost a
+            # race to an equal write (or to an earlier job of the group) by the winner's.
             taken = self.repo.claim_requests(session, [
                 RequestClaim(job.fleet_id, job.agent_id, job.request_id, job.digest,
-                             list(job.request_ids or [r.id for r in job.records]))
+                             [already[i].id if i in already else i
+                              for i in job.request_ids or [r.id for r in job.records]])
                 for job in jobs if job.request_id], int(now * 1_000_000))
             for job in jobs:
                 recorded = taken.get((job.fleet_id, job.agent_id, job.request_id))
@@ -993,6 +1006,14 @@ class ShardService:
                 for d in domains
             ],
         }
+
+
+def _answered_by(record_id: str, duplicate_of: dict[str, Record | str]) -> str:
+    """The id of the record answering the input prepared as ``record_id``."""
+    original = duplicate_of.get(record_id)
+    if original is None:
+        return record_id
+    return original if isinstance(original, str) else original.id
 
 
 def _digest(drafts: Sequence[RecordDraft]) -> str:

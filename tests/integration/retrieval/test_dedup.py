@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,66 @@ def test_dedup_is_exact_unless_the_environment_says_off(
         finally:
             client.close()
             server.stop(0)
+
+
+@pytest.mark.parametrize("mode", ["exact", "semantic"])
+def test_a_retried_batch_answers_every_input_as_the_first_time(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory, mode: str
+) -> None:
+    """A batch whose inputs include duplicates (of a batch mate, of a stored record, and an
+    identical repeat) replays one result per input, in order, duplicate_of included."""
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, dedup=mode, embedder="hash",
+                             allow_test_embedder=True)
+    server, _ = build_shard_server(settings)
+    server.start()
+    client = ShardClient(server.address, make_token("a9", "fleet-r"))
+    try:
+        stored = client.add("The build server runs on Fridays.", run_id="r1")
+        batch = [record_input(text, run_id="r1") for text in (
+            "Deploy at noon", "deploy  AT noon", "A new fact about lunch.",
+            "the build  server runs on FRIDAYS.", "A new fact about lunch.")]
+        first = client.add_many(batch, request_id="retry-me")
+        again = client.add_many(batch, request_id="retry-me")
+        assert len(first.results) == len(again.results) == len(batch)
+        assert ([(r.record.id, r.duplicate_of) for r in again.results]
+                == [(r.record.id, r.duplicate_of) for r in first.results])
+        assert first.results[1].duplicate_of == first.results[0].record.id
+        assert first.results[3].duplicate_of == stored.record.id
+        assert first.results[4].record.id == first.results[2].record.id
+        assert not first.results[4].duplicate_of
+        assert not any(r.created for r in again.results)
+        assert len(list(client.list())) == 3
+        # the same text again, no request id: the same record, not a duplicate of itself
+        repeat = client.add("The build server runs on Fridays.", run_id="r1")
+        assert repeat.record.id == stored.record.id
+        assert not repeat.created and not repeat.duplicate_of
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_request_whose_records_are_partly_gone_is_written_anew(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory
+) -> None:
+    """A recorded request naming a record no longer stored (retention, or a row recorded before
+    answers were kept by input) goes through the write again and answers every input."""
+    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
+                             port=0, allow_ungated=True, dedup="exact")
+    server, _ = build_shard_server(settings)
+    server.start()
+    client = ShardClient(server.address, make_token("a9", "fleet-r"))
+    try:
+        batch = [record_input(t, run_id="r1") for t in ("Deploy at noon", "deploy  AT noon",
+                                                         "Lunch is at one.")]
+        first = client.add_many(batch, request_id="rq")
+        with sqlite3.connect(tmp_path / "shard.db") as db:
+            (recorded,) = db.execute("SELECT record_ids_json FROM write_requests").fetchone()
+            ids = json.loads(recorded)
+            ids[1] = "0" * 32  # as recorded before: the duplicate's own id, never stored
+            db.execute("UPDATE write_requests SET record_ids_json = ?", (json.dumps(ids),))
+        again = client.add_many(batch, request_id="rq")
+        assert ([(r.record.id, r.duplicate_of) for r in again.results]
+                == [(r.record.id, r.duplicate_of) for r in first.results])
+        assert len(list(client.list())) == 2
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
