@@ -13,6 +13,7 @@ import json
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -140,7 +141,10 @@ class ArtifactsClient(BaseClient):
 
     def start_run(self, run_id: str = "",
                   metadata: JsonObject | None = None) -> pb.StartRunResponse:
-        request = pb.StartRunRequest(run_id=run_id,
+        """Start a run (``created: false`` when ``run_id`` names one already running). Without
+        ``run_id`` the SDK names it (``run_<32 hex>``), as the TypeScript client does: the id is
+        always sent, so a start the channel retries finds its run instead of starting two."""
+        request = pb.StartRunRequest(run_id=run_id or f"run_{uuid.uuid4().hex}",
                                      metadata_json=_json(metadata) if metadata else "")
         return self.call(self.stub.StartRun, request)
 

@@ -42,14 +42,21 @@ def test_every_write_takes_effect_exactly_once_through_a_flaky_hop(stack: Stack)
               ArtifactsClient(proxies["artifacts"].address, token, timeout=20) as art,
               CompactorClient(proxies["compactor"].address, token, timeout=20) as comp):
             art.start_run(run)
+            # unnamed starts (each with its own metadata: the proxy fails only first attempts,
+            # bytes it has not seen)
+            unnamed = {art.start_run(metadata={"i": i}).run.run_id for i in range(scale(8, 40))}
             for i in range(n):
                 shard.add(f"fact {i}: the flaky hop test", run_id=run)
                 art.append_event(run, "tool.called", {"i": i})
                 comp.record(run, cpb.IterationInput(iteration=0, plan_digest=f"p{i}",
                                                     status="ok", detail_json=json.dumps({"i": i})))
             for i in range(n // 4):
-                shard.add_many([spb.RecordInput(content=f"batch {i} item {j}", run_id=run)
-                                for j in range(3)])
+                # the fourth input duplicates the first (case and spacing): a replayed reply
+                # still answers all four, the fourth with the first's record
+                reply = shard.add_many([spb.RecordInput(content=text, run_id=run) for text in (
+                    *(f"batch {i} item {j}" for j in range(3)), f"BATCH {i}  item 0")])
+                assert len(reply.results) == 4, f"batch {i}: {len(reply.results)} results"
+                assert reply.results[3].duplicate_of == reply.results[0].record.id
                 art.create_snapshot(run, {"step": i})
                 art.upload([f"artifact {i}".encode()], run_id=run, step_id=f"s{i}",
                            name=f"a{i}.txt")
@@ -69,6 +76,8 @@ def test_every_write_takes_effect_exactly_once_through_a_flaky_hop(stack: Stack)
             decided = [d for d in gov.decisions(agent_id="agent-r", fleet_id="fleet-f")]
             assert len(decided) == records, f"{len(decided)} gate decisions for {records} writes"
             assert gov.verify_chain().ok
+            # a start without a name, retried, finds the run its first attempt started
+            assert {r.run_id for r in art.list_runs()} == unnamed | {run}
             events = list(art.list_events(run))
             assert [e.seq for e in events] == list(range(1, n + 1)), "events lost or doubled"
             assert len(list(art.list_snapshots(run))) == n // 4
