@@ -30,7 +30,7 @@ from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
 from engram.client._bearer import bearer_of, malformed_authorization
 from engram.client.artifacts import MIME_TYPE
-from engram.gateway._budget import UNVERIFIED, BodyBudget, BodyLease, BodyRefused
+from engram.gateway._budget import UNVERIFIED, BodyBudget, BodyLease, BodyRefused, token_holder
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
@@ -292,21 +292,6 @@ def _token_keys(keys: TokenKeySettings) -> tuple[Path, ...]:
     return tuple(sources) if keys.names_public_keys or sources[0].is_file() else ()
 
 
-def _upload_holder(authorization: str) -> bytes:
-    """Whose upload this is: the token as the services read it (scheme in any case, spaces
-    around the token ignored), and of a JWT only what its signature signs, ``header.payload``
-    (the claims, jti included), byte for byte. Each token has exactly one, which nobody can
-    change without the signing key; the signature's own spelling can vary (PyJWT accepts it
-    with ``==`` padding appended, older versions more), and each spelling counted as another
-    holder. A made-up signature gains nothing: the service refuses it at once."""
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return hashlib.sha256(authorization.encode()).digest()
-    token = token.strip()
-    signed, dot, _signature = token.rpartition(".")
-    return hashlib.sha256((signed if dot and "." in signed else token).encode()).digest()
-
-
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
     authorization = request.headers.get("authorization")
     return (("authorization", authorization),) if authorization else ()
@@ -326,7 +311,7 @@ class Gateway:
         self._upload_threads = ThreadPoolExecutor(max_workers=UPLOAD_THREADS,
                                                   thread_name_prefix="engram-gateway-upload")
         self._uploads: dict[bytes, int] = {}
-        """Uploads running, by their holder (_upload_holder; event loop only)."""
+        """Uploads running, by their holder (token_holder; event loop only)."""
         self._uploads_running = 0
         """Uploads running, whoever sent them (event loop only)."""
         self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token,
@@ -464,9 +449,9 @@ class Gateway:
     def _body_holder(self, authorization: str) -> bytes:
         """Whose JSON body this is, for the budget: the verified agent when the gateway has
         the services' public keys (every token that does not verify is one holder), else the
-        token as :func:`_upload_holder` reads it."""
+        token as :func:`token_holder` reads it."""
         if self._verifier is None:
-            return _upload_holder(authorization)
+            return token_holder(authorization)
         token = bearer_of(authorization)
         try:
             principal = self._verifier.verify(token)
@@ -546,7 +531,7 @@ class Gateway:
 
     async def upload(self, route: Route, params: dict[str, str], request: Request) -> Response:
         """``POST /v1/runs/{run_id}/artifacts?step_id=..&name=..``: the body is the bytes."""
-        holder = _upload_holder(request.headers.get("authorization", ""))
+        holder = token_holder(request.headers.get("authorization", ""))
         running = self._uploads.get(holder, 0)
         if running >= self.config.uploads_per_token:
             return error_response(status_of(

@@ -10,6 +10,7 @@ A body takes its bytes as they arrive and gives them back once its request messa
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import grpc
@@ -87,3 +88,18 @@ class BodyLease:
         if self.size:
             self._budget._give(self._holder, self.size)
             self.size = 0
+
+
+def token_holder(authorization: str) -> bytes:
+    """Whose upload or body this is: the token as the services read it (scheme in any case, spaces
+    around the token ignored), and of a JWT only what its signature signs, ``header.payload``
+    (the claims, jti included), byte for byte. Each token has exactly one, which nobody can
+    change without the signing key; the signature's own spelling can vary (PyJWT accepts it
+    with ``==`` padding appended, older versions more), and each spelling counted as another
+    holder. A made-up signature gains nothing: the service refuses it at once."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return hashlib.sha256(authorization.encode()).digest()
+    token = token.strip()
+    signed, dot, _signature = token.rpartition(".")
+    return hashlib.sha256((signed if dot and "." in signed else token).encode()).digest()

@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from engram.gateway._json_values import too_many_values
 from engram.gateway._routes import Route
 
 _INTEGERS = frozenset({
@@ -107,6 +108,9 @@ def _place(target: JsonObject, descriptor: Descriptor, path: str, value: Any) ->
 def parse_body(raw: bytes) -> Any:
     if not raw.strip():
         return {}
+    problem = too_many_values(raw)  # before the parse, whose memory goes by value
+    if problem is not None:
+        raise TranscodeError(problem, reason="JSON_TOO_MANY_VALUES")
     try:
         return json.loads(raw)
     # ValueError: not UTF-8, not JSON, or an integer past Python's 4,300-digit limit

@@ -8,6 +8,9 @@ import logging
 from typing import Any, Literal
 
 from engram.client import ClientSettings
+from engram.gateway._budget import BodyBudget, BodyLease, BodyRefused, token_holder
+from engram.gateway._errors import http_status
+from engram.gateway._json_values import too_many_values
 from engram.mcp_server._backends import BearerHeader, FixedToken, GrpcBackends, TokenSource
 from engram.mcp_server._server import build_mcp_server
 
@@ -15,60 +18,104 @@ Transport = Literal["stdio", "http"]
 HTTP_PATH = "/mcp"
 log = logging.getLogger("engram.mcp")
 
-MAX_BODY = 8 * 1024 * 1024
-"""The most of a request body buffered before the app sees it (the SDK takes 4 MiB)."""
+MAX_BODY = 4 * 1024 * 1024
+"""The most of a request body buffered before the app sees it (the SDK's own limit)."""
+BODIES_MAX = 4 * MAX_BODY
+"""Bytes of request bodies buffered at once, all callers together: past it 503 with
+Retry-After. Without it any number of connections each held a body for the body timeout
+(found by review on 2026-11-30)."""
+BODIES_PER_TOKEN = 2 * MAX_BODY
+"""Of those, what one bearer token (as spelt) holds at once: past it 429 with Retry-After.
+Every caller without a token shares one such share."""
 
 
-def body_deadline(app: Any, seconds: float) -> Any:
+def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None) -> Any:
     """``app`` (ASGI) given each request's body only once all of it has arrived, within
     ``seconds`` of its headers: else 408 with ``Connection: close`` and the app never called
-    (413 past ``MAX_BODY``). The SDK reads a body with no limit of time: one trickled a byte at
-    a time held its connection, and SIGTERM waited on it for ever (found by review on
-    2026-11-29); told the client had gone, it answered 500 with a traceback in the log."""
+    (413 past ``MAX_BODY``, or holding more JSON values than a request may, counted before the
+    SDK parses it: parsed, ``[{},{},...]`` takes 65 times its bytes). The SDK reads a body with
+    no limit of time: one trickled a byte at a time held its connection, and SIGTERM waited on
+    it for ever (found by review on 2026-11-29); told the client had gone, it answered 500
+    with a traceback in the log. ``budget`` bounds the bytes of bodies buffered at once (by
+    default :data:`BODIES_MAX`, :data:`BODIES_PER_TOKEN` a token)."""
+    bodies = budget or BodyBudget(BODIES_MAX, BODIES_PER_TOKEN)
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        pieces: list[Any] = []
-        size = 0
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
-            except TimeoutError:
-                log.warning("a request body did not arrive in time; answered 408",
-                            extra={"client": str(scope.get("client")),
-                                   "body_timeout_s": seconds})
-                await _refuse(send, 408, "the request body did not arrive in time")
+        # Held until the app has answered: the SDK parses the body and holds what it parsed.
+        lease = bodies.lease(_holder(scope))
+        try:
+            pieces = await _received(scope, receive, send, seconds, lease)
+            if pieces is None:
                 return
-            pieces.append(message)
-            if message["type"] != "http.request":
-                break  # the client went away: the app hears it as it would have
-            size += len(message.get("body", b""))
-            if size > MAX_BODY:
-                await _refuse(send, 413, f"a request body may be at most {MAX_BODY} bytes")
+            body = b"".join(m.get("body", b"") for m in pieces if m["type"] == "http.request")
+            if (problem := too_many_values(body)) is not None:
+                await _refuse(send, 413, problem)
                 return
-            if not message.get("more_body", False):
-                break
-        body = b"".join(m.get("body", b"") for m in pieces if m["type"] == "http.request")
-        first: list[Any] = ([{"type": "http.request", "body": body, "more_body": False}]
-                            if pieces[-1]["type"] == "http.request" else [pieces[-1]])
+            first: list[Any] = ([{"type": "http.request", "body": body, "more_body": False}]
+                                if pieces[-1]["type"] == "http.request" else [pieces[-1]])
 
-        async def replayed() -> Any:
-            return first.pop() if first else await receive()
+            async def replayed() -> Any:
+                return first.pop() if first else await receive()
 
-        await app(scope, replayed, send)
+            await app(scope, replayed, send)
+        finally:
+            lease.release()
 
     return guarded
 
 
-async def _refuse(send: Any, status: int, message: str) -> None:
+def _holder(scope: Any) -> bytes:
+    """Whose body this is: its bearer token as the gateway reads one (no token: one holder)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return token_holder(value.decode("latin-1"))
+    return b""
+
+
+async def _received(scope: Any, receive: Any, send: Any, seconds: float,
+                    lease: BodyLease) -> list[Any] | None:
+    """The request's messages up to its body's end (or the client leaving); None once refused
+    (in time, size or budget)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    pieces: list[Any] = []
+    size = 0
+    while True:
+        try:
+            message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.001))
+        except TimeoutError:
+            log.warning("a request body did not arrive in time; answered 408",
+                        extra={"client": str(scope.get("client")), "body_timeout_s": seconds})
+            await _refuse(send, 408, "the request body did not arrive in time")
+            return None
+        pieces.append(message)
+        if message["type"] != "http.request":
+            return pieces  # the client went away: the app hears it as it would have
+        piece = len(message.get("body", b""))
+        size += piece
+        if size > MAX_BODY:
+            await _refuse(send, 413, f"a request body may be at most {MAX_BODY} bytes")
+            return None
+        try:
+            lease.take(piece)
+        except BodyRefused as busy:
+            await _refuse(send, http_status(busy.status), busy.status.message,
+                          retry_after=True)  # 429 for the token's share, 503 for the total
+            return None
+        if not message.get("more_body", False):
+            return pieces
+
+
+async def _refuse(send: Any, status: int, message: str, *, retry_after: bool = False) -> None:
     body = json.dumps({"error": message}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                            (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]
+    if retry_after:
+        headers.append((b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -332,3 +332,14 @@ def test_a_body_over_the_services_message_limit_is_400_not_429(
                            json={"record": {"content": "x" * 5_000_000}})
     assert answer.status_code == 400, answer.text[:300]
     assert answer.json()["details"][0]["reason"] == "BODY_TOO_LARGE"
+
+
+def test_a_body_of_350_000_empty_objects_is_400_before_it_is_parsed(gateway_url: str) -> None:
+    """1 MiB of ``{},`` (350,000 objects, ~65 MiB once parsed into messages) under a made-up
+    token: refused by its count of values before the parse (an 8 MiB one took ~520 MiB)."""
+    body = b'{"records":[' + b"{}," * 350_000 + b"{}]}"
+    answer = requests.post(f"{gateway_url}/v1/records:batchCreate", data=body, timeout=60,
+                           headers={"Authorization": "Bearer made.up.token",
+                                    "Content-Type": "application/json"})
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["details"][0]["reason"] == "JSON_TOO_MANY_VALUES"

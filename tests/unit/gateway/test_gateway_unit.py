@@ -357,22 +357,22 @@ def test_the_config_refuses_a_rate_that_would_switch_its_guard_off(rate: float) 
     assert GatewayConfig({}, body_min_bytes_per_s=0, stream_min_bytes_per_s=1)
 
 
-def test_every_spelling_of_one_token_is_one_upload_holder() -> None:
+def test_every_spelling_of_one_token_is_onetoken_holder() -> None:
     """Found in review: ``==`` appended to a token's signature is accepted by the services
     (PyJWT strips the padding) yet counted as another holder for --uploads-per-token, so one
     token could run twice its share, and more with other paddings. Only the signed part
     (header.payload) names the holder. Checked failing with the whole token as the key."""
-    from engram.gateway._app import _upload_holder
+    from engram.gateway._budget import token_holder
 
     token = "eyJhbGciOiJFZERTQSJ9.eyJqdGkiOiJhIn0.c2lnbmF0dXJlLW9mLTY0LWJ5dGVz"
-    holder = _upload_holder(f"Bearer {token}")
+    holder = token_holder(f"Bearer {token}")
     for spelling in (f"Bearer {token}==", f"bearer {token}=", f"BEARER  {token}= ",
                      f"Bearer {token[:-2]}xx"):
-        assert _upload_holder(spelling) == holder, spelling
+        assert token_holder(spelling) == holder, spelling
     other = "eyJhbGciOiJFZERTQSJ9.eyJqdGkiOiJiIn0.c2lnbmF0dXJlLW9mLTY0LWJ5dGVz"
-    assert _upload_holder(f"Bearer {other}") != holder  # another jti: another token
-    assert _upload_holder("Bearer not-a-jwt") != _upload_holder("Bearer not-a-jwt2")
-    assert _upload_holder("") == _upload_holder("")  # no token: one holder for all of them
+    assert token_holder(f"Bearer {other}") != holder  # another jti: another token
+    assert token_holder("Bearer not-a-jwt") != token_holder("Bearer not-a-jwt2")
+    assert token_holder("") == token_holder("")  # no token: one holder for all of them
 
 
 def test_the_cap_on_uploads_leaves_upload_threads_free() -> None:

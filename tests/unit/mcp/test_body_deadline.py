@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
+from engram.gateway._budget import BodyBudget
 from engram.mcp_server._serve import MAX_BODY, body_deadline
 
 SCOPE = {"type": "http", "client": ("127.0.0.1", 1)}
@@ -73,3 +74,58 @@ def test_a_body_past_the_limit_is_413() -> None:
     big = {"type": "http.request", "body": b"x" * (MAX_BODY + 1), "more_body": True}
     got, sent = _run([(0.0, big)], app_delay=0, seconds=1)
     assert got == [] and sent[0]["status"] == 413
+
+
+def test_a_body_of_too_many_values_is_413_and_the_app_never_called() -> None:
+    flood = b'{"jsonrpc":"2.0","params":{"arguments":{"tags":[' + b"{}," * 150_000 + b"{}]}}}"
+    got, sent = _run([(0.0, {"type": "http.request", "body": flood, "more_body": False})],
+                     app_delay=0, seconds=1)
+    assert got == [] and sent[0]["status"] == 413
+    assert b"JSON values" in sent[1]["body"]
+
+
+def _concurrent(tokens: list[bytes], budget: BodyBudget) -> list[int]:
+    """One request per token, each holding a 1,000-byte body while the app answers them all
+    together: the status each got (200 when the app answered it)."""
+    statuses: list[int] = []
+    arrived = 0
+    release = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal arrived
+        await receive()
+        arrived += 1
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def one(token: bytes) -> None:
+        scope = {**SCOPE, "headers": [(b"authorization", b"Bearer " + token)] if token else []}
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await queue.put({"type": "http.request", "body": b" " * 1000, "more_body": False})
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await guarded(scope, queue.get, send)
+
+    guarded = body_deadline(app, 1, budget)
+
+    async def main() -> None:
+        tasks = [asyncio.create_task(one(token)) for token in tokens]
+        while arrived + len(statuses) < len(tokens):
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+    return sorted(statuses)
+
+
+def test_bodies_held_at_once_are_bounded_by_token_and_in_all() -> None:
+    # two bodies a token, three in all: the third of one token is 429, the fourth body 503
+    budget = BodyBudget(total=3000, per_token=2000)
+    assert _concurrent([b"a", b"a", b"a"], budget) == [200, 200, 429]
+    assert _concurrent([b"a", b"a", b"b", b"c"], budget) == [200, 200, 200, 503]
+    assert _concurrent([b"", b"", b""], budget) == [200, 200, 429]  # no token: one holder
+    assert budget.held == 0  # every lease given back once its request was answered
