@@ -6,6 +6,13 @@ so a few hundred such clients took every connection an operator allows (found by
 2026-11-29). Here a connection whose request headers have not all arrived within
 ``header_timeout`` seconds of its opening, or of the end of its previous response, is closed.
 A request body is not covered: the gateway's own body timeouts apply to it (docs/gateway.md).
+
+An answer the client does not read is not held either: uvicorn writes a whole unary answer into
+the transport's buffer (a page of records can be tens of MB) and closes the connection
+gracefully, which waits for the buffer to drain, for ever if the client never reads; a dozen
+such connections took a pod's memory (found by review on 2026-11-30). Once an answer is
+complete, a connection whose buffer drains by less than :data:`MIN_DRAIN_BYTES` in
+``header_timeout`` seconds is aborted. Streamed answers have their own pace guard.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_HEADER_TIMEOUT = 10.0
+MIN_DRAIN_BYTES = 64 * 1024
+"""How much of a complete answer's buffered bytes the client must take every header timeout."""
 log = logging.getLogger("engram.gateway")
 
 
@@ -25,6 +34,7 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
 
     class HeaderTimedProtocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _drain_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -41,10 +51,31 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
             super().on_response_complete()
             if not self.transport.is_closing() and self._waiting():
                 self._arm()  # the next request's headers (or the rest of an unread body)
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+            self._watch_drain(None)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+                self._drain_timer = None
             super().connection_lost(exc)
+
+        def _watch_drain(self, before: int | None) -> None:
+            """Abort the connection when its buffered answer stopped draining (``before``:
+            the buffer's size one header timeout ago; None on the first look)."""
+            self._drain_timer = None
+            buffered = self.transport.get_write_buffer_size()
+            if not buffered:
+                return
+            if before is not None and before - buffered < MIN_DRAIN_BYTES:
+                log.warning("the client stopped reading its answer; connection aborted",
+                            extra={"client": str(self.client), "buffered_bytes": buffered,
+                                   "header_timeout_s": header_timeout})
+                self.transport.abort()
+                return
+            self._drain_timer = self.loop.call_later(header_timeout, self._watch_drain, buffered)
 
         def _waiting(self) -> bool:
             """No request being served: waiting for the next headers, or for the rest of a
@@ -66,6 +97,6 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
                 log.warning("request headers did not arrive in time; connection closed",
                             extra={"client": str(self.client),
                                    "header_timeout_s": header_timeout})
-                self.transport.close()
+                self.transport.close()  # an answer still buffered is the drain watch's
 
     return HeaderTimedProtocol

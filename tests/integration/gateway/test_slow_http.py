@@ -545,3 +545,74 @@ def test_a_body_over_the_json_limit_is_400_not_a_refusal_to_retry() -> None:
         answer = _posted(url, {"Authorization": "Bearer a.b.c"}, MAX_JSON_BODY + 27)
         assert (answer.status_code, answer.json()["details"][0]["reason"]) == (
             400, "BODY_TOO_LARGE")
+
+
+class _LargeAnswer:
+    """An ASGI app answering every request with ``size`` bytes in one piece, as a unary JSON
+    answer is sent (a page of large records)."""
+
+    def __init__(self, size: int) -> None:
+        self.body = b"x" * size
+
+    def app(self) -> object:
+        async def answer(scope: dict[str, object], receive: object, send: object) -> None:
+            if scope["type"] != "http":
+                return
+            await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                        "headers": [(b"content-length", str(len(self.body)).encode())]})
+            await send({"type": "http.response.body", "body": self.body})  # type: ignore[operator]
+
+        return answer
+
+
+def _read_all(conn: socket.socket, limit_s: float) -> tuple[int, bool]:
+    """Bytes read until the connection ends or ``limit_s`` passes, and whether it ended."""
+    conn.settimeout(0.5)
+    got, deadline = 0, time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            piece = conn.recv(1 << 20)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return got, True
+        if not piece:
+            return got, True
+        got += len(piece)
+    return got, False
+
+
+@pytest.mark.parametrize("connection", ["keep-alive", "close"])
+def test_an_answer_the_client_does_not_read_is_dropped(connection: str) -> None:
+    """Found by review (2026-11-30): uvicorn buffers a whole answer and closes gracefully,
+    which waits for the client to read it, for ever; a dozen unread 38 MB pages took a pod's
+    memory. A client that reads nothing for a header timeout (0.8 s) now loses the connection,
+    short of the answer; checked: without the drain watch it could read all of it later."""
+    size = 48 * 1024 * 1024  # past what the kernel's socket buffers take on loopback
+    with GatewayThread(_LargeAnswer(size), header_timeout=0.8) as url:  # type: ignore[arg-type]
+        host, port = url.removeprefix("http://").split(":")
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.connect((host, int(port)))
+        with conn:
+            conn.sendall(f"GET / HTTP/1.1\r\nHost: x\r\nConnection: {connection}\r\n\r\n"
+                         .encode())
+            time.sleep(4.0)  # reads nothing: past the header timeout, twice over
+            got, ended = _read_all(conn, 20.0)
+            assert ended and got < size, f"read {got} of {size} bytes; ended: {ended}"
+
+
+def test_an_answer_read_slowly_but_steadily_is_served_whole() -> None:
+    size = 8 * 1024 * 1024
+    with GatewayThread(_LargeAnswer(size), header_timeout=0.8) as url:  # type: ignore[arg-type]
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            got = 0
+            while True:  # 256 KiB every 0.1 s: 2.5 MB/s, well over the minimum drain
+                piece = conn.recv(256 * 1024)
+                if not piece:
+                    break
+                got += len(piece)
+                time.sleep(0.1 if got < size // 2 else 0)
+            assert got > size  # the head and the whole body
