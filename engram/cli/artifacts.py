@@ -175,10 +175,9 @@ def verify(
     """Re-hash every blob against its pointer, every snapshot's state and every manifest's
     content against its hash, and check every tombstone (an event or snapshot erased in
     place, and, without --run, a run erased whole) against the erasure governance recorded;
-    exits 1 when any is missing, altered or
-    erased by no erasure, and 2
-    when no problem was found but some tombstones could not be confirmed (governance
-    unreachable)."""
+    exits 1 when any is missing, altered or erased by no erasure, and 2 when it could not
+    finish without finding a problem (a call failed, or some tombstones could not be
+    confirmed: governance unreachable)."""
     with rpc_errors(as_json), _client() as client:
         report = client.verify(run)
     if as_json:

@@ -341,8 +341,8 @@ def verify(
 ) -> None:
     """Re-hash records and check tombstones (each erased record's must be listed by the
     erasure governance recorded), or reconcile records with gate decisions (--gate); exit code
-    1 on any failure, 2 when none was found but some tombstones could not be confirmed
-    (governance unreachable)."""
+    0 when all is intact, 1 on any failure, 2 when it could not finish without finding one (a
+    call failed, or some tombstones could not be confirmed: governance unreachable)."""
     if gate:
         audit = _gate_audit(record_id, as_json)
         _report_gate(audit, as_json)

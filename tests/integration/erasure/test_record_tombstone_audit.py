@@ -149,3 +149,9 @@ def test_verify_records_reports_tombstones_no_recorded_erasure_lists(
             assert (unconfirmed["tombstones_unconfirmed"], unconfirmed["failures"],
                     unconfirmed["ok"]) == (1, [], False)
             assert run("verify", "--all", code=1)["tombstones_unconfirmed"] == 1
+
+        # The shard unreachable: not verified either; 2 with the call's error, never 0 (README)
+        stack.shard.stop(0)
+        with cli_for(stack, admin, monkeypatch) as run:
+            failed = run("verify", "--all", code=2)
+            assert failed["error"]["code"] == "UNAVAILABLE" and "ok" not in failed
