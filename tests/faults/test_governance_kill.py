@@ -19,15 +19,35 @@ import random
 import threading
 import time
 
+import grpc
 import pytest
 
-from engram.client import GovernanceClient
-from tests.faults.conftest import Stack, Writer, first_write_after_serving, scale, shard_client
+from engram.client import EngramRpcError, GovernanceClient
+from tests.faults.conftest import (
+    Stack,
+    Writer,
+    first_write_after_serving,
+    health,
+    scale,
+    shard_client,
+)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 WRITERS = 4
 BATCH = 100
+
+
+def _serving_without_governance(stack: Stack) -> None:
+    """What the README promises while governance is away: the shard stays SERVING, searches
+    answer, writes fail UNAVAILABLE with GOVERNANCE_UNAVAILABLE."""
+    assert health(stack.address("shard")) == 1
+    with shard_client(stack, "reader", timeout=5.0) as client:
+        client.search("fact")
+        with pytest.raises(EngramRpcError) as refused:
+            client.add("written while governance is away", run_id="away")
+    assert (refused.value.code, refused.value.reason) == (
+        grpc.StatusCode.UNAVAILABLE, "GOVERNANCE_UNAVAILABLE")
 
 
 def test_no_write_acknowledged_without_governance_and_writes_resume(stack: Stack) -> None:
@@ -47,6 +67,8 @@ def test_no_write_acknowledged_without_governance_and_writes_resume(stack: Stack
             time.sleep(rng.uniform(0.2, 1.0))
             stack.kill("governance")
             time.sleep(rng.uniform(0.5, 2.0))  # the writers are refused meanwhile
+            if cycle == 0:
+                _serving_without_governance(stack)
             serving_s.append(stack.start("governance"))
             write_after_s.append(first_write_after_serving(stack, cycle))
         time.sleep(0.5)  # the writers' last retries land
