@@ -20,9 +20,13 @@ TEST_EMBEDDER = {"ENGRAM_EMBEDDER_EMBEDDER": "hash", "ENGRAM_EMBEDDER_ALLOW_TEST
 """The embedding service on the hash embedder: its start-up checks, without loading a model."""
 
 
-def _start(service: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _start(service: str, home: Path, *, ungated: bool = True,
+           **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ENGRAM_")}
-    environ.update({"ENGRAM_HOME": str(home), "ENGRAM_SHARD_ALLOW_UNGATED": "true"}, **env)
+    environ["ENGRAM_HOME"] = str(home)
+    if ungated:
+        environ["ENGRAM_SHARD_ALLOW_UNGATED"] = "true"
+    environ.update(env)
     return subprocess.run([sys.executable, "-m", f"services.{service}"], env=environ,
                           capture_output=True, text=True, timeout=60, check=False)
 
@@ -94,6 +98,31 @@ def test_incomplete_tls_refuses_to_start(service: str, case: str, tmp_path: Path
     error = _one_error_line(_start(service, engram_home, **_bootable(service, tmp_path, make_token),
                                    **{prefix + part: str(server_pair[part]) for part in given}))
     assert prefix + named in str(error["msg"])
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_tls_file_missing_is_named(service: str, tmp_path: Path, engram_home: Path,
+                                     make_token: TokenFactory,
+                                     server_pair: dict[str, Path]) -> None:
+    prefix = f"ENGRAM_{service.upper()}_"
+    error = _one_error_line(_start(service, engram_home, **_bootable(service, tmp_path, make_token),
+                                   **{prefix + "TLS_CERT": str(tmp_path / "gone.pem"),
+                                      prefix + "TLS_KEY": str(server_pair["TLS_KEY"])}))
+    assert prefix + "TLS_CERT" in str(error["msg"]) and "gone.pem" in str(error["msg"])
+
+
+def test_a_shard_without_governance_does_not_start_unless_told_it_may(
+        tmp_path: Path, engram_home: Path) -> None:
+    """README: the shard refuses to start without governance unless
+    ENGRAM_SHARD_ALLOW_UNGATED=true (the fail-closed default), and a governance address
+    without the service token to call it with is named too."""
+    database = {"ENGRAM_SHARD_DB_URL": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                "ENGRAM_SHARD_EMBEDDER": "none"}
+    error = _one_error_line(_start("shard", engram_home, ungated=False, **database))
+    assert "ENGRAM_SHARD_GOVERNANCE_ADDR" in str(error["msg"])
+    error = _one_error_line(_start("shard", engram_home, ungated=False, **database,
+                                   ENGRAM_SHARD_GOVERNANCE_ADDR="127.0.0.1:1"))
+    assert "ENGRAM_SHARD_SERVICE_TOKEN_FILE" in str(error["msg"])
 
 
 @pytest.mark.parametrize("service", SERVICES)

@@ -91,6 +91,13 @@ def test_a_filter_with_1000_tags_is_refused_not_internal(client: ShardClient) ->
     _refused(lambda: list(client.list(tags=["x" * 65])), setting="ENGRAM_LIMITS_TAG_CHARS")
     assert len(list(client.list(tags=[f"t{i}" for i in range(1, 33)]))) == 0
     assert len(list(client.list(tags=["t1"]))) == 1
+    # README: at most 32 tags "any and all together"
+    all_of, any_of = [f"a{i}" for i in range(17)], [f"y{i}" for i in range(16)]
+    _refused(lambda: list(client.list(tags=all_of, tags_any=any_of)),
+             setting="ENGRAM_LIMITS_TAGS_PER_FILTER")
+    _refused(lambda: client.search("tagged", tags=all_of, tags_any=any_of),
+             setting="ENGRAM_LIMITS_TAGS_PER_FILTER")
+    assert list(client.list(tags=all_of[:16], tags_any=any_of)) == []
 
 
 def test_a_nul_byte_in_any_text_field_is_refused_and_stores_nothing(
