@@ -30,14 +30,13 @@ from engram.artifacts.v1 import artifacts_service_pb2 as artifacts_pb
 from engram.client import ClientSettings
 from engram.client._bearer import bearer_of, malformed_authorization
 from engram.client.artifacts import MIME_TYPE
-from engram.gateway._budget import UNVERIFIED, BodyBudget, BodyLease, BodyRefused, token_holder
+from engram.gateway._budget import BodyBudget, BodyLease, BodyRefused, token_holder
 from engram.gateway._errors import http_status, status_from_rpc_error, status_json, status_of
+from engram.gateway._holders import BodyHolders, token_key_sources
 from engram.gateway._openapi import build_openapi
 from engram.gateway._routes import Route, load_routes
 from engram.gateway._transcode import TranscodeError, build_request, parse_body, to_json
-from services.common.errors import EngramError
 from services.common.settings import TokenKeySettings
-from services.common.tokens import TokenVerifier, load_public_keys
 
 log = logging.getLogger("engram.gateway")
 
@@ -63,9 +62,6 @@ its connection, with no bound on how many."""
 UPLOAD_QUEUE = 8
 """Chunks in flight between the HTTP body and the upload's gRPC stream (2 MiB at most)."""
 MAX_JSON_BODY = 8 * 1024 * 1024
-KEY_RELOAD_SECONDS = 30.0
-"""How often, at most, a token signed by an unknown key makes the gateway read its key sources
-again."""
 _UPLOAD_METHOD = "engram.artifacts.v1.ArtifactsService.CreateArtifact"
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # not in grpc-stubs
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -229,7 +225,7 @@ class GatewayConfig:
             body_idle_seconds=settings.timeout_seconds,
             stream_idle_seconds=settings.timeout_seconds,
             max_request_bytes=_services_receive_limit(),
-            token_keys=_token_keys(keys), token_leeway_seconds=keys.auth_leeway_seconds,
+            token_keys=token_key_sources(keys), token_leeway_seconds=keys.auth_leeway_seconds,
             token_home=None if keys.names_public_keys else settings.home, **overrides)
 
     def open_blocking_channel(self, backend: str) -> grpc.Channel:
@@ -285,13 +281,6 @@ def _refused_authorization(request: Request) -> JSONResponse | None:
     return None
 
 
-def _token_keys(keys: TokenKeySettings) -> tuple[Path, ...]:
-    """The services' public key sources: those the environment names when it names any, else
-    ``$ENGRAM_HOME``'s key pair when it has one (``engram up``); none otherwise."""
-    sources = keys.public_key_sources()
-    return tuple(sources) if keys.names_public_keys or sources[0].is_file() else ()
-
-
 def _metadata(request: Request) -> tuple[tuple[str, str], ...]:
     authorization = request.headers.get("authorization")
     return (("authorization", authorization),) if authorization else ()
@@ -316,10 +305,9 @@ class Gateway:
         """Uploads running, whoever sent them (event loop only)."""
         self._bodies = BodyBudget(config.body_bytes_max, config.body_bytes_per_token,
                                   config.body_bytes_unverified)
-        self._keys = self._read_keys()
-        self._verifier = self._verifier_of(self._keys)
-        self._keys_read = time.monotonic()
-        if self._verifier is None:
+        self._holders = BodyHolders(config.token_keys, config.token_home,
+                                    config.token_leeway_seconds)
+        if not self._holders.verifies:
             log.warning("no token public keys (ENGRAM_AUTH_PUBLIC_KEY(S), or $ENGRAM_HOME's key "
                         "pair): request bodies are budgeted by Authorization value, so made-up "
                         "tokens each get a budget of their own (docs/gateway.md)")
@@ -447,65 +435,7 @@ class Gateway:
         return JSONResponse(to_json(response))
 
     def _body_holder(self, authorization: str) -> bytes:
-        """Whose JSON body this is, for the budget: the verified agent when the gateway has
-        the services' public keys (every token that does not verify is one holder), else the
-        token as :func:`token_holder` reads it."""
-        if self._verifier is None:
-            return token_holder(authorization)
-        token = bearer_of(authorization)
-        try:
-            principal = self._verifier.verify(token)
-        except EngramError as error:
-            if error.reason != "TOKEN_KEY_UNKNOWN" or not self._reload_keys():
-                return UNVERIFIED
-            try:
-                principal = self._verifier.verify(token)
-            except EngramError:
-                return UNVERIFIED
-        except ValueError:
-            return UNVERIFIED
-        # by token (its jti), not agent: a revoked token holds no share of its agent's new one
-        return hashlib.sha256(
-            f"{principal.fleet_id}\0{principal.agent_id}\0{principal.token_id}".encode()
-        ).digest()
-
-    def _read_keys(self) -> dict[str, Any]:
-        sources = self._key_sources()
-        return load_public_keys(sources) if sources else {}
-
-    def _verifier_of(self, keys: dict[str, Any]) -> TokenVerifier | None:
-        if not keys:
-            return None
-        return TokenVerifier(keys, audience=None,
-                             leeway_seconds=self.config.token_leeway_seconds)
-
-    def _key_sources(self) -> tuple[Path, ...]:
-        """The configured sources; for $ENGRAM_HOME's key pair, worked out again (its
-        retired-keys directory appears with the first rotation)."""
-        if self.config.token_home is not None:
-            return (_token_keys(TokenKeySettings(home=self.config.token_home))
-                    or self.config.token_keys)
-        return self.config.token_keys
-
-    def _reload_keys(self) -> bool:
-        """Read the key sources again (a key rotation), at most every KEY_RELOAD_SECONDS, and
-        add the keys found to those loaded (a token of a retired key still verifies at the
-        services until it expires); whether a key was added."""
-        now = time.monotonic()
-        if now - self._keys_read < KEY_RELOAD_SECONDS:
-            return False
-        self._keys_read = now
-        try:
-            found = self._read_keys()
-        except (OSError, ValueError) as error:
-            log.warning("token public keys could not be read again", extra={"error": str(error)})
-            return False
-        if set(found) <= set(self._keys):
-            return False
-        self._keys = {**self._keys, **found}
-        log.info("token public keys read again", extra={"key_ids": sorted(self._keys)})
-        self._verifier = self._verifier_of(self._keys)
-        return True
+        return self._holders.holder(authorization)
 
     def _body_pace(self) -> Pace:
         return Pace(self.config.body_idle_seconds, self.config.body_min_bytes_per_s,

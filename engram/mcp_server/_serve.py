@@ -10,6 +10,7 @@ from typing import Any, Literal
 from engram.client import ClientSettings
 from engram.gateway._budget import BodyBudget, BodyLease, BodyRefused, token_holder
 from engram.gateway._errors import http_status
+from engram.gateway._holders import BodyHolders
 from engram.gateway._json_values import too_many_values
 from engram.mcp_server._backends import BearerHeader, FixedToken, GrpcBackends, TokenSource
 from engram.mcp_server._server import build_mcp_server
@@ -25,11 +26,14 @@ BODIES_MAX = 4 * MAX_BODY
 Retry-After. Without it any number of connections each held a body for the body timeout
 (found by review on 2026-11-30)."""
 BODIES_PER_TOKEN = 2 * MAX_BODY
-"""Of those, what one bearer token (as spelt) holds at once: past it 429 with Retry-After.
-Every caller without a token shares one such share."""
+"""Of those, what one bearer token holds at once: past it 429 with Retry-After."""
+BODIES_UNVERIFIED = MAX_BODY
+"""What every caller whose token does not verify (or who sent none) holds together, when the
+server has the services' public keys (:class:`~engram.gateway._holders.BodyHolders`)."""
 
 
-def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None) -> Any:
+def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None,
+                  holders: BodyHolders | None = None) -> Any:
     """``app`` (ASGI) given each request's body only once all of it has arrived, within
     ``seconds`` of its headers: else 408 with ``Connection: close`` and the app never called
     (413 past ``MAX_BODY``, or holding more JSON values than a request may, counted before the
@@ -37,15 +41,18 @@ def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None) ->
     no limit of time: one trickled a byte at a time held its connection, and SIGTERM waited on
     it for ever (found by review on 2026-11-29); told the client had gone, it answered 500
     with a traceback in the log. ``budget`` bounds the bytes of bodies buffered at once (by
-    default :data:`BODIES_MAX`, :data:`BODIES_PER_TOKEN` a token)."""
-    bodies = budget or BodyBudget(BODIES_MAX, BODIES_PER_TOKEN)
+    default :data:`BODIES_MAX`, :data:`BODIES_PER_TOKEN` a token, :data:`BODIES_UNVERIFIED`
+    for tokens that do not verify), by the holder ``holders`` names (without: the
+    Authorization value as spelt, every request without one a single holder)."""
+    bodies = budget or BodyBudget(BODIES_MAX, BODIES_PER_TOKEN, BODIES_UNVERIFIED)
+    holder_of = holders.holder if holders is not None else token_holder
 
     async def guarded(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         # Held until the app has answered: the SDK parses the body and holds what it parsed.
-        lease = bodies.lease(_holder(scope))
+        lease = bodies.lease(holder_of(_authorization(scope)))
         try:
             pieces = await _received(scope, receive, send, seconds, lease)
             if pieces is None:
@@ -67,12 +74,12 @@ def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None) ->
     return guarded
 
 
-def _holder(scope: Any) -> bytes:
-    """Whose body this is: its bearer token as the gateway reads one (no token: one holder)."""
+def _authorization(scope: Any) -> str:
+    """The request's first Authorization header ("" when it has none)."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            return token_holder(value.decode("latin-1"))
-    return b""
+            return str(value.decode("latin-1"))
+    return ""
 
 
 async def _received(scope: Any, receive: Any, send: Any, seconds: float,
@@ -145,7 +152,13 @@ def serve(settings: ClientSettings, transport: Transport = "stdio", *,
 
             app = server.streamable_http_app(streamable_http_path=HTTP_PATH,
                                              stateless_http=True, host=host)
-            uvicorn.run(body_deadline(app, body_timeout_seconds), host=host, port=port,
+            holders = BodyHolders.of_home(settings.home)
+            if not holders.verifies:
+                log.warning("no token public keys (ENGRAM_AUTH_PUBLIC_KEY(S), or $ENGRAM_HOME's "
+                            "key pair): request bodies are budgeted by Authorization value, so "
+                            "made-up tokens each get a share of their own (docs/mcp.md)")
+            uvicorn.run(body_deadline(app, body_timeout_seconds, holders=holders),
+                        host=host, port=port,
                         log_level="warning", http=header_timed(header_timeout_seconds),
                         timeout_graceful_shutdown=10)
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("starlette")
 
-from engram.gateway import _app
+from engram.gateway import _holders
 from engram.gateway._app import MAX_JSON_BODY, Gateway, GatewayConfig
 from engram.gateway._budget import UNVERIFIED, BodyBudget, BodyRefused
 from services.common.tokens import TokenSigner, ensure_keypair, key_paths
@@ -55,7 +55,7 @@ def test_a_rotated_key_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyP
     shutil.copy(key_paths(old).public, keys / "old.pub")
     gateway = Gateway(GatewayConfig(NOWHERE, token_keys=(keys,)))
     token = _signer(new).issue("runner", "fleet-a", {"agent"})
-    monkeypatch.setattr(_app, "KEY_RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(_holders, "KEY_RELOAD_SECONDS", 0.0)
     assert gateway._body_holder(f"Bearer {token}") == UNVERIFIED  # not rotated yet
     shutil.copy(key_paths(new).public, keys / "new.pub")  # the Secret is updated in place
     time.sleep(0.01)
@@ -102,6 +102,6 @@ def test_a_rotation_under_engram_home_keeps_the_old_key(
     assert gateway._body_holder(f"Bearer {old}") != UNVERIFIED
     rotate_signing_key(tmp_path)
     new = TokenSigner.load(key_paths(tmp_path).private).issue("runner", "fleet-a", {"agent"})
-    monkeypatch.setattr(_app, "KEY_RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(_holders, "KEY_RELOAD_SECONDS", 0.0)
     assert gateway._body_holder(f"Bearer {new}") != UNVERIFIED
     assert gateway._body_holder(f"Bearer {old}") != UNVERIFIED

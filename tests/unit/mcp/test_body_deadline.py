@@ -5,6 +5,7 @@ that did not is 408 with the app never called; one past MAX_BODY is 413."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 pytest.importorskip("mcp")
 
 from engram.gateway._budget import BodyBudget
+from engram.gateway._holders import BodyHolders
 from engram.mcp_server._serve import MAX_BODY, body_deadline
+from services.common.tokens import TokenSigner, ensure_keypair, key_paths
 
 SCOPE = {"type": "http", "client": ("127.0.0.1", 1)}
 
@@ -84,7 +87,8 @@ def test_a_body_of_too_many_values_is_413_and_the_app_never_called() -> None:
     assert b"JSON values" in sent[1]["body"]
 
 
-def _concurrent(tokens: list[bytes], budget: BodyBudget) -> list[int]:
+def _concurrent(tokens: list[bytes], budget: BodyBudget,
+                holders: BodyHolders | None = None) -> list[int]:
     """One request per token, each holding a 1,000-byte body while the app answers them all
     together: the status each got (200 when the app answered it)."""
     statuses: list[int] = []
@@ -109,7 +113,7 @@ def _concurrent(tokens: list[bytes], budget: BodyBudget) -> list[int]:
 
         await guarded(scope, queue.get, send)
 
-    guarded = body_deadline(app, 1, budget)
+    guarded = body_deadline(app, 1, budget, holders)
 
     async def main() -> None:
         tasks = [asyncio.create_task(one(token)) for token in tokens]
@@ -129,3 +133,15 @@ def test_bodies_held_at_once_are_bounded_by_token_and_in_all() -> None:
     assert _concurrent([b"a", b"a", b"b", b"c"], budget) == [200, 200, 200, 503]
     assert _concurrent([b"", b"", b""], budget) == [200, 200, 429]  # no token: one holder
     assert budget.held == 0  # every lease given back once its request was answered
+
+
+def test_with_the_services_keys_made_up_tokens_share_one_small_share(tmp_path: Path) -> None:
+    """Verified tokens each have a share; every token that does not verify, and a request
+    without one, share the unverified one (made-up tokens each had a share of their own)."""
+    ensure_keypair(tmp_path)
+    signer = TokenSigner.load(key_paths(tmp_path).private)
+    holders = BodyHolders((key_paths(tmp_path).public,))
+    real, other = (signer.issue("agent", "fleet", {"agent"}).encode() for _ in range(2))
+    budget = BodyBudget(total=10_000, per_token=2000, unverified=1000)
+    assert _concurrent([b"made-up-1", b"made-up-2", b""], budget, holders) == [200, 429, 429]
+    assert _concurrent([real, real, other, b"forged"], budget, holders) == [200, 200, 200, 200]
