@@ -16,10 +16,11 @@ from services.shard.settings import ShardSettings
 from tests.conftest import TokenFactory
 
 
-def _serve(tmp_path: Path, engram_home: Path, token: str,
-           dedup: str) -> tuple[ShardClient, object]:
+def _serve(tmp_path: Path, engram_home: Path, token: str, dedup: str,
+           **options: object) -> tuple[ShardClient, object]:
+    """An ungated shard on SQLite (``options``: more settings, e.g. the hash embedder)."""
     settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                             port=0, allow_ungated=True, dedup=dedup)
+                             port=0, allow_ungated=True, dedup=dedup, **options)
     server, _ = build_shard_server(settings)
     server.start()
     return ShardClient(server.address, token), server
@@ -73,13 +74,9 @@ def test_semantic_near_duplicate_is_not_stored_twice(
 def test_one_authors_write_is_never_answered_with_anothers_record(
     tmp_path: Path, engram_home: Path, make_token: TokenFactory, mode: str
 ) -> None:
-    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                             port=0, allow_ungated=True, dedup=mode, embedder="hash",
-                             allow_test_embedder=True)
-    server, _ = build_shard_server(settings)
-    server.start()
-    alice = ShardClient(server.address, make_token("alice", "fleet-x"))
-    bob = ShardClient(server.address, make_token("bob", "fleet-x"))
+    alice, server = _serve(tmp_path, engram_home, make_token("alice", "fleet-x"), mode,
+                           embedder="hash", allow_test_embedder=True)
+    bob = ShardClient(server.address, make_token("bob", "fleet-x"))  # type: ignore[attr-defined]
     try:
         text = "The staging database restarts every Sunday at 04:00."
         first = alice.add(text, run_id="r1")
@@ -130,12 +127,8 @@ def test_a_retried_batch_answers_every_input_as_the_first_time(
 ) -> None:
     """A batch whose inputs include duplicates (of a batch mate, of a stored record, and an
     identical repeat) replays one result per input, in order, duplicate_of included."""
-    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                             port=0, allow_ungated=True, dedup=mode, embedder="hash",
-                             allow_test_embedder=True)
-    server, _ = build_shard_server(settings)
-    server.start()
-    client = ShardClient(server.address, make_token("a9", "fleet-r"))
+    client, server = _serve(tmp_path, engram_home, make_token("a9", "fleet-r"), mode,
+                            embedder="hash", allow_test_embedder=True)
     try:
         stored = client.add("The build server runs on Fridays.", run_id="r1")
         batch = [record_input(text, run_id="r1") for text in (
@@ -165,11 +158,7 @@ def test_a_request_whose_records_are_partly_gone_is_written_anew(
 ) -> None:
     """A recorded request naming a record no longer stored (retention, or a row recorded before
     answers were kept by input) goes through the write again and answers every input."""
-    settings = ShardSettings(home=engram_home, db_url=f"sqlite:///{tmp_path / 'shard.db'}",
-                             port=0, allow_ungated=True, dedup="exact")
-    server, _ = build_shard_server(settings)
-    server.start()
-    client = ShardClient(server.address, make_token("a9", "fleet-r"))
+    client, server = _serve(tmp_path, engram_home, make_token("a9", "fleet-r"), "exact")
     try:
         batch = [record_input(t, run_id="r1") for t in ("Deploy at noon", "deploy  AT noon",
                                                          "Lunch is at one.")]
