@@ -21,7 +21,8 @@ class BlobInfo:
 
 
 def validate_key(key: str) -> str:
-    """A relative ``/``-separated key with no empty, ``.`` or ``..`` segment."""
+    """A relative ``/``-separated key with no empty, ``.`` or ``..`` segment, and no control
+    character (C0, DEL, C1)."""
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidArgument(
             f"blob key must be 1..{MAX_KEY_LENGTH} characters, got {len(key)}",
@@ -30,6 +31,15 @@ def validate_key(key: str) -> str:
     if key.startswith("/") or "\\" in key or "\x00" in key:
         raise InvalidArgument(
             f"blob key {key!r} must be relative, '/'-separated, without NUL or backslash",
+            reason="INVALID_BLOB_KEY",
+        )
+    control = next((c for c in key if c < " " or "\x7f" <= c <= "\x9f"), None)
+    if control is not None:
+        # S3 lists keys in XML, which cannot carry most of them (a listing that could not be
+        # read, or gave "\r" back as "\n", kept an erased run's blobs: found by review on
+        # 2026-11-30); a file name with one is a trap for any operator's shell.
+        raise InvalidArgument(
+            f"blob key {key!r} holds a control character (U+{ord(control):04X})",
             reason="INVALID_BLOB_KEY",
         )
     if any(part in ("", ".", "..") for part in key.split("/")):

@@ -395,11 +395,13 @@ def test_traversal_names_are_refused(artifacts_server: RunningArtifacts, name: s
 
 
 @pytest.mark.parametrize("name", ["a" * 256, "\u00e9" * 200, "ok/" + "b" * 300,
-                                  "\u00e9" * 300])
+                                  "\u00e9" * 300, "note\r.txt", "zzz\x01.txt", "tab\there",
+                                  "del\x7f", "nel\u0085"])
 def test_a_name_no_store_can_hold_is_refused_and_leaves_nothing(
         artifacts_server: RunningArtifacts, name: str) -> None:
     """Found by a review (2026-11-29): a part over 255 bytes failed at the store's link,
-    INTERNAL after the whole upload, and left the directories it had made."""
+    INTERNAL after the whole upload, and left the directories it had made. And (2026-11-30) a
+    control character, which S3's XML listings cannot carry: an erasure left such a blob."""
     env = artifacts_server
     run_id = _start(env)
     with pytest.raises(EngramRpcError) as caught:
