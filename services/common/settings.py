@@ -30,6 +30,9 @@ def _limit(name: str, default: int, description: str) -> Any:
 
 
 _MIB = 1024 * 1024
+MAX_AUTH_LEEWAY_SECONDS = 600
+"""The most clock skew a service may be told to tolerate (ENGRAM_AUTH_LEEWAY_SECONDS): a token
+is accepted up to that long past its ``exp``, so governance lists a revocation that long too."""
 
 
 class LimitsSettings(BaseSettings):
@@ -92,7 +95,8 @@ class TokenKeySettings(BaseSettings):
         "whose *.pub / *.pem files are all loaded (key rotation: old and new keys at once)",
     )
     auth_leeway_seconds: float = Field(
-        default=30.0, ge=0, le=600, validation_alias=_shared("ENGRAM_AUTH_LEEWAY_SECONDS"),
+        default=30.0, ge=0, le=MAX_AUTH_LEEWAY_SECONDS,
+        validation_alias=_shared("ENGRAM_AUTH_LEEWAY_SECONDS"),
         description="clock skew tolerated when checking a token's exp and iat",
     )
 

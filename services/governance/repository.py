@@ -290,7 +290,7 @@ class AccessRepository:
             row.reason, row.chain_seq = revocation.reason, chain_seq
 
     def live_revoked_tokens(self, session: Session, now_ms: int) -> list[TokenRevocation]:
-        """Revoked tokens not expired at ``now_ms``."""
+        """Revoked tokens not expired at ``now_ms`` (the caller allows for the leeway)."""
         rows = session.scalars(select(RevokedTokenRow).where(
             RevokedTokenRow.expires_ms >= now_ms))
         return [row.to_entity() for row in rows]

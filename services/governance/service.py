@@ -43,6 +43,7 @@ from services.common.errors import (
 )
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
+from services.common.settings import MAX_AUTH_LEEWAY_SECONDS
 from services.governance.domain.decisions import (
     IMPORTED_DECISION,
     Decision,
@@ -493,7 +494,10 @@ class GovernanceService:
             version = self._access.version(session)
             if version == since_version:
                 return None
-            return AccessSnapshot(version, self._access.live_revoked_tokens(session, self._clock()),
+            # A token is accepted up to the services' leeway past its exp: its revocation is
+            # listed as long (one dropped at exp let a restarted service accept it again).
+            listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
+            return AccessSnapshot(version, self._access.live_revoked_tokens(session, listed_since),
                                   self._access.revoked_agents(session),
                                   self._access.suspended_agents(session))
 
