@@ -58,7 +58,8 @@ def body_deadline(app: Any, seconds: float, budget: BodyBudget | None = None,
             if pieces is None:
                 return
             body = b"".join(m.get("body", b"") for m in pieces if m["type"] == "http.request")
-            if (problem := too_many_values(body)) is not None:
+            # off the event loop, which serves every other connection meanwhile
+            if (problem := await asyncio.to_thread(too_many_values, body)) is not None:
                 await _refuse(send, 413, problem)
                 return
             first: list[Any] = ([{"type": "http.request", "body": body, "more_body": False}]

@@ -44,3 +44,11 @@ def test_separators_inside_strings_are_not_values() -> None:
     escaped = b'{"a": "quote \\" then, commas, ' + b"x," * MAX_JSON_VALUES + b'"}'
     assert json_values(escaped) == 1
     assert too_many_values(b"[" + b"1," * MAX_JSON_VALUES + b"1]") is not None
+
+
+@pytest.mark.timeout(30)  # the quadratic scan took 117 s for 180 KB, hours for this one
+def test_quotes_after_backslashes_do_not_make_the_count_quadratic() -> None:
+    body = b'"' + b'\\"' * 400_000 + b"," * (MAX_JSON_VALUES + 1)
+    assert json_values(body) == 0  # one unterminated string: the body does not parse anyway
+    body = b'["' + b'\\"' * 400_000 + b'",' + b"1," * MAX_JSON_VALUES + b"1]"
+    assert too_many_values(body) is not None
