@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -37,7 +38,8 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
         _drain_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            self._counted = _CountingTransport(transport)
+            super().connection_made(cast(asyncio.Transport, self._counted))
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -63,19 +65,23 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
             super().connection_lost(exc)
 
         def _watch_drain(self, before: int | None) -> None:
-            """Abort the connection when its buffered answer stopped draining (``before``:
-            the buffer's size one header timeout ago; None on the first look)."""
+            """Abort the connection when the bytes it sent (written, less those still
+            buffered) grew by less than MIN_DRAIN_BYTES in a header timeout while some are
+            buffered (``before``: the bytes sent one header timeout ago; None on the first
+            look). Counted in bytes sent, not in the buffer's size: a stream answering the
+            next request on the connection keeps its buffer near full while it drains."""
             self._drain_timer = None
             buffered = self.transport.get_write_buffer_size()
             if not buffered:
                 return
-            if before is not None and before - buffered < MIN_DRAIN_BYTES:
+            sent = self._counted.written - buffered
+            if before is not None and sent - before < MIN_DRAIN_BYTES:
                 log.warning("the client stopped reading its answer; connection aborted",
                             extra={"client": str(self.client), "buffered_bytes": buffered,
                                    "header_timeout_s": header_timeout})
                 self.transport.abort()
                 return
-            self._drain_timer = self.loop.call_later(header_timeout, self._watch_drain, buffered)
+            self._drain_timer = self.loop.call_later(header_timeout, self._watch_drain, sent)
 
         def _waiting(self) -> bool:
             """No request being served: waiting for the next headers, or for the rest of a
@@ -100,3 +106,18 @@ def header_timed(header_timeout: float = DEFAULT_HEADER_TIMEOUT) -> type[H11Prot
                 self.transport.close()  # an answer still buffered is the drain watch's
 
     return HeaderTimedProtocol
+
+
+class _CountingTransport:
+    """A transport that counts the bytes written to it; everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.written = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += len(data)
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

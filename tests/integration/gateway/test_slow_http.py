@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -548,19 +549,29 @@ def test_a_body_over_the_json_limit_is_400_not_a_refusal_to_retry() -> None:
 
 
 class _LargeAnswer:
-    """An ASGI app answering every request with ``size`` bytes in one piece, as a unary JSON
-    answer is sent (a page of large records)."""
+    """An ASGI app answering a request with ``size`` bytes in one piece, as a unary JSON answer
+    is sent (a page of large records); ``/stream`` with ``size`` bytes (8 MiB at most) in 64 KiB
+    pieces, as a stream is sent (each piece waits for the connection's buffer to drain)."""
 
     def __init__(self, size: int) -> None:
         self.body = b"x" * size
 
     def app(self) -> object:
-        async def answer(scope: dict[str, object], receive: object, send: object) -> None:
+        async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] != "http":
                 return
-            await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
-                        "headers": [(b"content-length", str(len(self.body)).encode())]})
-            await send({"type": "http.response.body", "body": self.body})  # type: ignore[operator]
+            size = len(self.body) if scope["path"] != "/stream" else min(len(self.body),
+                                                                           8 * 1024 * 1024)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-length", str(size).encode())]})
+            if scope["path"] != "/stream":
+                await send({"type": "http.response.body", "body": self.body})
+                return
+            piece, size = 64 * 1024, min(len(self.body), 8 * 1024 * 1024)
+            for at in range(0, size, piece):
+                await send({"type": "http.response.body", "body": self.body[at:at + piece],
+                            "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
 
         return answer
 
@@ -616,3 +627,36 @@ def test_an_answer_read_slowly_but_steadily_is_served_whole() -> None:
                 got += len(piece)
                 time.sleep(0.1 if got < size // 2 else 0)
             assert got > size  # the head and the whole body
+
+
+def _one_answer(conn: socket.socket, pause_s: float = 0.0) -> int:
+    """Read one answer (head and Content-Length body), 64 KiB at a time with ``pause_s``
+    between reads; the body's size."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        piece = conn.recv(1)
+        assert piece, head
+        head += piece
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
+    got = 0
+    while got < length:
+        piece = conn.recv(min(64 * 1024, length - got))
+        assert piece, f"the connection ended after {got} of {length} bytes"
+        got += len(piece)
+        time.sleep(pause_s)
+    return got
+
+
+def test_a_stream_read_steadily_after_a_large_answer_on_the_same_connection_is_whole() -> None:
+    """Found by review (2026-11-30): the first answer's drain watch, still running, compared
+    buffer sizes, and a stream's buffer stays near full while it drains: the stream was cut
+    after 4.5 s in 4 runs of 5. The watch now counts bytes sent."""
+    with GatewayThread(_LargeAnswer(32 * 1024 * 1024), header_timeout=1.0) as url:  # type: ignore[arg-type]
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _one_answer(conn) == 32 * 1024 * 1024
+            conn.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            # about 1.6 MB/s: 5 s for the stream's 8 MiB, five header timeouts
+            assert _one_answer(conn, pause_s=0.04) == 8 * 1024 * 1024
