@@ -530,6 +530,13 @@ class GovernanceService:
                 if existing.fleet_id != rule.fleet_id:
                     raise InvalidArgument("request_id already used in another fleet",
                                           reason="REQUEST_ID_REUSED")
+                if _definition(existing) != _definition(rule):
+                    # A caller reading OK would believe its rule in force (found by review on
+                    # 2026-11-30); the other services refuse a reused request_id alike.
+                    raise InvalidArgument(
+                        f"request_id was used for another rule ({existing.rule_id}, "
+                        f"{existing.kind.value}); use a new request_id for a new rule",
+                        reason="REQUEST_ID_REUSED", metadata={"rule_id": existing.rule_id})
                 return existing, False
             held = len(self._repo.fleet_rules(session, rule.fleet_id))
             if held >= MAX_RULES_PER_FLEET:
@@ -744,3 +751,8 @@ class _GateGroup:
             rules = self._repo.fleet_rules(self._session, fleet_id)
             self._cache.remember_rules(fleet_id, rules)
         return rules
+
+
+def _definition(rule: Rule) -> tuple[object, ...]:
+    """What a rule does (not who made it or when): a retried CreateRule must ask for the same."""
+    return (rule.kind, dict(rule.params), rule.description, frozenset(rule.tiers))

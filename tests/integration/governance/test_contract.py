@@ -159,6 +159,12 @@ def test_rule_management_and_unsafe_patterns(governor: GovernanceClient) -> None
     made = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=10)), request_id="k1")
     again = governor.add_rule(pb.Rule(size_limit=pb.SizeLimit(max_bytes=10)), request_id="k1")
     assert made.created and not again.created and made.rule.rule_id == again.rule.rule_id
+    with pytest.raises(EngramRpcError) as reused:  # the same key for another rule: not OK
+        governor.add_rule(pb.Rule(deny_pattern=pb.DenyPattern(pattern="secret")),
+                          request_id="k1")
+    assert (reused.value.code, reused.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                        "REQUEST_ID_REUSED")
+    assert reused.value.metadata["rule_id"] == made.rule.rule_id
     for i in range(4):
         governor.add_rule(pb.Rule(required_tags=pb.RequiredTags(tags=[f"t{i}"])))
     assert len(list(governor.rules(page_size=2))) == 5
