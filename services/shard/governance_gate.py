@@ -56,6 +56,8 @@ TRUST_BATCH = 500
 default): a search whose candidates name more asks in parts."""
 NEIGHBOURS_HINT_SECONDS = 5.0
 _MAX_HINTS = 100_000
+_MAX_COALESCERS = 10_000
+"""Fleets with a gate coalescer kept; past it they are dropped and made again as needed."""
 GATE_SEND_BYTES = 64 * 1024 * 1024
 GATE_RECONNECT_MS = 150
 """How often the gate channel tries a lost governance again: writes resume within a few
@@ -125,8 +127,12 @@ class GovernanceGate:
         self._clock = clock
         self._max_candidates = max_candidates
         self._batches_from = 0.0  # clock time from which batches are tried (UNIMPLEMENTED)
-        self._calls: GroupCommit[_GateJob, GateAnswer | None] = GroupCommit(
-            self._send, max_group=MAX_COALESCED)
+        # One coalescer a fleet: a fleet's call in flight (its deny patterns searched over
+        # large writes can take seconds) holds back only that fleet's next writes, never
+        # another fleet's (found by review on 2026-11-30: one coalescer for all fleets queued
+        # every fleet's writes behind one fleet's slow call, up to the gate's timeout).
+        self._calls: dict[str, GroupCommit[_GateJob, GateAnswer | None]] = {}
+        self._calls_lock = threading.Lock()
         self.calls = Tally()
         """Gate calls sent, by kind: "single" (DecideWrites) or "batch" (DecideWriteBatches)."""
         self.requests = Tally()
@@ -197,8 +203,17 @@ class GovernanceGate:
         other writes) otherwise, or when the coalescer says so."""
         answer: GateAnswer | None = SEND_ALONE
         if self._clock() >= self._batches_from:
-            answer = self._calls.submit(_GateJob(request, span))
+            answer = self._coalescer(request.fleet_id).submit(_GateJob(request, span))
         return self._send_one(request) if answer is SEND_ALONE else answer
+
+    def _coalescer(self, fleet_id: str) -> GroupCommit[_GateJob, GateAnswer | None]:
+        with self._calls_lock:
+            calls = self._calls.get(fleet_id)
+            if calls is None:
+                if len(self._calls) >= _MAX_COALESCERS:
+                    self._calls.clear()  # a group in flight keeps its own reference
+                calls = self._calls[fleet_id] = GroupCommit(self._send, max_group=MAX_COALESCED)
+            return calls
 
     def _send(self, jobs: Sequence[_GateJob]) -> list[GateAnswer | None]:
         """The coalesced calls of one group, in chunks governance takes; never raises for

@@ -84,7 +84,7 @@ def _concurrently(gate: GovernanceGate, fake: _Governance, writers: int,
     for thread in threads[1:]:
         thread.start()
     deadline = time.monotonic() + 10
-    while len(gate._calls._queue) < writers - 1 and time.monotonic() < deadline:
+    while len(gate._coalescer("fleet")._queue) < writers - 1 and time.monotonic() < deadline:
         time.sleep(0.005)
     fake.release.set()
     for thread in threads:
@@ -207,3 +207,22 @@ def test_a_group_is_sent_in_chunks_governance_takes() -> None:
     assert all(isinstance(a, list) for a in answers), answers
     assert [len(b) for b in fake.batches] == [4, 4]
     assert fake.singles[0] == "req-0" and len(fake.singles) == 2  # the last one alone
+
+
+def test_one_fleets_call_in_flight_does_not_hold_back_another_fleets_writes() -> None:
+    """Found by review (2026-11-30): one coalescer for every fleet queued fleet B's writes
+    behind fleet A's slow call (its deny patterns over large writes), up to the gate's
+    timeout. Each fleet now has its own."""
+    fake = _Governance()
+    gate = GovernanceGate(fake)  # type: ignore[arg-type]
+    slow = threading.Thread(target=gate.decide, args=(
+        "fleet-a", "agent-a", [_candidate(1)], "req-a", lambda _c: []))
+    slow.start()
+    try:
+        assert fake.started.wait(10)  # fleet A's call is held in flight
+        answer = gate.decide("fleet-b", "agent-b", [_candidate(2)], "req-b", lambda _c: [])
+        assert [d.decision_id for d in answer] == ["agent-b/req-b/0"]
+        assert slow.is_alive()  # B was answered while A's call still waited
+    finally:
+        fake.release.set()
+        slow.join(10)
