@@ -23,6 +23,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Connection
@@ -47,6 +48,8 @@ CROSS_FAN_IN = 20
 cite one record, and a search with ``cross`` read them all (34,000 links: 1.8 s)."""
 _OVERFETCH = 4
 _MIN_CHUNK = 16  # candidate records loaded from the store at a time: limit x overfetch or this
+_MAX_READ = 1000
+"""The most candidates one search reads while authors at trust 0 leave it short of its limit."""
 
 
 @dataclass(frozen=True)
@@ -113,19 +116,36 @@ class SearchEngine:
             # close), and trust asked with none held. One connection at a time: a search
             # holding one while the index's catch-up waited for another stalled every search
             # for the pool's timeout once the pool ran short (review, 2026-11-30).
-            ranked = self._candidates(query, flt)
-            with self.db.reading() as connection:
-                found = self._load(connection, query, flt, ranked)
-            return self._rank(query.fleet_id, found, "direct")[: query.limit]
+            return self._best(query, flt, self._candidates(query, flt), self.db.reading)
         with self.db.session() as session:  # its connection is taken at its first statement
-            found = (self._load(session, query, flt, self._candidates(query, flt))
-                     if self.index is not None else
-                     # no in-memory index: the store's full-text search
-                     self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH))
-            hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
+            if self.index is not None:
+                hits = self._best(query, flt, self._candidates(query, flt),
+                                  lambda: nullcontext(session))
+            else:  # no in-memory index: the store's full-text search
+                found = self.repo.lexical(session, flt, query.text, query.limit * _OVERFETCH)
+                hits = self._rank(query.fleet_id, found, "direct")[: query.limit]
             if query.cross and hits:
                 hits = self._expand(session, query, flt, hits)
         return hits
+
+    def _best(self, query: SearchQuery, flt: RecordFilter, ranked: Sequence[tuple[str, float]],
+              reader: Callable[[], AbstractContextManager[Session | Connection]]
+              ) -> list[SearchHit]:
+        """The ``limit`` best hits of the index's ranking: its best candidates read and ranked
+        with importance, recency and trust, and more read while records of authors at trust 0
+        (left out) leave fewer than ``limit``, up to :data:`_MAX_READ` candidates. Before
+        2026-11-30 only the first ``limit x 4`` were read, and 40 well-matching records naming
+        a suspended author emptied every search they matched (found by review). Trust is asked
+        with no connection held."""
+        hits: list[SearchHit] = []
+        at = 0
+        while True:
+            with reader() as connection:
+                found, at = self._load(connection, query, flt, ranked, at)
+            hits += self._rank(query.fleet_id, found, "direct")
+            if len(hits) >= query.limit or at >= min(len(ranked), _MAX_READ):
+                hits.sort(key=lambda hit: hit.score, reverse=True)
+                return hits[: query.limit]
 
     def _candidates(self, query: SearchQuery, flt: RecordFilter) -> list[tuple[str, float]]:
         """The index's ranking (record id, relevance), best first."""
@@ -134,15 +154,18 @@ class SearchEngine:
                                  doc_filter=_doc_filter(flt))
 
     def _load(self, reader: Session | Connection, query: SearchQuery, flt: RecordFilter,
-              found: Sequence[tuple[str, float]]) -> list[tuple[Record, float]]:
-        """The stored records of the best candidates, with their relevance."""
+              found: Sequence[tuple[str, float]], at: int = 0
+              ) -> tuple[list[tuple[Record, float]], int]:
+        """The stored records of the best candidates from position ``at``, with their
+        relevance, and the position after the last candidate read."""
         want = query.limit * _OVERFETCH
         out: list[tuple[Record, float]] = []
         # The index filtered before ranking; compaction (and a re-check of the filter against
         # the stored record) apply to the ranked candidates, a chunk at a time.
         chunk = max(want, _MIN_CHUNK)
-        for start in range(0, len(found), chunk):
-            part = found[start : start + chunk]
+        while at < len(found):
+            part = found[at : at + chunk]
+            at += len(part)
             ids = [rid for rid, _ in part]
             records = self.repo.live_by_ids(reader, query.fleet_id, ids)
             for rid, relevance in part:
@@ -152,7 +175,7 @@ class SearchEngine:
                 out.append((record, max(relevance, 1e-9)))
             if len(out) >= want:
                 break
-        return out
+        return out, at
 
     def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
               via: str) -> list[SearchHit]:

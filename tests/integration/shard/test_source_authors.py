@@ -51,3 +51,32 @@ def test_source_authors_cannot_break_search_or_lift_a_suspension(
             client.close()
         governor.close()
         suspect.close()
+
+
+def test_records_naming_a_suspended_author_do_not_empty_a_search(
+        tmp_path: Path, engram_home: Path, make_token) -> None:
+    """Found by review (2026-11-30): only the best limit x 4 candidates were read, and records
+    at trust 0 were dropped after; 40 well-matching ones naming a suspended agent left a search
+    of limit 10 with no hits although 20 others matched."""
+    with gated_stack(tmp_path, engram_home, make_token) as stack:
+        address = stack.shard.address
+        alice = ShardClient(address, make_token("alice", "fleet-a"))
+        mallory = ShardClient(address, make_token("mallory", "fleet-a"))
+        governor = GovernanceClient(stack.governance.address,
+                                    make_token("gov-1", "fleet-a", ("governor",)))
+        governor.set_tier("bad-agent", "suspended", reason="compromised")
+        for i in range(20):
+            alice.add(f"quarterly deploy window notes {i}", run_id="a")
+        for i in range(40):  # match better: the query's words, more of them
+            mallory.add(f"quarterly deploy window quarterly deploy window {i}", run_id="m",
+                        metadata={"source_authors": '["bad-agent"]'})
+        _wait_searchable(alice, "quarterly", 10)
+        deadline = time.monotonic() + 20
+        while (len(alice.search("quarterly deploy window", limit=60, mode="lexical")) < 20
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        hits = alice.search("quarterly deploy window", limit=10, mode="lexical")
+        assert [hit.record.agent_id for hit in hits] == ["alice"] * 10
+        for client in (alice, mallory):
+            client.close()
+        governor.close()
