@@ -259,11 +259,11 @@ class ShardService:
         # The replay lookup and the ids' lookup share one read session (each session costs
         # a pool checkout, a commit and a close: about a tenth of an ungated write's CPU).
         with self.db.session() as session:
+            assigned = assign(session)
             if request_id:
-                replay = self._replay(session, fleet, agent, request_id, digest, shas)
+                replay = self._replay(session, fleet, agent, request_id, digest, assigned[0])
                 if replay is not None:
                     return replay
-            assigned = assign(session)
         for _ in range(_ERASURE_RACE_ATTEMPTS):
             try:
                 return self._write_attempt(principal, normalized, digest, request_id,
@@ -320,7 +320,11 @@ class ShardService:
             if record.id not in existing and record.id not in seen:
                 fresh.append(record)
                 seen.add(record.id)
-        duplicate_of = self._duplicates(fleet, agent, fresh)
+        # Only a record with a new id can be a duplicate: one that landed on a stored id (its
+        # write key, or a derived id) is that record, answered as stored by the commit, as the
+        # gated path's check above does (a landed text with a near-duplicate beside it was
+        # answered as that other record).
+        duplicate_of = self._duplicates(fleet, agent, [r for r in fresh if r.id in keys])
         fresh = [r for r in fresh if r.id not in duplicate_of]
         # The gate's idempotency key comes from the client's request_id (a content digest alone
         # would replay an old decision, say before a suspension, for a later identical write),
@@ -410,18 +414,17 @@ class ShardService:
                     earliest = out.get(first.id, first.id)
                     out[record.id] = earliest
             elif isinstance(target, StoredDuplicate):
-                # Its own id found stored is the same record written before, not a duplicate
-                # (the commit answers it as stored already, as the gated path's check does).
-                own = [stored[i] for i in target.record_ids if i in stored and i != record.id
+                own = [stored[i] for i in target.record_ids if i in stored
                        and stored[i].run_id == record.run_id and stored[i].agent_id == agent]
                 if own:
                     out[record.id] = own[0]
         return out
 
     def _replay(self, session: Session, fleet: str, agent: str, request_id: str,
-                digest: str, shas: Sequence[str]) -> list[WriteResult] | None:
-        """The first answer to ``request_id`` again, one result per input (``shas``: each
-        input's content hash); None when the request writes anew."""
+                digest: str, landing: Sequence[str]) -> list[WriteResult] | None:
+        """The first answer to ``request_id`` again, one result per input (``landing``: the id
+        each input lands on now, through its write key, its derived id, or a new random one);
+        None when the request writes anew."""
         found = self.repo.find_request(session, fleet, agent, request_id)
         if found is None:
             return None
@@ -429,14 +432,13 @@ class ShardService:
         if recorded_digest != digest:
             raise _request_id_reused(request_id)
         stored = self.repo.by_ids(session, fleet, ids)
-        if len(ids) != len(shas) or any(i not in stored for i in ids):
+        if len(ids) != len(landing) or any(i not in stored for i in ids):
             # Some of what it stored is gone (retention), or the row predates answers by
             # input: the request writes anew, which finds what is left by its write keys.
             return None
-        # An input answered by a record of other content was a duplicate of it.
-        return [WriteResult(stored[i], created=False,
-                            duplicate_of=i if stored[i].content_hash != sha else "")
-                for i, sha in zip(ids, shas, strict=True)]
+        # An input answered by a record it does not land on itself was a duplicate of it.
+        return [WriteResult(stored[i], created=False, duplicate_of=i if i != own else "")
+                for i, own in zip(ids, landing, strict=True)]
 
     def _resolve_cross_refs(self, fleet: str, drafts: Sequence[RecordDraft], ids: Sequence[str],
                             known: set[str]) -> list[tuple[str, ...]]:

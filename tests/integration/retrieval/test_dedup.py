@@ -174,3 +174,52 @@ def test_a_request_whose_records_are_partly_gone_is_written_anew(
         assert len(list(client.list())) == 2
     finally:
         server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_replay_says_duplicate_of_as_the_first_answer_did_for_an_imported_original(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory
+) -> None:
+    """An imported record has no write key here: its author writing its very text again gets a
+    new id, found a duplicate of it. The replay said no duplicate_of (the contents were equal);
+    it now says what the first answer said (review, 2026-11-30)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    origin, first_server = _serve(tmp_path / "a", engram_home, make_token("a9", "fleet-r"),
+                                  "exact")
+    target, second_server = _serve(tmp_path / "b", engram_home, make_token("a9", "fleet-r"),
+                                   "exact")
+    admin = ShardClient(second_server.address,  # type: ignore[attr-defined]
+                        make_token("op", "fleet-r", ("admin",)))
+    try:
+        origin.add("The build server runs on Fridays.", run_id="r1")
+        assert admin.import_records(list(origin.list())).created == 1
+        (imported,) = list(target.list())
+        batch = [record_input("The build server runs on Fridays.", run_id="r1")]
+        first = target.add_many(batch, request_id="again")
+        replay = target.add_many(batch, request_id="again")
+        assert first.results[0].duplicate_of == imported.id
+        assert ([(r.record.id, r.duplicate_of) for r in replay.results]
+                == [(r.record.id, r.duplicate_of) for r in first.results])
+    finally:
+        admin.close()
+        first_server.stop(0)  # type: ignore[attr-defined]
+        second_server.stop(0)  # type: ignore[attr-defined]
+
+
+def test_a_text_written_again_is_its_own_record_beside_a_stored_near_duplicate(
+    tmp_path: Path, engram_home: Path, make_token: TokenFactory
+) -> None:
+    """Two records of one run that dedup would have merged (stored while it was off); writing
+    the first's text again answers the first record, not the other as its duplicate."""
+    token = make_token("a9", "fleet-r")
+    client, server = _serve(tmp_path, engram_home, token, "off")
+    client.add("deploy  AT noon", run_id="r1")  # the one dedup finds first
+    original = client.add("Deploy at noon", run_id="r1")
+    server.stop(0)  # type: ignore[attr-defined]
+    client, server = _serve(tmp_path, engram_home, token, "exact")
+    try:
+        again = client.add("Deploy at noon", run_id="r1")
+        assert again.record.id == original.record.id
+        assert not again.created and not again.duplicate_of
+    finally:
+        server.stop(0)  # type: ignore[attr-defined]
