@@ -117,3 +117,22 @@ def _unrepresentable(value: Any) -> str:
         elif isinstance(item, list):
             stack.extend(item)
     return ""
+
+
+MAX_POLICY_DAYS = 100_000
+"""The oldest age a compaction or retention policy may name (274 years): past it the cut-off
+time is no longer a number the stores hold."""
+
+
+def check_policy_days(older_than_days: float, *, retention: bool) -> None:
+    """A policy's ``older_than_days``: finite, at most :data:`MAX_POLICY_DAYS`, over 0 for a
+    retention (it removes originals) and at least 0 for a compaction. Infinity, NaN and 1e12
+    reached the cut-off arithmetic and failed INTERNAL (found by review on 2026-11-30)."""
+    low_ok = older_than_days > 0 if retention else older_than_days >= 0
+    if not (math.isfinite(older_than_days) and low_ok and older_than_days <= MAX_POLICY_DAYS):
+        bound = "over 0" if retention else "0 or more"
+        raise InvalidArgument(
+            f"older_than_days must be a number of days {bound} and at most {MAX_POLICY_DAYS}, "
+            f"got {older_than_days}"
+            + (": removing originals is explicit and needs an age" if retention else ""),
+            reason="INVALID_POLICY", metadata={"limit": str(MAX_POLICY_DAYS)})

@@ -43,7 +43,7 @@ from services.common.errors import (
     NotFound,
 )
 from services.common.group_commit import GroupCommit
-from services.common.limits import check_limit, validate_request_id
+from services.common.limits import check_limit, check_policy_days, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
 from services.common.tokens import validate_identifier
@@ -677,8 +677,7 @@ class MemoryPolicyRunner:
         days = DEFAULT_OLDER_THAN_DAYS if older_than_days is None else older_than_days
         if not 0.0 < below <= 1.0:
             raise InvalidArgument(f"importance_below must be in (0, 1], got {below}")
-        if days < 0:
-            raise InvalidArgument(f"older_than_days must be >= 0, got {days}")
+        check_policy_days(days, retention=False)
         start = _now_us()
         try:
             outcome = self._port.compact(fleet_id, below, days, dry_run)
@@ -697,10 +696,7 @@ class MemoryPolicyRunner:
 
     def apply_retention(self, fleet_id: str, trigger: str, *, older_than_days: float,
                         dry_run: bool) -> PolicyRun:
-        if older_than_days <= 0:
-            raise InvalidArgument(
-                f"older_than_days must be > 0 for retention, got {older_than_days}: "
-                "removing originals is explicit and needs an age")
+        check_policy_days(older_than_days, retention=True)
         start = _now_us()
         try:
             removed = tuple(self._port.apply_retention(fleet_id, older_than_days, dry_run))

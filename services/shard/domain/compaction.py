@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from services.common.errors import InvalidArgument
+from services.common.limits import check_policy_days
 from services.shard.domain.records import MAX_CONTENT_BYTES, Record, RecordDraft
 
 DECAY_HALF_LIFE_DAYS = 90.0
@@ -47,17 +48,15 @@ class CompactionReport:
 
 
 def check_policy(importance_below: float, older_than_days: float) -> None:
-    if not 0.0 <= importance_below <= 1.0 or older_than_days < 0:
+    if not 0.0 <= importance_below <= 1.0:  # NaN fails too
         raise InvalidArgument(
-            "importance_below must be 0..1 and older_than_days >= 0", reason="INVALID_POLICY"
+            f"importance_below must be 0..1, got {importance_below}", reason="INVALID_POLICY"
         )
+    check_policy_days(older_than_days, retention=False)
 
 
 def check_retention(older_than_days: float) -> None:
-    if older_than_days <= 0:
-        raise InvalidArgument(
-            "older_than_days must be > 0 for a retention policy", reason="INVALID_POLICY"
-        )
+    check_policy_days(older_than_days, retention=True)
 
 
 def compactable(record: Record, now: float, importance_below: float,

@@ -226,3 +226,18 @@ def test_details_are_held_to_the_json_limit_as_stored_and_pages_to_a_byte_budget
                        pb.ListRecentIterationsRequest(run_id=RUN))
     assert [h.summary.iteration for h in page.iterations] == [5, 4] and page.next_page_token
     assert [h.summary.iteration for h in client.recent(RUN)][:4] == [5, 4, 3, 2]  # all pages
+
+
+
+@pytest.mark.parametrize("days", [float("inf"), float("nan"), 1e12, -1.0])
+def test_a_policy_age_no_store_can_hold_is_invalid_argument(
+        compactor_for: CompactorFactory, days: float) -> None:
+    """Infinity, NaN and 1e12 days reached the cut-off arithmetic and failed INTERNAL (found
+    by review on 2026-11-30)."""
+    admin = compactor_for(agent="ops", roles=("admin",))
+    for call in (lambda: admin.compact_memory(older_than_days=days),
+                 lambda: admin.apply_retention(older_than_days=days)):
+        with pytest.raises(EngramRpcError) as caught:
+            call()
+        assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                            "INVALID_POLICY")

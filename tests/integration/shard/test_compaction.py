@@ -80,3 +80,19 @@ def test_old_unimportant_records_are_summarised_not_lost(
             WRITE_KEYS.c.record_id.in_([r.id for r in old]))).all() == []
     again = agent.add("task: minor chore number 0", importance=0.2, run_id="r1")
     assert again.created and again.record.id not in {r.id for r in old}
+
+
+
+@pytest.mark.parametrize("days", [float("inf"), float("nan"), 1e12, -1.0])
+def test_a_policy_age_no_store_can_hold_is_invalid_argument(
+        client_for: ClientFactory, days: float) -> None:
+    """Infinity, NaN and 1e12 days failed INTERNAL in the cut-off's arithmetic or its SQL
+    (found by review on 2026-11-30); a retention needs an age over 0 too."""
+    compactor = client_for("svc-compactor", "system", ("service",))
+    for call in (lambda: compactor.apply_retention("fleet-a", days),
+                 lambda: compactor.apply_retention("fleet-a", 0.0),
+                 lambda: compactor.compact("fleet-a", older_than_days=days)):
+        with pytest.raises(EngramRpcError) as caught:
+            call()
+        assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                            "INVALID_POLICY")
