@@ -43,7 +43,7 @@ from services.common.group_commit import GroupCommit
 from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
-from services.common.tokens import Principal, validate_identifier
+from services.common.tokens import Principal, is_identifier, validate_identifier
 from services.common.tombstone_audit import (
     NOT_IN_ERASURE,
     ErasureLookup,
@@ -75,6 +75,7 @@ R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
 _ERASURE_RACE_ATTEMPTS = 3
 _LATEST_CREATED_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+_DECISION_ID_CHARS = 64  # the records table's column, and governance's
 """Times a write is prepared again when an erasure takes the record it was landing on."""
 
 
@@ -708,6 +709,11 @@ class ShardService:
             raise PermissionDenied(
                 f"record {record.id} belongs to fleet {record.fleet_id!r}; this token imports "
                 f"into fleet {fleet!r} only", reason="FLEET_MISMATCH")
+        # before verify, which reads any format but 2 as 1
+        if record.format not in (1, records.FORMAT):
+            raise InvalidArgument(f"record {record.id} has format {record.format}; this "
+                                  f"service stores 1 and {records.FORMAT}",
+                                  reason="UNKNOWN_RECORD_FORMAT", metadata={"record_id": record.id})
         try:
             records.verify(record)
         except IntegrityError as error:
@@ -727,10 +733,18 @@ class ShardService:
                 "bundle's domains first (UpsertDomain)", reason="UNKNOWN_DOMAIN",
                 metadata={"record_id": record.id})
         validate_identifier("agent_id", record.agent_id)
+        # Fields stored as given and bounded by their columns: past them Postgres failed the
+        # import INTERNAL and SQLite stored them (found by review on 2026-11-30).
+        if record.gate_decision_id and not (len(record.gate_decision_id) <= _DECISION_ID_CHARS
+                                            and is_identifier(record.gate_decision_id)):
+            raise InvalidArgument(f"record {record.id} has gate decision id "
+                                  f"{record.gate_decision_id[:80]!r}, which no gate decision has",
+                                  reason="INVALID_DECISION_ID", metadata={"record_id": record.id})
         crossrefs.check_count(list(record.cross_refs))
         for ref in map(crossrefs.CrossRef.parse, record.cross_refs):
             if ref.kind not in ("domain", "record") or not ref.target or (
-                    ref.kind == "domain" and ref.target not in known):
+                    ref.kind == "domain" and ref.target not in known) or (
+                    ref.kind == "record" and not records.is_record_id(ref.target)):
                 raise InvalidArgument(f"record {record.id} has cross-reference {ref!r}, which "
                                       "names no known domain or a record",
                                       reason="CROSS_REFERENCE_TARGET_NOT_FOUND",

@@ -94,7 +94,15 @@ def test_bad_records_are_refused_naming_them_and_nothing_is_stored(
                 (record_to_proto(records.seal(replace(base, id="a" * 40))), "INVALID_RECORD_ID"),
                 (record_to_proto(records.seal(replace(base, id="../" + base.id[3:]))),
                  "INVALID_RECORD_ID"),
-                (far, "INVALID_CREATE_TIME"), (early, "INVALID_CREATE_TIME")):
+                (far, "INVALID_CREATE_TIME"), (early, "INVALID_CREATE_TIME"),
+                # and (2026-11-30) fields stored as given: a decision id or a record
+                # reference past its column, a format no reader knows
+                (record_to_proto(records.seal(replace(base, gate_decision_id="d" * 300))),
+                 "INVALID_DECISION_ID"),
+                (record_to_proto(records.seal(replace(base, cross_refs=("record:" + "a" * 300,)))),
+                 "CROSS_REFERENCE_TARGET_NOT_FOUND"),
+                (record_to_proto(records.seal(replace(base, format=7))),
+                 "UNKNOWN_RECORD_FORMAT")):
             error = refused(admin.import_records, [bad])
             assert (error.code, error.reason) == (grpc.StatusCode.INVALID_ARGUMENT, reason)
         assert admin.status().total_records == before
