@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -45,11 +46,27 @@ def _make_parents(path: Path, root: Path) -> list[Path]:
     return missing
 
 
+STALE_PART_SECONDS = 3600.0
+"""A ``.part`` file not written to for this long belongs to a put that died (a process killed
+mid-upload); a store opening the directory removes it."""
+
+
 class FileBlobStore(BlobStore):
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / _TMP_DIR).mkdir(exist_ok=True)
+        self._sweep_parts()
+
+    def _sweep_parts(self) -> None:
+        """Remove what puts killed mid-way left in ``.tmp`` (found by review on 2026-11-30: a
+        SIGKILL during an upload of up to 5 GiB left its part for good). Only parts idle for
+        :data:`STALE_PART_SECONDS`: another process sharing the directory may be writing one."""
+        cutoff = time.time() - STALE_PART_SECONDS
+        for part in (self.root / _TMP_DIR).glob("*.part"):
+            with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
 
     @classmethod
     def from_url(cls, url: str) -> FileBlobStore:

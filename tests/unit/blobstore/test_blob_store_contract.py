@@ -249,3 +249,21 @@ def test_purge_sends_no_plain_delete_after_the_sweep() -> None:
         assert len(recorded.versions) >= 3  # the plain delete, then both versions (and marker)
         left = client.list_object_versions(Bucket=BUCKET, Prefix="engram/runs/r/")
         assert not left.get("Versions") and not left.get("DeleteMarkers")
+
+
+def test_parts_a_killed_put_left_are_removed_when_the_store_opens(tmp_path: Path) -> None:
+    """Found by review (2026-11-30): a put killed mid-way (SIGKILL during an upload) left its
+    part in .tmp for good. A part idle past STALE_PART_SECONDS goes when a store opens the
+    directory; a recent one may be another process's put in progress and stays."""
+    import time
+
+    from services.common.blobstore.file import STALE_PART_SECONDS
+
+    FileBlobStore(tmp_path)
+    dead, live = tmp_path / ".tmp" / "dead.part", tmp_path / ".tmp" / "live.part"
+    for part in (dead, live):
+        part.write_bytes(b"x" * 1024)
+    old = time.time() - STALE_PART_SECONDS - 60
+    os.utime(dead, (old, old))
+    FileBlobStore(tmp_path)
+    assert not dead.exists() and live.exists()
