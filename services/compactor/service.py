@@ -81,7 +81,7 @@ from services.compactor.domain.warm_chain import (
     genesis_hash,
 )
 from services.compactor.repository import CompactorRepository, ConcurrentAppend
-from services.compactor.tiers.cold import ColdArchive
+from services.compactor.tiers.cold import ColdArchive, SnapshotFacts
 from services.compactor.tiers.steps import StepHook, StoredBlob, no_step_hook
 from services.compactor.tiers.warm import WarmArchive
 
@@ -541,7 +541,7 @@ class IterationLog:
         # a thousand pinned snapshots): one found missing is damage only if the run still
         # lists it as stored once the lock is held again (not retired or erased meanwhile).
         snapshots = self._cold.load(view.snapshots)
-        missing = [s for s in view.snapshots if snapshots[s.iteration].data is None]
+        missing = [s for s in view.snapshots if snapshots[s.iteration].missing]
         if missing:
             with self.run_lock(fleet_id, run_id):
                 now = self.repo.view(fleet_id, run_id)
@@ -558,7 +558,7 @@ class IterationLog:
         return view
 
     def _verify_view(self, view: RunView, index: StoredBlob | None,
-                     snapshots: Mapping[int, StoredBlob]) -> VerifyReport:
+                     snapshots: Mapping[int, SnapshotFacts]) -> VerifyReport:
         head, sealed = view.head, view.sealed
         fleet_id, run_id = head.fleet_id, head.run_id
         walker = ChainWalker(genesis_hash(fleet_id, run_id))

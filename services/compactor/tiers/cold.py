@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from services.common.blobstore import BlobStore
 from services.common.errors import IntegrityError
@@ -14,7 +15,7 @@ from services.compactor.domain.blob_layout import (
     snapshot_payload,
 )
 from services.compactor.domain.model import HotEntry, SnapshotInfo
-from services.compactor.tiers.steps import StepHook, StoredBlob, hooked, load, put_once
+from services.compactor.tiers.steps import StepHook, hooked, load, put_once
 
 
 class ColdArchive:
@@ -46,33 +47,54 @@ class ColdArchive:
     def read(self, snapshot: SnapshotInfo) -> SnapshotContent:
         return _content(snapshot, b"".join(self._blobs.open(snapshot.key)))
 
-    def load(self, snapshots: Sequence[SnapshotInfo]) -> dict[int, StoredBlob]:
-        """The ``snapshots``' files as stored now, by iteration, for :meth:`check`."""
-        return {s.iteration: load(self._blobs, s.key) for s in snapshots}
+    def load(self, snapshots: Sequence[SnapshotInfo]) -> dict[int, SnapshotFacts]:
+        """What :meth:`check` needs of the ``snapshots``' files as stored now, by iteration:
+        each file read, checked and let go before the next (a run may hold a thousand pinned
+        snapshots of megabytes each; all of them were held at once: found by review on
+        2026-11-30)."""
+        return {s.iteration: self._facts(s) for s in snapshots}
+
+    def _facts(self, snapshot: SnapshotInfo) -> SnapshotFacts:
+        data = load(self._blobs, snapshot.key).data
+        if data is None:
+            return SnapshotFacts(missing=True)
+        try:
+            content = _content(snapshot, data)
+        except IntegrityError as exc:
+            return SnapshotFacts(problem=str(exc))
+        return SnapshotFacts(summary_hash=content.summary.hash,
+                             detail_matches=content.summary.commits_detail(
+                                 content.detail_json, content.guardrails_json))
 
     @staticmethod
-    def check(snapshots: Sequence[SnapshotInfo], files: Mapping[int, StoredBlob],
+    def check(snapshots: Sequence[SnapshotInfo], files: Mapping[int, SnapshotFacts],
               hashes: Mapping[int, str]) -> list[tuple[str, str]]:
         """Problems of stored ``snapshots`` (their ``files`` as loaded) against the warm log's
         line ``hashes``."""
         problems: list[tuple[str, str]] = []
         for snapshot in snapshots:
             where = f"snapshot {snapshot.iteration}"
-            data = files[snapshot.iteration].data
-            if data is None:
+            facts = files[snapshot.iteration]
+            if facts.missing:
                 problems.append((where, f"cold snapshot {snapshot.key} is missing"))
-                continue
-            try:
-                content = _content(snapshot, data)
-            except IntegrityError as exc:
-                problems.append((where, str(exc)))
-                continue
-            if hashes.get(snapshot.iteration) != content.summary.hash:
+            elif facts.problem:
+                problems.append((where, facts.problem))
+            elif hashes.get(snapshot.iteration) != facts.summary_hash:
                 problems.append((where, "its summary is not the warm log's line"))
-            elif not content.summary.commits_detail(content.detail_json,
-                                                    content.guardrails_json):
+            elif not facts.detail_matches:
                 problems.append((where, "its detail does not match the line's detailDigest"))
         return problems
+
+
+@dataclass(frozen=True)
+class SnapshotFacts:
+    """What a verify needs of one stored snapshot file: missing, or why it does not read, or
+    its summary's hash and whether its detail is the one the summary commits to."""
+
+    missing: bool = False
+    problem: str = ""
+    summary_hash: str = ""
+    detail_matches: bool = False
 
 
 def _content(snapshot: SnapshotInfo, data: bytes) -> SnapshotContent:

@@ -272,3 +272,26 @@ def test_a_request_id_repeated_within_one_group_commit_records_once(
     assert outcomes[0].plan is not None and outcomes[0].plan.line.iteration == 1
     assert outcomes[1].plan is None and outcomes[1].recorded_iteration == 1
     assert log.last_iteration(F, R) == 1
+
+
+def test_verify_reads_one_snapshot_file_at_a_time(make_log: LogFactory) -> None:
+    """Found by review (2026-11-30): VerifyRun (an agent's read) held every stored snapshot
+    file of the run at once; pinned snapshots of megabytes, up to a thousand a run, made that
+    gigabytes. Now each is read, checked and let go before the next."""
+    import tracemalloc
+
+    log = make_log(snapshot_every=1, keep_snapshots=60, hot_size=1)
+    for n in range(1, 61):
+        log.record(F, R, make_iteration(n, size=400_000))
+    stored = log.repo.snapshots(F, R)
+    assert len(stored) == 60
+    largest = max(s.size_bytes for s in stored)
+    tracemalloc.start()
+    try:
+        assert log.verify(F, R).ok
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # one file, its content and its parse at a time (~10 x largest); all 60 files at once
+    # were ~80 x
+    assert peak < 25 * largest, f"peak {peak} bytes for snapshots of {largest} bytes at most"
