@@ -75,7 +75,7 @@ from services.common.blobstore.port import write_hashed
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, new_salt
 from services.common.db import Database
-from services.common.erasure_source import ErasureSource
+from services.common.erasure_source import ErasureSource, TextScans, still_wanted
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -135,6 +135,9 @@ class ArtifactsService:
         self.integrity_failures = Tally()
         """Blobs, snapshots and tombstones found altered, missing or erased by no erasure by a
         verify, by problem."""
+        self.whole_fleet_checks = TextScans()
+        """Verifies of a whole fleet (every blob re-hashed): at most two at once on a replica
+        (SCAN_BUSY beyond), as the shard's; any verify stops when its caller goes."""
         self._writer: AbstractContextManager[object] = (
             threading.Lock() if database.dialect == "sqlite" else contextlib.nullcontext())
 
@@ -351,7 +354,10 @@ class ArtifactsService:
                             step_id, after, limit),
                         lambda artifact: [artifact.created_us, artifact.artifact_id])
 
-    def verify(self, fleet_id: str, run_id: str = "") -> tuple[int, list[ArtifactProblem]]:
+    def verify(self, fleet_id: str, run_id: str = "",
+               active: Callable[[], bool] = lambda: True) -> tuple[int, list[ArtifactProblem]]:
+        """Re-hash every blob (one run's when ``run_id`` is set), stopping when ``active``
+        says the caller has gone (SCAN_ABANDONED)."""
         if run_id:
             self.get_run(fleet_id, run_id)
         checked, problems = 0, []
@@ -360,6 +366,7 @@ class ArtifactsService:
                 session, fleet_id, run_id, after, limit),
             "", lambda artifact: artifact.artifact_id, ARTIFACT_BATCH)
         for artifact in artifacts:
+            still_wanted(active)
             checked += 1
             problem = self._check_blob(fleet_id, artifact)
             if problem is not None:

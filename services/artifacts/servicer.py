@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import grpc
@@ -370,12 +371,20 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
     def VerifyArtifacts(self, request: pb.VerifyArtifactsRequest,
                         context: grpc.ServicerContext) -> pb.VerifyArtifactsResponse:
         fleet_id = current_principal().fleet_id
-        checked, problems = self.service.verify(fleet_id, request.run_id)
-        snapshots, tombstoned, snapshot_problems = self.service.verify_snapshots(
-            fleet_id, request.run_id)
-        # Each tombstone against the erasure it names, as governance recorded it.
-        audit = self.service.verify_tombstones(fleet_id, request.run_id, self.eraser.source)
-        manifests, manifest_problems = self.service.verify_manifests(fleet_id, request.run_id)
+        # A whole fleet's blobs re-hashed take one of the replica's two scan slots: 128 such
+        # calls held every worker for minutes, for every fleet, and went on hashing after
+        # their callers had gone (found by review on 2026-11-30).
+        scope = (self.service.whole_fleet_checks.slot("verifying every artifact of the fleet")
+                 if not request.run_id else contextlib.nullcontext())
+        with scope:
+            checked, problems = self.service.verify(fleet_id, request.run_id, context.is_active)
+            snapshots, tombstoned, snapshot_problems = self.service.verify_snapshots(
+                fleet_id, request.run_id)
+            # Each tombstone against the erasure it names, as governance recorded it.
+            audit = self.service.verify_tombstones(fleet_id, request.run_id,
+                                                   self.eraser.source)
+            manifests, manifest_problems = self.service.verify_manifests(fleet_id,
+                                                                         request.run_id)
         return pb.VerifyArtifactsResponse(
             manifests_checked=manifests, manifest_problems=[pb.ManifestProblem(
                 manifest_id=p.manifest_id, run_id=p.run_id, problem=p.problem,

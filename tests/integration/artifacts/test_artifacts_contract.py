@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -627,3 +628,56 @@ def test_a_full_last_page_carries_no_token(artifacts_server: RunningArtifacts) -
     assert [e.seq for e in events.events] == [1, 2, 3, 4] and not events.next_page_token
     runs = client.call(client.stub.ListRuns, pb.ListRunsRequest(page_size=1))
     assert [r.run_id for r in runs.runs] == [run_id] and not runs.next_page_token
+
+
+def test_whole_fleet_verifies_take_a_scan_slot_and_stop_when_their_caller_goes(
+        artifacts_server: RunningArtifacts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review (2026-11-30): VerifyArtifacts of a whole fleet re-hashes every blob, as
+    many at once as callers liked (128 held every worker for minutes) and on after its caller
+    had gone. Now two at once on a replica, a third SCAN_BUSY; a run's verify takes no slot;
+    a verify stops between blobs once its caller has gone."""
+    env = artifacts_server
+    run_id = _start(env)
+    for n in range(3):
+        env.client.upload(iter([f"blob {n}".encode()]), run_id=run_id, step_id="s",
+                          name=f"b{n}.txt")
+    check = env.service._check_blob
+    entered, release = threading.Semaphore(0), threading.Event()
+    checks: list[str] = []
+
+    def held(fleet_id: str, artifact: object) -> object:
+        checks.append(fleet_id)
+        entered.release()
+        assert release.wait(30)
+        return check(fleet_id, artifact)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(env.service, "_check_blob", held)
+    answers: list[int] = []
+    running = [threading.Thread(target=lambda: answers.append(env.client.verify().checked))
+               for _ in range(2)]
+    for thread in running:
+        thread.start()
+    try:
+        for _ in running:
+            assert entered.acquire(timeout=30)
+        with pytest.raises(EngramRpcError) as busy:
+            env.client.verify()
+        assert (busy.value.code, busy.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                         "SCAN_BUSY")
+    finally:
+        release.set()
+        for thread in running:
+            thread.join(30)
+    assert answers == [3, 3]
+
+    release.clear()
+    checks.clear()
+    impatient = env.client_for()
+    impatient.stream_timeout = 0.5
+    with pytest.raises(EngramRpcError) as late:
+        impatient.verify()
+    assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    time.sleep(0.5)  # the server's side of the call ends too
+    release.set()  # the first blob's check ends after its caller has gone
+    time.sleep(1.0)
+    assert len(checks) == 1, f"{len(checks)} blobs checked for a caller that had gone"
