@@ -225,10 +225,17 @@ class SearchEngine:
         return self.trust.multipliers(fleet_id, agent_ids)
 
     def neighbours(self, fleet_id: str, content: str, limit: int = 5) -> list[Neighbour]:
-        """Nearest existing records, sent to governance to judge contradictions."""
+        """Nearest existing records, sent to governance to judge contradictions: none that a
+        summary replaced, and none of an author at trust 0 (a suspended agent's statement
+        made an honest correction of it a denied contradiction, and the corrector's trust
+        fell with each denial: found by review on 2026-11-30)."""
         with self.db.session() as session:
-            found = self.repo.lexical(session, RecordFilter(fleet_id), content, limit)
-        return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found]
+            found = self.repo.lexical(session, RecordFilter(fleet_id, exclude_compacted=True),
+                                      content, limit * _OVERFETCH)
+        authors = {r.id: record_authors(r) for r, _ in found}
+        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
+        return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found
+                if min(multipliers.get(a, 1.0) for a in authors[r.id]) > 0.0][:limit]
 
     def duplicates(self, fleet_id: str, agent_id: str, contents: list[str], run_ids: list[str],
                    *, mode: str, threshold: float) -> list[Duplicate | None]:

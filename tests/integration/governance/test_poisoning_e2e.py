@@ -90,6 +90,15 @@ def test_poisoning_scenario(deployment: Deployment) -> None:
     assert clash.code == grpc.StatusCode.PERMISSION_DENIED
     assert contradiction.rule_id in clash.metadata["rule_ids"]
     shady.add("Refunds are processed by the billing team", domain="technical")
+    # A suspended agent's statement is no neighbour to judge others by: shady corrects
+    # mallory's false one (before 2026-11-30 denied as a contradiction of it, found by review)
+    mallory_lie = "Payments settlement does not need a reconciliation report"
+    governor.set_tier("mallory", "trusted")
+    mallory.add(mallory_lie, domain="technical")
+    governor.set_tier("mallory", "suspended", reason="poisoning again")
+    corrected = shady.add("Payments settlement needs a reconciliation report",
+                          domain="technical")
+    assert corrected.created
 
     stored = list(honest.list())
     allowed = {d.record_id for d in governor.decisions() if d.allowed}
