@@ -103,6 +103,12 @@ REHYDRATE_BYTES = 16 * 1024 * 1024
 REHYDRATE_PAGE = 500
 CLIENT_STOP_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 EVENT_BATCH = 1000
+REPLAY_BATCH = 100
+"""Events a replay reads at a time (each up to ~72 KB with its payload and references): a
+reader that stalls holds one batch. 1,000 held 72 MB each (found by review on 2026-11-30)."""
+PAGE_BYTES = 16 * 1024 * 1024
+"""What one page of events or snapshots holds at most (its first item always goes): a page of
+1,000 large ones passed gRPC's 64 MiB reply limit (found by review on 2026-11-30)."""
 ARTIFACT_BATCH = 500
 
 
@@ -534,7 +540,7 @@ class ArtifactsService:
 
         return self.pages.paginate(page_token, page_size,
                         {"fleet": fleet_id, "run": run_id, "after": after_seq}, fetch,
-                        lambda event: [event.seq])
+                        lambda event: [event.seq], _event_bytes, PAGE_BYTES)
 
     def replay(self, fleet_id: str, run_id: str) -> Iterator[Event]:
         """Every event from seq 1 to the run's head as read at the start, each checked against
@@ -551,7 +557,7 @@ class ArtifactsService:
         events = self._in_batches(
             lambda session, after, limit: self.repository.events_after(
                 session, fleet_id, run.run_id, after, limit),
-            0, lambda event: event.seq, EVENT_BATCH)
+            0, lambda event: event.seq, REPLAY_BATCH)
         beyond = 0
         for event in events:
             if event.seq > run.event_count:
@@ -633,7 +639,8 @@ class ArtifactsService:
                         lambda after, limit: self._in_run(
                             fleet_id, run_id, self.repository.list_snapshots, fleet_id, run_id,
                             after, limit),
-                        lambda snapshot: [snapshot.created_us, snapshot.snapshot_id])
+                        lambda snapshot: [snapshot.created_us, snapshot.snapshot_id],
+                        _snapshot_bytes, PAGE_BYTES)
 
     def rehydrate(self, fleet_id: str, agent_id: str, run_id: str,
                   max_events: int = 0) -> Rehydration:
@@ -864,6 +871,13 @@ def _event_bytes(event: Event) -> int:
     payload = event.payload_json
     return ((len(payload) if payload.isascii() else len(payload.encode()))
             + len(event.type) + 64 * len(event.artifact_ids) + len(event.manifest_id) + 256)
+
+
+def _snapshot_bytes(snapshot: Snapshot) -> int:
+    """About what a snapshot adds to a reply: its state, its ids and hashes."""
+    state = snapshot.state_json
+    return ((len(state) if state.isascii() else len(state.encode()))
+            + 64 * len(snapshot.artifact_ids) + len(snapshot.manifest_id) + 256)
 
 
 def _check_tail(run: Run, after_seq: int, events: list[Event], complete: bool) -> None:

@@ -681,3 +681,24 @@ def test_whole_fleet_verifies_take_a_scan_slot_and_stop_when_their_caller_goes(
     release.set()  # the first blob's check ends after its caller has gone
     time.sleep(1.0)
     assert len(checks) == 1, f"{len(checks)} blobs checked for a caller that had gone"
+
+
+def test_a_page_of_large_events_or_snapshots_stops_at_its_byte_budget(
+        artifacts_server: RunningArtifacts) -> None:
+    """Found by review (2026-11-30): pages were sized by count alone, and 1,000 events or
+    snapshots at the document limit with their references made a reply past gRPC's 64 MiB
+    (`engram bundle export` asks for pages of 1,000). A page now also stops at 16 MiB."""
+    env = artifacts_server
+    run_id = _start(env)
+    document = {"blob": "x" * 60_000}
+    for _ in range(300):  # 18 MB in all
+        env.client.append_event(run_id, "tool.called", document)
+        env.client.create_snapshot(run_id, document)
+    events = env.client.call(env.client.stub.ListEvents,
+                             pb.ListEventsRequest(run_id=run_id, page_size=1000))
+    snapshots = env.client.call(env.client.stub.ListSnapshots,
+                                pb.ListSnapshotsRequest(run_id=run_id, page_size=1000))
+    for page, items in ((events, events.events), (snapshots, snapshots.snapshots)):
+        assert 200 < len(items) < 300 and page.next_page_token
+    assert len(list(env.client.list_events(run_id, page_size=1000))) == 300
+    assert len(list(env.client.list_snapshots(run_id, page_size=1000))) == 300
