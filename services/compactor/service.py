@@ -38,6 +38,7 @@ from services.common.errors import (
     Aborted,
     AlreadyExists,
     EngramError,
+    FailedPrecondition,
     IntegrityError,
     InvalidArgument,
     NotFound,
@@ -90,6 +91,8 @@ log = logging.getLogger("engram.compactor")
 _APPEND_ATTEMPTS = 5
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _REREAD_ATTEMPTS = 3  # a read whose chosen snapshot a retirement deleted: tries
+MAX_TRAIL = 10_000
+"""The most warm lines one reconstruction carries after its base snapshot (~12 MB at most)."""
 _CACHED_SEGMENTS = 8
 _FINISH_LOCKS = 64
 
@@ -468,6 +471,16 @@ class IterationLog:
             self._check_detail(line, content.detail_json, content.guardrails_json, base.key)
             return Reconstruction(line, DetailSource.COLD_SNAPSHOT, content.detail_json,
                                   content.guardrails_json, iteration)
+        if iteration - base.iteration > MAX_TRAIL:
+            # Pins keep a snapshot for good, so the nearest one before may be any distance
+            # back: every line between was read and held, past gRPC's reply limit near 58,000
+            # (found by review on 2026-11-30).
+            raise FailedPrecondition(
+                f"iteration {iteration} is {iteration - base.iteration} iterations after the "
+                f"nearest stored snapshot ({base.iteration}), over the {MAX_TRAIL} lines one "
+                f"reconstruction carries: read the trail with ListSummaries from "
+                f"{base.iteration + 1}", reason="TRAIL_TOO_LONG",
+                metadata={"base_iteration": str(base.iteration), "limit": str(MAX_TRAIL)})
         trail = self.summaries(fleet_id, run_id, base.iteration, iteration)
         if trail[0].hash != content.summary.hash or trail[0].iteration != base.iteration:
             raise IntegrityError(f"snapshot {base.key} does not match the warm log",

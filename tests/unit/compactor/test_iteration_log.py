@@ -295,3 +295,24 @@ def test_verify_reads_one_snapshot_file_at_a_time(make_log: LogFactory) -> None:
     # one file, its content and its parse at a time (~10 x largest); all 60 files at once
     # were ~80 x
     assert peak < 25 * largest, f"peak {peak} bytes for snapshots of {largest} bytes at most"
+
+
+def test_a_trail_past_the_limit_is_refused_naming_its_base(
+        make_log: LogFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review (2026-11-30): a pin keeps its snapshot for good, so the nearest one
+    before an iteration may be any distance back, and every line between was read, held and
+    sent (past gRPC's reply limit near 58,000). Past MAX_TRAIL lines it is refused, naming
+    the base, for ListSummaries to page."""
+    from services.compactor import service as compactor_service
+
+    monkeypatch.setattr(compactor_service, "MAX_TRAIL", 5)
+    log = make_log(snapshot_every=1000, keep_snapshots=2, hot_size=2)
+    log.record(F, R, make_iteration(1))
+    log.pin(F, R, 1, "early anomaly")
+    for n in range(2, 21):
+        log.record(F, R, make_iteration(n))
+    assert log.reconstruct(F, R, 6).base_iteration == 1  # 5 lines: carried
+    with pytest.raises(FailedPrecondition) as refused:
+        log.reconstruct(F, R, 7)
+    assert refused.value.reason == "TRAIL_TOO_LONG"
+    assert refused.value.metadata["base_iteration"] == "1"
