@@ -9,8 +9,9 @@ import pytest
 
 from engram.client import EngramRpcError
 from engram.client.governance import GovernanceClient
+from services.common.db import Database
 from services.common.server import EngramServer
-from services.governance.server import build_governance_server
+from services.governance.server import MIGRATIONS, build_governance_server
 from services.governance.settings import GovernanceSettings
 from tests.conftest import TokenFactory, client_factory
 
@@ -22,6 +23,17 @@ def gov_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'governance.db'}"
     return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest.fixture
+def database(gov_db_url: str) -> Iterator[Database]:
+    """Governance's store, migrated, for a GovernanceService in the test's own process."""
+    db = Database(gov_db_url)
+    db.upgrade(MIGRATIONS)
+    try:
+        yield db
+    finally:
+        db.dispose()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from services.common.server import EngramServer
 from services.common.tokens import write_token_file
 from services.governance.domain.rules import Candidate, Neighbour, Rule, RuleKind
 from services.governance.domain.tiers import TrustTier
-from services.governance.server import MIGRATIONS, build_governance_server
+from services.governance.server import build_governance_server
 from services.governance.service import GateRequest, GovernanceService
 from services.governance.settings import GovernanceSettings
 from services.shard.governance_gate import connect_governance
@@ -55,13 +55,8 @@ class _Clock:
 
 
 @pytest.fixture
-def repo(gov_db_url: str) -> Iterator[GovernanceService]:
-    db = Database(gov_db_url)
-    db.upgrade(MIGRATIONS)
-    try:
-        yield GovernanceService(db, _Clock())
-    finally:
-        db.dispose()
+def repo(database: Database) -> GovernanceService:
+    return GovernanceService(database, _Clock())
 
 
 def _add(repo: GovernanceService, rule_id: str, kind: RuleKind, params: dict[str, object],

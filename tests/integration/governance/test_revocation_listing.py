@@ -5,14 +5,9 @@ which then accepted the token again for its 30 s of leeway). SQLite and Postgres
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from services.common.db import Database
 from services.common.settings import MAX_AUTH_LEEWAY_SECONDS
 from services.governance.domain.revocation import TokenRevocation
-from services.governance.server import MIGRATIONS
 from services.governance.service import GovernanceService
 
 
@@ -21,16 +16,6 @@ class _Clock:
 
     def __call__(self) -> int:
         return self.ms
-
-
-@pytest.fixture
-def database(gov_db_url: str) -> Iterator[Database]:
-    db = Database(gov_db_url)
-    db.upgrade(MIGRATIONS)
-    try:
-        yield db
-    finally:
-        db.dispose()
 
 
 def test_a_revocation_is_listed_until_the_largest_leeway_after_the_tokens_expiry(

@@ -5,7 +5,6 @@ changes exactly as a failed start check does. SQLite and Postgres."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy
@@ -14,7 +13,6 @@ import sqlalchemy.orm
 from services.common.db import Database
 from services.common.errors import IntegrityError
 from services.governance.domain.tiers import TrustTier
-from services.governance.server import MIGRATIONS
 from services.governance.service import GovernanceService
 
 
@@ -25,16 +23,6 @@ class _Clock:
     def __call__(self) -> int:
         self.ms += 1
         return self.ms
-
-
-@pytest.fixture
-def database(gov_db_url: str) -> Iterator[Database]:
-    db = Database(gov_db_url)
-    db.upgrade(MIGRATIONS)
-    try:
-        yield db
-    finally:
-        db.dispose()
 
 
 def _history(service: GovernanceService, changes: int) -> None:
