@@ -52,6 +52,7 @@ PUBLIC_PREFIXES = (
 _principal: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
     "engram_principal", default=None
 )
+_method: contextvars.ContextVar[str] = contextvars.ContextVar("engram_method", default="")
 
 
 def service_principal(name: str) -> tuple[str, str, frozenset[str]]:
@@ -131,12 +132,22 @@ def optional_principal() -> Principal | None:
     return _principal.get()
 
 
-def bind_principal(principal: Principal | None) -> contextvars.Token[Principal | None]:
-    return _principal.set(principal)
+def current_method() -> str:
+    """The full name of the RPC being served (``/pkg.Service/Method``), or "" outside one."""
+    return _method.get()
 
 
-def unbind_principal(token: contextvars.Token[Principal | None]) -> None:
-    _principal.reset(token)
+Bound = tuple[contextvars.Token[Principal | None], contextvars.Token[str]]
+
+
+def bind_principal(principal: Principal | None, method: str = "") -> Bound:
+    """Make ``principal`` (and the RPC ``method`` it calls) the current call's."""
+    return _principal.set(principal), _method.set(method)
+
+
+def unbind_principal(bound: Bound) -> None:
+    _principal.reset(bound[0])
+    _method.reset(bound[1])
 
 
 class Authorizer:

@@ -272,7 +272,7 @@ class AuthInterceptor(_BehaviorInterceptor):
 
             def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 metadata = metadata_of(context)
-                token = bind_principal(authorizer.authorize(method, metadata))
+                token = bind_principal(authorizer.authorize(method, metadata), method)
                 try:
                     checked = time.monotonic()
                     for message in behavior(request, context):
@@ -291,7 +291,7 @@ class AuthInterceptor(_BehaviorInterceptor):
 
         def unary(request: Any, context: grpc.ServicerContext) -> Any:
             metadata = metadata_of(context)
-            token = bind_principal(authorizer.authorize(method, metadata))
+            token = bind_principal(authorizer.authorize(method, metadata), method)
             try:
                 if isinstance(request, Iterator):  # request-streaming: an upload
                     # Its caller authorized again each second: a token revoked mid-upload

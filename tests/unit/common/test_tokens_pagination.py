@@ -119,6 +119,28 @@ def test_page_tokens_are_signed_and_bound_to_the_caller() -> None:
         unbind_principal(other)
 
 
+def test_a_page_token_is_bound_to_the_method_that_issued_it() -> None:
+    """Found by review (2026-11-30): with one key for the four services (deploy/base), a shard
+    ListDomains token, bound to the fleet alone, was taken by the compactor's ListPolicyRuns,
+    whose key it is not, and failed INTERNAL."""
+    from services.common.auth import bind_principal, unbind_principal
+    from services.common.tokens import Principal
+
+    shared = PageTokens.ephemeral()
+    caller = Principal("a1", "f1", frozenset({"agent"}))
+    bound = bind_principal(caller, "/engram.shard.v1.ShardService/ListDomains")
+    try:
+        token = shared.encode(["insights"], {"fleet": "f1"})
+        assert shared.decode(token, {"fleet": "f1"}) == ["insights"]
+    finally:
+        unbind_principal(bound)
+    bound = bind_principal(caller, "/engram.compactor.v1.CompactorService/ListPolicyRuns")
+    try:
+        assert "another caller" in _refused(shared, token, {"fleet": "f1"})
+    finally:
+        unbind_principal(bound)
+
+
 def test_the_page_token_secret_is_made_once_private_or_read_from_the_setting(
         tmp_path: Path) -> None:
     from services.common.settings import ServerSettings
