@@ -277,7 +277,15 @@ class Exporter:
                    for hot in _ignore_missing(compactor.recent(run, page_size=PAGE))}
         below = min(details, default=last + 1) - 1
         while below >= 1:
-            view = compactor.reconstruct(run, below)
+            try:
+                view = compactor.reconstruct(run, below)
+            except EngramRpcError as error:
+                if error.reason != "TRAIL_TOO_LONG":
+                    raise
+                # A snapshot pinned long before: its own detail is all this needs of it (the
+                # trail between goes with the iterations' summaries).
+                below = int(error.metadata["base_iteration"])
+                continue
             if view.summary.erasure_id:  # erased in place: no detail, nor its snapshot
                 below -= 1
                 continue
