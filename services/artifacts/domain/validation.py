@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.blobstore import validate_key
+from services.common.blobstore import validate_new_key
 from services.common.canonical import canonical_json
 from services.common.errors import InvalidArgument
 from services.common.limits import (
@@ -79,7 +79,7 @@ def artifact_name(name: str) -> str:
         raise InvalidArgument(f"artifact name is {size} bytes; at most {MAX_NAME_LEN}",
                               reason="INVALID_ARTIFACT_NAME")
     try:
-        key = validate_key(name)
+        key = validate_new_key(name)
     except InvalidArgument as error:
         raise InvalidArgument(f"artifact name {name!r} is not a safe relative path: "
                               f"{error.message}", reason="INVALID_ARTIFACT_NAME") from None

@@ -21,8 +21,8 @@ class BlobInfo:
 
 
 def validate_key(key: str) -> str:
-    """A relative ``/``-separated key with no empty, ``.`` or ``..`` segment, and no control
-    character (C0, DEL, C1)."""
+    """A relative ``/``-separated key with no empty, ``.`` or ``..`` segment (checked on every
+    access; a new key also by :func:`validate_new_key`)."""
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidArgument(
             f"blob key must be 1..{MAX_KEY_LENGTH} characters, got {len(key)}",
@@ -33,18 +33,25 @@ def validate_key(key: str) -> str:
             f"blob key {key!r} must be relative, '/'-separated, without NUL or backslash",
             reason="INVALID_BLOB_KEY",
         )
-    control = next((c for c in key if c < " " or "\x7f" <= c <= "\x9f"), None)
-    if control is not None:
-        # S3 lists keys in XML, which cannot carry most of them (a listing that could not be
-        # read, or gave "\r" back as "\n", kept an erased run's blobs: found by review on
-        # 2026-11-30); a file name with one is a trap for any operator's shell.
-        raise InvalidArgument(
-            f"blob key {key!r} holds a control character (U+{ord(control):04X})",
-            reason="INVALID_BLOB_KEY",
-        )
     if any(part in ("", ".", "..") for part in key.split("/")):
         raise InvalidArgument(
             f"blob key {key!r} has an empty, '.' or '..' segment (path traversal is refused)",
+            reason="INVALID_BLOB_KEY",
+        )
+    return key
+
+
+def validate_new_key(key: str) -> str:
+    """A key a new blob may take: :func:`validate_key`'s, and no control character (C0, DEL,
+    C1). S3 lists keys in XML, which cannot carry most of them: a listing that could not be
+    read, or gave "\r" back as "\n", kept an erased run's blobs (found by review on
+    2026-11-30), and a file name with one is a trap for an operator's shell. Keys stored
+    before stay readable, verifiable and erasable (the check is not made on access)."""
+    validate_key(key)
+    control = next((c for c in key if c < " " or "\x7f" <= c <= "\x9f"), None)
+    if control is not None:
+        raise InvalidArgument(
+            f"blob key {key!r} holds a control character (U+{ord(control):04X})",
             reason="INVALID_BLOB_KEY",
         )
     return key
