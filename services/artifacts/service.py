@@ -382,10 +382,11 @@ class ArtifactsService:
         return checked, problems
 
     def verify_snapshots(self, fleet_id: str,
-                         run_id: str = "") -> tuple[int, int, list[SnapshotProblem]]:
+                         run_id: str = "", active: Callable[[], bool] = lambda: True
+                         ) -> tuple[int, int, list[SnapshotProblem]]:
         """Re-hash every stored snapshot's state (one run's when ``run_id`` is set): how many
         were checked, how many of them are tombstones (erased in place, their state_hash kept
-        and checked for form), and the problems."""
+        and checked for form), and the problems; stops once ``active`` says the caller went."""
         if run_id:
             self.get_run(fleet_id, run_id)
         checked, tombstoned, problems = 0, 0, []
@@ -394,6 +395,7 @@ class ArtifactsService:
                 session, fleet_id, run_id, after, limit),
             "", lambda found: found[0], ARTIFACT_BATCH)
         for _snapshot_id, problem, erased in snapshots:
+            still_wanted(active)
             checked += 1
             if problem is not None:
                 log.warning("snapshot integrity problem", extra=problem.__dict__)
@@ -403,8 +405,9 @@ class ArtifactsService:
                 tombstoned += 1
         return checked, tombstoned, problems
 
-    def verify_manifests(self, fleet_id: str,
-                         run_id: str = "") -> tuple[int, list[ManifestProblem]]:
+    def verify_manifests(self, fleet_id: str, run_id: str = "",
+                         active: Callable[[], bool] = lambda: True
+                         ) -> tuple[int, list[ManifestProblem]]:
         """Re-hash every stored manifest (one run's when ``run_id`` is set; else the fleet's,
         those built for no run too): how many were checked and the problems."""
         if run_id:
@@ -415,6 +418,7 @@ class ArtifactsService:
                 session, fleet_id, run_id, after, limit),
             None, lambda manifest: [manifest.manifest_id], ARTIFACT_BATCH)
         for manifest in manifests:
+            still_wanted(active)
             checked += 1
             problem = manifest_problem(manifest)
             if problem is not None:  # logged without its hashes (a plain one confirms guesses)
@@ -446,12 +450,18 @@ class ArtifactsService:
                 session, fleet_id, run_id, after, limit),
             "", lambda found: found.id, ARTIFACT_BATCH)
 
-    def verify_tombstones(self, fleet_id: str, run_id: str,
-                          source: ErasureSource | None) -> TombstoneAudit:
+    def verify_tombstones(self, fleet_id: str, run_id: str, source: ErasureSource | None,
+                          active: Callable[[], bool] = lambda: True) -> TombstoneAudit:
         """Every tombstone of the fleet (of one run when ``run_id`` is set) checked against the
         erasure it names, as governance recorded it (``tombstone_audit``); each problem is
-        counted as an integrity failure."""
-        audit = audit_tombstones(self.tombstones(fleet_id, run_id), source, fleet_id,
+        counted as an integrity failure. Stops once ``active`` says the caller went."""
+
+        def wanted(tombstones: Iterator[StoredTombstone]) -> Iterator[StoredTombstone]:
+            for tombstone in tombstones:
+                still_wanted(active)
+                yield tombstone
+
+        audit = audit_tombstones(wanted(self.tombstones(fleet_id, run_id)), source, fleet_id,
                                  self._recorded_erasures)
         for found in audit.problems:
             self.integrity_failures.add(found.problem)

@@ -379,12 +379,12 @@ class ArtifactsServicer(pb_grpc.ArtifactsServiceServicer):
         with scope:
             checked, problems = self.service.verify(fleet_id, request.run_id, context.is_active)
             snapshots, tombstoned, snapshot_problems = self.service.verify_snapshots(
-                fleet_id, request.run_id)
+                fleet_id, request.run_id, context.is_active)
             # Each tombstone against the erasure it names, as governance recorded it.
             audit = self.service.verify_tombstones(fleet_id, request.run_id,
-                                                   self.eraser.source)
-            manifests, manifest_problems = self.service.verify_manifests(fleet_id,
-                                                                         request.run_id)
+                                                   self.eraser.source, context.is_active)
+            manifests, manifest_problems = self.service.verify_manifests(
+                fleet_id, request.run_id, context.is_active)
         return pb.VerifyArtifactsResponse(
             manifests_checked=manifests, manifest_problems=[pb.ManifestProblem(
                 manifest_id=p.manifest_id, run_id=p.run_id, problem=p.problem,

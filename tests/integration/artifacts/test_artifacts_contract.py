@@ -702,3 +702,26 @@ def test_a_page_of_large_events_or_snapshots_stops_at_its_byte_budget(
         assert 200 < len(items) < 300 and page.next_page_token
     assert len(list(env.client.list_events(run_id, page_size=1000))) == 300
     assert len(list(env.client.list_snapshots(run_id, page_size=1000))) == 300
+
+
+def test_every_part_of_a_verify_stops_once_its_caller_has_gone(
+        artifacts_server: RunningArtifacts) -> None:
+    """A review found only the blobs' re-hashing checked for its caller: snapshots, manifests
+    and tombstones were walked on, holding the scan slot."""
+    from services.common.errors import Aborted
+
+    env = artifacts_server
+    run_id = _start(env)
+    env.client.create_snapshot(run_id, {"state": 1})
+    env.client.create_manifest({"files": ["a"]}, run_id=run_id)
+    env.client.upload(iter([b"x"]), run_id=run_id, step_id="s", name="a.txt")
+
+    def gone() -> bool:
+        return False
+
+    for check in (lambda: env.service.verify("fleet-a", "", gone),
+                  lambda: env.service.verify_snapshots("fleet-a", "", gone),
+                  lambda: env.service.verify_manifests("fleet-a", "", gone)):
+        with pytest.raises(Aborted) as stopped:
+            check()
+        assert stopped.value.reason == "SCAN_ABANDONED"
