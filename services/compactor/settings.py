@@ -9,6 +9,7 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from engram.client import TlsFiles
+from services.common.limits import MAX_POLICY_DAYS
 from services.common.settings import GovernanceClientSettings, s3_options
 from services.compactor.domain.model import TierConfig
 
@@ -59,7 +60,10 @@ class CompactorSettings(GovernanceClientSettings):
     memory_compaction_fleets: str = Field(
         default="", description="comma-separated fleets the schedule compacts")
     memory_importance_below: float = Field(default=0.3, gt=0.0, le=1.0)
-    memory_older_than_days: float = Field(default=30.0, ge=0.0)
+    memory_older_than_days: float = Field(
+        default=30.0, ge=0.0, le=MAX_POLICY_DAYS, allow_inf_nan=False,
+        description="the scheduled compaction's age in days (at most 100,000, as a policy "
+        "run's; past it every scheduled pass was refused)")
     tier_repair_interval_seconds: float = Field(
         default=5.0, gt=0.0, description="how often runs with unfinished tier work (seals, "
         "snapshots) are looked for and finished; the first pass runs at start")

@@ -85,3 +85,14 @@ def test_credentials_in_the_settings_reach_s3(monkeypatch: pytest.MonkeyPatch,
         assert b"".join(store.open("snapshots/1")) == b"a cold snapshot"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("days", ["365000", "inf", "nan", "-1"])
+def test_a_schedule_age_no_policy_takes_stops_the_start(days: str) -> None:
+    """A policy's age is at most 100,000 days (check_policy_days); a schedule set past it
+    started, then every pass was refused (found by review on 2026-11-30)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="memory_older_than_days"):
+        CompactorSettings(memory_older_than_days=days)
+    assert CompactorSettings(memory_older_than_days="100000").memory_older_than_days == 100_000
