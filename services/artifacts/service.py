@@ -634,7 +634,19 @@ class ArtifactsService:
         run = self.repository.get_run(session, fleet_id, run_id)
         if not run.latest_snapshot_id:
             return run, None
-        return run, self.repository.get_snapshot(session, fleet_id, run.latest_snapshot_id)
+        snapshot = self.repository.get_snapshot(session, fleet_id, run.latest_snapshot_id)
+        # The run names its latest snapshot by id: one gone, another run's, or past the run's
+        # head was served as this run's state, or taken for "no snapshot" and every event
+        # replayed (found by review on 2026-11-30, someone with the disk).
+        if snapshot is None or snapshot.run_id != run.run_id or snapshot.seq > run.event_count:
+            what = ("is missing" if snapshot is None else
+                    f"belongs to run {snapshot.run_id!r}" if snapshot.run_id != run.run_id else
+                    f"covers event {snapshot.seq}, past the run's head {run.event_count}")
+            raise IntegrityError(f"run {run.run_id}'s latest snapshot {run.latest_snapshot_id} "
+                                 f"{what}", reason="SNAPSHOT_MISMATCH",
+                                 metadata={"run_id": run.run_id,
+                                           "snapshot_id": run.latest_snapshot_id})
+        return run, snapshot
 
     def latest_snapshot(self, fleet_id: str, run_id: str) -> Snapshot:
         _run, snapshot = self._in_session(self._latest_snapshot, fleet_id,

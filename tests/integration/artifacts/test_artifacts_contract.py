@@ -725,3 +725,29 @@ def test_every_part_of_a_verify_stops_once_its_caller_has_gone(
         with pytest.raises(Aborted) as stopped:
             check()
         assert stopped.value.reason == "SCAN_ABANDONED"
+
+
+def test_a_runs_latest_snapshot_of_another_run_or_gone_is_data_loss(
+        artifacts_server: RunningArtifacts) -> None:
+    """Found by review (2026-11-30), someone with the disk: a run's latest snapshot pointed at
+    another run's was served as this run's state, and one pointed at nothing made Rehydrate
+    replay every event as if the run had no snapshot."""
+    from services.artifacts.tables import RunRow
+
+    env = artifacts_server
+    mine, other = _start(env, "run-mine"), _start(env, "run-other")
+    for run in (mine, other):
+        env.client.append_event(run, "step", {"run": run})
+        env.client.create_snapshot(run, {"state": run})
+        env.client.append_event(run, "step", {"after": run})
+    theirs = env.client.latest_snapshot(other).snapshot_id
+    for pointed in (theirs, "snap_gone"):
+        with env.service.db.session() as session:
+            session.execute(update(RunRow).where(RunRow.run_id == mine)
+                            .values(latest_snapshot_id=pointed))
+        for call in (lambda: env.client.rehydrate(mine), lambda: env.client.latest_snapshot(mine)):
+            with pytest.raises(EngramRpcError) as caught:
+                call()
+            assert (caught.value.code, caught.value.reason) == (grpc.StatusCode.DATA_LOSS,
+                                                                "SNAPSHOT_MISMATCH")
+    assert env.client.rehydrate(other).snapshot.snapshot_id == theirs
