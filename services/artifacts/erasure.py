@@ -62,7 +62,7 @@ from services.common.erasure_source import (
     TextScans,
     recorded_erasure,
     selection_limit,
-    still_wanted,
+    while_wanted,
 )
 from services.common.errors import FailedPrecondition
 from services.common.find_cursor import FindCursor, ItemOrder, runs_from
@@ -231,8 +231,8 @@ class RunEraser:
                                               _past(table.created_us, key, after, number))
                                        .order_by(table.created_us, key)
                                        .execution_options(yield_per=200))
-                for item_id, leaf_hash, stored_format, created_us, *values in rows:
-                    still_wanted(active)
+                for item_id, leaf_hash, stored_format, created_us, *values in while_wanted(
+                        rows, active):
                     if any(json_holds(value, needle) for value in values):
                         yield (LooseItem(kind, item_id, leaf_hash, stored_format),
                                (number, created_us, item_id))
@@ -250,8 +250,8 @@ class RunEraser:
                 RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundRun] = []
         items_found = 0
-        for run_id, head_hash, metadata_json, stop_reason, created_us in runs:
-            still_wanted(active)
+        for run_id, head_hash, metadata_json, stop_reason, created_us in while_wanted(
+                runs, active):
             # The run's own record first: StartRun's metadata and StopRun's reason, which
             # GetRun and ListRuns hand every agent of the fleet.
             places = [place for place, held in (

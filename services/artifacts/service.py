@@ -75,7 +75,7 @@ from services.common.blobstore.port import write_hashed
 from services.common.canonical import canonical_json
 from services.common.commitment import commitment, new_salt
 from services.common.db import Database
-from services.common.erasure_source import ErasureSource, TextScans, still_wanted
+from services.common.erasure_source import ErasureSource, TextScans, while_wanted
 from services.common.errors import (
     Aborted,
     AlreadyExists,
@@ -371,8 +371,7 @@ class ArtifactsService:
             lambda session, after, limit: self.repository.fleet_artifacts(
                 session, fleet_id, run_id, after, limit),
             "", lambda artifact: artifact.artifact_id, ARTIFACT_BATCH)
-        for artifact in artifacts:
-            still_wanted(active)
+        for artifact in while_wanted(artifacts, active):
             checked += 1
             problem = self._check_blob(fleet_id, artifact)
             if problem is not None:
@@ -394,8 +393,7 @@ class ArtifactsService:
             lambda session, after, limit: self.repository.snapshot_problems(
                 session, fleet_id, run_id, after, limit),
             "", lambda found: found[0], ARTIFACT_BATCH)
-        for _snapshot_id, problem, erased in snapshots:
-            still_wanted(active)
+        for _snapshot_id, problem, erased in while_wanted(snapshots, active):
             checked += 1
             if problem is not None:
                 log.warning("snapshot integrity problem", extra=problem.__dict__)
@@ -417,8 +415,7 @@ class ArtifactsService:
             lambda session, after, limit: self.repository.list_manifests(
                 session, fleet_id, run_id, after, limit),
             None, lambda manifest: [manifest.manifest_id], ARTIFACT_BATCH)
-        for manifest in manifests:
-            still_wanted(active)
+        for manifest in while_wanted(manifests, active):
             checked += 1
             problem = manifest_problem(manifest)
             if problem is not None:  # logged without its hashes (a plain one confirms guesses)
@@ -455,14 +452,8 @@ class ArtifactsService:
         """Every tombstone of the fleet (of one run when ``run_id`` is set) checked against the
         erasure it names, as governance recorded it (``tombstone_audit``); each problem is
         counted as an integrity failure. Stops once ``active`` says the caller went."""
-
-        def wanted(tombstones: Iterator[StoredTombstone]) -> Iterator[StoredTombstone]:
-            for tombstone in tombstones:
-                still_wanted(active)
-                yield tombstone
-
-        audit = audit_tombstones(wanted(self.tombstones(fleet_id, run_id)), source, fleet_id,
-                                 self._recorded_erasures)
+        audit = audit_tombstones(while_wanted(self.tombstones(fleet_id, run_id), active),
+                                 source, fleet_id, self._recorded_erasures)
         for found in audit.problems:
             self.integrity_failures.add(found.problem)
         return audit
@@ -890,16 +881,19 @@ def _request_id_reused(request_id: str, what: str, seq: int) -> AlreadyExists:
 
 def _event_bytes(event: Event) -> int:
     """About what an event adds to a reply: its payload, its ids and hashes."""
-    payload = event.payload_json
-    return ((len(payload) if payload.isascii() else len(payload.encode()))
-            + len(event.type) + 64 * len(event.artifact_ids) + len(event.manifest_id) + 256)
+    return (_utf8_len(event.payload_json) + len(event.type) + 64 * len(event.artifact_ids)
+            + len(event.manifest_id) + 256)
 
 
 def _snapshot_bytes(snapshot: Snapshot) -> int:
     """About what a snapshot adds to a reply: its state, its ids and hashes."""
-    state = snapshot.state_json
-    return ((len(state) if state.isascii() else len(state.encode()))
-            + 64 * len(snapshot.artifact_ids) + len(snapshot.manifest_id) + 256)
+    return (_utf8_len(snapshot.state_json) + 64 * len(snapshot.artifact_ids)
+            + len(snapshot.manifest_id) + 256)
+
+
+def _utf8_len(text: str) -> int:
+    """``text``'s UTF-8 size, without encoding an ASCII text to learn it."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _check_tail(run: Run, after_seq: int, events: list[Event], complete: bool) -> None:

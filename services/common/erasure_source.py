@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from engram.client import EngramRpcError, TlsFiles
 from engram.client._channel import open_channel
@@ -26,6 +26,8 @@ from services.common.errors import (
 )
 from services.common.outbound import dependency_error
 from services.common.tokens import validate_identifier
+
+T = TypeVar("T")
 
 MAX_ERASURE_ITEMS = 10_000
 """Items one erasure lists (governance refuses more); selections are pages of at most this."""
@@ -128,6 +130,13 @@ def still_wanted(active: Callable[[], bool]) -> None:
     if not active():
         raise Aborted("the caller went away (deadline or cancel): the scan stopped",
                       reason="SCAN_ABANDONED")
+
+
+def while_wanted(items: Iterable[T], active: Callable[[], bool]) -> Iterator[T]:
+    """``items``, each once the caller is found still there (:func:`still_wanted`)."""
+    for item in items:
+        still_wanted(active)
+        yield item
 
 
 def selection_limit(limit: int) -> int:

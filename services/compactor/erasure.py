@@ -32,7 +32,7 @@ from services.common.erasure_source import (
     is_erasure_id,
     recorded_erasure,
     selection_limit,
-    still_wanted,
+    while_wanted,
 )
 from services.common.errors import FailedPrecondition, NotFound
 from services.common.find_cursor import FindCursor, runs_from
@@ -375,8 +375,7 @@ class IterationEraser:
                                    .order_by(RunRow.created_us, RunRow.run_id)).all()
         found: list[FoundLog] = []
         listed = 0
-        for run_id, head_hash, last_iter, created_us in runs:
-            still_wanted(active)
+        for run_id, head_hash, last_iter, created_us in while_wanted(runs, active):
             hits, whole = self._holding(fleet_id, run_id, needle)
             if hits or whole:
                 whole = whole or len(hits) > MAX_LISTED_ITERATIONS or any(
