@@ -179,12 +179,11 @@ class SearchEngine:
 
     def _rank(self, fleet_id: str, found: Sequence[tuple[Record, float]],
               via: str) -> list[SearchHit]:
-        authors = {r.id: record_authors(r) for r, _ in found}
-        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
+        trusts = self._trusts(fleet_id, [r for r, _ in found])
         now_us = self.clock() * 1_000_000
         ranked = []
         for record, relevance in found:
-            trust = min(multipliers.get(a, 1.0) for a in authors[record.id])
+            trust = trusts[record.id]
             if trust <= 0.0:
                 continue
             age_s = max(0.0, (now_us - record.created_us) / 1_000_000)
@@ -192,6 +191,14 @@ class SearchEngine:
                                                         trust), via))
         ranked.sort(key=lambda hit: hit.score, reverse=True)
         return ranked
+
+    def _trusts(self, fleet_id: str, found: Sequence[Record]) -> dict[str, float]:
+        """Each record's trust: the lowest of its authors' (a summary's sources count), in one
+        lookup for all of them; 0 means left out."""
+        authors = {r.id: record_authors(r) for r in found}
+        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
+        return {rid: min(multipliers.get(a, 1.0) for a in names)
+                for rid, names in authors.items()}
 
     def _expand(self, session, query: SearchQuery, flt: RecordFilter,  # type: ignore[no-untyped-def]
                 hits: list[SearchHit]) -> list[SearchHit]:
@@ -232,10 +239,9 @@ class SearchEngine:
         with self.db.session() as session:
             found = self.repo.lexical(session, RecordFilter(fleet_id, exclude_compacted=True),
                                       content, limit * _OVERFETCH)
-        authors = {r.id: record_authors(r) for r, _ in found}
-        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
+        trusts = self._trusts(fleet_id, [r for r, _ in found])
         return [Neighbour(r.id, r.content, r.agent_id, score) for r, score in found
-                if min(multipliers.get(a, 1.0) for a in authors[r.id]) > 0.0][:limit]
+                if trusts[r.id] > 0.0][:limit]
 
     def duplicates(self, fleet_id: str, agent_id: str, contents: list[str], run_ids: list[str],
                    *, mode: str, threshold: float) -> list[Duplicate | None]:
