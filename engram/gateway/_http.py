@@ -11,8 +11,9 @@ An answer the client does not read is not held either: uvicorn writes a whole un
 the transport's buffer (a page of records can be tens of MB) and closes the connection
 gracefully, which waits for the buffer to drain, for ever if the client never reads; a dozen
 such connections took a pod's memory (found by review on 2026-11-30). Once an answer is
-complete, a connection whose buffer drains by less than :data:`MIN_DRAIN_BYTES` in
-``header_timeout`` seconds is aborted. Streamed answers have their own pace guard.
+complete, a connection that sends less than :data:`MIN_DRAIN_BYTES` of what it has buffered in
+``header_timeout`` seconds is aborted; counted in bytes sent, so the next answer on the
+connection, a stream whose buffer stays near full while it drains, is not cut.
 """
 
 from __future__ import annotations

@@ -56,9 +56,9 @@ def _caller() -> list[str]:
     service or in another one sharing the key (deploy/base gives the four one key; a shard's
     ListDomains token passed to the compactor's ListPolicyRuns, both bound to the fleet alone,
     was taken and failed INTERNAL: found by review on 2026-11-30)."""
-    principal = optional_principal()
+    principal, method = optional_principal(), current_method()
     caller = [principal.fleet_id, principal.agent_id] if principal is not None else []
-    return [*caller, current_method()] if current_method() else caller
+    return [*caller, method] if method else caller
 
 
 class PageTokens:

@@ -74,9 +74,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 _DOMAIN_CACHE_S = 1.0
 _ERASURE_RACE_ATTEMPTS = 3
+"""Times a write is prepared again when an erasure takes the record it was landing on."""
 _LATEST_CREATED_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 _DECISION_ID_CHARS = 64  # the records table's column, and governance's
-"""Times a write is prepared again when an erasure takes the record it was landing on."""
 
 
 class _ErasedMeanwhile(Exception):
