@@ -27,6 +27,7 @@ from services.artifacts.tables import (
 from services.common.blobstore import BlobInfo, BlobStore
 from services.common.errors import InvalidArgument
 from tests.integration.artifacts.conftest import RunningArtifacts
+from tests.scans import Held, third_scan_is_busy
 
 
 def _chunks(data: bytes, size: int = 64 * 1024) -> Iterator[bytes]:
@@ -641,36 +642,19 @@ def test_whole_fleet_verifies_take_a_scan_slot_and_stop_when_their_caller_goes(
     for n in range(3):
         env.client.upload(iter([f"blob {n}".encode()]), run_id=run_id, step_id="s",
                           name=f"b{n}.txt")
-    check = env.service._check_blob
-    entered, release = threading.Semaphore(0), threading.Event()
+    held = Held()
     checks: list[str] = []
+    check = held.wrap(env.service._check_blob)
 
-    def held(fleet_id: str, artifact: object) -> object:
+    def counted(fleet_id: str, artifact: object) -> object:
         checks.append(fleet_id)
-        entered.release()
-        assert release.wait(30)
-        return check(fleet_id, artifact)  # type: ignore[arg-type]
+        return check(fleet_id, artifact)
 
-    monkeypatch.setattr(env.service, "_check_blob", held)
-    answers: list[int] = []
-    running = [threading.Thread(target=lambda: answers.append(env.client.verify().checked))
-               for _ in range(2)]
-    for thread in running:
-        thread.start()
-    try:
-        for _ in running:
-            assert entered.acquire(timeout=30)
-        with pytest.raises(EngramRpcError) as busy:
-            env.client.verify()
-        assert (busy.value.code, busy.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                         "SCAN_BUSY")
-    finally:
-        release.set()
-        for thread in running:
-            thread.join(30)
+    monkeypatch.setattr(env.service, "_check_blob", counted)
+    answers = third_scan_is_busy(held, lambda: env.client.verify().checked, env.client.verify)
     assert answers == [3, 3]
 
-    release.clear()
+    held.released.clear()
     checks.clear()
     impatient = env.client_for()
     impatient.stream_timeout = 0.5
@@ -678,7 +662,7 @@ def test_whole_fleet_verifies_take_a_scan_slot_and_stop_when_their_caller_goes(
         impatient.verify()
     assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
     time.sleep(0.5)  # the server's side of the call ends too
-    release.set()  # the first blob's check ends after its caller has gone
+    held.release()  # the first blob's check ends after its caller has gone
     time.sleep(1.0)
     assert len(checks) == 1, f"{len(checks)} blobs checked for a caller that had gone"
 

@@ -11,6 +11,7 @@ from engram.governance.v1 import governance_service_pb2 as pb
 from services.common.errors import ResourceExhausted
 from tests.integration.governance.conftest import GovClientFactory, refused
 from tests.integration.governance.test_contract import candidate
+from tests.scans import Held, third_scan_is_busy
 
 
 def _request(agent: str, request_id: str, *contents: str) -> pb.DecideWritesRequest:
@@ -148,32 +149,19 @@ def test_two_chain_verifications_at_once_and_the_gate_still_decides(
     """Found by a review (2026-11-29): VerifyChain replays every fleet's history and had no
     limit of its own; eight at once, from one governor, took every worker and another fleet's
     gate got CONCURRENCY_LIMIT. Now a third at once is SCAN_BUSY and the gate goes on."""
-    import threading
-
     from services.governance.service import GovernanceService
 
-    entered, release = threading.Semaphore(0), threading.Event()
-    verify = GovernanceService.verify_chain
-
-    def slow(self: GovernanceService, since: object = None) -> object:
-        entered.release()
-        release.wait(30)
-        return verify(self, since)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(GovernanceService, "verify_chain", slow)
+    held = Held()
+    monkeypatch.setattr(GovernanceService, "verify_chain",
+                        held.wrap(GovernanceService.verify_chain))
     governors = [gov_for(f"gov-{i}", "fleet-b") for i in range(3)]
-    threads = [threading.Thread(target=g.verify_chain) for g in governors[:2]]
-    try:
-        for thread in threads:
-            thread.start()
-        for _ in threads:
-            assert entered.acquire(timeout=10)
-        _refused(governors[2].verify_chain, grpc.StatusCode.RESOURCE_EXHAUSTED, "SCAN_BUSY")
+    started = iter(governors[:2])
+
+    def gate_decides() -> None:
         reply = shard_service.decide("fleet-c", "agent-9", "req-9",
                                      [candidate("the gate is not held by the scans")])
         assert reply.decisions[0].allowed
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join(30)
+
+    third_scan_is_busy(held, lambda: next(started).verify_chain(), governors[2].verify_chain,
+                       gate_decides, enter_within=10)
     assert governors[2].verify_chain().ok  # a slot is free again

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import grpc
@@ -15,6 +14,7 @@ from services.shard.domain import records
 from services.shard.search.engine import CROSS_FAN_IN
 from services.shard.service import ShardService
 from tests.integration.shard.conftest import ClientFactory
+from tests.scans import Held, third_scan_is_busy
 
 
 def _invalid(call, reason: str) -> EngramRpcError:  # type: ignore[no-untyped-def]
@@ -129,32 +129,10 @@ def test_whole_fleet_verifications_take_a_scan_slot(
     agent = client_for("agent-1", "fleet-a")
     governor = client_for("gov-1", "fleet-a", ("governor",))
     stored = agent.add("one record to verify").record
-    started, release = threading.Semaphore(0), threading.Event()
-    verify = records.verify
-
-    def held(record):  # type: ignore[no-untyped-def]
-        started.release()
-        assert release.wait(30)
-        return verify(record)
-
-    monkeypatch.setattr(records, "verify", held)
-    answers: list[int] = []
-    running = [threading.Thread(
-        target=lambda: answers.append(_verify_all_at_once(governor).checked))
-        for _ in range(2)]
-    for thread in running:
-        thread.start()
-    try:
-        for _ in running:
-            assert started.acquire(timeout=30)
-        with pytest.raises(EngramRpcError) as busy:
-            _verify_all_at_once(governor)
-        assert (busy.value.code, busy.value.reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                         "SCAN_BUSY")
-    finally:
-        release.set()
-        for thread in running:
-            thread.join(30)
+    held = Held()
+    monkeypatch.setattr(records, "verify", held.wrap(records.verify))
+    answers = third_scan_is_busy(held, lambda: _verify_all_at_once(governor).checked,
+                                 lambda: _verify_all_at_once(governor))
     assert answers == [1, 1]
     assert _verify_all_at_once(governor).checked == 1 and agent.verify([stored.id]).checked == 1
     assert agent.verify(all_records=True).checked == 1  # paged: no scan slot
