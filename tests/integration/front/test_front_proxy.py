@@ -49,14 +49,34 @@ class Held:
 
     def __init__(self, channel: grpc.Channel, token: str, count: int) -> None:
         self.release = threading.Event()
-        stub = rpc.ArtifactsServiceStub(channel)
-        self.calls = [stub.CreateArtifact.future(self._requests(), metadata=_auth(token),
-                                                 timeout=30) for _ in range(count)]
+        self._stub = rpc.ArtifactsServiceStub(channel)
+        self._token = token
+        self.calls = [self._start() for _ in range(count)]
+
+    def _start(self) -> grpc.Future:
+        return self._stub.CreateArtifact.future(self._requests(), metadata=_auth(self._token),
+                                                timeout=30)
 
     def _requests(self) -> Iterator[pb.CreateArtifactRequest]:
         yield pb.CreateArtifactRequest(header=pb.ArtifactHeader(run_id="front-run", step_id="s1",
                                                                 name="held.bin"))
         self.release.wait(30)
+
+    def renew(self) -> list[str]:
+        """Start again the calls that ended before their release, and say how they ended.
+
+        A held call can end before it is counted for reasons outside the test: the proxy
+        still counting the calls an earlier test cancelled, a first connection that failed on a
+        loaded machine. Without this the wait below saw every probe pass and failed without
+        saying why (CI, 2026-11-30)."""
+        ended = []
+        for index, call in enumerate(self.calls):
+            if call.done():
+                error = call.exception()
+                ended.append(f"{error.code().name}: {error.details()}" if isinstance(
+                    error, grpc.RpcError) else f"ended: {error!r}")
+                self.calls[index] = self._start()
+        return ended
 
     def __enter__(self) -> Held:
         return self
@@ -95,11 +115,19 @@ def _refused(channel: grpc.Channel, token: str) -> EngramRpcError:
     return EngramRpcError.from_rpc_error(caught.value)
 
 
-def _until_in_flight(channel: grpc.Channel, token: str) -> None:
-    """Wait until the held calls are counted: the next call of ``token`` is refused."""
+def _until_in_flight(channel: grpc.Channel, token: str, *held: Held) -> None:
+    """Wait until the ``held`` calls are all in flight and counted: the next call of
+    ``token`` is refused while none of them has ended."""
     deadline = time.monotonic() + 10
-    while _get(channel, token) != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        assert time.monotonic() < deadline, "the held calls were never counted in flight"
+    ended: list[str] = []
+    while True:
+        renewed = [how for calls in held for how in calls.renew()]
+        ended += renewed
+        if not renewed and _get(channel, token) == grpc.StatusCode.RESOURCE_EXHAUSTED and not any(
+                call.done() for calls in held for call in calls.calls):
+            return
+        assert time.monotonic() < deadline, (
+            f"the held calls were never counted in flight; held calls that ended: {ended}")
         time.sleep(0.05)
 
 
@@ -111,8 +139,9 @@ def test_a_call_passes_through_to_the_service(front: str, make_token: TokenFacto
 def test_a_caller_over_its_own_limit_is_refused_and_others_are_not(
         front: str, make_token: TokenFactory) -> None:
     a, b = make_token("front-a"), make_token("front-b")
-    with grpc.insecure_channel(front) as channel, Held(channel, a, LIMITS.per_caller_in_flight):
-        _until_in_flight(channel, a)
+    with (grpc.insecure_channel(front) as channel,
+          Held(channel, a, LIMITS.per_caller_in_flight) as held):
+        _until_in_flight(channel, a, held)
         refusal = _refused(channel, a)
         assert refusal.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert refusal.reason == "OVERLOADED"
@@ -131,8 +160,9 @@ def test_a_caller_over_its_own_limit_is_refused_and_others_are_not(
 def test_the_total_is_shared_by_every_caller(front: str, make_token: TokenFactory) -> None:
     a, b, c = (make_token(f"front-{who}") for who in "abc")
     with (grpc.insecure_channel(front) as channel,
-          Held(channel, a, 2), Held(channel, b, 1)):
-        _until_in_flight(channel, c)  # 3 held of 3: c, with nothing in flight, is refused
+          Held(channel, a, 2) as held_a, Held(channel, b, 1) as held_b):
+        # 3 held of 3: c, with nothing in flight, is refused
+        _until_in_flight(channel, c, held_a, held_b)
         assert _refused(channel, c).reason == "OVERLOADED"
 
 
@@ -198,8 +228,9 @@ def test_one_token_spelled_differently_is_still_one_caller(front: str,
     the proxy each spelling was a caller of its own (the key was the header's last 64
     characters), so one agent could hold its limit once per spelling."""
     a = make_token("front-a")
-    with grpc.insecure_channel(front) as channel, Held(channel, a, LIMITS.per_caller_in_flight):
-        _until_in_flight(channel, a)
+    with (grpc.insecure_channel(front) as channel,
+          Held(channel, a, LIMITS.per_caller_in_flight) as held):
+        _until_in_flight(channel, a, held)
         for spelling in (a + "   ", a + "==", a + "== "):
             assert _refused(channel, spelling).reason == "OVERLOADED", repr(spelling[-4:])
 
