@@ -296,7 +296,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
         gate = self._gate_request(request)
         return _gate_reply(self._service.decide(
             gate.fleet_id, gate.agent_id, gate.request_id, gate.candidates,
-            neighbours_omitted=gate.neighbours_omitted))
+            neighbours_omitted=gate.neighbours_omitted, active=context.is_active))
 
     def DecideWriteBatches(self, request: pb.DecideWriteBatchesRequest,
                            context: grpc.ServicerContext) -> pb.DecideWriteBatchesResponse:
@@ -315,7 +315,7 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                 raise type(error)(f"requests[{i}]: {error.message}", reason=error.reason,
                                   metadata=error.metadata) from None
         results = []
-        for outcome in self._service.decide_all(gates):
+        for outcome in self._service.decide_all(gates, context.is_active):
             if isinstance(outcome, EngramError):
                 results.append(pb.DecideWriteBatchResult(error=_gate_error(outcome)))
             elif isinstance(outcome, BaseException):

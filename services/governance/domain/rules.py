@@ -183,16 +183,20 @@ MAX_RULES_PER_FLEET = 100
 """Rules one fleet may hold: every write of the fleet is judged against all that apply."""
 
 
-def denied_by_patterns(candidate: Candidate, rules: Sequence[Rule]) -> dict[PatternKey, str | None]:
+def denied_by_patterns(candidate: Candidate, rules: Sequence[Rule],
+                       before_each: Callable[[], None] = lambda: None,
+                       ) -> dict[PatternKey, str | None]:
     """The candidate against every deny pattern among ``rules``: the costly part of judging
     (RE2 over up to 32 KB of content and 8 KB of metadata per pattern), done before the gate's
     lock is taken, in the caller's own thread (RE2 lets go of the GIL), so one fleet's patterns
-    cannot hold the gate for another fleet's writes."""
+    cannot hold the gate for another fleet's writes. ``before_each`` runs before each search
+    (it raises to stop them: the caller has gone)."""
     found: dict[PatternKey, str | None] = {}
     for rule in rules:
         if rule.kind is RuleKind.DENY_PATTERN:
             key = (rule.params["pattern"], rule.params["case_sensitive"])
             if key not in found:
+                before_each()
                 found[key] = _denied_text(rule, candidate)
     return found
 
