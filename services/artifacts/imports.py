@@ -225,17 +225,23 @@ class RunImports:
                     f"artifact {named.artifact_id} already holds {name!r} in step "
                     f"{wanted.step_id!r} of run {wanted.run_id!r}", reason="ARTIFACT_EXISTS",
                     metadata={"artifact_id": named.artifact_id})
-            self._store_blob(wanted, name, parts)
+            self._store_blob(fleet_id, wanted, name, parts)
             try:
                 with self.service.writing() as session:
-                    # The run held: an erasure cannot commit between the check and the insert.
+                    # The run held: an erasure cannot commit between the check and the insert,
+                    # nor a concurrent import remove the blob (_drop_unowned holds it too).
                     self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
+                    if not self.service.blobs.exists(wanted.path):
+                        raise Aborted(
+                            f"artifact {wanted.artifact_id}: a concurrent import of this id with "
+                            "other bytes removed them before this one was recorded; nothing "
+                            "was stored, send it again", reason="CONCURRENT_WRITE")
                     self.repository.add_artifact(session, fleet_id, wanted, name)
             except DbIntegrityError:
                 stored = self._stored_artifact(fleet_id, wanted.artifact_id)
                 if stored == wanted:  # a concurrent import of this very artifact came first
                     return stored, False
-                self._drop_blob(wanted.path)
+                self._drop_unowned(fleet_id, wanted)
                 if stored is not None:
                     raise _conflict("artifact", wanted.artifact_id) from None
                 with self.service.db.session() as session:
@@ -248,17 +254,18 @@ class RunImports:
                     f"another artifact already holds {name!r} in step {wanted.step_id!r} of "
                     f"run {wanted.run_id!r}", reason="ARTIFACT_EXISTS") from None
             except BaseException:
-                self._drop_blob(wanted.path)  # no row, so no blob (a retry stores it again)
+                self._drop_unowned(fleet_id, wanted)  # a retry stores it again
                 raise
         self.service.blob_bytes.add("in", amount=wanted.size_bytes)
         return wanted, True
 
-    def _store_blob(self, wanted: Artifact, name: str,
+    def _store_blob(self, fleet_id: str, wanted: Artifact, name: str,
                     parts: Iterable[bytes | UploadEnd]) -> None:
-        """The bytes at the artifact's own key. A blob already there with no row is what an
-        import that failed after storing it left (a crash, the database gone): its bytes
-        passed the same hash check, so it is kept when they are this artifact's, and removed
-        (the import is then sent again) when they are not."""
+        """The bytes at the artifact's own key. A blob already there is what an import that
+        failed after storing it left (a crash, the database gone), or a concurrent import's of
+        the same id: its bytes passed the same hash check, so it is kept when they are this
+        artifact's; when they are not, it is removed unless a row holds it (the import is then
+        sent again), and a row holding it is a conflict."""
         upload = ArtifactUpload(run_id=wanted.run_id, step_id=wanted.step_id, name=name,
                                 mime_type=wanted.mime_type, metadata_json=wanted.metadata_json,
                                 expected_size_bytes=wanted.size_bytes,
@@ -274,10 +281,28 @@ class RunImports:
                 problem = blob_missing_problem(wanted)
             if problem is None:
                 return  # the bytes are there already (checked just now)
-            self._drop_blob(wanted.path)
+            if not self._drop_unowned(fleet_id, wanted):
+                raise _conflict("artifact", wanted.artifact_id) from None
             raise Aborted(f"artifact {wanted.artifact_id}: an earlier import left other bytes "
                           "under its key; they were removed, send it again",
                           reason="CONCURRENT_WRITE") from None
+
+    def _drop_unowned(self, fleet_id: str, wanted: Artifact) -> bool:
+        """Remove the blob at ``wanted``'s key, unless a stored row holds it; whether it was
+        removed. Under the run's lock, which the insert of an import also takes (checking its
+        blob is still there): two imports of one id at once each found no row, and the one
+        that lost removed the bytes of the one already answered (found in review,
+        2026-11-30)."""
+        try:
+            with self.service.writing() as session:
+                self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
+                if self.repository.artifact_key(session, wanted.artifact_id) == wanted.path:
+                    return False
+                self._drop_blob(wanted.path)
+                return True
+        except NotFound:  # the run erased meanwhile: its erasure sweeps its keys
+            self._drop_blob(wanted.path)
+            return True
 
     def _drop_blob(self, path: str) -> None:
         try:

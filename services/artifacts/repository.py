@@ -293,6 +293,11 @@ class ArtifactsRepository:
         """Whether any fleet's artifact has this id (ids are keys across fleets)."""
         return session.get(ArtifactRow, artifact_id) is not None
 
+    def artifact_key(self, session: Session, artifact_id: str) -> str | None:
+        """The blob key of the artifact with this id (any fleet's), or None."""
+        return session.scalar(select(ArtifactRow.path).where(
+            ArtifactRow.artifact_id == artifact_id))
+
     def snapshot_id_taken(self, session: Session, snapshot_id: str) -> bool:
         """Whether any fleet's snapshot has this id (ids are keys across fleets)."""
         return session.get(SnapshotRow, snapshot_id) is not None

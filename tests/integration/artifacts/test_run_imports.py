@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -483,3 +484,111 @@ def test_format_1_events_and_snapshots_of_an_older_bundle_import_and_verify(
         nxt = client.append_event("run-old", "said", {"n": 3}).event  # the chain goes on
         assert (nxt.prev_hash, nxt.format) == (head, 2)
         assert client.import_run_items(events=replayed).already_present == 2
+
+
+@pytest.mark.parametrize("other", ["bytes", "metadata"])
+def test_a_losing_concurrent_import_of_one_id_leaves_the_winners_bytes(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch, other: str) -> None:
+    """Two imports of one artifact id, each finding no row: the first stored and was answered;
+    the second, finding the first's blob under its key (other bytes, or the same bytes with
+    other metadata), removed it as an earlier import's leftover, and the answered artifact read
+    DATA_LOSS BLOB_MISSING (found in review, 2026-11-30)."""
+    origin, target = pair
+    run = written(origin)
+    loser, loser_blob = pb.Artifact(), BLOB
+    loser.CopyFrom(run.artifact)
+    if other == "bytes":
+        loser_blob = BLOB[:-1] + b"X"
+        loser.hash = hashlib.sha256(loser_blob).hexdigest()
+    else:
+        loser.metadata_json = '{"other":true}'
+    store = RunImports._store_blob
+    checked, winner_done = threading.Event(), threading.Event()
+
+    def held(self: RunImports, *args: Any) -> None:
+        if not checked.is_set():  # the first import to get here (the loser's, sent first)
+            checked.set()  # past the checks for a row: none yet
+            assert winner_done.wait(30)
+        store(self, *args)
+
+    monkeypatch.setattr(RunImports, "_store_blob", held)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        outcome: list[EngramRpcError | None] = []
+
+        def lose() -> None:
+            try:
+                client.import_artifact(loser, [loser_blob])
+                outcome.append(None)
+            except EngramRpcError as error:
+                outcome.append(error)
+
+        second = threading.Thread(target=lose)
+        second.start()
+        try:
+            while not checked.wait(0.05):
+                assert second.is_alive(), outcome  # it failed before its store: say how
+            assert client.import_artifact(run.artifact, [BLOB]).created
+        finally:
+            winner_done.set()
+            second.join(30)
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
+        assert list(client.verify(run_id="run-1").problems) == []
+        [error] = outcome
+        assert error is not None
+        assert (error.code, error.reason) == (grpc.StatusCode.ALREADY_EXISTS,
+                                              "ARTIFACT_CONFLICT"), error
+
+
+def test_an_import_whose_bytes_a_concurrent_one_removed_records_nothing(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other order: the first import stored its bytes and had not yet inserted its row
+    when the second, with other bytes, found no row and removed them. The first must not
+    then record an artifact without its blob."""
+    origin, target = pair
+    run = written(origin)
+    other = pb.Artifact()
+    other.CopyFrom(run.artifact)
+    other_blob = BLOB[:-1] + b"X"
+    other.hash = hashlib.sha256(other_blob).hexdigest()
+    store = RunImports._store_blob
+    stored, other_done = threading.Event(), threading.Event()
+
+    def held(self: RunImports, *args: Any) -> None:
+        store(self, *args)
+        if not stored.is_set():  # the first import's bytes are in; its row is not
+            stored.set()
+            assert other_done.wait(30)
+
+    monkeypatch.setattr(RunImports, "_store_blob", held)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        outcome: list[EngramRpcError | None] = []
+
+        def first() -> None:
+            try:
+                client.import_artifact(run.artifact, [BLOB])
+                outcome.append(None)
+            except EngramRpcError as error:
+                outcome.append(error)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        try:
+            while not stored.wait(0.05):
+                assert thread.is_alive(), outcome
+            removed = refused(client.import_artifact, other, [other_blob])
+            assert (removed.code, removed.reason) == (grpc.StatusCode.ABORTED,
+                                                      "CONCURRENT_WRITE")
+        finally:
+            other_done.set()
+            thread.join(30)
+        [error] = outcome
+        assert error is not None and (error.code, error.reason) == (
+            grpc.StatusCode.ABORTED, "CONCURRENT_WRITE"), error
+        assert refused(client.get_artifact, run.artifact.artifact_id).code == \
+            grpc.StatusCode.NOT_FOUND
+        assert client.import_artifact(run.artifact, [BLOB]).created  # sent again: stored
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
