@@ -3,15 +3,19 @@
 A put streams into a temporary file under ``DIR/.tmp``, fsyncs it, links it to
 its final name (``link`` fails when the name exists: an atomic put-if-absent,
 which ``rename`` is not), then fsyncs the directory so the entry survives a
-crash, and the parent of every directory the put created, up to ``DIR`` (a new
-``a/b/`` is only durable once ``a`` and ``DIR`` are synced too). Keys are
-validated and the resolved path must stay under ``DIR``.
+crash, and the parent of every directory above it, up to ``DIR``, that this store
+has not itself seen synced (a new ``a/b/`` is only durable once ``a`` and ``DIR``
+are synced too). Not only the directories the put created: a put that failed or
+was killed after its ``mkdir`` left directories nobody synced into their parents,
+and the next put finds them existing (found by review). Keys are validated and the
+resolved path must stay under ``DIR``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -33,18 +37,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _make_parents(path: Path, root: Path) -> list[Path]:
-    """Create the missing directories above ``path`` (below ``root``); return them, top first."""
+def _make_parents(path: Path, root: Path) -> None:
+    """Create the missing directories above ``path`` (below ``root``)."""
     missing: list[Path] = []
     parent = path.parent
     while parent != root and not parent.is_dir():
         missing.append(parent)
         parent = parent.parent
-    missing.reverse()
-    for directory in missing:
+    for directory in reversed(missing):
         directory.mkdir(exist_ok=True)
-    return missing
 
+
+_LINKED_MAX = 100_000
+"""How many synced directories a store remembers; past it, it forgets them all (a long-lived
+compactor puts under a few new directories per run), and syncs each again once."""
 
 STALE_PART_SECONDS = 3600.0
 """A ``.part`` file not written to for this long belongs to a put that died (a process killed
@@ -55,6 +61,11 @@ class FileBlobStore(BlobStore):
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        # Directories below the root whose entry, and every ancestor's up to the root, this
+        # store has synced. Filled only after the fsyncs succeeded, and empty in a new process:
+        # a directory a failed or killed put made is synced again.
+        self._linked: set[Path] = set()
+        self._linked_lock = threading.Lock()
         (self.root / _TMP_DIR).mkdir(exist_ok=True)
         self._sweep_parts()
 
@@ -103,15 +114,13 @@ class FileBlobStore(BlobStore):
                 info = write_hashed(key, chunks, handle, before_commit)
                 handle.flush()
                 os.fsync(handle.fileno())
-            created = _make_parents(final, self.root)
+            _make_parents(final, self.root)
             try:
                 os.link(tmp, final)
             except FileExistsError:
                 raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS") from None
             try:
-                _fsync_dir(final.parent)
-                for directory in reversed(created):
-                    _fsync_dir(directory.parent)
+                self._sync_directories(final)
             except BaseException:
                 # Not durable, so not published: the caller stores no pointer to it.
                 with contextlib.suppress(OSError):
@@ -121,6 +130,23 @@ class FileBlobStore(BlobStore):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         return info
+
+    def _sync_directories(self, path: Path) -> None:
+        """Make ``path``'s entry durable: fsync its directory, then the parent of each directory
+        above it, up to the root, whose entry this store has not synced yet."""
+        _fsync_dir(path.parent)
+        unsynced: list[Path] = []
+        directory = path.parent
+        with self._linked_lock:
+            while directory != self.root and directory not in self._linked:
+                unsynced.append(directory)
+                directory = directory.parent
+        for directory in unsynced:
+            _fsync_dir(directory.parent)
+        with self._linked_lock:
+            if len(self._linked) + len(unsynced) > _LINKED_MAX:
+                self._linked.clear()
+            self._linked.update(unsynced)
 
     def open(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         path = self._path(key)

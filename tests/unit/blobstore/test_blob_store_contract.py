@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Iterator
@@ -197,6 +198,43 @@ def test_file_store_fsyncs_every_directory_a_put_created(
     synced.clear()
     store.put("runs/r1/s2/blob", [b"y"])  # only s2 is new: its parent r1 and s2 itself
     assert {p for p in synced if p.is_dir()} == {root / "runs/r1", root / "runs/r1/s2"}
+
+
+def test_a_put_after_a_failed_put_fsyncs_every_directory_up_to_the_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a put that failed after its mkdir (ENOSPC on link) left directories
+    never synced into their parents; the next put found them existing and synced only its own
+    directory, so a power loss could drop them with the blobs acknowledged under them. A new
+    store (a restart after a killed put) does not trust them either."""
+    store = FileBlobStore(tmp_path / "blobs")
+    root = store.root
+
+    def no_space(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "link", no_space)
+        with pytest.raises(OSError):
+            store.put("runs/r1/s1/blob", [b"x"])
+    assert (root / "runs/r1/s1").is_dir() and not store.exists("runs/r1/s1/blob")
+
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    every = {root, root / "runs", root / "runs/r1", root / "runs/r1/s1"}
+    store.put("runs/r1/s1/blob", [b"x"])
+    assert {p for p in synced if p.is_dir()} == every
+    synced.clear()
+    store.put("runs/r1/s1/other", [b"y"])  # the ancestors are known synced now
+    assert {p for p in synced if p.is_dir()} == {root / "runs/r1/s1"}
+    synced.clear()
+    FileBlobStore(root).put("runs/r1/s1/third", [b"z"])  # a new process knows nothing
+    assert {p for p in synced if p.is_dir()} == every
 
 
 def test_purge_leaves_nothing_and_is_idempotent(store: BlobStore) -> None:
