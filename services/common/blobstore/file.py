@@ -131,6 +131,21 @@ class FileBlobStore(BlobStore):
                 tmp.unlink()
         return info
 
+    def make_durable(self, key: str) -> None:
+        """Fsync the blob's file and its directories up to the root: a put killed between its
+        link and its fsyncs left it visible but maybe not durable."""
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise NotFound(f"blob {key!r} not found in {self.url}",
+                           reason="BLOB_NOT_FOUND") from None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._sync_directories(path)
+
     def _sync_directories(self, path: Path) -> None:
         """Make ``path``'s entry durable: fsync its directory, then the parent of each directory
         above it, up to the root, whose entry this store has not synced yet."""

@@ -74,6 +74,11 @@ class BlobStore(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
+    def make_durable(self, key: str) -> None:  # noqa: B027 - most stores need nothing
+        """Make an existing blob survive a crash, for a caller reusing one it found rather than
+        put (a put killed after it became visible may not have made it durable). The default
+        does nothing: an object store's blob is durable once visible."""
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove a blob; absent keys are not an error."""

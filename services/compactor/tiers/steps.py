@@ -23,11 +23,14 @@ def no_step_hook(_step: str) -> None:
 
 def put_once(blobs: BlobStore, key: str, data: bytes | Iterable[bytes],
              expected_sha: str) -> None:
-    """Atomic put-if-absent; an existing blob must be the same bytes (a redone step)."""
+    """Atomic put-if-absent; an existing blob must be the same bytes (a redone step), and is
+    made durable before it is used: the put that left it may have been killed before its
+    fsyncs, and the seal that follows deletes the database's copy (found by review)."""
     if blobs.exists(key):
         if digest_of(b"".join(blobs.open(key))) != expected_sha:
             raise IntegrityError(f"blob {key} exists with different content",
                                  reason="BLOB_CONFLICT")
+        blobs.make_durable(key)
         return
     chunks = [data] if isinstance(data, bytes) else data
     info = blobs.put(key, chunks)

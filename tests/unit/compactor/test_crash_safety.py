@@ -140,3 +140,43 @@ def test_sigkill_at_a_step_then_recovery(step: str, tmp_path: Path) -> None:
         assert log.record(F, R, make_iteration(n, size=DETAIL)).created is False
     _assert_whole(log, {})
     db.dispose()
+
+
+def test_a_redone_seal_makes_the_segment_it_finds_durable(
+        make_log: LogFactory, database: Database, blobs: FileBlobStore,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a seal redone after a crash between the segment's link and its fsyncs
+    found the same bytes and went on without syncing them, then committed and deleted the
+    database's copy; a power loss could then lose the lines. The file and every directory up
+    to the store's root must be synced before the seal goes past its put."""
+    def crash_after_put(name: str) -> None:
+        if name == "seal:after_rename":
+            raise SimulatedCrash(name)
+
+    log = make_log(crash_after_put, **CONFIG)
+    with pytest.raises(SimulatedCrash):
+        for n in range(1, TOTAL + 1):
+            log.record(F, R, make_iteration(n))
+    [key] = blobs.list(f"{F}/{R}/warm/segments/")  # visible; what was synced is unknown
+
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    seen_at_put: set[Path] = set()
+
+    def after_put(name: str) -> None:
+        if name == "seal:after_rename":
+            seen_at_put.update(synced)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    restarted = FileBlobStore(blobs.root)  # a new process: it has synced nothing
+    log = IterationLog(CompactorRepository(database), restarted, TierConfig(**CONFIG), after_put)
+    assert log.recover() == 1
+    segment = restarted.root / key
+    assert {segment, *[d for d in segment.parents if d.is_relative_to(restarted.root)]} <= (
+        seen_at_put)
+    assert log.verify(F, R).ok and not log.repo.head(F, R).pending_work  # type: ignore[union-attr]
