@@ -17,7 +17,9 @@ is always the newest; :func:`rotate_signing_key` keeps the retired public keys u
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import secrets
 import time
@@ -47,6 +49,7 @@ MAX_TTL_SECONDS = 366 * 24 * 3600
 _MAX_ID_LEN = 128
 _REQUIRED_CLAIMS = ["sub", "fleet", "roles", "aud", "iss", "iat", "exp", "jti"]
 PUBLIC_KEY_SUFFIXES = (".pub", ".pem")
+log = logging.getLogger("engram.tokens")
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,7 @@ class TokenSigner:
 
     @classmethod
     def load(cls, path: Path) -> TokenSigner:
-        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-        if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"{path} is not an Ed25519 private key")
-        return cls(key)
+        return cls(_load_private_key(path))
 
     def issue(self, agent_id: str, fleet_id: str, roles: Collection[str], *,
               ttl_seconds: int = DEFAULT_AGENT_TTL_SECONDS,
@@ -136,6 +136,13 @@ class TokenSigner:
             "jti": secrets.token_hex(16),
         }
         return jwt.encode(claims, self._key, algorithm=ALGORITHM, headers={"kid": self.kid})
+
+
+def _load_private_key(path: Path) -> Ed25519PrivateKey:
+    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ValueError(f"{path} is not an Ed25519 private key")
+    return key
 
 
 def load_public_key(path: Path) -> Ed25519PublicKey:
@@ -298,15 +305,42 @@ def key_paths(home: Path) -> KeyPaths:
 
 
 def ensure_keypair(home: Path) -> KeyPaths:
-    """Create the deployment's signing key pair under ``home/auth`` once."""
+    """Create the deployment's signing key pair under ``home/auth`` once, and keep
+    ``signing.pub`` the public key of ``signing.key``, which signs every new token: a rotation
+    interrupted between its two files (a kill, ENOSPC) left one missing or another key's, and
+    every new token failed to verify until the next rotation (found by review). It is written
+    again from the private key; one it replaces stays accepted under ``auth/keys/``."""
     paths = key_paths(home)
-    if paths.private.exists() and paths.public.exists():
+    if not paths.private.exists():
+        _write_keypair(paths)
         return paths
-    _write_keypair(paths)
+    public = _load_private_key(paths.private).public_key()
+    try:
+        found: Ed25519PublicKey | None = load_public_key(paths.public)
+    except (OSError, ValueError):  # missing, or not a whole key
+        found = None
+    if found is not None and key_id(found) == key_id(public):
+        return paths
+    if found is not None and not (paths.retired / f"{key_id(found)}.pub").exists():
+        paths.retired.mkdir(parents=True, exist_ok=True)
+        _write_atomic(paths.retired / f"{key_id(found)}.pub", paths.public.read_bytes(), 0o644)
+    _write_atomic(paths.public, _public_pem(public), 0o644)
+    log.warning("%s was not the public key of %s (an interrupted key rotation?); written again "
+                "from it (key id %s)%s", paths.public, paths.private, key_id(public),
+                f", {key_id(found)} kept under {paths.retired}" if found is not None else "")
     return paths
 
 
+def _public_pem(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.PEM,
+                               serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 def _write_keypair(paths: KeyPaths) -> None:
+    """The public key first: killed between the two files, the old private key still signs,
+    and its public key is still accepted (``rotate_signing_key`` retired it first), where the
+    reverse order left a new private key no verifier knew. :func:`ensure_keypair` then writes
+    ``signing.pub`` again from the private key."""
     paths.private.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(paths.private.parent, 0o700)
     key = Ed25519PrivateKey.generate()
@@ -315,11 +349,8 @@ def _write_keypair(paths: KeyPaths) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    public_pem = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
+    _write_atomic(paths.public, _public_pem(key.public_key()), 0o644)
     _write_private(paths.private, private_pem)
-    _write_atomic(paths.public, public_pem, 0o644)
 
 
 def rotate_signing_key(home: Path) -> tuple[str, str]:
@@ -341,13 +372,26 @@ def local_public_keys(home: Path) -> list[Path]:
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """``path`` holds the old bytes or ``data`` after a crash: a temp file fsynced, renamed over
+    it, then the directory fsynced (else the rename could be lost). A failed write (ENOSPC)
+    removes its temp file."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -4,13 +4,16 @@ verify at once so a signing key can be rotated with no downtime."""
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import jwt
 import pytest
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from services.common.errors import InvalidArgument, Unauthenticated
 from services.common.tokens import (
@@ -139,3 +142,67 @@ def test_rotation_keeps_old_tokens_valid_and_signs_with_the_new_key(tmp_path: Pa
         retired.verify(old_token)
     assert caught.value.reason == "TOKEN_KEY_UNKNOWN"
     assert retired.verify(new_token).agent_id == "a2"
+
+
+@pytest.mark.parametrize("failing", ["signing.pub", "signing.key"])
+def test_a_rotation_out_of_space_leaves_a_pair_that_verifies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    """Found by review: the new private key was put in place before its public key, so ENOSPC
+    on the public key (or a kill between the two) left every new token failing verification;
+    the failed write also left its temp file. Whichever file fails, the rotation is reported
+    and a token signed with whatever signing.key holds verifies."""
+    keys = ensure_keypair(tmp_path)
+    old_token = TokenSigner.load(keys.private).issue("a1", "f1", {"agent"})
+    real_fsync = os.fsync
+
+    def full_disk(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"/{failing}.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", full_disk)
+        with pytest.raises(OSError, match="No space"):
+            rotate_signing_key(tmp_path)
+    token = TokenSigner.load(keys.private).issue("a2", "f1", {"agent"})
+    verifier = TokenVerifier.load(local_public_keys(tmp_path))
+    assert verifier.verify(token).agent_id == "a2"
+    assert verifier.verify(old_token).agent_id == "a1"
+    assert not list(keys.private.parent.glob("*.tmp"))
+    ensure_keypair(tmp_path)  # what `engram up` and the provisioning scripts run first
+    assert TokenVerifier.load(keys.public).verify(token).agent_id == "a2"
+
+
+def test_ensure_keypair_writes_the_public_key_again_from_the_private_key(
+        tmp_path: Path) -> None:
+    """A rotation killed between its two files (the new signing.key next to the old
+    signing.pub, as rotate-key left it before the public key went first) no longer leaves
+    every new token unverifiable: ensure_keypair writes signing.pub again from signing.key and
+    keeps the public key it replaces accepted."""
+    keys = ensure_keypair(tmp_path)
+    old_token = TokenSigner.load(keys.private).issue("a1", "f1", {"agent"})
+    keys.private.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    new_token = TokenSigner.load(keys.private).issue("a2", "f1", {"agent"})
+    ensure_keypair(tmp_path)
+    assert TokenVerifier.load(keys.public).verify(new_token).agent_id == "a2"
+    verifier = TokenVerifier.load(local_public_keys(tmp_path))
+    assert verifier.verify(old_token).agent_id == "a1"
+    assert verifier.verify(new_token).agent_id == "a2"
+
+
+def test_a_rotation_syncs_the_directories_of_the_keys_it_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key renamed into place survives a power loss only once its directory is synced."""
+    keys = ensure_keypair(tmp_path)
+    synced: list[Path] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    rotate_signing_key(tmp_path)
+    assert {keys.private.parent, keys.retired} <= set(synced)
