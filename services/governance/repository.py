@@ -268,6 +268,22 @@ class AccessRepository:
             RevokedTokenRow.fleet_id == fleet_id, RevokedTokenRow.jti == jti)).first()
         return row.to_entity() if row is not None else None
 
+    def live_revoked_token_count(self, session: Session, fleet_id: str, now_ms: int) -> int:
+        """The fleet's revoked tokens not expired at ``now_ms``."""
+        return session.scalar(select(func.count()).select_from(RevokedTokenRow).where(
+            RevokedTokenRow.fleet_id == fleet_id, RevokedTokenRow.expires_ms >= now_ms)) or 0
+
+    def revoked_agent(self, session: Session, fleet_id: str, agent_id: str) -> bool:
+        return session.get(RevokedAgentRow, (fleet_id, agent_id)) is not None
+
+    def revoked_agent_count(self, session: Session, fleet_id: str) -> int:
+        return session.scalar(select(func.count()).select_from(RevokedAgentRow).where(
+            RevokedAgentRow.fleet_id == fleet_id)) or 0
+
+    def suspended_count(self, session: Session, fleet_id: str) -> int:
+        return session.scalar(select(func.count()).select_from(AgentRow).where(
+            AgentRow.fleet_id == fleet_id, AgentRow.tier == TrustTier.SUSPENDED.value)) or 0
+
     def insert_revoked_token(self, session: Session, revocation: TokenRevocation,
                              chain_seq: int) -> None:
         session.add(RevokedTokenRow(**revocation.state(), chain_seq=chain_seq))

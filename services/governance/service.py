@@ -97,6 +97,17 @@ DEFAULT_ERASURE_BYTES_PER_DAY = 64 * 1024 * 1024
 """A fleet's erasures chained a day (about 300,000 items): the chain keeps them for good."""
 
 Clock = Callable[[], int]
+MAX_LIVE_REVOKED_TOKENS_PER_FLEET = 1_000
+"""Revoked tokens of one fleet not yet expired; one more is FAILED_PRECONDITION
+RESTRICTION_LIMIT (revoke the agent's tokens instead). Every fleet's restrictions go to every
+service in one ListAccessRestrictions reply: without a bound, one fleet's governor revoking
+made-up ids grew it past the 64 MiB message limit, and no service took any fleet's new
+revocation or suspension again (found in review, 2026-11-30)."""
+MAX_REVOKED_AGENTS_PER_FLEET = 5_000
+"""Agents of one fleet whose tokens are revoked (kept for good), as above."""
+MAX_SUSPENDED_PER_FLEET = 5_000
+"""Agents of one fleet an operator may hold suspended, as above."""
+
 MAX_GATE_GROUP = 128
 
 
@@ -360,6 +371,10 @@ class GovernanceService:
             now_ms = self._clock()
             stored = self._repo.trust(session, fleet_id, agent_id)
             before = stored or AgentTrust(fleet_id, agent_id)
+            if tier is TrustTier.SUSPENDED and before.tier is not TrustTier.SUSPENDED:
+                _within_restrictions(
+                    self._access.suspended_count(session, fleet_id), MAX_SUSPENDED_PER_FLEET,
+                    fleet_id, "suspended agents", "lift a suspension first")
             after = self._accumulator.operator_sets(before, tier, now_ms)
             seq = self._append(session, head, "tier.set", {
                 "agent": after.state(), "actor": actor, "reason": reason,
@@ -416,6 +431,15 @@ class GovernanceService:
             if existing is not None and existing.expires_ms >= revocation.expires_ms:
                 return existing, False
             head = self._repo.lock_head(session)
+            if existing is None:
+                listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
+                _within_restrictions(
+                    self._access.live_revoked_token_count(session, revocation.fleet_id,
+                                                          listed_since),
+                    MAX_LIVE_REVOKED_TOKENS_PER_FLEET, revocation.fleet_id,
+                    "revoked tokens not yet expired",
+                    "revoke the agent's tokens (RevokeAgentTokens) instead, or wait for some "
+                    "to expire")
             seq = self._append(session, head, "token.revoked",
                                {"revocation": revocation.state()}, revocation.revoked_ms)
             if existing is None:
@@ -498,6 +522,12 @@ class GovernanceService:
         """Every token of the agent issued up to now is refused from now on."""
         with self._state_change() as session:
             head = self._repo.lock_head(session)
+            if not self._access.revoked_agent(session, fleet_id, agent_id):
+                _within_restrictions(
+                    self._access.revoked_agent_count(session, fleet_id),
+                    MAX_REVOKED_AGENTS_PER_FLEET, fleet_id, "agents with revoked tokens",
+                    "an agent's revocation is kept for good; use another fleet for new agents "
+                    "or ask the operator")
             revocation = AgentRevocation(fleet_id, agent_id, self._clock(), actor, reason)
             seq = self._append(session, head, "agent.tokens_revoked",
                                {"revocation": revocation.state()}, revocation.revoked_ms)
@@ -773,3 +803,13 @@ class _GateGroup:
 def _definition(rule: Rule) -> tuple[object, ...]:
     """What a rule does (not who made it or when): a retried CreateRule must ask for the same."""
     return (rule.kind, dict(rule.params), rule.description, frozenset(rule.tiers))
+
+
+def _within_restrictions(held: int, limit: int, fleet_id: str, what: str, instead: str) -> None:
+    """One more access restriction of a kind the fleet holds ``held`` of, or
+    FAILED_PRECONDITION RESTRICTION_LIMIT at ``limit`` (see MAX_LIVE_REVOKED_TOKENS_PER_FLEET)."""
+    if held >= limit:
+        raise FailedPrecondition(
+            f"fleet {fleet_id} holds {held} {what}, the most one fleet may hold (every "
+            f"service reads every fleet's restrictions); {instead}",
+            reason="RESTRICTION_LIMIT", metadata={"limit": str(limit)})

@@ -624,8 +624,14 @@ class GovernanceServicer(pb_grpc.GovernanceServiceServicer):
                                                      changed=False)
         return pb.ListAccessRestrictionsResponse(
             version=snapshot.version, changed=True,
-            revoked_tokens=[revoked_token_to_proto(t) for t in snapshot.tokens],
-            revoked_agents=[revoked_agent_to_proto(a) for a in snapshot.agents],
+            # Keys and times only: what a service enforces (restrictions_from_proto). The
+            # reasons (up to 4,000 bytes each) went to every service on every change.
+            revoked_tokens=[pb.RevokedToken(fleet_id=t.fleet_id, jti=t.jti,
+                                            expire_time=_timestamp(t.expires_ms))
+                            for t in snapshot.tokens],
+            revoked_agents=[pb.RevokedAgent(fleet_id=a.fleet_id, agent_id=a.agent_id,
+                                            issued_before=_timestamp(a.issued_before_s * 1000))
+                            for a in snapshot.agents],
             suspended_agents=[pb.AgentRef(fleet_id=f, agent_id=a) for f, a in snapshot.suspended])
 
 
