@@ -280,7 +280,10 @@ class RunImports:
             except NotFound:
                 problem = blob_missing_problem(wanted)
             if problem is None:
-                return  # the bytes are there already (checked just now)
+                # The bytes are there already (checked just now); the put that left them may
+                # have been killed before its fsyncs.
+                self.service.blobs.make_durable(wanted.path)
+                return
             if not self._drop_unowned(fleet_id, wanted):
                 raise _conflict("artifact", wanted.artifact_id) from None
             raise Aborted(f"artifact {wanted.artifact_id}: an earlier import left other bytes "

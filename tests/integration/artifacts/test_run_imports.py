@@ -344,7 +344,13 @@ def test_a_blob_left_by_a_failed_import_is_adopted_and_an_erasure_sweeps_strays(
             patch.setattr(blobs, "delete", database_gone)
             assert refused(client.import_artifact, run.artifact, [BLOB]).code == \
                 grpc.StatusCode.UNAVAILABLE
+        durable: list[str] = []
+        make_durable = blobs.make_durable
+        monkeypatch.setattr(blobs, "make_durable",
+                            lambda key: (durable.append(key), make_durable(key))[1])
         assert client.import_artifact(run.artifact, [BLOB]).created  # the leftover adopted
+        # ... and made durable first: the put that left it may have died before its fsyncs
+        assert durable == [client.get_artifact(run.artifact.artifact_id).path]
         assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
         stray = "fleets/fleet-a/runs/run-1/plan/art_stray/left.txt"
         blobs.put(stray, [b"an upload that never got its row"])
