@@ -42,7 +42,7 @@ from engram.client._tracing import tracing_active
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as gpb
 from services.common.erasure_source import ErasureOrder, order_from_proto
-from services.common.errors import EngramError, Unavailable
+from services.common.errors import EngramError, InvalidArgument, Unavailable
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
 from services.common.outbound import dependency_error
@@ -59,6 +59,11 @@ _MAX_HINTS = 100_000
 _MAX_COALESCERS = 10_000
 """Fleets with a gate coalescer kept; past it they are dropped and made again as needed."""
 GATE_SEND_BYTES = 64 * 1024 * 1024
+GATE_NEIGHBOUR_BYTES = 16 * 1024 * 1024
+"""The neighbours' content one gate call carries at most, all candidates together: a batch of
+1,000 records, each with 5 neighbours of 32 KiB, built a 155 MiB call (640 MB of the shard's
+memory, then refused by gRPC as too large to send; found in review, 2026-11-30). Past it the
+write is refused INVALID_ARGUMENT GATE_TOO_LARGE: fewer records per call fit."""
 GATE_RECONNECT_MS = 150
 """How often the gate channel tries a lost governance again: writes resume within a few
 hundred ms of governance's restart, not after gRPC's default backoff (1 s growing to 120 s)."""
@@ -83,6 +88,25 @@ def _candidate(candidate: GateCandidate) -> gpb.WriteCandidate:
                     for n in candidate.neighbours],
         metadata=dict(candidate.metadata),
     )
+
+
+def _with_neighbours(candidates: Sequence[GateCandidate],
+                     find_neighbours: NeighbourSearch) -> list[GateCandidate]:
+    """Each candidate with its neighbours, within GATE_NEIGHBOUR_BYTES of their content (the
+    search stops at the candidate that passes it)."""
+    full, spent = [], 0
+    for position, candidate in enumerate(candidates):
+        neighbours = tuple(find_neighbours(candidate))
+        spent += sum(len(n.content.encode()) for n in neighbours)
+        if spent > GATE_NEIGHBOUR_BYTES:
+            raise InvalidArgument(
+                f"this batch of {len(candidates)} records and the stored records governance "
+                f"compares them with (contradiction rules apply to the writer) come to more "
+                f"than {GATE_NEIGHBOUR_BYTES // (1024 * 1024)} MiB by record {position}; send "
+                "fewer records per call; nothing was stored", reason="GATE_TOO_LARGE",
+                metadata={"limit_bytes": str(GATE_NEIGHBOUR_BYTES), "position": str(position)})
+        full.append(replace(candidate, neighbours=neighbours))
+    return full
 
 
 def _unavailable(message: str) -> Unavailable:
@@ -155,7 +179,7 @@ class GovernanceGate:
             if len(self._needs_neighbours) > _MAX_HINTS:
                 self._needs_neighbours.clear()
             self._needs_neighbours[key] = self._clock() + self._hint_seconds
-        full = [replace(c, neighbours=tuple(find_neighbours(c))) for c in candidates]
+        full = _with_neighbours(candidates, find_neighbours)
         reply = self._call(fleet_id, agent_id, request_id, full, omitted=False)
         if reply.status == gpb.GATE_STATUS_NEEDS_NEIGHBOURS:
             raise _unavailable("governance asked for neighbours it was sent")

@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engram.client import ShardClient
+from engram.client import ShardClient, record_input
 from engram.client._errors import EngramRpcError
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
@@ -267,3 +267,35 @@ def test_concurrent_writes_share_gate_calls_and_each_keeps_its_own_decision(
     assert dict(gate.requests.items()) == {(): 16}  # type: ignore[union-attr]
     assert sum(calls.values()) < 16  # fewer calls than writes
     assert governor.verify_chain().ok
+
+
+def test_a_batch_whose_neighbours_pass_the_gate_budget_is_refused_and_stores_nothing(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,000 records each with 5 neighbours of 32 KiB built a 155 MiB gate call in the shard
+    (640 MB of memory), which gRPC then refused to send (found in review, 2026-11-30). The
+    neighbours one call carries are bounded (lowered here to 128 KiB): past it the write is
+    refused by name, with nothing stored; a call within it passes."""
+    from services.shard import governance_gate
+
+    monkeypatch.setattr(governance_gate, "GATE_NEIGHBOUR_BYTES", 128 * 1024)
+    writer = stack.writer("agent-1")
+    long_fact = "the payments ledger settles nightly " * 400  # about 14.5 KiB
+    for n in range(5):
+        writer.add(f"{long_fact} variant {n}", domain="technical")
+    governor = GovernanceClient(stack.governance.address,
+                                stack.tokens("ops", FLEET, ("governor",)))
+    governor.add_rule(pb.Rule(contradiction=pb.Contradiction()))
+    stored = {r.id for r in writer.list()}
+    batch = [record_input(f"the payments ledger settles nightly, note {n}", domain="technical")
+             for n in range(10)]
+    with pytest.raises(EngramRpcError) as error:
+        writer.add_many(batch)
+    assert (error.value.code, error.value.reason) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                      "GATE_TOO_LARGE"), error.value
+    assert error.value.metadata["position"] == "1"  # 5 x 14.5 KiB a record: the second passes 128
+    assert "send fewer records per call" in error.value.message
+    assert {r.id for r in writer.list()} == stored
+    writer.add_many([record_input("deploys happen on tuesdays", domain="technical")])
+    assert len({r.id for r in writer.list()}) == len(stored) + 1  # a call within the budget
+    for client in (writer, governor):
+        client.close()
