@@ -196,8 +196,9 @@ class SearchEngine:
         """Each record's trust: the lowest of its authors' (a summary's sources count), in one
         lookup for all of them; 0 means left out."""
         authors = {r.id: record_authors(r) for r in found}
-        multipliers = self.multipliers(fleet_id, set().union(*authors.values()))
-        return {rid: min(multipliers.get(a, 1.0) for a in names)
+        multipliers = self.multipliers(
+            fleet_id, set().union(*(names for names in authors.values() if names is not None)))
+        return {rid: 0.0 if names is None else min(multipliers.get(a, 1.0) for a in names)
                 for rid, names in authors.items()}
 
     def _expand(self, session, query: SearchQuery, flt: RecordFilter,  # type: ignore[no-untyped-def]
@@ -272,9 +273,17 @@ class SearchEngine:
         return previous.name if previous is not None else ""
 
 
-def record_authors(record: Record) -> frozenset[str]:
+MAX_SOURCE_AUTHORS = 64
+"""Authors a record may name and still rank (a compaction summary names at most MAX_GROUP, 40):
+one naming more ranks at 0 with none of them looked up. 8 KiB of ``source_authors`` names
+about 1,100 made-up agents, and a search of 400 such candidates asked governance about
+467,000 of them, some 935 calls (found in review, 2026-11-30)."""
+
+
+def record_authors(record: Record) -> frozenset[str] | None:
     """The record's author and the authors it names as its sources (``source_authors``, a JSON
-    list): its trust is the lowest of theirs, so naming more can only lower it.
+    list): its trust is the lowest of theirs, so naming more can only lower it; None: it
+    names more than MAX_SOURCE_AUTHORS, and ranks at 0.
 
     The value is free text any writer may set, read by every search of the fleet: anything
     but a list of agent ids (JSON nested past the parser's depth, a name no agent can have)
@@ -289,8 +298,9 @@ def record_authors(record: Record) -> frozenset[str]:
         listed = None
     if not isinstance(listed, list):  # the writer's own free text: it can only lower its rank
         return frozenset((record.agent_id,))
-    return frozenset((record.agent_id,
-                      *(a for a in listed if isinstance(a, str) and is_identifier(a))))
+    authors = frozenset((record.agent_id,
+                         *(a for a in listed if isinstance(a, str) and is_identifier(a))))
+    return authors if len(authors) <= MAX_SOURCE_AUTHORS + 1 else None
 
 
 def _doc_filter(flt: RecordFilter) -> DocFilter:

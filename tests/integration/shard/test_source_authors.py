@@ -10,10 +10,15 @@ not cached at 1.0, a suspended one included.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from engram.client import GovernanceClient, ShardClient
+from services.shard.domain.compaction import MAX_GROUP
+from services.shard.governance_gate import GovernanceTrust
+from services.shard.search.engine import MAX_SOURCE_AUTHORS
 from tests.stack import gated_stack
 
 
@@ -80,3 +85,36 @@ def test_records_naming_a_suspended_author_do_not_empty_a_search(
         for client in (alice, mallory):
             client.close()
         governor.close()
+
+
+def test_a_record_naming_too_many_authors_ranks_at_zero_and_none_are_looked_up(
+        tmp_path: Path, engram_home: Path, make_token, monkeypatch) -> None:
+    """Found by review (2026-11-30): every name in ``source_authors`` was looked up, so 8 KiB of
+    made-up names on each of 400 candidates had one search ask governance about some 467,000
+    agents. A record naming more than MAX_SOURCE_AUTHORS ranks at 0, none of them asked; one
+    naming as many is ranked as before."""
+    asked: list[str] = []
+    multipliers = GovernanceTrust.multipliers
+
+    def counted(self: GovernanceTrust, fleet_id: str, agent_ids: Collection[str]) -> object:
+        asked.extend(agent_ids)
+        return multipliers(self, fleet_id, agent_ids)
+
+    monkeypatch.setattr(GovernanceTrust, "multipliers", counted)
+    many = [f"many-{i}" for i in range(MAX_SOURCE_AUTHORS + 1)]
+    few = [f"few-{i}" for i in range(MAX_SOURCE_AUTHORS)]
+    assert MAX_GROUP <= MAX_SOURCE_AUTHORS  # a compaction summary is always ranked
+    with gated_stack(tmp_path, engram_home, make_token) as stack:
+        mallory = ShardClient(stack.shard.address, make_token("mallory", "fleet-a"))
+        reader = ShardClient(stack.shard.address, make_token("reader", "fleet-a"))
+        mallory.add("zebra crossing notes, many sources", run_id="r1",
+                    metadata={"source_authors": json.dumps(many)})
+        mallory.add("zebra crossing notes, few sources", run_id="r2",
+                    metadata={"source_authors": json.dumps(few)})
+        _wait_searchable(reader, "zebra", 1)  # the full-text index is current at commit
+        hits = reader.search("zebra crossing notes", limit=10, mode="lexical")
+        assert [hit.record.content for hit in hits] == ["zebra crossing notes, few sources"]
+        assert set(few) <= set(asked)
+        assert not set(many) & set(asked), "the names of a record past the bound were looked up"
+        for client in (reader, mallory):
+            client.close()
