@@ -5,7 +5,9 @@ behind it in one transaction; the others wait for their result. An
 uncontended write pays no hand-off (the caller is its own leader), and under
 load the cost of a durable commit is spread over the whole group. When a
 group fails as a whole, each job is retried alone so one bad job cannot fail
-its neighbours.
+its neighbours, unless the failure is one after which the group's outcome is
+unknown (``alone_after``): a connection lost during the commit may have
+committed it, and retrying a job that has no key of its own records it twice.
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ class _Slot(Generic[Job, Result]):
 
 class GroupCommit(Generic[Job, Result]):
     def __init__(
-        self, apply: Callable[[Sequence[Job]], list[Result]], max_group: int = 256
+        self, apply: Callable[[Sequence[Job]], list[Result]], max_group: int = 256, *,
+        alone_after: Callable[[BaseException], bool] = lambda _error: True,
     ) -> None:
+        """``alone_after(error)``: whether the jobs of a group that failed with ``error`` are
+        each tried again alone (else every one of them fails with it)."""
         self._apply = apply
         self._max_group = max_group
+        self._alone_after = alone_after
         self._lock = threading.Lock()
         self._queue: list[_Slot[Job, Result]] = []
         self._leading = False
@@ -113,8 +119,9 @@ class GroupCommit(Generic[Job, Result]):
         try:
             results = self._apply([slot.job for slot in group])
         except BaseException as exc:
-            if len(group) == 1:
-                group[0].error, group[0].done = exc, True
+            if len(group) == 1 or not self._alone_after(exc):
+                for slot in group:
+                    slot.error, slot.done = exc, True
                 return
             for slot in group:
                 try:

@@ -73,3 +73,10 @@ def _full(what: str) -> ResourceExhausted:
     # not likely to have room in a few seconds; the caller (or its operator) decides.
     return ResourceExhausted(f"storage full: {what}; nothing was stored. Free space, then retry",
                              reason="STORAGE_FULL")
+
+
+def outcome_known(exc: BaseException) -> bool:
+    """Whether a failed write surely stored nothing, so its jobs may be tried again one by one
+    (GroupCommit's ``alone_after``): not after a storage failure, which may have come after
+    the commit (a connection lost before its acknowledgement), and would fail them again."""
+    return storage_error(exc) is None

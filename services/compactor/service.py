@@ -47,6 +47,7 @@ from services.common.group_commit import GroupCommit
 from services.common.limits import check_limit, check_policy_days, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.storage_errors import outcome_known
 from services.common.tokens import validate_identifier
 from services.compactor.domain.blob_layout import SegmentEntry, SnapshotContent
 from services.compactor.domain.memory_policy import (
@@ -133,7 +134,7 @@ class IterationLog:
         self._cold = ColdArchive(blobs, hook)
         # Concurrent records share one transaction and one fsync.
         self._appends: GroupCommit[AppendRequest, AppendOutcome] = GroupCommit(
-            self._append_group)
+            self._append_group, alone_after=outcome_known)
         self._finish_locks = [threading.Lock() for _ in range(_FINISH_LOCKS)]
         self._segments: OrderedDict[str, list[WarmLine]] = OrderedDict()
         self._cache_lock = threading.Lock()

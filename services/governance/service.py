@@ -45,6 +45,7 @@ from services.common.errors import (
 from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
 from services.common.settings import MAX_AUTH_LEEWAY_SECONDS
+from services.common.storage_errors import outcome_known
 from services.governance.domain.decisions import (
     IMPORTED_DECISION,
     Decision,
@@ -166,7 +167,7 @@ class GovernanceService:
         self.integrity_failures = Tally()
         """Problems found by chain verifications (at start, in the background, on demand)."""
         self._gate: GroupCommit[GateRequest, GateOutcome] = GroupCommit(
-            self._decide_group, max_group=MAX_GATE_GROUP)
+            self._decide_group, max_group=MAX_GATE_GROUP, alone_after=outcome_known)
         self._chain_intact = True
         self._full_verification: threading.Thread | None = None
         self._stopping = threading.Event()  # ends a verification at shutdown

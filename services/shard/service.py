@@ -43,6 +43,7 @@ from services.common.group_commit import GroupCommit
 from services.common.limits import check_limit, validate_request_id
 from services.common.metrics import Tally
 from services.common.settings import LIMIT_DEFAULTS, LimitsSettings
+from services.common.storage_errors import outcome_known
 from services.common.tokens import Principal, is_identifier, validate_identifier
 from services.common.tombstone_audit import (
     NOT_IN_ERASURE,
@@ -180,7 +181,8 @@ class ShardService:
         self.search_engine = SearchEngine(
             database, self.repo, trust=trust, index=index, clock=clock
         )
-        self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(self._apply)
+        self._committer: GroupCommit[_WriteJob, list[WriteResult]] = GroupCommit(
+            self._apply, alone_after=outcome_known)
         self._domain_cache: dict[str, tuple[float, list[Domain]]] = {}
         self._fleet_secrets: dict[str, tuple[bytes, bool]] = {}
         self._domain_lock = threading.Lock()

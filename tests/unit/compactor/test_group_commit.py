@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy
 
 from services.common.errors import FailedPrecondition
+from services.common.storage_errors import storage_error
 from services.compactor.domain.model import AppendRequest
 from services.compactor.domain.warm_chain import canonical_detail_digest, detail_digest
 from tests.unit.compactor.support import LogFactory, make_iteration
@@ -73,3 +81,52 @@ def test_concurrent_records_from_threads_all_land_once(make_log: LogFactory) -> 
         report = log.verify("fleet-a", run_id)
         assert report.ok, report.problems
         assert report.lines_checked == per_run * 2
+
+
+def test_a_group_committed_without_its_acknowledgement_is_not_appended_again(
+        make_log: LogFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Postgres committed a group of "next iteration" appends (no request id) and the
+    connection dropped before the acknowledgement: the group failed, each append was tried
+    again alone and recorded a second time (found by review, 2026-11-30). The group's
+    appends now fail UNAVAILABLE (the outcome is unknown) and are recorded once."""
+    log = make_log(hot_size=50, snapshot_every=50)
+    append_group = log.repo.append_group
+    calls: list[int] = []
+    held = threading.Event()
+
+    def lost_acknowledgement(requests: Sequence[AppendRequest], plan: Any) -> list[Any]:
+        calls.append(len(requests))
+        if len(calls) == 1:  # the first leads alone; the next two queue behind it
+            assert held.wait(10)
+        outcomes = append_group(requests, plan)
+        if len(calls) == 2:  # the group of two: committed, then the connection dropped
+            raise sqlalchemy.exc.OperationalError(
+                "COMMIT", {}, psycopg.OperationalError("server closed the connection"))
+        return outcomes
+
+    monkeypatch.setattr(log.repo, "append_group", lost_acknowledgement)
+    errors: list[BaseException] = []
+
+    def record(n: int) -> None:
+        try:
+            log.record("fleet-a", "run-a", replace(make_iteration(n), iteration=0))
+        except BaseException as error:  # asserted below
+            errors.append(error)
+
+    first = threading.Thread(target=record, args=(1,))
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+    others = [threading.Thread(target=record, args=(n,)) for n in (2, 3)]
+    for thread in others:
+        thread.start()
+    while len(log._appends._queue) < 2:
+        time.sleep(0.01)
+    held.set()
+    for thread in (first, *others):
+        thread.join(10)
+    assert calls == [1, 2], "the group's appends were tried again alone"
+    assert [storage_error(e).reason for e in errors] == ["DATABASE_UNAVAILABLE"] * 2
+    log.finish_pending("fleet-a", "run-a")
+    assert log.last_iteration("fleet-a", "run-a") == 3  # once each, not 5
+    assert log.verify("fleet-a", "run-a").ok

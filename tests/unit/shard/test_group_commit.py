@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -121,3 +122,47 @@ def test_an_apply_that_loses_count_fails_its_group_and_strands_nobody() -> None:
     thread.start()
     thread.join(5)
     assert not thread.is_alive() and len(later) == 1
+
+
+def test_a_group_whose_outcome_is_unknown_is_not_tried_again_job_by_job() -> None:
+    """A connection lost during the commit may have committed the group: trying each job again
+    alone recorded any job without a key of its own twice (found by review, 2026-11-30). With
+    ``alone_after`` saying no, every job of the group gets the failure instead."""
+    applied: list[list[int]] = []
+    held = threading.Event()
+
+    class LostAcknowledgement(Exception):
+        pass
+
+    def apply(jobs: Sequence[int]) -> list[int]:
+        applied.append(list(jobs))
+        if jobs == [0]:  # the first leads alone: held until the others queue behind it
+            assert held.wait(10)
+            return [0]
+        raise LostAcknowledgement()
+
+    committer: GroupCommit[int, int] = GroupCommit(
+        apply, alone_after=lambda error: not isinstance(error, LostAcknowledgement))
+    outcomes: dict[int, object] = {}
+
+    def worker(n: int) -> None:
+        try:
+            outcomes[n] = committer.submit(n)
+        except LostAcknowledgement as error:
+            outcomes[n] = error
+
+    first = threading.Thread(target=worker, args=(0,))
+    first.start()
+    while not applied:
+        time.sleep(0.01)
+    others = [threading.Thread(target=worker, args=(n,)) for n in (1, 2, 3)]
+    for thread in others:
+        thread.start()
+    while len(committer._queue) < 3:
+        time.sleep(0.01)
+    held.set()
+    for thread in (first, *others):
+        thread.join(10)
+    assert applied == [[0], [1, 2, 3]], "the group's jobs were tried again alone"
+    assert outcomes[0] == 0
+    assert all(isinstance(outcomes[n], LostAcknowledgement) for n in (1, 2, 3))
