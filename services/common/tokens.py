@@ -245,6 +245,13 @@ class TokenVerifier:
             raise _unauthenticated(f"malformed bearer token: {error}",
                                    "TOKEN_MALFORMED") from None
         principal = _principal(claims)
+        if principal.expires_at - principal.issued_at > MAX_TTL_SECONDS:
+            # No signer here issues one: governance drops an agent's revocation from the
+            # restrictions once every token it could refuse has expired, counting on this.
+            raise _unauthenticated(
+                f"bearer token {principal.token_id} lives longer than "
+                f"{MAX_TTL_SECONDS // 86400} days (exp - iat); ask for a new one",
+                "TOKEN_MALFORMED")
         not_before = max(principal.issued_at, _int_claim(claims, "nbf"))
         if not_before > self._clock() + self._leeway:
             raise _unauthenticated(f"bearer token {principal.token_id} is not valid before "

@@ -273,12 +273,16 @@ class AccessRepository:
         return session.scalar(select(func.count()).select_from(RevokedTokenRow).where(
             RevokedTokenRow.fleet_id == fleet_id, RevokedTokenRow.expires_ms >= now_ms)) or 0
 
-    def revoked_agent(self, session: Session, fleet_id: str, agent_id: str) -> bool:
-        return session.get(RevokedAgentRow, (fleet_id, agent_id)) is not None
+    def revoked_agent_since(self, session: Session, fleet_id: str, agent_id: str,
+                            since_ms: int) -> AgentRevocation | None:
+        """The agent's revocation if made at or after ``since_ms``."""
+        row = session.get(RevokedAgentRow, (fleet_id, agent_id))
+        return row.to_entity() if row is not None and row.revoked_ms >= since_ms else None
 
-    def revoked_agent_count(self, session: Session, fleet_id: str) -> int:
+    def revoked_agent_count(self, session: Session, fleet_id: str, since_ms: int) -> int:
+        """The fleet's agent revocations made at or after ``since_ms``."""
         return session.scalar(select(func.count()).select_from(RevokedAgentRow).where(
-            RevokedAgentRow.fleet_id == fleet_id)) or 0
+            RevokedAgentRow.fleet_id == fleet_id, RevokedAgentRow.revoked_ms >= since_ms)) or 0
 
     def suspended_count(self, session: Session, fleet_id: str) -> int:
         return session.scalar(select(func.count()).select_from(AgentRow).where(
@@ -311,8 +315,10 @@ class AccessRepository:
             RevokedTokenRow.expires_ms >= now_ms))
         return [row.to_entity() for row in rows]
 
-    def revoked_agents(self, session: Session) -> list[AgentRevocation]:
-        return [row.to_entity() for row in session.scalars(select(RevokedAgentRow))]
+    def revoked_agents(self, session: Session, since_ms: int) -> list[AgentRevocation]:
+        """Agent revocations made at or after ``since_ms`` (older ones can match no token)."""
+        return [row.to_entity() for row in session.scalars(select(RevokedAgentRow).where(
+            RevokedAgentRow.revoked_ms >= since_ms))]
 
     def suspended_agents(self, session: Session) -> list[tuple[str, str]]:
         rows = session.execute(select(AgentRow.fleet_id, AgentRow.agent_id).where(

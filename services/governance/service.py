@@ -46,6 +46,7 @@ from services.common.group_commit import GroupCommit
 from services.common.metrics import Tally
 from services.common.settings import MAX_AUTH_LEEWAY_SECONDS
 from services.common.storage_errors import outcome_known
+from services.common.tokens import MAX_TTL_SECONDS
 from services.governance.domain.decisions import (
     IMPORTED_DECISION,
     Decision,
@@ -105,7 +106,8 @@ service in one ListAccessRestrictions reply: without a bound, one fleet's govern
 made-up ids grew it past the 64 MiB message limit, and no service took any fleet's new
 revocation or suspension again (found in review, 2026-11-30)."""
 MAX_REVOKED_AGENTS_PER_FLEET = 5_000
-"""Agents of one fleet whose tokens are revoked (kept for good), as above."""
+"""Agents of one fleet whose tokens were revoked within a token's longest life (the rest can
+match no token a verifier takes: :func:`_live_agent_revocations_since`), as above."""
 MAX_SUSPENDED_PER_FLEET = 5_000
 """Agents of one fleet an operator may hold suspended, as above."""
 
@@ -432,8 +434,8 @@ class GovernanceService:
             if existing is not None and existing.expires_ms >= revocation.expires_ms:
                 return existing, False
             head = self._repo.lock_head(session)
-            if existing is None:
-                listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
+            listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
+            if existing is None or existing.expires_ms < listed_since:  # a new entry in the feed
                 _within_restrictions(
                     self._access.live_revoked_token_count(session, revocation.fleet_id,
                                                           listed_since),
@@ -523,12 +525,14 @@ class GovernanceService:
         """Every token of the agent issued up to now is refused from now on."""
         with self._state_change() as session:
             head = self._repo.lock_head(session)
-            if not self._access.revoked_agent(session, fleet_id, agent_id):
+            since_ms = _live_agent_revocations_since(self._clock())
+            if self._access.revoked_agent_since(session, fleet_id, agent_id, since_ms) is None:
                 _within_restrictions(
-                    self._access.revoked_agent_count(session, fleet_id),
-                    MAX_REVOKED_AGENTS_PER_FLEET, fleet_id, "agents with revoked tokens",
-                    "an agent's revocation is kept for good; use another fleet for new agents "
-                    "or ask the operator")
+                    self._access.revoked_agent_count(session, fleet_id, since_ms),
+                    MAX_REVOKED_AGENTS_PER_FLEET, fleet_id,
+                    f"agents with tokens revoked in the last {MAX_TTL_SECONDS // 86400} days",
+                    "each stops counting once no token it can refuse is valid any more "
+                    f"({MAX_TTL_SECONDS // 86400} days, the longest a token lives)")
             revocation = AgentRevocation(fleet_id, agent_id, self._clock(), actor, reason)
             seq = self._append(session, head, "agent.tokens_revoked",
                                {"revocation": revocation.state()}, revocation.revoked_ms)
@@ -546,7 +550,8 @@ class GovernanceService:
             # listed as long (one dropped at exp let a restarted service accept it again).
             listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
             return AccessSnapshot(version, self._access.live_revoked_tokens(session, listed_since),
-                                  self._access.revoked_agents(session),
+                                  self._access.revoked_agents(
+                                      session, _live_agent_revocations_since(self._clock())),
                                   self._access.suspended_agents(session))
 
     def access_restrictions(self, since_version: int) -> Restrictions | None:
@@ -814,3 +819,10 @@ def _within_restrictions(held: int, limit: int, fleet_id: str, what: str, instea
             f"fleet {fleet_id} holds {held} {what}, the most one fleet may hold (every "
             f"service reads every fleet's restrictions); {instead}",
             reason="RESTRICTION_LIMIT", metadata={"limit": str(limit)})
+
+
+def _live_agent_revocations_since(now_ms: int) -> int:
+    """Agent revocations made before this time refuse no token a verifier still takes: every
+    token lives at most MAX_TTL_SECONDS from its ``iat`` (verifiers refuse a longer one), and
+    is taken up to MAX_AUTH_LEEWAY_SECONDS past its ``exp``."""
+    return now_ms - (MAX_TTL_SECONDS + MAX_AUTH_LEEWAY_SECONDS) * 1000

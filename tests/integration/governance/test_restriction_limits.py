@@ -13,7 +13,12 @@ import pytest
 
 from engram.client.governance import GovernanceClient
 from engram.governance.v1 import governance_service_pb2 as pb
+from services.common.db import Database
+from services.common.errors import FailedPrecondition
+from services.common.settings import MAX_AUTH_LEEWAY_SECONDS
+from services.common.tokens import MAX_TTL_SECONDS
 from services.governance import service as governance
+from services.governance.service import GovernanceService
 from tests.integration.governance.conftest import GovClientFactory, refused
 
 LIMIT = 3
@@ -81,3 +86,39 @@ def test_the_restrictions_feed_carries_keys_and_times_only(
                                     issued_before=agent.issued_before)
     assert agent.issued_before.seconds > 0
     assert suspended == pb.AgentRef(fleet_id="fleet-a", agent_id="agent-3")
+
+
+def test_expired_token_revocations_extended_again_count_as_new(
+        governor: GovernanceClient) -> None:
+    """Found in review of the bound: revocations with an expiry already past are not counted,
+    and extending each afterwards went through the path for one already listed, uncounted."""
+    gone, soon = datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC) + timedelta(hours=1)
+    for n in range(LIMIT + 1):
+        governor.revoke_token(f"jti-{n}", gone)
+    for n in range(LIMIT):
+        assert governor.revoke_token(f"jti-{n}", soon).created
+    _over(governor.revoke_token, f"jti-{LIMIT}", soon)
+
+
+def test_an_agent_revocation_older_than_any_token_leaves_the_feed_and_the_count(
+        database: Database) -> None:
+    """Every token lives at most MAX_TTL_SECONDS (verifiers refuse a longer one), so a
+    revocation older than that plus the leeway refuses nothing: it is no longer listed to the
+    services nor counted, and a fleet that revoked its limit once can revoke again later."""
+    now = [1_000_000_000_000]
+    repo = GovernanceService(database, lambda: now[0])
+    for n in range(LIMIT):
+        repo.revoke_agent_tokens("fleet-a", f"agent-{n}", "gov", "gone")
+    with pytest.raises(FailedPrecondition) as refused_now:
+        repo.revoke_agent_tokens("fleet-a", "agent-new", "gov", "compromised")
+    assert refused_now.value.reason == "RESTRICTION_LIMIT"
+    now[0] += (MAX_TTL_SECONDS + MAX_AUTH_LEEWAY_SECONDS) * 1000  # every token they refuse: gone
+    assert [a.agent_id for a in repo.access_snapshot(0).agents] == [f"agent-{n}"
+                                                                     for n in range(LIMIT)]
+    now[0] += 1
+    assert repo.access_snapshot(0).agents == []
+    repo.revoke_agent_tokens("fleet-a", "agent-new", "gov", "compromised")
+    assert [a.agent_id for a in repo.access_snapshot(0).agents] == ["agent-new"]
+    repo.revoke_agent_tokens("fleet-a", "agent-0", "gov", "again")  # revoked anew: listed again
+    assert {a.agent_id for a in repo.access_snapshot(0).agents} == {"agent-new", "agent-0"}
+    assert repo.verify()[1] == []

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from services.common.errors import InvalidArgument, Unauthenticated
 from services.common.tokens import (
     AUDIENCES,
+    MAX_TTL_SECONDS,
     TokenSigner,
     TokenVerifier,
     ensure_keypair,
@@ -115,6 +116,29 @@ def test_claims_missing_or_forged_are_refused(tmp_path: Path) -> None:
     unsigned = jwt.encode(base, None, algorithm="none", headers={"kid": signer.kid})
     with pytest.raises(Unauthenticated):
         verifier.verify(unsigned)
+
+
+def test_a_token_living_longer_than_any_signer_issues_is_refused(tmp_path: Path) -> None:
+    """Governance drops an agent's revocation from the restrictions once every token it could
+    refuse has expired (MAX_TTL_SECONDS after it); a token living longer, which no signer here
+    issues, would then be taken again."""
+    keys = ensure_keypair(tmp_path)
+    signer = TokenSigner.load(keys.private)
+    clock = Clock()
+    verifier = TokenVerifier(load_public_keys([keys.public]), audience="shard", clock=clock)
+    iat = int(clock.now) - 10
+    base = {"sub": "a1", "fleet": "f1", "roles": ["agent"], "aud": list(AUDIENCES),
+            "iss": "engram", "iat": iat, "jti": "j1"}
+    for lifetime, accepted in ((MAX_TTL_SECONDS, True), (MAX_TTL_SECONDS + 1, False)):
+        token = jwt.encode({**base, "exp": iat + lifetime}, signer._key, algorithm="EdDSA",
+                           headers={"kid": signer.kid})
+        if accepted:
+            assert verifier.verify(token).agent_id == "a1"
+            continue
+        with pytest.raises(Unauthenticated) as caught:
+            verifier.verify(token)
+        assert caught.value.reason == "TOKEN_MALFORMED"
+        assert "lives longer than 366 days" in caught.value.message
 
 
 def test_rotation_keeps_old_tokens_valid_and_signs_with_the_new_key(tmp_path: Path) -> None:
