@@ -39,6 +39,7 @@ from services.artifacts.domain.chain import (
 )
 from services.artifacts.domain.entities import (
     Artifact,
+    ArtifactProblem,
     Event,
     Evidence,
     Manifest,
@@ -136,6 +137,10 @@ def _conflict(kind: str, item_id: str) -> AlreadyExists:
                          reason=f"{kind.upper()}_CONFLICT", metadata={f"{kind}_id": item_id})
 
 
+class _BytesReplaced(Aborted):
+    """An import's bytes replaced by a concurrent import of the same id before its row."""
+
+
 class RunImports:
     """The import use cases over an :class:`ArtifactsService`'s stores."""
 
@@ -231,10 +236,13 @@ class RunImports:
                     # The run held: an erasure cannot commit between the check and the insert,
                     # nor a concurrent import remove the blob (_drop_unowned holds it too).
                     self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
-                    if not self.service.blobs.exists(wanted.path):
-                        raise Aborted(
+                    # Its own bytes, read again: a concurrent import of this id with other
+                    # bytes may have removed them and put its own meanwhile (imports are rare;
+                    # the run's lock is held while they are hashed).
+                    if self._blob_problem(wanted) is not None:
+                        raise _BytesReplaced(
                             f"artifact {wanted.artifact_id}: a concurrent import of this id with "
-                            "other bytes removed them before this one was recorded; nothing "
+                            "other bytes replaced them before this one was recorded; nothing "
                             "was stored, send it again", reason="CONCURRENT_WRITE")
                     self.repository.add_artifact(session, fleet_id, wanted, name)
             except DbIntegrityError:
@@ -253,6 +261,8 @@ class RunImports:
                 raise AlreadyExists(  # a concurrent write of another artifact, same name
                     f"another artifact already holds {name!r} in step {wanted.step_id!r} of "
                     f"run {wanted.run_id!r}", reason="ARTIFACT_EXISTS") from None
+            except _BytesReplaced:
+                raise  # the bytes at the key are the other import's: left to it
             except BaseException:
                 self._drop_unowned(fleet_id, wanted)  # a retry stores it again
                 raise
@@ -275,20 +285,29 @@ class RunImports:
             self.service.blobs.put(wanted.path, received.chunks(parts),
                                    before_commit=received.check_hash)
         except AlreadyExists:
-            try:
-                problem = blob_problem(wanted, self.service.blobs.open(wanted.path))
-            except NotFound:
-                problem = blob_missing_problem(wanted)
-            if problem is None:
+            if self._blob_problem(wanted) is None:
                 # The bytes are there already (checked just now); the put that left them may
                 # have been killed before its fsyncs.
-                self.service.blobs.make_durable(wanted.path)
+                try:
+                    self.service.blobs.make_durable(wanted.path)
+                except NotFound:  # removed meanwhile by a concurrent import of this id
+                    raise Aborted(f"artifact {wanted.artifact_id}: a concurrent import of this "
+                                  "id removed the bytes found under its key; send it again",
+                                  reason="CONCURRENT_WRITE") from None
                 return
             if not self._drop_unowned(fleet_id, wanted):
                 raise _conflict("artifact", wanted.artifact_id) from None
             raise Aborted(f"artifact {wanted.artifact_id}: an earlier import left other bytes "
                           "under its key; they were removed, send it again",
                           reason="CONCURRENT_WRITE") from None
+
+    def _blob_problem(self, wanted: Artifact) -> ArtifactProblem | None:
+        """What is wrong with the bytes at ``wanted``'s key (missing, other size or hash), or
+        None when they are its own."""
+        try:
+            return blob_problem(wanted, self.service.blobs.open(wanted.path))
+        except NotFound:
+            return blob_missing_problem(wanted)
 
     def _drop_unowned(self, fleet_id: str, wanted: Artifact) -> bool:
         """Remove the blob at ``wanted``'s key, unless a stored row holds it; whether it was

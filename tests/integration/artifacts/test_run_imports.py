@@ -598,3 +598,68 @@ def test_an_import_whose_bytes_a_concurrent_one_removed_records_nothing(
             grpc.StatusCode.NOT_FOUND
         assert client.import_artifact(run.artifact, [BLOB]).created  # sent again: stored
         assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
+
+
+def test_an_import_whose_bytes_were_replaced_by_a_concurrent_one_records_nothing(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review of the fix above: the first import checked only that a blob was at its
+    key. The second, with other bytes, removed the first's, was ABORTED, sent again and put its
+    own; the first then found a blob there and recorded its hash over the other's bytes."""
+    origin, target = pair
+    run = written(origin)
+    other = pb.Artifact()
+    other.CopyFrom(run.artifact)
+    other_blob = BLOB[:-1] + b"X"
+    other.hash = hashlib.sha256(other_blob).hexdigest()
+    store = RunImports._store_blob
+    stored = {"A": threading.Event(), "B": threading.Event()}
+    go = {"A": threading.Event(), "B": threading.Event()}
+
+    calls: list[str] = []
+
+    def held(self: RunImports, fleet_id: str, wanted: Any, *args: Any) -> None:
+        calls.append(wanted.hash)
+        store(self, fleet_id, wanted, *args)
+        # (in the server's threads) A is the first import, B the second of the other bytes
+        name = ("A" if wanted.hash == run.artifact.hash else
+                "B" if calls.count(other.hash) == 2 else "")
+        if name:  # stored, not yet recorded: wait for the test's turn
+            stored[name].set()
+            assert go[name].wait(30)
+
+    monkeypatch.setattr(RunImports, "_store_blob", held)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        outcome: dict[str, EngramRpcError | None] = {}
+
+        def send(name: str, artifact: pb.Artifact, blob: bytes) -> None:
+            try:
+                client.import_artifact(artifact, [blob])
+                outcome[name] = None
+            except EngramRpcError as error:
+                outcome[name] = error
+
+        first = threading.Thread(target=send, args=("A", run.artifact, BLOB))
+        second = threading.Thread(target=send, args=("B", other, other_blob))
+        try:
+            first.start()
+            assert stored["A"].wait(30)
+            removed = refused(client.import_artifact, other, [other_blob])
+            assert removed.reason == "CONCURRENT_WRITE"  # the first's bytes: removed
+            second.start()
+            assert stored["B"].wait(30)  # the second's bytes now at the key
+            go["A"].set()
+            first.join(30)
+        finally:
+            go["A"].set()
+            go["B"].set()
+            for thread in (first, second):
+                if thread.is_alive():
+                    thread.join(30)
+        error = outcome["A"]
+        assert error is not None and (error.code, error.reason) == (
+            grpc.StatusCode.ABORTED, "CONCURRENT_WRITE"), error
+        assert outcome["B"] is None
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == other_blob
+        assert list(client.verify(run_id="run-1").problems) == []
