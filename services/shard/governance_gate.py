@@ -59,11 +59,13 @@ _MAX_HINTS = 100_000
 _MAX_COALESCERS = 10_000
 """Fleets with a gate coalescer kept; past it they are dropped and made again as needed."""
 GATE_SEND_BYTES = 64 * 1024 * 1024
-GATE_NEIGHBOUR_BYTES = 16 * 1024 * 1024
+GATE_NEIGHBOUR_BYTES = 32 * 1024 * 1024
 """The neighbours' content one gate call carries at most, all candidates together: a batch of
 1,000 records, each with 5 neighbours of 32 KiB, built a 155 MiB call (640 MB of the shard's
 memory, then refused by gRPC as too large to send; found in review, 2026-11-30). Past it the
-write is refused INVALID_ARGUMENT GATE_TOO_LARGE: fewer records per call fit."""
+write is refused INVALID_ARGUMENT GATE_TOO_LARGE: fewer records per call fit. Half of
+GATE_SEND_BYTES, leaving room for the candidates themselves (a request of at most
+ENGRAM_LIMITS_GRPC_RECEIVE_BYTES): 1,000 records fit with neighbours of 6.7 KB on average."""
 GATE_RECONNECT_MS = 150
 """How often the gate channel tries a lost governance again: writes resume within a few
 hundred ms of governance's restart, not after gRPC's default backoff (1 s growing to 120 s)."""

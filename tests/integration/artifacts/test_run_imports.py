@@ -9,7 +9,7 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -521,17 +521,7 @@ def test_a_losing_concurrent_import_of_one_id_leaves_the_winners_bytes(
     monkeypatch.setattr(RunImports, "_store_blob", held)
     with admin_of(target, make_token) as client:
         client.import_run(run.run)
-        outcome: list[EngramRpcError | None] = []
-
-        def lose() -> None:
-            try:
-                client.import_artifact(loser, [loser_blob])
-                outcome.append(None)
-            except EngramRpcError as error:
-                outcome.append(error)
-
-        second = threading.Thread(target=lose)
-        second.start()
+        second, outcome = _started(lambda: client.import_artifact(loser, [loser_blob]))
         try:
             while not checked.wait(0.05):
                 assert second.is_alive(), outcome  # it failed before its store: say how
@@ -555,10 +545,7 @@ def test_an_import_whose_bytes_a_concurrent_one_removed_records_nothing(
     then record an artifact without its blob."""
     origin, target = pair
     run = written(origin)
-    other = pb.Artifact()
-    other.CopyFrom(run.artifact)
-    other_blob = BLOB[:-1] + b"X"
-    other.hash = hashlib.sha256(other_blob).hexdigest()
+    other, other_blob = _with_other_bytes(run.artifact)
     store = RunImports._store_blob
     stored, other_done = threading.Event(), threading.Event()
 
@@ -571,17 +558,7 @@ def test_an_import_whose_bytes_a_concurrent_one_removed_records_nothing(
     monkeypatch.setattr(RunImports, "_store_blob", held)
     with admin_of(target, make_token) as client:
         client.import_run(run.run)
-        outcome: list[EngramRpcError | None] = []
-
-        def first() -> None:
-            try:
-                client.import_artifact(run.artifact, [BLOB])
-                outcome.append(None)
-            except EngramRpcError as error:
-                outcome.append(error)
-
-        thread = threading.Thread(target=first)
-        thread.start()
+        thread, outcome = _started(lambda: client.import_artifact(run.artifact, [BLOB]))
         try:
             while not stored.wait(0.05):
                 assert thread.is_alive(), outcome
@@ -608,10 +585,7 @@ def test_an_import_whose_bytes_were_replaced_by_a_concurrent_one_records_nothing
     own; the first then found a blob there and recorded its hash over the other's bytes."""
     origin, target = pair
     run = written(origin)
-    other = pb.Artifact()
-    other.CopyFrom(run.artifact)
-    other_blob = BLOB[:-1] + b"X"
-    other.hash = hashlib.sha256(other_blob).hexdigest()
+    other, other_blob = _with_other_bytes(run.artifact)
     store = RunImports._store_blob
     stored = {"A": threading.Event(), "B": threading.Event()}
     go = {"A": threading.Event(), "B": threading.Event()}
@@ -631,35 +605,51 @@ def test_an_import_whose_bytes_were_replaced_by_a_concurrent_one_records_nothing
     monkeypatch.setattr(RunImports, "_store_blob", held)
     with admin_of(target, make_token) as client:
         client.import_run(run.run)
-        outcome: dict[str, EngramRpcError | None] = {}
-
-        def send(name: str, artifact: pb.Artifact, blob: bytes) -> None:
-            try:
-                client.import_artifact(artifact, [blob])
-                outcome[name] = None
-            except EngramRpcError as error:
-                outcome[name] = error
-
-        first = threading.Thread(target=send, args=("A", run.artifact, BLOB))
-        second = threading.Thread(target=send, args=("B", other, other_blob))
+        threads = []
         try:
-            first.start()
+            first, first_outcome = _started(lambda: client.import_artifact(run.artifact, [BLOB]))
+            threads.append(first)
             assert stored["A"].wait(30)
             removed = refused(client.import_artifact, other, [other_blob])
             assert removed.reason == "CONCURRENT_WRITE"  # the first's bytes: removed
-            second.start()
+            second, second_outcome = _started(
+                lambda: client.import_artifact(other, [other_blob]))
+            threads.append(second)
             assert stored["B"].wait(30)  # the second's bytes now at the key
             go["A"].set()
             first.join(30)
         finally:
             go["A"].set()
             go["B"].set()
-            for thread in (first, second):
-                if thread.is_alive():
-                    thread.join(30)
-        error = outcome["A"]
+            for thread in threads:
+                thread.join(30)
+        [error] = first_outcome
         assert error is not None and (error.code, error.reason) == (
             grpc.StatusCode.ABORTED, "CONCURRENT_WRITE"), error
-        assert outcome["B"] is None
+        assert second_outcome == [None]
         assert b"".join(client.read(run.artifact.artifact_id)[1]) == other_blob
         assert list(client.verify(run_id="run-1").problems) == []
+
+
+def _started(call: Callable[[], object]) -> tuple[threading.Thread, list[EngramRpcError | None]]:
+    """``call`` in a thread of its own, started; how it ended, once it has (None: answered)."""
+    outcome: list[EngramRpcError | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except EngramRpcError as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def _with_other_bytes(artifact: pb.Artifact) -> tuple[pb.Artifact, bytes]:
+    """``artifact`` with other bytes than BLOB under the same id, and those bytes."""
+    other, blob = pb.Artifact(), BLOB[:-1] + b"X"
+    other.CopyFrom(artifact)
+    other.hash = hashlib.sha256(blob).hexdigest()
+    return other, blob

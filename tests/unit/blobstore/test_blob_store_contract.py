@@ -17,6 +17,7 @@ from services.common.blobstore import BlobInfo, BlobStore, blob_store_from_url
 from services.common.blobstore.file import FileBlobStore
 from services.common.blobstore.s3 import S3BlobStore
 from services.common.errors import AlreadyExists, InvalidArgument, NotFound
+from tests.fsyncs import record_fsyncs
 from tests.versioned_s3 import versioned_store
 
 BUCKET = "engram-test"
@@ -183,14 +184,7 @@ def test_s3_url_without_bucket_is_refused() -> None:
 def test_file_store_fsyncs_every_directory_a_put_created(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = FileBlobStore(tmp_path / "blobs")
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     root = store.root
     store.put("runs/r1/s1/blob", [b"x"])
     dirs = {p for p in synced if p.is_dir()}
@@ -218,14 +212,7 @@ def test_a_put_after_a_failed_put_fsyncs_every_directory_up_to_the_root(
             store.put("runs/r1/s1/blob", [b"x"])
     assert (root / "runs/r1/s1").is_dir() and not store.exists("runs/r1/s1/blob")
 
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     every = {root, root / "runs", root / "runs/r1", root / "runs/r1/s1"}
     store.put("runs/r1/s1/blob", [b"x"])
     assert {p for p in synced if p.is_dir()} == every

@@ -27,6 +27,7 @@ from services.common.tokens import (
     local_public_keys,
     rotate_signing_key,
 )
+from tests.fsyncs import record_fsyncs
 
 
 class Clock:
@@ -220,13 +221,6 @@ def test_a_rotation_syncs_the_directories_of_the_keys_it_writes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A key renamed into place survives a power loss only once its directory is synced."""
     keys = ensure_keypair(tmp_path)
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     rotate_signing_key(tmp_path)
     assert {keys.private.parent, keys.retired} <= set(synced)

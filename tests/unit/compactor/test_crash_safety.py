@@ -24,6 +24,7 @@ from services.compactor.repository import CompactorRepository
 from services.compactor.server import MIGRATIONS
 from services.compactor.service import IterationLog
 from services.compactor.tiers.steps import STEPS
+from tests.fsyncs import record_fsyncs
 from tests.unit.compactor.support import LogFactory, make_iteration
 
 F, R = "fleet-a", "run-crash"
@@ -159,20 +160,13 @@ def test_a_redone_seal_makes_the_segment_it_finds_durable(
             log.record(F, R, make_iteration(n))
     [key] = blobs.list(f"{F}/{R}/warm/segments/")  # visible; what was synced is unknown
 
-    synced: list[Path] = []
-    real_fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
     seen_at_put: set[Path] = set()
 
     def after_put(name: str) -> None:
         if name == "seal:after_rename":
             seen_at_put.update(synced)
 
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     restarted = FileBlobStore(blobs.root)  # a new process: it has synced nothing
     log = IterationLog(CompactorRepository(database), restarted, TierConfig(**CONFIG), after_put)
     assert log.recover() == 1

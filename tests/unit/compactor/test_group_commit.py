@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -115,13 +115,11 @@ def test_a_group_committed_without_its_acknowledgement_is_not_appended_again(
 
     first = threading.Thread(target=record, args=(1,))
     first.start()
-    while not calls:
-        time.sleep(0.01)
+    _until(lambda: bool(calls), "the first append never reached the store")
     others = [threading.Thread(target=record, args=(n,)) for n in (2, 3)]
     for thread in others:
         thread.start()
-    while len(log._appends._queue) < 2:
-        time.sleep(0.01)
+    _until(lambda: len(log._appends._queue) == 2, "the other appends never queued")
     held.set()
     for thread in (first, *others):
         thread.join(10)
@@ -130,3 +128,10 @@ def test_a_group_committed_without_its_acknowledgement_is_not_appended_again(
     log.finish_pending("fleet-a", "run-a")
     assert log.last_iteration("fleet-a", "run-a") == 3  # once each, not 5
     assert log.verify("fleet-a", "run-a").ok
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -18,7 +19,7 @@ from services.shard.domain.compaction import SOURCE_AUTHORS_KEY
 from services.shard.domain.records import Record
 from services.shard.governance_gate import TRUST_BATCH, GovernanceGate, GovernanceTrust
 from services.shard.ports import GateCandidate, Neighbour
-from services.shard.search.engine import record_authors
+from services.shard.search.engine import MAX_SOURCE_AUTHORS, record_authors
 
 
 def test_every_method_has_a_policy_entry() -> None:
@@ -140,7 +141,7 @@ _RECORD = Record(id="r-1", fleet_id="f", run_id="run", agent_id="writer", conten
 
 
 def test_source_authors_that_are_not_agent_ids_are_left_out() -> None:
-    def authors(value: str) -> frozenset[str]:
+    def authors(value: str) -> frozenset[str] | None:
         record = dataclasses.replace(_RECORD, metadata={SOURCE_AUTHORS_KEY: value})
         return record_authors(record)
 
@@ -149,6 +150,18 @@ def test_source_authors_that_are_not_agent_ids_are_left_out() -> None:
         "writer", "ok@x"}
     assert authors("[" * 5000) == {"writer"}  # past the JSON parser's depth: free text
     assert authors("free text") == {"writer"}
+
+
+def test_a_record_naming_more_authors_than_the_bound_ranks_at_zero() -> None:
+    def authors(names: list[str]) -> frozenset[str] | None:
+        record = dataclasses.replace(_RECORD, metadata={SOURCE_AUTHORS_KEY: json.dumps(names)})
+        return record_authors(record)
+
+    bound = [f"a-{i}" for i in range(MAX_SOURCE_AUTHORS)]
+    assert authors(bound) == {"writer", *bound}
+    # repeated names, the writer itself and names that are not ids do not count
+    assert authors([*bound, *bound, "writer", "not an id!"]) == {"writer", *bound}
+    assert authors([*bound, "one-more"]) is None
 
 
 def test_gate_fails_closed() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -153,16 +153,21 @@ def test_a_group_whose_outcome_is_unknown_is_not_tried_again_job_by_job() -> Non
 
     first = threading.Thread(target=worker, args=(0,))
     first.start()
-    while not applied:
-        time.sleep(0.01)
+    _until(lambda: bool(applied), "the first job was never applied")
     others = [threading.Thread(target=worker, args=(n,)) for n in (1, 2, 3)]
     for thread in others:
         thread.start()
-    while len(committer._queue) < 3:
-        time.sleep(0.01)
+    _until(lambda: len(committer._queue) == 3, "the other jobs never queued")
     held.set()
     for thread in (first, *others):
         thread.join(10)
     assert applied == [[0], [1, 2, 3]], "the group's jobs were tried again alone"
     assert outcomes[0] == 0
     assert all(isinstance(outcomes[n], LostAcknowledgement) for n in (1, 2, 3))
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)

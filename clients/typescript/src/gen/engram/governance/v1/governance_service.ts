@@ -515,8 +515,18 @@ export interface ListAccessRestrictionsResponse {
    * true: the lists are the whole current set.
    */
   changed: boolean;
-  /** Revoked tokens that have not expired yet. */
+  /**
+   * Revoked tokens that have not expired yet (until 600 s, the largest auth
+   * leeway, past their expiry). Keys and times only: fleet_id, jti,
+   * expire_time; agent_id, revoke_time, revoked_by and reason are left empty
+   * (what a service enforces, and the set goes whole to every service).
+   */
   revokedTokens: RevokedToken[];
+  /**
+   * Agents whose tokens were revoked within a token's longest life (366 days
+   * plus the leeway; an older revocation refuses no token). Keys and times
+   * only: fleet_id, agent_id, issued_before.
+   */
   revokedAgents: RevokedAgent[];
   /** Agents in the suspended tier. */
   suspendedAgents: AgentRef[];
