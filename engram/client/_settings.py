@@ -58,7 +58,9 @@ class ClientSettings:
         endpoints = _endpoints(home)
         fields: dict[str, object] = {
             "home": home,
-            "token": env.get("ENGRAM_TOKEN"),
+            # A Secret made --from-file keeps the file's newline: as the admin token file's,
+            # stripped (else every call was INTERNAL "Invalid metadata"; found in review).
+            "token": env.get("ENGRAM_TOKEN", "").strip() or None,
             "tls_ca": _path(env.get("ENGRAM_TLS_CA")),
             "tls_cert": _path(env.get("ENGRAM_TLS_CERT")),
             "tls_key": _path(env.get("ENGRAM_TLS_KEY")),

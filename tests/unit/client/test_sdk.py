@@ -142,6 +142,9 @@ def test_settings_read_the_environment_and_endpoints_json(tmp_path: Path) -> Non
     (tmp_path / "auth" / "admin.token").write_text("admin-token\n")
     assert settings.resolve_token() == "admin-token"
     assert ClientSettings({"ENGRAM_TOKEN": "mine"}).resolve_token() == "mine"
+    # a Kubernetes Secret made --from-file keeps the newline; gRPC refused it as metadata
+    assert ClientSettings({"ENGRAM_TOKEN": "mine\n"}).resolve_token() == "mine"
+    assert ClientSettings({"ENGRAM_TOKEN": " \n"}).token is None
 
 
 def test_settings_refuse_a_timeout_that_is_not_a_number() -> None:
