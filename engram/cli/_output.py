@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -99,6 +100,18 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one error line (never wrapped, brackets shown as written); the Exit to raise."""
     err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path`` (``what`` it should hold), or one error line naming the file
+    and exit 1: a traceback was printed for a gzipped or binary file."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise fail(f"cannot read {path}: not UTF-8 text (byte {error.start} is not); it must "
+                   f"hold {what}") from None
+    except OSError as error:
+        raise fail(f"cannot read {path}: {error.strerror or error}") from None
 
 
 @contextmanager

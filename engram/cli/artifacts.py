@@ -31,6 +31,7 @@ from engram.cli._output import (
     emit_json,
     fail,
     message_dict,
+    read_text,
     rpc_errors,
     with_client,
 )
@@ -59,7 +60,7 @@ def _client() -> ArtifactsClient:
 
 def _document(value: str) -> str:
     """Inline JSON, or ``@file`` holding it; checked here so mistakes fail before any call."""
-    text = Path(value[1:]).read_text() if value.startswith("@") else value
+    text = read_text(Path(value[1:]), "a JSON document") if value.startswith("@") else value
     try:
         json.loads(text)
     except ValueError as error:

@@ -20,6 +20,7 @@ from engram.cli._output import (
     err_console,
     fail,
     message_dict,
+    read_text,
     rpc_errors,
     when,
     with_client,
@@ -58,10 +59,7 @@ def _summary_table(rows: list[pb.IterationSummary], title: str) -> Table:
 
 
 def _load_iterations(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise fail(f"cannot read {path}: {error}") from None
+    text = read_text(path, "a JSON object or JSON Lines, one iteration a line")
     try:
         stripped = text.strip()
         if stripped.startswith("{") and "\n{" not in stripped:

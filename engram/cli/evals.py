@@ -27,6 +27,7 @@ from engram.cli._output import (
     settings,
     with_client,
 )
+from engram.cli.token import load_signer
 from engram.client import ShardClient
 from engram.client._errors import EngramRpcError
 from engram.client.shard import record_input
@@ -116,11 +117,8 @@ def locomo(
     if not ks or ks[0] < 1 or ks[-1] > 100:
         raise fail("--k values must be within 1..100")
     with server_extra("eval locomo"):
-        from services.common.tokens import TokenSigner, key_paths
-    key_path = key or key_paths(settings().home).private
-    if not key_path.exists():
-        raise fail(f"no signing key at {key_path}: run `engram up` once, or pass --key")
-    signer = TokenSigner.load(key_path)
+        from services.common.tokens import key_paths
+    signer = load_signer(key or key_paths(settings().home).private)
     try:
         convs = [load_conversation(path) for path in files]
     except (OSError, ValueError, KeyError) as error:

@@ -20,6 +20,7 @@ from engram.cli._output import (
     emit_json,
     fail,
     message_dict,
+    read_text,
     rpc_errors,
     with_client,
 )
@@ -404,7 +405,8 @@ def import_(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Import memories in batches with a progress bar; each batch is all or nothing."""
-    lines = [line for line in file.read_text().splitlines() if line.strip()]
+    lines = [line for line in read_text(file, "JSON Lines, one record a line").splitlines()
+             if line.strip()]
     inputs = []
     keys = []
     for number, line in enumerate(lines, 1):

@@ -13,7 +13,7 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -29,6 +29,9 @@ from engram.cli._output import (
     with_client,
 )
 from engram.client.governance import GovernanceClient
+
+if TYPE_CHECKING:
+    from services.common.tokens import TokenSigner
 
 app = typer.Typer(
     help="Bearer tokens: create (needs the signing key under $ENGRAM_HOME/auth), inspect, "
@@ -82,14 +85,11 @@ def create(
     """Print a new token; use it with `ENGRAM_TOKEN=... engram ...`."""
     with server_extra("token create"):
         from services.common.errors import InvalidArgument
-        from services.common.tokens import AUDIENCES, TokenSigner, key_paths
-    key_path = key or key_paths(settings().home).private
-    if not key_path.exists():
-        raise fail(f"no signing key at {key_path}: run `engram up` once, or pass --key")
+        from services.common.tokens import AUDIENCES, key_paths
+    signer = load_signer(key or key_paths(settings().home).private)
     try:
-        token = TokenSigner.load(key_path).issue(agent, fleet, set(role),
-                                                 ttl_seconds=duration_seconds(ttl),
-                                                 audience=audience or AUDIENCES)
+        token = signer.issue(agent, fleet, set(role), ttl_seconds=duration_seconds(ttl),
+                             audience=audience or AUDIENCES)
     except InvalidArgument as error:
         raise fail(error.message) from None
     if as_json:
@@ -181,3 +181,17 @@ def rotate_key(as_json: bool = JSON_OPTION) -> None:
         console.print(f"new signing key {new}; {old} retired to "
                       f"{settings().home / 'auth' / 'keys' / (old + '.pub')} (still accepted). "
                       "Restart the services so they load the new key, then renew tokens.")
+
+
+def load_signer(key_path: Path) -> TokenSigner:
+    """The signer of the private key at ``key_path``, or one error line naming the file (a
+    wrong file printed a ValueError traceback)."""
+    from services.common.tokens import TokenSigner
+
+    if not key_path.exists():
+        raise fail(f"no signing key at {key_path}: run `engram up` once, or pass --key")
+    try:
+        return TokenSigner.load(key_path)
+    except (OSError, ValueError, TypeError) as error:
+        raise fail(f"cannot load the signing key {key_path}: {error} (an Ed25519 private key "
+                   "in PEM, as `engram up` writes under .engram/auth/)") from None

@@ -34,9 +34,10 @@ def _needed(extra: str) -> set[str]:
         for line in requires:
             requirement = Requirement(line)
             marker = requirement.marker
-            if marker is None or any(marker.evaluate({"extra": e}) for e in extras | {""}):
-                if canonicalize_name(requirement.name) not in seen:
-                    wanted.append((requirement.name, frozenset(requirement.extras)))
+            wanted_here = marker is None or any(marker.evaluate({"extra": e})
+                                                for e in extras | {""})
+            if wanted_here and canonicalize_name(requirement.name) not in seen:
+                wanted.append((requirement.name, frozenset(requirement.extras)))
     return seen
 
 
