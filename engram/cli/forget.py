@@ -402,6 +402,10 @@ def _carried_out(services: _Services, erasure_id: str, kinds: set[str]) -> dict[
             error.code, f"{error.message}; erasure {erasure_id} is recorded but not carried out "
             f"everywhere: finish it with `engram forget --resume {erasure_id}`", error.reason,
             {**error.metadata, "erasure_id": erasure_id}, error.retry_delay) from error
+    except KeyboardInterrupt:  # Ctrl-C: exit 130 as before, with the id to resume
+        raise fail(f"interrupted: erasure {erasure_id} is recorded but maybe not carried out "
+                   f"everywhere: finish it with `engram forget --resume {erasure_id}`",
+                   code=130) from None
 
 
 def _every_selected(services: _Services, selector: str, value: str, fleet: str,

@@ -30,9 +30,11 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from google.protobuf.timestamp_pb2 import Timestamp
+from typer.testing import CliRunner
 
 from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.cli import forget as forget_command
+from engram.cli.main import app
 from engram.client import EngramRpcError, ShardClient
 from engram.client.artifacts import ArtifactsClient
 from engram.client.compactor import CompactorClient, iteration_from_json
@@ -846,6 +848,29 @@ def test_an_erasure_failing_after_governance_recorded_it_names_itself_and_resume
             with pytest.raises(EngramRpcError) as gone:
                 shard.get(secret.id)
             assert gone.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_an_erasure_interrupted_while_carried_out_names_itself(
+        tmp_path: Path, engram_home: Path, make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C between governance's record of an erasure and its carrying out exited 130 with
+    nothing said: no id to give --resume (found in review, 2026-11-30)."""
+    admin, agent = make_token("op", FLEET, ADMIN), make_token("scout-1", FLEET)
+    with full_stack(tmp_path / "data", engram_home, make_token, governed=True) as stack:
+        with ShardClient(stack.shard.address, agent) as shard:
+            secret = shard.add("the vault code is 4711", run_id="run-v").record
+        recorded: list[str] = []
+
+        def interrupted(self: Any, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
+            recorded.append(erasure_id)
+            raise KeyboardInterrupt
+
+        with cli_for(stack, admin, monkeypatch):
+            monkeypatch.setattr(forget_command._Services, "carry_out", interrupted)
+            result = CliRunner().invoke(app, ["forget", "--record", secret.id])
+        output = result.output + (result.stderr if result.stderr_bytes else "")
+        assert result.exit_code == 130, output
+        assert f"engram forget --resume {recorded[0]}" in " ".join(output.split())
 
 
 def test_forget_names_the_records_written_before_format_2_it_erases(
