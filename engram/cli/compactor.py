@@ -4,11 +4,13 @@ and memory policies (compact-memory, retention, policy-runs)."""
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import grpc
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -25,6 +27,7 @@ from engram.cli._output import (
     when,
     with_client,
 )
+from engram.client import EngramRpcError
 from engram.client.compactor import CompactorClient, iteration_from_json
 from engram.compactor.v1 import compactor_service_pb2 as pb
 
@@ -241,7 +244,7 @@ def compact_memory(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Ask the shard to summarise old, low-importance memories; originals stay verifiable."""
-    with rpc_errors(as_json), _client() as client:
+    with rpc_errors(as_json), _client() as client, _still_running_hint():
         run = client.compact_memory(fleet, dry_run=dry_run, importance_below=importance_below,
                                     older_than_days=older_than_days)
     _print_policy_run(run, as_json)
@@ -256,9 +259,23 @@ def retention(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Remove originals already covered by a summary (the summary keeps their hashes)."""
-    with rpc_errors(as_json), _client() as client:
+    with rpc_errors(as_json), _client() as client, _still_running_hint():
         run = client.apply_retention(fleet, older_than_days=older_than_days, dry_run=dry_run)
     _print_policy_run(run, as_json)
+
+
+@contextmanager
+def _still_running_hint() -> Iterator[None]:
+    """A run past the call's deadline goes on in the compactor and is recorded: say where."""
+    try:
+        yield
+    except EngramRpcError as error:
+        if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise
+        raise EngramRpcError(
+            error.code, f"{error.message}; the run may still finish in the compactor: see "
+            "`engram compactor policy-runs`", error.reason, error.metadata,
+            error.retry_delay) from error
 
 
 @app.command("policy-runs")

@@ -19,6 +19,12 @@ from engram.client._channel import BaseClient, idempotency_key
 from engram.compactor.v1 import compactor_service_pb2 as pb
 from engram.compactor.v1 import compactor_service_pb2_grpc as pb_grpc
 
+POLICY_RUN_SECONDS = 300.0
+"""The least deadline of an on-demand compaction or retention run: the compactor itself waits
+up to 60 s for each shard call (ENGRAM_COMPACTOR_SHARD_TIMEOUT_SECONDS), and a run cut short
+by the caller's deadline (30 s by default) still finished and was recorded as succeeded while
+the caller was told DEADLINE_EXCEEDED."""
+
 _SUMMARY_FIELDS = {
     "iter": "iteration", "planDigest": "plan_digest", "parentDigest": "parent_digest",
     "filesTouched": "files_touched", "netAdd": "net_add", "netDel": "net_del",
@@ -128,15 +134,21 @@ class CompactorClient(BaseClient):
             request.importance_below = importance_below
         if older_than_days is not None:
             request.older_than_days = older_than_days
-        reply: pb.CompactMemoryResponse = self.call(self.stub.CompactMemory, request)
+        reply: pb.CompactMemoryResponse = self.call(self.stub.CompactMemory, request,
+                                                    timeout=self._policy_deadline())
         return reply.run
 
     def apply_retention(self, fleet_id: str = "", *, older_than_days: float,
                         dry_run: bool = False) -> pb.PolicyRun:
         reply: pb.ApplyMemoryRetentionResponse = self.call(
             self.stub.ApplyMemoryRetention, pb.ApplyMemoryRetentionRequest(
-                fleet_id=fleet_id, older_than_days=older_than_days, dry_run=dry_run))
+                fleet_id=fleet_id, older_than_days=older_than_days, dry_run=dry_run),
+            timeout=self._policy_deadline())
         return reply.run
+
+    def _policy_deadline(self) -> float | None:
+        """The client's timeout, at least POLICY_RUN_SECONDS (none: none)."""
+        return None if self.timeout is None else max(self.timeout, POLICY_RUN_SECONDS)
 
     def policy_runs(self, fleet_id: str = "", page_size: int = 0) -> Iterator[pb.PolicyRun]:
         """Memory compaction and retention runs, newest first, following page tokens."""

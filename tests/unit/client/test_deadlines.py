@@ -12,11 +12,17 @@ from typing import Any
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.artifacts.v1 import artifacts_service_pb2_grpc as pb_grpc
+from engram.cli import _output as output
+from engram.cli.main import app
 from engram.client import EngramRpcError
 from engram.client.artifacts import ArtifactsClient
+from engram.client.compactor import POLICY_RUN_SECONDS, CompactorClient
+from engram.compactor.v1 import compactor_service_pb2 as cpb
+from engram.compactor.v1 import compactor_service_pb2_grpc as cpb_grpc
 
 
 class Recording(pb_grpc.ArtifactsServiceServicer):
@@ -95,3 +101,58 @@ def test_a_stream_past_its_stream_timeout_ends_deadline_exceeded(
             list(chunks)
         assert failure.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert time.monotonic() - started < 2.7  # cut at the deadline, not after the stream (3 s)
+
+
+class PolicyRecording(cpb_grpc.CompactorServiceServicer):
+    def __init__(self) -> None:
+        self.remaining: dict[str, float | None] = {}
+
+    def CompactMemory(self, request: cpb.CompactMemoryRequest,
+                      context: Any) -> cpb.CompactMemoryResponse:
+        self.remaining["CompactMemory"] = context.time_remaining()
+        return cpb.CompactMemoryResponse()
+
+    def ApplyMemoryRetention(self, request: cpb.ApplyMemoryRetentionRequest,
+                             context: Any) -> cpb.ApplyMemoryRetentionResponse:
+        self.remaining["ApplyMemoryRetention"] = context.time_remaining()
+        return cpb.ApplyMemoryRetentionResponse()
+
+
+def test_an_on_demand_policy_run_waits_longer_than_the_compactor_does() -> None:
+    """The compactor waits up to 60 s for each shard call; a compaction past the caller's 30 s
+    finished and was recorded as succeeded while the caller was told DEADLINE_EXCEEDED (found
+    in review, 2026-11-30). Compaction and retention take at least POLICY_RUN_SECONDS."""
+    recording = PolicyRecording()  # type: ignore[abstract]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    cpb_grpc.add_CompactorServiceServicer_to_server(recording, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with CompactorClient(f"127.0.0.1:{port}", "token", timeout=30) as client:
+            client.compact_memory("fleet-a")
+            client.apply_retention("fleet-a", older_than_days=30)
+        for method in ("CompactMemory", "ApplyMemoryRetention"):
+            remaining = recording.remaining[method]
+            assert remaining is not None and POLICY_RUN_SECONDS - 5 < remaining <= \
+                POLICY_RUN_SECONDS + 1, method  # (grpc rounds the deadline it sends)
+        with CompactorClient(f"127.0.0.1:{port}", "token", timeout=None) as client:
+            client.compact_memory("fleet-a")  # no deadline asked: none
+        assert recording.remaining["CompactMemory"] is None or \
+            recording.remaining["CompactMemory"] > 1e6
+    finally:
+        server.stop(0)
+
+
+def test_a_policy_run_past_its_deadline_says_where_to_see_it_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def too_slow(self: CompactorClient, *args: Any, **kwargs: Any) -> None:
+        raise EngramRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    monkeypatch.setattr(CompactorClient, "compact_memory", too_slow)
+    monkeypatch.setenv("ENGRAM_TOKEN", "token")
+    monkeypatch.setattr(output, "_settings", None)  # read again, and forgotten after
+    result = CliRunner().invoke(app, ["compactor", "compact-memory"])
+    said = " ".join((result.output + (result.stderr if result.stderr_bytes else "")).split())
+    assert result.exit_code == 2, said
+    assert "the run may still finish in the compactor: see `engram compactor policy-runs`" \
+        in said
