@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import typer
 from google.protobuf.descriptor import FieldDescriptor
@@ -23,6 +24,7 @@ from engram.client._settings import ClientSettings
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+P = ParamSpec("P")
 
 JSON_OPTION = typer.Option(
     False,
@@ -100,6 +102,33 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one error line (never wrapped, brackets shown as written); the Exit to raise."""
     err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+class IntegrityFailure(typer.Exit):
+    """A verify command found something altered, missing or unexplained: exit 1."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+
+def verify_exits(command: Callable[P, None]) -> Callable[P, None]:
+    """A verify command's exit codes: 1 only for an :class:`IntegrityFailure`; any other
+    failure (a mistake on the command line, a missing token, a call that failed) is 2, "could
+    not finish" (found in review, 2026-11-30: a missing token or a forgotten argument exited 1,
+    which a script reads as tampering)."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except IntegrityFailure:
+            raise
+        except typer.Exit as ended:
+            if ended.exit_code == 1:
+                raise typer.Exit(2) from None
+            raise
+
+    return run
 
 
 def read_text(path: Path, what: str) -> str:

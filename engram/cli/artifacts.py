@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import typer
 from google.protobuf.message import Message
 from rich.markup import escape
@@ -27,14 +29,18 @@ from rich.table import Table
 from engram.artifacts.v1 import artifacts_service_pb2 as pb
 from engram.cli._output import (
     JSON_OPTION,
+    IntegrityFailure,
     console,
     emit_json,
+    err_console,
     fail,
     message_dict,
     read_text,
     rpc_errors,
+    verify_exits,
     with_client,
 )
+from engram.client import EngramRpcError
 from engram.client.artifacts import STOP_STATUSES, ArtifactsClient, file_chunks
 
 artifacts_app = typer.Typer(help="Store and fetch run-scoped artifacts (blobs with hashes).",
@@ -169,6 +175,7 @@ def ls(
 
 
 @artifacts_app.command("verify")
+@verify_exits
 def verify(
     run: str = typer.Option("", "--run", help="only this run (default: every run)"),
     as_json: bool = JSON_OPTION,
@@ -210,7 +217,7 @@ def verify(
                           "list them; verify again when it is reachable")
     if (report.problems or report.snapshot_problems or report.tombstone_problems
             or report.manifest_problems):
-        raise typer.Exit(1)
+        raise IntegrityFailure()
     if report.tombstones_unconfirmed:
         raise typer.Exit(2)
 
@@ -334,11 +341,14 @@ def event_ls(
 
 
 @events_app.command("verify")
+@verify_exits
 def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION) -> None:
     """Full replay of a run's log, re-checking the hash chain from seq 1 (an event erased in
-    place is checked by its kept commitment and counted as a tombstone)."""
+    place is checked by its kept commitment and counted as a tombstone); exit code 0 when the
+    chain is intact, 1 when the replay finds it broken (DATA_LOSS), 2 when it could not
+    finish."""
     count, head, tombstoned = 0, "", 0
-    with rpc_errors(as_json), _client() as client:
+    with rpc_errors(as_json), _client() as client, _broken_chain_is_integrity():
         for event in client.replay(run_id):
             count, head = event.seq, event.hash
             tombstoned += bool(event.erasure_id)
@@ -348,6 +358,20 @@ def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION)
         return
     erased = f" ({tombstoned} erased: tombstones)" if tombstoned else ""
     console.print(f"{count} events{erased}, chain intact, head {head[:16]}…")
+
+
+@contextmanager
+def _broken_chain_is_integrity() -> Iterator[None]:
+    """A replay answered DATA_LOSS found the chain broken: an integrity failure (exit 1), not a
+    call that could not finish (it exited 2, as a service unreachable did)."""
+    try:
+        yield
+    except EngramRpcError as error:
+        if error.code != grpc.StatusCode.DATA_LOSS:
+            raise
+        err_console.print(f"[red]chain broken[/red]: {escape(error.message)}"
+                          + (f" [{error.reason}]" if error.reason else ""), soft_wrap=True)
+        raise IntegrityFailure() from None
 
 
 @snapshots_app.command("put")

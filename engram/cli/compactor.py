@@ -17,6 +17,7 @@ from rich.table import Table
 
 from engram.cli._output import (
     JSON_OPTION,
+    IntegrityFailure,
     console,
     emit_json,
     err_console,
@@ -24,6 +25,7 @@ from engram.cli._output import (
     message_dict,
     read_text,
     rpc_errors,
+    verify_exits,
     when,
     with_client,
 )
@@ -183,6 +185,7 @@ def pin(
 
 
 @app.command()
+@verify_exits
 def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_OPTION) -> None:
     """Re-hash the warm chain across segments, the segments against the index and every kept
     cold snapshot; for a log erased whole, check its tombstone against the erasure governance
@@ -214,7 +217,7 @@ def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
         for problem in report.problems:
             console.print(f"[red]{problem.location}[/red]: {problem.detail}")
     if not report.ok:
-        raise typer.Exit(1)
+        raise IntegrityFailure()
 
 
 def _print_policy_run(run: pb.PolicyRun, as_json: bool) -> None:

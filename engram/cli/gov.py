@@ -14,11 +14,13 @@ from rich.table import Table
 
 from engram.cli._output import (
     JSON_OPTION,
+    IntegrityFailure,
     console,
     emit_json,
     fail,
     message_dict,
     rpc_errors,
+    verify_exits,
     with_client,
 )
 from engram.client.governance import TIER_NAMES, TIERS, GovernanceClient
@@ -197,6 +199,7 @@ def decisions(
 
 
 @chain_app.command("verify")
+@verify_exits
 def chain_verify(
     since_head: str = typer.Option("", "--since-head", help="a checkpoint head you held"),
     since_length: int = typer.Option(0, "--since-length", help="that checkpoint's length"),
@@ -216,7 +219,7 @@ def chain_verify(
         for problem in report.problems:
             console.print(f"  - {problem}")
     if not report.ok:
-        raise typer.Exit(1)
+        raise IntegrityFailure()
 
 
 @chain_app.command("checkpoint")

@@ -16,12 +16,14 @@ from rich.table import Table
 
 from engram.cli._output import (
     JSON_OPTION,
+    IntegrityFailure,
     console,
     emit_json,
     fail,
     message_dict,
     read_text,
     rpc_errors,
+    verify_exits,
     with_client,
 )
 from engram.client import ShardClient, record_filter, record_input
@@ -330,6 +332,7 @@ def _verify_fleet(client: ShardClient, as_json: bool) -> pb.VerifyRecordsRespons
     return total
 
 
+@verify_exits
 def verify(
     record_id: str | None = typer.Argument(None, help="record id to verify"),
     all_records: bool = typer.Option(
@@ -348,7 +351,7 @@ def verify(
         audit = _gate_audit(record_id, as_json)
         _report_gate(audit, as_json)
         if not audit.ok:
-            raise typer.Exit(1)
+            raise IntegrityFailure()
         return
     if not record_id and not all_records:
         raise fail("give a record id or --all")
@@ -388,7 +391,7 @@ def verify(
             )
         )
     if failures:
-        raise typer.Exit(1)
+        raise IntegrityFailure()
     if unconfirmed:
         raise typer.Exit(2)
 
