@@ -21,7 +21,13 @@ from engram.cli import (
 )
 
 app = typer.Typer(
-    help="Engram: durable, verifiable memory for fleets of AI agents.",
+    help="Engram: durable, verifiable memory for fleets of AI agents.\n\n"
+    "Where the commands look: ENGRAM_TOKEN (else $ENGRAM_HOME/auth/admin.token, which `engram "
+    "up` writes; ENGRAM_HOME is ./.engram, relative to where you run it, unless set); each "
+    "service at ENGRAM_<SHARD|GOVERNANCE|ARTIFACTS|COMPACTOR>_ADDR (else the ports `engram up` "
+    "wrote to $ENGRAM_HOME/endpoints.json, else 127.0.0.1:50051-50054); TLS with "
+    "ENGRAM_TLS_CA, ENGRAM_TLS_CERT, ENGRAM_TLS_KEY; each call's deadline "
+    "ENGRAM_TIMEOUT_SECONDS (30).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )

@@ -86,7 +86,9 @@ class ClientSettings:
         path = self.admin_token_path()
         if path.exists():
             return path.read_text().strip()
-        raise FileNotFoundError(f"no token: set ENGRAM_TOKEN or run `engram up` (it writes {path})")
+        raise FileNotFoundError(
+            f"no token: set ENGRAM_TOKEN, or run `engram up` (it writes {path.absolute()}; "
+            "ENGRAM_HOME, ./.engram unless set, is relative to where you run the command)")
 
 
 def _endpoints(home: Path) -> dict[str, str]:

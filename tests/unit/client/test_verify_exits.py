@@ -24,10 +24,13 @@ VERIFY_COMMANDS = [["verify", "rec-1"], ["artifacts", "verify"], ["events", "ver
 
 
 @pytest.fixture
-def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def no_token(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """An ENGRAM_HOME with no admin token, relative to the working directory; its token path."""
     monkeypatch.delenv("ENGRAM_TOKEN", raising=False)
-    monkeypatch.setenv("ENGRAM_HOME", str(tmp_path / "nowhere"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ENGRAM_HOME", "nowhere")
     monkeypatch.setattr(output, "_settings", None)
+    return tmp_path / "nowhere" / "auth" / "admin.token"
 
 
 def _run(args: list[str]) -> tuple[int, str]:
@@ -36,13 +39,14 @@ def _run(args: list[str]) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("args", VERIFY_COMMANDS, ids=" ".join)
-def test_a_verify_that_could_not_start_exits_2(no_token: None, args: list[str]) -> None:
+def test_a_verify_that_could_not_start_exits_2(no_token: Path, args: list[str]) -> None:
     code, said = _run(args)
     assert code == 2, said
-    assert "no token" in said
+    # the token it looked for, as an absolute path: ENGRAM_HOME is relative to where one runs
+    assert f"no token: set ENGRAM_TOKEN, or run `engram up` (it writes {no_token};" in said
 
 
-def test_a_verify_asked_about_nothing_exits_2(no_token: None) -> None:
+def test_a_verify_asked_about_nothing_exits_2(no_token: Path) -> None:
     code, said = _run(["verify"])
     assert (code, said) == (2, "error: give a record id or --all")
 
