@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import grpc
@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -186,7 +187,9 @@ def verify(
     exits 1 when any is missing, altered or erased by no erasure, and 2 when it could not
     finish without finding a problem (a call failed, or some tombstones could not be
     confirmed: governance unreachable)."""
-    with rpc_errors(as_json), _client() as client:
+    what = f"run {run}" if run else "the whole fleet (every blob re-hashed)"
+    with (rpc_errors(as_json), _client() as client,
+          err_console.status(f"verifying {what}…") if not as_json else nullcontext()):
         report = client.verify(run)
     if as_json:
         emit_json(message_dict(report))
@@ -348,10 +351,15 @@ def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION)
     chain is intact, 1 when the replay finds it broken (DATA_LOSS), 2 when it could not
     finish."""
     count, head, tombstoned = 0, "", 0
-    with rpc_errors(as_json), _client() as client, _broken_chain_is_integrity():
+    with (rpc_errors(as_json), _client() as client, _broken_chain_is_integrity(),
+          Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=err_console, disable=as_json,
+                   transient=True) as progress):
+        task = progress.add_task("replay", total=client.get_run(run_id).event_count or None)
         for event in client.replay(run_id):
             count, head = event.seq, event.hash
             tombstoned += bool(event.erasure_id)
+            progress.update(task, completed=count)
     if as_json:
         emit_json({"run_id": run_id, "events": count, "head_hash": head, "intact": True,
                    "tombstoned": tombstoned})

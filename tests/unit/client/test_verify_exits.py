@@ -14,6 +14,7 @@ import grpc
 import pytest
 from typer.testing import CliRunner
 
+from engram.artifacts.v1 import artifacts_service_pb2 as apb
 from engram.cli import _output as output
 from engram.cli.main import app
 from engram.client import EngramRpcError
@@ -58,6 +59,8 @@ def test_events_verify_of_a_broken_chain_exits_1(monkeypatch: pytest.MonkeyPatch
         yield  # a generator, as replay is
 
     monkeypatch.setattr(ArtifactsClient, "replay", broken)
+    monkeypatch.setattr(ArtifactsClient, "get_run",
+                        lambda self, run_id: apb.Run(run_id=run_id, event_count=3))
     monkeypatch.setenv("ENGRAM_TOKEN", "token")
     monkeypatch.setattr(output, "_settings", None)
     code, said = _run(["events", "verify", "run-1"])
