@@ -351,7 +351,7 @@ def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION)
     chain is intact, 1 when the replay finds it broken (DATA_LOSS), 2 when it could not
     finish."""
     count, head, tombstoned = 0, "", 0
-    with (rpc_errors(as_json), _client() as client, _broken_chain_is_integrity(),
+    with (rpc_errors(as_json), _client() as client, _broken_chain_is_integrity(run_id, as_json),
           Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
                    TimeRemainingColumn(), console=err_console, disable=as_json,
                    transient=True) as progress):
@@ -369,7 +369,7 @@ def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION)
 
 
 @contextmanager
-def _broken_chain_is_integrity() -> Iterator[None]:
+def _broken_chain_is_integrity(run_id: str, as_json: bool) -> Iterator[None]:
     """A replay answered DATA_LOSS found the chain broken: an integrity failure (exit 1), not a
     call that could not finish (it exited 2, as a service unreachable did)."""
     try:
@@ -377,8 +377,13 @@ def _broken_chain_is_integrity() -> Iterator[None]:
     except EngramRpcError as error:
         if error.code != grpc.StatusCode.DATA_LOSS:
             raise
-        err_console.print(f"[red]chain broken[/red]: {escape(error.message)}"
-                          + (f" [{error.reason}]" if error.reason else ""), soft_wrap=True)
+        if as_json:
+            emit_json({"run_id": run_id, "intact": False, "error": {
+                "code": error.code.name, "reason": error.reason, "message": error.message,
+                "metadata": error.metadata}})
+        else:
+            err_console.print(f"[red]chain broken[/red]: {escape(error.message)}"
+                              + (f" [{error.reason}]" if error.reason else ""), soft_wrap=True)
         raise IntegrityFailure() from None
 
 

@@ -189,7 +189,8 @@ def pin(
 def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_OPTION) -> None:
     """Re-hash the warm chain across segments, the segments against the index and every kept
     cold snapshot; for a log erased whole, check its tombstone against the erasure governance
-    recorded. Exits 1 when anything does not verify."""
+    recorded. Exits 1 when anything does not verify, 2 when it could not finish (a call failed,
+    or an erasure could not be checked against governance)."""
     spinner = nullcontext() if as_json else console.status(f"verifying {run}")
     with rpc_errors(as_json), _client() as client, spinner:
         report = client.verify(run)
@@ -218,6 +219,8 @@ def verify(run: str = typer.Argument(..., help="run id"), as_json: bool = JSON_O
             console.print(f"[red]{problem.location}[/red]: {problem.detail}")
     if not report.ok:
         raise IntegrityFailure()
+    if report.tombstones_unconfirmed:  # not verified: could not finish (README)
+        raise typer.Exit(2)
 
 
 def _print_policy_run(run: pb.PolicyRun, as_json: bool) -> None:

@@ -205,7 +205,12 @@ def chain_verify(
     since_length: int = typer.Option(0, "--since-length", help="that checkpoint's length"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Re-walk the chain and check the stored state against it; exit 1 when broken."""
+    """Re-walk the chain and check the stored state against it (and, with --since-head and
+    --since-length, that it extends a checkpoint you held); exit 1 when broken, 2 when it
+    could not finish."""
+    if bool(since_head) != bool(since_length):
+        raise fail("--since-head and --since-length go together: the head and the length of "
+                   "one checkpoint (`engram gov chain checkpoint` prints both)", code=2)
     since = pb.ChainCheckpoint(head=since_head, length=since_length) if since_head else None
     with rpc_errors(as_json), _client() as client:
         report = client.verify_chain(since)

@@ -27,7 +27,7 @@ app = typer.Typer(
     "service at ENGRAM_<SHARD|GOVERNANCE|ARTIFACTS|COMPACTOR>_ADDR (else the ports `engram up` "
     "wrote to $ENGRAM_HOME/endpoints.json, else 127.0.0.1:50051-50054); TLS with "
     "ENGRAM_TLS_CA, ENGRAM_TLS_CERT, ENGRAM_TLS_KEY; each call's deadline "
-    "ENGRAM_TIMEOUT_SECONDS (30).",
+    "ENGRAM_TIMEOUT_SECONDS (30; compaction and retention at least 300).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )

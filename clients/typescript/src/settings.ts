@@ -75,8 +75,10 @@ export function settingsFromEnv(env: Environment = process.env): ClientOptions {
       DEFAULT_ENDPOINTS[service];
   }
   const adminToken = join(home, "auth", "admin.token");
+  // Trimmed as the admin token file is: a Secret made --from-file keeps its newline, which
+  // gRPC refuses as metadata.
   const token =
-    env.ENGRAM_TOKEN ||
+    env.ENGRAM_TOKEN?.trim() ||
     (existsSync(adminToken) ? readFileSync(adminToken, "utf8").trim() : undefined);
   const options: ClientOptions = { endpoints };
   if (token) {

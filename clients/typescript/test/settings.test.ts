@@ -46,6 +46,12 @@ describe("settingsFromEnv", () => {
     assert.equal(options.timeoutMs, 2500);
   });
 
+  test("ENGRAM_TOKEN is trimmed, as the admin token file is", () => {
+    const env = { ENGRAM_HOME: join(home, "missing"), ENGRAM_TOKEN: "agent-token\n" };
+    assert.equal(settingsFromEnv(env).token, "agent-token");
+    assert.equal(settingsFromEnv({ ...env, ENGRAM_TOKEN: " \n" }).token, undefined);
+  });
+
   test("a home without files gives the default ports and no token", () => {
     const options = settingsFromEnv({ ENGRAM_HOME: join(home, "missing") });
     assert.deepEqual(options.endpoints, DEFAULT_ENDPOINTS);

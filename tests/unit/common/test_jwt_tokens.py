@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import jwt
@@ -101,8 +102,11 @@ def test_claims_missing_or_forged_are_refused(tmp_path: Path) -> None:
     signer = TokenSigner.load(keys.private)
     verifier = TokenVerifier.load(keys.public, audience="shard")
     private = signer._key
+    now = int(time.time())
     base = {"sub": "a1", "fleet": "f1", "roles": ["agent"], "aud": list(AUDIENCES),
-            "iss": "engram", "iat": 1, "exp": 4_000_000_000, "jti": "j1"}
+            "iss": "engram", "iat": now, "exp": now + 3600, "jti": "j1"}
+    whole = jwt.encode(base, private, algorithm="EdDSA", headers={"kid": signer.kid})
+    assert verifier.verify(whole).agent_id == "a1"  # each case below is refused for its own fault
     for missing in ("exp", "jti", "aud", "fleet"):
         claims = {k: v for k, v in base.items() if k != missing}
         token = jwt.encode(claims, private, algorithm="EdDSA", headers={"kid": signer.kid})
