@@ -230,16 +230,15 @@ class RunImports:
                     f"artifact {named.artifact_id} already holds {name!r} in step "
                     f"{wanted.step_id!r} of run {wanted.run_id!r}", reason="ARTIFACT_EXISTS",
                     metadata={"artifact_id": named.artifact_id})
-            self._store_blob(fleet_id, wanted, name, parts)
+            mine = self._store_blob(fleet_id, wanted, name, parts)
             try:
                 with self.service.writing() as session:
                     # The run held: an erasure cannot commit between the check and the insert,
                     # nor a concurrent import remove the blob (_drop_unowned holds it too).
                     self.repository.get_run(session, fleet_id, wanted.run_id, lock=True)
-                    # Its own bytes, read again: a concurrent import of this id with other
-                    # bytes may have removed them and put its own meanwhile (imports are rare;
-                    # the run's lock is held while they are hashed).
-                    if self._blob_problem(wanted) is not None:
+                    # Its own bytes still: a concurrent import of this id with other bytes may
+                    # have removed them and put its own meanwhile.
+                    if not self._still_mine(wanted, mine):
                         raise _BytesReplaced(
                             f"artifact {wanted.artifact_id}: a concurrent import of this id with "
                             "other bytes replaced them before this one was recorded; nothing "
@@ -270,36 +269,56 @@ class RunImports:
         return wanted, True
 
     def _store_blob(self, fleet_id: str, wanted: Artifact, name: str,
-                    parts: Iterable[bytes | UploadEnd]) -> None:
-        """The bytes at the artifact's own key. A blob already there is what an import that
-        failed after storing it left (a crash, the database gone), or a concurrent import's of
-        the same id: its bytes passed the same hash check, so it is kept when they are this
-        artifact's; when they are not, it is removed unless a row holds it (the import is then
-        sent again), and a row holding it is a conflict."""
+                    parts: Iterable[bytes | UploadEnd]) -> str | None:
+        """The bytes at the artifact's own key; their version (BlobStore.version, None when the
+        store cannot tell). A blob already there is what an import that failed after storing it
+        left (a crash, the database gone), or a concurrent import's of the same id: its bytes
+        passed the same hash check, so it is kept when they are this artifact's; when they are
+        not, it is removed unless a row holds it (the import is then sent again), and a row
+        holding it is a conflict."""
         upload = ArtifactUpload(run_id=wanted.run_id, step_id=wanted.step_id, name=name,
                                 mime_type=wanted.mime_type, metadata_json=wanted.metadata_json,
                                 expected_size_bytes=wanted.size_bytes,
                                 expected_hash=wanted.hash)
         received = CheckedUpload(upload, self.limits.check_upload)
+        blobs = self.service.blobs
         try:
-            self.service.blobs.put(wanted.path, received.chunks(parts),
-                                   before_commit=received.check_hash)
+            return blobs.put(wanted.path, received.chunks(parts),
+                             before_commit=received.check_hash).version
         except AlreadyExists:
+            removed = Aborted(f"artifact {wanted.artifact_id}: a concurrent import of this id "
+                              "removed the bytes found under its key; send it again",
+                              reason="CONCURRENT_WRITE")
+            try:
+                found = blobs.version(wanted.path)
+            except NotFound:
+                raise removed from None
             if self._blob_problem(wanted) is None:
-                # The bytes are there already (checked just now); the put that left them may
-                # have been killed before its fsyncs.
+                # The bytes are there already (checked just now, unless replaced meanwhile);
+                # the put that left them may have been killed before its fsyncs.
                 try:
-                    self.service.blobs.make_durable(wanted.path)
-                except NotFound:  # removed meanwhile by a concurrent import of this id
-                    raise Aborted(f"artifact {wanted.artifact_id}: a concurrent import of this "
-                                  "id removed the bytes found under its key; send it again",
-                                  reason="CONCURRENT_WRITE") from None
-                return
+                    if found is not None and blobs.version(wanted.path) != found:
+                        raise removed
+                    blobs.make_durable(wanted.path)
+                except NotFound:
+                    raise removed from None
+                return found
             if not self._drop_unowned(fleet_id, wanted):
                 raise _conflict("artifact", wanted.artifact_id) from None
             raise Aborted(f"artifact {wanted.artifact_id}: an earlier import left other bytes "
                           "under its key; they were removed, send it again",
                           reason="CONCURRENT_WRITE") from None
+
+    def _still_mine(self, wanted: Artifact, mine: str | None) -> bool:
+        """Whether the blob at ``wanted``'s key is still the one this import stored or checked:
+        its version unchanged, or, for a store that cannot tell, its bytes read again (under
+        the run's lock: a store's version spares hashing a large blob there)."""
+        if mine is None:
+            return self._blob_problem(wanted) is None
+        try:
+            return self.service.blobs.version(wanted.path) == mine
+        except NotFound:
+            return False
 
     def _blob_problem(self, wanted: Artifact) -> ArtifactProblem | None:
         """What is wrong with the bytes at ``wanted``'s key (missing, other size or hash), or

@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urlparse
@@ -46,6 +47,10 @@ def _make_parents(path: Path, root: Path) -> None:
         parent = parent.parent
     for directory in reversed(missing):
         directory.mkdir(exist_ok=True)
+
+
+def _version(stat: os.stat_result) -> str:
+    return f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
 _LINKED_MAX = 100_000
@@ -114,6 +119,7 @@ class FileBlobStore(BlobStore):
                 info = write_hashed(key, chunks, handle, before_commit)
                 handle.flush()
                 os.fsync(handle.fileno())
+                info = replace(info, version=_version(os.fstat(handle.fileno())))
             _make_parents(final, self.root)
             try:
                 os.link(tmp, final)
@@ -130,6 +136,15 @@ class FileBlobStore(BlobStore):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         return info
+
+    def version(self, key: str) -> str | None:
+        """The file's inode, size and modification time: another put at this key (after a
+        delete) is another file (the link keeps the temp file's)."""
+        try:
+            return _version(self._path(key).stat())
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(f"blob {key!r} not found in {self.url}",
+                           reason="BLOB_NOT_FOUND") from None
 
     def make_durable(self, key: str) -> None:
         """Fsync the blob's file and its directories up to the root: a put killed between its

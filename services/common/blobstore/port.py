@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, NotFound
 
 MAX_KEY_LENGTH = 1024
 
@@ -18,6 +18,8 @@ class BlobInfo:
     key: str
     size_bytes: int
     sha256: str
+    version: str | None = None
+    """What :meth:`BlobStore.version` answers for the blob this put stored (None: unknown)."""
 
 
 def validate_key(key: str) -> str:
@@ -73,6 +75,14 @@ class BlobStore(ABC):
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...
+
+    def version(self, key: str) -> str | None:
+        """What tells the blob at ``key`` from other bytes put there later (after a delete):
+        equal answers mean the same bytes. None: this store cannot tell (a caller then reads
+        the bytes). NotFound when there is none."""
+        if not self.exists(key):
+            raise NotFound(f"blob {key!r} not found", reason="BLOB_NOT_FOUND")
+        return None
 
     def make_durable(self, key: str) -> None:  # noqa: B027 - most stores need nothing
         """Make an existing blob survive a crash, for a caller reusing one it found rather than

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -114,10 +115,11 @@ class S3BlobStore(BlobStore):
             try:
                 if size <= self.single_put_max:
                     spool.seek(0)
-                    self.client.put_object(Bucket=self.bucket, Key=object_key, Body=spool,
-                                           ContentLength=size, IfNoneMatch="*")
+                    stored = self.client.put_object(Bucket=self.bucket, Key=object_key,
+                                                    Body=spool, ContentLength=size,
+                                                    IfNoneMatch="*")
                 else:
-                    self._multipart(object_key, spool.fileno(), size)
+                    stored = self._multipart(object_key, spool.fileno(), size)
             except ClientError as error:
                 if _code(error) in _EXISTS:
                     raise AlreadyExists(f"blob {key!r} already exists",
@@ -125,9 +127,9 @@ class S3BlobStore(BlobStore):
                 raise self._unavailable(error, "put") from error
             except BotoCoreError as error:
                 raise self._unavailable(error, "put") from error
-        return info
+        return replace(info, version=stored.get("ETag"))
 
-    def _multipart(self, object_key: str, spool_fd: int, size: int) -> None:
+    def _multipart(self, object_key: str, spool_fd: int, size: int) -> dict[str, Any]:
         """Parts read from the spool file; at most ``parts_in_flight`` of them in memory."""
         upload_id = self.client.create_multipart_upload(
             Bucket=self.bucket, Key=object_key)["UploadId"]
@@ -137,7 +139,7 @@ class S3BlobStore(BlobStore):
                                  offset, min(self.part_size, size - offset))
                      for number, offset in enumerate(range(0, size, self.part_size), 1)]
             done = [part.result() for part in parts]
-            self.client.complete_multipart_upload(
+            completed: dict[str, Any] = self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=object_key, UploadId=upload_id,
                 MultipartUpload={"Parts": done}, IfNoneMatch="*")
         except BaseException:
@@ -145,6 +147,7 @@ class S3BlobStore(BlobStore):
             self._abort(object_key, upload_id)
             raise
         pool.shutdown(wait=True)
+        return completed
 
     def _upload_part(self, object_key: str, upload_id: str, number: int, spool_fd: int,
                      offset: int, length: int) -> dict[str, Any]:
@@ -201,6 +204,23 @@ class S3BlobStore(BlobStore):
 
     def exists(self, key: str) -> bool:
         return self._head(self._object_key(key))
+
+    def version(self, key: str) -> str | None:
+        """The object's ETag: the MD5 of its bytes (of its parts' for a multipart put), so
+        another put of other bytes has another one."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._object_key(key))
+        except ClientError as error:
+            if _code(error) in _MISSING:
+                raise NotFound(f"blob {key!r} not found in {self.url}",
+                               reason="BLOB_NOT_FOUND") from None
+            raise self._unavailable(error, "head") from error
+        except BotoCoreError as error:
+            raise self._unavailable(error, "head") from error
+        etag: str | None = head.get("ETag")
+        return etag
 
     def delete(self, key: str) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -653,3 +654,40 @@ def _with_other_bytes(artifact: pb.Artifact) -> tuple[pb.Artifact, bytes]:
     other.CopyFrom(artifact)
     other.hash = hashlib.sha256(blob).hexdigest()
     return other, blob
+
+
+def test_an_import_does_not_read_its_blob_while_it_holds_the_write_lock(
+        pair: tuple[RunningArtifacts, RunningArtifacts], make_token: TokenFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review of fc0cdb7: the check that the bytes at its key are still its own hashed
+    them under the write lock, which on SQLite is every write of the service: an import of a
+    5 GiB artifact stalled every fleet's writes while it was read again. It compares the
+    store's version of the blob instead."""
+    origin, target = pair
+    run = written(origin)
+    service, blobs = target.service, target.service.blobs
+    writing, read = service.writing, blobs.open
+    held = threading.local()
+    read_under_lock: list[str] = []
+
+    @contextmanager
+    def watched() -> Iterator[Any]:
+        held.now = True
+        try:
+            with writing() as session:
+                yield session
+        finally:
+            held.now = False
+
+    def open_watched(key: str, *args: Any) -> Iterator[bytes]:
+        if getattr(held, "now", False):
+            read_under_lock.append(key)
+        return read(key, *args)
+
+    monkeypatch.setattr(service, "writing", watched)
+    monkeypatch.setattr(blobs, "open", open_watched)
+    with admin_of(target, make_token) as client:
+        client.import_run(run.run)
+        assert client.import_artifact(run.artifact, [BLOB]).created
+        assert b"".join(client.read(run.artifact.artifact_id)[1]) == BLOB
+    assert read_under_lock == []

@@ -60,6 +60,21 @@ def test_multipart_sized_blob_streams_in_parts(store: BlobStore) -> None:
     assert hashlib.sha256(b"".join(store.open("runs/r1/big.bin"))).hexdigest() == info.sha256
 
 
+@pytest.mark.parametrize("size", [1000, 11 * 1024 * 1024 + 17], ids=["single", "multipart"])
+def test_a_version_tells_a_put_from_another_put_at_the_same_key(store: BlobStore,
+                                                                size: int) -> None:
+    """An import checks under its run's lock that the blob at its key is still the one it put
+    (a concurrent import of the same id may have replaced it): by version, not by reading it
+    all again there."""
+    first = store.put("runs/r1/v.bin", _chunks(os.urandom(size), 1 << 20))
+    assert first.version is not None and store.version("runs/r1/v.bin") == first.version
+    store.delete("runs/r1/v.bin")
+    with pytest.raises(NotFound):
+        store.version("runs/r1/v.bin")
+    second = store.put("runs/r1/v.bin", _chunks(os.urandom(size), 1 << 20))
+    assert store.version("runs/r1/v.bin") == second.version != first.version
+
+
 def test_empty_blob(store: BlobStore) -> None:
     info = store.put("runs/r1/empty", iter(()))
     assert info.size_bytes == 0
