@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,6 +128,9 @@ def verify_exits(command: Callable[P, None]) -> Callable[P, None]:
             if ended.exit_code == 1:
                 raise typer.Exit(2) from None
             raise
+        except Exception:  # a bug or a broken pipe: not verified, and not tampering (1)
+            traceback.print_exc()
+            raise typer.Exit(2) from None
 
     return run
 

@@ -99,3 +99,17 @@ def test_events_verify_of_a_broken_chain_exits_1(monkeypatch: pytest.MonkeyPatch
     assert code == 1, said
     assert "chain broken: event 3 of run-1 does not hash to its stored hash [CHAIN_BROKEN]" \
         in said
+
+
+def test_a_verify_that_fails_on_something_unexpected_exits_2(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception no handler names (a bug, a broken pipe) exited 1, tampering to a script."""
+    def broken(self: CompactorClient, run_id: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(CompactorClient, "verify", broken)
+    monkeypatch.setenv("ENGRAM_TOKEN", "token")
+    monkeypatch.setattr(output, "_settings", None)
+    code, said = _run(["compactor", "verify", "run-1"])
+    assert code == 2, said
+    assert "RuntimeError: a bug" in said  # the traceback, on stderr
