@@ -393,8 +393,7 @@ def _erase(services: _Services, kind: str, value: str, fleet: str, reason: str, 
 
 def _carried_out(services: _Services, erasure_id: str, kinds: set[str]) -> dict[str, Any]:
     """:meth:`_Services.carry_out`; a failure names the erasure, which governance recorded
-    already, and how to finish it (no command lists erasures: without its id in the error an
-    operator had nothing to give ``--resume``)."""
+    already, and how to finish it (``engram gov erasures`` lists them too)."""
     try:
         return services.carry_out(erasure_id, kinds)
     except EngramRpcError as error:

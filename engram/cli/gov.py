@@ -198,6 +198,33 @@ def decisions(
     console.print(table)
 
 
+@app.command("erasures")
+def erasures(as_json: bool = JSON_OPTION) -> None:
+    """The fleet's recorded erasures, oldest first: each one's id (for `engram forget --resume
+    ID`), what it selected, how many items it lists and when (governor or admin). --json gives
+    each erasure without its items, with their count."""
+    rows = []
+    with rpc_errors(as_json), _client() as client:
+        for erasure in client.erasures():
+            row = message_dict(erasure)
+            row.pop("items", None)
+            rows.append(row | {"item_count": len(erasure.items)})
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"{len(rows)} erasures")
+    table.add_column("erasure", no_wrap=True)  # whole: it is what --resume takes
+    for column in ("selector", "items", "recorded", "chain entry", "by", "reason"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        selector = f"{row.get('selector_kind', '')} {row.get('selector_value', '')}".strip()
+        table.add_row(row["erasure_id"], selector + (" (imported)" if row.get("imported") else ""),
+                      str(row["item_count"]), row.get("create_time", ""),
+                      str(row.get("chain_seq", "")), row.get("requested_by", ""),
+                      row.get("reason", ""))
+    console.print(table)
+
+
 @chain_app.command("verify")
 @verify_exits
 def chain_verify(

@@ -865,12 +865,19 @@ def test_an_erasure_interrupted_while_carried_out_names_itself(
             recorded.append(erasure_id)
             raise KeyboardInterrupt
 
-        with cli_for(stack, admin, monkeypatch):
+        with cli_for(stack, admin, monkeypatch) as run:
             monkeypatch.setattr(forget_command._Services, "carry_out", interrupted)
             result = CliRunner().invoke(app, ["forget", "--record", secret.id])
+            # and the fleet's erasures are listed (no command did before)
+            [listed] = run("gov", "erasures")
+            table = CliRunner().invoke(app, ["gov", "erasures"])
         output = result.output + (result.stderr if result.stderr_bytes else "")
         assert result.exit_code == 130, output
         assert f"engram forget --resume {recorded[0]}" in " ".join(output.split())
+        assert (listed["erasure_id"], listed["selector_kind"], listed["item_count"]) == (
+            recorded[0], "record", 1)
+        assert "items" not in listed
+        assert table.exit_code == 0 and recorded[0] in table.output, table.output
 
 
 def test_forget_names_the_records_written_before_format_2_it_erases(
