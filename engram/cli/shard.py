@@ -274,20 +274,22 @@ def snapshot(
     no_verify: bool = typer.Option(False, "--no-verify", help="skip re-hashing each record"),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Stream exactly the records of one run, re-hashing each (exit 2 on tampering)."""
+    """Stream exactly the records of one run, re-hashing each (exit 2 on tampering); each
+    record is printed as it comes (--json: one document once all have come)."""
     records: list[dict[str, object]] = []
+    count = 0
     with rpc_errors(as_json), _client() as client:
         for record in client.snapshot(run, verify=not no_verify):
-            records.append(message_dict(record))
+            count += 1
+            if as_json:
+                records.append(message_dict(record))
+            else:
+                console.print(f"{record.id}  {record.domain:<10} {record.content}")
     if as_json:
-        emit_json(
-            {"run_id": run, "verified": not no_verify, "count": len(records), "records": records}
-        )
+        emit_json({"run_id": run, "verified": not no_verify, "count": count, "records": records})
         return
-    for item in records:
-        console.print(f"{item['id']}  {item['domain']:<10} {item['content']}")
     console.print(
-        f"{len(records)} records in run {run!r}"
+        f"{count} records in run {run!r}"
         + (", all verified" if not no_verify else " (not verified)")
     )
 
