@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -295,10 +295,22 @@ def snapshot(
 
 
 def _gate_audit(record_id: str | None, as_json: bool) -> GateAudit:
-    """Reconcile the fleet's records (or one) against governance's gate decisions."""
-    with rpc_errors(as_json), _client() as client, _governance_client() as governance:
-        records = [client.get(record_id)] if record_id else client.list()
-        return audit_records(records, governance)
+    """Reconcile the fleet's records (or one) against governance's gate decisions; the whole
+    fleet with a progress bar."""
+    with (rpc_errors(as_json), _client() as client, _governance_client() as governance,
+          Progress(TextColumn("reconciling"), BarColumn(), MofNCompleteColumn(),
+                   TimeRemainingColumn(), console=console,
+                   disable=as_json or bool(record_id)) as progress):
+        if record_id:
+            return audit_records([client.get(record_id)], governance)
+        task = progress.add_task("audit", total=client.status().total_records or None)
+
+        def counted() -> Iterator[pb.Record]:
+            for record in client.list():
+                yield record
+                progress.advance(task)
+
+        return audit_records(counted(), governance)
 
 
 def _governance_client() -> GovernanceClient:

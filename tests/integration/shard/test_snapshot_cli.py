@@ -1,5 +1,6 @@
 """`engram snapshot RUN` prints each record of the run as it streams (it gathered them all
-first), and --json gives one document with all of them."""
+first), and --json gives one document with all of them; `engram verify --gate` of the whole
+fleet reconciles with a progress bar (it ran silently)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,14 @@ def test_a_run_snapshot_prints_each_record_and_its_verdict(
         with cli_for(stack, agent, monkeypatch) as run:
             document = run("snapshot", "run-s")
             printed = CliRunner().invoke(app, ["snapshot", "run-s"])
+        with cli_for(stack, make_token("op", "fleet-a", ("admin",)), monkeypatch):
+            reconciled = CliRunner().invoke(app, ["verify", "--gate"])
     assert (document["count"], document["verified"]) == (3, True)
     assert sorted(r["id"] for r in document["records"]) == sorted(ids)
     assert printed.exit_code == 0, printed.output
     lines = printed.output.splitlines()
     assert sorted(line.split()[0] for line in lines[:3]) == sorted(ids)
     assert lines[3] == "3 records in run 'run-s', all verified"
+    assert reconciled.exit_code == 0, reconciled.output
+    assert "reconciled 3 records with governance's gate decisions: every one allowed" in \
+        " ".join(reconciled.output.split())
