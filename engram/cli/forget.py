@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,7 +274,10 @@ def forget(
             else:
                 runs: list[gpb.ErasedItem] = []
                 if kind == "agent":
-                    runs, legacy = services.agent_run_items(value)
+                    with (err_console.status(f"listing the runs and events of agent {value} "
+                                             "in every run of the fleet…")
+                          if not as_json else nullcontext()):
+                        runs, legacy = services.agent_run_items(value)
                 listed = _erase(services, kind, value, fleet, reason, dry_run, erasures,
                                 as_json, runs)
     finally:
