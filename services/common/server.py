@@ -67,6 +67,13 @@ log = logging.getLogger("engram.server")
 
 SPARE_WORKERS = 8
 """Threads beyond ``max_concurrent_rpcs``: a call past the limit gets a thread to be refused."""
+LIVENESS = "engram.liveness"
+"""The health name a liveness probe asks: SERVING from start() until a stop begins, whatever
+the database or the warm-up. Overall health ("") is readiness: NOT_SERVING within a second of
+the database going away, and a liveness probe on it killed every replica of every service in
+a database failover of 30 s, which then could not start again until the database was back
+(CrashLoopBackOff; found in review, 2026-11-30)."""
+
 WARM_UP_WAIT_SECONDS = 10.0
 """How long ``start()`` waits for the warm-up before it returns (health NOT_SERVING) and lets
 the warm-up finish in the background (a dependency down at start)."""
@@ -146,6 +153,8 @@ class EngramServer:
         self.spec.on_start()
         if self._health_server is not None:
             self._health_server.start()
+        # The process answers: alive, whatever its readiness (the database, the warm-up).
+        self._health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         if self.settings.metrics_port is not None:
             self.metrics_port = serve_metrics(
                 self.spec.registry, self.settings.host, self.settings.metrics_port
@@ -457,7 +466,7 @@ def build_server(settings: ServerSettings, spec: ServiceSpec) -> EngramServer:
     health_servicer = health.HealthServicer(experimental_non_blocking=True)
     # NOT_SERVING until start() has run on_start and checked ready() (the servicer says
     # SERVING for "" from birth, and a shard warming its index answers no search yet).
-    for name in ("", *spec.full_names):
+    for name in ("", *spec.full_names, LIVENESS):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from services.common.server import LIVENESS
 from tests.deploy.conftest import (
     BOTO_ENV,
     EMBEDDER,
@@ -206,8 +207,10 @@ def test_probes_are_native_grpc_on_a_plaintext_port(overlay: Rendered) -> None:
             handlers = set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"}
             assert handlers == {"grpc"}, f"{service} {probe} uses {handlers}"
             assert container[probe]["grpc"]["port"] == probed, f"{service} {probe}"
-            # The empty service name is the server's overall health (services.common.server).
-            assert container[probe]["grpc"].get("service", "") == "", f"{service} {probe}"
+            # The empty service name is the server's overall health, its readiness; liveness
+            # asks LIVENESS, alive while the database is away (a restart then cannot start).
+            wanted = LIVENESS if probe == "livenessProbe" else ""
+            assert container[probe]["grpc"].get("service", "") == wanted, f"{service} {probe}"
 
 
 def test_tls_overlays_secure_every_server_and_every_call(

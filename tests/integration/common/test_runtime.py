@@ -170,6 +170,46 @@ def test_a_check_failing_during_the_warm_up_is_not_overwritten_by_serving(
         server.stop(0)
 
 
+def test_liveness_stays_serving_while_readiness_follows_the_database(
+        engram_home: Path) -> None:
+    """Kubernetes probes liveness on LIVENESS and readiness on "": with the database gone the
+    service is not ready (no traffic) but alive (no restart). A liveness probe on "" killed
+    every replica in a database failover, which then could not start while it lasted."""
+    from services.common.server import LIVENESS, ServiceSpec, build_server
+    from services.common.settings import ServerSettings
+
+    database_up = threading.Event()
+    database_up.set()
+    spec = ServiceSpec(name="probed", full_names=["engram.test.v1.Probed"],
+                       register=lambda _server: None, policy={}, kinds={},
+                       probe=database_up.is_set)
+    server = build_server(ServerSettings(home=engram_home, port=0), spec)
+    server.start()
+
+    def statuses() -> tuple[int, int]:
+        with grpc.insecure_channel(server.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            return tuple(health.Check(health_pb2.HealthCheckRequest(service=name)).status
+                         for name in ("", LIVENESS))  # type: ignore[return-value]
+
+    def until(wanted: tuple[int, int]) -> None:
+        deadline = time.monotonic() + 10
+        while statuses() != wanted:
+            assert time.monotonic() < deadline, statuses()
+            time.sleep(0.05)
+
+    serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)
+    try:
+        until((serving, serving))
+        database_up.clear()  # the database goes away
+        until((not_serving, serving))
+        database_up.set()
+        until((serving, serving))
+    finally:
+        server.stop(0)
+
+
 def test_stop_ends_the_servers_worker_threads(tmp_path: Path, engram_home: Path,
                                               make_token: TokenFactory) -> None:
     """gRPC never shuts a server's thread pool down: before stop() did, every worker thread a
