@@ -421,3 +421,20 @@ def test_replicas_and_rollout_per_overlay(overlay: Rendered) -> None:
         for service in replicated:
             assert budgets[f"engram-{service}"]["spec"]["selector"]["matchLabels"] == {
                 "app.kubernetes.io/name": f"engram-{service}"}
+
+
+def test_the_artifacts_spool_is_a_volume_of_its_own_that_holds_the_largest_upload(
+        overlay: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every upload to S3 is spooled whole first. The spool was under /tmp, an emptyDir of
+    256Mi: one upload over it (the limit is 5 GiB), or a few large ones at once, had the kubelet
+    evict the pod, every call on it lost (found in review, 2026-11-30)."""
+    settings = parse_settings("artifacts", _env(overlay, "artifacts")[0], monkeypatch)
+    spool = PurePosixPath(settings.blob_store_options()["spool_dir"])
+    container = _container(overlay, "artifacts")
+    volumes = {v["name"]: v for v in
+               _deployment(overlay, "artifacts")["spec"]["template"]["spec"]["volumes"]}
+    mount = max((m for m in container["volumeMounts"]
+                 if spool.is_relative_to(m["mountPath"])), key=lambda m: len(m["mountPath"]))
+    assert mount["mountPath"] != "/tmp", f"the spool {spool} is on /tmp"
+    size = volumes[mount["name"]]["emptyDir"]["sizeLimit"]
+    assert _memory(size) >= 2 * settings.max_upload_bytes, (size, settings.max_upload_bytes)
