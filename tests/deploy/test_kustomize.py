@@ -438,3 +438,13 @@ def test_the_artifacts_spool_is_a_volume_of_its_own_that_holds_the_largest_uploa
     assert mount["mountPath"] != "/tmp", f"the spool {spool} is on /tmp"
     size = volumes[mount["name"]]["emptyDir"]["sizeLimit"]
     assert _memory(size) >= 2 * settings.max_upload_bytes, (size, settings.max_upload_bytes)
+
+
+REBUILD_WORST_SECONDS = 25 * 60
+"""docs/scaling.md: a new shard pod rebuilds its index of 1M records in 7-25 min."""
+
+
+def test_the_shards_startup_budget_covers_a_rebuild_of_a_million_records(
+        overlay: Rendered) -> None:
+    probe = _container(overlay, "shard")["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= REBUILD_WORST_SECONDS
