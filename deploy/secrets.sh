@@ -19,7 +19,8 @@
 # The signing key is created in $ENGRAM_SIGNING_HOME/auth on first use and stays there: the
 # cluster only ever gets the public key and the service tokens (shard, artifacts, compactor, and
 # the embedder with ENGRAM_WITH_EMBEDDER; 30 days, each naming only the services it calls: run
-# this again to renew them).
+# this again to renew them, then `kubectl rollout restart deployment -n "$ENGRAM_NAMESPACE"`:
+# a service reads its token file once, at start).
 # Needs the engram package (for the key and `engram token create`) and kubectl on PATH.
 set -eu
 
