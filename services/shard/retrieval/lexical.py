@@ -188,6 +188,11 @@ class GrowingBM25:
     def __len__(self) -> int:
         return self._count - self._holes
 
+    def postings_size(self, term: str) -> int:
+        """How many postings ``term`` has (0: none): the work scoring it costs."""
+        postings = self._postings.get(term)
+        return postings.size if postings is not None else 0
+
     _packed: dict[str, Any] | None = None
     """Set only on a :meth:`snapshot_copy`: the state it pickles as."""
     _unpacked_ids: tuple[list[npt.NDArray[np.int32]], list[int]] | None = None

@@ -86,3 +86,17 @@ def test_words_of_any_script_are_terms_on_both_lexical_paths() -> None:
     terms = query_terms("Caroline's café in 東京")
     assert "café" in terms and "東京" in terms
     assert "s" not in terms
+
+
+def test_a_long_word_is_stemmed_without_being_kept() -> None:
+    """A search's words are its caller's: one unique 8 KB word a query kept 16 KB in the stem
+    cache for good, about 3 GB once full (found in review, 2026-11-30)."""
+    from services.shard.retrieval import text
+
+    before = text._cached_stem.cache_info().currsize
+    for n in range(50):
+        long_word = f"{n:04d}" + "x" * 8000 + "ings"
+        assert text.stem(long_word) == text._stem(long_word)
+    assert text._cached_stem.cache_info().currsize == before
+    assert text.stem("running") == "run"  # a short word: cached as before
+    assert text._cached_stem.cache_info().currsize <= before + 1
