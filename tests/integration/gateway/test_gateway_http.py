@@ -3,10 +3,12 @@ artifacts streamed both ways, snapshots as NDJSON."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import socket
+from typing import Any
 
 import pytest
 import requests
@@ -343,3 +345,27 @@ def test_a_body_of_350_000_empty_objects_is_400_before_it_is_parsed(gateway_url:
                                     "Content-Type": "application/json"})
     assert answer.status_code == 400, answer.text[:300]
     assert answer.json()["details"][0]["reason"] == "JSON_TOO_MANY_VALUES"
+
+
+def test_an_answer_is_rendered_as_json_off_the_event_loop(
+        stack: Stack, gateway_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page of 1,000 records of control characters is 257 MB of JSON: rendered on the event
+    loop it held every other request and /healthz for 0.76 s (found in review, 2026-11-30)."""
+    import engram.gateway._app as app_module
+
+    on_loop: list[bool] = []
+    render = app_module.to_json
+
+    def watched(message: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            on_loop.append(True)
+        except RuntimeError:  # a worker thread runs no loop
+            on_loop.append(False)
+        return render(message)
+
+    monkeypatch.setattr(app_module, "to_json", watched)
+    listed = requests.get(f"{gateway_url}/v1/records", headers=_auth(stack), timeout=10,
+                          params={"page_size": "1"})
+    assert listed.status_code == 200, listed.text
+    assert on_loop == [False]
