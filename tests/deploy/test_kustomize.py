@@ -418,7 +418,10 @@ def test_replicas_and_rollout_per_overlay(overlay: Rendered) -> None:
         replicated = [s for s in replicas if s != "compactor"]
         assert all(replicas[s] >= 2 for s in replicated), replicas
         budgets = _objects(overlay, "PodDisruptionBudget")
-        for service in replicated:
+        # The gateway too: with one replica and no budget every node drain was an HTTP
+        # outage (found in review, 2026-11-30).
+        assert _objects(overlay, "Deployment")["engram-gateway"]["spec"]["replicas"] >= 2
+        for service in [*replicated, "gateway"]:
             assert budgets[f"engram-{service}"]["spec"]["selector"]["matchLabels"] == {
                 "app.kubernetes.io/name": f"engram-{service}"}
 
