@@ -7,7 +7,7 @@ import json
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -18,6 +18,13 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from engram.client._errors import EngramRpcError
 from engram.client._settings import ClientSettings
@@ -160,6 +167,24 @@ def server_extra(command: str) -> Iterator[None]:
         ) from None
 
 
+def error_document(error: EngramRpcError) -> dict[str, Any]:
+    """A failed call as --json prints it."""
+    return {"code": error.code.name, "reason": error.reason, "message": error.message,
+            "metadata": error.metadata}
+
+
+def status_line(text: str, as_json: bool) -> AbstractContextManager[object]:
+    """What a long step is doing, on standard error while it runs (none with --json)."""
+    return nullcontext() if as_json else err_console.status(text)
+
+
+def count_progress(label: str, disabled: bool, *, on: Console = console,
+                   transient: bool = False) -> Progress:
+    """A bar of items done out of a total (or a count without one), with the time left."""
+    return Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=on, disable=disabled, transient=transient)
+
+
 @contextmanager
 def rpc_errors(as_json: bool = False) -> Iterator[None]:
     """Print a failed call as a person-readable line (or JSON) and exit non-zero."""
@@ -167,16 +192,7 @@ def rpc_errors(as_json: bool = False) -> Iterator[None]:
         yield
     except EngramRpcError as error:
         if as_json:
-            emit_json(
-                {
-                    "error": {
-                        "code": error.code.name,
-                        "reason": error.reason,
-                        "message": error.message,
-                        "metadata": error.metadata,
-                    }
-                }
-            )
+            emit_json({"error": error_document(error)})
             raise typer.Exit(2) from None
         hint = f" [{error.reason}]" if error.reason else ""
         if error.code.name == "UNAVAILABLE" and not error.reason:

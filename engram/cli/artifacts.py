@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -18,7 +18,6 @@ from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -32,12 +31,15 @@ from engram.cli._output import (
     JSON_OPTION,
     IntegrityFailure,
     console,
+    count_progress,
     emit_json,
     err_console,
+    error_document,
     fail,
     message_dict,
     read_text,
     rpc_errors,
+    status_line,
     verify_exits,
     with_client,
 )
@@ -188,8 +190,7 @@ def verify(
     finish without finding a problem (a call failed, or some tombstones could not be
     confirmed: governance unreachable)."""
     what = f"run {run}" if run else "the whole fleet (every blob re-hashed)"
-    with (rpc_errors(as_json), _client() as client,
-          err_console.status(f"verifying {what}…") if not as_json else nullcontext()):
+    with rpc_errors(as_json), _client() as client, status_line(f"verifying {what}…", as_json):
         report = client.verify(run)
     if as_json:
         emit_json(message_dict(report))
@@ -352,9 +353,7 @@ def event_verify(run_id: str = typer.Argument(...), as_json: bool = JSON_OPTION)
     finish."""
     count, head, tombstoned = 0, "", 0
     with (rpc_errors(as_json), _client() as client, _broken_chain_is_integrity(run_id, as_json),
-          Progress(TextColumn("replaying"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=err_console, disable=as_json,
-                   transient=True) as progress):
+          count_progress("replaying", as_json, on=err_console, transient=True) as progress):
         task = progress.add_task("replay", total=client.get_run(run_id).event_count or None)
         for event in client.replay(run_id):
             count, head = event.seq, event.hash
@@ -378,9 +377,7 @@ def _broken_chain_is_integrity(run_id: str, as_json: bool) -> Iterator[None]:
         if error.code != grpc.StatusCode.DATA_LOSS:
             raise
         if as_json:
-            emit_json({"run_id": run_id, "intact": False, "error": {
-                "code": error.code.name, "reason": error.reason, "message": error.message,
-                "metadata": error.metadata}})
+            emit_json({"run_id": run_id, "intact": False, "error": error_document(error)})
         else:
             err_console.print(f"[red]chain broken[/red]: {escape(error.message)}"
                               + (f" [{error.reason}]" if error.reason else ""), soft_wrap=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from engram.cli._output import (
     err_console,
     fail,
     rpc_errors,
+    status_line,
     with_client,
 )
 from engram.client import EngramRpcError
@@ -274,9 +274,8 @@ def forget(
             else:
                 runs: list[gpb.ErasedItem] = []
                 if kind == "agent":
-                    with (err_console.status(f"listing the runs and events of agent {value} "
-                                             "in every run of the fleet…")
-                          if not as_json else nullcontext()):
+                    with status_line(f"listing the runs and events of agent {value} in every "
+                                     "run of the fleet…", as_json):
                         runs, legacy = services.agent_run_items(value)
                 listed = _erase(services, kind, value, fleet, reason, dry_run, erasures,
                                 as_json, runs)

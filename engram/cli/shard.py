@@ -18,6 +18,7 @@ from engram.cli._output import (
     JSON_OPTION,
     IntegrityFailure,
     console,
+    count_progress,
     emit_json,
     fail,
     message_dict,
@@ -298,9 +299,7 @@ def _gate_audit(record_id: str | None, as_json: bool) -> GateAudit:
     """Reconcile the fleet's records (or one) against governance's gate decisions; the whole
     fleet with a progress bar."""
     with (rpc_errors(as_json), _client() as client, _governance_client() as governance,
-          Progress(TextColumn("reconciling"), BarColumn(), MofNCompleteColumn(),
-                   TimeRemainingColumn(), console=console,
-                   disable=as_json or bool(record_id)) as progress):
+          count_progress("reconciling", as_json or bool(record_id)) as progress):
         if record_id:
             return audit_records([client.get(record_id)], governance)
         task = progress.add_task("audit", total=client.status().total_records or None)
@@ -334,8 +333,7 @@ def _report_gate(audit: GateAudit, as_json: bool) -> None:
 def _verify_fleet(client: ShardClient, as_json: bool) -> pb.VerifyRecordsResponse:
     """Every record and tombstone of the fleet, a page a call, with a progress bar."""
     total = pb.VerifyRecordsResponse()
-    with Progress(TextColumn("verifying"), BarColumn(), MofNCompleteColumn(),
-                  TimeRemainingColumn(), console=console, disable=as_json) as progress:
+    with count_progress("verifying", as_json) as progress:
         task = progress.add_task("verify", total=client.status().total_records or None)
         for page in client.verify_pages():
             total.checked += page.checked

@@ -434,7 +434,7 @@ class GovernanceService:
             if existing is not None and existing.expires_ms >= revocation.expires_ms:
                 return existing, False
             head = self._repo.lock_head(session)
-            listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
+            listed_since = _live_token_revocations_since(self._clock())
             if existing is None or existing.expires_ms < listed_since:  # a new entry in the feed
                 _within_restrictions(
                     self._access.live_revoked_token_count(session, revocation.fleet_id,
@@ -546,13 +546,12 @@ class GovernanceService:
             version = self._access.version(session)
             if version == since_version:
                 return None
-            # A token is accepted up to the services' leeway past its exp: its revocation is
-            # listed as long (one dropped at exp let a restarted service accept it again).
-            listed_since = self._clock() - MAX_AUTH_LEEWAY_SECONDS * 1000
-            return AccessSnapshot(version, self._access.live_revoked_tokens(session, listed_since),
-                                  self._access.revoked_agents(
-                                      session, _live_agent_revocations_since(self._clock())),
-                                  self._access.suspended_agents(session))
+            now_ms = self._clock()
+            return AccessSnapshot(
+                version,
+                self._access.live_revoked_tokens(session, _live_token_revocations_since(now_ms)),
+                self._access.revoked_agents(session, _live_agent_revocations_since(now_ms)),
+                self._access.suspended_agents(session))
 
     def access_restrictions(self, since_version: int) -> Restrictions | None:
         """:meth:`access_snapshot` as governance's own servers enforce it."""
@@ -819,6 +818,13 @@ def _within_restrictions(held: int, limit: int, fleet_id: str, what: str, instea
             f"fleet {fleet_id} holds {held} {what}, the most one fleet may hold (every "
             f"service reads every fleet's restrictions); {instead}",
             reason="RESTRICTION_LIMIT", metadata={"limit": str(limit)})
+
+
+def _live_token_revocations_since(now_ms: int) -> int:
+    """Token revocations expiring before this time refuse no token a verifier still takes: a
+    token is accepted up to the services' leeway past its exp, so its revocation is listed as
+    long (one dropped at exp let a restarted service accept it again)."""
+    return now_ms - MAX_AUTH_LEEWAY_SECONDS * 1000
 
 
 def _live_agent_revocations_since(now_ms: int) -> int:

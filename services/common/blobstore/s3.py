@@ -104,7 +104,7 @@ class S3BlobStore(BlobStore):
         from botocore.exceptions import BotoCoreError, ClientError
 
         object_key = self._object_key(key)
-        if self._head(object_key):
+        if self._head(object_key) is not None:
             raise AlreadyExists(f"blob {key!r} already exists", reason="BLOB_EXISTS")
         if self.spool_dir is not None:
             Path(self.spool_dir).mkdir(parents=True, exist_ok=True)
@@ -164,15 +164,16 @@ class S3BlobStore(BlobStore):
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=object_key,
                                                UploadId=upload_id)
 
-    def _head(self, object_key: str) -> bool:
+    def _head(self, object_key: str) -> dict[str, Any] | None:
+        """The object's HEAD answer, or None when there is none."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            self.client.head_object(Bucket=self.bucket, Key=object_key)
-            return True
+            head: dict[str, Any] = self.client.head_object(Bucket=self.bucket, Key=object_key)
+            return head
         except ClientError as error:
             if _code(error) in _MISSING:
-                return False
+                return None
             raise self._unavailable(error, "head") from error
         except BotoCoreError as error:
             raise self._unavailable(error, "head") from error
@@ -203,22 +204,14 @@ class S3BlobStore(BlobStore):
             body.close()
 
     def exists(self, key: str) -> bool:
-        return self._head(self._object_key(key))
+        return self._head(self._object_key(key)) is not None
 
     def version(self, key: str) -> str | None:
         """The object's ETag: the MD5 of its bytes (of its parts' for a multipart put), so
         another put of other bytes has another one."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._object_key(key))
-        except ClientError as error:
-            if _code(error) in _MISSING:
-                raise NotFound(f"blob {key!r} not found in {self.url}",
-                               reason="BLOB_NOT_FOUND") from None
-            raise self._unavailable(error, "head") from error
-        except BotoCoreError as error:
-            raise self._unavailable(error, "head") from error
+        head = self._head(self._object_key(key))
+        if head is None:
+            raise NotFound(f"blob {key!r} not found in {self.url}", reason="BLOB_NOT_FOUND")
         etag: str | None = head.get("ETag")
         return etag
 
